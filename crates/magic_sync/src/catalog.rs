@@ -1,0 +1,245 @@
+//! What the PostgreSQL catalogue says about the declared tables: their
+//! columns, unique keys, partitions, and the foreign keys between them (the
+//! table graph). Foreign keys are never declared; they are read here.
+
+use crate::engine::Engine;
+use crate::error::Result;
+use std::collections::HashMap;
+use tokio_postgres::Client;
+
+/// A column as the database has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DbColumn {
+    /// Its name.
+    pub name: String,
+    /// Its type, as `format_type` prints it (`bigint`, `numeric(10,2)`, `text[]`).
+    pub type_name: String,
+    /// Whether it is declared NOT NULL.
+    pub not_null: bool,
+}
+
+/// A table (or partitioned table) as the database has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Relation {
+    /// Its oid.
+    pub oid: i64,
+    /// Its schema.
+    pub schema: String,
+    /// Its name.
+    pub name: String,
+    /// Whether it is partitioned.
+    pub partitioned: bool,
+    /// Its columns, in table order.
+    pub columns: Vec<DbColumn>,
+    /// The column lists of its primary key and unique indexes (no partial or expression ones).
+    pub unique: Vec<Vec<String>>,
+    /// Every partition below it, at any depth, as (schema, name).
+    pub partitions: Vec<(String, String)>,
+}
+
+impl Relation {
+    /// The column called `name`.
+    pub fn column(&self, name: &str) -> Option<&DbColumn> {
+        self.columns.iter().find(|c| c.name == name)
+    }
+
+    /// Whether `columns`, as a set, is exactly a unique key of the table.
+    pub fn is_unique(&self, columns: &[&str]) -> bool {
+        self.unique
+            .iter()
+            .any(|u| u.len() == columns.len() && columns.iter().all(|c| u.iter().any(|x| x == c)))
+    }
+}
+
+/// A foreign key between two declared tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForeignKey {
+    /// The constraint's name.
+    pub name: String,
+    /// The declared table that points.
+    pub child: &'static str,
+    /// Its columns, in the constraint's order.
+    pub child_columns: Vec<String>,
+    /// The declared table pointed at.
+    pub parent: &'static str,
+    /// The parent's columns, matching `child_columns` one to one.
+    pub parent_columns: Vec<String>,
+}
+
+/// The catalogue, read for one engine's tables.
+#[derive(Debug, Clone, Default)]
+pub struct Catalog {
+    /// Relations by (schema, name): every declared table and group table found.
+    pub relations: HashMap<(String, String), Relation>,
+    /// Foreign keys whose both ends are declared tables.
+    pub foreign_keys: Vec<ForeignKey>,
+}
+
+const RELATIONS: &str = "
+SELECT c.oid::int8, n.nspname::text, c.relname::text, c.relkind = 'p'
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN unnest($1::text[], $2::text[]) AS wanted(s, r) ON n.nspname = wanted.s AND c.relname = wanted.r
+WHERE c.relkind IN ('r', 'p')";
+
+const COLUMNS: &str = "
+SELECT a.attrelid::int8, a.attname::text, format_type(a.atttypid, a.atttypmod), a.attnotnull
+FROM pg_attribute a
+WHERE a.attrelid::int8 = ANY($1) AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attrelid, a.attnum";
+
+const UNIQUE: &str = "
+SELECT i.indrelid::int8,
+       array(SELECT a.attname::text
+             FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+             ORDER BY k.ord)
+FROM pg_index i
+WHERE i.indrelid::int8 = ANY($1) AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL";
+
+const PARTITIONS: &str = "
+WITH RECURSIVE parts(root, child) AS (
+    SELECT inhparent, inhrelid FROM pg_inherits WHERE inhparent::int8 = ANY($1)
+    UNION ALL
+    SELECT p.root, i.inhrelid FROM parts p JOIN pg_inherits i ON i.inhparent = p.child
+)
+SELECT p.root::int8, n.nspname::text, c.relname::text
+FROM parts p
+JOIN pg_class c ON c.oid = p.child
+JOIN pg_namespace n ON n.oid = c.relnamespace
+ORDER BY 1, 2, 3";
+
+const FOREIGN_KEYS: &str = "
+SELECT con.conname::text, con.conrelid::int8, con.confrelid::int8,
+       array(SELECT a.attname::text
+             FROM unnest(con.conkey) WITH ORDINALITY AS k(attnum, ord)
+             JOIN pg_attribute a ON a.attrelid = con.conrelid AND a.attnum = k.attnum
+             ORDER BY k.ord),
+       array(SELECT a.attname::text
+             FROM unnest(con.confkey) WITH ORDINALITY AS k(attnum, ord)
+             JOIN pg_attribute a ON a.attrelid = con.confrelid AND a.attnum = k.attnum
+             ORDER BY k.ord)
+FROM pg_constraint con
+WHERE con.contype = 'f' AND con.conparentid = 0
+  AND con.conrelid::int8 = ANY($1) AND con.confrelid::int8 = ANY($1)
+ORDER BY con.conrelid, con.conname";
+
+impl Catalog {
+    /// Reads what the catalogue says about `engine`'s tables and group tables.
+    pub async fn read(client: &Client, engine: &Engine) -> Result<Catalog> {
+        let mut wanted: Vec<(String, String)> = engine
+            .tables()
+            .map(|t| (t.schema.to_string(), t.name.to_string()))
+            .collect();
+        wanted.extend(
+            engine
+                .group_tables()
+                .into_iter()
+                .map(|g| (g.schema.to_string(), g.name.to_string())),
+        );
+        let schemas: Vec<&str> = wanted.iter().map(|w| w.0.as_str()).collect();
+        let names: Vec<&str> = wanted.iter().map(|w| w.1.as_str()).collect();
+
+        let mut by_oid: HashMap<i64, Relation> = HashMap::new();
+        for row in client.query(RELATIONS, &[&schemas, &names]).await? {
+            let oid: i64 = row.get(0);
+            by_oid.insert(
+                oid,
+                Relation {
+                    oid,
+                    schema: row.get(1),
+                    name: row.get(2),
+                    partitioned: row.get(3),
+                    columns: Vec::new(),
+                    unique: Vec::new(),
+                    partitions: Vec::new(),
+                },
+            );
+        }
+        let oids: Vec<i64> = by_oid.keys().copied().collect();
+        for row in client.query(COLUMNS, &[&oids]).await? {
+            if let Some(rel) = by_oid.get_mut(&row.get::<_, i64>(0)) {
+                rel.columns.push(DbColumn {
+                    name: row.get(1),
+                    type_name: row.get(2),
+                    not_null: row.get(3),
+                });
+            }
+        }
+        for row in client.query(UNIQUE, &[&oids]).await? {
+            if let Some(rel) = by_oid.get_mut(&row.get::<_, i64>(0)) {
+                rel.unique.push(row.get(1));
+            }
+        }
+        for row in client.query(PARTITIONS, &[&oids]).await? {
+            if let Some(rel) = by_oid.get_mut(&row.get::<_, i64>(0)) {
+                rel.partitions.push((row.get(1), row.get(2)));
+            }
+        }
+
+        let declared: HashMap<i64, &'static str> = engine
+            .tables()
+            .filter_map(|t| {
+                by_oid
+                    .values()
+                    .find(|r| r.schema == t.schema && r.name == t.name)
+                    .map(|r| (r.oid, t.name))
+            })
+            .collect();
+        let declared_oids: Vec<i64> = declared.keys().copied().collect();
+        let mut foreign_keys = Vec::new();
+        for row in client.query(FOREIGN_KEYS, &[&declared_oids]).await? {
+            let (Some(&child), Some(&parent)) = (
+                declared.get(&row.get::<_, i64>(1)),
+                declared.get(&row.get::<_, i64>(2)),
+            ) else {
+                continue;
+            };
+            foreign_keys.push(ForeignKey {
+                name: row.get(0),
+                child,
+                child_columns: row.get(3),
+                parent,
+                parent_columns: row.get(4),
+            });
+        }
+
+        let relations = by_oid
+            .into_values()
+            .map(|r| ((r.schema.clone(), r.name.clone()), r))
+            .collect();
+        Ok(Catalog {
+            relations,
+            foreign_keys,
+        })
+    }
+
+    /// The relation `schema.name`, if it exists.
+    pub fn relation(&self, schema: &str, name: &str) -> Option<&Relation> {
+        self.relations.get(&(schema.to_string(), name.to_string()))
+    }
+
+    /// Foreign keys of the declared table `child`.
+    pub fn parents_of<'a>(&'a self, child: &'a str) -> impl Iterator<Item = &'a ForeignKey> + 'a {
+        self.foreign_keys.iter().filter(move |f| f.child == child)
+    }
+
+    /// Foreign keys pointing at the declared table `parent`.
+    pub fn children_of<'a>(&'a self, parent: &'a str) -> impl Iterator<Item = &'a ForeignKey> + 'a {
+        self.foreign_keys.iter().filter(move |f| f.parent == parent)
+    }
+
+    /// The columns of `child` that point at other declared tables, each once,
+    /// in the order the constraints name them.
+    pub fn pointing_columns(&self, child: &str) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for fk in self.parents_of(child) {
+            for c in &fk.child_columns {
+                if !out.contains(c) {
+                    out.push(c.clone());
+                }
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,148 @@
+//! The engine: the list of declared tables, and what follows from them alone.
+
+use crate::error::{Error, Mismatch, Result};
+use crate::row::{Mirror, Row, Rule, Table};
+use crate::wire;
+use std::collections::HashMap;
+
+/// A table the engine notes changes of without it being declared: the two
+/// tables of a group rule.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GroupTable {
+    /// The table's name (in the declaring table's schema).
+    pub name: &'static str,
+    /// Its schema.
+    pub schema: &'static str,
+    /// The columns its notes are keyed by, in order.
+    pub key: Vec<&'static str>,
+    /// Whether it is a members table (else a grants table).
+    pub members: bool,
+}
+
+/// Every declared table, in one list, keyed by name.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    tables: Vec<wire::Codec>,
+    by_name: HashMap<&'static str, usize>,
+}
+
+impl Engine {
+    /// An engine over `tables`. Refuses two declarations of one name, and
+    /// rules that make no sense together.
+    pub fn new(tables: Vec<wire::Codec>) -> Result<Self> {
+        let mut by_name = HashMap::new();
+        let mut problems = Vec::new();
+        for (i, codec) in tables.iter().enumerate() {
+            let t = codec.table();
+            if let Some(&first) = by_name.get(t.name) {
+                let other: &wire::Codec = &tables[first];
+                problems.push(Mismatch {
+                    table: t.name.to_string(),
+                    column: None,
+                    problem: format!(
+                        "declared twice, by `{}` and by `{}`",
+                        other.table().rust_type,
+                        t.rust_type
+                    ),
+                });
+            }
+            by_name.insert(t.name, i);
+        }
+        let engine = Engine { tables, by_name };
+        for group in engine.group_tables() {
+            if engine.by_name.contains_key(group.name) {
+                problems.push(Mismatch {
+                    table: group.name.to_string(),
+                    column: None,
+                    problem: "is a group table of a rule and also a declared table".into(),
+                });
+            }
+        }
+        if problems.is_empty() {
+            Ok(engine)
+        } else {
+            Err(Error::Declarations(problems))
+        }
+    }
+
+    /// Starts a list of tables: `Engine::builder().table::<Product>().table::<Order>().build()`.
+    pub fn builder() -> Builder {
+        Builder { tables: Vec::new() }
+    }
+
+    /// Every declared table, in the order given.
+    pub fn tables(&self) -> impl Iterator<Item = &'static Table> + '_ {
+        self.tables.iter().map(wire::Codec::table)
+    }
+
+    /// The codecs, in the order given.
+    pub fn codecs(&self) -> &[wire::Codec] {
+        &self.tables
+    }
+
+    /// The codec of the table called `name`.
+    pub fn codec(&self, name: &str) -> Option<&wire::Codec> {
+        self.by_name.get(name).map(|&i| &self.tables[i])
+    }
+
+    /// Tables whose rows travel down (the down path's concern).
+    pub fn down_tables(&self) -> impl Iterator<Item = &'static Table> + '_ {
+        self.tables().filter(|t| t.mirror.goes_down())
+    }
+
+    /// The group tables of every group rule, each once.
+    pub fn group_tables(&self) -> Vec<GroupTable> {
+        let mut out: Vec<GroupTable> = Vec::new();
+        for t in self.tables() {
+            if let Rule::Group(g) = &t.rule {
+                let mut members_key = vec![g.group];
+                members_key.extend_from_slice(g.member);
+                let candidates = [
+                    GroupTable {
+                        name: g.members,
+                        schema: t.schema,
+                        key: members_key,
+                        members: true,
+                    },
+                    GroupTable {
+                        name: g.grants,
+                        schema: t.schema,
+                        key: vec![g.replica, g.group],
+                        members: false,
+                    },
+                ];
+                for c in candidates {
+                    if !out.iter().any(|o| o.name == c.name && o.schema == c.schema) {
+                        out.push(c);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether any table is of this direction.
+    pub fn has(&self, mirror: Mirror) -> bool {
+        self.tables().any(|t| t.mirror == mirror)
+    }
+}
+
+/// Builds an [`Engine`] table by table.
+#[derive(Debug)]
+pub struct Builder {
+    tables: Vec<wire::Codec>,
+}
+
+impl Builder {
+    /// Adds the table `R` declares.
+    #[allow(clippy::should_implement_trait)]
+    pub fn table<R: Row>(mut self) -> Self {
+        self.tables.push(wire::Codec::of::<R>());
+        self
+    }
+
+    /// The engine.
+    pub fn build(self) -> Result<Engine> {
+        Engine::new(self.tables)
+    }
+}

@@ -1,0 +1,153 @@
+//! The engine's one error type. [`Error::is_transient`] is the one
+//! classification the engine trusts: transient failures are retried unchanged,
+//! everything else is set aside and shown.
+
+use std::fmt;
+
+/// A declaration that disagrees with the database, or with itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mismatch {
+    /// The table concerned (as declared).
+    pub table: String,
+    /// The column concerned, when there is one.
+    pub column: Option<String>,
+    /// What is wrong, in a sentence.
+    pub problem: String,
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.column {
+            Some(c) => write!(
+                f,
+                "table `{}`, column `{}`: {}",
+                self.table, c, self.problem
+            ),
+            None => write!(f, "table `{}`: {}", self.table, self.problem),
+        }
+    }
+}
+
+/// Everything that can go wrong in the engine.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// PostgreSQL failed.
+    #[cfg(feature = "postgres")]
+    #[error("postgres: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    /// SQLite failed.
+    #[cfg(feature = "sqlite")]
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// The database's `sync` schema is newer than this build knows.
+    #[error(
+        "the database's sync schema is at version {found}, but this build knows versions up to \
+         {known}: run a newer build of the server, or restore a database it knows"
+    )]
+    SchemaTooNew {
+        /// The version the database is at.
+        found: i32,
+        /// The newest version this build knows.
+        known: i32,
+    },
+    /// The `sync` schema is missing or behind: migrations were not run.
+    #[error("the database's sync schema is at version {found}, this build needs {needed}: run the migrations first")]
+    SchemaBehind {
+        /// The version the database is at (0 when absent).
+        found: i32,
+        /// The version this build needs.
+        needed: i32,
+    },
+    /// Declarations that disagree with the database or with each other.
+    #[error("declarations disagree with the database:\n  {}", list(.0))]
+    Declarations(Vec<Mismatch>),
+    /// A trigger the engine needs is missing, disabled or not as it would write it.
+    #[error("trigger problems, the server will not start:\n  {}", list(.0))]
+    Triggers(Vec<TriggerProblem>),
+    /// A row that does not fit its codec.
+    #[error("table `{table}`, key {key}: {source}")]
+    Codec {
+        /// The table.
+        table: String,
+        /// The row's key, as JSON.
+        key: String,
+        /// Why.
+        source: crate::codec::CodecError,
+    },
+    /// The engine was given something it does not know.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// A trigger that is not as the engine would write it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TriggerProblem {
+    /// The relation the trigger is (or should be) on, schema-qualified.
+    pub relation: String,
+    /// The trigger's name.
+    pub trigger: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+impl fmt::Display for TriggerProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "trigger `{}` on `{}`: {}",
+            self.trigger, self.relation, self.problem
+        )
+    }
+}
+
+fn list<T: fmt::Display>(items: &[T]) -> String {
+    items
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n  ")
+}
+
+impl Error {
+    /// Whether the infrastructure failed, so the same work may succeed unchanged.
+    /// Anything not listed here is permanent.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            Error::Postgres(e) => postgres_is_transient(e),
+            #[cfg(feature = "sqlite")]
+            Error::Sqlite(e) => matches!(
+                e.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+            ),
+            _ => false,
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+fn postgres_is_transient(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        // No SQLSTATE: the connection or the socket failed.
+        None => true,
+        Some(code) => {
+            let c = code.code();
+            c.starts_with("08") // connection exception
+                || c.starts_with("53") // insufficient resources
+                || c == "40001" // serialization failure
+                || c == "40P01" // deadlock detected
+                || c == "55P03" // lock not available
+                || c == "57P01" // admin shutdown
+                || c == "57P02" // crash shutdown
+                || c == "57P03" // cannot connect now
+                || c == "57014" // query cancelled (statement timeout)
+        }
+    }
+}
+
+/// The engine's result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,99 @@
+//! The `sync` schema: the engine's own tables in the server database,
+//! installed and upgraded by numbered migrations.
+
+use crate::error::{Error, Result};
+use tokio_postgres::Client;
+
+/// The migrations, in order. A migration is never edited once released:
+/// changes come as a new one.
+pub const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("001_notes.sql")),
+    (2, include_str!("002_epoch.sql")),
+];
+
+/// The version this build brings the schema to.
+pub const CURRENT: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
+
+/// Serialises concurrent migrations of one database (an arbitrary constant).
+const MIGRATION_LOCK: i64 = 0x6d61_6769_6373_796e;
+
+const BOOTSTRAP: &str = "
+CREATE SCHEMA IF NOT EXISTS sync;
+CREATE TABLE IF NOT EXISTS sync.schema_version (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    version   integer NOT NULL
+);
+";
+
+/// The schema version the database is at (0 when it has no `sync` schema).
+pub async fn version(client: &Client) -> Result<i32> {
+    let exists = client
+        .query_one("SELECT to_regclass('sync.schema_version') IS NOT NULL", &[])
+        .await?
+        .get::<_, bool>(0);
+    if !exists {
+        return Ok(0);
+    }
+    let row = client
+        .query_opt("SELECT version FROM sync.schema_version", &[])
+        .await?;
+    Ok(row.map(|r| r.get(0)).unwrap_or(0))
+}
+
+/// Brings the `sync` schema to [`CURRENT`]. Refuses a database at a newer
+/// version than this build knows. Safe to run concurrently.
+pub async fn migrate(client: &mut Client) -> Result<i32> {
+    migrate_to(client, CURRENT).await
+}
+
+/// Brings the schema to `target` (tests use it to leave a database behind).
+#[doc(hidden)]
+pub async fn migrate_to(client: &mut Client, target: i32) -> Result<i32> {
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    tx.batch_execute(BOOTSTRAP).await?;
+    let found: i32 = tx
+        .query_opt("SELECT version FROM sync.schema_version", &[])
+        .await?
+        .map(|r| r.get(0))
+        .unwrap_or(0);
+    if found > CURRENT {
+        return Err(Error::SchemaTooNew {
+            found,
+            known: CURRENT,
+        });
+    }
+    for (number, sql) in MIGRATIONS {
+        if *number > found && *number <= target {
+            tx.batch_execute(sql).await?;
+        }
+    }
+    let now = found.max(target.min(CURRENT));
+    tx.execute(
+        "INSERT INTO sync.schema_version (version) VALUES ($1)
+         ON CONFLICT (singleton) DO UPDATE SET version = EXCLUDED.version",
+        &[&now],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(now)
+}
+
+/// Refuses a database not at exactly [`CURRENT`].
+pub async fn require_current(client: &Client) -> Result<()> {
+    let found = version(client).await?;
+    if found > CURRENT {
+        return Err(Error::SchemaTooNew {
+            found,
+            known: CURRENT,
+        });
+    }
+    if found < CURRENT {
+        return Err(Error::SchemaBehind {
+            found,
+            needed: CURRENT,
+        });
+    }
+    Ok(())
+}

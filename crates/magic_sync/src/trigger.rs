@@ -1,0 +1,379 @@
+//! The triggers that note every change of a mirrored row, as the engine
+//! writes them, and the check that they are still there and unchanged.
+//!
+//! Each noted table gets one function of its own (`sync.note_<schema>_<table>`)
+//! with its columns spelled out, so a write pays for no dynamic SQL, and two
+//! triggers: `magic_sync_note` (after every insert, update and delete, per
+//! row) and `magic_sync_no_truncate` (before TRUNCATE, refusing it). Both are
+//! `ENABLE ALWAYS`, so `session_replication_role = replica` does not silence
+//! them.
+
+use crate::catalog::Catalog;
+use crate::engine::Engine;
+use crate::error::{Error, Result, TriggerProblem};
+use crate::row::{Rule, Table};
+use crate::sql::{ident, literal, qualified};
+use tokio_postgres::Client;
+
+/// The row trigger's name.
+pub const NOTE_TRIGGER: &str = "magic_sync_note";
+/// The TRUNCATE trigger's name.
+pub const TRUNCATE_TRIGGER: &str = "magic_sync_no_truncate";
+/// The function every TRUNCATE trigger calls.
+pub const REFUSE_TRUNCATE: &str = "refuse_truncate";
+
+const REFUSE_TRUNCATE_BODY: &str = "
+BEGIN
+    RAISE EXCEPTION 'magic_sync: TRUNCATE of mirrored table \"%\" is refused: it would remove rows without a note for the replicas; DELETE them instead', TG_ARGV[0]
+        USING ERRCODE = 'feature_not_supported';
+END
+";
+
+// pg_trigger.tgtype bits.
+const ROW: i32 = 1;
+const BEFORE: i32 = 2;
+const INSERT: i32 = 4;
+const DELETE: i32 = 8;
+const UPDATE: i32 = 16;
+const TRUNCATE: i32 = 32;
+
+/// One table the engine notes changes of: a declared table that goes down,
+/// or a group table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Noted {
+    /// The name notes carry.
+    pub table: String,
+    /// Its schema.
+    pub schema: String,
+    /// Key columns, in declared order.
+    pub key: Vec<String>,
+    /// Columns whose change is a change the replicas must hear of.
+    pub watched: Vec<String>,
+    /// Columns pointing at other declared tables, recorded as they were before.
+    pub parents: Vec<String>,
+    /// Its partitions, at any depth, as (schema, name).
+    pub partitions: Vec<(String, String)>,
+}
+
+impl Noted {
+    /// The name of this table's note function (without schema).
+    pub fn function(&self) -> String {
+        let name = format!("note_{}_{}", self.schema, self.table);
+        if name.len() <= 63 {
+            return name;
+        }
+        let hash = crate::digest::fnv1a(format!("{}.{}", self.schema, self.table).as_bytes());
+        let mut cut = 63 - 17;
+        while !name.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        format!("{}_{hash:016x}", &name[..cut])
+    }
+
+    /// The body of the note function.
+    pub fn body(&self) -> String {
+        let insert = |key: &str, parents: &str| {
+            format!(
+                "INSERT INTO sync.notes (table_name, source, key, parents)\n            \
+                 VALUES ({}, TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, {key}, {parents})",
+                literal(&self.table)
+            )
+        };
+        let key = |rec: &str| columns_call("jsonb_build_array", rec, &self.key, false);
+        let parents = |rec: &str| {
+            if self.parents.is_empty() {
+                "'{}'::jsonb".to_string()
+            } else {
+                columns_call("jsonb_build_object", rec, &self.parents, true)
+            }
+        };
+        let row = |rec: &str, cols: &[String]| columns_call("ROW", rec, cols, false);
+        let insert_new = insert(&key("NEW"), "NULL");
+        let delete_old = insert(&key("OLD"), &parents("OLD"));
+        format!(
+            "
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        {insert_new};
+    ELSIF TG_OP = 'DELETE' THEN
+        {delete_old};
+    ELSIF {old_key} IS DISTINCT FROM {new_key} THEN
+        {delete_old};
+        {insert_new};
+    ELSIF {old_watched} IS DISTINCT FROM {new_watched} THEN
+        {update};
+    END IF;
+    RETURN NULL;
+END
+",
+            old_key = row("OLD", &self.key),
+            new_key = row("NEW", &self.key),
+            old_watched = row("OLD", &self.watched),
+            new_watched = row("NEW", &self.watched),
+            update = insert(&key("NEW"), &parents("OLD")),
+        )
+    }
+
+    fn relations(&self) -> impl Iterator<Item = (&str, &str)> {
+        std::iter::once((self.schema.as_str(), self.table.as_str())).chain(
+            self.partitions
+                .iter()
+                .map(|(s, n)| (s.as_str(), n.as_str())),
+        )
+    }
+
+    /// The SQL that (re)installs this table's function and triggers.
+    pub fn install_sql(&self) -> String {
+        let function = qualified("sync", &self.function());
+        let relation = qualified(&self.schema, &self.table);
+        let mut sql = format!(
+            "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $magic_sync${}$magic_sync$;\n\
+             DROP TRIGGER IF EXISTS {note} ON {relation};\n\
+             CREATE TRIGGER {note} AFTER INSERT OR UPDATE OR DELETE ON {relation} FOR EACH ROW EXECUTE FUNCTION {function}();\n",
+            self.body(),
+            note = ident(NOTE_TRIGGER),
+        );
+        for (schema, name) in self.relations() {
+            let rel = qualified(schema, name);
+            sql.push_str(&format!(
+                "ALTER TABLE {rel} ENABLE ALWAYS TRIGGER {note};\n\
+                 DROP TRIGGER IF EXISTS {trunc} ON {rel};\n\
+                 CREATE TRIGGER {trunc} BEFORE TRUNCATE ON {rel} FOR EACH STATEMENT EXECUTE FUNCTION {refuse}({table});\n\
+                 ALTER TABLE {rel} ENABLE ALWAYS TRIGGER {trunc};\n",
+                note = ident(NOTE_TRIGGER),
+                trunc = ident(TRUNCATE_TRIGGER),
+                refuse = qualified("sync", REFUSE_TRUNCATE),
+                table = literal(&self.table),
+            ));
+        }
+        sql
+    }
+}
+
+/// `f(REC."a", REC."b")`, or with names: `f('a', REC."a", ...)`.
+fn columns_call(function: &str, rec: &str, columns: &[String], named: bool) -> String {
+    let args: Vec<String> = columns
+        .iter()
+        .map(|c| {
+            if named {
+                format!("{}, {rec}.{}", literal(c), ident(c))
+            } else {
+                format!("{rec}.{}", ident(c))
+            }
+        })
+        .collect();
+    format!("{function}({})", args.join(", "))
+}
+
+fn push_unique(list: &mut Vec<String>, item: &str) {
+    if !list.iter().any(|x| x == item) {
+        list.push(item.to_string());
+    }
+}
+
+fn noted_table(table: &Table, catalog: &Catalog) -> Noted {
+    let parents = catalog.pointing_columns(table.name);
+    let mut watched: Vec<String> = Vec::new();
+    for c in table.columns.iter().filter(|c| !table.owns(c.name)) {
+        push_unique(&mut watched, c.name);
+    }
+    for c in &parents {
+        push_unique(&mut watched, c);
+    }
+    match &table.rule {
+        Rule::Replica(c) | Rule::Partition(c) => push_unique(&mut watched, c),
+        Rule::Follows(cs) => cs.iter().for_each(|c| push_unique(&mut watched, c)),
+        _ => {}
+    }
+    Noted {
+        table: table.name.to_string(),
+        schema: table.schema.to_string(),
+        key: table.key.iter().map(|k| k.to_string()).collect(),
+        watched,
+        parents,
+        partitions: catalog
+            .relation(table.schema, table.name)
+            .map(|r| r.partitions.clone())
+            .unwrap_or_default(),
+    }
+}
+
+/// Every table the engine notes changes of, as the catalogue has them.
+pub fn noted(engine: &Engine, catalog: &Catalog) -> Vec<Noted> {
+    let mut out: Vec<Noted> = engine
+        .down_tables()
+        .map(|t| noted_table(t, catalog))
+        .collect();
+    for g in engine.group_tables() {
+        let key: Vec<String> = g.key.iter().map(|k| k.to_string()).collect();
+        out.push(Noted {
+            table: g.name.to_string(),
+            schema: g.schema.to_string(),
+            watched: key.clone(),
+            key,
+            parents: Vec::new(),
+            partitions: catalog
+                .relation(g.schema, g.name)
+                .map(|r| r.partitions.clone())
+                .unwrap_or_default(),
+        });
+    }
+    out
+}
+
+impl Engine {
+    /// The SQL that installs every trigger the engine needs, as it writes them.
+    pub fn triggers(&self, catalog: &Catalog) -> String {
+        let mut sql = format!(
+            "CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS $magic_sync${REFUSE_TRUNCATE_BODY}$magic_sync$;\n",
+            qualified("sync", REFUSE_TRUNCATE)
+        );
+        for n in noted(self, catalog) {
+            sql.push_str(&n.install_sql());
+        }
+        sql
+    }
+
+    /// Installs (or reinstalls) the triggers, in one transaction. The `sync`
+    /// schema must be current.
+    pub async fn install_triggers(&self, client: &mut Client) -> Result<()> {
+        crate::schema::require_current(client).await?;
+        let catalog = Catalog::read(client, self).await?;
+        crate::check::declarations(self, &catalog)?;
+        let tx = client.transaction().await?;
+        tx.batch_execute(&self.triggers(&catalog)).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+const INSTALLED: &str = "
+SELECT n.nspname::text, c.relname::text, t.tgname::text, t.tgenabled::text, t.tgtype::int4,
+       pn.nspname::text, p.proname::text, p.prosrc, t.tgqual IS NOT NULL,
+       t.tgnargs::int4, encode(t.tgargs, 'escape'), cardinality(t.tgattr::int2[])
+FROM pg_trigger t
+JOIN pg_class c ON c.oid = t.tgrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_proc p ON p.oid = t.tgfoid
+JOIN pg_namespace pn ON pn.oid = p.pronamespace
+JOIN unnest($1::text[], $2::text[]) AS wanted(s, r) ON n.nspname = wanted.s AND c.relname = wanted.r
+WHERE t.tgname IN ('magic_sync_note', 'magic_sync_no_truncate')";
+
+struct Found {
+    enabled: String,
+    tgtype: i32,
+    function: (String, String),
+    source: String,
+    has_when: bool,
+    args: Vec<String>,
+    columns: i32,
+}
+
+struct Expected<'a> {
+    tgtype: i32,
+    function: String,
+    source: &'a str,
+    args: Vec<String>,
+}
+
+fn compare(found: Option<&Found>, expected: &Expected<'_>) -> Option<String> {
+    let Some(f) = found else {
+        return Some("is missing: install the triggers (Engine::install_triggers)".into());
+    };
+    if f.enabled == "D" {
+        return Some("is disabled: ENABLE ALWAYS it again".into());
+    }
+    if f.function != ("sync".to_string(), expected.function.clone()) {
+        return Some(format!(
+            "calls {}.{}() instead of sync.{}()",
+            f.function.0, f.function.1, expected.function
+        ));
+    }
+    if f.source.trim() != expected.source.trim() {
+        return Some(format!(
+            "function sync.{}() differs from what the engine writes: reinstall the triggers",
+            expected.function
+        ));
+    }
+    if f.tgtype != expected.tgtype || f.has_when || f.columns > 0 {
+        return Some("fires on other events than the engine's: reinstall the triggers".into());
+    }
+    if f.args != expected.args {
+        return Some(format!(
+            "takes arguments {:?}, expected {:?}",
+            f.args, expected.args
+        ));
+    }
+    if f.enabled != "A" {
+        return Some("is not ENABLE ALWAYS: writes under session_replication_role = replica would go unnoted".into());
+    }
+    None
+}
+
+/// Checks every trigger the engine needs: present, enabled, as it would write it.
+pub async fn verify(engine: &Engine, client: &Client, catalog: &Catalog) -> Result<()> {
+    let noted = noted(engine, catalog);
+    let mut schemas = Vec::new();
+    let mut names = Vec::new();
+    for n in &noted {
+        for (s, r) in n.relations() {
+            schemas.push(s.to_string());
+            names.push(r.to_string());
+        }
+    }
+    let mut found = std::collections::HashMap::new();
+    for row in client.query(INSTALLED, &[&schemas, &names]).await? {
+        let args: String = row.get(10);
+        let args: Vec<String> = args
+            .split("\\000")
+            .filter(|a| !a.is_empty())
+            .map(str::to_string)
+            .collect();
+        let key: (String, String, String) = (row.get(0), row.get(1), row.get(2));
+        found.insert(
+            key,
+            Found {
+                enabled: row.get(3),
+                tgtype: row.get(4),
+                function: (row.get(5), row.get(6)),
+                source: row.get(7),
+                has_when: row.get(8),
+                args,
+                columns: row.get::<_, Option<i32>>(11).unwrap_or(0),
+            },
+        );
+    }
+    let mut problems = Vec::new();
+    for n in &noted {
+        let body = n.body();
+        let note = Expected {
+            tgtype: ROW | INSERT | DELETE | UPDATE,
+            function: n.function(),
+            source: &body,
+            args: Vec::new(),
+        };
+        let truncate = Expected {
+            tgtype: BEFORE | TRUNCATE,
+            function: REFUSE_TRUNCATE.to_string(),
+            source: REFUSE_TRUNCATE_BODY,
+            args: vec![n.table.clone()],
+        };
+        for (schema, rel) in n.relations() {
+            for (name, expected) in [(NOTE_TRIGGER, &note), (TRUNCATE_TRIGGER, &truncate)] {
+                let key = (schema.to_string(), rel.to_string(), name.to_string());
+                if let Some(problem) = compare(found.get(&key), expected) {
+                    problems.push(TriggerProblem {
+                        relation: format!("{schema}.{rel}"),
+                        trigger: name.to_string(),
+                        problem,
+                    });
+                }
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Triggers(problems))
+    }
+}

@@ -1,0 +1,11 @@
+//! The foundation's tests against a real PostgreSQL: the sync schema, the
+//! triggers and their notes, the start-up checks, the table graph, and codec
+//! round trips through real PostgreSQL and SQLite rows. One binary, so the
+//! throwaway cluster starts once.
+
+mod catalog;
+mod codecs;
+mod notes;
+mod schema;
+mod shop;
+mod startup;

@@ -1,0 +1,148 @@
+//! The test shop's declarations (see shop.sql).
+
+use chrono::{DateTime, Utc};
+use magic_sync::{Engine, Numeric, Row};
+
+pub const SQL: &str = include_str!("shop.sql");
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "products", down, all, key(id), retired = "retired")]
+pub struct Product {
+    pub id: i64,
+    pub name: String,
+    pub price: Numeric,
+    pub barcode: Option<String>,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "customers", down, referenced, key(id), retired = "retired")]
+pub struct Customer {
+    pub id: i64,
+    pub name: String,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "orders", down, replica = "unit_id", key(id))]
+pub struct Order {
+    pub id: i64,
+    pub unit_id: String,
+    pub customer_id: Option<i64>,
+    pub placed_at: DateTime<Utc>,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(
+    table = "order_lines",
+    down,
+    follows = "order_id",
+    key(order_id, line_no)
+)]
+pub struct OrderLine {
+    pub order_id: i64,
+    pub line_no: i32,
+    pub product_id: i64,
+    pub qty: i32,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "notices", down, partition = "region_id", key(id))]
+pub struct Notice {
+    pub id: i64,
+    pub region_id: String,
+    pub body: String,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(
+    table = "promotions",
+    down,
+    group(
+        members = "promotion_members",
+        member = "promotion_id",
+        grants = "unit_groups",
+        replica = "unit_id"
+    ),
+    key(id)
+)]
+pub struct Promotion {
+    pub id: i64,
+    pub product_id: i64,
+    pub discount: i32,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "stock", both, replica = "unit_id", key(unit_id, product_id))]
+pub struct Stock {
+    pub unit_id: String,
+    pub product_id: i64,
+    pub on_hand: i32,
+    #[row(owned)]
+    pub counted: Option<i32>,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "sales", up, key(id))]
+pub struct Sale {
+    pub id: String,
+    #[row(origin)]
+    pub unit_id: String,
+    pub customer_id: Option<i64>,
+    pub total: Numeric,
+    #[row(version)]
+    pub version: i64,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "events", down, partition = "region", key(region, id))]
+pub struct Event {
+    pub region: String,
+    pub id: i64,
+    pub body: String,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(
+    table = "shipments",
+    schema = "logistics",
+    down,
+    follows = "region, event_id",
+    key(id)
+)]
+pub struct Shipment {
+    pub id: i64,
+    pub region: String,
+    pub event_id: i64,
+    pub parent_id: Option<i64>,
+}
+
+/// The engine over every shop table.
+pub fn engine() -> Engine {
+    Engine::builder()
+        .table::<Product>()
+        .table::<Customer>()
+        .table::<Order>()
+        .table::<OrderLine>()
+        .table::<Notice>()
+        .table::<Promotion>()
+        .table::<Stock>()
+        .table::<Sale>()
+        .table::<Event>()
+        .table::<Shipment>()
+        .build()
+        .expect("the shop's declarations agree with each other")
+}
+
+/// A fresh database with the shop's tables, the sync schema and the triggers.
+pub async fn installed() -> (magic_sync_testdb::TestDb, tokio_postgres::Client) {
+    let db = magic_sync_testdb::database().await;
+    let mut client = db.connect().await;
+    client.batch_execute(SQL).await.expect("shop schema");
+    magic_sync::schema::migrate(&mut client)
+        .await
+        .expect("migrate");
+    engine()
+        .install_triggers(&mut client)
+        .await
+        .expect("install triggers");
+    (db, client)
+}

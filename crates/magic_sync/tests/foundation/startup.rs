@@ -1,0 +1,283 @@
+//! The server refuses to start while a trigger or a declaration is wrong, and
+//! says which.
+
+use crate::shop;
+use magic_sync::{check, Engine, Error, Numeric, Row};
+
+fn message(result: magic_sync::Result<magic_sync::catalog::Catalog>) -> String {
+    match result {
+        Ok(_) => panic!("start-up should have been refused"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[tokio::test]
+async fn a_correct_installation_starts() {
+    let (_db, client) = shop::installed().await;
+    let catalog = check::startup(&shop::engine(), &client)
+        .await
+        .expect("starts");
+    assert_eq!(catalog.relations.len(), 12);
+}
+
+#[tokio::test]
+async fn a_missing_trigger_refuses_start_up() {
+    let (_db, client) = shop::installed().await;
+    client
+        .batch_execute("DROP TRIGGER magic_sync_note ON orders")
+        .await
+        .unwrap();
+    let m = message(check::startup(&shop::engine(), &client).await);
+    assert!(
+        m.contains("trigger `magic_sync_note` on `public.orders`: is missing"),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_truncate_trigger_on_a_new_partition_refuses_start_up() {
+    let (_db, client) = shop::installed().await;
+    client
+        .batch_execute("CREATE TABLE events_east PARTITION OF events FOR VALUES IN ('east')")
+        .await
+        .unwrap();
+    let m = message(check::startup(&shop::engine(), &client).await);
+    assert!(
+        m.contains("trigger `magic_sync_no_truncate` on `public.events_east`: is missing"),
+        "{m}"
+    );
+    // Reinstalling covers the new partition.
+    let mut client = client;
+    shop::engine().install_triggers(&mut client).await.unwrap();
+    check::startup(&shop::engine(), &client)
+        .await
+        .expect("starts after reinstall");
+}
+
+#[tokio::test]
+async fn a_disabled_trigger_refuses_start_up() {
+    let (_db, client) = shop::installed().await;
+    client
+        .batch_execute("ALTER TABLE notices DISABLE TRIGGER magic_sync_note")
+        .await
+        .unwrap();
+    let m = message(check::startup(&shop::engine(), &client).await);
+    assert!(
+        m.contains("trigger `magic_sync_note` on `public.notices`: is disabled"),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn a_trigger_disabled_on_one_partition_refuses_start_up() {
+    let (_db, client) = shop::installed().await;
+    client
+        .batch_execute("ALTER TABLE events_south DISABLE TRIGGER magic_sync_note")
+        .await
+        .unwrap();
+    let m = message(check::startup(&shop::engine(), &client).await);
+    assert!(
+        m.contains("trigger `magic_sync_note` on `public.events_south`: is disabled"),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn a_trigger_enabled_only_for_origin_sessions_refuses_start_up() {
+    let (_db, client) = shop::installed().await;
+    client
+        .batch_execute("ALTER TABLE notices ENABLE TRIGGER magic_sync_note")
+        .await
+        .unwrap();
+    let m = message(check::startup(&shop::engine(), &client).await);
+    assert!(
+        m.contains("on `public.notices`: is not ENABLE ALWAYS"),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn a_tampered_trigger_function_refuses_start_up() {
+    let (_db, client) = shop::installed().await;
+    client
+        .batch_execute(
+            "CREATE OR REPLACE FUNCTION sync.note_public_products() RETURNS trigger
+             LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$",
+        )
+        .await
+        .unwrap();
+    let m = message(check::startup(&shop::engine(), &client).await);
+    assert!(
+        m.contains("trigger `magic_sync_note` on `public.products`: function sync.note_public_products() differs"),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn a_trigger_pointed_at_another_function_or_events_refuses_start_up() {
+    let (_db, client) = shop::installed().await;
+    client
+        .batch_execute(
+            "CREATE FUNCTION public.quiet() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+             DROP TRIGGER magic_sync_note ON customers;
+             CREATE TRIGGER magic_sync_note AFTER INSERT ON customers FOR EACH ROW EXECUTE FUNCTION public.quiet();
+             ALTER TABLE customers ENABLE ALWAYS TRIGGER magic_sync_note;
+             DROP TRIGGER magic_sync_note ON notices;
+             CREATE TRIGGER magic_sync_note AFTER INSERT ON notices FOR EACH ROW EXECUTE FUNCTION sync.note_public_notices();
+             ALTER TABLE notices ENABLE ALWAYS TRIGGER magic_sync_note;",
+        )
+        .await
+        .unwrap();
+    let m = message(check::startup(&shop::engine(), &client).await);
+    assert!(
+        m.contains("on `public.customers`: calls public.quiet()"),
+        "{m}"
+    );
+    assert!(
+        m.contains("on `public.notices`: fires on other events"),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn a_schema_behind_the_build_refuses_start_up() {
+    let db = magic_sync_testdb::database().await;
+    let client = db.connect().await;
+    client.batch_execute(shop::SQL).await.unwrap();
+    let m = message(check::startup(&shop::engine(), &client).await);
+    assert!(m.contains("run the migrations first"), "{m}");
+}
+
+// Declarations that disagree with the database, one table each.
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "products", down, all, key(id))]
+struct ProductWithColour {
+    id: i64,
+    name: String,
+    colour: String,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "products", down, all, key(id))]
+struct ProductPricedInCents {
+    id: i64,
+    price: i64,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "products", down, all, key(id))]
+struct ProductWithRequiredBarcode {
+    id: i64,
+    barcode: String,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "products", down, all, key(name))]
+struct ProductKeyedByName {
+    id: i64,
+    name: String,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "notices", down, follows = "region_id", key(id))]
+struct NoticeFollowingNothing {
+    id: i64,
+    region_id: String,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "notices", down, referenced, key(id))]
+struct NoticeReferencedByNothing {
+    id: i64,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "invoices", down, all, key(id))]
+struct Invoice {
+    id: i64,
+    total: Numeric,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(
+    table = "promotions",
+    down,
+    group(
+        members = "promo_members",
+        member = "promotion_id",
+        grants = "unit_groups",
+        replica = "till_id"
+    ),
+    key(id)
+)]
+struct PromotionWithWrongGroups {
+    id: i64,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "products", down, all, key(id), retired = "name")]
+struct ProductRetiredOverAColumn {
+    id: i64,
+}
+
+async fn refused<R: Row>() -> String {
+    let (_db, client) = shop::installed().await;
+    let engine = Engine::builder().table::<R>().build().unwrap();
+    let err = check::startup(&engine, &client).await.expect_err("refused");
+    assert!(matches!(err, Error::Declarations(_)), "{err}");
+    err.to_string()
+}
+
+#[tokio::test]
+async fn each_declaration_mismatch_names_table_and_column() {
+    let cases: Vec<(String, &str)> = vec![
+        (
+            refused::<ProductWithColour>().await,
+            "table `products`, column `colour`: declared by field `ProductWithColour::colour`, but the table has no such column",
+        ),
+        (
+            refused::<ProductPricedInCents>().await,
+            "table `products`, column `price`: the field is i64, which does not fit the column's type numeric(10,2)",
+        ),
+        (
+            refused::<ProductWithRequiredBarcode>().await,
+            "table `products`, column `barcode`: the column can be NULL, but its field is not an Option",
+        ),
+        (
+            refused::<ProductKeyedByName>().await,
+            "table `products`: the declared key (name) is not unique in the database",
+        ),
+        (
+            refused::<NoticeFollowingNothing>().await,
+            "table `notices`, column `region_id`: the table follows its parent through these columns, but no foreign key",
+        ),
+        (
+            refused::<NoticeReferencedByNothing>().await,
+            "table `notices`: declared `referenced`, but no foreign key of a declared table points at it",
+        ),
+        (
+            refused::<Invoice>().await,
+            "table `invoices`: declared by `Invoice`, but schema `public` has no such table",
+        ),
+        (
+            refused::<PromotionWithWrongGroups>().await,
+            "table `promo_members`: a group rule names this table, but schema `public` has no such table",
+        ),
+        (
+            refused::<ProductRetiredOverAColumn>().await,
+            "table `products`, column `name`: is declared as the replica's retired column, but the server table has a column of that name",
+        ),
+    ];
+    for (message, expected) in cases {
+        assert!(
+            message.contains(expected),
+            "expected {expected:?} in:\n{message}"
+        );
+    }
+    let m = refused::<PromotionWithWrongGroups>().await;
+    assert!(
+        m.contains("table `unit_groups`, column `till_id`: a group rule names this column"),
+        "{m}"
+    );
+}

@@ -1,0 +1,7 @@
+#[derive(magic_sync::Columns)]
+#[row(down)]
+struct Totals {
+    count: i64,
+}
+
+fn main() {}

@@ -1,0 +1,7 @@
+#[derive(magic_sync::Row)]
+#[row(down, all)]
+struct Order {
+    id: i64,
+}
+
+fn main() {}

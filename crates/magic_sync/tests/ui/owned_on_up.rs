@@ -1,0 +1,11 @@
+#[derive(magic_sync::Row)]
+#[row(up, key(id))]
+struct Sale {
+    id: i64,
+    #[row(origin)]
+    origin_id: String,
+    #[row(owned)]
+    note: String,
+}
+
+fn main() {}

@@ -1,0 +1,9 @@
+#[derive(magic_sync::Row)]
+#[row(up, key(id), retired = "retired")]
+struct Sale {
+    id: i64,
+    #[row(origin)]
+    origin_id: String,
+}
+
+fn main() {}

@@ -1,0 +1,9 @@
+#[derive(magic_sync::Row)]
+#[row(up, replica = "origin_id", key(id))]
+struct Sale {
+    id: i64,
+    #[row(origin)]
+    origin_id: String,
+}
+
+fn main() {}

@@ -1,0 +1,13 @@
+#[derive(magic_sync::Row)]
+#[row(up, key(id))]
+struct Sale {
+    id: i64,
+    #[row(origin)]
+    origin_id: String,
+    #[row(version)]
+    revision: i64,
+    #[row(version)]
+    edition: i64,
+}
+
+fn main() {}

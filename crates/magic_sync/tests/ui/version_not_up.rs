@@ -1,0 +1,9 @@
+#[derive(magic_sync::Row)]
+#[row(both, all, key(id))]
+struct Order {
+    id: i64,
+    #[row(version)]
+    revision: i64,
+}
+
+fn main() {}

@@ -1,0 +1,126 @@
+//! The private cluster is stopped and deleted once the process that started
+//! it has exited, although nothing in that process runs at exit.
+//!
+//! The test re-runs this test binary as a child that only executes
+//! `child_starts_a_cluster_and_exits` (a no-op unless the marker variable is
+//! set), then watches the child's cluster disappear.
+
+use std::net::{Ipv4Addr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const CHILD_MARKER: &str = "MAGIC_SYNC_TESTDB_WATCHDOG_CHILD";
+const CHILD_TEST: &str = "child_starts_a_cluster_and_exits";
+/// Upper bound for the watchdog to finish once the child is gone.
+const CLEANUP_DEADLINE: Duration = Duration::from_secs(60);
+/// How often the bounded waits below look again.
+const POLL: Duration = Duration::from_millis(50);
+
+#[test]
+fn child_starts_a_cluster_and_exits() {
+    if std::env::var_os(CHILD_MARKER).is_none() {
+        return; // Only meaningful as the child of `cluster_stops_after_process_exit`.
+    }
+    let server = magic_sync_testdb::server();
+    let cluster = server
+        .cluster()
+        .expect("the child must run a private cluster");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let db = magic_sync_testdb::database().await;
+        let client = db.connect().await;
+        client
+            .batch_execute("CREATE TABLE alive (x int)")
+            .await
+            .unwrap();
+    });
+    let pid = cluster
+        .postmaster_pid()
+        .expect("postmaster.pid is readable");
+    // libtest has already printed "test <name> ... " on the current line.
+    println!();
+    println!("cluster_dir={}", cluster.dir().display());
+    println!("postmaster_pid={pid}");
+    println!("port={}", cluster.port());
+    println!("startup_ms={}", cluster.startup_duration().as_millis());
+}
+
+#[test]
+fn cluster_stops_after_process_exit() {
+    if std::env::var_os(CHILD_MARKER).is_some() {
+        return;
+    }
+    if std::env::var_os("DATABASE_URL").is_some()
+        && magic_sync_testdb::server().try_bin_dir().is_none()
+    {
+        eprintln!("skipped: DATABASE_URL is set and no PostgreSQL programs are installed");
+        return;
+    }
+
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args([CHILD_TEST, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_MARKER, "1")
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "child failed: {}\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let value = |key: &str| -> String {
+        stdout
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("child printed no {key}:\n{stdout}"))
+            .to_owned()
+    };
+    let dir = PathBuf::from(value("cluster_dir"));
+    let pid: u32 = value("postmaster_pid").parse().unwrap();
+    let port: u16 = value("port").parse().unwrap();
+    eprintln!("child cluster started in {} ms", value("startup_ms"));
+
+    let deadline = Instant::now() + CLEANUP_DEADLINE;
+    wait_until(
+        deadline,
+        || !dir.exists(),
+        || format!("{} still exists", dir.display()),
+    );
+    wait_until(
+        deadline,
+        || !process_alive(pid),
+        || format!("postmaster {pid} still runs"),
+    );
+    assert!(
+        TcpStream::connect_timeout(&(Ipv4Addr::LOCALHOST, port).into(), Duration::from_secs(1))
+            .is_err(),
+        "something still listens on port {port}"
+    );
+}
+
+/// Polls `done` until it holds, failing the test at `deadline`.
+fn wait_until(deadline: Instant, mut done: impl FnMut() -> bool, what: impl Fn() -> String) {
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out: {}", what());
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Whether `pid` is a live process; a zombie (exited, not yet reaped by its
+/// adoptive parent) counts as gone.
+fn process_alive(pid: u32) -> bool {
+    let status = Path::new("/proc").join(pid.to_string()).join("status");
+    match std::fs::read_to_string(status) {
+        Ok(text) => !text
+            .lines()
+            .filter_map(|line| line.strip_prefix("State:"))
+            .any(|state| state.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
