@@ -26,7 +26,7 @@ fn schema(table: &str) -> String {
     )
 }
 
-fn pgbench(conninfo: &str, table: &str, seconds: u64) -> f64 {
+fn pgbench(conninfo: &str, table: &str, seconds: u64, durable: bool) -> f64 {
     let script = std::env::temp_dir().join(format!("magic_sync_bench_{table}.sql"));
     std::fs::write(
         &script,
@@ -35,7 +35,9 @@ fn pgbench(conninfo: &str, table: &str, seconds: u64) -> f64 {
         ),
     )
     .expect("write pgbench script");
+    let commit = if durable { "on" } else { "off" };
     let output = Command::new(magic_sync_testdb::server().bin("pgbench"))
+        .env("PGOPTIONS", format!("-c synchronous_commit={commit}"))
         .args(["-n", "-M", "prepared", "-c", "2", "-j", "2", "-T"])
         .arg(seconds.to_string())
         .arg("-f")
@@ -88,30 +90,56 @@ async fn main() {
         .await
         .expect("triggers");
 
-    let mut plain = Vec::new();
-    let mut noted = Vec::new();
-    for round in 1..=3 {
-        plain.push(pgbench(&db.conninfo(), "accounts_plain", seconds));
-        noted.push(pgbench(&db.conninfo(), "accounts", seconds));
-        println!(
-            "round {round}: without triggers {:.0} updates/s, with triggers {:.0} updates/s",
-            plain[round - 1],
-            noted[round - 1]
-        );
+    println!("CPU-bound: fsync off, synchronous_commit off (the worst case for the trigger)");
+    let (p, n) = compare(&db.conninfo(), seconds, false);
+    report(p, n);
+    if magic_sync_testdb::server().cluster().is_some() {
+        set_fsync(&client, "ALTER SYSTEM SET fsync = on").await;
+        println!("durable: fsync on, synchronous_commit on (how a production server runs)");
+        let (p, n) = compare(&db.conninfo(), seconds, true);
+        report(p, n);
+        set_fsync(&client, "ALTER SYSTEM RESET fsync").await;
     }
     let notes: i64 = client
         .query_one("SELECT count(*) FROM sync.notes", &[])
         .await
         .expect("count notes")
         .get(0);
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (p, n) = (median(&mut plain), median(&mut noted));
     println!("notes written: {notes}");
+}
+
+async fn set_fsync(client: &tokio_postgres::Client, statement: &str) {
+    client.batch_execute(statement).await.expect("alter system");
+    client
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .expect("reload");
+}
+
+/// Three alternating rounds of each; the medians.
+fn compare(conninfo: &str, seconds: u64, durable: bool) -> (f64, f64) {
+    let mut plain = Vec::new();
+    let mut noted = Vec::new();
+    for round in 1..=3 {
+        plain.push(pgbench(conninfo, "accounts_plain", seconds, durable));
+        noted.push(pgbench(conninfo, "accounts", seconds, durable));
+        println!(
+            "  round {round}: without triggers {:.0} updates/s, with triggers {:.0} updates/s",
+            plain[round - 1],
+            noted[round - 1]
+        );
+    }
+    (median(&mut plain), median(&mut noted))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn report(p: f64, n: f64) {
     println!(
-        "median: without triggers {p:.0} updates/s, with triggers {n:.0} updates/s; the trigger costs {:.1}% of throughput (ratio {:.3})",
+        "  median: without triggers {p:.0} updates/s, with triggers {n:.0} updates/s; the trigger costs {:.1}% of throughput (ratio {:.3})",
         (1.0 - n / p) * 100.0,
         n / p
     );

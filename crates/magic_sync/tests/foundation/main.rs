@@ -9,3 +9,4 @@ mod notes;
 mod schema;
 mod shop;
 mod startup;
+mod wanted;
