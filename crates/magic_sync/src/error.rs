@@ -78,6 +78,29 @@ pub enum Error {
     /// The engine was given something it does not know.
     #[error("{0}")]
     Invalid(String),
+    /// Bytes given to a replica that are not a `ToReplica` message.
+    #[error("the bytes given to the replica are not a ToReplica message: {0}")]
+    Envelope(#[source] prost::DecodeError),
+    /// A `ToReplica` message that decodes but cannot be applied as it is.
+    #[error("message {number} to replica `{replica}` is malformed: {problem}")]
+    Malformed {
+        /// The replica it names.
+        replica: String,
+        /// Its number.
+        number: u64,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A message was applied and committed, but letting go of the retired rows
+    /// nothing points at any more failed afterwards. The replica holds the
+    /// message; the retired rows wait for the next purge.
+    #[error("message {number} was applied, but purging retired rows afterwards failed: {source}")]
+    Purge {
+        /// The message that was applied.
+        number: u64,
+        /// Why the purge failed.
+        source: Box<Error>,
+    },
 }
 
 /// A trigger that is not as the engine would write it.
@@ -121,6 +144,7 @@ impl Error {
                 e.sqlite_error_code(),
                 Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
             ),
+            Error::Purge { source, .. } => source.is_transient(),
             _ => false,
         }
     }

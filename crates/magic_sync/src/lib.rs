@@ -6,12 +6,14 @@
 extern crate self as magic_sync;
 
 pub mod base64;
+pub mod chain;
 pub mod codec;
 pub mod digest;
 pub mod engine;
 pub mod envelope;
 pub mod error;
 pub mod row;
+pub mod seal;
 pub mod sql;
 pub mod value;
 pub mod wire;
@@ -29,6 +31,8 @@ pub mod trigger;
 
 #[cfg(feature = "sqlite")]
 pub mod lite;
+#[cfg(feature = "sqlite")]
+pub mod replica;
 
 pub use codec::Codec;
 pub use engine::Engine;

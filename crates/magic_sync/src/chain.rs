@@ -1,0 +1,350 @@
+//! The chain of messages, as a replica follows it: whether an incoming
+//! [`ToReplica`] is the next one to apply. No I/O: the replica keeps a
+//! [`Chain`] in its database and asks it about each message.
+//!
+//! Every message of an epoch names the one sent before it (`previous`,
+//! `previous_nonce`). A replica applies a message only when that is the last
+//! one it applied, so it applies each message once, in the order they were
+//! sent, and the last one it applied is the server's latest. A message that
+//! follows one the replica never got (lost on the way, or the replica's
+//! database restored from an older copy) opens a gap: the replica applies
+//! nothing more until a message that begins a snapshot arrives, and tells the
+//! server the newest message it could not follow.
+//!
+//! The seal is not checked here. It is an HMAC under a secret only the server
+//! knows; the replica keeps it as it came and gives it back in its
+//! [`Ack`](envelope::Ack), and the server checks it there (see [`crate::seal`]).
+
+use crate::envelope::{self, ToReplica};
+
+/// The last message a replica applied, as it came.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// The epoch it belongs to.
+    pub epoch: Vec<u8>,
+    /// Its number.
+    pub number: u64,
+    /// Its nonce.
+    pub nonce: Vec<u8>,
+    /// Its seal, unchecked: the server checks it when the replica acknowledges.
+    pub seal: Vec<u8>,
+}
+
+impl Applied {
+    /// The head of `message`, once applied.
+    pub fn of(message: &ToReplica) -> Self {
+        Applied {
+            epoch: message.epoch.clone(),
+            number: message.number,
+            nonce: message.nonce.clone(),
+            seal: message.seal.clone(),
+        }
+    }
+
+    /// What the replica tells the server it applied.
+    pub fn ack(&self) -> envelope::Ack {
+        envelope::Ack {
+            epoch: self.epoch.clone(),
+            number: self.number,
+            nonce: self.nonce.clone(),
+            seal: self.seal.clone(),
+        }
+    }
+}
+
+/// The newest message a replica in a gap could not follow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GapAt {
+    /// The epoch of that message.
+    pub epoch: Vec<u8>,
+    /// Its number.
+    pub number: u64,
+}
+
+impl GapAt {
+    /// What the replica tells the server.
+    pub fn envelope(&self) -> envelope::Gap {
+        envelope::Gap {
+            epoch: self.epoch.clone(),
+            number: self.number,
+        }
+    }
+}
+
+/// What a replica knows of the chain: the last message it applied, and
+/// whether it is in a gap.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Chain {
+    /// The last message applied; `None` before the first.
+    pub applied: Option<Applied>,
+    /// Set while the replica waits for a snapshot.
+    pub gap: Option<GapAt>,
+}
+
+/// What to do with an incoming message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// It is the next one: apply it.
+    Apply,
+    /// At or below the last one applied in this epoch: it changes nothing.
+    Duplicate,
+    /// It cannot be followed: apply nothing until a snapshot begins.
+    Gap(Break),
+    /// It is addressed to another replica.
+    WrongReplica,
+}
+
+/// Why a message could not be followed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Break {
+    /// The replica has applied nothing yet, and the message begins no snapshot.
+    NothingApplied,
+    /// The replica is already in a gap, and the message begins no snapshot.
+    InGap,
+    /// The message is of another epoch, and begins no snapshot.
+    OtherEpoch,
+    /// The message names as previous one the replica did not apply last.
+    NotNext,
+}
+
+impl Chain {
+    /// Whether the replica called `ours` applies `message` now.
+    pub fn decide(&self, ours: &str, message: &ToReplica) -> Decision {
+        if message.replica != ours {
+            return Decision::WrongReplica;
+        }
+        if self.is_duplicate(message) {
+            return Decision::Duplicate;
+        }
+        if message.begins_snapshot {
+            // A snapshot replaces what the replica holds, so it needs no
+            // predecessor: it ends a gap and opens an epoch.
+            return Decision::Apply;
+        }
+        match self.follows(message) {
+            Ok(()) => Decision::Apply,
+            Err(why) => Decision::Gap(why),
+        }
+    }
+
+    /// The chain once `message` is applied: it is the last, and no gap is open
+    /// (in a gap, only a message that begins a snapshot applies).
+    pub fn applied(&self, message: &ToReplica) -> Chain {
+        Chain {
+            applied: Some(Applied::of(message)),
+            gap: None,
+        }
+    }
+
+    /// The gap once `message` could not be followed: it names the newest
+    /// such message, of the newest epoch seen.
+    pub fn newest_gap(&self, message: &ToReplica) -> GapAt {
+        match &self.gap {
+            Some(g) if g.epoch == message.epoch && g.number >= message.number => g.clone(),
+            _ => GapAt {
+                epoch: message.epoch.clone(),
+                number: message.number,
+            },
+        }
+    }
+
+    /// The chain once `message` could not be followed.
+    pub fn gapped(&self, message: &ToReplica) -> Chain {
+        Chain {
+            applied: self.applied.clone(),
+            gap: Some(self.newest_gap(message)),
+        }
+    }
+
+    fn is_duplicate(&self, message: &ToReplica) -> bool {
+        self.applied
+            .as_ref()
+            .is_some_and(|a| a.epoch == message.epoch && message.number <= a.number)
+    }
+
+    fn follows(&self, message: &ToReplica) -> Result<(), Break> {
+        let Some(last) = &self.applied else {
+            return Err(Break::NothingApplied);
+        };
+        if self.gap.is_some() {
+            return Err(Break::InGap);
+        }
+        if last.epoch != message.epoch {
+            return Err(Break::OtherEpoch);
+        }
+        if message.previous != last.number || message.previous_nonce != last.nonce {
+            return Err(Break::NotNext);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Applied, Break, Chain, Decision, GapAt};
+    use crate::envelope::ToReplica;
+
+    const EPOCH: [u8; 16] = [1; 16];
+    const OTHER_EPOCH: [u8; 16] = [2; 16];
+
+    fn nonce(n: u64) -> Vec<u8> {
+        let mut bytes = vec![0xA5; 8];
+        bytes.extend_from_slice(&n.to_be_bytes());
+        bytes
+    }
+
+    /// Message `number` of `EPOCH`, following message `previous`.
+    fn message(number: u64, previous: u64) -> ToReplica {
+        ToReplica {
+            replica: "unit-1".into(),
+            epoch: EPOCH.to_vec(),
+            number,
+            nonce: nonce(number),
+            previous,
+            previous_nonce: if previous == 0 {
+                Vec::new()
+            } else {
+                nonce(previous)
+            },
+            begins_snapshot: false,
+            body: None,
+            seal: vec![number as u8; 32],
+        }
+    }
+
+    fn snapshot(number: u64, previous: u64) -> ToReplica {
+        ToReplica {
+            begins_snapshot: true,
+            ..message(number, previous)
+        }
+    }
+
+    /// A chain whose last applied message is `number` of `EPOCH`.
+    fn after(number: u64) -> Chain {
+        Chain::default().applied(&message(number, 0))
+    }
+
+    #[test]
+    fn the_next_message_applies() {
+        assert_eq!(after(5).decide("unit-1", &message(6, 5)), Decision::Apply);
+        // Numbers are drawn from a sequence shared by every replica: the next
+        // one for this replica need not be the next integer.
+        assert_eq!(after(5).decide("unit-1", &message(90, 5)), Decision::Apply);
+    }
+
+    #[test]
+    fn a_message_at_or_below_the_last_is_a_duplicate() {
+        let chain = after(5);
+        assert_eq!(chain.decide("unit-1", &message(5, 4)), Decision::Duplicate);
+        assert_eq!(chain.decide("unit-1", &message(3, 2)), Decision::Duplicate);
+        // Even one that begins a snapshot: it was applied already.
+        assert_eq!(chain.decide("unit-1", &snapshot(5, 0)), Decision::Duplicate);
+    }
+
+    #[test]
+    fn a_skipped_message_is_a_gap() {
+        let chain = after(5);
+        assert_eq!(
+            chain.decide("unit-1", &message(8, 7)),
+            Decision::Gap(Break::NotNext)
+        );
+    }
+
+    #[test]
+    fn a_wrong_previous_nonce_is_a_gap() {
+        let mut m = message(6, 5);
+        m.previous_nonce = nonce(99);
+        assert_eq!(after(5).decide("unit-1", &m), Decision::Gap(Break::NotNext));
+    }
+
+    #[test]
+    fn another_epoch_without_a_snapshot_is_a_gap() {
+        let mut m = message(1, 0);
+        m.epoch = OTHER_EPOCH.to_vec();
+        assert_eq!(
+            after(5).decide("unit-1", &m),
+            Decision::Gap(Break::OtherEpoch)
+        );
+        // Even at a lower number: numbers of another epoch are not comparable.
+        m.number = 2;
+        assert_eq!(
+            after(5).decide("unit-1", &m),
+            Decision::Gap(Break::OtherEpoch)
+        );
+    }
+
+    #[test]
+    fn a_fresh_replica_waits_for_a_snapshot() {
+        let chain = Chain::default();
+        assert_eq!(
+            chain.decide("unit-1", &message(1, 0)),
+            Decision::Gap(Break::NothingApplied)
+        );
+        assert_eq!(chain.decide("unit-1", &snapshot(1, 0)), Decision::Apply);
+    }
+
+    #[test]
+    fn in_a_gap_only_a_snapshot_applies() {
+        let chain = after(5).gapped(&message(8, 7));
+        // Even the message that would have followed the last applied.
+        assert_eq!(
+            chain.decide("unit-1", &message(6, 5)),
+            Decision::Gap(Break::InGap)
+        );
+        assert_eq!(chain.decide("unit-1", &snapshot(9, 8)), Decision::Apply);
+        let healed = chain.applied(&snapshot(9, 8));
+        assert_eq!(healed.gap, None);
+        assert_eq!(healed.decide("unit-1", &message(10, 9)), Decision::Apply);
+    }
+
+    #[test]
+    fn a_snapshot_opens_a_new_epoch() {
+        let mut m = snapshot(1, 0);
+        m.epoch = OTHER_EPOCH.to_vec();
+        let chain = after(5);
+        assert_eq!(chain.decide("unit-1", &m), Decision::Apply);
+        let next = chain.applied(&m);
+        let mut second = message(2, 1);
+        second.epoch = OTHER_EPOCH.to_vec();
+        assert_eq!(next.decide("unit-1", &second), Decision::Apply);
+    }
+
+    #[test]
+    fn a_message_for_another_replica_is_refused() {
+        let mut m = message(6, 5);
+        m.replica = "unit-2".into();
+        assert_eq!(after(5).decide("unit-1", &m), Decision::WrongReplica);
+        m.begins_snapshot = true;
+        assert_eq!(after(5).decide("unit-1", &m), Decision::WrongReplica);
+    }
+
+    #[test]
+    fn the_gap_names_the_newest_message_not_followed() {
+        let chain = after(5).gapped(&message(8, 7)).gapped(&message(7, 6));
+        assert_eq!(
+            chain.gap,
+            Some(GapAt {
+                epoch: EPOCH.to_vec(),
+                number: 8
+            })
+        );
+        let mut other = message(2, 1);
+        other.epoch = OTHER_EPOCH.to_vec();
+        let chain = chain.gapped(&other);
+        assert_eq!(
+            chain.gap.map(|g| (g.epoch, g.number)),
+            Some((OTHER_EPOCH.to_vec(), 2))
+        );
+    }
+
+    #[test]
+    fn the_ack_is_the_last_applied_as_it_came() {
+        let m = message(6, 5);
+        let applied = Applied::of(&m);
+        let ack = applied.ack();
+        assert_eq!(
+            (ack.epoch, ack.number, ack.nonce, ack.seal),
+            (m.epoch, m.number, m.nonce, m.seal)
+        );
+    }
+}

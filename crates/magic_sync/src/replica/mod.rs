@@ -1,0 +1,340 @@
+//! A replica: a SQLite database that holds what the server sends it, applies
+//! each message in one transaction, and says what it applied.
+//!
+//! [`Replica::apply`] takes the bytes of one `ToReplica` as the transport
+//! delivered them. The chain ([`crate::chain`]) decides whether the message is
+//! the next one; if it is, its rows are written in one transaction together
+//! with the record of the message, so a message applies whole or not at all,
+//! and a message delivered twice changes nothing the second time.
+//!
+//! How a message applies:
+//!
+//! - Tables in the order the message lists them; in each, its deletes, then
+//!   its upserts.
+//! - An upsert overwrites the replica's copy except the columns the replica
+//!   owns, and brings a retired row back to life.
+//! - A row that cannot be taken (a table the replica does not have, a row
+//!   that does not decode, a value SQLite refuses) is recorded as refused with
+//!   the reason and the message's number, and the rest of the message applies.
+//! - A delete deletes the row, unless a row of the replica still points at it
+//!   through one of the foreign keys given to [`Replica::open`]: then the row
+//!   is retired (its retired column set to the message number), if its table
+//!   has a retired column.
+//! - After the message commits, retired rows nothing points at any more are
+//!   purged, children first, in a transaction of their own.
+//!
+//! The replica's tables have no foreign keys of their own in SQLite
+//! (`foreign_keys=OFF`): the server sends parents before their children and
+//! lets go of children before their parents, and within a message a unique
+//! value may move between rows in any order.
+
+mod apply;
+mod digest;
+mod key;
+mod state;
+mod tables;
+
+pub use digest::fingerprint;
+pub use key::{canonical as canonical_key, KeyProblem};
+
+use crate::chain::{Applied, Break, Chain, Decision};
+use crate::engine::Engine;
+use crate::envelope::{self, ToReplica};
+use crate::error::{Error, Mismatch, Result};
+use crate::lite;
+use prost::Message;
+use rusqlite::Connection;
+use std::path::Path;
+use tables::Tables;
+
+/// A foreign key among the replica's tables: the `child_columns` of `child`
+/// point at the `parent_columns` of `parent`, pairwise. The server reads them
+/// from its catalogue; the replica is told them when it opens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForeignKey {
+    /// The table that points.
+    pub child: String,
+    /// Its columns that point, in the constraint's order.
+    pub child_columns: Vec<String>,
+    /// The table pointed at.
+    pub parent: String,
+    /// The columns pointed at, in the constraint's order.
+    pub parent_columns: Vec<String>,
+}
+
+impl ForeignKey {
+    /// `child(child_columns) → parent(parent_columns)`.
+    pub fn new(child: &str, child_columns: &[&str], parent: &str, parent_columns: &[&str]) -> Self {
+        ForeignKey {
+            child: child.to_string(),
+            child_columns: child_columns.iter().map(ToString::to_string).collect(),
+            parent: parent.to_string(),
+            parent_columns: parent_columns.iter().map(ToString::to_string).collect(),
+        }
+    }
+}
+
+/// What became of a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Applied and recorded; [`Replica::ack`] now names it.
+    Applied {
+        /// The message's number.
+        number: u64,
+        /// Rows it carried that the replica could not take.
+        refused: usize,
+        /// Retired rows purged after it, because nothing points at them any more.
+        purged: usize,
+    },
+    /// Applied before: nothing changed.
+    Duplicate {
+        /// The message's number.
+        number: u64,
+    },
+    /// The message does not follow the last one applied: nothing applies
+    /// until a snapshot begins. [`Replica::gap`] says what to tell the server.
+    Gap {
+        /// The newest message the replica could not follow.
+        newest: u64,
+        /// Why this one could not be followed.
+        why: Break,
+    },
+    /// The message is addressed to another replica: nothing changed.
+    WrongReplica {
+        /// The replica it names.
+        replica: String,
+    },
+}
+
+/// A replica's database and what it knows of the chain.
+#[derive(Debug)]
+pub struct Replica<'e> {
+    conn: Connection,
+    id: String,
+    engine: &'e Engine,
+    tables: Tables,
+    chain: Chain,
+}
+
+impl<'e> Replica<'e> {
+    /// Opens (or creates) the replica database at `path` for the replica
+    /// called `replica_id`: WAL mode, SQLite's own foreign keys off, every
+    /// table `engine` declares (up tables too: the replica writes them), and
+    /// the replica's bookkeeping. `foreign_keys` are the foreign keys among the
+    /// declared tables, which decide whether a row let go of is retired.
+    pub fn open(
+        path: impl AsRef<Path>,
+        replica_id: &str,
+        engine: &'e Engine,
+        foreign_keys: Vec<ForeignKey>,
+    ) -> Result<Self> {
+        check_foreign_keys(engine, &foreign_keys)?;
+        let mut conn = Connection::open(path)?;
+        conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get::<_, String>(0))?;
+        conn.pragma_update(None, "foreign_keys", "OFF")?;
+        create_tables(&mut conn, engine, &foreign_keys)?;
+        let chain = state::load_chain(&conn)?;
+        Ok(Replica {
+            conn,
+            id: replica_id.to_string(),
+            engine,
+            tables: Tables::new(engine.tables(), &foreign_keys),
+            chain,
+        })
+    }
+
+    /// The replica's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The database, for the host to read what the replica holds and write
+    /// its own records. Writing tables that go down is the server's business.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Applies one message from the server, as the transport delivered it.
+    ///
+    /// Bytes that are not a `ToReplica`, or one that cannot be applied as it
+    /// is (no body, no epoch, ...), are an error naming what is wrong, and
+    /// change nothing. A message applied but whose purge failed afterwards is
+    /// [`Error::Purge`]: it is applied all the same.
+    pub fn apply(&mut self, bytes: &[u8]) -> Result<Outcome> {
+        let message = decode(bytes)?;
+        match self.chain.decide(&self.id, &message) {
+            Decision::Apply => self.apply_message(&message),
+            Decision::Duplicate => Ok(Outcome::Duplicate {
+                number: message.number,
+            }),
+            Decision::Gap(why) => self.open_gap(&message, why),
+            Decision::WrongReplica => Ok(Outcome::WrongReplica {
+                replica: message.replica,
+            }),
+        }
+    }
+
+    fn apply_message(&mut self, message: &ToReplica) -> Result<Outcome> {
+        let tx = self.conn.transaction()?;
+        let refused = apply::Pass::run(&tx, &self.tables, self.engine, message)?;
+        state::save_applied(&tx, &Applied::of(message))?;
+        tx.commit()?;
+        self.chain = self.chain.applied(message);
+        let purged = self.purge().map_err(|e| Error::Purge {
+            number: message.number,
+            source: Box::new(e),
+        })?;
+        Ok(Outcome::Applied {
+            number: message.number,
+            refused,
+            purged,
+        })
+    }
+
+    fn open_gap(&mut self, message: &ToReplica, why: Break) -> Result<Outcome> {
+        let gap = self.chain.newest_gap(message);
+        state::save_gap(&self.conn, &gap)?;
+        self.chain = self.chain.gapped(message);
+        Ok(Outcome::Gap {
+            newest: gap.number,
+            why,
+        })
+    }
+
+    /// Purges retired rows nothing of the replica points at any more, in a
+    /// transaction of its own. [`apply`](Self::apply) runs it after every
+    /// message it applies; returns how many rows went.
+    pub fn purge(&mut self) -> Result<usize> {
+        let tx = self.conn.transaction()?;
+        let purged = apply::purge(&tx, &self.tables)?;
+        tx.commit()?;
+        Ok(purged)
+    }
+
+    /// The last message applied, with its seal as it came: what the replica
+    /// tells the server it applied. `None` before the first.
+    pub fn ack(&self) -> Option<envelope::Ack> {
+        self.chain.applied.as_ref().map(|a| a.ack())
+    }
+
+    /// The gap the replica is in, if any: the newest message it could not follow.
+    pub fn gap(&self) -> Option<envelope::Gap> {
+        self.chain.gap.as_ref().map(|g| g.envelope())
+    }
+
+    /// Every row on record as refused, oldest message first.
+    pub fn refused(&self) -> Result<Vec<envelope::Refused>> {
+        state::refused(&self.conn)
+    }
+
+    /// What the replica holds of each table that goes down (see the
+    /// definition in the `digest` module: rows held live and not refused, and
+    /// an FNV-1a fingerprint of their sorted canonical keys).
+    pub fn digest(&self) -> Result<envelope::Digest> {
+        digest::digest(&self.conn, &self.tables)
+    }
+}
+
+/// The message in `bytes`, refused when it cannot be applied as it is.
+fn decode(bytes: &[u8]) -> Result<ToReplica> {
+    let message = ToReplica::decode(bytes).map_err(Error::Envelope)?;
+    match malformation(&message) {
+        None => Ok(message),
+        Some(problem) => Err(Error::Malformed {
+            replica: message.replica,
+            number: message.number,
+            problem: problem.to_string(),
+        }),
+    }
+}
+
+fn malformation(message: &ToReplica) -> Option<&'static str> {
+    if message.body.is_none() {
+        Some("it carries no body: neither rows nor the end of a snapshot")
+    } else if message.number == 0 {
+        Some("its number is 0; numbers start at 1")
+    } else if i64::try_from(message.number).is_err() {
+        Some("its number is beyond what a PostgreSQL sequence gives")
+    } else if message.epoch.is_empty() {
+        Some("it names no epoch")
+    } else if message.nonce.is_empty() {
+        Some("it has no nonce")
+    } else {
+        None
+    }
+}
+
+/// The declared tables, the bookkeeping and their indexes, in one transaction.
+fn create_tables(
+    conn: &mut Connection,
+    engine: &Engine,
+    foreign_keys: &[ForeignKey],
+) -> Result<()> {
+    let tx = conn.transaction()?;
+    for table in engine.tables() {
+        tx.execute_batch(&lite::create_table(table))?;
+        if let Some(index) = tables::retired_index(table) {
+            tx.execute_batch(&index)?;
+        }
+    }
+    for fk in foreign_keys {
+        tx.execute_batch(&tables::foreign_key_index(fk))?;
+    }
+    state::create(&tx)?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// Refuses foreign keys naming a table or a column the engine does not declare.
+fn check_foreign_keys(engine: &Engine, foreign_keys: &[ForeignKey]) -> Result<()> {
+    let mut problems = Vec::new();
+    for fk in foreign_keys {
+        let child = side(engine, &fk.child, &fk.child_columns, &mut problems);
+        let parent = side(engine, &fk.parent, &fk.parent_columns, &mut problems);
+        let arity = fk.child_columns.len() == fk.parent_columns.len();
+        if child && parent && (!arity || fk.child_columns.is_empty()) {
+            problems.push(Mismatch {
+                table: fk.child.clone(),
+                column: None,
+                problem: format!(
+                    "a foreign key to `{}` pairs {} columns with {}",
+                    fk.parent,
+                    fk.child_columns.len(),
+                    fk.parent_columns.len()
+                ),
+            });
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Declarations(problems))
+    }
+}
+
+/// Whether one side of a foreign key names a declared table and its columns;
+/// records what it does not.
+fn side(engine: &Engine, table: &str, columns: &[String], problems: &mut Vec<Mismatch>) -> bool {
+    let Some(declared) = engine.codec(table).map(|c| c.table()) else {
+        problems.push(Mismatch {
+            table: table.to_string(),
+            column: None,
+            problem: "a foreign key given to the replica names it, but no table is declared so"
+                .into(),
+        });
+        return false;
+    };
+    let missing: Vec<&String> = columns
+        .iter()
+        .filter(|c| declared.column(c).is_none())
+        .collect();
+    for c in &missing {
+        problems.push(Mismatch {
+            table: table.to_string(),
+            column: Some(c.to_string()),
+            problem: "a foreign key given to the replica names it, but the declaration has no such column"
+                .into(),
+        });
+    }
+    missing.is_empty()
+}

@@ -1,0 +1,272 @@
+//! The replica's own bookkeeping, in tables of its database named
+//! `_magic_sync_*`: the last message applied, the gap it is in, the rows it
+//! refused, and the snapshot in progress with the keys it has named so far.
+//! Each is written in the transaction of the message it is about.
+
+use crate::chain::{Applied, Chain, GapAt};
+use crate::envelope;
+use crate::error::{Error, Result};
+use rusqlite::{params, Connection, OptionalExtension};
+
+/// Creates the bookkeeping tables when they are missing.
+const CREATE: &str = "
+CREATE TABLE IF NOT EXISTS _magic_sync_applied (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    epoch BLOB NOT NULL,
+    number INTEGER NOT NULL,
+    nonce BLOB NOT NULL,
+    seal BLOB NOT NULL
+) STRICT;
+CREATE TABLE IF NOT EXISTS _magic_sync_gap (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    epoch BLOB NOT NULL,
+    number INTEGER NOT NULL
+) STRICT;
+CREATE TABLE IF NOT EXISTS _magic_sync_refused (
+    table_name TEXT NOT NULL,
+    key BLOB NOT NULL,
+    canonical TEXT,
+    number INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    superseded INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (table_name, key)
+) STRICT;
+CREATE INDEX IF NOT EXISTS _magic_sync_refused_canonical
+    ON _magic_sync_refused (table_name, canonical);
+CREATE TABLE IF NOT EXISTS _magic_sync_snapshot (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    began INTEGER NOT NULL
+) STRICT;
+CREATE TABLE IF NOT EXISTS _magic_sync_snapshot_keys (
+    table_name TEXT NOT NULL,
+    key TEXT NOT NULL,
+    PRIMARY KEY (table_name, key)
+) STRICT, WITHOUT ROWID;
+";
+
+const LOAD_APPLIED: &str = "SELECT epoch, number, nonce, seal FROM _magic_sync_applied";
+const SAVE_APPLIED: &str = "
+INSERT INTO _magic_sync_applied (id, epoch, number, nonce, seal) VALUES (1, ?1, ?2, ?3, ?4)
+ON CONFLICT (id) DO UPDATE SET
+    epoch = excluded.epoch, number = excluded.number, nonce = excluded.nonce, seal = excluded.seal";
+
+const LOAD_GAP: &str = "SELECT epoch, number FROM _magic_sync_gap";
+const SAVE_GAP: &str = "
+INSERT INTO _magic_sync_gap (id, epoch, number) VALUES (1, ?1, ?2)
+ON CONFLICT (id) DO UPDATE SET epoch = excluded.epoch, number = excluded.number";
+const CLEAR_GAP: &str = "DELETE FROM _magic_sync_gap";
+
+const SNAPSHOT_BEGAN: &str = "SELECT began FROM _magic_sync_snapshot";
+const BEGIN_SNAPSHOT: &str = "
+INSERT INTO _magic_sync_snapshot (id, began) VALUES (1, ?1)
+ON CONFLICT (id) DO UPDATE SET began = excluded.began";
+const END_SNAPSHOT: &str = "DELETE FROM _magic_sync_snapshot";
+const FORGET_NAMED: &str = "DELETE FROM _magic_sync_snapshot_keys";
+const NAME_KEY: &str =
+    "INSERT OR IGNORE INTO _magic_sync_snapshot_keys (table_name, key) VALUES (?1, ?2)";
+const UNNAME_KEY: &str = "DELETE FROM _magic_sync_snapshot_keys WHERE table_name = ?1 AND key = ?2";
+const IS_NAMED: &str =
+    "SELECT EXISTS (SELECT 1 FROM _magic_sync_snapshot_keys WHERE table_name = ?1 AND key = ?2)";
+
+const REFUSE: &str = "
+INSERT INTO _magic_sync_refused (table_name, key, canonical, number, reason, superseded)
+VALUES (?1, ?2, ?3, ?4, ?5, 0)
+ON CONFLICT (table_name, key) DO UPDATE SET
+    canonical = excluded.canonical, number = excluded.number,
+    reason = excluded.reason, superseded = 0";
+const FORGET_REFUSED: &str =
+    "DELETE FROM _magic_sync_refused WHERE table_name = ?1 AND (key = ?2 OR canonical = ?3)";
+const SUPERSEDE_REFUSED: &str = "UPDATE _magic_sync_refused SET superseded = 1";
+const FORGET_SUPERSEDED: &str =
+    "DELETE FROM _magic_sync_refused WHERE table_name = ?1 AND superseded = 1";
+const REFUSED: &str = "
+SELECT table_name, key, number, reason FROM _magic_sync_refused
+ORDER BY number, table_name, key";
+const REFUSED_KEYS: &str =
+    "SELECT canonical FROM _magic_sync_refused WHERE table_name = ?1 AND canonical IS NOT NULL";
+
+/// Creates the bookkeeping tables.
+pub(crate) fn create(conn: &Connection) -> Result<()> {
+    conn.execute_batch(CREATE)?;
+    Ok(())
+}
+
+/// A message number as SQLite stores it. Numbers come from a PostgreSQL
+/// sequence, so they fit; the envelope's check refuses any that does not.
+pub(crate) fn to_sql(number: u64) -> Result<i64> {
+    i64::try_from(number)
+        .map_err(|_| Error::Invalid(format!("message number {number} does not fit SQLite")))
+}
+
+fn from_sql(number: i64) -> Result<u64> {
+    u64::try_from(number).map_err(|_| {
+        Error::Invalid(format!(
+            "the replica's bookkeeping holds message number {number}, below zero"
+        ))
+    })
+}
+
+/// The chain as the database records it.
+pub(crate) fn load_chain(conn: &Connection) -> Result<Chain> {
+    let applied = conn
+        .query_row(LOAD_APPLIED, [], |r| {
+            Ok((r.get(0)?, r.get::<_, i64>(1)?, r.get(2)?, r.get(3)?))
+        })
+        .optional()?
+        .map(|(epoch, number, nonce, seal)| -> Result<Applied> {
+            Ok(Applied {
+                epoch,
+                number: from_sql(number)?,
+                nonce,
+                seal,
+            })
+        })
+        .transpose()?;
+    let gap = conn
+        .query_row(LOAD_GAP, [], |r| Ok((r.get(0)?, r.get::<_, i64>(1)?)))
+        .optional()?
+        .map(|(epoch, number)| -> Result<GapAt> {
+            Ok(GapAt {
+                epoch,
+                number: from_sql(number)?,
+            })
+        })
+        .transpose()?;
+    Ok(Chain { applied, gap })
+}
+
+/// Records `applied` as the last message applied, and closes any gap.
+pub(crate) fn save_applied(conn: &Connection, applied: &Applied) -> Result<()> {
+    conn.prepare_cached(SAVE_APPLIED)?.execute(params![
+        applied.epoch,
+        to_sql(applied.number)?,
+        applied.nonce,
+        applied.seal
+    ])?;
+    conn.prepare_cached(CLEAR_GAP)?.execute([])?;
+    Ok(())
+}
+
+/// Records the gap the replica is in.
+pub(crate) fn save_gap(conn: &Connection, gap: &GapAt) -> Result<()> {
+    conn.prepare_cached(SAVE_GAP)?
+        .execute(params![gap.epoch, to_sql(gap.number)?])?;
+    Ok(())
+}
+
+/// The number of the message that began the snapshot in progress, if any.
+pub(crate) fn snapshot_began(conn: &Connection) -> Result<Option<u64>> {
+    conn.query_row(SNAPSHOT_BEGAN, [], |r| r.get::<_, i64>(0))
+        .optional()?
+        .map(from_sql)
+        .transpose()
+}
+
+/// Starts a snapshot at message `number`: it has named nothing yet, and every
+/// refusal so far is superseded by what the snapshot will send.
+pub(crate) fn begin_snapshot(conn: &Connection, number: u64) -> Result<()> {
+    conn.prepare_cached(FORGET_NAMED)?.execute([])?;
+    conn.prepare_cached(SUPERSEDE_REFUSED)?.execute([])?;
+    conn.prepare_cached(BEGIN_SNAPSHOT)?
+        .execute([to_sql(number)?])?;
+    Ok(())
+}
+
+/// Ends the snapshot in progress.
+pub(crate) fn end_snapshot(conn: &Connection) -> Result<()> {
+    conn.prepare_cached(FORGET_NAMED)?.execute([])?;
+    conn.prepare_cached(END_SNAPSHOT)?.execute([])?;
+    Ok(())
+}
+
+/// Notes that the snapshot in progress named the row `key` of `table`.
+pub(crate) fn name_key(conn: &Connection, table: &str, key: &str) -> Result<()> {
+    conn.prepare_cached(NAME_KEY)?.execute([table, key])?;
+    Ok(())
+}
+
+/// Forgets that the snapshot in progress named `key` (it was let go of since).
+pub(crate) fn unname_key(conn: &Connection, table: &str, key: &str) -> Result<()> {
+    conn.prepare_cached(UNNAME_KEY)?.execute([table, key])?;
+    Ok(())
+}
+
+/// Whether the snapshot in progress named `key` of `table`.
+pub(crate) fn is_named(conn: &Connection, table: &str, key: &str) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(IS_NAMED)?
+        .query_row([table, key], |r| r.get(0))?)
+}
+
+/// A row the replica could not take.
+#[derive(Debug)]
+pub(crate) struct Refusal<'a> {
+    pub table: &'a str,
+    /// The key as it came.
+    pub key: &'a [u8],
+    /// Its canonical text, when it could be read.
+    pub canonical: Option<&'a str>,
+    pub number: u64,
+    pub reason: String,
+}
+
+/// Records a refusal, replacing an earlier one of the same row.
+pub(crate) fn refuse(conn: &Connection, refusal: &Refusal<'_>) -> Result<()> {
+    conn.prepare_cached(REFUSE)?.execute(params![
+        refusal.table,
+        refusal.key,
+        refusal.canonical,
+        to_sql(refusal.number)?,
+        refusal.reason
+    ])?;
+    Ok(())
+}
+
+/// Forgets any refusal of the row (it applied, or was let go of).
+pub(crate) fn forget_refused(
+    conn: &Connection,
+    table: &str,
+    key: &[u8],
+    canonical: &str,
+) -> Result<()> {
+    conn.prepare_cached(FORGET_REFUSED)?
+        .execute(params![table, key, canonical])?;
+    Ok(())
+}
+
+/// Forgets the refusals of `table` from before the snapshot that ends now.
+pub(crate) fn forget_superseded(conn: &Connection, table: &str) -> Result<()> {
+    conn.prepare_cached(FORGET_SUPERSEDED)?.execute([table])?;
+    Ok(())
+}
+
+/// Every refusal on record, oldest message first.
+pub(crate) fn refused(conn: &Connection) -> Result<Vec<envelope::Refused>> {
+    let mut stmt = conn.prepare_cached(REFUSED)?;
+    let rows = stmt.query_map([], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)?, r.get(3)?))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (table, key, number, reason) = row?;
+        out.push(envelope::Refused {
+            table,
+            key,
+            number: from_sql(number)?,
+            reason,
+        });
+    }
+    Ok(out)
+}
+
+/// The canonical keys of the refused rows of `table`.
+pub(crate) fn refused_keys(
+    conn: &Connection,
+    table: &str,
+) -> Result<std::collections::HashSet<String>> {
+    let mut stmt = conn.prepare_cached(REFUSED_KEYS)?;
+    let keys = stmt
+        .query_map([table], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(keys)
+}

@@ -1,0 +1,230 @@
+//! The SQL a replica runs against each table that goes down, built once from
+//! the declarations and the foreign keys when the replica opens. Every
+//! identifier goes through [`ident`].
+
+use super::ForeignKey;
+use crate::row::Table;
+use crate::sql::ident;
+
+/// The statements for one table that goes down. Key parameters are always
+/// `?1..?n`, in declared key order.
+#[derive(Debug, Clone)]
+pub(crate) struct TableSql {
+    /// The declaration.
+    pub table: &'static Table,
+    /// Inserts a row, or overwrites every column the replica does not own and
+    /// brings a retired row back to life. Parameters: every column, in order.
+    pub upsert: String,
+    /// Deletes one row by key.
+    pub delete: String,
+    /// Marks one row retired by key; `?n+1` is the message number. `None`
+    /// without a retired column.
+    pub retire: Option<String>,
+    /// Whether any row of the replica points at the row with this key. `None`
+    /// without a retired column (such a row is deleted regardless) or when no
+    /// foreign key points at the table.
+    pub pointed_at: Option<String>,
+    /// Deletes the retired rows nothing points at. `None` without a retired column.
+    pub purge: Option<String>,
+    /// Every row's key, retired ones included.
+    pub keys: String,
+    /// The keys of the rows the replica holds live.
+    pub live_keys: String,
+}
+
+impl TableSql {
+    /// The statements for `table`, given every foreign key among the replica's tables.
+    pub fn new(table: &'static Table, foreign_keys: &[ForeignKey]) -> Self {
+        let into_it: Vec<&ForeignKey> = foreign_keys
+            .iter()
+            .filter(|fk| fk.parent == table.name)
+            .collect();
+        TableSql {
+            table,
+            upsert: upsert(table),
+            delete: format!(
+                "DELETE FROM {} WHERE {}",
+                ident(table.name),
+                key_match(table, "")
+            ),
+            retire: table.retired.map(|r| retire(table, r)),
+            pointed_at: table
+                .retired
+                .filter(|_| !into_it.is_empty())
+                .map(|_| pointed_at(table, &into_it)),
+            purge: table.retired.map(|r| purge(table, r, &into_it)),
+            keys: select_keys(table, None),
+            live_keys: select_keys(table, table.retired),
+        }
+    }
+}
+
+/// `"k1" = ?1 AND "k2" = ?2`, the columns qualified by `alias` when given.
+fn key_match(table: &Table, alias: &str) -> String {
+    table
+        .key
+        .iter()
+        .enumerate()
+        .map(|(i, k)| format!("{alias}{} = ?{}", ident(k), i + 1))
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
+fn upsert(table: &Table) -> String {
+    let columns: Vec<String> = table.columns.iter().map(|c| ident(c.name)).collect();
+    let values: Vec<String> = (1..=columns.len()).map(|i| format!("?{i}")).collect();
+    let key: Vec<String> = table.key.iter().map(|k| ident(k)).collect();
+    let mut set: Vec<String> = table
+        .columns
+        .iter()
+        .filter(|c| !table.key.contains(&c.name) && !table.owns(c.name))
+        .map(|c| format!("{0} = excluded.{0}", ident(c.name)))
+        .collect();
+    if let Some(retired) = table.retired {
+        set.push(format!("{} = NULL", ident(retired)));
+    }
+    let on_conflict = if set.is_empty() {
+        "DO NOTHING".to_string()
+    } else {
+        format!("DO UPDATE SET {}", set.join(", "))
+    };
+    format!(
+        "INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) {on_conflict}",
+        ident(table.name),
+        columns.join(", "),
+        values.join(", "),
+        key.join(", "),
+    )
+}
+
+fn retire(table: &Table, retired: &str) -> String {
+    format!(
+        "UPDATE {} SET {} = ?{} WHERE {}",
+        ident(table.name),
+        ident(retired),
+        table.key.len() + 1,
+        key_match(table, "")
+    )
+}
+
+/// `c."a" = p."x" AND c."b" = p."y"`, and for a table pointing at itself, not
+/// the row itself.
+fn join(fk: &ForeignKey, child: &str, parent: &str) -> String {
+    let mut terms: Vec<String> = fk
+        .child_columns
+        .iter()
+        .zip(&fk.parent_columns)
+        .map(|(c, p)| format!("{child}.{} = {parent}.{}", ident(c), ident(p)))
+        .collect();
+    if fk.child == fk.parent {
+        terms.push(format!("{child}.rowid <> {parent}.rowid"));
+    }
+    terms.join(" AND ")
+}
+
+fn pointed_at(table: &Table, into_it: &[&ForeignKey]) -> String {
+    let parent = ident(table.name);
+    let exists: Vec<String> = into_it
+        .iter()
+        .map(|fk| {
+            format!(
+                "EXISTS (SELECT 1 FROM {} AS c JOIN {parent} AS p ON {} WHERE {})",
+                ident(&fk.child),
+                join(fk, "c", "p"),
+                key_match(table, "p.")
+            )
+        })
+        .collect();
+    format!("SELECT {}", exists.join(" OR "))
+}
+
+fn purge(table: &Table, retired: &str, into_it: &[&ForeignKey]) -> String {
+    let parent = ident(table.name);
+    let mut terms = vec![format!("p.{} IS NOT NULL", ident(retired))];
+    terms.extend(into_it.iter().map(|fk| {
+        format!(
+            "NOT EXISTS (SELECT 1 FROM {} AS c WHERE {})",
+            ident(&fk.child),
+            join(fk, "c", "p")
+        )
+    }));
+    format!(
+        "DELETE FROM {parent} WHERE rowid IN (SELECT p.rowid FROM {parent} AS p WHERE {})",
+        terms.join(" AND ")
+    )
+}
+
+fn select_keys(table: &Table, live_only: Option<&str>) -> String {
+    let key: Vec<String> = table.key.iter().map(|k| ident(k)).collect();
+    let filter = live_only
+        .map(|r| format!(" WHERE {} IS NULL", ident(r)))
+        .unwrap_or_default();
+    format!(
+        "SELECT {} FROM {}{filter}",
+        key.join(", "),
+        ident(table.name)
+    )
+}
+
+/// The statements of every table that goes down, in the engine's order.
+#[derive(Debug, Clone)]
+pub(crate) struct Tables {
+    tables: Vec<TableSql>,
+    by_name: std::collections::HashMap<&'static str, usize>,
+}
+
+impl Tables {
+    /// The statements of every table in `tables` that goes down.
+    pub fn new(tables: impl Iterator<Item = &'static Table>, foreign_keys: &[ForeignKey]) -> Self {
+        let tables: Vec<TableSql> = tables
+            .filter(|t| t.mirror.goes_down())
+            .map(|t| TableSql::new(t, foreign_keys))
+            .collect();
+        let by_name = tables
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.table.name, i))
+            .collect();
+        Tables { tables, by_name }
+    }
+
+    /// The statements of the table called `name`, if it goes down.
+    pub fn get(&self, name: &str) -> Option<&TableSql> {
+        self.by_name.get(name).map(|&i| &self.tables[i])
+    }
+
+    /// Every table that goes down, in the engine's order.
+    pub fn iter(&self) -> impl Iterator<Item = &TableSql> {
+        self.tables.iter()
+    }
+}
+
+/// A partial index on the retired column, so a purge finds retired rows
+/// without reading the table.
+pub(crate) fn retired_index(table: &Table) -> Option<String> {
+    table.retired.map(|r| {
+        format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {} ({}) WHERE {} IS NOT NULL",
+            ident(&format!("_magic_sync_retired_{}", table.name)),
+            ident(table.name),
+            ident(r),
+            ident(r)
+        )
+    })
+}
+
+/// An index on a foreign key's columns in the child, so asking whether a row
+/// points at a parent reads no more than the rows that do.
+pub(crate) fn foreign_key_index(fk: &ForeignKey) -> String {
+    let columns: Vec<String> = fk.child_columns.iter().map(|c| ident(c)).collect();
+    format!(
+        "CREATE INDEX IF NOT EXISTS {} ON {} ({})",
+        ident(&format!(
+            "_magic_sync_fk_{}_{}",
+            fk.child,
+            fk.child_columns.join("_")
+        )),
+        ident(&fk.child),
+        columns.join(", ")
+    )
+}

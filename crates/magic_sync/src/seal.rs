@@ -1,0 +1,146 @@
+//! The seal on a message from the server: HMAC-SHA256 over the replica it is
+//! for, the epoch, the message's number and its nonce, under the epoch's secret.
+//!
+//! The replica never sees the secret. It hands the seal back unchanged when it
+//! says which message it applied, and the server checks it then: a seal that
+//! verifies proves the server itself sent that message, in that epoch, to that
+//! replica. A database restored from an older copy can number messages again,
+//! but it cannot seal one of its predecessor's messages.
+//!
+//! Every part goes into the MAC behind its length (8 bytes, big-endian), so no
+//! two different lists of parts feed the MAC the same bytes: moving bytes from
+//! the end of the replica id to the start of the epoch changes the input.
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+/// The length of a seal, in bytes.
+pub const SEAL_LEN: usize = 32;
+
+/// A seal, as it travels in `ToReplica.seal` and `Ack.seal`.
+pub type Seal = [u8; SEAL_LEN];
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// What a seal covers: one message's identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sealed<'a> {
+    replica: &'a str,
+    epoch: &'a [u8],
+    number: u64,
+    nonce: &'a [u8],
+}
+
+impl Sealed<'_> {
+    fn mac(&self, secret: &[u8]) -> HmacSha256 {
+        // HMAC accepts a key of any length (a long one is hashed first), so
+        // this cannot fail whatever the secret is.
+        let mut mac =
+            HmacSha256::new_from_slice(secret).expect("HMAC-SHA256 takes a key of any length");
+        part(&mut mac, self.replica.as_bytes());
+        part(&mut mac, self.epoch);
+        part(&mut mac, &self.number.to_be_bytes());
+        part(&mut mac, self.nonce);
+        mac
+    }
+}
+
+/// Feeds one part to the MAC behind its length.
+fn part(mac: &mut HmacSha256, bytes: &[u8]) {
+    // usize is at most 64 bits on every platform Rust supports.
+    let len = bytes.len() as u64;
+    mac.update(&len.to_be_bytes());
+    mac.update(bytes);
+}
+
+/// The seal of message `number` (with `nonce`) of `epoch`, for `replica`.
+pub fn seal(secret: &[u8], replica: &str, epoch: &[u8], number: u64, nonce: &[u8]) -> Seal {
+    let sealed = Sealed {
+        replica,
+        epoch,
+        number,
+        nonce,
+    };
+    sealed.mac(secret).finalize().into_bytes().into()
+}
+
+/// Whether `seal` is the seal of that message under `secret`. Compares in
+/// constant time, so a forger learns nothing from how long a refusal takes.
+pub fn verify(
+    secret: &[u8],
+    replica: &str,
+    epoch: &[u8],
+    number: u64,
+    nonce: &[u8],
+    seal: &[u8],
+) -> bool {
+    let sealed = Sealed {
+        replica,
+        epoch,
+        number,
+        nonce,
+    };
+    sealed.mac(secret).verify_slice(seal).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{seal, verify};
+
+    const SECRET: &[u8] = b"the epoch's secret";
+    const EPOCH: &[u8] = &[7; 16];
+    const NONCE: &[u8] = &[9; 16];
+
+    fn sealed() -> [u8; 32] {
+        seal(SECRET, "unit-1", EPOCH, 42, NONCE)
+    }
+
+    #[test]
+    fn a_seal_verifies_for_the_message_it_was_made_for() {
+        assert!(verify(SECRET, "unit-1", EPOCH, 42, NONCE, &sealed()));
+        assert_eq!(sealed(), sealed(), "a seal is deterministic");
+    }
+
+    #[test]
+    fn a_changed_part_fails() {
+        let s = sealed();
+        let mut epoch = EPOCH.to_vec();
+        epoch[15] ^= 1;
+        let mut nonce = NONCE.to_vec();
+        nonce[0] ^= 0x80;
+        assert!(!verify(SECRET, "unit-2", EPOCH, 42, NONCE, &s), "replica");
+        assert!(!verify(SECRET, "unit-1", &epoch, 42, NONCE, &s), "epoch");
+        assert!(!verify(SECRET, "unit-1", EPOCH, 43, NONCE, &s), "number");
+        assert!(!verify(SECRET, "unit-1", EPOCH, 42, &nonce, &s), "nonce");
+        assert!(
+            !verify(b"another secret", "unit-1", EPOCH, 42, NONCE, &s),
+            "secret"
+        );
+    }
+
+    #[test]
+    fn a_changed_byte_of_the_seal_fails() {
+        for i in 0..32 {
+            let mut s = sealed();
+            s[i] ^= 1;
+            assert!(!verify(SECRET, "unit-1", EPOCH, 42, NONCE, &s), "byte {i}");
+        }
+        let s = sealed();
+        assert!(
+            !verify(SECRET, "unit-1", EPOCH, 42, NONCE, &s[..31]),
+            "short"
+        );
+        assert!(!verify(SECRET, "unit-1", EPOCH, 42, NONCE, &[]), "empty");
+    }
+
+    #[test]
+    fn bytes_moved_between_parts_do_not_collide() {
+        // Without the lengths, both would feed the MAC "unit-1" ++ "ab".
+        let a = seal(SECRET, "unit-1a", b"b", 1, NONCE);
+        let b = seal(SECRET, "unit-1", b"ab", 1, NONCE);
+        assert_ne!(a, b);
+        let c = seal(SECRET, "u", b"", 1, b"x");
+        let d = seal(SECRET, "u", b"x", 1, b"");
+        assert_ne!(c, d);
+    }
+}
