@@ -79,13 +79,7 @@ fn a_message_delivered_twice_changes_nothing() {
 
 #[test]
 fn a_skipped_message_opens_a_gap_that_only_a_snapshot_closes() {
-    let site = Site::new();
-    let mut replica = site.open();
-    let mut server = Server::new();
-    apply_all(
-        &mut replica,
-        &[server.snapshot(vec![upserts(&[product(1, "tea")])])],
-    );
+    let (site, mut replica, mut server) = provisioned_with_tea();
     let ack = replica.ack();
 
     let lost = server.down(vec![upserts(&[product(2, "jam")])]);
@@ -139,13 +133,7 @@ fn a_skipped_message_opens_a_gap_that_only_a_snapshot_closes() {
 
 #[test]
 fn a_wrong_previous_nonce_is_a_gap() {
-    let site = Site::new();
-    let mut replica = site.open();
-    let mut server = Server::new();
-    apply_all(
-        &mut replica,
-        &[server.snapshot(vec![upserts(&[product(1, "tea")])])],
-    );
+    let (_site, mut replica, mut server) = provisioned_with_tea();
 
     // What a server restored from an older copy sends: the right number, but
     // a nonce the replica never saw before it.
@@ -164,13 +152,7 @@ fn a_wrong_previous_nonce_is_a_gap() {
 
 #[test]
 fn another_epoch_begins_with_a_snapshot_or_is_a_gap() {
-    let site = Site::new();
-    let mut replica = site.open();
-    let mut server = Server::new();
-    apply_all(
-        &mut replica,
-        &[server.snapshot(vec![upserts(&[product(1, "tea")])])],
-    );
+    let (_site, mut replica, mut server) = provisioned_with_tea();
 
     server.new_epoch();
     let plain = server.down(vec![upserts(&[product(2, "jam")])]);
@@ -232,13 +214,7 @@ fn a_message_for_another_replica_is_refused() {
 
 #[test]
 fn a_malformed_message_applies_nothing_and_says_what_is_wrong() {
-    let site = Site::new();
-    let mut replica = site.open();
-    let mut server = Server::new();
-    apply_all(
-        &mut replica,
-        &[server.snapshot(vec![upserts(&[product(1, "tea")])])],
-    );
+    let (_site, mut replica, mut server) = provisioned_with_tea();
     let ack = replica.ack();
 
     let garbage = [0xFF, 0xFF, 0xFF, 0xFF];

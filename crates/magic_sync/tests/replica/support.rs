@@ -298,3 +298,16 @@ pub fn record_sale(replica: &Replica<'_>, id: &str, customer_id: i64) {
         )
         .expect("the host writes its sale");
 }
+
+/// A replica in a fresh file, provisioned by a snapshot holding product 1, "tea".
+/// Keep the `Site` alive: it owns the file's folder.
+pub fn provisioned_with_tea() -> (Site, Replica<'static>, Server) {
+    let site = Site::new();
+    let mut replica = site.open();
+    let mut server = Server::new();
+    apply_all(
+        &mut replica,
+        &[server.snapshot(vec![upserts(&[product(1, "tea")])])],
+    );
+    (site, replica, server)
+}
