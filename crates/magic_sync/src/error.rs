@@ -75,6 +75,27 @@ pub enum Error {
         /// Why.
         source: crate::codec::CodecError,
     },
+    /// A row larger than any message the transport takes.
+    #[error("table `{table}`, key {key}: the row encodes to {bytes} bytes, more than a message may carry ({limit})")]
+    RowTooLarge {
+        /// The table.
+        table: String,
+        /// The row's key, as JSON.
+        key: String,
+        /// Its encoded size.
+        bytes: usize,
+        /// What a message may carry.
+        limit: usize,
+    },
+    /// An acknowledgement whose seal does not verify: the server did not
+    /// send that message to that replica.
+    #[error("replica `{replica}` acknowledged message {number} under a seal the server did not make: refused")]
+    Forged {
+        /// The replica that sent it (as the transport authenticated it).
+        replica: String,
+        /// The message number it named.
+        number: u64,
+    },
     /// The engine was given something it does not know.
     #[error("{0}")]
     Invalid(String),

@@ -13,6 +13,7 @@ pub mod engine;
 pub mod envelope;
 pub mod error;
 pub mod row;
+pub mod run;
 pub mod seal;
 pub mod sql;
 pub mod value;
@@ -24,6 +25,8 @@ pub mod catalog;
 pub mod check;
 #[cfg(feature = "postgres")]
 pub mod pg;
+#[cfg(feature = "postgres")]
+pub mod relay;
 #[cfg(feature = "postgres")]
 pub mod schema;
 #[cfg(feature = "postgres")]

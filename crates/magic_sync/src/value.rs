@@ -386,3 +386,10 @@ array_field!(i64, Kind::Int64);
 array_field!(String, Kind::Text);
 array_field!(bool, Kind::Bool);
 array_field!(f64, Kind::Float64);
+
+/// The canonical text of a key: the JSON array of its values as
+/// [`Value::to_json`] writes them, with no whitespace. Keys travel in it and
+/// are compared in it, on the server and on every replica.
+pub fn canonical_key(values: &[Value]) -> String {
+    serde_json::Value::Array(values.iter().map(Value::to_json).collect()).to_string()
+}

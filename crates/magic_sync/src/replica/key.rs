@@ -15,7 +15,7 @@ use rusqlite::types::Value as Lite;
 /// [`Value::to_json`] writes them, with no whitespace (`serde_json`'s compact
 /// form).
 pub fn canonical(values: &[Value]) -> String {
-    serde_json::Value::Array(values.iter().map(Value::to_json).collect()).to_string()
+    crate::value::canonical_key(values)
 }
 
 /// Why a key from the wire cannot be read.

@@ -9,6 +9,7 @@ use tokio_postgres::Client;
 pub const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("001_notes.sql")),
     (2, include_str!("002_epoch.sql")),
+    (3, include_str!("003_down.sql")),
 ];
 
 /// The version this build brings the schema to.

@@ -1,0 +1,266 @@
+//! The table graph as the planner uses it: every table that goes down, in an
+//! order where parents come before their children, and every foreign key
+//! between them, with the SQL that follows it either way.
+//!
+//! Keys are JSON arrays (`jsonb`) in the planner's tables: the same form the
+//! triggers write into notes, so a note's key and a row's key compare equal.
+
+use crate::catalog::Catalog;
+use crate::error::{Error, Mismatch, Result};
+use crate::row::{Rule, Table};
+use crate::sql::{ident, literal, qualified};
+
+/// One table that goes down.
+#[derive(Debug, Clone)]
+pub(crate) struct Shape {
+    pub table: &'static Table,
+    /// The schema-qualified, quoted name.
+    pub relation: String,
+    /// The PostgreSQL types of its key columns, in key order.
+    pub key_types: Vec<String>,
+    /// Whether one of its foreign keys points at itself.
+    pub self_referencing: bool,
+}
+
+/// A foreign key between two tables that go down.
+#[derive(Debug, Clone)]
+pub(crate) struct Link {
+    pub child: &'static Table,
+    pub parent: &'static Table,
+    /// The child's columns, in the order of the parent's key.
+    pub columns: Vec<String>,
+    /// Their PostgreSQL types (the child's).
+    pub types: Vec<String>,
+    /// Whether the child follows its parent through this key.
+    pub follows: bool,
+}
+
+/// Every table that goes down and the links between them.
+#[derive(Debug, Clone)]
+pub(crate) struct Graph {
+    /// Parents before children (tables in a cycle, in declared order).
+    pub shapes: Vec<Shape>,
+    pub links: Vec<Link>,
+}
+
+impl Graph {
+    pub fn new(tables: &[&'static Table], catalog: &Catalog) -> Result<Graph> {
+        let mut problems = Vec::new();
+        let mut links = Vec::new();
+        for fk in &catalog.foreign_keys {
+            let (Some(child), Some(parent)) = (
+                tables.iter().find(|t| t.name == fk.child),
+                tables.iter().find(|t| t.name == fk.parent),
+            ) else {
+                continue;
+            };
+            // The child's columns in the order of the parent's key.
+            let mut columns = Vec::new();
+            for k in parent.key {
+                match fk.parent_columns.iter().position(|p| p == k) {
+                    Some(i) if fk.parent_columns.len() == parent.key.len() => {
+                        columns.push(fk.child_columns[i].clone())
+                    }
+                    _ => break,
+                }
+            }
+            if columns.len() != parent.key.len() {
+                problems.push(Mismatch {
+                    table: child.name.to_string(),
+                    column: None,
+                    problem: format!(
+                        "foreign key `{}` points at columns ({}) of `{}` that are not its declared key ({}): \
+                         the relay follows foreign keys to a table's declared key only",
+                        fk.name,
+                        fk.parent_columns.join(", "),
+                        parent.name,
+                        parent.key.join(", ")
+                    ),
+                });
+                continue;
+            }
+            let relation = catalog.relation(child.schema, child.name);
+            let types = columns
+                .iter()
+                .map(|c| {
+                    relation
+                        .and_then(|r| r.column(c))
+                        .map(|c| c.type_name.clone())
+                        .unwrap_or_else(|| "text".into())
+                })
+                .collect();
+            let follows = match child.rule {
+                Rule::Follows(cols) => {
+                    cols.len() == fk.child_columns.len()
+                        && cols.iter().all(|c| fk.child_columns.iter().any(|x| x == c))
+                }
+                _ => false,
+            };
+            links.push(Link {
+                child,
+                parent,
+                columns,
+                types,
+                follows,
+            });
+        }
+        if !problems.is_empty() {
+            return Err(Error::Declarations(problems));
+        }
+        let mut shapes = Vec::new();
+        for t in tables {
+            let relation = catalog.relation(t.schema, t.name);
+            let key_types = t
+                .key
+                .iter()
+                .map(|k| {
+                    relation
+                        .and_then(|r| r.column(k))
+                        .map(|c| c.type_name.clone())
+                        .ok_or_else(|| {
+                            Error::Invalid(format!(
+                                "table `{}`: the catalogue has no key column `{k}`; run the start-up checks first",
+                                t.name
+                            ))
+                        })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            shapes.push(Shape {
+                table: t,
+                relation: qualified(t.schema, t.name),
+                key_types,
+                self_referencing: links
+                    .iter()
+                    .any(|l| l.child.name == t.name && l.parent.name == t.name),
+            });
+        }
+        Ok(Graph {
+            shapes: parents_first(shapes, &links),
+            links,
+        })
+    }
+
+    pub fn shape(&self, name: &str) -> &Shape {
+        self.shapes
+            .iter()
+            .find(|s| s.table.name == name)
+            .expect("a table that goes down")
+    }
+}
+
+/// Orders tables so every parent comes before its children; tables left in a
+/// cycle keep their declared order at the end.
+fn parents_first(mut left: Vec<Shape>, links: &[Link]) -> Vec<Shape> {
+    let mut out: Vec<Shape> = Vec::new();
+    loop {
+        let ready = left.iter().position(|s| {
+            links.iter().all(|l| {
+                l.child.name != s.table.name
+                    || l.parent.name == s.table.name
+                    || out.iter().any(|o| o.table.name == l.parent.name)
+            })
+        });
+        match ready {
+            Some(i) => out.push(left.remove(i)),
+            None => {
+                out.append(&mut left);
+                return out;
+            }
+        }
+    }
+}
+
+/// `jsonb_build_array(a.k1, a.k2)`: the key of the row `alias`.
+pub(crate) fn key_json(alias: &str, table: &Table) -> String {
+    let cols: Vec<String> = table
+        .key
+        .iter()
+        .map(|c| format!("{alias}.{}", ident(c)))
+        .collect();
+    format!("jsonb_build_array({})", cols.join(", "))
+}
+
+/// `a.k1 = (json->>0)::type AND ...`: the row `alias` has the key `json`.
+pub(crate) fn key_match(alias: &str, shape: &Shape, json: &str) -> String {
+    columns_match(alias, shape.table.key, &shape.key_types, json)
+}
+
+fn columns_match(alias: &str, columns: &[impl AsRef<str>], types: &[String], json: &str) -> String {
+    columns
+        .iter()
+        .zip(types)
+        .enumerate()
+        .map(|(i, (c, ty))| format!("{alias}.{} = ({json}->>{i})::{ty}", ident(c.as_ref())))
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
+impl Link {
+    /// The parent key the row `alias` of the child points at, NULL when it
+    /// points at nothing (a NULL in any of the columns).
+    pub fn pointer(&self, alias: &str) -> String {
+        let cols: Vec<String> = self
+            .columns
+            .iter()
+            .map(|c| format!("{alias}.{}", ident(c)))
+            .collect();
+        let nulls: Vec<String> = cols.iter().map(|c| format!("{c} IS NULL")).collect();
+        format!(
+            "CASE WHEN {} THEN NULL ELSE jsonb_build_array({}) END",
+            nulls.join(" OR "),
+            cols.join(", ")
+        )
+    }
+
+    /// The parent key a note's `parents` object (the child's pointing
+    /// columns before the change) points at.
+    pub fn pointer_in_note(&self, parents: &str) -> String {
+        let items: Vec<String> = self
+            .columns
+            .iter()
+            .map(|c| format!("{parents}->{}", literal(c)))
+            .collect();
+        let present: Vec<String> = items
+            .iter()
+            .map(|i| format!("coalesce({i}, 'null'::jsonb) <> 'null'::jsonb"))
+            .collect();
+        format!(
+            "CASE WHEN {} THEN jsonb_build_array({}) END",
+            present.join(" AND "),
+            items.join(", ")
+        )
+    }
+
+    /// The row `alias` of the child points at the parent key `json`.
+    pub fn points_at(&self, alias: &str, json: &str) -> String {
+        columns_match(alias, &self.columns, &self.types, json)
+    }
+}
+
+/// The condition under which the row `alias` of `table` goes to the replica
+/// `r` (a row of the planner's replica list) by its table's own rule; `None`
+/// for tables without a rule of their own.
+pub(crate) fn rule(table: &Table, alias: &str, r: &str) -> Option<String> {
+    Some(match table.rule {
+        Rule::All => "true".to_string(),
+        Rule::Replica(c) => format!("{alias}.{}::text = {r}.r", ident(c)),
+        Rule::Partition(c) => format!("{alias}.{}::text = {r}.part", ident(c)),
+        Rule::Group(g) => {
+            let members = g
+                .member
+                .iter()
+                .zip(table.key)
+                .map(|(m, k)| format!("m.{} = {alias}.{}", ident(m), ident(k)))
+                .collect::<Vec<_>>()
+                .join(" AND ");
+            format!(
+                "EXISTS (SELECT 1 FROM {} m JOIN {} g ON g.{grp} = m.{grp} WHERE {members} AND g.{}::text = {r}.r)",
+                qualified(table.schema, g.members),
+                qualified(table.schema, g.grants),
+                ident(g.replica),
+                grp = ident(g.group),
+            )
+        }
+        Rule::Referenced | Rule::Follows(_) | Rule::Origin => return None,
+    })
+}

@@ -1,0 +1,258 @@
+//! Packing: each replica's rows into messages under the transport's size
+//! limit, in an order that keeps every replica consistent between any two
+//! messages.
+//!
+//! Upserts come first, parents' tables before their children's; then
+//! deletes, children's tables before their parents'. So a replica that has
+//! applied any prefix of its messages never holds a row without the rows it
+//! points at: a parent arrives before the child that needs it, and goes only
+//! after the child that needed it went or was re-pointed.
+//!
+//! A message never ends between a table's upserts and its deletes (a unique
+//! value moving from one row to another needs both in one transaction), nor
+//! inside a table that points at itself (its rows are not ordered parents
+//! first). Everything else may be split wherever the size limit says.
+
+use crate::envelope::{to_replica::Body, Down, EndSnapshot, RowData, TableRows};
+use std::collections::{HashMap, HashSet};
+
+/// A message body ready to be numbered and sealed.
+#[derive(Debug)]
+pub(crate) struct Packed {
+    pub replica: String,
+    pub body: Vec<u8>,
+}
+
+#[derive(Debug, Default)]
+struct Open {
+    down: Down,
+    bytes: usize,
+    /// Tables the message may not end inside of.
+    spans: HashSet<&'static str>,
+}
+
+/// The messages being filled, one per replica.
+#[derive(Debug)]
+pub(crate) struct Packer {
+    limit: usize,
+    open: HashMap<String, Open>,
+    /// (replica, table) pairs with both upserts and deletes in this plan.
+    both: HashSet<(String, &'static str)>,
+    self_referencing: HashSet<&'static str>,
+    done: Vec<Packed>,
+    done_bytes: usize,
+}
+
+/// Bytes a field adds besides its content: a tag and a length.
+const FIELD: usize = 6;
+
+impl Packer {
+    pub fn new(
+        limit: usize,
+        both: HashSet<(String, &'static str)>,
+        self_referencing: HashSet<&'static str>,
+    ) -> Self {
+        Packer {
+            limit,
+            open: HashMap::new(),
+            both,
+            self_referencing,
+            done: Vec::new(),
+            done_bytes: 0,
+        }
+    }
+
+    /// Adds a row for `replica` to hold. Returns the row's size when it is
+    /// larger than any message may be.
+    pub fn upsert(&mut self, replica: &str, table: &'static str, row: RowData) {
+        let size = row.key.len() + row.data.len() + 2 * FIELD;
+        let protect = self.both.contains(&(replica.to_string(), table))
+            || self.self_referencing.contains(table);
+        let open = self.make_room(replica, size);
+        entry(&mut open.down, table).upserts.push(row);
+        open.bytes += size;
+        if protect {
+            open.spans.insert(table);
+        }
+    }
+
+    /// Adds a row for `replica` to let go of.
+    pub fn delete(&mut self, replica: &str, table: &'static str, key: Vec<u8>) {
+        let size = key.len() + FIELD;
+        let protect = self.self_referencing.contains(table);
+        let open = self.make_room(replica, size);
+        entry(&mut open.down, table).deletes.push(key);
+        open.bytes += size;
+        if protect {
+            open.spans.insert(table);
+        }
+    }
+
+    /// The upserts of `table` are all added.
+    pub fn upserts_done(&mut self, table: &'static str) {
+        for (replica, open) in &mut self.open {
+            if !self.both.contains(&(replica.clone(), table)) {
+                open.spans.remove(table);
+            }
+        }
+    }
+
+    /// The deletes of `table` are all added.
+    pub fn deletes_done(&mut self, table: &'static str) {
+        for open in self.open.values_mut() {
+            open.spans.remove(table);
+        }
+    }
+
+    /// The open message of `replica`, ended first when `size` more bytes
+    /// would take it past the limit and it may end here.
+    fn make_room(&mut self, replica: &str, size: usize) -> &mut Open {
+        let full = self.open.get(replica).is_some_and(|o| {
+            !o.down.tables.is_empty() && o.spans.is_empty() && o.bytes + size > self.limit
+        });
+        if full {
+            self.end(replica);
+        }
+        self.open.entry(replica.to_string()).or_default()
+    }
+
+    /// Ends the open message of `replica`, if it has one with rows.
+    pub fn end(&mut self, replica: &str) {
+        let Some(open) = self.open.get_mut(replica) else {
+            return;
+        };
+        if open.down.tables.is_empty() {
+            return;
+        }
+        let down = std::mem::take(&mut open.down);
+        open.bytes = 0;
+        self.push(replica, Body::Down(down));
+    }
+
+    /// Ends every open message.
+    pub fn end_all(&mut self) {
+        let replicas: Vec<String> = self.open.keys().cloned().collect();
+        for r in replicas {
+            self.end(&r);
+        }
+    }
+
+    /// Adds the end of a snapshot of `tables` for `replica` (after ending its open message).
+    pub fn end_snapshot(&mut self, replica: &str, tables: Vec<String>) {
+        self.end(replica);
+        self.push(replica, Body::EndSnapshot(EndSnapshot { tables }));
+    }
+
+    fn push(&mut self, replica: &str, body: Body) {
+        let mut bytes = Vec::new();
+        body.encode(&mut bytes);
+        self.done_bytes += bytes.len();
+        self.done.push(Packed {
+            replica: replica.to_string(),
+            body: bytes,
+        });
+    }
+
+    /// Bytes of the messages ended and not taken yet.
+    pub fn pending_bytes(&self) -> usize {
+        self.done_bytes
+    }
+
+    /// Takes the messages ended so far, in the order they ended.
+    pub fn take(&mut self) -> Vec<Packed> {
+        self.done_bytes = 0;
+        std::mem::take(&mut self.done)
+    }
+}
+
+fn entry<'d>(down: &'d mut Down, table: &str) -> &'d mut TableRows {
+    let i = match down.tables.iter().position(|t| t.table == table) {
+        Some(i) => i,
+        None => {
+            down.tables.push(TableRows {
+                table: table.to_string(),
+                ..Default::default()
+            });
+            down.tables.len() - 1
+        }
+    };
+    &mut down.tables[i]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::envelope::ToReplica;
+    use prost::Message;
+
+    fn row(key: &str, size: usize) -> RowData {
+        RowData {
+            key: key.as_bytes().to_vec(),
+            data: vec![b'x'; size],
+        }
+    }
+
+    fn bodies(packer: &mut Packer) -> Vec<Down> {
+        packer
+            .take()
+            .into_iter()
+            .map(|p| {
+                match ToReplica::decode(p.body.as_slice())
+                    .expect("a body is a ToReplica field")
+                    .body
+                {
+                    Some(Body::Down(d)) => d,
+                    other => panic!("expected rows, got {other:?}"),
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn messages_end_at_the_limit() {
+        let mut p = Packer::new(1000, HashSet::new(), HashSet::new());
+        for i in 0..10 {
+            p.upsert("u1", "products", row(&format!("[{i}]"), 300));
+        }
+        p.end_all();
+        let downs = bodies(&mut p);
+        assert_eq!(downs.len(), 4, "three rows of ~310 bytes fit in 1000");
+        assert!(downs.iter().all(|d| d.tables[0].upserts.len() <= 3));
+    }
+
+    #[test]
+    fn a_table_with_upserts_and_deletes_is_never_split() {
+        let both = HashSet::from([("u1".to_string(), "products")]);
+        let mut p = Packer::new(1000, both, HashSet::new());
+        for i in 0..10 {
+            p.upsert("u1", "products", row(&format!("[{i}]"), 300));
+        }
+        p.upserts_done("products");
+        p.delete("u1", "products", b"[99]".to_vec());
+        p.deletes_done("products");
+        p.upsert("u1", "products", row("[100]", 300));
+        p.end_all();
+        let downs = bodies(&mut p);
+        assert_eq!(downs.len(), 2);
+        assert_eq!(downs[0].tables[0].upserts.len(), 10);
+        assert_eq!(downs[0].tables[0].deletes, vec![b"[99]".to_vec()]);
+    }
+
+    #[test]
+    fn replicas_fill_messages_of_their_own() {
+        let mut p = Packer::new(1000, HashSet::new(), HashSet::new());
+        p.upsert("u1", "products", row("[1]", 10));
+        p.upsert("u2", "products", row("[1]", 10));
+        p.end_snapshot("u2", vec!["products".into()]);
+        p.end_all();
+        let packed = p.take();
+        let order: Vec<(&str, bool)> = packed
+            .iter()
+            .map(|m| {
+                let body = ToReplica::decode(m.body.as_slice()).unwrap().body;
+                (m.replica.as_str(), matches!(body, Some(Body::EndSnapshot(_))))
+            })
+            .collect();
+        assert_eq!(order, [("u2", false), ("u2", true), ("u1", false)]);
+    }
+}

@@ -1,0 +1,596 @@
+//! The planner: for the pending notes, how each replica's wanted set moved,
+//! worked out set by set in temporary tables of the relay's connection.
+//!
+//! A replica wants the least set of rows closed under three rules: the rows
+//! its tables' rules send it, every row one of those points at, and every row
+//! that follows one of those. The planner never recomputes that set for a
+//! replica it keeps up; it works around what changed:
+//!
+//! 1. **In question** (`_ms_q`): rows the replica holds that a change may
+//!    have taken out of its set. First every held row that changed (or whose
+//!    group membership changed); then, a round at a time, what they lean on:
+//!    the parents a changed row's held version pointed at, and, for a row its
+//!    rule does not keep, its parents and the held rows that follow it. A row
+//!    its rule keeps stays whatever else moves, so nothing that leans on it
+//!    is in question because of it. Every held row outside the set stays.
+//! 2. **Kept** (`_ms_k`): of the rows in question and the rows the replica
+//!    lacks, those it wants now. Rows its rules send it; rows in question
+//!    that a row it keeps outside them points at, or whose parent it keeps
+//!    outside them; then, a round at a time from the rows the last round
+//!    added, their parents and their followers.
+//! 3. **The difference**: kept rows it lacks, or holds as a version older
+//!    than a change of the batch, are sent (`_ms_send`); rows in question it
+//!    does not keep are taken back (`_ms_del`).
+//!
+//! A replica provisioned from scratch holds nothing, so its whole set is
+//! worked out the same way, from the rows its rules send it.
+//!
+//! What a held row points at is what the version it holds pointed at: the
+//! row as it is if it did not change since, else what the first pending note
+//! of it says it pointed at before. Every pass plans every note it can see
+//! and records every row it sends at the newest note the snapshot shows of
+//! it, so a held version is never older than the first pending note of its row.
+
+use super::graph::{key_json, key_match, rule, Graph, Link, Shape};
+use crate::error::Result;
+use crate::sql::literal;
+use std::collections::BTreeSet;
+use tokio_postgres::Transaction;
+
+const TEMP_TABLES: &str = "
+CREATE TEMP TABLE IF NOT EXISTS _ms_r (r text PRIMARY KEY, part text, fresh boolean NOT NULL);
+CREATE TEMP TABLE IF NOT EXISTS _ms_notes (at tid, seq bigint, t text, k jsonb, parents jsonb);
+CREATE TEMP TABLE IF NOT EXISTS _ms_changed (t text, k jsonb, last_seq bigint NOT NULL, old_parents jsonb, PRIMARY KEY (t, k));
+CREATE TEMP TABLE IF NOT EXISTS _ms_touched (t text, k jsonb, PRIMARY KEY (t, k));
+CREATE TEMP TABLE IF NOT EXISTS _ms_grant (r text, t text, k jsonb, PRIMARY KEY (r, t, k));
+CREATE TEMP TABLE IF NOT EXISTS _ms_q (r text, t text, k jsonb, round int NOT NULL, ruled boolean NOT NULL DEFAULT false, PRIMARY KEY (r, t, k));
+CREATE TEMP TABLE IF NOT EXISTS _ms_k (r text, t text, k jsonb, round int NOT NULL, held boolean NOT NULL, PRIMARY KEY (r, t, k));
+CREATE INDEX IF NOT EXISTS _ms_k_round ON _ms_k (t, round);
+CREATE TEMP TABLE IF NOT EXISTS _ms_send (r text, t text, k jsonb, version bigint NOT NULL);
+CREATE TEMP TABLE IF NOT EXISTS _ms_del (r text, t text, k jsonb);
+";
+
+const CLEAR: &str =
+    "TRUNCATE _ms_r, _ms_notes, _ms_changed, _ms_touched, _ms_grant, _ms_q, _ms_k, _ms_send, _ms_del";
+
+/// How large a temporary table grows before the planner has it analysed, so
+/// PostgreSQL plans the joins over it for its real size.
+const ANALYSE_ABOVE: u64 = 5_000;
+
+/// What a plan came to.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Planned {
+    /// Notes read.
+    pub notes: u64,
+    /// Row deliveries to send (a row counts once per replica).
+    pub sends: u64,
+    /// Rows to take back (once per replica).
+    pub deletes: u64,
+}
+
+/// Creates the planner's temporary tables on this connection (once).
+pub(crate) async fn prepare(tx: &Transaction<'_>) -> Result<()> {
+    tx.batch_execute(TEMP_TABLES).await?;
+    Ok(())
+}
+
+/// A plan under way, in one transaction.
+pub(crate) struct Planner<'a, 't> {
+    pub tx: &'a Transaction<'t>,
+    pub graph: &'a Graph,
+    /// Every group rule's tables: (declared table, members, grants).
+    pub groups: Vec<Group>,
+}
+
+/// A table given through groups.
+pub(crate) struct Group {
+    pub table: &'static crate::row::Table,
+    pub members: String,
+    pub members_name: &'static str,
+    pub grants_name: &'static str,
+    pub group_type: String,
+    pub member_columns: &'static [&'static str],
+}
+
+impl Planner<'_, '_> {
+    async fn run(&self, sql: &str) -> Result<u64> {
+        Ok(self.tx.execute(sql, &[]).await?)
+    }
+
+    /// Plans the replicas in `_ms_r` against every pending note; the result is
+    /// in `_ms_send` and `_ms_del`.
+    pub async fn plan(&self, any_fresh: bool) -> Result<Planned> {
+        let notes = self.read_notes().await?;
+        if notes == 0 && !any_fresh {
+            return Ok(Planned::default());
+        }
+        self.in_question().await?;
+        self.keep(any_fresh).await?;
+        let sends = self
+            .run(
+                "INSERT INTO _ms_send (r, t, k, version)
+                 SELECT k.r, k.t, k.k, coalesce(ch.last_seq, 0)
+                 FROM _ms_k k
+                 LEFT JOIN _ms_changed ch ON ch.t = k.t AND ch.k = k.k
+                 LEFT JOIN sync.held h ON h.replica = k.r AND h.table_name = k.t AND h.key = k.k
+                 WHERE h.key IS NULL OR h.version < coalesce(ch.last_seq, 0)",
+            )
+            .await?;
+        let deletes = self
+            .run(
+                "INSERT INTO _ms_del (r, t, k)
+                 SELECT q.r, q.t, q.k FROM _ms_q q
+                 WHERE NOT EXISTS (SELECT 1 FROM _ms_k k WHERE k.r = q.r AND k.t = q.t AND k.k = q.k)",
+            )
+            .await?;
+        if sends > ANALYSE_ABOVE {
+            self.run("ANALYZE _ms_send").await?;
+        }
+        Ok(Planned {
+            notes,
+            sends,
+            deletes,
+        })
+    }
+
+    /// Clears the temporary tables of the last pass.
+    pub async fn clear(tx: &Transaction<'_>) -> Result<()> {
+        tx.batch_execute(CLEAR).await?;
+        Ok(())
+    }
+
+    /// Every pending note this build can read; per changed row its newest
+    /// note and what the first one says it pointed at before; the rows a
+    /// membership or a grant touched.
+    async fn read_notes(&self) -> Result<u64> {
+        let notes = self
+            .run(
+                "INSERT INTO _ms_notes SELECT ctid, seq, table_name, key, parents
+                 FROM sync.notes WHERE format = 1",
+            )
+            .await?;
+        if notes == 0 {
+            return Ok(0);
+        }
+        let names: Vec<String> = self
+            .graph
+            .shapes
+            .iter()
+            .map(|s| literal(s.table.name))
+            .collect();
+        self.run(&format!(
+            "INSERT INTO _ms_changed (t, k, last_seq, old_parents)
+             SELECT t, k, max(seq), (array_agg(parents ORDER BY seq))[1]
+             FROM _ms_notes WHERE t IN ({}) GROUP BY t, k",
+            names.join(", ")
+        ))
+        .await?;
+        self.run("INSERT INTO _ms_touched (t, k) SELECT t, k FROM _ms_changed")
+            .await?;
+        for g in &self.groups {
+            let t = literal(g.table.name);
+            // A membership that came or went touches its member, for every replica.
+            self.run(&format!(
+                "INSERT INTO _ms_touched (t, k)
+                 SELECT DISTINCT {t}, n.k - 0 FROM _ms_notes n WHERE n.t = {}
+                 ON CONFLICT DO NOTHING",
+                literal(g.members_name)
+            ))
+            .await?;
+            // A group given or taken touches its members, for that replica.
+            let members = g
+                .member_columns
+                .iter()
+                .map(|c| format!("m.{}", crate::sql::ident(c)))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let group_col = match g.table.rule {
+                crate::row::Rule::Group(rule) => rule.group,
+                _ => unreachable!("a group table has a group rule"),
+            };
+            self.run(&format!(
+                "INSERT INTO _ms_grant (r, t, k)
+                 SELECT DISTINCT r.r, {t}, jsonb_build_array({members})
+                 FROM _ms_notes n
+                 JOIN _ms_r r ON NOT r.fresh AND r.r = n.k->>0
+                 JOIN {} m ON m.{} = (n.k->>1)::{}
+                 WHERE n.t = {}
+                 ON CONFLICT DO NOTHING",
+                g.members,
+                crate::sql::ident(group_col),
+                g.group_type,
+                literal(g.grants_name)
+            ))
+            .await?;
+        }
+        Ok(notes)
+    }
+
+    /// The rows in question, round by round.
+    async fn in_question(&self) -> Result<()> {
+        let first = self
+            .run(
+                "INSERT INTO _ms_q (r, t, k, round)
+                 SELECT r.r, c.t, c.k, 0
+                 FROM _ms_r r CROSS JOIN _ms_touched c
+                 JOIN sync.held h ON h.replica = r.r AND h.table_name = c.t AND h.key = c.k
+                 WHERE NOT r.fresh
+                 ON CONFLICT DO NOTHING",
+            )
+            .await?
+            + self
+                .run(
+                    "INSERT INTO _ms_q (r, t, k, round)
+                     SELECT g.r, g.t, g.k, 0 FROM _ms_grant g
+                     JOIN sync.held h ON h.replica = g.r AND h.table_name = g.t AND h.key = g.k
+                     ON CONFLICT DO NOTHING",
+                )
+                .await?;
+        if first == 0 {
+            return Ok(());
+        }
+        let mut round = 0;
+        loop {
+            let tables = self.tables_in("_ms_q", round).await?;
+            if tables.is_empty() {
+                return Ok(());
+            }
+            for t in &tables {
+                self.mark_ruled(self.graph.shape(t), round).await?;
+            }
+            let mut added = 0;
+            for link in &self.graph.links {
+                if tables.contains(link.child.name) {
+                    added += self.question_parents(link, round).await?;
+                }
+                if link.follows && tables.contains(link.parent.name) {
+                    added += self.question_followers(link, round).await?;
+                }
+            }
+            if added == 0 {
+                return Ok(());
+            }
+            round += 1;
+        }
+    }
+
+    /// The tables with rows in round `round` of `temp`.
+    async fn tables_in(&self, temp: &str, round: i32) -> Result<BTreeSet<String>> {
+        Ok(self
+            .tx
+            .query(
+                &format!("SELECT DISTINCT t FROM {temp} WHERE round = $1"),
+                &[&round],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
+    /// Marks the rows in question of round `round` its rule keeps.
+    async fn mark_ruled(&self, shape: &Shape, round: i32) -> Result<()> {
+        let Some(cond) = rule(shape.table, "a", "rr") else {
+            return Ok(());
+        };
+        self.run(&format!(
+            "UPDATE _ms_q q SET ruled = true FROM _ms_r rr
+             WHERE rr.r = q.r AND q.t = {t} AND q.round = {round}
+               AND EXISTS (SELECT 1 FROM {rel} a WHERE {m} AND {cond})",
+            t = literal(shape.table.name),
+            rel = shape.relation,
+            m = key_match("a", shape, "q.k"),
+        ))
+        .await?;
+        Ok(())
+    }
+
+    /// Held parents of the rows in question of round `round` of `link`'s
+    /// child: those its held version pointed at, when the row changed or its
+    /// rule does not keep it.
+    async fn question_parents(&self, link: &Link, round: i32) -> Result<u64> {
+        let child = self.graph.shape(link.child.name);
+        self.run(&format!(
+            "INSERT INTO _ms_q (r, t, k, round)
+             SELECT q.r, {parent}, p.ptr, {next}
+             FROM _ms_q q
+             LEFT JOIN _ms_changed ch ON ch.t = {c} AND ch.k = q.k
+             LEFT JOIN {rel} a ON ch.k IS NULL AND {m}
+             CROSS JOIN LATERAL (SELECT CASE WHEN ch.k IS NOT NULL THEN {from_note} ELSE {from_row} END AS ptr) p
+             JOIN sync.held h ON h.replica = q.r AND h.table_name = {parent} AND h.key = p.ptr
+             WHERE q.t = {c} AND q.round = {round} AND (ch.k IS NOT NULL OR NOT q.ruled)
+             ON CONFLICT DO NOTHING",
+            parent = literal(link.parent.name),
+            c = literal(link.child.name),
+            next = round + 1,
+            rel = child.relation,
+            m = key_match("a", child, "q.k"),
+            from_note = link.pointer_in_note("ch.old_parents"),
+            from_row = link.pointer("a"),
+        ))
+        .await
+    }
+
+    /// Held followers of the rows in question of round `round` of `link`'s
+    /// parent that its rule does not keep.
+    async fn question_followers(&self, link: &Link, round: i32) -> Result<u64> {
+        let child = self.graph.shape(link.child.name);
+        self.run(&format!(
+            "INSERT INTO _ms_q (r, t, k, round)
+             SELECT q.r, {c}, {ck}, {next}
+             FROM _ms_q q
+             JOIN {rel} a ON {points}
+             JOIN sync.held h ON h.replica = q.r AND h.table_name = {c} AND h.key = {ck}
+             WHERE q.t = {p} AND q.round = {round} AND NOT q.ruled
+             ON CONFLICT DO NOTHING",
+            c = literal(link.child.name),
+            p = literal(link.parent.name),
+            ck = key_json("a", link.child),
+            next = round + 1,
+            rel = child.relation,
+            points = link.points_at("a", "q.k"),
+        ))
+        .await
+    }
+
+    /// The rows kept, round by round.
+    async fn keep(&self, any_fresh: bool) -> Result<()> {
+        let touched = self.present("_ms_touched").await?;
+        let granted = self.present("_ms_grant").await?;
+        let questioned = self.present("_ms_q").await?;
+        let mut first = 0;
+        if !questioned.is_empty() {
+            first += self
+                .run(
+                    "INSERT INTO _ms_k (r, t, k, round, held)
+                     SELECT r, t, k, 0, true FROM _ms_q WHERE ruled",
+                )
+                .await?;
+        }
+        for shape in &self.graph.shapes {
+            let name = shape.table.name;
+            let incremental = touched.contains(name) || granted.contains(name);
+            first += self.keep_by_rule(shape, incremental, any_fresh).await?;
+        }
+        for link in &self.graph.links {
+            if questioned.contains(link.parent.name) {
+                first += self.keep_pointed_at(link).await?;
+            }
+            if link.follows
+                && (questioned.contains(link.child.name) || touched.contains(link.child.name))
+            {
+                first += self.keep_following(link).await?;
+            }
+        }
+        if first > ANALYSE_ABOVE {
+            self.run("ANALYZE _ms_k").await?;
+        }
+        let mut round = 0;
+        loop {
+            let tables = self.tables_in("_ms_k", round).await?;
+            if tables.is_empty() {
+                return Ok(());
+            }
+            let mut added = 0;
+            for link in &self.graph.links {
+                if tables.contains(link.child.name) {
+                    added += self.keep_parents(link, round).await?;
+                }
+                if link.follows && tables.contains(link.parent.name) {
+                    added += self.keep_followers(link, round).await?;
+                }
+            }
+            if added == 0 {
+                return Ok(());
+            }
+            if added > ANALYSE_ABOVE {
+                self.run("ANALYZE _ms_k").await?;
+            }
+            round += 1;
+        }
+    }
+
+    /// Rows the replica lacks that its rules send it: for a replica kept up,
+    /// among the rows that changed or whose group moved; for one provisioned
+    /// from scratch, all of them.
+    async fn keep_by_rule(&self, shape: &Shape, incremental: bool, fresh: bool) -> Result<u64> {
+        let Some(cond) = rule(shape.table, "a", "r") else {
+            return Ok(0);
+        };
+        let t = literal(shape.table.name);
+        let mut kept = 0;
+        if incremental {
+            kept += self
+            .run(&format!(
+                "INSERT INTO _ms_k (r, t, k, round, held)
+                 SELECT r.r, {t}, c.k, 0, false
+                 FROM (SELECT k FROM _ms_touched WHERE t = {t}
+                       UNION SELECT k FROM _ms_grant WHERE t = {t}) c
+                 JOIN {rel} a ON {m}
+                 JOIN _ms_r r ON NOT r.fresh AND {cond}
+                 WHERE NOT EXISTS (SELECT 1 FROM sync.held h
+                                   WHERE h.replica = r.r AND h.table_name = {t} AND h.key = c.k)
+                 ON CONFLICT DO NOTHING",
+                rel = shape.relation,
+                m = key_match("a", shape, "c.k"),
+            ))
+            .await?;
+        }
+        if fresh {
+            kept += self
+                .run(&format!(
+                    "INSERT INTO _ms_k (r, t, k, round, held)
+                     SELECT r.r, {t}, {key}, 0, false
+                     FROM {rel} a JOIN _ms_r r ON r.fresh AND {cond}
+                     ON CONFLICT DO NOTHING",
+                    rel = shape.relation,
+                    key = key_json("a", shape.table),
+                ))
+                .await?;
+        }
+        Ok(kept)
+    }
+
+    /// The tables with rows in `temp`.
+    async fn present(&self, temp: &str) -> Result<BTreeSet<String>> {
+        Ok(self
+            .tx
+            .query(&format!("SELECT DISTINCT t FROM {temp}"), &[])
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
+    /// Rows in question that a row the replica holds outside them points at.
+    async fn keep_pointed_at(&self, link: &Link) -> Result<u64> {
+        let parent = self.graph.shape(link.parent.name);
+        let child = self.graph.shape(link.child.name);
+        let c = literal(link.child.name);
+        self.run(&format!(
+            "INSERT INTO _ms_k (r, t, k, round, held)
+             SELECT q.r, q.t, q.k, 0, true FROM _ms_q q
+             WHERE q.t = {p} AND NOT q.ruled
+               AND EXISTS (SELECT 1 FROM {prel} x WHERE {pm})
+               AND EXISTS (
+                   SELECT 1 FROM {crel} a
+                   JOIN sync.held h ON h.replica = q.r AND h.table_name = {c} AND h.key = {ck}
+                   WHERE {points}
+                     AND NOT EXISTS (SELECT 1 FROM _ms_q q2
+                                     WHERE q2.r = q.r AND q2.t = {c} AND q2.k = {ck}))
+             ON CONFLICT DO NOTHING",
+            p = literal(link.parent.name),
+            prel = parent.relation,
+            pm = key_match("x", parent, "q.k"),
+            crel = child.relation,
+            ck = key_json("a", link.child),
+            points = link.points_at("a", "q.k"),
+        ))
+        .await
+    }
+
+    /// Rows in question, and changed rows the replica lacks, that follow a
+    /// row it holds outside the rows in question.
+    async fn keep_following(&self, link: &Link) -> Result<u64> {
+        let child = self.graph.shape(link.child.name);
+        let c = literal(link.child.name);
+        let p = literal(link.parent.name);
+        let outside = format!(
+            "NOT EXISTS (SELECT 1 FROM _ms_q q2 WHERE q2.r = h.replica AND q2.t = {p} AND q2.k = h.key)"
+        );
+        let in_question = self
+            .run(&format!(
+                "INSERT INTO _ms_k (r, t, k, round, held)
+                 SELECT q.r, q.t, q.k, 0, true FROM _ms_q q
+                 JOIN {rel} a ON {m}
+                 JOIN sync.held h ON h.replica = q.r AND h.table_name = {p} AND h.key = {ptr}
+                 WHERE q.t = {c} AND NOT q.ruled AND {outside}
+                 ON CONFLICT DO NOTHING",
+                rel = child.relation,
+                m = key_match("a", child, "q.k"),
+                ptr = link.pointer("a"),
+            ))
+            .await?;
+        let lacking = self
+            .run(&format!(
+                "INSERT INTO _ms_k (r, t, k, round, held)
+                 SELECT r.r, {c}, c.k, 0, false
+                 FROM _ms_touched c
+                 JOIN {rel} a ON {m}
+                 CROSS JOIN _ms_r r
+                 JOIN sync.held h ON h.replica = r.r AND h.table_name = {p} AND h.key = {ptr}
+                 WHERE c.t = {c} AND NOT r.fresh AND {outside}
+                   AND NOT EXISTS (SELECT 1 FROM sync.held h2
+                                   WHERE h2.replica = r.r AND h2.table_name = {c} AND h2.key = c.k)
+                 ON CONFLICT DO NOTHING",
+                rel = child.relation,
+                m = key_match("a", child, "c.k"),
+                ptr = link.pointer("a"),
+            ))
+            .await?;
+        Ok(in_question + lacking)
+    }
+
+    /// The parents of the rows kept in round `round`, unless the replica
+    /// holds them outside the rows in question.
+    async fn keep_parents(&self, link: &Link, round: i32) -> Result<u64> {
+        let child = self.graph.shape(link.child.name);
+        let p = literal(link.parent.name);
+        self.run(&format!(
+            "INSERT INTO _ms_k (r, t, k, round, held)
+             SELECT n.r, {p}, x.ptr, {next},
+                    EXISTS (SELECT 1 FROM sync.held h WHERE h.replica = n.r AND h.table_name = {p} AND h.key = x.ptr)
+             FROM _ms_k n
+             JOIN {rel} a ON {m}
+             CROSS JOIN LATERAL (SELECT {ptr} AS ptr) x
+             WHERE n.t = {c} AND n.round = {round} AND x.ptr IS NOT NULL
+               AND (NOT EXISTS (SELECT 1 FROM sync.held h WHERE h.replica = n.r AND h.table_name = {p} AND h.key = x.ptr)
+                    OR EXISTS (SELECT 1 FROM _ms_q q WHERE q.r = n.r AND q.t = {p} AND q.k = x.ptr))
+             ON CONFLICT DO NOTHING",
+            c = literal(link.child.name),
+            next = round + 1,
+            rel = child.relation,
+            m = key_match("a", child, "n.k"),
+            ptr = link.pointer("a"),
+        ))
+        .await
+    }
+
+    /// The followers of the rows kept in round `round`: every follower of a
+    /// row the replica lacks; of a row in question, the followers in question
+    /// and the changed ones it lacks (it holds the others already).
+    async fn keep_followers(&self, link: &Link, round: i32) -> Result<u64> {
+        let child = self.graph.shape(link.child.name);
+        let c = literal(link.child.name);
+        let p = literal(link.parent.name);
+        let ck = key_json("a", link.child);
+        let of_lacking = self
+            .run(&format!(
+                "INSERT INTO _ms_k (r, t, k, round, held)
+                 SELECT n.r, {c}, {ck}, {next},
+                        EXISTS (SELECT 1 FROM sync.held h WHERE h.replica = n.r AND h.table_name = {c} AND h.key = {ck})
+                 FROM _ms_k n
+                 JOIN {rel} a ON {points}
+                 WHERE n.t = {p} AND n.round = {round} AND NOT n.held
+                   AND (NOT EXISTS (SELECT 1 FROM sync.held h WHERE h.replica = n.r AND h.table_name = {c} AND h.key = {ck})
+                        OR EXISTS (SELECT 1 FROM _ms_q q WHERE q.r = n.r AND q.t = {c} AND q.k = {ck}))
+                 ON CONFLICT DO NOTHING",
+                next = round + 1,
+                rel = child.relation,
+                points = link.points_at("a", "n.k"),
+            ))
+            .await?;
+        let in_question = self
+            .run(&format!(
+                "INSERT INTO _ms_k (r, t, k, round, held)
+                 SELECT n.r, {c}, q.k, {next}, true
+                 FROM _ms_k n
+                 JOIN _ms_q q ON q.r = n.r AND q.t = {c}
+                 JOIN {rel} a ON {m}
+                 WHERE n.t = {p} AND n.round = {round} AND n.held AND {ptr} = n.k
+                 ON CONFLICT DO NOTHING",
+                next = round + 1,
+                rel = child.relation,
+                m = key_match("a", child, "q.k"),
+                ptr = link.pointer("a"),
+            ))
+            .await?;
+        let changed = self
+            .run(&format!(
+                "INSERT INTO _ms_k (r, t, k, round, held)
+                 SELECT n.r, {c}, t.k, {next}, false
+                 FROM _ms_k n
+                 JOIN _ms_touched t ON t.t = {c}
+                 JOIN {rel} a ON {m}
+                 WHERE n.t = {p} AND n.round = {round} AND n.held AND {ptr} = n.k
+                   AND NOT EXISTS (SELECT 1 FROM sync.held h WHERE h.replica = n.r AND h.table_name = {c} AND h.key = t.k)
+                 ON CONFLICT DO NOTHING",
+                next = round + 1,
+                rel = child.relation,
+                m = key_match("a", child, "t.k"),
+                ptr = link.pointer("a"),
+            ))
+            .await?;
+        Ok(of_lacking + in_question + changed)
+    }
+}

@@ -1,0 +1,169 @@
+//! An in-process network: the server's transport and every replica's inbox
+//! in one process, for tests and examples. Each replica's messages queue in
+//! order; what replicas report queues for the server, under the name of the
+//! inbox it came from (never a name inside the message).
+//!
+//! A replica can be cut off ([`Network::cut`]): sends to it fail, as with a
+//! replica out of reach, and its messages wait in the server's outbox.
+
+use super::Report;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+#[derive(Debug, Default)]
+struct State {
+    inboxes: HashMap<String, VecDeque<Vec<u8>>>,
+    cut: HashSet<String>,
+    reports: VecDeque<(String, Report)>,
+    closed: bool,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<State>,
+    /// Wakes replicas waiting for a message.
+    delivered: Condvar,
+    /// Wakes the server waiting for a report.
+    #[cfg(feature = "postgres")]
+    reported: tokio::sync::Notify,
+}
+
+/// The network. Clones share it.
+#[derive(Debug, Clone)]
+pub struct Network {
+    shared: Arc<Shared>,
+    max_message_bytes: usize,
+}
+
+impl Network {
+    /// A network whose messages may be up to `max_message_bytes` long.
+    pub fn new(max_message_bytes: usize) -> Self {
+        Network {
+            shared: Arc::default(),
+            max_message_bytes,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain queues behind: still usable.
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The most bytes one message may have.
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes
+    }
+
+    /// Hands a message to `replica`'s inbox; fails while it is cut off.
+    pub fn deliver(&self, replica: &str, message: Vec<u8>) -> Result<(), String> {
+        let mut state = self.state();
+        if state.cut.contains(replica) {
+            return Err(format!("replica `{replica}` is out of reach"));
+        }
+        state
+            .inboxes
+            .entry(replica.to_string())
+            .or_default()
+            .push_back(message);
+        drop(state);
+        self.shared.delivered.notify_all();
+        Ok(())
+    }
+
+    /// Cuts `replica` off (`true`) or brings it back (`false`).
+    pub fn cut(&self, replica: &str, cut: bool) {
+        let mut state = self.state();
+        if cut {
+            state.cut.insert(replica.to_string());
+        } else {
+            state.cut.remove(replica);
+        }
+    }
+
+    /// Every message waiting in `replica`'s inbox, oldest first.
+    pub fn take(&self, replica: &str) -> Vec<Vec<u8>> {
+        self.state()
+            .inboxes
+            .get_mut(replica)
+            .map(|q| q.drain(..).collect())
+            .unwrap_or_default()
+    }
+
+    /// Waits for the next message for `replica`; `None` once the network is closed.
+    pub fn next(&self, replica: &str) -> Option<Vec<u8>> {
+        let mut state = self.state();
+        loop {
+            if let Some(m) = state.inboxes.get_mut(replica).and_then(VecDeque::pop_front) {
+                return Some(m);
+            }
+            if state.closed {
+                return None;
+            }
+            state = self
+                .shared
+                .delivered
+                .wait(state)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
+    /// Queues what `replica` says for the server.
+    pub fn report(&self, replica: &str, report: Report) {
+        self.state()
+            .reports
+            .push_back((replica.to_string(), report));
+        #[cfg(feature = "postgres")]
+        self.shared.reported.notify_one();
+    }
+
+    /// Takes every report queued, oldest first.
+    pub fn reports(&self) -> Vec<(String, Report)> {
+        self.state().reports.drain(..).collect()
+    }
+
+    /// Waits until a report is queued (returns at once if one is).
+    #[cfg(feature = "postgres")]
+    pub async fn reported(&self) {
+        if !self.state().reports.is_empty() {
+            return;
+        }
+        self.shared.reported.notified().await;
+    }
+
+    /// Closes the network: replicas waiting in [`next`](Self::next) stop.
+    pub fn close(&self) {
+        self.state().closed = true;
+        self.shared.delivered.notify_all();
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl crate::relay::Transport for Network {
+    fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes
+    }
+
+    async fn send(
+        &self,
+        replica: &str,
+        _id: &str,
+        message: Vec<u8>,
+    ) -> Result<(), crate::relay::SendError> {
+        self.deliver(replica, message)
+            .map_err(crate::relay::SendError)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl super::server::Reports for Network {
+    fn drain(&self) -> Vec<(String, Report)> {
+        self.reports()
+    }
+
+    async fn wait(&self) {
+        self.reported().await;
+    }
+}

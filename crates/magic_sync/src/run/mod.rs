@@ -1,0 +1,24 @@
+//! The runners: how a host drives the engine.
+//!
+//! - [`server`]: the relay's loop: the lock, passes and their backoff,
+//!   publishing, and what replicas say back.
+//! - [`replica`]: a replica's loop: apply each message as it arrives, and say
+//!   what was applied.
+//! - [`memory`]: an in-process network between them, for tests and examples.
+
+use crate::envelope::{Ack, Gap};
+
+pub mod memory;
+#[cfg(feature = "sqlite")]
+pub mod replica;
+#[cfg(feature = "postgres")]
+pub mod server;
+
+/// What a replica tells the server about the down path.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Report {
+    /// The last message it applied, with its seal as it came.
+    Applied(Ack),
+    /// It could not follow a message and waits for a snapshot.
+    Gap(Gap),
+}

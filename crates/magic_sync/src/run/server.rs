@@ -1,0 +1,123 @@
+//! The relay's loop: take the lock, then pass after pass — what replicas
+//! said, observe, record, publish — waiting briefly when there was nothing
+//! to do, and backing off after a failure.
+
+use super::Report;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::relay::{Relay, Replicas, Settings, Transport};
+use std::future::Future;
+use std::time::Duration;
+use tokio_postgres::{Client, NoTls};
+
+/// Where what replicas say reaches the server.
+pub trait Reports: Send + Sync {
+    /// Everything said since the last call, by the replica the transport
+    /// authenticated, oldest first.
+    fn drain(&self) -> Vec<(String, Report)>;
+    /// Resolves when something was said.
+    fn wait(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// Applies what replicas said.
+pub async fn heed(relay: &Relay, client: &Client, reports: Vec<(String, Report)>) -> Result<()> {
+    for (replica, report) in reports {
+        let result = match &report {
+            Report::Applied(ack) => relay.acknowledge(client, &replica, ack).await.map(|_| ()),
+            Report::Gap(gap) => relay.gap(client, &replica, gap).await.map(|_| ()),
+        };
+        match result {
+            // A forged acknowledgement is refused and changes nothing; the
+            // others still count.
+            Err(Error::Forged { .. }) => {}
+            other => other?,
+        }
+    }
+    Ok(())
+}
+
+/// Runs the relay for `engine` over the database at `config` until `stop`
+/// resolves. Waits for the lock while another relay holds it. A failed pass
+/// is retried after a backoff; nothing is lost meanwhile: notes stay pending
+/// and the outbox stays written.
+pub async fn server<H, T, R>(
+    config: tokio_postgres::Config,
+    engine: Engine,
+    settings: Settings,
+    host: &H,
+    transport: &T,
+    reports: &R,
+    stop: impl Future<Output = ()>,
+) -> Result<()>
+where
+    H: Replicas,
+    T: Transport,
+    R: Reports,
+{
+    tokio::pin!(stop);
+    let mut backoff = settings.backoff_min;
+    loop {
+        let attempt = async {
+            let (mut client, relay) = connect(&config, &engine, &settings).await?;
+            relay_loop(&mut client, relay, host, transport, reports, &mut backoff).await
+        };
+        tokio::select! {
+            () = &mut stop => return Ok(()),
+            result = attempt => {
+                let e = match result {
+                    Ok(()) => continue,
+                    Err(e) => e,
+                };
+                if !e.is_transient() {
+                    eprintln!("magic_sync relay: {e}");
+                }
+            }
+        }
+        tokio::select! {
+            () = &mut stop => return Ok(()),
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(settings.backoff_max);
+    }
+}
+
+async fn connect(
+    config: &tokio_postgres::Config,
+    engine: &Engine,
+    settings: &Settings,
+) -> Result<(Client, Relay)> {
+    let (client, connection) = config.connect(NoTls).await?;
+    tokio::spawn(connection);
+    client.batch_execute("SET TIME ZONE 'UTC'").await?;
+    let relay = Relay::new(&client, engine.clone(), settings.clone()).await?;
+    Ok((client, relay))
+}
+
+async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
+    client: &mut Client,
+    mut relay: Relay,
+    host: &H,
+    transport: &T,
+    reports: &R,
+    backoff: &mut Duration,
+) -> Result<()> {
+    while !Relay::lock(client).await? {
+        tokio::time::sleep(relay.settings().idle.max(Duration::from_millis(100))).await;
+    }
+    loop {
+        heed(&relay, client, reports.drain()).await?;
+        let replicas = host.replicas().await?;
+        let recorded = relay
+            .record(client, &replicas, transport.max_message_bytes())
+            .await?;
+        let published = relay.publish(client, transport).await?;
+        *backoff = relay.settings().backoff_min;
+        let busy = recorded.messages > 0 || recorded.planned.notes > 0;
+        if !busy && published.sent == 0 {
+            tokio::select! {
+                () = tokio::time::sleep(relay.settings().idle) => {}
+                () = reports.wait() => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! A server database with the test shop, the relay on a connection holding
+//! its lock, and replicas on real SQLite files behind the in-process network.
+//! [`Fleet::sync`] runs passes until nothing moves; [`Fleet::check`] is the
+//! invariant every down-path test ends with.
+
+use crate::shop;
+use crate::wanted::{self, wanted};
+use magic_sync::catalog::Catalog;
+use magic_sync::relay::{Recorded, Relay, ReplicaInfo, Settings};
+use magic_sync::replica::{self, Replica};
+use magic_sync::run::{self, memory::Network, Report};
+use magic_sync::sql::ident;
+use magic_sync::{Engine, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use tokio_postgres::Client;
+
+/// A replica of the fleet.
+pub struct Unit {
+    pub info: ReplicaInfo,
+    pub replica: Replica<'static>,
+    pub path: std::path::PathBuf,
+    /// Cut off by the network: sends fail, its messages wait in the outbox.
+    pub cut: bool,
+}
+
+pub struct Fleet {
+    pub db: magic_sync_testdb::TestDb,
+    /// The relay's connection, holding the lock.
+    pub client: Client,
+    /// The host's connection, for its writes.
+    pub writer: Client,
+    pub engine: &'static Engine,
+    pub catalog: Catalog,
+    pub relay: Relay,
+    pub network: Network,
+    pub dir: tempfile::TempDir,
+    pub units: BTreeMap<String, Unit>,
+}
+
+/// Messages of at most this many bytes: small, so plans span several messages.
+pub const MAX_MESSAGE: usize = 4096;
+
+impl Fleet {
+    /// The shop, installed, with `rows` written before the relay starts.
+    pub async fn new(rows: &str) -> Fleet {
+        Self::with(rows, MAX_MESSAGE).await
+    }
+
+    pub async fn with(rows: &str, max_message: usize) -> Fleet {
+        let (db, writer) = shop::installed().await;
+        if !rows.is_empty() {
+            writer.batch_execute(rows).await.expect("the fixture's rows");
+        }
+        let client = db.connect().await;
+        client.batch_execute("SET TIME ZONE 'UTC'").await.unwrap();
+        let engine: &'static Engine = Box::leak(Box::new(shop::engine()));
+        let relay = Relay::new(&client, engine.clone(), Settings::default())
+            .await
+            .expect("the relay starts");
+        assert!(Relay::lock(&client).await.unwrap(), "the relay takes its lock");
+        let catalog = Catalog::read(&client, engine).await.unwrap();
+        Fleet {
+            db,
+            client,
+            writer,
+            engine,
+            catalog,
+            relay,
+            network: Network::new(max_message),
+            dir: tempfile::tempdir().unwrap(),
+            units: BTreeMap::new(),
+        }
+    }
+
+    /// The foreign keys a replica is told of.
+    pub fn foreign_keys(&self) -> Vec<replica::ForeignKey> {
+        self.catalog
+            .foreign_keys
+            .iter()
+            .map(|fk| replica::ForeignKey {
+                child: fk.child.to_string(),
+                child_columns: fk.child_columns.clone(),
+                parent: fk.parent.to_string(),
+                parent_columns: fk.parent_columns.clone(),
+            })
+            .collect()
+    }
+
+    /// Adds a live replica with a fresh SQLite file.
+    pub fn add(&mut self, id: &str, partition: Option<&str>) {
+        let path = self.dir.path().join(format!("{id}.sqlite"));
+        self.add_at(id, partition, path);
+    }
+
+    pub fn add_at(&mut self, id: &str, partition: Option<&str>, path: std::path::PathBuf) {
+        let replica = Replica::open(&path, id, self.engine, self.foreign_keys()).unwrap();
+        self.units.insert(
+            id.to_string(),
+            Unit {
+                info: ReplicaInfo::live(id, partition),
+                replica,
+                path,
+                cut: false,
+            },
+        );
+    }
+
+    pub fn unit(&mut self, id: &str) -> &mut Unit {
+        self.units.get_mut(id).expect("a replica of the fleet")
+    }
+
+    pub fn set_live(&mut self, id: &str, live: bool) {
+        self.unit(id).info.live = live;
+    }
+
+    pub fn move_to(&mut self, id: &str, partition: Option<&str>) {
+        self.unit(id).info.partition = partition.map(str::to_string);
+    }
+
+    pub fn cut(&mut self, id: &str, cut: bool) {
+        self.network.cut(id, cut);
+        self.unit(id).cut = cut;
+    }
+
+    fn infos(&self) -> Vec<ReplicaInfo> {
+        self.units.values().map(|u| u.info.clone()).collect()
+    }
+
+    pub async fn write(&self, sql: &str) {
+        self.writer
+            .batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// One record step.
+    pub async fn record(&mut self) -> Recorded {
+        let infos = self.infos();
+        self.relay
+            .record(&mut self.client, &infos, self.network.max_message_bytes())
+            .await
+            .expect("a pass records")
+    }
+
+    /// Publishes, delivers every message to every replica that is live and
+    /// reachable, and brings back what they say.
+    pub async fn deliver(&mut self) -> usize {
+        self.relay
+            .publish(&self.client, &self.network)
+            .await
+            .expect("publishing");
+        let mut applied = 0;
+        for (id, unit) in &mut self.units {
+            if !unit.info.live || unit.cut {
+                continue;
+            }
+            for message in self.network.take(id) {
+                applied += 1;
+                if let Some(report) = run::replica::deliver(&mut unit.replica, &message).unwrap() {
+                    self.network.report(id, report);
+                }
+            }
+        }
+        self.heed().await;
+        applied
+    }
+
+    /// Hands what replicas said to the relay.
+    pub async fn heed(&mut self) {
+        let reports = self.network.reports();
+        run::server::heed(&self.relay, &self.client, reports)
+            .await
+            .expect("the relay heeds what replicas say");
+    }
+
+    /// Passes until nothing moves; returns the messages applied.
+    pub async fn sync(&mut self) -> usize {
+        let mut total = 0;
+        for _ in 0..20 {
+            let recorded = self.record().await;
+            let applied = self.deliver().await;
+            total += applied;
+            if recorded.messages == 0 && recorded.planned.notes == 0 && applied == 0 {
+                return total;
+            }
+        }
+        panic!("the fleet did not settle in 20 passes");
+    }
+
+    /// The invariant: every live replica the network reaches holds exactly
+    /// what the reference says it should, row for row, and no replica holds
+    /// a row without the rows it points at.
+    pub async fn check(&self) {
+        let mut problems = String::new();
+        for (id, unit) in &self.units {
+            orphans(self, unit, &mut problems);
+            if !unit.info.live || unit.cut {
+                continue;
+            }
+            let should = wanted(
+                &self.writer,
+                self.engine,
+                &self.catalog,
+                &wanted::Replica {
+                    id,
+                    partition: unit.info.partition.as_deref(),
+                },
+            )
+            .await;
+            for table in self.engine.down_tables() {
+                let server = server_rows(&self.writer, table).await;
+                let expected: BTreeMap<String, String> = should[table.name]
+                    .iter()
+                    .map(|k| (k.clone(), server.get(k).cloned().unwrap_or_default()))
+                    .collect();
+                let held = replica_rows(&unit.replica, table);
+                compare(id, table.name, &expected, &held, &mut problems);
+            }
+        }
+        assert!(problems.is_empty(), "the fleet diverged:\n{problems}");
+    }
+}
+
+/// A row as compared: its values but the columns the replica owns, as JSON.
+fn shown(table: &magic_sync::Table, values: &[Value]) -> String {
+    let kept: Vec<serde_json::Value> = table
+        .columns
+        .iter()
+        .zip(values)
+        .filter(|(c, _)| !table.owns(c.name))
+        .map(|(_, v)| v.to_json())
+        .collect();
+    serde_json::Value::Array(kept).to_string()
+}
+
+fn key_of(table: &magic_sync::Table, values: &[Value]) -> String {
+    let key: Vec<Value> = table
+        .key_positions()
+        .iter()
+        .map(|&i| values[i].clone())
+        .collect();
+    magic_sync::value::canonical_key(&key)
+}
+
+/// Every row of `table` on the server, by key.
+pub async fn server_rows(client: &Client, table: &magic_sync::Table) -> BTreeMap<String, String> {
+    let sql = format!(
+        "SELECT {} FROM {} a",
+        magic_sync::pg::select_list("a", table),
+        table.qualified()
+    );
+    client
+        .query(&sql, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| {
+            let values = magic_sync::pg::read_row(row, 0, table).unwrap();
+            (key_of(table, &values), shown(table, &values))
+        })
+        .collect()
+}
+
+/// Every live (not retired) row of `table` a replica holds, by key.
+pub fn replica_rows(replica: &Replica<'_>, table: &magic_sync::Table) -> BTreeMap<String, String> {
+    let cols: Vec<String> = table.columns.iter().map(|c| ident(c.name)).collect();
+    let live = table
+        .retired
+        .map(|r| format!(" WHERE {} IS NULL", ident(r)))
+        .unwrap_or_default();
+    let sql = format!("SELECT {} FROM {}{live}", cols.join(", "), ident(table.name));
+    let conn = replica.connection();
+    let mut stmt = conn.prepare(&sql).unwrap();
+    let rows = stmt
+        .query_map([], |row| {
+            let values = magic_sync::lite::read_row(row, 0, table).unwrap();
+            Ok((key_of(table, &values), shown(table, &values)))
+        })
+        .unwrap();
+    rows.map(Result::unwrap).collect()
+}
+
+fn compare(
+    replica: &str,
+    table: &str,
+    expected: &BTreeMap<String, String>,
+    held: &BTreeMap<String, String>,
+    problems: &mut String,
+) {
+    let want: BTreeSet<&String> = expected.keys().collect();
+    let have: BTreeSet<&String> = held.keys().collect();
+    for k in want.difference(&have) {
+        let _ = writeln!(problems, "  {replica} lacks {table} {k}");
+    }
+    for k in have.difference(&want) {
+        let _ = writeln!(problems, "  {replica} holds {table} {k}, which it should not");
+    }
+    for k in want.intersection(&have) {
+        if expected[*k] != held[*k] {
+            let _ = writeln!(
+                problems,
+                "  {replica} holds {table} {k} as {}, the server has {}",
+                held[*k], expected[*k]
+            );
+        }
+    }
+}
+
+/// Rows of the replica pointing at a row it does not hold.
+fn orphans(fleet: &Fleet, unit: &Unit, problems: &mut String) {
+    let conn = unit.replica.connection();
+    for fk in &fleet.catalog.foreign_keys {
+        let present: Vec<String> = fk
+            .child_columns
+            .iter()
+            .map(|c| format!("c.{} IS NOT NULL", ident(c)))
+            .collect();
+        let matches: Vec<String> = fk
+            .child_columns
+            .iter()
+            .zip(&fk.parent_columns)
+            .map(|(c, p)| format!("p.{} = c.{}", ident(p), ident(c)))
+            .collect();
+        let sql = format!(
+            "SELECT count(*) FROM {} c WHERE {} AND NOT EXISTS (SELECT 1 FROM {} p WHERE {})",
+            ident(fk.child),
+            present.join(" AND "),
+            ident(fk.parent),
+            matches.join(" AND ")
+        );
+        let n: i64 = conn.query_row(&sql, [], |r| r.get(0)).unwrap();
+        if n > 0 {
+            let _ = writeln!(
+                problems,
+                "  {} holds {n} row(s) of {} pointing at {} rows it lacks ({})",
+                unit.info.id, fk.child, fk.parent, fk.name
+            );
+        }
+    }
+}
+
+/// What a report says, for tests that look at acknowledgements.
+pub fn acked(report: &Report) -> Option<u64> {
+    match report {
+        Report::Applied(ack) => Some(ack.number),
+        Report::Gap(_) => None,
+    }
+}

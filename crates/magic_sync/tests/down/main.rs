@@ -1,0 +1,11 @@
+//! The down path end to end: a real PostgreSQL server, the relay, the
+//! in-process network, and replicas on real SQLite files. One binary, so the
+//! throwaway cluster starts once.
+
+mod fleet;
+#[path = "../foundation/shop.rs"]
+mod shop;
+#[path = "../foundation/wanted.rs"]
+mod wanted;
+
+mod scenarios;

@@ -1,0 +1,180 @@
+//! The down-path scenarios of SCENARIOS.md, each as a user would see it.
+
+use crate::fleet::{replica_rows, Fleet};
+use crate::shop::{Customer, Order, OrderLine, Product, Promotion};
+use magic_sync::Row;
+use std::collections::BTreeSet;
+
+/// A shop with two tills in the north and one in the south.
+pub const SHOP: &str = "
+    INSERT INTO products VALUES (1, 'tea', 2.5, 'B1'), (2, 'milk', 1, 'B2'), (3, 'jam', 4, NULL);
+    INSERT INTO customers VALUES (7, 'Ada'), (8, 'Bob'), (9, 'Cy');
+    INSERT INTO orders (id, unit_id, customer_id, placed_at) VALUES
+        (1, 'u1', 7, '2026-11-30 10:00:00+00'), (2, 'u2', 8, '2026-11-30 10:00:00+00'),
+        (3, 'u1', NULL, '2026-11-30 10:00:00+00');
+    INSERT INTO order_lines VALUES (1, 1, 1, 2), (1, 2, 2, 1), (2, 1, 3, 5);
+    INSERT INTO notices VALUES (1, 'north', 'early close'), (2, 'south', 'late open');
+    INSERT INTO promotions VALUES (10, 3, 15), (11, 2, 5);
+    INSERT INTO promotion_members VALUES (100, 10), (200, 11);
+    INSERT INTO unit_groups VALUES ('u1', 100), ('u2', 200);
+    INSERT INTO stock VALUES ('u1', 1, 5, NULL), ('u2', 2, 3, NULL);
+    INSERT INTO events VALUES ('north', 1, 'fair'), ('south', 2, 'market');
+    INSERT INTO logistics.shipments VALUES (1, 'north', 1, NULL), (2, 'north', 1, 1), (3, 'south', 2, NULL);
+";
+
+pub async fn shop() -> Fleet {
+    let mut fleet = Fleet::new(SHOP).await;
+    fleet.add("u1", Some("north"));
+    fleet.add("u2", Some("north"));
+    fleet.add("u3", Some("south"));
+    fleet.sync().await;
+    fleet.check().await;
+    fleet
+}
+
+fn keys(fleet: &mut Fleet, unit: &str, table: &magic_sync::Table) -> BTreeSet<String> {
+    replica_rows(&fleet.unit(unit).replica, table)
+        .into_keys()
+        .collect()
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+/// 1. A till made live receives its rules' rows, exactly the parents they
+/// point at, and nothing else.
+#[tokio::test]
+async fn provisioning_sends_a_till_its_rows_and_exactly_their_parents() {
+    let mut fleet = shop().await;
+    assert_eq!(keys(&mut fleet, "u1", &Product::TABLE), set(&["[1]", "[2]", "[3]"]));
+    assert_eq!(keys(&mut fleet, "u1", &Customer::TABLE), set(&["[7]"]));
+    assert_eq!(keys(&mut fleet, "u1", &Order::TABLE), set(&["[1]", "[3]"]));
+    assert_eq!(keys(&mut fleet, "u1", &OrderLine::TABLE), set(&["[1,1]", "[1,2]"]));
+    assert_eq!(keys(&mut fleet, "u1", &Promotion::TABLE), set(&["[10]"]));
+    assert_eq!(keys(&mut fleet, "u3", &Customer::TABLE), set(&[]));
+}
+
+/// 2. A new order arrives with the customer it points at, in one message.
+#[tokio::test]
+async fn a_parent_travels_with_its_child() {
+    let mut fleet = shop().await;
+    fleet
+        .write("INSERT INTO orders (id, unit_id, customer_id) VALUES (4, 'u1', 9)")
+        .await;
+    let recorded = fleet.record().await;
+    assert_eq!(recorded.messages, 1, "one message for u1: {recorded:?}");
+    fleet.deliver().await;
+    assert!(keys(&mut fleet, "u1", &Customer::TABLE).contains("[9]"));
+    fleet.check().await;
+}
+
+/// 3. Re-pointing: the new customer comes, the old one goes unless still needed.
+#[tokio::test]
+async fn a_repointed_order_brings_its_new_customer_and_lets_go_of_the_old() {
+    let mut fleet = shop().await;
+    fleet.write("UPDATE orders SET customer_id = 8 WHERE id = 1").await;
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(keys(&mut fleet, "u1", &Customer::TABLE), set(&["[8]"]));
+    // Another order of u1 keeps customer 8 when order 1 moves on.
+    fleet.write("UPDATE orders SET customer_id = 8 WHERE id = 3").await;
+    fleet.write("UPDATE orders SET customer_id = 9 WHERE id = 1").await;
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(keys(&mut fleet, "u1", &Customer::TABLE), set(&["[8]", "[9]"]));
+}
+
+/// 4. An order moving between tills takes its lines and customer along.
+#[tokio::test]
+async fn an_order_moving_between_tills_moves_with_its_lines_and_customer() {
+    let mut fleet = shop().await;
+    fleet.write("UPDATE orders SET unit_id = 'u3' WHERE id = 1").await;
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(keys(&mut fleet, "u1", &OrderLine::TABLE), set(&[]));
+    assert_eq!(keys(&mut fleet, "u1", &Customer::TABLE), set(&[]));
+    assert_eq!(keys(&mut fleet, "u3", &OrderLine::TABLE), set(&["[1,1]", "[1,2]"]));
+    assert_eq!(keys(&mut fleet, "u3", &Customer::TABLE), set(&["[7]"]));
+}
+
+/// 5. A line goes only where its order is.
+#[tokio::test]
+async fn a_follower_comes_and_goes_with_its_parent() {
+    let mut fleet = shop().await;
+    fleet.write("INSERT INTO order_lines VALUES (1, 3, 3, 1)").await;
+    fleet.sync().await;
+    fleet.check().await;
+    assert!(keys(&mut fleet, "u1", &OrderLine::TABLE).contains("[1,3]"));
+    assert!(!keys(&mut fleet, "u2", &OrderLine::TABLE).contains("[1,3]"));
+    fleet.write("DELETE FROM order_lines WHERE order_id = 1 AND line_no = 3").await;
+    fleet.sync().await;
+    fleet.check().await;
+}
+
+/// 6. A key change reaches every till whole.
+#[tokio::test]
+async fn a_key_change_leaves_no_line_pointing_at_the_old_key() {
+    let mut fleet = shop().await;
+    fleet.write("UPDATE products SET id = 100 WHERE id = 1").await;
+    fleet.sync().await;
+    fleet.check().await;
+    for u in ["u1", "u2", "u3"] {
+        let products = keys(&mut fleet, u, &Product::TABLE);
+        assert!(products.contains("[100]") && !products.contains("[1]"));
+    }
+}
+
+/// 7. Groups given and taken, members joining.
+#[tokio::test]
+async fn groups_bring_their_members_and_take_them_back() {
+    let mut fleet = shop().await;
+    fleet.write("INSERT INTO promotions VALUES (12, 1, 10); INSERT INTO promotion_members VALUES (100, 12)").await;
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(keys(&mut fleet, "u1", &Promotion::TABLE), set(&["[10]", "[12]"]));
+    fleet.write("INSERT INTO unit_groups VALUES ('u3', 100)").await;
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(keys(&mut fleet, "u3", &Promotion::TABLE), set(&["[10]", "[12]"]));
+    fleet.write("DELETE FROM unit_groups WHERE unit_id = 'u1'").await;
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(keys(&mut fleet, "u1", &Promotion::TABLE), set(&[]));
+}
+
+/// 8. A till moving partition is provisioned again, with the new region's rows.
+#[tokio::test]
+async fn a_till_moving_partition_is_provisioned_again() {
+    let mut fleet = shop().await;
+    fleet.move_to("u1", Some("south"));
+    let recorded = fleet.record().await;
+    assert_eq!(recorded.provisioned, vec!["u1".to_string()]);
+    fleet.deliver().await;
+    fleet.sync().await;
+    fleet.check().await;
+}
+
+/// 9. A till that leaves is forgotten; back, it is provisioned from scratch.
+#[tokio::test]
+async fn a_till_that_leaves_is_forgotten_and_provisioned_when_back() {
+    let mut fleet = shop().await;
+    fleet.set_live("u1", false);
+    let recorded = fleet.record().await;
+    assert_eq!(recorded.forgotten, vec!["u1".to_string()]);
+    let held: i64 = fleet
+        .client
+        .query_one("SELECT count(*) FROM sync.held WHERE replica = 'u1'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 0);
+    fleet.write("UPDATE products SET name = 'green tea' WHERE id = 1").await;
+    fleet.sync().await;
+    fleet.set_live("u1", true);
+    let recorded = fleet.record().await;
+    assert_eq!(recorded.provisioned, vec!["u1".to_string()]);
+    fleet.deliver().await;
+    fleet.sync().await;
+    fleet.check().await;
+}
