@@ -313,7 +313,7 @@ impl Relay {
             .map(|o| o.id.clone())
             .collect();
         let nothing = recorded.planned.sends == 0 && recorded.planned.deletes == 0;
-        if !(nothing && !any_fresh) {
+        if !nothing || any_fresh {
             let chains = observed
                 .live
                 .iter()
@@ -423,9 +423,12 @@ impl Relay {
             }
             for row in &rows {
                 let replicas: Vec<String> = row.get(0);
-                let values = crate::pg::read_row(row, 1, table).map_err(|e| Error::Invalid(
-                    format!("table `{}`: a row read from PostgreSQL does not fit its declaration: {e}", table.name),
-                ))?;
+                let values = crate::pg::read_row(row, 1, table).map_err(|e| {
+                    Error::Invalid(format!(
+                        "table `{}`: a row read from PostgreSQL does not fit its declaration: {e}",
+                        table.name
+                    ))
+                })?;
                 let key = canonical_key(
                     &key_positions
                         .iter()
@@ -523,7 +526,12 @@ impl Relay {
 
 /// The wire key of a key read back from the planner's tables.
 fn wire_key(table: &Table, json: serde_json::Value) -> Result<String> {
-    let bad = |why: String| Error::Invalid(format!("table `{}`: recorded key {json}: {why}", table.name));
+    let bad = |why: String| {
+        Error::Invalid(format!(
+            "table `{}`: recorded key {json}: {why}",
+            table.name
+        ))
+    };
     let serde_json::Value::Array(items) = json.clone() else {
         return Err(bad("not an array".into()));
     };
@@ -535,7 +543,9 @@ fn wire_key(table: &Table, json: serde_json::Value) -> Result<String> {
         let kind = table.column(name).map_or(Kind::Text, |c| c.kind);
         let item = match (kind, item) {
             // PostgreSQL writes numerics as JSON numbers; they travel as text.
-            (Kind::Numeric, serde_json::Value::Number(n)) => serde_json::Value::String(n.to_string()),
+            (Kind::Numeric, serde_json::Value::Number(n)) => {
+                serde_json::Value::String(n.to_string())
+            }
             (_, item) => item,
         };
         values.push(Value::from_json(kind, item).map_err(|e| bad(e.to_string()))?);
@@ -600,7 +610,9 @@ async fn observe(tx: &Transaction<'_>, replicas: &[ReplicaInfo]) -> Result<Obser
     let mut seen = HashSet::new();
     for r in replicas {
         if r.id.is_empty() {
-            return Err(Error::Invalid("the host lists a replica with an empty id".into()));
+            return Err(Error::Invalid(
+                "the host lists a replica with an empty id".into(),
+            ));
         }
         if !seen.insert(r.id.as_str()) {
             return Err(Error::Invalid(format!(
@@ -675,7 +687,11 @@ async fn observe(tx: &Transaction<'_>, replicas: &[ReplicaInfo]) -> Result<Obser
         .collect();
     // A replica provisioned from scratch holds nothing and is owed nothing
     // until the snapshot is written: forget its record and its outbox.
-    let mut clear: Vec<String> = live.iter().filter(|o| o.fresh).map(|o| o.id.clone()).collect();
+    let mut clear: Vec<String> = live
+        .iter()
+        .filter(|o| o.fresh)
+        .map(|o| o.id.clone())
+        .collect();
     clear.extend(forget.iter().cloned());
     if !clear.is_empty() {
         tx.execute("DELETE FROM sync.held WHERE replica = ANY($1)", &[&clear])

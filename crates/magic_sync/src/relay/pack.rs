@@ -11,7 +11,9 @@
 //! A message never ends between a table's upserts and its deletes (a unique
 //! value moving from one row to another needs both in one transaction), nor
 //! inside a table that points at itself (its rows are not ordered parents
-//! first). Everything else may be split wherever the size limit says.
+//! first). Everything else may be split wherever the size limit says. Inside
+//! one message, which a replica applies in one transaction, the deletes go
+//! first (children's tables first), then the upserts (parents' first).
 
 use crate::envelope::{to_replica::Body, Down, EndSnapshot, RowData, TableRows};
 use std::collections::{HashMap, HashSet};
@@ -25,7 +27,10 @@ pub(crate) struct Packed {
 
 #[derive(Debug, Default)]
 struct Open {
-    down: Down,
+    /// Rows to let go of, children's tables first.
+    deletes: Vec<TableRows>,
+    /// Rows to hold, parents' tables first.
+    upserts: Vec<TableRows>,
     bytes: usize,
     /// Tables the message may not end inside of.
     spans: HashSet<&'static str>,
@@ -69,7 +74,7 @@ impl Packer {
         let protect = self.both.contains(&(replica.to_string(), table))
             || self.self_referencing.contains(table);
         let open = self.make_room(replica, size);
-        entry(&mut open.down, table).upserts.push(row);
+        entry(&mut open.upserts, table).upserts.push(row);
         open.bytes += size;
         if protect {
             open.spans.insert(table);
@@ -81,7 +86,7 @@ impl Packer {
         let size = key.len() + FIELD;
         let protect = self.self_referencing.contains(table);
         let open = self.make_room(replica, size);
-        entry(&mut open.down, table).deletes.push(key);
+        entry(&mut open.deletes, table).deletes.push(key);
         open.bytes += size;
         if protect {
             open.spans.insert(table);
@@ -107,9 +112,10 @@ impl Packer {
     /// The open message of `replica`, ended first when `size` more bytes
     /// would take it past the limit and it may end here.
     fn make_room(&mut self, replica: &str, size: usize) -> &mut Open {
-        let full = self.open.get(replica).is_some_and(|o| {
-            !o.down.tables.is_empty() && o.spans.is_empty() && o.bytes + size > self.limit
-        });
+        let full = self
+            .open
+            .get(replica)
+            .is_some_and(|o| o.bytes > 0 && o.spans.is_empty() && o.bytes + size > self.limit);
         if full {
             self.end(replica);
         }
@@ -121,10 +127,16 @@ impl Packer {
         let Some(open) = self.open.get_mut(replica) else {
             return;
         };
-        if open.down.tables.is_empty() {
+        if open.bytes == 0 {
             return;
         }
-        let down = std::mem::take(&mut open.down);
+        // Within one message (one transaction on the replica) every delete
+        // goes first, children's first, so a row let go of is not kept for a
+        // child that goes in the same message, and a unique value it held is
+        // free for the upserts that follow.
+        let mut tables = std::mem::take(&mut open.deletes);
+        tables.append(&mut open.upserts);
+        let down = Down { tables };
         open.bytes = 0;
         self.push(replica, Body::Down(down));
     }
@@ -165,18 +177,18 @@ impl Packer {
     }
 }
 
-fn entry<'d>(down: &'d mut Down, table: &str) -> &'d mut TableRows {
-    let i = match down.tables.iter().position(|t| t.table == table) {
+fn entry<'d>(tables: &'d mut Vec<TableRows>, table: &str) -> &'d mut TableRows {
+    let i = match tables.iter().position(|t| t.table == table) {
         Some(i) => i,
         None => {
-            down.tables.push(TableRows {
+            tables.push(TableRows {
                 table: table.to_string(),
                 ..Default::default()
             });
-            down.tables.len() - 1
+            tables.len() - 1
         }
     };
-    &mut down.tables[i]
+    &mut tables[i]
 }
 
 #[cfg(test)]
@@ -234,8 +246,8 @@ mod tests {
         p.end_all();
         let downs = bodies(&mut p);
         assert_eq!(downs.len(), 2);
-        assert_eq!(downs[0].tables[0].upserts.len(), 10);
         assert_eq!(downs[0].tables[0].deletes, vec![b"[99]".to_vec()]);
+        assert_eq!(downs[0].tables[1].upserts.len(), 10, "the deletes go first");
     }
 
     #[test]
@@ -250,7 +262,10 @@ mod tests {
             .iter()
             .map(|m| {
                 let body = ToReplica::decode(m.body.as_slice()).unwrap().body;
-                (m.replica.as_str(), matches!(body, Some(Body::EndSnapshot(_))))
+                (
+                    m.replica.as_str(),
+                    matches!(body, Some(Body::EndSnapshot(_))),
+                )
             })
             .collect();
         assert_eq!(order, [("u2", false), ("u2", true), ("u1", false)]);

@@ -401,8 +401,8 @@ impl Planner<'_, '_> {
         let mut kept = 0;
         if incremental {
             kept += self
-            .run(&format!(
-                "INSERT INTO _ms_k (r, t, k, round, held)
+                .run(&format!(
+                    "INSERT INTO _ms_k (r, t, k, round, held)
                  SELECT r.r, {t}, c.k, 0, false
                  FROM (SELECT k FROM _ms_touched WHERE t = {t}
                        UNION SELECT k FROM _ms_grant WHERE t = {t}) c
@@ -411,10 +411,10 @@ impl Planner<'_, '_> {
                  WHERE NOT EXISTS (SELECT 1 FROM sync.held h
                                    WHERE h.replica = r.r AND h.table_name = {t} AND h.key = c.k)
                  ON CONFLICT DO NOTHING",
-                rel = shape.relation,
-                m = key_match("a", shape, "c.k"),
-            ))
-            .await?;
+                    rel = shape.relation,
+                    m = key_match("a", shape, "c.k"),
+                ))
+                .await?;
         }
         if fresh {
             kept += self

@@ -130,6 +130,10 @@ impl<'a> Pass<'a> {
                     still.push((ready, clash));
                 }
             }
+            if still.len() == before && self.naming && self.let_go_of_stale(sql, &still)? {
+                waiting = still;
+                continue;
+            }
             if still.len() == before {
                 for (ready, clash) in still {
                     let canonical = Some(ready.canonical.as_str());
@@ -145,6 +149,56 @@ impl<'a> Pass<'a> {
             waiting = still;
         }
         Ok(())
+    }
+
+    /// During a snapshot, lets go of the rows the waiting rows clash with
+    /// that the snapshot has not named: what the replica held before the
+    /// snapshot, which its end would let go of anyway, cannot hold back the
+    /// server's current rows. Returns whether any row went.
+    fn let_go_of_stale(
+        &mut self,
+        sql: &TableSql,
+        waiting: &[(Ready<'_>, rusqlite::Error)],
+    ) -> Result<bool> {
+        let table = sql.table;
+        let mut stale: Vec<Vec<Value>> = Vec::new();
+        for (ready, clash) in waiting {
+            let columns = clash_columns(table, clash);
+            if columns.is_empty() {
+                continue;
+            }
+            let mut filter: Vec<String> = columns
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| format!("{} = ?{}", crate::sql::ident(table.columns[c].name), i + 1))
+                .collect();
+            // A row kept retired for the replica's own records stays: the
+            // clash is then refused, and said.
+            if let Some(retired) = table.retired {
+                filter.push(format!("{} IS NULL", crate::sql::ident(retired)));
+            }
+            let keys: Vec<String> = table.key.iter().map(|k| crate::sql::ident(k)).collect();
+            let query = format!(
+                "SELECT {} FROM {} WHERE {}",
+                keys.join(", "),
+                crate::sql::ident(table.name),
+                filter.join(" AND ")
+            );
+            let params: Vec<&Lite> = columns.iter().map(|&c| &ready.values[c]).collect();
+            let mut stmt = self.conn.prepare(&query)?;
+            let mut rows = stmt.query(params_from_iter(params))?;
+            while let Some(row) = rows.next()? {
+                let key = key::read(table, row)?;
+                if !state::is_named(self.conn, table.name, &key::canonical(&key))? {
+                    stale.push(key);
+                }
+            }
+        }
+        let any = !stale.is_empty();
+        for key in stale {
+            self.let_go(sql, &key)?;
+        }
+        Ok(any)
     }
 
     /// Decodes a row and checks its key; `None` when it was refused.
@@ -338,4 +392,18 @@ fn is_unique_clash(e: &rusqlite::Error) -> bool {
         rusqlite::Error::SqliteFailure(f, _)
             if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
     )
+}
+
+/// The positions of the columns a unique clash names (SQLite says
+/// "UNIQUE constraint failed: products.barcode, products.shelf").
+fn clash_columns(table: &crate::row::Table, clash: &rusqlite::Error) -> Vec<usize> {
+    let text = clash.to_string();
+    let Some((_, list)) = text.split_once("UNIQUE constraint failed: ") else {
+        return Vec::new();
+    };
+    list.split(", ")
+        .filter_map(|qualified| qualified.rsplit_once('.').map(|(_, c)| c.trim()))
+        .map(|c| table.columns.iter().position(|col| col.name == c))
+        .collect::<Option<Vec<usize>>>()
+        .unwrap_or_default()
 }

@@ -16,10 +16,12 @@
 //! - A row that cannot be taken (a table the replica does not have, a row
 //!   that does not decode, a value SQLite refuses) is recorded as refused with
 //!   the reason and the message's number, and the rest of the message applies.
-//! - A delete deletes the row, unless a row of the replica still points at it
-//!   through one of the foreign keys given to [`Replica::open`]: then the row
-//!   is retired (its retired column set to the message number), if its table
-//!   has a retired column.
+//! - A delete deletes the row, unless one of the replica's own records (a row
+//!   of an up table) still points at it through one of the foreign keys given
+//!   to [`Replica::open`]: then the row is retired (its retired column set to
+//!   the message number), if its table has a retired column. Rows the server
+//!   sent that point at it are the server's to let go of or re-point, which
+//!   it does in the same message or an earlier one.
 //! - After the message commits, retired rows nothing points at any more are
 //!   purged, children first, in a transaction of their own.
 //!

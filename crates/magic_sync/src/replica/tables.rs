@@ -175,10 +175,25 @@ pub(crate) struct Tables {
 
 impl Tables {
     /// The statements of every table in `tables` that goes down.
+    ///
+    /// A row let go of is kept (retired) only for the replica's own records:
+    /// rows of its up tables pointing at it. Rows the server sent that point
+    /// at it are the server's to let go of or re-point, and it does so in the
+    /// same message or an earlier one.
     pub fn new(tables: impl Iterator<Item = &'static Table>, foreign_keys: &[ForeignKey]) -> Self {
-        let tables: Vec<TableSql> = tables
+        let all: Vec<&'static Table> = tables.collect();
+        let own: Vec<ForeignKey> = foreign_keys
+            .iter()
+            .filter(|fk| {
+                all.iter()
+                    .any(|t| t.name == fk.child && t.mirror == crate::row::Mirror::Up)
+            })
+            .cloned()
+            .collect();
+        let tables: Vec<TableSql> = all
+            .into_iter()
             .filter(|t| t.mirror.goes_down())
-            .map(|t| TableSql::new(t, foreign_keys))
+            .map(|t| TableSql::new(t, &own))
             .collect();
         let by_name = tables
             .iter()

@@ -8,7 +8,7 @@ use crate::wanted::{self, wanted};
 use magic_sync::catalog::Catalog;
 use magic_sync::relay::{Recorded, Relay, ReplicaInfo, Settings};
 use magic_sync::replica::{self, Replica};
-use magic_sync::run::{self, memory::Network, Report};
+use magic_sync::run::{self, memory::Network};
 use magic_sync::sql::ident;
 use magic_sync::{Engine, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -19,7 +19,6 @@ use tokio_postgres::Client;
 pub struct Unit {
     pub info: ReplicaInfo,
     pub replica: Replica<'static>,
-    pub path: std::path::PathBuf,
     /// Cut off by the network: sends fail, its messages wait in the outbox.
     pub cut: bool,
 }
@@ -50,7 +49,10 @@ impl Fleet {
     pub async fn with(rows: &str, max_message: usize) -> Fleet {
         let (db, writer) = shop::installed().await;
         if !rows.is_empty() {
-            writer.batch_execute(rows).await.expect("the fixture's rows");
+            writer
+                .batch_execute(rows)
+                .await
+                .expect("the fixture's rows");
         }
         let client = db.connect().await;
         client.batch_execute("SET TIME ZONE 'UTC'").await.unwrap();
@@ -58,7 +60,10 @@ impl Fleet {
         let relay = Relay::new(&client, engine.clone(), Settings::default())
             .await
             .expect("the relay starts");
-        assert!(Relay::lock(&client).await.unwrap(), "the relay takes its lock");
+        assert!(
+            Relay::lock(&client).await.unwrap(),
+            "the relay takes its lock"
+        );
         let catalog = Catalog::read(&client, engine).await.unwrap();
         Fleet {
             db,
@@ -95,12 +100,18 @@ impl Fleet {
 
     pub fn add_at(&mut self, id: &str, partition: Option<&str>, path: std::path::PathBuf) {
         let replica = Replica::open(&path, id, self.engine, self.foreign_keys()).unwrap();
+        // As on the server, a barcode belongs to one product at a time.
+        replica
+            .connection()
+            .execute_batch(
+                "CREATE UNIQUE INDEX IF NOT EXISTS products_barcode ON products (barcode)",
+            )
+            .unwrap();
         self.units.insert(
             id.to_string(),
             Unit {
                 info: ReplicaInfo::live(id, partition),
                 replica,
-                path,
                 cut: false,
             },
         );
@@ -191,12 +202,34 @@ impl Fleet {
     /// The invariant: every live replica the network reaches holds exactly
     /// what the reference says it should, row for row, and no replica holds
     /// a row without the rows it points at.
+    /// No replica holds a row without the rows it points at.
+    pub fn check_orphans(&self) {
+        let mut problems = String::new();
+        for unit in self.units.values() {
+            orphans(self, unit, &mut problems);
+        }
+        assert!(
+            problems.is_empty(),
+            "a replica holds rows without their parents:\n{problems}"
+        );
+    }
+
     pub async fn check(&self) {
         let mut problems = String::new();
         for (id, unit) in &self.units {
             orphans(self, unit, &mut problems);
             if !unit.info.live || unit.cut {
                 continue;
+            }
+            for refused in unit.replica.refused().unwrap() {
+                let _ = writeln!(
+                    problems,
+                    "  {id} refused {} {} from message {}: {}",
+                    refused.table,
+                    String::from_utf8_lossy(&refused.key),
+                    refused.number,
+                    refused.reason
+                );
             }
             let should = wanted(
                 &self.writer,
@@ -269,7 +302,11 @@ pub fn replica_rows(replica: &Replica<'_>, table: &magic_sync::Table) -> BTreeMa
         .retired
         .map(|r| format!(" WHERE {} IS NULL", ident(r)))
         .unwrap_or_default();
-    let sql = format!("SELECT {} FROM {}{live}", cols.join(", "), ident(table.name));
+    let sql = format!(
+        "SELECT {} FROM {}{live}",
+        cols.join(", "),
+        ident(table.name)
+    );
     let conn = replica.connection();
     let mut stmt = conn.prepare(&sql).unwrap();
     let rows = stmt
@@ -294,7 +331,10 @@ fn compare(
         let _ = writeln!(problems, "  {replica} lacks {table} {k}");
     }
     for k in have.difference(&want) {
-        let _ = writeln!(problems, "  {replica} holds {table} {k}, which it should not");
+        let _ = writeln!(
+            problems,
+            "  {replica} holds {table} {k}, which it should not"
+        );
     }
     for k in want.intersection(&have) {
         if expected[*k] != held[*k] {
@@ -337,13 +377,5 @@ fn orphans(fleet: &Fleet, unit: &Unit, problems: &mut String) {
                 unit.info.id, fk.child, fk.parent, fk.name
             );
         }
-    }
-}
-
-/// What a report says, for tests that look at acknowledgements.
-pub fn acked(report: &Report) -> Option<u64> {
-    match report {
-        Report::Applied(ack) => Some(ack.number),
-        Report::Gap(_) => None,
     }
 }

@@ -8,4 +8,6 @@ mod shop;
 #[path = "../foundation/wanted.rs"]
 mod wanted;
 
+mod relay;
 mod scenarios;
+mod walk;

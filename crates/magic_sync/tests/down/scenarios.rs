@@ -47,10 +47,16 @@ fn set(items: &[&str]) -> BTreeSet<String> {
 #[tokio::test]
 async fn provisioning_sends_a_till_its_rows_and_exactly_their_parents() {
     let mut fleet = shop().await;
-    assert_eq!(keys(&mut fleet, "u1", &Product::TABLE), set(&["[1]", "[2]", "[3]"]));
+    assert_eq!(
+        keys(&mut fleet, "u1", &Product::TABLE),
+        set(&["[1]", "[2]", "[3]"])
+    );
     assert_eq!(keys(&mut fleet, "u1", &Customer::TABLE), set(&["[7]"]));
     assert_eq!(keys(&mut fleet, "u1", &Order::TABLE), set(&["[1]", "[3]"]));
-    assert_eq!(keys(&mut fleet, "u1", &OrderLine::TABLE), set(&["[1,1]", "[1,2]"]));
+    assert_eq!(
+        keys(&mut fleet, "u1", &OrderLine::TABLE),
+        set(&["[1,1]", "[1,2]"])
+    );
     assert_eq!(keys(&mut fleet, "u1", &Promotion::TABLE), set(&["[10]"]));
     assert_eq!(keys(&mut fleet, "u3", &Customer::TABLE), set(&[]));
 }
@@ -73,28 +79,42 @@ async fn a_parent_travels_with_its_child() {
 #[tokio::test]
 async fn a_repointed_order_brings_its_new_customer_and_lets_go_of_the_old() {
     let mut fleet = shop().await;
-    fleet.write("UPDATE orders SET customer_id = 8 WHERE id = 1").await;
+    fleet
+        .write("UPDATE orders SET customer_id = 8 WHERE id = 1")
+        .await;
     fleet.sync().await;
     fleet.check().await;
     assert_eq!(keys(&mut fleet, "u1", &Customer::TABLE), set(&["[8]"]));
     // Another order of u1 keeps customer 8 when order 1 moves on.
-    fleet.write("UPDATE orders SET customer_id = 8 WHERE id = 3").await;
-    fleet.write("UPDATE orders SET customer_id = 9 WHERE id = 1").await;
+    fleet
+        .write("UPDATE orders SET customer_id = 8 WHERE id = 3")
+        .await;
+    fleet
+        .write("UPDATE orders SET customer_id = 9 WHERE id = 1")
+        .await;
     fleet.sync().await;
     fleet.check().await;
-    assert_eq!(keys(&mut fleet, "u1", &Customer::TABLE), set(&["[8]", "[9]"]));
+    assert_eq!(
+        keys(&mut fleet, "u1", &Customer::TABLE),
+        set(&["[8]", "[9]"])
+    );
 }
 
 /// 4. An order moving between tills takes its lines and customer along.
 #[tokio::test]
 async fn an_order_moving_between_tills_moves_with_its_lines_and_customer() {
     let mut fleet = shop().await;
-    fleet.write("UPDATE orders SET unit_id = 'u3' WHERE id = 1").await;
+    fleet
+        .write("UPDATE orders SET unit_id = 'u3' WHERE id = 1")
+        .await;
     fleet.sync().await;
     fleet.check().await;
     assert_eq!(keys(&mut fleet, "u1", &OrderLine::TABLE), set(&[]));
     assert_eq!(keys(&mut fleet, "u1", &Customer::TABLE), set(&[]));
-    assert_eq!(keys(&mut fleet, "u3", &OrderLine::TABLE), set(&["[1,1]", "[1,2]"]));
+    assert_eq!(
+        keys(&mut fleet, "u3", &OrderLine::TABLE),
+        set(&["[1,1]", "[1,2]"])
+    );
     assert_eq!(keys(&mut fleet, "u3", &Customer::TABLE), set(&["[7]"]));
 }
 
@@ -102,12 +122,16 @@ async fn an_order_moving_between_tills_moves_with_its_lines_and_customer() {
 #[tokio::test]
 async fn a_follower_comes_and_goes_with_its_parent() {
     let mut fleet = shop().await;
-    fleet.write("INSERT INTO order_lines VALUES (1, 3, 3, 1)").await;
+    fleet
+        .write("INSERT INTO order_lines VALUES (1, 3, 3, 1)")
+        .await;
     fleet.sync().await;
     fleet.check().await;
     assert!(keys(&mut fleet, "u1", &OrderLine::TABLE).contains("[1,3]"));
     assert!(!keys(&mut fleet, "u2", &OrderLine::TABLE).contains("[1,3]"));
-    fleet.write("DELETE FROM order_lines WHERE order_id = 1 AND line_no = 3").await;
+    fleet
+        .write("DELETE FROM order_lines WHERE order_id = 1 AND line_no = 3")
+        .await;
     fleet.sync().await;
     fleet.check().await;
 }
@@ -116,7 +140,9 @@ async fn a_follower_comes_and_goes_with_its_parent() {
 #[tokio::test]
 async fn a_key_change_leaves_no_line_pointing_at_the_old_key() {
     let mut fleet = shop().await;
-    fleet.write("UPDATE products SET id = 100 WHERE id = 1").await;
+    fleet
+        .write("UPDATE products SET id = 100 WHERE id = 1")
+        .await;
     fleet.sync().await;
     fleet.check().await;
     for u in ["u1", "u2", "u3"] {
@@ -132,12 +158,22 @@ async fn groups_bring_their_members_and_take_them_back() {
     fleet.write("INSERT INTO promotions VALUES (12, 1, 10); INSERT INTO promotion_members VALUES (100, 12)").await;
     fleet.sync().await;
     fleet.check().await;
-    assert_eq!(keys(&mut fleet, "u1", &Promotion::TABLE), set(&["[10]", "[12]"]));
-    fleet.write("INSERT INTO unit_groups VALUES ('u3', 100)").await;
+    assert_eq!(
+        keys(&mut fleet, "u1", &Promotion::TABLE),
+        set(&["[10]", "[12]"])
+    );
+    fleet
+        .write("INSERT INTO unit_groups VALUES ('u3', 100)")
+        .await;
     fleet.sync().await;
     fleet.check().await;
-    assert_eq!(keys(&mut fleet, "u3", &Promotion::TABLE), set(&["[10]", "[12]"]));
-    fleet.write("DELETE FROM unit_groups WHERE unit_id = 'u1'").await;
+    assert_eq!(
+        keys(&mut fleet, "u3", &Promotion::TABLE),
+        set(&["[10]", "[12]"])
+    );
+    fleet
+        .write("DELETE FROM unit_groups WHERE unit_id = 'u1'")
+        .await;
     fleet.sync().await;
     fleet.check().await;
     assert_eq!(keys(&mut fleet, "u1", &Promotion::TABLE), set(&[]));
@@ -169,12 +205,246 @@ async fn a_till_that_leaves_is_forgotten_and_provisioned_when_back() {
         .unwrap()
         .get(0);
     assert_eq!(held, 0);
-    fleet.write("UPDATE products SET name = 'green tea' WHERE id = 1").await;
+    fleet
+        .write("UPDATE products SET name = 'green tea' WHERE id = 1")
+        .await;
     fleet.sync().await;
     fleet.set_live("u1", true);
     let recorded = fleet.record().await;
     assert_eq!(recorded.provisioned, vec!["u1".to_string()]);
     fleet.deliver().await;
+    fleet.sync().await;
+    fleet.check().await;
+}
+
+/// 10. A transaction that took its note's number before a plan read past it,
+/// and committed after, is still planned.
+#[tokio::test]
+async fn a_late_commit_is_never_missed() {
+    let mut fleet = shop().await;
+    let late = fleet.db.connect().await;
+    late.batch_execute("BEGIN; INSERT INTO orders (id, unit_id, customer_id) VALUES (50, 'u1', 9)")
+        .await
+        .unwrap();
+    fleet
+        .write("UPDATE products SET name = 'green tea' WHERE id = 1")
+        .await;
+    fleet.sync().await;
+    assert!(!keys(&mut fleet, "u1", &Order::TABLE).contains("[50]"));
+    late.batch_execute("COMMIT").await.unwrap();
+    fleet.sync().await;
+    fleet.check().await;
+    assert!(keys(&mut fleet, "u1", &Order::TABLE).contains("[50]"));
+    assert!(keys(&mut fleet, "u1", &Customer::TABLE).contains("[9]"));
+}
+
+/// 11. Whatever message a till applied last, the version of an order it
+/// holds has its customer, while the order is re-pointed twice.
+#[tokio::test]
+async fn a_held_version_keeps_its_parents_until_the_next_one_lands() {
+    let mut fleet = shop().await;
+    fleet.cut("u1", true);
+    fleet
+        .write("UPDATE orders SET customer_id = 8 WHERE id = 1")
+        .await;
+    fleet.record().await;
+    fleet.deliver().await;
+    fleet
+        .write("UPDATE orders SET customer_id = 9 WHERE id = 1")
+        .await;
+    fleet.record().await;
+    fleet.deliver().await;
+    fleet.cut("u1", false);
+    fleet
+        .relay
+        .publish(&fleet.client, &fleet.network)
+        .await
+        .unwrap();
+    let waiting = fleet.network.take("u1");
+    assert!(waiting.len() >= 2, "both passes wrote u1 a message");
+    for message in waiting {
+        magic_sync::run::replica::deliver(&mut fleet.unit("u1").replica, &message).unwrap();
+        fleet.check_orphans();
+    }
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(keys(&mut fleet, "u1", &Customer::TABLE), set(&["[9]"]));
+}
+
+/// 12. A message delivered twice changes nothing; one that skips a number
+/// opens a gap, and the till is provisioned again.
+#[tokio::test]
+async fn twice_is_once_and_a_gap_brings_a_snapshot() {
+    let mut fleet = shop().await;
+    fleet
+        .write("UPDATE products SET name = 'green tea' WHERE id = 1")
+        .await;
+    fleet.record().await;
+    fleet
+        .relay
+        .publish(&fleet.client, &fleet.network)
+        .await
+        .unwrap();
+    let message = fleet.network.take("u1").pop().unwrap();
+    let replica = &mut fleet.unit("u1").replica;
+    let first = replica.apply(&message).unwrap();
+    assert!(matches!(
+        first,
+        magic_sync::replica::Outcome::Applied { .. }
+    ));
+    let before = replica_rows(replica, &Product::TABLE);
+    let second = replica.apply(&message).unwrap();
+    assert!(matches!(
+        second,
+        magic_sync::replica::Outcome::Duplicate { .. }
+    ));
+    assert_eq!(replica_rows(replica, &Product::TABLE), before);
+    fleet.deliver().await;
+
+    // Two changes; the first message to u1 is lost on the way.
+    fleet
+        .write("UPDATE products SET name = 'black tea' WHERE id = 1")
+        .await;
+    fleet.record().await;
+    fleet
+        .relay
+        .publish(&fleet.client, &fleet.network)
+        .await
+        .unwrap();
+    let lost = fleet.network.take("u1");
+    assert_eq!(lost.len(), 1);
+    fleet
+        .write("UPDATE products SET name = 'white tea' WHERE id = 1")
+        .await;
+    fleet.record().await;
+    fleet
+        .relay
+        .publish(&fleet.client, &fleet.network)
+        .await
+        .unwrap();
+    let next = fleet.network.take("u1").pop().unwrap();
+    let outcome = magic_sync::run::replica::deliver(&mut fleet.unit("u1").replica, &next).unwrap();
+    let Some(magic_sync::run::Report::Gap(gap)) = outcome else {
+        panic!("expected a gap, got {outcome:?}");
+    };
+    fleet
+        .network
+        .report("u1", magic_sync::run::Report::Gap(gap));
+    fleet.heed().await;
+    let recorded = fleet.record().await;
+    assert_eq!(recorded.provisioned, vec!["u1".to_string()]);
+    fleet.deliver().await;
+    fleet.sync().await;
+    fleet.check().await;
+}
+
+/// 13. A barcode moving from one product to another applies on a till that
+/// keeps barcodes unique.
+#[tokio::test]
+async fn a_unique_value_moving_between_rows_applies_in_one_message() {
+    let mut fleet = shop().await;
+    // Every till of the fleet keeps barcodes unique, as the server does.
+    fleet
+        .write("BEGIN; UPDATE products SET barcode = NULL WHERE id = 1; UPDATE products SET barcode = 'B1' WHERE id = 2; COMMIT;")
+        .await;
+    fleet.sync().await;
+    fleet.check().await;
+    for u in ["u1", "u2", "u3"] {
+        assert!(
+            fleet.unit(u).replica.refused().unwrap().is_empty(),
+            "{u} refused nothing"
+        );
+    }
+    // Product 2 goes, and a new product takes its barcode, in one transaction.
+    fleet.write("BEGIN; DELETE FROM promotions WHERE product_id = 2; DELETE FROM order_lines WHERE product_id = 2; DELETE FROM stock WHERE product_id = 2; DELETE FROM products WHERE id = 2; INSERT INTO products VALUES (4, 'oat milk', 2, 'B1'); COMMIT;").await;
+    fleet.sync().await;
+    fleet.check().await;
+    for u in ["u1", "u2", "u3"] {
+        assert!(
+            fleet.unit(u).replica.refused().unwrap().is_empty(),
+            "{u} refused nothing"
+        );
+    }
+}
+
+/// 14. A till's own sale keeps the customer the server takes back: retired,
+/// then purged once the sale is gone.
+#[tokio::test]
+async fn a_sale_keeps_its_customer_until_it_goes() {
+    let mut fleet = shop().await;
+    fleet
+        .unit("u1")
+        .replica
+        .connection()
+        .execute_batch("INSERT INTO sales (id, unit_id, customer_id, total, version) VALUES ('s1', 'u1', 7, '9.50', 1)")
+        .unwrap();
+    fleet
+        .write("UPDATE orders SET customer_id = NULL WHERE id = 1")
+        .await;
+    fleet.sync().await;
+    fleet.check().await;
+    let conn = fleet.unit("u1").replica.connection();
+    let retired: Option<i64> = conn
+        .query_row("SELECT retired FROM customers WHERE id = 7", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert!(retired.is_some(), "customer 7 is retired, not deleted");
+    conn.execute_batch("DELETE FROM sales WHERE id = 's1'")
+        .unwrap();
+    assert_eq!(fleet.unit("u1").replica.purge().unwrap(), 1);
+    let left: i64 = fleet
+        .unit("u1")
+        .replica
+        .connection()
+        .query_row("SELECT count(*) FROM customers", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(left, 0);
+}
+
+/// 15. A change every till gets is one stored body, under each till's head.
+#[tokio::test]
+async fn the_same_rows_for_many_tills_are_stored_once() {
+    let mut fleet = shop().await;
+    fleet
+        .write("UPDATE products SET price = 3 WHERE id = 1")
+        .await;
+    fleet.record().await;
+    let row = fleet
+        .client
+        .query_one(
+            "SELECT count(*), count(DISTINCT body), (SELECT count(*) FROM sync.bodies) FROM sync.outbox",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (messages, bodies, stored): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!((messages, bodies, stored), (3, 1, 1));
+    fleet.deliver().await;
+    let left: i64 = fleet
+        .client
+        .query_one("SELECT count(*) FROM sync.bodies", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "bodies go once no message carries them");
+    fleet.check().await;
+}
+
+/// A till back after a while is provisioned over what it still holds: a
+/// barcode that moved to another row meanwhile does not hold back the
+/// snapshot (the stale row goes early instead of at the snapshot's end).
+#[tokio::test]
+async fn a_snapshot_over_stale_rows_moves_their_unique_values() {
+    let mut fleet = shop().await;
+    fleet.set_live("u1", false);
+    fleet.sync().await;
+    fleet
+        .write("UPDATE products SET id = 100 WHERE id = 1")
+        .await;
+    fleet.write("BEGIN; UPDATE products SET barcode = NULL WHERE id = 2; UPDATE products SET barcode = 'B2' WHERE id = 3; COMMIT;").await;
+    fleet.sync().await;
+    fleet.set_live("u1", true);
     fleet.sync().await;
     fleet.check().await;
 }

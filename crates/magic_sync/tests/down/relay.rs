@@ -1,0 +1,270 @@
+//! The relay's own promises: seals, replicas out of reach, provisioning
+//! equal to keeping up, and the runners end to end.
+
+use crate::fleet::{replica_rows, Fleet};
+use crate::scenarios::{shop, SHOP};
+use magic_sync::envelope::Ack;
+use magic_sync::relay::{Acknowledged, ReplicaInfo, Replicas, Settings};
+use magic_sync::run::memory::Network;
+use magic_sync::Error;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+async fn last_ack(fleet: &mut Fleet, unit: &str) -> Ack {
+    fleet
+        .unit(unit)
+        .replica
+        .ack()
+        .expect("the till applied something")
+}
+
+#[tokio::test]
+async fn an_acknowledgement_under_a_forged_seal_is_refused_and_changes_nothing() {
+    let mut fleet = shop().await;
+    let mut ack = last_ack(&mut fleet, "u1").await;
+    let before: i64 = fleet
+        .client
+        .query_one(
+            "SELECT acked_number FROM sync.replicas WHERE id = 'u1'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        before as u64, ack.number,
+        "the fleet heeded u1's acknowledgement"
+    );
+    // u2 claims u1's message: the seal is u1's, so it does not verify for u2.
+    let claimed = fleet.relay.acknowledge(&fleet.client, "u2", &ack).await;
+    assert!(
+        matches!(claimed, Err(Error::Forged { ref replica, .. }) if replica == "u2"),
+        "{claimed:?}"
+    );
+    ack.seal[0] ^= 1;
+    let forged = fleet.relay.acknowledge(&fleet.client, "u1", &ack).await;
+    let Err(e) = forged else {
+        panic!("a forged seal was accepted")
+    };
+    assert!(
+        e.to_string().contains("seal the server did not make"),
+        "{e}"
+    );
+    ack.seal[0] ^= 1;
+    assert_eq!(
+        fleet
+            .relay
+            .acknowledge(&fleet.client, "u1", &ack)
+            .await
+            .unwrap(),
+        Acknowledged::Recorded
+    );
+}
+
+#[tokio::test]
+async fn a_till_out_of_reach_keeps_its_messages_and_holds_back_no_one() {
+    let mut fleet = shop().await;
+    fleet.cut("u1", true);
+    fleet
+        .write("UPDATE products SET name = 'green tea' WHERE id = 1")
+        .await;
+    fleet.sync().await;
+    fleet.check().await;
+    let waiting: i64 = fleet
+        .client
+        .query_one("SELECT count(*) FROM sync.outbox WHERE replica = 'u1'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(waiting, 1);
+    let error: Option<String> = fleet
+        .client
+        .query_one("SELECT last_error FROM sync.replicas WHERE id = 'u1'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(error.unwrap().contains("out of reach"));
+    fleet
+        .write("UPDATE products SET name = 'black tea' WHERE id = 1")
+        .await;
+    fleet.sync().await;
+    fleet.cut("u1", false);
+    fleet.sync().await;
+    fleet.check().await;
+    let cleared: Option<String> = fleet
+        .client
+        .query_one("SELECT last_error FROM sync.replicas WHERE id = 'u1'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(cleared, None);
+}
+
+/// Held rows whose message the replica has not acknowledged yet.
+async fn unconfirmed(fleet: &Fleet) -> i64 {
+    fleet
+        .client
+        .query_one(
+            "SELECT count(*) FROM sync.held h JOIN sync.replicas r ON r.id = h.replica
+             WHERE h.message > r.acked_number",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn a_row_counts_as_held_once_the_message_that_carried_it_is_acknowledged() {
+    let mut fleet = shop().await;
+    assert_eq!(
+        unconfirmed(&fleet).await,
+        0,
+        "after a sync everything is confirmed"
+    );
+    fleet
+        .write("UPDATE products SET name = 'green tea' WHERE id = 1")
+        .await;
+    fleet.record().await;
+    assert_eq!(
+        unconfirmed(&fleet).await,
+        3,
+        "recorded for three tills, confirmed by none"
+    );
+    fleet.deliver().await;
+    assert_eq!(unconfirmed(&fleet).await, 0);
+}
+
+/// Every table's rows a replica holds, as compared by the check.
+fn everything(fleet: &mut Fleet, unit: &str) -> BTreeMap<&'static str, BTreeMap<String, String>> {
+    let tables: Vec<&'static magic_sync::Table> = fleet.engine.down_tables().collect();
+    let replica = &fleet.unit(unit).replica;
+    tables
+        .into_iter()
+        .map(|t| (t.name, replica_rows(replica, t)))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_till_provisioned_from_scratch_ends_equal_to_one_kept_up() {
+    let mut fleet = shop().await;
+    for sql in [
+        "UPDATE orders SET customer_id = 9 WHERE id = 1",
+        "INSERT INTO orders (id, unit_id, customer_id) VALUES (5, 'u1', 8)",
+        "INSERT INTO order_lines VALUES (5, 1, 3, 1)",
+        "UPDATE products SET id = 100 WHERE id = 1",
+        "INSERT INTO unit_groups VALUES ('u1', 200)",
+        "DELETE FROM promotion_members WHERE promotion_id = 10",
+        "UPDATE orders SET unit_id = 'u2' WHERE id = 3",
+        "INSERT INTO logistics.shipments VALUES (4, 'north', 1, 2)",
+    ] {
+        fleet.write(sql).await;
+        fleet.sync().await;
+    }
+    fleet.check().await;
+    let kept_up = everything(&mut fleet, "u1");
+    // The same till again, from an empty file.
+    fleet.set_live("u1", false);
+    fleet.sync().await;
+    let path = fleet.dir.path().join("u1-again.sqlite");
+    fleet.add_at("u1", Some("north"), path);
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(everything(&mut fleet, "u1"), kept_up);
+}
+
+struct Host(Vec<ReplicaInfo>);
+
+impl Replicas for Host {
+    async fn replicas(&self) -> magic_sync::Result<Vec<ReplicaInfo>> {
+        Ok(self.0.clone())
+    }
+}
+
+/// The runners end to end: the server's loop in a task, a till's loop on a
+/// thread, the in-process network between them.
+#[tokio::test]
+async fn the_runners_carry_a_write_to_a_till() {
+    let fleet = Fleet::new(SHOP).await;
+    // The fleet's own relay connection lets go of the lock for the runner.
+    fleet
+        .client
+        .batch_execute("SELECT pg_advisory_unlock_all()")
+        .await
+        .unwrap();
+    let engine = fleet.engine;
+    let network = Network::new(64 * 1024);
+    let path = fleet.dir.path().join("runner-u1.sqlite");
+    let till = {
+        let network = network.clone();
+        let path = path.clone();
+        let fks = fleet.foreign_keys();
+        std::thread::spawn(move || {
+            let mut replica = magic_sync::replica::Replica::open(&path, "u1", engine, fks).unwrap();
+            magic_sync::run::replica::replica(&mut replica, &network)
+        })
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = {
+        let config = fleet.db.config();
+        let network = network.clone();
+        tokio::spawn(async move {
+            let host = Host(vec![ReplicaInfo::live("u1", Some("north"))]);
+            magic_sync::run::server::server(
+                config,
+                engine.clone(),
+                Settings::default(),
+                &host,
+                &network,
+                &network,
+                async {
+                    stopped.await.ok();
+                },
+            )
+            .await
+        })
+    };
+    fleet
+        .write("UPDATE products SET name = 'green tea' WHERE id = 1")
+        .await;
+    let reader = rusqlite::Connection::open(&path).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let name: Option<String> = reader
+            .query_row("SELECT name FROM products WHERE id = 1", [], |r| r.get(0))
+            .ok();
+        if name.as_deref() == Some("green tea") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the write did not reach the till"
+        );
+        // Waiting for a condition another thread makes true, with a deadline.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The till said what it applied, and the relay recorded it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let row = fleet
+            .writer
+            .query_one(
+                "SELECT acked_number, last_number FROM sync.replicas WHERE id = 'u1'",
+                &[],
+            )
+            .await
+            .unwrap();
+        if row.get::<_, i64>(0) == row.get::<_, i64>(1) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the acknowledgement did not come back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+    network.close();
+    till.join().unwrap().unwrap();
+}
