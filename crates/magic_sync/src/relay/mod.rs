@@ -305,7 +305,9 @@ impl Relay {
                 .collect(),
         };
         let any_fresh = observed.live.iter().any(|o| o.fresh);
+        let t0 = std::time::Instant::now();
         recorded.planned = planner.plan(any_fresh).await?;
+        trace("plan", t0);
         recorded.provisioned = observed
             .live
             .iter()
@@ -320,11 +322,20 @@ impl Relay {
                 .map(|o| (o.id.clone(), o.chain()))
                 .collect();
             let mut writer = outbox::Writer::new(&epoch, chains);
+            let t0 = std::time::Instant::now();
             self.load(&tx, &mut writer, &observed.live, max_message_bytes)
                 .await?;
+            trace("load", t0);
+            if std::env::var_os("MAGIC_SYNC_TRACE").is_some() {
+                for (step, ms) in SUMS.lock().unwrap().drain(..) {
+                    eprintln!("{ms:>8.1} ms  load/{step}");
+                }
+            }
             recorded.messages = writer.written();
             let last = writer.finish(&tx).await?;
+            let t0 = std::time::Instant::now();
             record_held(&tx, &last).await?;
+            trace("held", t0);
         }
         if recorded.planned.notes > 0 {
             tx.execute(
@@ -333,7 +344,9 @@ impl Relay {
             )
             .await?;
         }
+        let t0 = std::time::Instant::now();
         tx.commit().await?;
+        trace("commit", t0);
         self.prepared = true;
         Ok(recorded)
     }
@@ -370,8 +383,9 @@ impl Relay {
         // Room for the head (ids, numbers, nonces) and the seal around a body.
         let limit = max_message_bytes.saturating_sub(256).max(1024);
         let mut packer = Packer::new(limit, both, self_referencing);
+        let single = live.len() == 1;
         for shape in &self.graph.shapes {
-            self.load_upserts(tx, shape, &mut packer, writer, limit)
+            self.load_upserts(tx, shape, &mut packer, writer, limit, single)
                 .await?;
             packer.upserts_done(shape.table.name);
         }
@@ -400,24 +414,37 @@ impl Relay {
         packer: &mut Packer,
         writer: &mut outbox::Writer<'_>,
         limit: usize,
+        single: bool,
     ) -> Result<()> {
         let table = shape.table;
         let codec = self
             .engine
             .codec(table.name)
             .expect("every table that goes down has a codec");
+        // Rows to send to replicas kept up, and the snapshots' rows.
+        let t = literal(table.name);
+        let rows = format!(
+            "SELECT r, k FROM _ms_send WHERE t = {t} UNION ALL SELECT r, k FROM _ms_f WHERE t = {t}"
+        );
+        // Each row once, with every replica it goes to; with one replica
+        // planned there is nothing to gather.
+        let sent = if single {
+            format!("SELECT k, ARRAY[r] AS rs FROM ({rows}) u")
+        } else {
+            format!("SELECT k, array_agg(r) AS rs FROM ({rows}) u GROUP BY k")
+        };
         let sql = format!(
-            "SELECT s.rs, {cols} FROM (SELECT k, array_agg(r) AS rs FROM _ms_send WHERE t = {t} GROUP BY k) s
-             JOIN {rel} a ON {m}",
+            "SELECT s.rs, {cols} FROM ({sent}) s JOIN {rel} a ON {m}",
             cols = crate::pg::select_list("a", table),
-            t = literal(table.name),
             rel = shape.relation,
             m = key_match("a", shape, "s.k"),
         );
         let portal = tx.bind(sql.as_str(), &[]).await?;
         let key_positions = table.key_positions();
         loop {
+            let t_fetch = std::time::Instant::now();
             let rows = tx.query_portal(&portal, self.settings.chunk_rows).await?;
+            trace_sum("fetch", t_fetch);
             if rows.is_empty() {
                 return Ok(());
             }
@@ -461,7 +488,9 @@ impl Relay {
                 }
             }
             if packer.pending_bytes() >= self.settings.flush_bytes {
+                let t_write = std::time::Instant::now();
                 writer.write(tx, packer.take()).await?;
+                trace_sum("write", t_write);
             }
         }
     }
@@ -524,6 +553,27 @@ impl Relay {
     }
 }
 
+static SUMS: std::sync::Mutex<Vec<(String, f64)>> = std::sync::Mutex::new(Vec::new());
+
+/// Adds to a running total, printed by [`trace`] with the same name.
+pub(crate) fn trace_sum(step: &str, since: std::time::Instant) {
+    if std::env::var_os("MAGIC_SYNC_TRACE").is_some() {
+        let mut sums = SUMS.lock().unwrap();
+        let ms = since.elapsed().as_secs_f64() * 1e3;
+        match sums.iter_mut().find(|(s, _)| s == step) {
+            Some((_, total)) => *total += ms,
+            None => sums.push((step.to_string(), ms)),
+        }
+    }
+}
+
+/// With MAGIC_SYNC_TRACE set, says how long a step of the pass took.
+pub(crate) fn trace(step: &str, since: std::time::Instant) {
+    if std::env::var_os("MAGIC_SYNC_TRACE").is_some() {
+        eprintln!("{:>8.1} ms  {step}", since.elapsed().as_secs_f64() * 1e3);
+    }
+}
+
 /// The wire key of a key read back from the planner's tables.
 fn wire_key(table: &Table, json: serde_json::Value) -> Result<String> {
     let bad = |why: String| {
@@ -570,6 +620,15 @@ async fn record_held(tx: &Transaction<'_>, last: &HashMap<String, i64>) -> Resul
          FROM _ms_send s JOIN unnest($1::text[], $2::int8[]) AS m (r, number) ON m.r = s.r
          ON CONFLICT (replica, table_name, key)
          DO UPDATE SET version = EXCLUDED.version, message = EXCLUDED.message",
+        &[&ids, &numbers],
+    )
+    .await?;
+    // A replica provisioned from scratch held nothing: its rows go in plainly.
+    tx.execute(
+        "INSERT INTO sync.held (replica, table_name, key, version, message)
+         SELECT f.r, f.t, f.k, coalesce(ch.last_seq, 0), m.number
+         FROM _ms_f f JOIN unnest($1::text[], $2::int8[]) AS m (r, number) ON m.r = f.r
+         LEFT JOIN _ms_changed ch ON ch.t = f.t AND ch.k = f.k",
         &[&ids, &numbers],
     )
     .await?;

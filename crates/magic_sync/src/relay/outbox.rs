@@ -211,124 +211,180 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Messages read from an outbox per round trip.
-const PAGE: i64 = 64;
+/// Messages read per round trip, across replicas.
+const PAGE: i64 = 512;
+/// About how many bytes of messages are read per round trip.
+const PAGE_BYTES: i64 = 16 << 20;
+
+/// One message as it waits in the outbox.
+struct Waiting {
+    replica: String,
+    number: i64,
+    nonce: Vec<u8>,
+    head: Vec<u8>,
+    body: Vec<u8>,
+    seal: Vec<u8>,
+}
+
+impl Waiting {
+    /// The bytes the transport is given: head, body and seal, one after the
+    /// other, which is the encoding of the whole `ToReplica`.
+    fn bytes(self) -> Vec<u8> {
+        let tail = ToReplica {
+            seal: self.seal,
+            ..ToReplica::default()
+        }
+        .encode_to_vec();
+        let mut bytes = self.head;
+        bytes.extend_from_slice(&self.body);
+        bytes.extend_from_slice(&tail);
+        bytes
+    }
+}
 
 /// Sends every replica's outbox in order, up to `concurrency` replicas at
-/// once. A replica a send fails to keeps the rest of its outbox, in order,
-/// and holds back no other.
+/// once, a page of messages at a time. A replica a send fails to keeps the
+/// rest of its outbox, in order, and holds back no other.
 pub(crate) async fn publish<T: Transport>(
     client: &Client,
     transport: &T,
     concurrency: usize,
 ) -> Result<Published> {
-    let replicas: Vec<String> = client
-        .query("SELECT DISTINCT replica FROM sync.outbox", &[])
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    if replicas.is_empty() {
-        return Ok(Published::default());
-    }
-    let epoch = Epoch::read(client).await?;
-    let results: Vec<Result<(String, u64, Option<String>)>> = stream::iter(replicas)
-        .map(|r| publish_one(client, transport, &epoch, r))
-        .buffer_unordered(concurrency.max(1))
-        .collect()
-        .await;
     let mut published = Published::default();
-    for result in results {
-        let (replica, sent, failure) = result?;
-        published.sent += sent;
-        if let Some(why) = failure {
-            published.failed.push((replica, why));
+    let mut failed: HashMap<String, String> = HashMap::new();
+    let mut after = (String::new(), 0i64);
+    let mut epoch: Option<Epoch> = None;
+    loop {
+        // A page is at most PAGE messages and about PAGE_BYTES: whole
+        // messages until their bytes pass the bound, and at least one.
+        let rows = client
+            .query(
+                "SELECT replica, number, nonce, head, bytes, seal FROM (
+                     SELECT o.replica, o.number, o.nonce, o.head, b.bytes, o.seal,
+                            sum(length(b.bytes)) OVER (ORDER BY o.replica, o.number) - length(b.bytes) AS before
+                     FROM sync.outbox o JOIN sync.bodies b ON b.id = o.body
+                     WHERE (o.replica, o.number) > ($1, $2)
+                     ORDER BY o.replica, o.number LIMIT $3) page
+                 WHERE before < $4",
+                &[&after.0, &after.1, &PAGE, &PAGE_BYTES],
+            )
+            .await?;
+        let Some(last) = rows.last() else {
+            break;
+        };
+        after = (last.get(0), last.get(1));
+        let epoch = match &epoch {
+            Some(e) => e,
+            None => epoch.insert(Epoch::read(client).await?),
+        };
+        // Per replica, its messages of this page, in order.
+        let mut queues: Vec<Vec<Waiting>> = Vec::new();
+        for row in &rows {
+            let message = Waiting {
+                replica: row.get(0),
+                number: row.get(1),
+                nonce: row.get(2),
+                head: row.get(3),
+                body: row.get(4),
+                seal: row.get(5),
+            };
+            if failed.contains_key(&message.replica) {
+                continue;
+            }
+            match queues.last_mut() {
+                Some(q) if q[0].replica == message.replica => q.push(message),
+                _ => queues.push(vec![message]),
+            }
+        }
+        let results: Vec<(String, Option<i64>, u64, Option<String>)> = stream::iter(queues)
+            .map(|queue| send_in_order(transport, epoch, queue))
+            .buffer_unordered(concurrency.max(1))
+            .collect()
+            .await;
+        let mut taken_replicas = Vec::new();
+        let mut taken_numbers = Vec::new();
+        for (replica, taken, sent, failure) in results {
+            published.sent += sent;
+            if let Some(n) = taken {
+                taken_replicas.push(replica.clone());
+                taken_numbers.push(n);
+            }
+            if let Some(why) = failure {
+                failed.insert(replica, why);
+            }
+        }
+        if !taken_replicas.is_empty() {
+            client
+                .execute(
+                    "DELETE FROM sync.outbox o USING unnest($1::text[], $2::int8[]) AS t (replica, number)
+                     WHERE o.replica = t.replica AND o.number <= t.number",
+                    &[&taken_replicas, &taken_numbers],
+                )
+                .await?;
         }
     }
-    published.failed.sort();
-    client
-        .execute(
-            "DELETE FROM sync.bodies b WHERE NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.body = b.id)",
-            &[],
-        )
-        .await?;
+    if published.sent > 0 || !failed.is_empty() {
+        let (ids, errors): (Vec<String>, Vec<String>) = failed.into_iter().unzip();
+        client
+            .execute(
+                "UPDATE sync.replicas r SET last_error = f.error
+                 FROM unnest($1::text[], $2::text[]) AS f (id, error) WHERE r.id = f.id",
+                &[&ids, &errors],
+            )
+            .await?;
+        published.failed = ids.into_iter().zip(errors).collect();
+        published.failed.sort();
+        client
+            .execute(
+                "UPDATE sync.replicas SET last_error = NULL
+                 WHERE last_error IS NOT NULL AND NOT (id = ANY($1))
+                   AND NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.replica = id)",
+                &[&published
+                    .failed
+                    .iter()
+                    .map(|f| f.0.as_str())
+                    .collect::<Vec<_>>()],
+            )
+            .await?;
+        client
+            .execute(
+                "DELETE FROM sync.bodies b WHERE NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.body = b.id)",
+                &[],
+            )
+            .await?;
+    }
     Ok(published)
 }
 
-async fn publish_one<T: Transport>(
-    client: &Client,
+/// Sends one replica's messages in order until one fails; returns the last
+/// number the transport took, how many it took, and why it stopped.
+async fn send_in_order<T: Transport>(
     transport: &T,
     epoch: &Epoch,
-    replica: String,
-) -> Result<(String, u64, Option<String>)> {
-    let mut after = 0i64;
-    let mut sent = 0u64;
-    loop {
-        let rows = client
-            .query(
-                "SELECT o.number, o.nonce, o.head, b.bytes, o.seal
-                 FROM sync.outbox o JOIN sync.bodies b ON b.id = o.body
-                 WHERE o.replica = $1 AND o.number > $2 ORDER BY o.number LIMIT $3",
-                &[&replica, &after, &PAGE],
-            )
-            .await?;
-        if rows.is_empty() {
-            break;
-        }
-        let mut failure = None;
-        let mut taken = after;
-        for row in &rows {
-            let number: i64 = row.get(0);
-            let nonce: Vec<u8> = row.get(1);
-            let head: Vec<u8> = row.get(2);
-            let body: Vec<u8> = row.get(3);
-            let sealed: Vec<u8> = row.get(4);
-            let tail = ToReplica {
-                seal: sealed,
-                ..ToReplica::default()
+    queue: Vec<Waiting>,
+) -> (String, Option<i64>, u64, Option<String>) {
+    let replica = queue[0].replica.clone();
+    let mut taken = None;
+    let mut sent = 0;
+    for message in queue {
+        let number = message.number;
+        let id = format!("{}-{number}-{}", hex(&epoch.id), hex(&message.nonce));
+        match transport.send(&replica, &id, message.bytes()).await {
+            Ok(()) => {
+                taken = Some(number);
+                sent += 1;
             }
-            .encode_to_vec();
-            let mut bytes = head;
-            bytes.extend_from_slice(&body);
-            bytes.extend_from_slice(&tail);
-            let id = format!("{}-{number}-{}", hex(&epoch.id), hex(&nonce));
-            match transport.send(&replica, &id, bytes).await {
-                Ok(()) => {
-                    taken = number;
-                    sent += 1;
-                }
-                Err(SendError(why)) => {
-                    failure = Some(why);
-                    break;
-                }
+            Err(SendError(why)) => {
+                return (
+                    replica,
+                    taken,
+                    sent,
+                    Some(format!("sending message {number}: {why}")),
+                )
             }
-        }
-        if taken > after {
-            client
-                .execute(
-                    "DELETE FROM sync.outbox WHERE replica = $1 AND number <= $2",
-                    &[&replica, &taken],
-                )
-                .await?;
-            after = taken;
-        }
-        if let Some(why) = failure {
-            client
-                .execute(
-                    "UPDATE sync.replicas SET last_error = $2 WHERE id = $1",
-                    &[&replica, &format!("sending message {}: {why}", after + 1)],
-                )
-                .await?;
-            return Ok((replica, sent, Some(why)));
         }
     }
-    client
-        .execute(
-            "UPDATE sync.replicas SET last_error = NULL WHERE id = $1 AND last_error IS NOT NULL",
-            &[&replica],
-        )
-        .await?;
-    Ok((replica, sent, None))
+    (replica, taken, sent, None)
 }
 
 /// See [`super::Relay::acknowledge`].

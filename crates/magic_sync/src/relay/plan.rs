@@ -48,10 +48,11 @@ CREATE TEMP TABLE IF NOT EXISTS _ms_k (r text, t text, k jsonb, round int NOT NU
 CREATE INDEX IF NOT EXISTS _ms_k_round ON _ms_k (t, round);
 CREATE TEMP TABLE IF NOT EXISTS _ms_send (r text, t text, k jsonb, version bigint NOT NULL);
 CREATE TEMP TABLE IF NOT EXISTS _ms_del (r text, t text, k jsonb);
+CREATE TEMP TABLE IF NOT EXISTS _ms_f (r text, t text, k jsonb, round int NOT NULL, ptrs jsonb);
 ";
 
 const CLEAR: &str =
-    "TRUNCATE _ms_r, _ms_notes, _ms_changed, _ms_touched, _ms_grant, _ms_q, _ms_k, _ms_send, _ms_del";
+    "TRUNCATE _ms_r, _ms_notes, _ms_changed, _ms_touched, _ms_grant, _ms_q, _ms_k, _ms_send, _ms_del, _ms_f";
 
 /// How large a temporary table grows before the planner has it analysed, so
 /// PostgreSQL plans the joins over it for its real size.
@@ -94,7 +95,21 @@ pub(crate) struct Group {
 
 impl Planner<'_, '_> {
     async fn run(&self, sql: &str) -> Result<u64> {
-        Ok(self.tx.execute(sql, &[]).await?)
+        let started = std::time::Instant::now();
+        let n = self.tx.execute(sql, &[]).await?;
+        if std::env::var_os("MAGIC_SYNC_TRACE").is_some() {
+            eprintln!(
+                "{:>8.1} ms {n:>8} rows  {}",
+                started.elapsed().as_secs_f64() * 1e3,
+                sql.split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" ")
+                    .chars()
+                    .take(150)
+                    .collect::<String>()
+            );
+        }
+        Ok(n)
     }
 
     /// Plans the replicas in `_ms_r` against every pending note; the result is
@@ -104,8 +119,19 @@ impl Planner<'_, '_> {
         if notes == 0 && !any_fresh {
             return Ok(Planned::default());
         }
+        let mut fresh = 0;
+        if any_fresh {
+            fresh = self.provision().await?;
+        }
+        if notes == 0 {
+            return Ok(Planned {
+                notes,
+                sends: fresh,
+                deletes: 0,
+            });
+        }
         self.in_question().await?;
-        self.keep(any_fresh).await?;
+        self.keep().await?;
         let sends = self
             .run(
                 "INSERT INTO _ms_send (r, t, k, version)
@@ -128,9 +154,128 @@ impl Planner<'_, '_> {
         }
         Ok(Planned {
             notes,
-            sends,
+            sends: sends + fresh,
             deletes,
         })
+    }
+
+    /// The whole wanted set of every replica provisioned from scratch, in
+    /// `_ms_f`: the rows its rules send it, then a round at a time the
+    /// parents and the followers of the rows the last round added. Each row
+    /// is stored with what it points at (`ptrs`, by link), read as the row
+    /// is, so a parent round never reads the child table again. The table
+    /// has no index: rounds add rows in bulk, each row once (an anti-join
+    /// against what is already there), and PostgreSQL hashes.
+    async fn provision(&self) -> Result<u64> {
+        let mut total = 0;
+        // Tables with rows in `_ms_f` so far: a follower round into a table
+        // that has none needs no check against what is already there.
+        let mut filled: BTreeSet<&str> = BTreeSet::new();
+        for shape in &self.graph.shapes {
+            let Some(cond) = rule(shape.table, "a", "r") else {
+                continue;
+            };
+            filled.insert(shape.table.name);
+            total += self
+                .run(&format!(
+                    "INSERT INTO _ms_f (r, t, k, round, ptrs)
+                     SELECT r.r, {t}, {key}, 0, {ptrs}
+                     FROM {rel} a JOIN _ms_r r ON r.fresh AND {cond}",
+                    t = literal(shape.table.name),
+                    key = key_json("a", shape.table),
+                    ptrs = self.pointers("a", shape.table.name),
+                    rel = shape.relation,
+                ))
+                .await?;
+        }
+        let mut round = 0;
+        let mut added = total;
+        loop {
+            if added > ANALYSE_ABOVE {
+                self.run("ANALYZE _ms_f").await?;
+            }
+            let tables = self.tables_in("_ms_f", round).await?;
+            if tables.is_empty() {
+                return Ok(total);
+            }
+            added = 0;
+            for (i, link) in self.graph.links.iter().enumerate() {
+                if tables.contains(link.child.name) {
+                    added += self.provision_parents(i, link, round).await?;
+                    filled.insert(link.parent.name);
+                }
+                if link.follows && tables.contains(link.parent.name) {
+                    let first = !filled.contains(link.child.name);
+                    added += self.provision_followers(link, round, first).await?;
+                    filled.insert(link.child.name);
+                }
+            }
+            total += added;
+            round += 1;
+        }
+    }
+
+    /// `jsonb_build_object('0', ptr, ...)`: what the row `alias` of `table`
+    /// points at, by link number; NULL for a table that points at nothing.
+    fn pointers(&self, alias: &str, table: &str) -> String {
+        let items: Vec<String> = self
+            .graph
+            .links
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.child.name == table)
+            .map(|(i, l)| format!("'{i}', {}", l.pointer(alias)))
+            .collect();
+        if items.is_empty() {
+            "NULL::jsonb".into()
+        } else {
+            format!(
+                "jsonb_strip_nulls(jsonb_build_object({}))",
+                items.join(", ")
+            )
+        }
+    }
+
+    async fn provision_parents(&self, index: usize, link: &Link, round: i32) -> Result<u64> {
+        let parent = self.graph.shape(link.parent.name);
+        let p = literal(link.parent.name);
+        self.run(&format!(
+            "INSERT INTO _ms_f (r, t, k, round, ptrs)
+             SELECT x.r, {p}, x.ptr, {next}, {ptrs}
+             FROM (SELECT DISTINCT n.r, n.ptrs->'{index}' AS ptr FROM _ms_f n
+                   WHERE n.t = {c} AND n.round = {round} AND n.ptrs ? '{index}') x
+             JOIN {rel} a ON {m}
+             WHERE NOT EXISTS (SELECT 1 FROM _ms_f f WHERE f.r = x.r AND f.t = {p} AND f.k = x.ptr)",
+            c = literal(link.child.name),
+            next = round + 1,
+            ptrs = self.pointers("a", link.parent.name),
+            rel = parent.relation,
+            m = key_match("a", parent, "x.ptr"),
+        ))
+        .await
+    }
+
+    async fn provision_followers(&self, link: &Link, round: i32, first: bool) -> Result<u64> {
+        let child = self.graph.shape(link.child.name);
+        let c = literal(link.child.name);
+        let ck = key_json("a", link.child);
+        let new = if first {
+            String::new()
+        } else {
+            format!("AND NOT EXISTS (SELECT 1 FROM _ms_f f WHERE f.r = n.r AND f.t = {c} AND f.k = {ck})")
+        };
+        self.run(&format!(
+            "INSERT INTO _ms_f (r, t, k, round, ptrs)
+             SELECT n.r, {c}, {ck}, {next}, {ptrs}
+             FROM _ms_f n JOIN {rel} a ON {points}
+             WHERE n.t = {p} AND n.round = {round} {new}",
+            p = literal(link.parent.name),
+            next = round + 1,
+            ptrs = self.pointers("a", link.child.name),
+            rel = child.relation,
+            points = link.points_at("a", "n.k"),
+        ))
+        .await
     }
 
     /// Clears the temporary tables of the last pass.
@@ -334,7 +479,7 @@ impl Planner<'_, '_> {
     }
 
     /// The rows kept, round by round.
-    async fn keep(&self, any_fresh: bool) -> Result<()> {
+    async fn keep(&self) -> Result<()> {
         let touched = self.present("_ms_touched").await?;
         let granted = self.present("_ms_grant").await?;
         let questioned = self.present("_ms_q").await?;
@@ -350,7 +495,9 @@ impl Planner<'_, '_> {
         for shape in &self.graph.shapes {
             let name = shape.table.name;
             let incremental = touched.contains(name) || granted.contains(name);
-            first += self.keep_by_rule(shape, incremental, any_fresh).await?;
+            if incremental {
+                first += self.keep_by_rule(shape).await?;
+            }
         }
         for link in &self.graph.links {
             if questioned.contains(link.parent.name) {
@@ -390,45 +537,27 @@ impl Planner<'_, '_> {
         }
     }
 
-    /// Rows the replica lacks that its rules send it: for a replica kept up,
-    /// among the rows that changed or whose group moved; for one provisioned
-    /// from scratch, all of them.
-    async fn keep_by_rule(&self, shape: &Shape, incremental: bool, fresh: bool) -> Result<u64> {
+    /// Rows a replica kept up lacks that its rules send it, among the rows
+    /// that changed or whose group moved.
+    async fn keep_by_rule(&self, shape: &Shape) -> Result<u64> {
         let Some(cond) = rule(shape.table, "a", "r") else {
             return Ok(0);
         };
         let t = literal(shape.table.name);
-        let mut kept = 0;
-        if incremental {
-            kept += self
-                .run(&format!(
-                    "INSERT INTO _ms_k (r, t, k, round, held)
-                 SELECT r.r, {t}, c.k, 0, false
-                 FROM (SELECT k FROM _ms_touched WHERE t = {t}
-                       UNION SELECT k FROM _ms_grant WHERE t = {t}) c
-                 JOIN {rel} a ON {m}
-                 JOIN _ms_r r ON NOT r.fresh AND {cond}
-                 WHERE NOT EXISTS (SELECT 1 FROM sync.held h
-                                   WHERE h.replica = r.r AND h.table_name = {t} AND h.key = c.k)
-                 ON CONFLICT DO NOTHING",
-                    rel = shape.relation,
-                    m = key_match("a", shape, "c.k"),
-                ))
-                .await?;
-        }
-        if fresh {
-            kept += self
-                .run(&format!(
-                    "INSERT INTO _ms_k (r, t, k, round, held)
-                     SELECT r.r, {t}, {key}, 0, false
-                     FROM {rel} a JOIN _ms_r r ON r.fresh AND {cond}
-                     ON CONFLICT DO NOTHING",
-                    rel = shape.relation,
-                    key = key_json("a", shape.table),
-                ))
-                .await?;
-        }
-        Ok(kept)
+        self.run(&format!(
+            "INSERT INTO _ms_k (r, t, k, round, held)
+             SELECT r.r, {t}, c.k, 0, false
+             FROM (SELECT k FROM _ms_touched WHERE t = {t}
+                   UNION SELECT k FROM _ms_grant WHERE t = {t}) c
+             JOIN {rel} a ON {m}
+             JOIN _ms_r r ON NOT r.fresh AND {cond}
+             WHERE NOT EXISTS (SELECT 1 FROM sync.held h
+                               WHERE h.replica = r.r AND h.table_name = {t} AND h.key = c.k)
+             ON CONFLICT DO NOTHING",
+            rel = shape.relation,
+            m = key_match("a", shape, "c.k"),
+        ))
+        .await
     }
 
     /// The tables with rows in `temp`.

@@ -46,6 +46,10 @@ pub(crate) struct Pass<'a> {
     number: u64,
     /// Whether a snapshot is in progress, so the keys of its rows are noted.
     naming: bool,
+    /// Tables empty when the snapshot in progress began: not named.
+    empty: std::collections::HashSet<String>,
+    /// Whether any refusal is on record, so taking a row must forget one.
+    refusals: bool,
     refused: usize,
 }
 
@@ -58,7 +62,8 @@ impl<'a> Pass<'a> {
         message: &ToReplica,
     ) -> Result<usize> {
         if message.begins_snapshot {
-            state::begin_snapshot(conn, message.number)?;
+            let names: Vec<&str> = tables.iter().map(|t| t.table.name).collect();
+            state::begin_snapshot(conn, message.number, &names)?;
         }
         let mut pass = Pass {
             conn,
@@ -66,6 +71,8 @@ impl<'a> Pass<'a> {
             engine,
             number: message.number,
             naming: state::snapshot_began(conn)?.is_some(),
+            empty: state::empty_at_snapshot(conn)?,
+            refusals: state::any_refused(conn)?,
             refused: 0,
         };
         match &message.body {
@@ -189,7 +196,7 @@ impl<'a> Pass<'a> {
             let mut rows = stmt.query(params_from_iter(params))?;
             while let Some(row) = rows.next()? {
                 let key = key::read(table, row)?;
-                if !state::is_named(self.conn, table.name, &key::canonical(&key))? {
+                if !self.is_named(table.name, &key::canonical(&key))? {
                     stale.push(key);
                 }
             }
@@ -251,7 +258,9 @@ impl<'a> Pass<'a> {
             .execute(params_from_iter(&ready.values));
         match written {
             Ok(_) => {
-                state::forget_refused(self.conn, name, &ready.row.key, &ready.canonical)?;
+                if self.refusals {
+                    state::forget_refused(self.conn, name, &ready.row.key, &ready.canonical)?;
+                }
                 Ok(None)
             }
             Err(e) if is_unique_clash(&e) => Ok(Some(e)),
@@ -272,8 +281,10 @@ impl<'a> Pass<'a> {
         };
         let canonical = key::canonical(&values);
         self.let_go(sql, &values)?;
-        state::forget_refused(self.conn, name, key, &canonical)?;
-        if self.naming {
+        if self.refusals {
+            state::forget_refused(self.conn, name, key, &canonical)?;
+        }
+        if self.naming && !self.empty.contains(name) {
             state::unname_key(self.conn, name, &canonical)?;
         }
         Ok(())
@@ -312,8 +323,10 @@ impl<'a> Pass<'a> {
         }
         for name in tables {
             if let Some(sql) = self.tables.get(name) {
-                for key in self.unnamed(sql)? {
-                    self.let_go(sql, &key)?;
+                if !self.empty.contains(name.as_str()) {
+                    for key in self.unnamed(sql)? {
+                        self.let_go(sql, &key)?;
+                    }
                 }
                 state::forget_superseded(self.conn, name)?;
             }
@@ -328,15 +341,21 @@ impl<'a> Pass<'a> {
         let mut unnamed = Vec::new();
         while let Some(row) = rows.next()? {
             let values = key::read(sql.table, row)?;
-            if !state::is_named(self.conn, sql.table.name, &key::canonical(&values))? {
+            if !self.is_named(sql.table.name, &key::canonical(&values))? {
                 unnamed.push(values);
             }
         }
         Ok(unnamed)
     }
 
+    /// Whether the snapshot in progress named the row: every row of a table
+    /// empty when it began came from it.
+    fn is_named(&self, table: &str, canonical: &str) -> Result<bool> {
+        Ok(self.empty.contains(table) || state::is_named(self.conn, table, canonical)?)
+    }
+
     fn name(&self, table: &str, canonical: &str) -> Result<()> {
-        if self.naming {
+        if self.naming && !self.empty.contains(table) {
             state::name_key(self.conn, table, canonical)?;
         }
         Ok(())
@@ -350,6 +369,7 @@ impl<'a> Pass<'a> {
         reason: Reason,
     ) -> Result<()> {
         self.refused += 1;
+        self.refusals = true;
         state::refuse(
             self.conn,
             &Refusal {

@@ -37,6 +37,9 @@ CREATE TABLE IF NOT EXISTS _magic_sync_snapshot (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     began INTEGER NOT NULL
 ) STRICT;
+CREATE TABLE IF NOT EXISTS _magic_sync_snapshot_empty (
+    table_name TEXT PRIMARY KEY
+) STRICT;
 CREATE TABLE IF NOT EXISTS _magic_sync_snapshot_keys (
     table_name TEXT NOT NULL,
     key TEXT NOT NULL,
@@ -62,6 +65,10 @@ INSERT INTO _magic_sync_snapshot (id, began) VALUES (1, ?1)
 ON CONFLICT (id) DO UPDATE SET began = excluded.began";
 const END_SNAPSHOT: &str = "DELETE FROM _magic_sync_snapshot";
 const FORGET_NAMED: &str = "DELETE FROM _magic_sync_snapshot_keys";
+const FORGET_EMPTY: &str = "DELETE FROM _magic_sync_snapshot_empty";
+const NOTE_EMPTY: &str = "INSERT INTO _magic_sync_snapshot_empty (table_name) VALUES (?1)";
+const EMPTY: &str = "SELECT table_name FROM _magic_sync_snapshot_empty";
+const ANY_REFUSED: &str = "SELECT EXISTS (SELECT 1 FROM _magic_sync_refused)";
 const NAME_KEY: &str =
     "INSERT OR IGNORE INTO _magic_sync_snapshot_keys (table_name, key) VALUES (?1, ?2)";
 const UNNAME_KEY: &str = "DELETE FROM _magic_sync_snapshot_keys WHERE table_name = ?1 AND key = ?2";
@@ -164,8 +171,25 @@ pub(crate) fn snapshot_began(conn: &Connection) -> Result<Option<u64>> {
 
 /// Starts a snapshot at message `number`: it has named nothing yet, and every
 /// refusal so far is superseded by what the snapshot will send.
-pub(crate) fn begin_snapshot(conn: &Connection, number: u64) -> Result<()> {
+///
+/// Tables empty when it begins need no naming: every row they will hold
+/// came from the snapshot, so its end lets go of nothing in them.
+pub(crate) fn begin_snapshot(conn: &Connection, number: u64, tables: &[&str]) -> Result<()> {
     conn.prepare_cached(FORGET_NAMED)?.execute([])?;
+    conn.prepare_cached(FORGET_EMPTY)?.execute([])?;
+    for table in tables {
+        let empty: bool = conn.query_row(
+            &format!(
+                "SELECT NOT EXISTS (SELECT 1 FROM {})",
+                crate::sql::ident(table)
+            ),
+            [],
+            |r| r.get(0),
+        )?;
+        if empty {
+            conn.prepare_cached(NOTE_EMPTY)?.execute([table])?;
+        }
+    }
     conn.prepare_cached(SUPERSEDE_REFUSED)?.execute([])?;
     conn.prepare_cached(BEGIN_SNAPSHOT)?
         .execute([to_sql(number)?])?;
@@ -175,6 +199,7 @@ pub(crate) fn begin_snapshot(conn: &Connection, number: u64) -> Result<()> {
 /// Ends the snapshot in progress.
 pub(crate) fn end_snapshot(conn: &Connection) -> Result<()> {
     conn.prepare_cached(FORGET_NAMED)?.execute([])?;
+    conn.prepare_cached(FORGET_EMPTY)?.execute([])?;
     conn.prepare_cached(END_SNAPSHOT)?.execute([])?;
     Ok(())
 }
@@ -269,4 +294,18 @@ pub(crate) fn refused_keys(
         .query_map([table], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
     Ok(keys)
+}
+
+/// The tables that were empty when the snapshot in progress began.
+pub(crate) fn empty_at_snapshot(conn: &Connection) -> Result<std::collections::HashSet<String>> {
+    let mut stmt = conn.prepare_cached(EMPTY)?;
+    let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Whether any row is on record as refused.
+pub(crate) fn any_refused(conn: &Connection) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(ANY_REFUSED)?
+        .query_row([], |r| r.get(0))?)
 }

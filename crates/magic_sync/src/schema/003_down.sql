@@ -43,6 +43,8 @@ CREATE TABLE sync.bodies (
     hash  bytea NOT NULL UNIQUE,
     bytes bytea NOT NULL
 );
+-- Bodies are protobuf, mostly short-lived: not worth compressing.
+ALTER TABLE sync.bodies ALTER COLUMN bytes SET STORAGE EXTERNAL;
 
 -- Messages written and not yet taken by the transport, in order per replica.
 -- The bytes sent are head || body || seal: protobuf fields in field order.

@@ -1,0 +1,363 @@
+//! Provisioning one replica from scratch, against the physical limit on the
+//! same data in the same run, and the relay's peak memory for two sizes.
+//!
+//! cargo bench -p magic_sync --features postgres,sqlite --bench provision
+//!
+//! - Baseline: `COPY` of every table out of PostgreSQL into one bulk SQLite
+//!   insert transaction (text format, prepared inserts).
+//! - Engine: the relay plans, loads, packs and records the snapshot
+//!   (`record`), hands it to an in-process transport (`publish`), and the
+//!   replica applies every message (`apply`). The three run one after the
+//!   other here; in a deployment publishing and applying overlap.
+//! - Memory: the relay alone (record and publish into a transport that drops
+//!   the bytes) in a child process per size, its peak RSS (VmHWM) compared.
+//!
+//! MAGIC_SYNC_BENCH_ROWS sets the total rows (default 1,000,000).
+
+use magic_sync::relay::{Relay, ReplicaInfo, SendError, Settings, Transport};
+use magic_sync::replica::{ForeignKey, Replica};
+use magic_sync::run::memory::Network;
+use magic_sync::{Engine, Numeric, Row};
+use std::time::{Duration, Instant};
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "stores", down, all, key(id))]
+struct Store {
+    id: i64,
+    name: String,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "products", down, all, key(id))]
+struct Product {
+    id: i64,
+    name: String,
+    price: Numeric,
+    store_id: i64,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "customers", down, referenced, key(id))]
+struct Customer {
+    id: i64,
+    name: String,
+    email: Option<String>,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "orders", down, replica = "unit_id", key(id))]
+struct Order {
+    id: i64,
+    unit_id: String,
+    customer_id: Option<i64>,
+    placed_at: chrono::DateTime<chrono::Utc>,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "lines", down, follows = "order_id", key(order_id, line_no))]
+struct Line {
+    order_id: i64,
+    line_no: i32,
+    product_id: i64,
+    qty: i32,
+}
+
+fn engine() -> Engine {
+    Engine::builder()
+        .table::<Store>()
+        .table::<Product>()
+        .table::<Customer>()
+        .table::<Order>()
+        .table::<Line>()
+        .build()
+        .expect("declarations")
+}
+
+/// Rows per table for `total` rows in all.
+fn sizes(total: i64) -> [(&'static str, i64); 5] {
+    [
+        ("stores", (total / 1000).max(1)),
+        ("products", total * 99 / 1000),
+        ("customers", total / 10),
+        ("orders", total * 3 / 10),
+        ("lines", total / 2),
+    ]
+}
+
+fn schema(total: i64) -> String {
+    let [(_, stores), (_, products), (_, customers), (_, orders), (_, lines)] = sizes(total);
+    format!(
+        "CREATE TABLE stores (id bigint PRIMARY KEY, name text NOT NULL);
+         CREATE TABLE products (id bigint PRIMARY KEY, name text NOT NULL, price numeric(10, 2) NOT NULL,
+                                store_id bigint NOT NULL REFERENCES stores);
+         CREATE TABLE customers (id bigint PRIMARY KEY, name text NOT NULL, email text);
+         CREATE TABLE orders (id bigint PRIMARY KEY, unit_id text NOT NULL, customer_id bigint REFERENCES customers,
+                              placed_at timestamptz NOT NULL);
+         CREATE TABLE lines (order_id bigint REFERENCES orders, line_no integer, product_id bigint NOT NULL REFERENCES products,
+                             qty integer NOT NULL, PRIMARY KEY (order_id, line_no));
+         INSERT INTO stores SELECT i, 'store ' || i FROM generate_series(1, {stores}) i;
+         INSERT INTO products SELECT i, 'product number ' || i, (i % 1000) / 10.0, 1 + i % {stores} FROM generate_series(1, {products}) i;
+         INSERT INTO customers SELECT i, 'customer ' || i, CASE WHEN i % 3 = 0 THEN NULL ELSE 'c' || i || '@example.com' END
+             FROM generate_series(1, {customers}) i;
+         INSERT INTO orders SELECT i, 'r1', 1 + i % {customers}, timestamptz '2026-11-30 09:00:00+00' + i * interval '1 second'
+             FROM generate_series(1, {orders}) i;
+         INSERT INTO lines SELECT 1 + i % {orders}, 1 + i / {orders}, 1 + i % {products}, 1 + i % 7
+             FROM generate_series(0, {lines} - 1) i;
+         ANALYZE;"
+    )
+}
+
+async fn prepared(total: i64) -> magic_sync_testdb::TestDb {
+    let db = magic_sync_testdb::database().await;
+    let mut client = db.connect().await;
+    client.batch_execute(&schema(total)).await.expect("data");
+    magic_sync::schema::migrate(&mut client)
+        .await
+        .expect("migrate");
+    engine()
+        .install_triggers(&mut client)
+        .await
+        .expect("triggers");
+    db
+}
+
+/// COPY every table into one SQLite transaction.
+async fn baseline(db: &magic_sync_testdb::TestDb, dir: &std::path::Path) -> (Duration, u64) {
+    use futures_util::StreamExt;
+    let client = db.connect().await;
+    let engine = engine();
+    let started = Instant::now();
+    let mut lite = rusqlite::Connection::open(dir.join("baseline.sqlite")).unwrap();
+    lite.pragma_update(None, "journal_mode", "WAL").unwrap();
+    let tx = lite.transaction().unwrap();
+    let mut rows = 0u64;
+    for table in engine.tables() {
+        tx.execute_batch(&magic_sync::lite::create_table(table))
+            .unwrap();
+        let cols: Vec<&str> = table.columns.iter().map(|c| c.name).collect();
+        let marks: Vec<String> = (1..=cols.len()).map(|i| format!("?{i}")).collect();
+        let mut insert = tx
+            .prepare(&format!(
+                "INSERT INTO {} ({}) VALUES ({})",
+                table.name,
+                cols.join(", "),
+                marks.join(", ")
+            ))
+            .unwrap();
+        let copy = client
+            .copy_out(&format!(
+                "COPY {} ({}) TO STDOUT",
+                table.name,
+                cols.join(", ")
+            ))
+            .await
+            .unwrap();
+        futures_util::pin_mut!(copy);
+        let mut pending = Vec::new();
+        while let Some(chunk) = copy.next().await {
+            pending.extend_from_slice(&chunk.unwrap());
+            let mut start = 0;
+            while let Some(end) = pending[start..].iter().position(|&b| b == b'\n') {
+                let line = std::str::from_utf8(&pending[start..start + end]).unwrap();
+                let values: Vec<Option<&str>> = line
+                    .split('\t')
+                    .map(|v| if v == "\\N" { None } else { Some(v) })
+                    .collect();
+                insert.execute(rusqlite::params_from_iter(values)).unwrap();
+                rows += 1;
+                start += end + 1;
+            }
+            pending.drain(..start);
+        }
+    }
+    tx.commit().unwrap();
+    (started.elapsed(), rows)
+}
+
+struct Timings {
+    record: Duration,
+    publish: Duration,
+    apply: Duration,
+    rows: u64,
+    messages: u64,
+}
+
+/// The engine provisions `r1` into a fresh SQLite file.
+async fn engine_run(db: &magic_sync_testdb::TestDb, dir: &std::path::Path) -> Timings {
+    let mut client = db.connect().await;
+    let engine = engine();
+    let mut relay = Relay::new(&client, engine.clone(), Settings::default())
+        .await
+        .unwrap();
+    assert!(Relay::lock(&client).await.unwrap());
+    let catalog = magic_sync::catalog::Catalog::read(&client, &engine)
+        .await
+        .unwrap();
+    let fks = catalog
+        .foreign_keys
+        .iter()
+        .map(|fk| ForeignKey {
+            child: fk.child.to_string(),
+            child_columns: fk.child_columns.clone(),
+            parent: fk.parent.to_string(),
+            parent_columns: fk.parent_columns.clone(),
+        })
+        .collect();
+    let network = Network::new(1 << 20);
+    let replicas = [ReplicaInfo::live("r1", None)];
+
+    let started = Instant::now();
+    let recorded = relay
+        .record(&mut client, &replicas, network.max_message_bytes())
+        .await
+        .unwrap();
+    let record = started.elapsed();
+
+    let started = Instant::now();
+    let published = relay.publish(&client, &network).await.unwrap();
+    let publish = started.elapsed();
+    assert_eq!(published.sent, recorded.messages);
+
+    let mut replica = Replica::open(dir.join("r1.sqlite"), "r1", &engine, fks).unwrap();
+    let started = Instant::now();
+    for message in network.take("r1") {
+        replica.apply(&message).unwrap();
+    }
+    let apply = started.elapsed();
+    assert!(replica.refused().unwrap().is_empty());
+    let rows: u64 = engine
+        .tables()
+        .map(|t| {
+            replica
+                .connection()
+                .query_row(&format!("SELECT count(*) FROM {}", t.name), [], |r| {
+                    r.get::<_, i64>(0)
+                })
+                .unwrap() as u64
+        })
+        .sum();
+    Timings {
+        record,
+        publish,
+        apply,
+        rows,
+        messages: recorded.messages,
+    }
+}
+
+/// A transport that takes every message and keeps none.
+struct Drop;
+
+impl Transport for Drop {
+    fn max_message_bytes(&self) -> usize {
+        1 << 20
+    }
+    async fn send(&self, _: &str, _: &str, _: Vec<u8>) -> Result<(), SendError> {
+        Ok(())
+    }
+}
+
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM in /proc/self/status")
+}
+
+/// Child process: provision `r1` over the database at `conninfo`, relay only.
+async fn relay_only(conninfo: &str) {
+    let (mut client, connection) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let mut relay = Relay::new(&client, engine(), Settings::default())
+        .await
+        .unwrap();
+    assert!(Relay::lock(&client).await.unwrap());
+    let recorded = relay
+        .record(&mut client, &[ReplicaInfo::live("r1", None)], 1 << 20)
+        .await
+        .unwrap();
+    relay.publish(&client, &Drop).await.unwrap();
+    println!("{} {}", recorded.planned.sends, peak_rss_kib());
+}
+
+fn measure_memory(conninfo: &str) -> (u64, u64) {
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .env("MAGIC_SYNC_RELAY_ONLY", conninfo)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().unwrap();
+    let mut parts = line.split_whitespace().map(|p| p.parse::<u64>().unwrap());
+    (parts.next().unwrap(), parts.next().unwrap())
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+#[tokio::main]
+async fn main() {
+    if let Ok(conninfo) = std::env::var("MAGIC_SYNC_RELAY_ONLY") {
+        relay_only(&conninfo).await;
+        return;
+    }
+    let total: i64 = std::env::var("MAGIC_SYNC_BENCH_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    let dir = tempfile::tempdir().unwrap();
+    println!("provisioning one replica of {total} rows across 5 tables");
+    let db = prepared(total).await;
+
+    let (copy, copied) = baseline(&db, dir.path()).await;
+    let t = engine_run(&db, dir.path()).await;
+    assert_eq!(t.rows, copied, "the replica holds every row");
+    let engine_total = t.record + t.publish + t.apply;
+    println!(
+        "baseline COPY -> SQLite:   {:>6.2} s  {:>9.0} rows/s",
+        secs(copy),
+        copied as f64 / secs(copy)
+    );
+    println!(
+        "engine, record:            {:>6.2} s  ({} messages)",
+        secs(t.record),
+        t.messages
+    );
+    println!("engine, publish:           {:>6.2} s", secs(t.publish));
+    println!("engine, apply:             {:>6.2} s", secs(t.apply));
+    println!(
+        "engine, total:             {:>6.2} s  {:>9.0} rows/s  {:.2}x the baseline",
+        secs(engine_total),
+        t.rows as f64 / secs(engine_total),
+        secs(engine_total) / secs(copy)
+    );
+
+    // The relay-only runs provision `r1` again from scratch.
+    db.connect()
+        .await
+        .batch_execute("DELETE FROM sync.replicas; DELETE FROM sync.held; DELETE FROM sync.outbox; DELETE FROM sync.bodies;")
+        .await
+        .unwrap();
+    let small = prepared(total / 10).await;
+    let (small_rows, small_rss) = measure_memory(&small.conninfo());
+    let (large_rows, large_rss) = measure_memory(&db.conninfo());
+    println!(
+        "relay peak RSS: {} rows {:.1} MiB, {} rows {:.1} MiB: {:.2}x",
+        small_rows,
+        small_rss as f64 / 1024.0,
+        large_rows,
+        large_rss as f64 / 1024.0,
+        large_rss as f64 / small_rss as f64
+    );
+}
