@@ -287,6 +287,9 @@ impl Relay {
                 &[&ids, &parts, &fresh],
             )
             .await?;
+            if ids.len() > 20 {
+                tx.batch_execute("ANALYZE _ms_r").await?;
+            }
         }
         let planner = plan::Planner {
             tx: &tx,

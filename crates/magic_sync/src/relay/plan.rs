@@ -54,6 +54,13 @@ CREATE TEMP TABLE IF NOT EXISTS _ms_f (r text, t text, k jsonb, round int NOT NU
 const CLEAR: &str =
     "TRUNCATE _ms_r, _ms_notes, _ms_changed, _ms_touched, _ms_grant, _ms_q, _ms_k, _ms_send, _ms_del, _ms_f";
 
+/// The replicas holding the row `c.t`, `c.k`, looked up by index for each
+/// changed row: a change is planned around its own row, never by a scan of
+/// everything the replicas hold. (`OFFSET 0` keeps PostgreSQL from turning
+/// the lookup into a join it would drive from `sync.held`.)
+const HOLDERS: &str =
+    "SELECT h.replica FROM sync.held h WHERE h.table_name = c.t AND h.key = c.k OFFSET 0";
+
 /// How large a temporary table grows before the planner has it analysed, so
 /// PostgreSQL plans the joins over it for its real size.
 const ANALYSE_ABOVE: u64 = 5_000;
@@ -310,8 +317,12 @@ impl Planner<'_, '_> {
             names.join(", ")
         ))
         .await?;
-        self.run("INSERT INTO _ms_touched (t, k) SELECT t, k FROM _ms_changed")
+        let changed = self
+            .run("INSERT INTO _ms_touched (t, k) SELECT t, k FROM _ms_changed")
             .await?;
+        if changed > 100 {
+            self.run("ANALYZE _ms_changed, _ms_touched").await?;
+        }
         for g in &self.groups {
             let t = literal(g.table.name);
             // A membership that came or went touches its member, for every replica.
@@ -351,26 +362,59 @@ impl Planner<'_, '_> {
         Ok(notes)
     }
 
-    /// The rows in question, round by round.
+    /// The rows in question, round by round. Each row is marked, as it is
+    /// added, with whether its own rule keeps it.
     async fn in_question(&self) -> Result<()> {
-        let first = self
-            .run(
-                "INSERT INTO _ms_q (r, t, k, round)
-                 SELECT r.r, c.t, c.k, 0
-                 FROM _ms_r r CROSS JOIN _ms_touched c
-                 JOIN sync.held h ON h.replica = r.r AND h.table_name = c.t AND h.key = c.k
-                 WHERE NOT r.fresh
-                 ON CONFLICT DO NOTHING",
-            )
-            .await?
-            + self
-                .run(
-                    "INSERT INTO _ms_q (r, t, k, round)
-                     SELECT g.r, g.t, g.k, 0 FROM _ms_grant g
-                     JOIN sync.held h ON h.replica = g.r AND h.table_name = g.t AND h.key = g.k
-                     ON CONFLICT DO NOTHING",
-                )
-                .await?;
+        let mut first = 0;
+        let touched = self.present("_ms_touched").await?;
+        let granted = self.present("_ms_grant").await?;
+        for shape in &self.graph.shapes {
+            let name = shape.table.name;
+            let t = literal(name);
+            let ruled = self.ruled(shape, "c.k", "r");
+            if touched.contains(name) {
+                // The row is read once, whichever replicas hold it.
+                let (row, ruled_row) = match rule(shape.table, "x", "r") {
+                    Some(cond) => (
+                        format!(
+                            "LEFT JOIN {} x ON {}",
+                            shape.relation,
+                            key_match("x", shape, "c.k")
+                        ),
+                        format!(
+                            "(x.{} IS NOT NULL AND coalesce({cond}, false))",
+                            crate::sql::ident(shape.table.key[0])
+                        ),
+                    ),
+                    None => (String::new(), "false".to_string()),
+                };
+                first += self
+                    .run(&format!(
+                        "INSERT INTO _ms_q (r, t, k, round, ruled)
+                         SELECT h.replica, c.t, c.k, 0, {ruled_row}
+                         FROM _ms_touched c
+                         {row}
+                         CROSS JOIN LATERAL ({HOLDERS}) h
+                         JOIN _ms_r r ON r.r = h.replica AND NOT r.fresh
+                         WHERE c.t = {t}
+                         ON CONFLICT DO NOTHING"
+                    ))
+                    .await?;
+            }
+            if granted.contains(name) {
+                first += self
+                    .run(&format!(
+                        "INSERT INTO _ms_q (r, t, k, round, ruled)
+                         SELECT c.r, c.t, c.k, 0, {ruled}
+                         FROM _ms_grant c
+                         JOIN sync.held h ON h.table_name = c.t AND h.key = c.k AND h.replica = c.r
+                         JOIN _ms_r r ON r.r = c.r
+                         WHERE c.t = {t}
+                         ON CONFLICT DO NOTHING"
+                    ))
+                    .await?;
+            }
+        }
         if first == 0 {
             return Ok(());
         }
@@ -379,9 +423,6 @@ impl Planner<'_, '_> {
             let tables = self.tables_in("_ms_q", round).await?;
             if tables.is_empty() {
                 return Ok(());
-            }
-            for t in &tables {
-                self.mark_ruled(self.graph.shape(t), round).await?;
             }
             let mut added = 0;
             for link in &self.graph.links {
@@ -399,6 +440,19 @@ impl Planner<'_, '_> {
         }
     }
 
+    /// Whether the row of `shape` with key `key` goes to the replica `r` (a
+    /// row of `_ms_r`) by its own rule, as an SQL expression.
+    fn ruled(&self, shape: &Shape, key: &str, r: &str) -> String {
+        match rule(shape.table, "x", r) {
+            Some(cond) => format!(
+                "EXISTS (SELECT 1 FROM {} x WHERE {} AND {cond})",
+                shape.relation,
+                key_match("x", shape, key)
+            ),
+            None => "false".into(),
+        }
+    }
+
     /// The tables with rows in round `round` of `temp`.
     async fn tables_in(&self, temp: &str, round: i32) -> Result<BTreeSet<String>> {
         Ok(self
@@ -413,32 +467,17 @@ impl Planner<'_, '_> {
             .collect())
     }
 
-    /// Marks the rows in question of round `round` its rule keeps.
-    async fn mark_ruled(&self, shape: &Shape, round: i32) -> Result<()> {
-        let Some(cond) = rule(shape.table, "a", "rr") else {
-            return Ok(());
-        };
-        self.run(&format!(
-            "UPDATE _ms_q q SET ruled = true FROM _ms_r rr
-             WHERE rr.r = q.r AND q.t = {t} AND q.round = {round}
-               AND EXISTS (SELECT 1 FROM {rel} a WHERE {m} AND {cond})",
-            t = literal(shape.table.name),
-            rel = shape.relation,
-            m = key_match("a", shape, "q.k"),
-        ))
-        .await?;
-        Ok(())
-    }
-
     /// Held parents of the rows in question of round `round` of `link`'s
     /// child: those its held version pointed at, when the row changed or its
     /// rule does not keep it.
     async fn question_parents(&self, link: &Link, round: i32) -> Result<u64> {
         let child = self.graph.shape(link.child.name);
+        let ruled = self.ruled(self.graph.shape(link.parent.name), "p.ptr", "rr");
         self.run(&format!(
-            "INSERT INTO _ms_q (r, t, k, round)
-             SELECT q.r, {parent}, p.ptr, {next}
+            "INSERT INTO _ms_q (r, t, k, round, ruled)
+             SELECT q.r, {parent}, p.ptr, {next}, {ruled}
              FROM _ms_q q
+             JOIN _ms_r rr ON rr.r = q.r
              LEFT JOIN _ms_changed ch ON ch.t = {c} AND ch.k = q.k
              LEFT JOIN {rel} a ON ch.k IS NULL AND {m}
              CROSS JOIN LATERAL (SELECT CASE WHEN ch.k IS NOT NULL THEN {from_note} ELSE {from_row} END AS ptr) p
@@ -460,10 +499,13 @@ impl Planner<'_, '_> {
     /// parent that its rule does not keep.
     async fn question_followers(&self, link: &Link, round: i32) -> Result<u64> {
         let child = self.graph.shape(link.child.name);
+        let ck_expr = key_json("a", link.child);
+        let ruled = self.ruled(child, &ck_expr, "rr");
         self.run(&format!(
-            "INSERT INTO _ms_q (r, t, k, round)
-             SELECT q.r, {c}, {ck}, {next}
+            "INSERT INTO _ms_q (r, t, k, round, ruled)
+             SELECT q.r, {c}, {ck}, {next}, {ruled}
              FROM _ms_q q
+             JOIN _ms_r rr ON rr.r = q.r
              JOIN {rel} a ON {points}
              JOIN sync.held h ON h.replica = q.r AND h.table_name = {c} AND h.key = {ck}
              WHERE q.t = {p} AND q.round = {round} AND NOT q.ruled

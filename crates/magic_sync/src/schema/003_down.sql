@@ -34,8 +34,12 @@ CREATE TABLE sync.held (
     key        jsonb  NOT NULL,
     version    bigint NOT NULL,
     message    bigint NOT NULL,
-    PRIMARY KEY (replica, table_name, key)
+    -- Row first: a change looks up every replica holding its row.
+    PRIMARY KEY (table_name, key, replica)
 );
+-- Per replica: forgetting one, counting what it holds. Not on `message` or
+-- `version`: a row sent again then updates in place (a HOT update).
+CREATE INDEX held_by_replica ON sync.held (replica);
 
 -- Message bodies, each stored once however many replicas' messages carry it.
 CREATE TABLE sync.bodies (

@@ -1,0 +1,352 @@
+//! The steady state: 100 replicas (10 per partition) kept up while the
+//! server takes single-row changes, each wanted by the 10 replicas of its
+//! partition. The relay runs its runner (`run::server`) against the
+//! in-process network; every replica applies on a thread of its own, into a
+//! SQLite file of its own, and reports back what it applied.
+//!
+//! cargo bench -p magic_sync --features postgres,sqlite --bench steady
+//!
+//! 1. Paced: 1,000 changes per second for MAGIC_SYNC_BENCH_SECONDS (default
+//!    60): commit-to-applied latency (each change carries its commit clock;
+//!    a replica takes the clock when the message holding it has applied),
+//!    and the backlog (pending notes, messages in the outbox) sampled every
+//!    second, to see whether it grows.
+//! 2. Flat out: writers as fast as they go for 20 s: changes per second the
+//!    relay planned, row deliveries per second the replicas applied.
+
+use magic_sync::envelope::{to_replica::Body, ToReplica};
+use magic_sync::relay::{ReplicaInfo, Replicas, Settings};
+use magic_sync::replica::Replica;
+use magic_sync::run::memory::Network;
+use magic_sync::{Engine, Row};
+use prost::Message;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "items", down, partition = "region", key(id))]
+struct Item {
+    id: i64,
+    region: i64,
+    value: i64,
+    stamp: i64,
+}
+
+const REPLICAS: usize = 100;
+const REGIONS: i64 = 10;
+const ITEMS: i64 = 10_000;
+
+fn engine() -> &'static Engine {
+    Box::leak(Box::new(
+        Engine::builder()
+            .table::<Item>()
+            .build()
+            .expect("declarations"),
+    ))
+}
+
+fn now_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_micros() as i64
+}
+
+struct Host(Vec<ReplicaInfo>);
+
+impl Replicas for Host {
+    async fn replicas(&self) -> magic_sync::Result<Vec<ReplicaInfo>> {
+        Ok(self.0.clone())
+    }
+}
+
+/// What the replicas saw.
+#[derive(Default)]
+struct Seen {
+    measuring: AtomicBool,
+    latencies: Mutex<Vec<u64>>,
+    rows: AtomicU64,
+}
+
+fn replica_loop(
+    id: String,
+    path: std::path::PathBuf,
+    engine: &'static Engine,
+    network: Network,
+    seen: Arc<Seen>,
+) {
+    let mut replica = Replica::open(&path, &id, engine, Vec::new()).expect("open");
+    while let Some(message) = network.next(&id) {
+        let report = magic_sync::run::replica::deliver(&mut replica, &message).expect("apply");
+        let applied = now_micros();
+        if let Some(report) = report {
+            network.report(&id, report);
+        }
+        let Ok(decoded) = ToReplica::decode(message.as_slice()) else {
+            continue;
+        };
+        let Some(Body::Down(down)) = decoded.body else {
+            continue;
+        };
+        let mut latencies = Vec::new();
+        for table in &down.tables {
+            for row in &table.upserts {
+                seen.rows.fetch_add(1, Ordering::Relaxed);
+                if !seen.measuring.load(Ordering::Relaxed) {
+                    continue;
+                }
+                let json: serde_json::Value = serde_json::from_slice(&row.data).expect("json");
+                if let Some(stamp) = json.get("stamp").and_then(serde_json::Value::as_i64) {
+                    latencies.push((applied - stamp).max(0) as u64);
+                }
+            }
+        }
+        if !latencies.is_empty() {
+            seen.latencies.lock().unwrap().extend(latencies);
+        }
+    }
+}
+
+async fn backlog(client: &tokio_postgres::Client) -> (i64, i64) {
+    let row = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM sync.notes), (SELECT count(*) FROM sync.outbox)",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// Writers updating random items: `rate` changes per second in all, or as
+/// fast as they go when `rate` is 0, until `stop`.
+async fn write(
+    db: &magic_sync_testdb::TestDb,
+    writers: usize,
+    rate: u64,
+    stop: Arc<AtomicBool>,
+) -> u64 {
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let client = db.connect().await;
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let statement = client
+                .prepare("UPDATE items SET value = value + 1, stamp = $2 WHERE id = $1")
+                .await
+                .unwrap();
+            let mut done = 0u64;
+            let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ (w as u64);
+            let per_writer = rate as f64 / writers as f64;
+            let started = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                if rate > 0 {
+                    let due = (started.elapsed().as_secs_f64() * per_writer) as u64;
+                    if done >= due {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        continue;
+                    }
+                }
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let id = 1 + (x % ITEMS as u64) as i64;
+                client
+                    .execute(&statement, &[&id, &now_micros()])
+                    .await
+                    .unwrap();
+                done += 1;
+            }
+            done
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    total
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i] as f64 / 1000.0
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let seconds: u64 = std::env::var("MAGIC_SYNC_BENCH_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    let engine = engine();
+    let db = magic_sync_testdb::database().await;
+    let mut client = db.connect().await;
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE items (id bigint PRIMARY KEY, region bigint NOT NULL, value bigint NOT NULL, stamp bigint NOT NULL);
+             INSERT INTO items SELECT i, i % {REGIONS}, 0, 0 FROM generate_series(1, {ITEMS}) i;"
+        ))
+        .await
+        .unwrap();
+    magic_sync::schema::migrate(&mut client).await.unwrap();
+    engine.install_triggers(&mut client).await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let network = Network::new(1 << 20);
+    let seen = Arc::new(Seen::default());
+    let mut infos = Vec::new();
+    let mut threads = Vec::new();
+    for i in 0..REPLICAS {
+        let id = format!("r{i:03}");
+        let region = (i as i64 % REGIONS).to_string();
+        infos.push(ReplicaInfo::live(&id, Some(&region)));
+        let (network, seen, path) = (
+            network.clone(),
+            seen.clone(),
+            dir.path().join(format!("{id}.sqlite")),
+        );
+        threads.push(std::thread::spawn(move || {
+            replica_loop(id, path, engine, network, seen)
+        }));
+    }
+    let (stop_relay, stopped) = tokio::sync::oneshot::channel::<()>();
+    let relay = {
+        let config = db.config();
+        let network = network.clone();
+        tokio::spawn(async move {
+            let host = Host(infos);
+            magic_sync::run::server::server(
+                config,
+                engine.clone(),
+                Settings::default(),
+                &host,
+                &network,
+                &network,
+                async {
+                    stopped.await.ok();
+                },
+            )
+            .await
+            .unwrap();
+        })
+    };
+    // Provisioned and confirmed, every one.
+    let started = Instant::now();
+    loop {
+        let waiting: i64 = client
+            .query_one(
+                "SELECT count(*) FROM sync.replicas WHERE provision OR acked_number < last_number OR last_number = 0",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let known: i64 = client
+            .query_one("SELECT count(*) FROM sync.replicas", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if known == REPLICAS as i64 && waiting == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "{REPLICAS} replicas provisioned ({} rows each) in {:.2} s",
+        ITEMS / REGIONS,
+        started.elapsed().as_secs_f64()
+    );
+
+    // 1. Paced.
+    seen.measuring.store(true, Ordering::Relaxed);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers = write(&db, 2, 1000, stop.clone());
+    let sampler = async {
+        let mut samples = Vec::new();
+        for _ in 0..seconds {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            samples.push(backlog(&client).await);
+        }
+        stop.store(true, Ordering::Relaxed);
+        samples
+    };
+    let rows_before = seen.rows.load(Ordering::Relaxed);
+    let (changes, samples) = tokio::join!(writers, sampler);
+    // Let what was written arrive.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    seen.measuring.store(false, Ordering::Relaxed);
+    let delivered = seen.rows.load(Ordering::Relaxed) - rows_before;
+    let mut latencies = std::mem::take(&mut *seen.latencies.lock().unwrap());
+    latencies.sort_unstable();
+    let first: Vec<_> = samples.iter().take(10).collect();
+    let last: Vec<_> = samples.iter().rev().take(10).collect();
+    let avg = |s: &[&(i64, i64)]| {
+        (
+            s.iter().map(|x| x.0).sum::<i64>() as f64 / s.len().max(1) as f64,
+            s.iter().map(|x| x.1).sum::<i64>() as f64 / s.len().max(1) as f64,
+        )
+    };
+    let max_notes = samples.iter().map(|s| s.0).max().unwrap_or(0);
+    println!(
+        "paced: {changes} changes in {seconds} s ({:.0}/s), {delivered} row deliveries applied",
+        changes as f64 / seconds as f64
+    );
+    println!(
+        "  commit-to-applied latency: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} deliveries measured)",
+        percentile(&latencies, 0.50),
+        percentile(&latencies, 0.99),
+        percentile(&latencies, 1.0),
+        latencies.len()
+    );
+    println!(
+        "  backlog (pending notes, outbox messages): first 10 s avg {:.1}, {:.1}; last 10 s avg {:.1}, {:.1}; max notes {max_notes}",
+        avg(&first).0,
+        avg(&first).1,
+        avg(&last).0,
+        avg(&last).1
+    );
+
+    // 2. Flat out.
+    let flat = 20;
+    let stop = Arc::new(AtomicBool::new(false));
+    let rows_before = seen.rows.load(Ordering::Relaxed);
+    let notes_before: i64 = client
+        .query_one("SELECT last_value FROM sync.note_seq", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let started = Instant::now();
+    let timer = {
+        let stop = stop.clone();
+        async move {
+            tokio::time::sleep(Duration::from_secs(flat)).await;
+            stop.store(true, Ordering::Relaxed);
+        }
+    };
+    let (changes, ()) = tokio::join!(write(&db, 4, 0, stop.clone()), timer);
+    let elapsed = started.elapsed().as_secs_f64();
+    let delivered = seen.rows.load(Ordering::Relaxed) - rows_before;
+    let (pending, outbox) = backlog(&client).await;
+    let notes_after: i64 = client
+        .query_one("SELECT last_value FROM sync.note_seq", &[])
+        .await
+        .unwrap()
+        .get(0);
+    println!(
+        "flat out: {changes} changes in {elapsed:.1} s ({:.0}/s written), {:.0} changes/s planned, {:.0} row deliveries/s applied; left pending: {pending} notes, {outbox} messages",
+        changes as f64 / elapsed,
+        ((notes_after - notes_before) - pending) as f64 / elapsed,
+        delivered as f64 / elapsed,
+    );
+
+    stop_relay.send(()).unwrap();
+    relay.await.unwrap();
+    network.close();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
