@@ -15,7 +15,7 @@
 //! MAGIC_SYNC_BENCH_ROWS sets the total rows (default 1,000,000).
 
 use magic_sync::relay::{Relay, ReplicaInfo, SendError, Settings, Transport};
-use magic_sync::replica::{ForeignKey, Replica};
+use magic_sync::replica::Replica;
 use magic_sync::run::memory::Network;
 use magic_sync::{Engine, Numeric, Row};
 use std::time::{Duration, Instant};
@@ -193,16 +193,7 @@ async fn engine_run(db: &magic_sync_testdb::TestDb, dir: &std::path::Path) -> Ti
     let catalog = magic_sync::catalog::Catalog::read(&client, &engine)
         .await
         .unwrap();
-    let fks = catalog
-        .foreign_keys
-        .iter()
-        .map(|fk| ForeignKey {
-            child: fk.child.to_string(),
-            child_columns: fk.child_columns.clone(),
-            parent: fk.parent.to_string(),
-            parent_columns: fk.parent_columns.clone(),
-        })
-        .collect();
+    let fks = catalog.replica_foreign_keys();
     let network = Network::new(1 << 20);
     let replicas = [ReplicaInfo::live("r1", None)];
 

@@ -311,6 +311,7 @@ async fn main() {
     );
 
     // 2. Flat out.
+    eprintln!("--- flat out ---");
     let flat = 20;
     let stop = Arc::new(AtomicBool::new(false));
     let rows_before = seen.rows.load(Ordering::Relaxed);

@@ -243,3 +243,20 @@ impl Catalog {
         out
     }
 }
+
+#[cfg(feature = "sqlite")]
+impl Catalog {
+    /// The foreign keys between declared tables, as a replica is told them
+    /// when it opens ([`crate::replica::Replica::open`]).
+    pub fn replica_foreign_keys(&self) -> Vec<crate::replica::ForeignKey> {
+        self.foreign_keys
+            .iter()
+            .map(|fk| crate::replica::ForeignKey {
+                child: fk.child.to_string(),
+                child_columns: fk.child_columns.clone(),
+                parent: fk.parent.to_string(),
+                parent_columns: fk.parent_columns.clone(),
+            })
+            .collect()
+    }
+}

@@ -267,9 +267,13 @@ impl Relay {
         if !self.prepared {
             plan::prepare(&tx).await?;
         }
+        let t0 = std::time::Instant::now();
         plan::Planner::clear(&tx).await?;
+        trace("clear", t0);
+        let t0 = std::time::Instant::now();
         let epoch = outbox::Epoch::read(&tx).await?;
         let observed = observe(&tx, replicas).await?;
+        trace("observe", t0);
         let mut recorded = Recorded {
             forgotten: observed.forgotten,
             ..Recorded::default()
@@ -288,6 +292,8 @@ impl Relay {
             )
             .await?;
             if ids.len() > 20 {
+                // Emptied each pass, the table would otherwise look empty
+                // to PostgreSQL's planner.
                 tx.batch_execute("ANALYZE _ms_r").await?;
             }
         }
@@ -335,7 +341,9 @@ impl Relay {
                 }
             }
             recorded.messages = writer.written();
+            let t0 = std::time::Instant::now();
             let last = writer.finish(&tx).await?;
+            trace("finish", t0);
             let t0 = std::time::Instant::now();
             record_held(&tx, &last).await?;
             trace("held", t0);
@@ -547,6 +555,17 @@ impl Relay {
         outbox::acknowledge(client, replica, ack).await
     }
 
+    /// Many acknowledgements at once, each with the replica that sent it (as
+    /// the transport authenticated it): one outcome per acknowledgement, in
+    /// order; a forged one is an error of its own and holds back no other.
+    pub async fn acknowledge_all(
+        &self,
+        client: &Client,
+        acks: &[(String, Ack)],
+    ) -> Result<Vec<Result<Acknowledged>>> {
+        outbox::acknowledge_all(client, acks).await
+    }
+
     /// The replica `replica` could not follow a message and waits for a
     /// snapshot: it is provisioned again at the next pass, unless a snapshot
     /// that began after that message is already on its way. Returns whether
@@ -570,8 +589,9 @@ pub(crate) fn trace_sum(step: &str, since: std::time::Instant) {
     }
 }
 
-/// With MAGIC_SYNC_TRACE set, says how long a step of the pass took.
-pub(crate) fn trace(step: &str, since: std::time::Instant) {
+/// With MAGIC_SYNC_TRACE set, says on standard error how long a step of the
+/// pass took.
+pub fn trace(step: &str, since: std::time::Instant) {
     if std::env::var_os("MAGIC_SYNC_TRACE").is_some() {
         eprintln!("{:>8.1} ms  {step}", since.elapsed().as_secs_f64() * 1e3);
     }
@@ -617,10 +637,19 @@ async fn record_held(tx: &Transaction<'_>, last: &HashMap<String, i64>) -> Resul
     )
     .await?;
     let (ids, numbers): (Vec<&str>, Vec<i64>) = last.iter().map(|(r, n)| (r.as_str(), *n)).unzip();
+    // Rows the replica held already: a new version, in place.
+    tx.execute(
+        "UPDATE sync.held h SET version = s.version, message = m.number
+         FROM _ms_send s JOIN unnest($1::text[], $2::int8[]) AS m (r, number) ON m.r = s.r
+         WHERE s.held AND h.table_name = s.t AND h.key = s.k AND h.replica = s.r",
+        &[&ids, &numbers],
+    )
+    .await?;
     tx.execute(
         "INSERT INTO sync.held (replica, table_name, key, version, message)
          SELECT s.r, s.t, s.k, s.version, m.number
          FROM _ms_send s JOIN unnest($1::text[], $2::int8[]) AS m (r, number) ON m.r = s.r
+         WHERE NOT s.held
          ON CONFLICT (replica, table_name, key)
          DO UPDATE SET version = EXCLUDED.version, message = EXCLUDED.message",
         &[&ids, &numbers],

@@ -389,63 +389,97 @@ async fn send_in_order<T: Transport>(
 
 /// See [`super::Relay::acknowledge`].
 pub(crate) async fn acknowledge(client: &Client, replica: &str, ack: &Ack) -> Result<Acknowledged> {
-    let epoch = Epoch::read(client).await?;
-    let Ok(number) = i64::try_from(ack.number) else {
-        return Err(Error::Invalid(format!(
-            "replica `{replica}` acknowledged message {}, beyond any number the server gives",
-            ack.number
-        )));
-    };
-    let Some(row) = client
-        .query_opt(
-            "SELECT last_number, acked_number FROM sync.replicas WHERE id = $1 AND live",
-            &[&replica],
-        )
-        .await?
-    else {
-        return Ok(Acknowledged::Unknown);
-    };
-    if ack.epoch != epoch.id {
-        provision(client, replica).await?;
-        return Ok(Acknowledged::Provisioning);
-    }
-    if !seal::verify(
-        &epoch.secret,
-        replica,
-        &epoch.id,
-        ack.number,
-        &ack.nonce,
-        &ack.seal,
-    ) {
-        return Err(Error::Forged {
-            replica: replica.to_string(),
-            number: ack.number,
-        });
-    }
-    let (last, acked): (i64, i64) = (row.get(0), row.get(1));
-    if number > last || number < acked {
-        // Sealed by this server, but not the chain it records: the server's
-        // database or the replica's was restored from an older copy.
-        provision(client, replica).await?;
-        return Ok(Acknowledged::Provisioning);
-    }
-    client
-        .execute(
-            "UPDATE sync.replicas SET acked_number = $2, acked_at = now() WHERE id = $1",
-            &[&replica, &number],
-        )
-        .await?;
-    Ok(Acknowledged::Recorded)
+    let mut outcomes = acknowledge_all(client, &[(replica.to_string(), ack.clone())]).await?;
+    outcomes.pop().expect("one outcome per acknowledgement")
 }
 
-async fn provision(client: &Client, replica: &str) -> Result<()> {
-    client
-        .execute(
-            "UPDATE sync.replicas SET provision = true WHERE id = $1",
-            &[&replica],
+/// See [`super::Relay::acknowledge_all`].
+pub(crate) async fn acknowledge_all(
+    client: &Client,
+    acks: &[(String, Ack)],
+) -> Result<Vec<Result<Acknowledged>>> {
+    if acks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let epoch = Epoch::read(client).await?;
+    let ids: Vec<&str> = acks.iter().map(|(r, _)| r.as_str()).collect();
+    let mut known: HashMap<String, (i64, i64)> = client
+        .query(
+            "SELECT id, last_number, acked_number FROM sync.replicas WHERE id = ANY($1) AND live",
+            &[&ids],
         )
-        .await?;
-    Ok(())
+        .await?
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .collect();
+    let mut outcomes = Vec::with_capacity(acks.len());
+    let mut again: Vec<&str> = Vec::new();
+    for (replica, ack) in acks {
+        let Some((last, acked)) = known.get_mut(replica) else {
+            outcomes.push(Ok(Acknowledged::Unknown));
+            continue;
+        };
+        let Ok(number) = i64::try_from(ack.number) else {
+            outcomes.push(Err(Error::Invalid(format!(
+                "replica `{replica}` acknowledged message {}, beyond any number the server gives",
+                ack.number
+            ))));
+            continue;
+        };
+        if ack.epoch != epoch.id {
+            again.push(replica);
+            outcomes.push(Ok(Acknowledged::Provisioning));
+            continue;
+        }
+        if !seal::verify(
+            &epoch.secret,
+            replica,
+            &epoch.id,
+            ack.number,
+            &ack.nonce,
+            &ack.seal,
+        ) {
+            outcomes.push(Err(Error::Forged {
+                replica: replica.clone(),
+                number: ack.number,
+            }));
+            continue;
+        }
+        if number > *last || number < *acked {
+            // Sealed by this server, but not the chain it records: the
+            // server's database or the replica's was restored from an older copy.
+            again.push(replica);
+            outcomes.push(Ok(Acknowledged::Provisioning));
+            continue;
+        }
+        *acked = number;
+        outcomes.push(Ok(Acknowledged::Recorded));
+    }
+    let (recorded, numbers): (Vec<&str>, Vec<i64>) = acks
+        .iter()
+        .zip(&outcomes)
+        .filter(|(_, o)| matches!(o, Ok(Acknowledged::Recorded)))
+        .map(|((r, _), _)| (r.as_str(), known[r].1))
+        .unzip();
+    if !recorded.is_empty() {
+        client
+            .execute(
+                "UPDATE sync.replicas r SET acked_number = a.number, acked_at = now()
+                 FROM (SELECT DISTINCT id, number FROM unnest($1::text[], $2::int8[]) AS u (id, number)) a
+                 WHERE r.id = a.id AND r.acked_number < a.number",
+                &[&recorded, &numbers],
+            )
+            .await?;
+    }
+    if !again.is_empty() {
+        client
+            .execute(
+                "UPDATE sync.replicas SET provision = true WHERE id = ANY($1)",
+                &[&again],
+            )
+            .await?;
+    }
+    Ok(outcomes)
 }
 
 /// See [`super::Relay::gap`].

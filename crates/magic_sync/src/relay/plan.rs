@@ -43,14 +43,17 @@ CREATE TEMP TABLE IF NOT EXISTS _ms_notes (at tid, seq bigint, t text, k jsonb, 
 CREATE TEMP TABLE IF NOT EXISTS _ms_changed (t text, k jsonb, last_seq bigint NOT NULL, old_parents jsonb, PRIMARY KEY (t, k));
 CREATE TEMP TABLE IF NOT EXISTS _ms_touched (t text, k jsonb, PRIMARY KEY (t, k));
 CREATE TEMP TABLE IF NOT EXISTS _ms_grant (r text, t text, k jsonb, PRIMARY KEY (r, t, k));
-CREATE TEMP TABLE IF NOT EXISTS _ms_q (r text, t text, k jsonb, round int NOT NULL, ruled boolean NOT NULL DEFAULT false, PRIMARY KEY (r, t, k));
+CREATE TEMP TABLE IF NOT EXISTS _ms_q (r text, t text, k jsonb, round int NOT NULL, ruled boolean NOT NULL DEFAULT false, version bigint NOT NULL, PRIMARY KEY (r, t, k));
 CREATE TEMP TABLE IF NOT EXISTS _ms_k (r text, t text, k jsonb, round int NOT NULL, held boolean NOT NULL, PRIMARY KEY (r, t, k));
 CREATE INDEX IF NOT EXISTS _ms_k_round ON _ms_k (t, round);
-CREATE TEMP TABLE IF NOT EXISTS _ms_send (r text, t text, k jsonb, version bigint NOT NULL);
+CREATE TEMP TABLE IF NOT EXISTS _ms_send (r text, t text, k jsonb, version bigint NOT NULL, held boolean NOT NULL);
 CREATE TEMP TABLE IF NOT EXISTS _ms_del (r text, t text, k jsonb);
 CREATE TEMP TABLE IF NOT EXISTS _ms_f (r text, t text, k jsonb, round int NOT NULL, ptrs jsonb);
 ";
 
+/// Emptied at the start of every pass. TRUNCATE, not DELETE: temporary
+/// tables are never vacuumed, and emptied by DELETE they carry their dead
+/// rows into every later plan (measured: a third slower in the steady state).
 const CLEAR: &str =
     "TRUNCATE _ms_r, _ms_notes, _ms_changed, _ms_touched, _ms_grant, _ms_q, _ms_k, _ms_send, _ms_del, _ms_f";
 
@@ -59,7 +62,7 @@ const CLEAR: &str =
 /// everything the replicas hold. (`OFFSET 0` keeps PostgreSQL from turning
 /// the lookup into a join it would drive from `sync.held`.)
 const HOLDERS: &str =
-    "SELECT h.replica FROM sync.held h WHERE h.table_name = c.t AND h.key = c.k OFFSET 0";
+    "SELECT h.replica, h.version FROM sync.held h WHERE h.table_name = c.t AND h.key = c.k OFFSET 0";
 
 /// How large a temporary table grows before the planner has it analysed, so
 /// PostgreSQL plans the joins over it for its real size.
@@ -139,21 +142,36 @@ impl Planner<'_, '_> {
         }
         self.in_question().await?;
         self.keep().await?;
-        let sends = self
+        let mut sends = self
             .run(
-                "INSERT INTO _ms_send (r, t, k, version)
-                 SELECT k.r, k.t, k.k, coalesce(ch.last_seq, 0)
+                "INSERT INTO _ms_send (r, t, k, version, held)
+                 SELECT k.r, k.t, k.k, coalesce(ch.last_seq, 0), h.key IS NOT NULL
                  FROM _ms_k k
                  LEFT JOIN _ms_changed ch ON ch.t = k.t AND ch.k = k.k
                  LEFT JOIN sync.held h ON h.replica = k.r AND h.table_name = k.t AND h.key = k.k
                  WHERE h.key IS NULL OR h.version < coalesce(ch.last_seq, 0)",
             )
             .await?;
+        let pointing = self.pointing();
+        let not_pointing = if pointing.is_empty() {
+            String::new()
+        } else {
+            format!("AND q.t NOT IN ({})", pointing.join(", "))
+        };
+        sends += self
+            .run(&format!(
+                "INSERT INTO _ms_send (r, t, k, version, held)
+                 SELECT q.r, q.t, q.k, ch.last_seq, true
+                 FROM _ms_q q JOIN _ms_changed ch ON ch.t = q.t AND ch.k = q.k
+                 WHERE q.ruled {not_pointing} AND q.version < ch.last_seq"
+            ))
+            .await?;
         let deletes = self
             .run(
                 "INSERT INTO _ms_del (r, t, k)
                  SELECT q.r, q.t, q.k FROM _ms_q q
-                 WHERE NOT EXISTS (SELECT 1 FROM _ms_k k WHERE k.r = q.r AND k.t = q.t AND k.k = q.k)",
+                 WHERE NOT q.ruled
+                   AND NOT EXISTS (SELECT 1 FROM _ms_k k WHERE k.r = q.r AND k.t = q.t AND k.k = q.k)",
             )
             .await?;
         if sends > ANALYSE_ABOVE {
@@ -390,8 +408,8 @@ impl Planner<'_, '_> {
                 };
                 first += self
                     .run(&format!(
-                        "INSERT INTO _ms_q (r, t, k, round, ruled)
-                         SELECT h.replica, c.t, c.k, 0, {ruled_row}
+                        "INSERT INTO _ms_q (r, t, k, round, ruled, version)
+                         SELECT h.replica, c.t, c.k, 0, {ruled_row}, h.version
                          FROM _ms_touched c
                          {row}
                          CROSS JOIN LATERAL ({HOLDERS}) h
@@ -404,8 +422,8 @@ impl Planner<'_, '_> {
             if granted.contains(name) {
                 first += self
                     .run(&format!(
-                        "INSERT INTO _ms_q (r, t, k, round, ruled)
-                         SELECT c.r, c.t, c.k, 0, {ruled}
+                        "INSERT INTO _ms_q (r, t, k, round, ruled, version)
+                         SELECT c.r, c.t, c.k, 0, {ruled}, h.version
                          FROM _ms_grant c
                          JOIN sync.held h ON h.table_name = c.t AND h.key = c.k AND h.replica = c.r
                          JOIN _ms_r r ON r.r = c.r
@@ -438,6 +456,18 @@ impl Planner<'_, '_> {
             }
             round += 1;
         }
+    }
+
+    /// The tables that point at other tables, as SQL literals.
+    fn pointing(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for l in &self.graph.links {
+            let t = literal(l.child.name);
+            if !out.contains(&t) {
+                out.push(t);
+            }
+        }
+        out
     }
 
     /// Whether the row of `shape` with key `key` goes to the replica `r` (a
@@ -474,8 +504,8 @@ impl Planner<'_, '_> {
         let child = self.graph.shape(link.child.name);
         let ruled = self.ruled(self.graph.shape(link.parent.name), "p.ptr", "rr");
         self.run(&format!(
-            "INSERT INTO _ms_q (r, t, k, round, ruled)
-             SELECT q.r, {parent}, p.ptr, {next}, {ruled}
+            "INSERT INTO _ms_q (r, t, k, round, ruled, version)
+             SELECT q.r, {parent}, p.ptr, {next}, {ruled}, h.version
              FROM _ms_q q
              JOIN _ms_r rr ON rr.r = q.r
              LEFT JOIN _ms_changed ch ON ch.t = {c} AND ch.k = q.k
@@ -502,8 +532,8 @@ impl Planner<'_, '_> {
         let ck_expr = key_json("a", link.child);
         let ruled = self.ruled(child, &ck_expr, "rr");
         self.run(&format!(
-            "INSERT INTO _ms_q (r, t, k, round, ruled)
-             SELECT q.r, {c}, {ck}, {next}, {ruled}
+            "INSERT INTO _ms_q (r, t, k, round, ruled, version)
+             SELECT q.r, {c}, {ck}, {next}, {ruled}, h.version
              FROM _ms_q q
              JOIN _ms_r rr ON rr.r = q.r
              JOIN {rel} a ON {points}
@@ -526,12 +556,17 @@ impl Planner<'_, '_> {
         let granted = self.present("_ms_grant").await?;
         let questioned = self.present("_ms_q").await?;
         let mut first = 0;
-        if !questioned.is_empty() {
+        // A row its rule keeps is kept; it needs planning further only when
+        // it points at rows (a re-pointed one may need parents the replica
+        // lacks). The others go straight to the difference.
+        let pointing = self.pointing();
+        if !questioned.is_empty() && !pointing.is_empty() {
             first += self
-                .run(
+                .run(&format!(
                     "INSERT INTO _ms_k (r, t, k, round, held)
-                     SELECT r, t, k, 0, true FROM _ms_q WHERE ruled",
-                )
+                     SELECT r, t, k, 0, true FROM _ms_q WHERE ruled AND t IN ({})",
+                    pointing.join(", ")
+                ))
                 .await?;
         }
         for shape in &self.graph.shapes {
@@ -593,8 +628,8 @@ impl Planner<'_, '_> {
                    UNION SELECT k FROM _ms_grant WHERE t = {t}) c
              JOIN {rel} a ON {m}
              JOIN _ms_r r ON NOT r.fresh AND {cond}
-             WHERE NOT EXISTS (SELECT 1 FROM sync.held h
-                               WHERE h.replica = r.r AND h.table_name = {t} AND h.key = c.k)
+             WHERE NOT EXISTS (SELECT 1 FROM _ms_q q
+                               WHERE q.r = r.r AND q.t = {t} AND q.k = c.k)
              ON CONFLICT DO NOTHING",
             rel = shape.relation,
             m = key_match("a", shape, "c.k"),
@@ -646,8 +681,9 @@ impl Planner<'_, '_> {
         let child = self.graph.shape(link.child.name);
         let c = literal(link.child.name);
         let p = literal(link.parent.name);
+        // The parent stays: held outside the rows in question, or kept by its rule.
         let outside = format!(
-            "NOT EXISTS (SELECT 1 FROM _ms_q q2 WHERE q2.r = h.replica AND q2.t = {p} AND q2.k = h.key)"
+            "NOT EXISTS (SELECT 1 FROM _ms_q q2 WHERE q2.r = h.replica AND q2.t = {p} AND q2.k = h.key AND NOT q2.ruled)"
         );
         let in_question = self
             .run(&format!(

@@ -13,6 +13,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 #[derive(Debug, Default)]
 struct State {
     inboxes: HashMap<String, VecDeque<Vec<u8>>>,
+    /// Per replica, what wakes it when a message arrives: only the replica
+    /// a message is for wakes.
+    bells: HashMap<String, Arc<Condvar>>,
     cut: HashSet<String>,
     reports: VecDeque<(String, Report)>,
     closed: bool,
@@ -21,8 +24,6 @@ struct State {
 #[derive(Debug, Default)]
 struct Shared {
     state: Mutex<State>,
-    /// Wakes replicas waiting for a message.
-    delivered: Condvar,
     /// Wakes the server waiting for a report.
     #[cfg(feature = "postgres")]
     reported: tokio::sync::Notify,
@@ -68,8 +69,9 @@ impl Network {
             .entry(replica.to_string())
             .or_default()
             .push_back(message);
-        drop(state);
-        self.shared.delivered.notify_all();
+        if let Some(bell) = state.bells.get(replica) {
+            bell.notify_one();
+        }
         Ok(())
     }
 
@@ -95,6 +97,7 @@ impl Network {
     /// Waits for the next message for `replica`; `None` once the network is closed.
     pub fn next(&self, replica: &str) -> Option<Vec<u8>> {
         let mut state = self.state();
+        let bell = state.bells.entry(replica.to_string()).or_default().clone();
         loop {
             if let Some(m) = state.inboxes.get_mut(replica).and_then(VecDeque::pop_front) {
                 return Some(m);
@@ -102,9 +105,7 @@ impl Network {
             if state.closed {
                 return None;
             }
-            state = self
-                .shared
-                .delivered
+            state = bell
                 .wait(state)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
@@ -135,8 +136,11 @@ impl Network {
 
     /// Closes the network: replicas waiting in [`next`](Self::next) stop.
     pub fn close(&self) {
-        self.state().closed = true;
-        self.shared.delivered.notify_all();
+        let mut state = self.state();
+        state.closed = true;
+        for bell in state.bells.values() {
+            bell.notify_all();
+        }
     }
 }
 

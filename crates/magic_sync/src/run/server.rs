@@ -19,18 +19,23 @@ pub trait Reports: Send + Sync {
     fn wait(&self) -> impl Future<Output = ()> + Send;
 }
 
-/// Applies what replicas said.
+/// Applies what replicas said: acknowledgements all at once, gaps one by
+/// one. A forged acknowledgement is refused and changes nothing; the others
+/// still count.
 pub async fn heed(relay: &Relay, client: &Client, reports: Vec<(String, Report)>) -> Result<()> {
+    let mut acks = Vec::new();
     for (replica, report) in reports {
-        let result = match &report {
-            Report::Applied(ack) => relay.acknowledge(client, &replica, ack).await.map(|_| ()),
-            Report::Gap(gap) => relay.gap(client, &replica, gap).await.map(|_| ()),
-        };
-        match result {
-            // A forged acknowledgement is refused and changes nothing; the
-            // others still count.
-            Err(Error::Forged { .. }) => {}
-            other => other?,
+        match report {
+            Report::Applied(ack) => acks.push((replica, ack)),
+            Report::Gap(gap) => {
+                relay.gap(client, &replica, &gap).await?;
+            }
+        }
+    }
+    for outcome in relay.acknowledge_all(client, &acks).await? {
+        match outcome {
+            Ok(_) | Err(Error::Forged { .. }) => {}
+            Err(e) => return Err(e),
         }
     }
     Ok(())
@@ -105,12 +110,18 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
         tokio::time::sleep(relay.settings().idle.max(Duration::from_millis(100))).await;
     }
     loop {
+        let started = std::time::Instant::now();
         heed(&relay, client, reports.drain()).await?;
+        crate::relay::trace("heed", started);
         let replicas = host.replicas().await?;
+        let started = std::time::Instant::now();
         let recorded = relay
             .record(client, &replicas, transport.max_message_bytes())
             .await?;
+        crate::relay::trace("record", started);
+        let started = std::time::Instant::now();
         let published = relay.publish(client, transport).await?;
+        crate::relay::trace("publish", started);
         *backoff = relay.settings().backoff_min;
         let busy = recorded.messages > 0 || recorded.planned.notes > 0;
         if !busy && published.sent == 0 {

@@ -80,16 +80,7 @@ impl Fleet {
 
     /// The foreign keys a replica is told of.
     pub fn foreign_keys(&self) -> Vec<replica::ForeignKey> {
-        self.catalog
-            .foreign_keys
-            .iter()
-            .map(|fk| replica::ForeignKey {
-                child: fk.child.to_string(),
-                child_columns: fk.child_columns.clone(),
-                parent: fk.parent.to_string(),
-                parent_columns: fk.parent_columns.clone(),
-            })
-            .collect()
+        self.catalog.replica_foreign_keys()
     }
 
     /// Adds a live replica with a fresh SQLite file.
@@ -143,6 +134,13 @@ impl Fleet {
             .batch_execute(sql)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// A write, then passes until nothing moves, then the check.
+    pub async fn settle(&mut self, sql: &str) {
+        self.write(sql).await;
+        self.sync().await;
+        self.check().await;
     }
 
     /// One record step.

@@ -80,20 +80,16 @@ async fn a_parent_travels_with_its_child() {
 async fn a_repointed_order_brings_its_new_customer_and_lets_go_of_the_old() {
     let mut fleet = shop().await;
     fleet
-        .write("UPDATE orders SET customer_id = 8 WHERE id = 1")
+        .settle("UPDATE orders SET customer_id = 8 WHERE id = 1")
         .await;
-    fleet.sync().await;
-    fleet.check().await;
     assert_eq!(keys(&mut fleet, "u1", &Customer::TABLE), set(&["[8]"]));
     // Another order of u1 keeps customer 8 when order 1 moves on.
     fleet
         .write("UPDATE orders SET customer_id = 8 WHERE id = 3")
         .await;
     fleet
-        .write("UPDATE orders SET customer_id = 9 WHERE id = 1")
+        .settle("UPDATE orders SET customer_id = 9 WHERE id = 1")
         .await;
-    fleet.sync().await;
-    fleet.check().await;
     assert_eq!(
         keys(&mut fleet, "u1", &Customer::TABLE),
         set(&["[8]", "[9]"])
@@ -105,10 +101,8 @@ async fn a_repointed_order_brings_its_new_customer_and_lets_go_of_the_old() {
 async fn an_order_moving_between_tills_moves_with_its_lines_and_customer() {
     let mut fleet = shop().await;
     fleet
-        .write("UPDATE orders SET unit_id = 'u3' WHERE id = 1")
+        .settle("UPDATE orders SET unit_id = 'u3' WHERE id = 1")
         .await;
-    fleet.sync().await;
-    fleet.check().await;
     assert_eq!(keys(&mut fleet, "u1", &OrderLine::TABLE), set(&[]));
     assert_eq!(keys(&mut fleet, "u1", &Customer::TABLE), set(&[]));
     assert_eq!(
@@ -123,17 +117,13 @@ async fn an_order_moving_between_tills_moves_with_its_lines_and_customer() {
 async fn a_follower_comes_and_goes_with_its_parent() {
     let mut fleet = shop().await;
     fleet
-        .write("INSERT INTO order_lines VALUES (1, 3, 3, 1)")
+        .settle("INSERT INTO order_lines VALUES (1, 3, 3, 1)")
         .await;
-    fleet.sync().await;
-    fleet.check().await;
     assert!(keys(&mut fleet, "u1", &OrderLine::TABLE).contains("[1,3]"));
     assert!(!keys(&mut fleet, "u2", &OrderLine::TABLE).contains("[1,3]"));
     fleet
-        .write("DELETE FROM order_lines WHERE order_id = 1 AND line_no = 3")
+        .settle("DELETE FROM order_lines WHERE order_id = 1 AND line_no = 3")
         .await;
-    fleet.sync().await;
-    fleet.check().await;
 }
 
 /// 6. A key change reaches every till whole.
@@ -141,10 +131,8 @@ async fn a_follower_comes_and_goes_with_its_parent() {
 async fn a_key_change_leaves_no_line_pointing_at_the_old_key() {
     let mut fleet = shop().await;
     fleet
-        .write("UPDATE products SET id = 100 WHERE id = 1")
+        .settle("UPDATE products SET id = 100 WHERE id = 1")
         .await;
-    fleet.sync().await;
-    fleet.check().await;
     for u in ["u1", "u2", "u3"] {
         let products = keys(&mut fleet, u, &Product::TABLE);
         assert!(products.contains("[100]") && !products.contains("[1]"));
@@ -155,27 +143,21 @@ async fn a_key_change_leaves_no_line_pointing_at_the_old_key() {
 #[tokio::test]
 async fn groups_bring_their_members_and_take_them_back() {
     let mut fleet = shop().await;
-    fleet.write("INSERT INTO promotions VALUES (12, 1, 10); INSERT INTO promotion_members VALUES (100, 12)").await;
-    fleet.sync().await;
-    fleet.check().await;
+    fleet.settle("INSERT INTO promotions VALUES (12, 1, 10); INSERT INTO promotion_members VALUES (100, 12)").await;
     assert_eq!(
         keys(&mut fleet, "u1", &Promotion::TABLE),
         set(&["[10]", "[12]"])
     );
     fleet
-        .write("INSERT INTO unit_groups VALUES ('u3', 100)")
+        .settle("INSERT INTO unit_groups VALUES ('u3', 100)")
         .await;
-    fleet.sync().await;
-    fleet.check().await;
     assert_eq!(
         keys(&mut fleet, "u3", &Promotion::TABLE),
         set(&["[10]", "[12]"])
     );
     fleet
-        .write("DELETE FROM unit_groups WHERE unit_id = 'u1'")
+        .settle("DELETE FROM unit_groups WHERE unit_id = 'u1'")
         .await;
-    fleet.sync().await;
-    fleet.check().await;
     assert_eq!(keys(&mut fleet, "u1", &Promotion::TABLE), set(&[]));
 }
 
@@ -344,11 +326,7 @@ async fn twice_is_once_and_a_gap_brings_a_snapshot() {
 async fn a_unique_value_moving_between_rows_applies_in_one_message() {
     let mut fleet = shop().await;
     // Every till of the fleet keeps barcodes unique, as the server does.
-    fleet
-        .write("BEGIN; UPDATE products SET barcode = NULL WHERE id = 1; UPDATE products SET barcode = 'B1' WHERE id = 2; COMMIT;")
-        .await;
-    fleet.sync().await;
-    fleet.check().await;
+    fleet.settle("BEGIN; UPDATE products SET barcode = NULL WHERE id = 1; UPDATE products SET barcode = 'B1' WHERE id = 2; COMMIT;").await;
     for u in ["u1", "u2", "u3"] {
         assert!(
             fleet.unit(u).replica.refused().unwrap().is_empty(),
@@ -356,9 +334,7 @@ async fn a_unique_value_moving_between_rows_applies_in_one_message() {
         );
     }
     // Product 2 goes, and a new product takes its barcode, in one transaction.
-    fleet.write("BEGIN; DELETE FROM promotions WHERE product_id = 2; DELETE FROM order_lines WHERE product_id = 2; DELETE FROM stock WHERE product_id = 2; DELETE FROM products WHERE id = 2; INSERT INTO products VALUES (4, 'oat milk', 2, 'B1'); COMMIT;").await;
-    fleet.sync().await;
-    fleet.check().await;
+    fleet.settle("BEGIN; DELETE FROM promotions WHERE product_id = 2; DELETE FROM order_lines WHERE product_id = 2; DELETE FROM stock WHERE product_id = 2; DELETE FROM products WHERE id = 2; INSERT INTO products VALUES (4, 'oat milk', 2, 'B1'); COMMIT;").await;
     for u in ["u1", "u2", "u3"] {
         assert!(
             fleet.unit(u).replica.refused().unwrap().is_empty(),
@@ -379,10 +355,8 @@ async fn a_sale_keeps_its_customer_until_it_goes() {
         .execute_batch("INSERT INTO sales (id, unit_id, customer_id, total, version) VALUES ('s1', 'u1', 7, '9.50', 1)")
         .unwrap();
     fleet
-        .write("UPDATE orders SET customer_id = NULL WHERE id = 1")
+        .settle("UPDATE orders SET customer_id = NULL WHERE id = 1")
         .await;
-    fleet.sync().await;
-    fleet.check().await;
     let conn = fleet.unit("u1").replica.connection();
     let retired: Option<i64> = conn
         .query_row("SELECT retired FROM customers WHERE id = 7", [], |r| {
