@@ -11,8 +11,8 @@
 //!    a replica takes the clock when the message holding it has applied),
 //!    and the backlog (pending notes, messages in the outbox) sampled every
 //!    second, to see whether it grows.
-//! 2. Flat out: writers as fast as they go for 20 s: changes per second the
-//!    relay planned, row deliveries per second the replicas applied.
+//! 2. Higher rates (2,000 and 4,000 changes per second, 20 s each): row
+//!    deliveries per second applied, and whether the backlog stays bounded.
 
 use magic_sync::envelope::{to_replica::Body, ToReplica};
 use magic_sync::relay::{ReplicaInfo, Replicas, Settings};
@@ -310,39 +310,40 @@ async fn main() {
         avg(&last).1
     );
 
-    // 2. Flat out.
-    eprintln!("--- flat out ---");
-    let flat = 20;
-    let stop = Arc::new(AtomicBool::new(false));
-    let rows_before = seen.rows.load(Ordering::Relaxed);
-    let notes_before: i64 = client
-        .query_one("SELECT last_value FROM sync.note_seq", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let started = Instant::now();
-    let timer = {
-        let stop = stop.clone();
-        async move {
-            tokio::time::sleep(Duration::from_secs(flat)).await;
+    // 2. Higher rates, 20 s each: does the backlog stay bounded?
+    eprintln!("--- higher rates ---");
+    for rate in [2_000u64, 4_000] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let rows_before = seen.rows.load(Ordering::Relaxed);
+        let started = Instant::now();
+        let sampler = async {
+            let mut samples = Vec::new();
+            for _ in 0..20 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                samples.push(backlog(&client).await.0);
+            }
             stop.store(true, Ordering::Relaxed);
+            samples
+        };
+        let (changes, samples) = tokio::join!(write(&db, 4, rate, stop.clone()), sampler);
+        let elapsed = started.elapsed().as_secs_f64();
+        let delivered = seen.rows.load(Ordering::Relaxed) - rows_before;
+        let first = samples[..5].iter().sum::<i64>() as f64 / 5.0;
+        let last = samples[15..].iter().sum::<i64>() as f64 / 5.0;
+        println!(
+            "at {rate}/s: {:.0} changes/s written, {:.0} row deliveries/s applied; pending notes first 5 s avg {first:.0}, last 5 s avg {last:.0}{}",
+            changes as f64 / elapsed,
+            delivered as f64 / elapsed,
+            if last > 2.0 * first.max(100.0) { " (growing: beyond what the relay sustains)" } else { " (bounded)" }
+        );
+        // Let the backlog drain before the next rate.
+        loop {
+            if backlog(&client).await.0 == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-    };
-    let (changes, ()) = tokio::join!(write(&db, 4, 0, stop.clone()), timer);
-    let elapsed = started.elapsed().as_secs_f64();
-    let delivered = seen.rows.load(Ordering::Relaxed) - rows_before;
-    let (pending, outbox) = backlog(&client).await;
-    let notes_after: i64 = client
-        .query_one("SELECT last_value FROM sync.note_seq", &[])
-        .await
-        .unwrap()
-        .get(0);
-    println!(
-        "flat out: {changes} changes in {elapsed:.1} s ({:.0}/s written), {:.0} changes/s planned, {:.0} row deliveries/s applied; left pending: {pending} notes, {outbox} messages",
-        changes as f64 / elapsed,
-        ((notes_after - notes_before) - pending) as f64 / elapsed,
-        delivered as f64 / elapsed,
-    );
+    }
 
     stop_relay.send(()).unwrap();
     relay.await.unwrap();

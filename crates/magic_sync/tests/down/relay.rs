@@ -268,3 +268,25 @@ async fn the_runners_carry_a_write_to_a_till() {
     network.close();
     till.join().unwrap().unwrap();
 }
+
+/// One relay at a time: a second connection cannot take the lock, and a
+/// relay on a connection without it refuses to record.
+#[tokio::test]
+async fn only_the_connection_holding_the_lock_records() {
+    let mut fleet = shop().await;
+    let mut other = fleet.db.connect().await;
+    assert!(!magic_sync::relay::Relay::lock(&other).await.unwrap());
+    let engine = fleet.engine.clone();
+    let mut second = magic_sync::relay::Relay::new(&other, engine, Settings::default())
+        .await
+        .unwrap();
+    let refused = second
+        .record(&mut other, &[ReplicaInfo::live("u1", Some("north"))], 4096)
+        .await;
+    let Err(e) = refused else {
+        panic!("a relay without the lock recorded")
+    };
+    assert!(e.to_string().contains("holds its lock"), "{e}");
+    // The fleet's relay still works, and nothing was recorded twice.
+    fleet.settle("UPDATE products SET name = 'green tea' WHERE id = 1").await;
+}
