@@ -288,5 +288,7 @@ async fn only_the_connection_holding_the_lock_records() {
     };
     assert!(e.to_string().contains("holds its lock"), "{e}");
     // The fleet's relay still works, and nothing was recorded twice.
-    fleet.settle("UPDATE products SET name = 'green tea' WHERE id = 1").await;
+    fleet
+        .settle("UPDATE products SET name = 'green tea' WHERE id = 1")
+        .await;
 }
