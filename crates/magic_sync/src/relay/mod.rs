@@ -110,7 +110,7 @@ impl Default for Settings {
         Settings {
             concurrency: 16,
             chunk_rows: 2_000,
-            flush_bytes: 8 << 20,
+            flush_bytes: 1 << 20,
             idle: Duration::from_millis(5),
             backoff_min: Duration::from_millis(50),
             backoff_max: Duration::from_secs(10),

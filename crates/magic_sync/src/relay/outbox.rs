@@ -214,7 +214,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 /// Messages read per round trip, across replicas.
 const PAGE: i64 = 512;
 /// About how many bytes of messages are read per round trip.
-const PAGE_BYTES: i64 = 16 << 20;
+const PAGE_BYTES: i64 = 2 << 20;
 
 /// One message as it waits in the outbox.
 struct Waiting {

@@ -48,7 +48,7 @@ CREATE TEMP TABLE IF NOT EXISTS _ms_k (r text, t text, k jsonb, round int NOT NU
 CREATE INDEX IF NOT EXISTS _ms_k_round ON _ms_k (t, round);
 CREATE TEMP TABLE IF NOT EXISTS _ms_send (r text, t text, k jsonb, version bigint NOT NULL, held boolean NOT NULL);
 CREATE TEMP TABLE IF NOT EXISTS _ms_del (r text, t text, k jsonb);
-CREATE TEMP TABLE IF NOT EXISTS _ms_f (r text, t text, k jsonb, round int NOT NULL, ptrs jsonb);
+CREATE TEMP TABLE IF NOT EXISTS _ms_f (r text, t text, k jsonb, round int NOT NULL, ptrs jsonb, via int NOT NULL DEFAULT -1);
 ";
 
 /// Emptied at the start of every pass. TRUNCATE, not DELETE: temporary
@@ -225,13 +225,15 @@ impl Planner<'_, '_> {
             }
             added = 0;
             for (i, link) in self.graph.links.iter().enumerate() {
-                if tables.contains(link.child.name) {
+                // Every row of an `all` table is there from the first round.
+                let parent_complete = matches!(link.parent.rule, crate::row::Rule::All);
+                if tables.contains(link.child.name) && !parent_complete {
                     added += self.provision_parents(i, link, round).await?;
                     filled.insert(link.parent.name);
                 }
                 if link.follows && tables.contains(link.parent.name) {
                     let first = !filled.contains(link.child.name);
-                    added += self.provision_followers(link, round, first).await?;
+                    added += self.provision_followers(i, link, round, first).await?;
                     filled.insert(link.child.name);
                 }
             }
@@ -268,7 +270,8 @@ impl Planner<'_, '_> {
             "INSERT INTO _ms_f (r, t, k, round, ptrs)
              SELECT x.r, {p}, x.ptr, {next}, {ptrs}
              FROM (SELECT DISTINCT n.r, n.ptrs->'{index}' AS ptr FROM _ms_f n
-                   WHERE n.t = {c} AND n.round = {round} AND n.ptrs ? '{index}') x
+                   WHERE n.t = {c} AND n.round = {round} AND n.ptrs ? '{index}'
+                     AND n.via <> {index}) x
              JOIN {rel} a ON {m}
              WHERE NOT EXISTS (SELECT 1 FROM _ms_f f WHERE f.r = x.r AND f.t = {p} AND f.k = x.ptr)",
             c = literal(link.child.name),
@@ -280,7 +283,16 @@ impl Planner<'_, '_> {
         .await
     }
 
-    async fn provision_followers(&self, link: &Link, round: i32, first: bool) -> Result<u64> {
+    /// The followers of the rows added in round `round`, through link
+    /// `index`; each remembers it came through that link, whose parent is
+    /// therefore there already.
+    async fn provision_followers(
+        &self,
+        index: usize,
+        link: &Link,
+        round: i32,
+        first: bool,
+    ) -> Result<u64> {
         let child = self.graph.shape(link.child.name);
         let c = literal(link.child.name);
         let ck = key_json("a", link.child);
@@ -290,8 +302,8 @@ impl Planner<'_, '_> {
             format!("AND NOT EXISTS (SELECT 1 FROM _ms_f f WHERE f.r = n.r AND f.t = {c} AND f.k = {ck})")
         };
         self.run(&format!(
-            "INSERT INTO _ms_f (r, t, k, round, ptrs)
-             SELECT n.r, {c}, {ck}, {next}, {ptrs}
+            "INSERT INTO _ms_f (r, t, k, round, ptrs, via)
+             SELECT n.r, {c}, {ck}, {next}, {ptrs}, {index}
              FROM _ms_f n JOIN {rel} a ON {points}
              WHERE n.t = {p} AND n.round = {round} {new}",
             p = literal(link.parent.name),
