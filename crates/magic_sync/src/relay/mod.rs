@@ -161,6 +161,13 @@ pub struct Relay {
     groups: Vec<GroupShape>,
     settings: Settings,
     prepared: bool,
+    /// The last pass left rows in the planner's tables besides the replica list.
+    dirty: bool,
+    /// Passes since the replica list was last truncated.
+    since_truncate: u32,
+    /// How many replicas the replica list held when it was last analysed,
+    /// since it was last truncated.
+    analysed: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -213,6 +220,9 @@ impl Relay {
             groups,
             settings,
             prepared: false,
+            dirty: true,
+            since_truncate: 0,
+            analysed: None,
         })
     }
 
@@ -268,7 +278,18 @@ impl Relay {
             plan::prepare(&tx).await?;
         }
         let t0 = std::time::Instant::now();
-        plan::Planner::clear(&tx).await?;
+        // An idle pass leaves nothing behind but the replica list: no new
+        // files for empty tables (TRUNCATE), and the list's dead rows are
+        // cleared now and then.
+        if self.dirty || self.since_truncate >= 64 {
+            plan::Planner::clear(&tx).await?;
+            self.since_truncate = 0;
+            self.analysed = None;
+        } else {
+            tx.batch_execute("DELETE FROM _ms_r").await?;
+            self.since_truncate += 1;
+        }
+        self.dirty = true;
         trace("clear", t0);
         let t0 = std::time::Instant::now();
         let epoch = outbox::Epoch::read(&tx).await?;
@@ -291,10 +312,11 @@ impl Relay {
                 &[&ids, &parts, &fresh],
             )
             .await?;
-            if ids.len() > 20 {
-                // Emptied each pass, the table would otherwise look empty
-                // to PostgreSQL's planner.
+            if ids.len() > 20 && self.analysed != Some(ids.len()) {
+                // Truncated, the table would look empty to PostgreSQL's
+                // planner.
                 tx.batch_execute("ANALYZE _ms_r").await?;
+                self.analysed = Some(ids.len());
             }
         }
         let planner = plan::Planner {
@@ -359,6 +381,7 @@ impl Relay {
         tx.commit().await?;
         trace("commit", t0);
         self.prepared = true;
+        self.dirty = recorded.planned.notes > 0 || !recorded.provisioned.is_empty();
         Ok(recorded)
     }
 
