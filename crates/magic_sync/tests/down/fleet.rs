@@ -143,6 +143,16 @@ impl Fleet {
         self.check().await;
     }
 
+    /// One pass that provisions exactly `unit` from scratch; then passes
+    /// until nothing moves, and the check.
+    pub async fn provisions(&mut self, unit: &str) {
+        let recorded = self.record().await;
+        assert_eq!(recorded.provisioned, vec![unit.to_string()]);
+        self.deliver().await;
+        self.sync().await;
+        self.check().await;
+    }
+
     /// One record step.
     pub async fn record(&mut self) -> Recorded {
         let infos = self.infos();

@@ -1,7 +1,7 @@
 //! The down-path scenarios of SCENARIOS.md, each as a user would see it.
 
 use crate::fleet::{replica_rows, Fleet};
-use crate::shop::{Customer, Order, OrderLine, Product, Promotion};
+use crate::shop::{Customer, Notice, Order, OrderLine, Product, Promotion};
 use magic_sync::Row;
 use std::collections::BTreeSet;
 
@@ -166,11 +166,17 @@ async fn groups_bring_their_members_and_take_them_back() {
 async fn a_till_moving_partition_is_provisioned_again() {
     let mut fleet = shop().await;
     fleet.move_to("u1", Some("south"));
-    let recorded = fleet.record().await;
-    assert_eq!(recorded.provisioned, vec!["u1".to_string()]);
-    fleet.deliver().await;
-    fleet.sync().await;
-    fleet.check().await;
+    fleet.provisions("u1").await;
+    assert_eq!(
+        keys(&mut fleet, "u1", &Notice::TABLE),
+        set(&["[2]"]),
+        "the south's notice only"
+    );
+    assert_eq!(
+        keys(&mut fleet, "u1", &Order::TABLE),
+        set(&["[1]", "[3]"]),
+        "its orders as before"
+    );
 }
 
 /// 9. A till that leaves is forgotten; back, it is provisioned from scratch.
@@ -192,11 +198,7 @@ async fn a_till_that_leaves_is_forgotten_and_provisioned_when_back() {
         .await;
     fleet.sync().await;
     fleet.set_live("u1", true);
-    let recorded = fleet.record().await;
-    assert_eq!(recorded.provisioned, vec!["u1".to_string()]);
-    fleet.deliver().await;
-    fleet.sync().await;
-    fleet.check().await;
+    fleet.provisions("u1").await;
 }
 
 /// 10. A transaction that took its note's number before a plan read past it,
@@ -313,11 +315,7 @@ async fn twice_is_once_and_a_gap_brings_a_snapshot() {
         .network
         .report("u1", magic_sync::run::Report::Gap(gap));
     fleet.heed().await;
-    let recorded = fleet.record().await;
-    assert_eq!(recorded.provisioned, vec!["u1".to_string()]);
-    fleet.deliver().await;
-    fleet.sync().await;
-    fleet.check().await;
+    fleet.provisions("u1").await;
 }
 
 /// 13. A barcode moving from one product to another applies on a till that
