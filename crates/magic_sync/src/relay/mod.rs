@@ -357,7 +357,7 @@ impl Relay {
             self.load(&tx, &mut writer, &observed.live, max_message_bytes)
                 .await?;
             trace("load", t0);
-            if std::env::var_os("MAGIC_SYNC_TRACE").is_some() {
+            if tracing() {
                 for (step, ms) in SUMS.lock().unwrap().drain(..) {
                     eprintln!("{ms:>8.1} ms  load/{step}");
                 }
@@ -602,7 +602,7 @@ static SUMS: std::sync::Mutex<Vec<(String, f64)>> = std::sync::Mutex::new(Vec::n
 
 /// Adds to a running total, printed by [`trace`] with the same name.
 pub(crate) fn trace_sum(step: &str, since: std::time::Instant) {
-    if std::env::var_os("MAGIC_SYNC_TRACE").is_some() {
+    if tracing() {
         let mut sums = SUMS.lock().unwrap();
         let ms = since.elapsed().as_secs_f64() * 1e3;
         match sums.iter_mut().find(|(s, _)| s == step) {
@@ -612,10 +612,16 @@ pub(crate) fn trace_sum(step: &str, since: std::time::Instant) {
     }
 }
 
+/// Whether MAGIC_SYNC_TRACE is set, read once: the planner asks per statement.
+pub(crate) fn tracing() -> bool {
+    static TRACING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TRACING.get_or_init(|| std::env::var_os("MAGIC_SYNC_TRACE").is_some())
+}
+
 /// With MAGIC_SYNC_TRACE set, says on standard error how long a step of the
 /// pass took.
 pub fn trace(step: &str, since: std::time::Instant) {
-    if std::env::var_os("MAGIC_SYNC_TRACE").is_some() {
+    if tracing() {
         eprintln!("{:>8.1} ms  {step}", since.elapsed().as_secs_f64() * 1e3);
     }
 }

@@ -107,7 +107,7 @@ impl Planner<'_, '_> {
     async fn run(&self, sql: &str) -> Result<u64> {
         let started = std::time::Instant::now();
         let n = self.tx.execute(sql, &[]).await?;
-        if std::env::var_os("MAGIC_SYNC_TRACE").is_some() {
+        if super::tracing() {
             eprintln!(
                 "{:>8.1} ms {n:>8} rows  {}",
                 started.elapsed().as_secs_f64() * 1e3,
@@ -140,8 +140,11 @@ impl Planner<'_, '_> {
                 deletes: 0,
             });
         }
-        self.in_question().await?;
-        self.keep().await?;
+        // Which tables changes and grants touched, read once for both steps.
+        let touched = self.present("_ms_touched").await?;
+        let granted = self.present("_ms_grant").await?;
+        self.in_question(&touched, &granted).await?;
+        self.keep(&touched, &granted).await?;
         let mut sends = self
             .run(
                 "INSERT INTO _ms_send (r, t, k, version, held)
@@ -394,10 +397,12 @@ impl Planner<'_, '_> {
 
     /// The rows in question, round by round. Each row is marked, as it is
     /// added, with whether its own rule keeps it.
-    async fn in_question(&self) -> Result<()> {
+    async fn in_question(
+        &self,
+        touched: &BTreeSet<String>,
+        granted: &BTreeSet<String>,
+    ) -> Result<()> {
         let mut first = 0;
-        let touched = self.present("_ms_touched").await?;
-        let granted = self.present("_ms_grant").await?;
         for shape in &self.graph.shapes {
             let name = shape.table.name;
             let t = literal(name);
@@ -563,9 +568,7 @@ impl Planner<'_, '_> {
     }
 
     /// The rows kept, round by round.
-    async fn keep(&self) -> Result<()> {
-        let touched = self.present("_ms_touched").await?;
-        let granted = self.present("_ms_grant").await?;
+    async fn keep(&self, touched: &BTreeSet<String>, granted: &BTreeSet<String>) -> Result<()> {
         let questioned = self.present("_ms_q").await?;
         let mut first = 0;
         // A row its rule keeps is kept; it needs planning further only when
