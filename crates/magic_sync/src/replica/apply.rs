@@ -9,6 +9,7 @@ use crate::codec::CodecError;
 use crate::engine::Engine;
 use crate::envelope::{to_replica::Body, RowData, TableRows, ToReplica};
 use crate::error::Result;
+use crate::sql::ident;
 use crate::value::Value;
 use crate::wire;
 use rusqlite::types::Value as Lite;
@@ -75,6 +76,9 @@ impl<'a> Pass<'a> {
             refusals: state::any_refused(conn)?,
             refused: 0,
         };
+        if message.begins_snapshot {
+            pass.set_indexes_for_snapshot()?;
+        }
         match &message.body {
             Some(Body::Down(down)) => {
                 for rows in &down.tables {
@@ -177,18 +181,18 @@ impl<'a> Pass<'a> {
             let mut filter: Vec<String> = columns
                 .iter()
                 .enumerate()
-                .map(|(i, &c)| format!("{} = ?{}", crate::sql::ident(table.columns[c].name), i + 1))
+                .map(|(i, &c)| format!("{} = ?{}", ident(table.columns[c].name), i + 1))
                 .collect();
             // A row kept retired for the replica's own records stays: the
             // clash is then refused, and said.
             if let Some(retired) = table.retired {
-                filter.push(format!("{} IS NULL", crate::sql::ident(retired)));
+                filter.push(format!("{} IS NULL", ident(retired)));
             }
-            let keys: Vec<String> = table.key.iter().map(|k| crate::sql::ident(k)).collect();
+            let keys: Vec<String> = table.key.iter().map(|k| ident(k)).collect();
             let query = format!(
                 "SELECT {} FROM {} WHERE {}",
                 keys.join(", "),
-                crate::sql::ident(table.name),
+                ident(table.name),
                 filter.join(" AND ")
             );
             let params: Vec<&Lite> = columns.iter().map(|&c| &ready.values[c]).collect();
@@ -321,6 +325,13 @@ impl<'a> Pass<'a> {
         if !self.naming {
             return Ok(());
         }
+        // Letting go of a row asks whether anything points at it: every
+        // index is back first.
+        for sql in self.tables.iter() {
+            for (_, create) in &sql.indexes {
+                self.conn.execute_batch(create)?;
+            }
+        }
         for name in tables {
             if let Some(sql) = self.tables.get(name) {
                 if !self.empty.contains(name.as_str()) {
@@ -332,6 +343,26 @@ impl<'a> Pass<'a> {
             }
         }
         state::end_snapshot(self.conn)
+    }
+
+    /// A table empty when a snapshot begins is filled by it in bulk: the
+    /// indexes on its foreign keys are dropped until the snapshot ends, and
+    /// built then in one go, which is cheaper than keeping them up a row at a
+    /// time. (A table holding rows keeps them: its rows may be let go of, and
+    /// that asks what points at them.)
+    fn set_indexes_for_snapshot(&self) -> Result<()> {
+        for sql in self.tables.iter() {
+            let empty = self.empty.contains(sql.table.name);
+            for (name, create) in &sql.indexes {
+                if empty {
+                    self.conn
+                        .execute_batch(&format!("DROP INDEX IF EXISTS {}", ident(name)))?;
+                } else {
+                    self.conn.execute_batch(create)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The keys of the rows of a table the snapshot in progress did not name.

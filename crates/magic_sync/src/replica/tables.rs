@@ -30,11 +30,14 @@ pub(crate) struct TableSql {
     pub keys: String,
     /// The keys of the rows the replica holds live.
     pub live_keys: String,
+    /// The indexes on the table's foreign keys, by name: dropped while a
+    /// snapshot fills the table from empty, built again when it ends.
+    pub indexes: Vec<(String, String)>,
 }
 
 impl TableSql {
     /// The statements for `table`, given every foreign key among the replica's tables.
-    pub fn new(table: &'static Table, foreign_keys: &[ForeignKey]) -> Self {
+    pub fn new(table: &'static Table, foreign_keys: &[ForeignKey], all: &[ForeignKey]) -> Self {
         let into_it: Vec<&ForeignKey> = foreign_keys
             .iter()
             .filter(|fk| fk.parent == table.name)
@@ -55,6 +58,11 @@ impl TableSql {
             purge: table.retired.map(|r| purge(table, r, &into_it)),
             keys: select_keys(table, None),
             live_keys: select_keys(table, table.retired),
+            indexes: all
+                .iter()
+                .filter(|fk| fk.child == table.name)
+                .map(|fk| (foreign_key_index_name(fk), foreign_key_index(fk)))
+                .collect(),
         }
     }
 }
@@ -193,7 +201,7 @@ impl Tables {
         let tables: Vec<TableSql> = all
             .into_iter()
             .filter(|t| t.mirror.goes_down())
-            .map(|t| TableSql::new(t, &own))
+            .map(|t| TableSql::new(t, &own, foreign_keys))
             .collect();
         let by_name = tables
             .iter()
@@ -234,12 +242,12 @@ pub(crate) fn foreign_key_index(fk: &ForeignKey) -> String {
     let columns: Vec<String> = fk.child_columns.iter().map(|c| ident(c)).collect();
     format!(
         "CREATE INDEX IF NOT EXISTS {} ON {} ({})",
-        ident(&format!(
-            "_magic_sync_fk_{}_{}",
-            fk.child,
-            fk.child_columns.join("_")
-        )),
+        ident(&foreign_key_index_name(fk)),
         ident(&fk.child),
         columns.join(", ")
     )
+}
+
+fn foreign_key_index_name(fk: &ForeignKey) -> String {
+    format!("_magic_sync_fk_{}_{}", fk.child, fk.child_columns.join("_"))
 }

@@ -119,3 +119,93 @@ fn a_snapshot_supersedes_the_refusals_before_it() {
     assert_eq!(replica.refused().expect("reads"), vec![]);
     assert_eq!(live_products(&replica), vec![2]);
 }
+
+/// The indexes on a table's foreign keys, by name.
+fn foreign_key_indexes(replica: &magic_sync::replica::Replica<'_>, table: &str) -> Vec<String> {
+    let mut stmt = replica
+        .connection()
+        .prepare(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?1
+               AND name LIKE '\\_magic\\_sync\\_fk\\_%' ESCAPE '\\' ORDER BY name",
+        )
+        .expect("prepares");
+    let names = stmt
+        .query_map([table], |r| r.get(0))
+        .expect("reads")
+        .collect::<Result<Vec<String>, _>>()
+        .expect("names");
+    names
+}
+
+#[test]
+fn a_snapshot_fills_an_empty_table_without_its_foreign_key_indexes_and_builds_them_at_its_end() {
+    let site = Site::new();
+    let mut server = Server::new();
+    let mut replica = site.open();
+    let both = vec![
+        "_magic_sync_fk_order_lines_order_id".to_string(),
+        "_magic_sync_fk_order_lines_product_id".to_string(),
+    ];
+    assert_eq!(foreign_key_indexes(&replica, "order_lines"), both);
+    let order = Order {
+        id: 10,
+        unit_id: UNIT.into(),
+        customer_id: Some(1),
+    };
+    let line = OrderLine {
+        order_id: 10,
+        line_no: 1,
+        product_id: 1,
+        qty: 2,
+    };
+    let first = [
+        server.snapshot(vec![
+            upserts(&[product(1, "tea")]),
+            upserts(&[customer(1, "Ada")]),
+            upserts(std::slice::from_ref(&order)),
+        ]),
+        server.down(vec![upserts(std::slice::from_ref(&line))]),
+        server.end(&["products", "customers", "orders", "order_lines"]),
+    ];
+    apply_all(&mut replica, &first[..2]);
+    assert!(
+        foreign_key_indexes(&replica, "order_lines").is_empty(),
+        "filled from empty, the table has no foreign key index until the end"
+    );
+    apply_all(&mut replica, &first[2..]);
+    assert_eq!(foreign_key_indexes(&replica, "order_lines"), both);
+    assert_eq!(count(&replica, "order_lines"), 1);
+
+    // A snapshot over a table holding rows keeps its indexes throughout:
+    // letting go of its rows asks what points at them.
+    let again = [
+        server.snapshot(vec![upserts(&[product(1, "tea")])]),
+        server.down(vec![upserts(&[order]), upserts(&[line])]),
+    ];
+    apply_all(&mut replica, &again);
+    assert_eq!(foreign_key_indexes(&replica, "order_lines"), both);
+    assert_eq!(
+        foreign_key_indexes(&replica, "orders"),
+        vec!["_magic_sync_fk_orders_customer_id".to_string()]
+    );
+}
+
+#[test]
+fn a_replica_reopened_in_the_middle_of_a_snapshot_has_its_indexes_back() {
+    let site = Site::new();
+    let mut server = Server::new();
+    let mut replica = site.open();
+    let order = Order {
+        id: 10,
+        unit_id: UNIT.into(),
+        customer_id: None,
+    };
+    apply_all(&mut replica, &[server.snapshot(vec![upserts(&[order])])]);
+    assert!(foreign_key_indexes(&replica, "orders").is_empty());
+    drop(replica);
+    let replica = site.open();
+    assert_eq!(
+        foreign_key_indexes(&replica, "orders"),
+        vec!["_magic_sync_fk_orders_customer_id".to_string()]
+    );
+}
