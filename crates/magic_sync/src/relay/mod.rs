@@ -30,7 +30,7 @@ use crate::sql::{literal, qualified};
 use crate::value::{canonical_key, Kind, Value};
 use graph::{key_match, Graph};
 use pack::Packer;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::time::Duration;
 use tokio_postgres::{Client, IsolationLevel, Transaction};
@@ -161,8 +161,9 @@ pub struct Relay {
     groups: Vec<GroupShape>,
     settings: Settings,
     prepared: bool,
-    /// The last pass left rows in the planner's tables besides the replica list.
-    dirty: bool,
+    /// The planner's tables the last committed pass left rows in, besides
+    /// the replica list; `None` when unknown (no pass yet, or one failed).
+    filled: Option<BTreeSet<String>>,
     /// Passes since the replica list was last truncated.
     since_truncate: u32,
     /// How many replicas the replica list held when it was last analysed,
@@ -220,7 +221,7 @@ impl Relay {
             groups,
             settings,
             prepared: false,
-            dirty: true,
+            filled: None,
             since_truncate: 0,
             analysed: None,
         })
@@ -278,18 +279,20 @@ impl Relay {
             plan::prepare(&tx).await?;
         }
         let t0 = std::time::Instant::now();
-        // An idle pass leaves nothing behind but the replica list: no new
-        // files for empty tables (TRUNCATE), and the list's dead rows are
-        // cleared now and then.
-        if self.dirty || self.since_truncate >= 64 {
-            plan::Planner::clear(&tx).await?;
-            self.since_truncate = 0;
-            self.analysed = None;
-        } else {
-            tx.batch_execute("DELETE FROM _ms_r").await?;
-            self.since_truncate += 1;
+        // Only the tables the last pass filled are emptied: TRUNCATE makes
+        // new files, a cost per table. The replica list, filled every pass,
+        // is emptied by DELETE, its dead rows cleared now and then.
+        match self.filled.take() {
+            Some(tables) if tables.is_empty() && self.since_truncate < 64 => {
+                tx.batch_execute("DELETE FROM _ms_r").await?;
+                self.since_truncate += 1;
+            }
+            filled => {
+                plan::Planner::clear(&tx, filled.as_ref()).await?;
+                self.since_truncate = 0;
+                self.analysed = None;
+            }
         }
-        self.dirty = true;
         trace("clear", t0);
         let t0 = std::time::Instant::now();
         let epoch = outbox::Epoch::read(&tx).await?;
@@ -334,10 +337,12 @@ impl Relay {
                     member_columns: g.member_columns,
                 })
                 .collect(),
+            filled: Default::default(),
         };
         let any_fresh = observed.live.iter().any(|o| o.fresh);
         let t0 = std::time::Instant::now();
         recorded.planned = planner.plan(any_fresh).await?;
+        let filled_now = planner.filled();
         trace("plan", t0);
         recorded.provisioned = observed
             .live
@@ -381,7 +386,7 @@ impl Relay {
         tx.commit().await?;
         trace("commit", t0);
         self.prepared = true;
-        self.dirty = recorded.planned.notes > 0 || !recorded.provisioned.is_empty();
+        self.filled = Some(filled_now);
         Ok(recorded)
     }
 

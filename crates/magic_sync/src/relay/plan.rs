@@ -51,11 +51,22 @@ CREATE TEMP TABLE IF NOT EXISTS _ms_del (r text, t text, k jsonb);
 CREATE TEMP TABLE IF NOT EXISTS _ms_f (r text, t text, k jsonb, round int NOT NULL, ptrs jsonb, via int NOT NULL DEFAULT -1);
 ";
 
-/// Emptied at the start of every pass. TRUNCATE, not DELETE: temporary
-/// tables are never vacuumed, and emptied by DELETE they carry their dead
-/// rows into every later plan (measured: a third slower in the steady state).
-const CLEAR: &str =
-    "TRUNCATE _ms_r, _ms_notes, _ms_changed, _ms_touched, _ms_grant, _ms_q, _ms_k, _ms_send, _ms_del, _ms_f";
+/// The planner's tables, emptied at the start of a pass. TRUNCATE, not
+/// DELETE: temporary tables are never vacuumed, and emptied by DELETE they
+/// carry their dead rows into every later plan (measured: a third slower in
+/// the steady state).
+const TABLES: [&str; 10] = [
+    "_ms_r",
+    "_ms_notes",
+    "_ms_changed",
+    "_ms_touched",
+    "_ms_grant",
+    "_ms_q",
+    "_ms_k",
+    "_ms_send",
+    "_ms_del",
+    "_ms_f",
+];
 
 /// The replicas holding the row `c.t`, `c.k`, looked up by index for each
 /// changed row: a change is planned around its own row, never by a scan of
@@ -91,6 +102,8 @@ pub(crate) struct Planner<'a, 't> {
     pub graph: &'a Graph,
     /// Every group rule's tables: (declared table, members, grants).
     pub groups: Vec<Group>,
+    /// The planner's tables a statement put rows in.
+    pub filled: std::sync::Mutex<BTreeSet<String>>,
 }
 
 /// A table given through groups.
@@ -107,6 +120,19 @@ impl Planner<'_, '_> {
     async fn run(&self, sql: &str) -> Result<u64> {
         let started = std::time::Instant::now();
         let n = self.tx.execute(sql, &[]).await?;
+        if n > 0 {
+            // "INSERT INTO _ms_x (...": the next pass empties `_ms_x`.
+            if let Some(table) = sql
+                .trim_start()
+                .strip_prefix("INSERT INTO ")
+                .and_then(|rest| rest.split([' ', '(']).next())
+            {
+                self.filled
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(table.to_string());
+            }
+        }
         if super::tracing() {
             eprintln!(
                 "{:>8.1} ms {n:>8} rows  {}",
@@ -318,10 +344,25 @@ impl Planner<'_, '_> {
         .await
     }
 
-    /// Clears the temporary tables of the last pass.
-    pub async fn clear(tx: &Transaction<'_>) -> Result<()> {
-        tx.batch_execute(CLEAR).await?;
+    /// Empties the replica list and the tables in `filled`, or every table
+    /// when which were filled is not known.
+    pub async fn clear(tx: &Transaction<'_>, filled: Option<&BTreeSet<String>>) -> Result<()> {
+        let tables: Vec<&str> = match filled {
+            Some(filled) => TABLES
+                .iter()
+                .copied()
+                .filter(|t| *t == "_ms_r" || filled.contains(*t))
+                .collect(),
+            None => TABLES.to_vec(),
+        };
+        tx.batch_execute(&format!("TRUNCATE {}", tables.join(", ")))
+            .await?;
         Ok(())
+    }
+
+    /// The planner's tables this plan put rows in.
+    pub fn filled(&self) -> BTreeSet<String> {
+        self.filled.lock().expect("not poisoned").clone()
     }
 
     /// Every pending note this build can read; per changed row its newest

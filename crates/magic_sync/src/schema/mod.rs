@@ -10,6 +10,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("001_notes.sql")),
     (2, include_str!("002_epoch.sql")),
     (3, include_str!("003_down.sql")),
+    (4, include_str!("004_held_room.sql")),
 ];
 
 /// The version this build brings the schema to.
