@@ -13,6 +13,11 @@
 //!    second, to see whether it grows.
 //! 2. Higher rates (2,000 and 4,000 changes per second, 20 s each): row
 //!    deliveries per second applied, and whether the backlog stays bounded.
+//!
+//! MAGIC_SYNC_BENCH_REPLICA_SYNC=normal runs the replicas' SQLite files with
+//! `synchronous = NORMAL` instead of the default FULL: the hundred replicas
+//! here share one disk and wait in one fsync queue, which devices in a fleet
+//! do not.
 
 use magic_sync::envelope::{to_replica::Body, ToReplica};
 use magic_sync::relay::{ReplicaInfo, Replicas, Settings};
@@ -77,6 +82,15 @@ fn replica_loop(
     seen: Arc<Seen>,
 ) {
     let mut replica = Replica::open(&path, &id, engine, Vec::new()).expect("open");
+    if std::env::var("MAGIC_SYNC_BENCH_REPLICA_SYNC").as_deref() == Ok("normal") {
+        // A hundred replicas on one disk queue behind each other's fsync; in
+        // a fleet each has a disk of its own. This setting takes that queue
+        // out, to show what it costs (a replica keeps FULL by default).
+        replica
+            .connection()
+            .pragma_update(None, "synchronous", "NORMAL")
+            .expect("pragma");
+    }
     while let Some(message) = network.next(&id) {
         let report = magic_sync::run::replica::deliver(&mut replica, &message).expect("apply");
         let applied = now_micros();
