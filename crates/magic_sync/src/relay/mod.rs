@@ -26,11 +26,11 @@ use crate::engine::Engine;
 use crate::envelope::{Ack, Gap, RowData};
 use crate::error::{Error, Result};
 use crate::row::{Rule, Table};
-use crate::sql::{literal, qualified};
+use crate::sql::{escaped, int8_array, literal, qualified, text_array};
 use crate::value::{canonical_key, Kind, Value};
 use graph::{key_match, Graph};
 use pack::Packer;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::time::Duration;
 use tokio_postgres::{Client, IsolationLevel, Transaction};
@@ -161,11 +161,10 @@ pub struct Relay {
     groups: Vec<GroupShape>,
     settings: Settings,
     prepared: bool,
-    /// The planner's tables the last committed pass left rows in, besides
-    /// the replica list; `None` when unknown (no pass yet, or one failed).
-    filled: Option<BTreeSet<String>>,
-    /// Passes since the replica list was last truncated.
-    since_truncate: u32,
+    /// What the planner's tables hold between passes.
+    leftovers: plan::Leftovers,
+    /// The outbox's statements, prepared on the relay's connection.
+    statements: Option<outbox::Statements>,
     /// How many replicas the replica list held when it was last analysed,
     /// since it was last truncated.
     analysed: Option<usize>,
@@ -221,8 +220,8 @@ impl Relay {
             groups,
             settings,
             prepared: false,
-            filled: None,
-            since_truncate: 0,
+            leftovers: plan::Leftovers::default(),
+            statements: None,
             analysed: None,
         })
     }
@@ -261,41 +260,38 @@ impl Relay {
             .isolation_level(IsolationLevel::RepeatableRead)
             .start()
             .await?;
-        let holds_lock: bool = tx
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
-                   AND pid = pg_backend_pid() AND granted
-                   AND ((classid::int8 << 32) | objid::int8) = $1)",
-                &[&RELAY_LOCK],
-            )
-            .await?
-            .get(0);
+        if !self.prepared {
+            plan::prepare(&tx).await?;
+            self.statements = Some(outbox::Statements::prepare(&tx).await?);
+        }
+        let t0 = std::time::Instant::now();
+        // Three independent statements, sent together: one round trip.
+        let holds_lock = async {
+            let row = tx
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
+                       AND pid = pg_backend_pid() AND granted
+                       AND ((classid::int8 << 32) | objid::int8) = $1)",
+                    &[&RELAY_LOCK],
+                )
+                .await?;
+            Ok::<bool, Error>(row.get(0))
+        };
+        let (holds_lock, list_truncated, epoch) = tokio::try_join!(
+            holds_lock,
+            self.leftovers.clear(&tx),
+            outbox::Epoch::read(&tx)
+        )?;
         if !holds_lock {
             return Err(Error::Invalid(
                 "the relay records only on the connection that holds its lock (Relay::lock)".into(),
             ));
         }
-        if !self.prepared {
-            plan::prepare(&tx).await?;
-        }
-        let t0 = std::time::Instant::now();
-        // Only the tables the last pass filled are emptied: TRUNCATE makes
-        // new files, a cost per table. The replica list, filled every pass,
-        // is emptied by DELETE, its dead rows cleared now and then.
-        match self.filled.take() {
-            Some(tables) if tables.is_empty() && self.since_truncate < 64 => {
-                tx.batch_execute("DELETE FROM _ms_r").await?;
-                self.since_truncate += 1;
-            }
-            filled => {
-                plan::Planner::clear(&tx, filled.as_ref()).await?;
-                self.since_truncate = 0;
-                self.analysed = None;
-            }
+        if list_truncated {
+            self.analysed = None;
         }
         trace("clear", t0);
         let t0 = std::time::Instant::now();
-        let epoch = outbox::Epoch::read(&tx).await?;
         let observed = observe(&tx, replicas).await?;
         trace("observe", t0);
         let mut recorded = Recorded {
@@ -303,18 +299,25 @@ impl Relay {
             ..Recorded::default()
         };
         if !observed.live.is_empty() {
-            let ids: Vec<&str> = observed.live.iter().map(|o| o.id.as_str()).collect();
-            let parts: Vec<Option<&str>> = observed
+            // Written out whole: one round trip, no statement to prepare.
+            let rows: Vec<String> = observed
                 .live
                 .iter()
-                .map(|o| o.partition.as_deref())
+                .map(|o| {
+                    format!(
+                        "({}, {}::text, {})",
+                        escaped(&o.id),
+                        o.partition.as_deref().map_or("NULL".into(), escaped),
+                        o.fresh
+                    )
+                })
                 .collect();
-            let fresh: Vec<bool> = observed.live.iter().map(|o| o.fresh).collect();
-            tx.execute(
-                "INSERT INTO _ms_r (r, part, fresh) SELECT * FROM unnest($1::text[], $2::text[], $3::bool[])",
-                &[&ids, &parts, &fresh],
-            )
+            tx.batch_execute(&format!(
+                "INSERT INTO _ms_r (r, part, fresh) VALUES {}",
+                rows.join(", ")
+            ))
             .await?;
+            let ids = &observed.live;
             if ids.len() > 20 && self.analysed != Some(ids.len()) {
                 // Truncated, the table would look empty to PostgreSQL's
                 // planner.
@@ -342,7 +345,10 @@ impl Relay {
         let any_fresh = observed.live.iter().any(|o| o.fresh);
         let t0 = std::time::Instant::now();
         recorded.planned = planner.plan(any_fresh).await?;
-        let filled_now = planner.filled();
+        let mut filled = planner.filled();
+        if !observed.live.is_empty() {
+            filled.insert("_ms_r".into(), observed.live.len() as u64);
+        }
         trace("plan", t0);
         recorded.provisioned = observed
             .live
@@ -350,6 +356,7 @@ impl Relay {
             .filter(|o| o.fresh)
             .map(|o| o.id.clone())
             .collect();
+        let mut closing = String::new();
         let nothing = recorded.planned.sends == 0 && recorded.planned.deletes == 0;
         if !nothing || any_fresh {
             let chains = observed
@@ -357,9 +364,14 @@ impl Relay {
                 .iter()
                 .map(|o| (o.id.clone(), o.chain()))
                 .collect();
-            let mut writer = outbox::Writer::new(&epoch, chains);
+            let statements = self
+                .statements
+                .as_ref()
+                .expect("prepared with the planner's tables");
+            let mut writer = outbox::Writer::new(statements, &epoch, chains);
             let t0 = std::time::Instant::now();
-            self.load(&tx, &mut writer, &observed.live, max_message_bytes)
+            let deletes = recorded.planned.deletes > 0;
+            self.load(&tx, &mut writer, &observed.live, max_message_bytes, deletes)
                 .await?;
             trace("load", t0);
             if tracing() {
@@ -368,25 +380,27 @@ impl Relay {
                 }
             }
             recorded.messages = writer.written();
-            let t0 = std::time::Instant::now();
-            let last = writer.finish(&tx).await?;
-            trace("finish", t0);
-            let t0 = std::time::Instant::now();
-            record_held(&tx, &last).await?;
-            trace("held", t0);
+            let (last, chains) = writer.finish();
+            closing.push_str(&chains);
+            closing.push_str(&held_statements(&last, &filled));
         }
         if recorded.planned.notes > 0 {
-            tx.execute(
-                "DELETE FROM sync.notes WHERE ctid = ANY (ARRAY (SELECT at FROM _ms_notes))",
-                &[],
-            )
-            .await?;
+            closing.push_str(
+                "DELETE FROM sync.notes WHERE ctid = ANY (ARRAY (SELECT at FROM _ms_notes));",
+            );
+        }
+        // Where the chains stand, what each replica now holds, the notes
+        // done: one round trip.
+        if !closing.is_empty() {
+            let t0 = std::time::Instant::now();
+            tx.batch_execute(&closing).await?;
+            trace("held", t0);
         }
         let t0 = std::time::Instant::now();
         tx.commit().await?;
         trace("commit", t0);
         self.prepared = true;
-        self.filled = Some(filled_now);
+        self.leftovers.left(filled);
         Ok(recorded)
     }
 
@@ -398,9 +412,11 @@ impl Relay {
         writer: &mut outbox::Writer<'_>,
         live: &[Observed],
         max_message_bytes: usize,
+        deletes: bool,
     ) -> Result<()> {
-        let both: HashSet<(String, &'static str)> = tx
-            .query(
+        // The replicas and tables with both deletes and upserts this pass.
+        let both: HashSet<(String, &'static str)> = if deletes {
+            tx.query(
                 "SELECT DISTINCT d.r, d.t FROM _ms_del d
                  WHERE EXISTS (SELECT 1 FROM _ms_send s WHERE s.r = d.r AND s.t = d.t)",
                 &[],
@@ -411,7 +427,10 @@ impl Relay {
                 let t: String = r.get(1);
                 (r.get::<_, String>(0), self.graph.shape(&t).table.name)
             })
-            .collect();
+            .collect()
+        } else {
+            HashSet::new()
+        };
         let self_referencing = self
             .graph
             .shapes
@@ -429,8 +448,10 @@ impl Relay {
             packer.upserts_done(shape.table.name);
         }
         for shape in self.graph.shapes.iter().rev() {
-            self.load_deletes(tx, shape.table, &mut packer, writer)
-                .await?;
+            if deletes {
+                self.load_deletes(tx, shape.table, &mut packer, writer)
+                    .await?;
+            }
             packer.deletes_done(shape.table.name);
         }
         packer.end_all();
@@ -531,6 +552,10 @@ impl Relay {
                 writer.write(tx, packer.take()).await?;
                 trace_sum("write", t_write);
             }
+            // A short chunk is the last: no round trip to hear so.
+            if rows.len() < self.settings.chunk_rows.max(1) as usize {
+                return Ok(());
+            }
         }
     }
 
@@ -560,6 +585,9 @@ impl Relay {
             }
             if packer.pending_bytes() >= self.settings.flush_bytes {
                 writer.write(tx, packer.take()).await?;
+            }
+            if rows.len() < self.settings.chunk_rows.max(1) as usize {
+                return Ok(());
             }
         }
     }
@@ -660,45 +688,53 @@ fn wire_key(table: &Table, json: serde_json::Value) -> Result<String> {
     Ok(canonical_key(&values))
 }
 
-/// Records what each replica holds after the plan: rows taken back are no
-/// longer held; rows sent are held at the version the plan saw, carried by
-/// the replica's last message of the pass.
-async fn record_held(tx: &Transaction<'_>, last: &HashMap<String, i64>) -> Result<()> {
-    tx.execute(
-        "DELETE FROM sync.held h USING _ms_del d
-         WHERE h.replica = d.r AND h.table_name = d.t AND h.key = d.k",
-        &[],
-    )
-    .await?;
+/// The statements recording what each replica holds after the plan: rows
+/// taken back are no longer held; rows sent are held at the version the
+/// plan saw, carried by the replica's last message of the pass. A statement
+/// over a planner table this pass left empty is left out.
+fn held_statements(last: &HashMap<String, i64>, filled: &BTreeMap<String, u64>) -> String {
+    let has = |table: &str| filled.contains_key(table);
+    let mut sql = String::new();
+    if has("_ms_del") {
+        sql.push_str(
+            "DELETE FROM sync.held h USING _ms_del d
+             WHERE h.replica = d.r AND h.table_name = d.t AND h.key = d.k;",
+        );
+    }
+    if last.is_empty() {
+        return sql;
+    }
+    // Each replica written to, with its last message of the pass.
     let (ids, numbers): (Vec<&str>, Vec<i64>) = last.iter().map(|(r, n)| (r.as_str(), *n)).unzip();
-    // Rows the replica held already: a new version, in place.
-    tx.execute(
-        "UPDATE sync.held h SET version = s.version, message = m.number
-         FROM _ms_send s JOIN unnest($1::text[], $2::int8[]) AS m (r, number) ON m.r = s.r
-         WHERE s.held AND h.table_name = s.t AND h.key = s.k AND h.replica = s.r",
-        &[&ids, &numbers],
-    )
-    .await?;
-    tx.execute(
-        "INSERT INTO sync.held (replica, table_name, key, version, message)
-         SELECT s.r, s.t, s.k, s.version, m.number
-         FROM _ms_send s JOIN unnest($1::text[], $2::int8[]) AS m (r, number) ON m.r = s.r
-         WHERE NOT s.held
-         ON CONFLICT (replica, table_name, key)
-         DO UPDATE SET version = EXCLUDED.version, message = EXCLUDED.message",
-        &[&ids, &numbers],
-    )
-    .await?;
-    // A replica provisioned from scratch held nothing: its rows go in plainly.
-    tx.execute(
-        "INSERT INTO sync.held (replica, table_name, key, version, message)
-         SELECT f.r, f.t, f.k, coalesce(ch.last_seq, 0), m.number
-         FROM _ms_f f JOIN unnest($1::text[], $2::int8[]) AS m (r, number) ON m.r = f.r
-         LEFT JOIN _ms_changed ch ON ch.t = f.t AND ch.k = f.k",
-        &[&ids, &numbers],
-    )
-    .await?;
-    Ok(())
+    let messages = format!(
+        "unnest({}, {}) AS m (r, number)",
+        text_array(ids),
+        int8_array(numbers)
+    );
+    if has("_ms_send") {
+        // Rows the replica held already: a new version, in place.
+        sql.push_str(&format!(
+            "UPDATE sync.held h SET version = s.version, message = m.number
+             FROM _ms_send s JOIN {messages} ON m.r = s.r
+             WHERE s.held AND h.table_name = s.t AND h.key = s.k AND h.replica = s.r;
+             INSERT INTO sync.held (replica, table_name, key, version, message)
+             SELECT s.r, s.t, s.k, s.version, m.number
+             FROM _ms_send s JOIN {messages} ON m.r = s.r
+             WHERE NOT s.held
+             ON CONFLICT (replica, table_name, key)
+             DO UPDATE SET version = EXCLUDED.version, message = EXCLUDED.message;"
+        ));
+    }
+    if has("_ms_f") {
+        // A replica provisioned from scratch held nothing: its rows go in plainly.
+        sql.push_str(&format!(
+            "INSERT INTO sync.held (replica, table_name, key, version, message)
+             SELECT f.r, f.t, f.k, coalesce(ch.last_seq, 0), m.number
+             FROM _ms_f f JOIN {messages} ON m.r = f.r
+             LEFT JOIN _ms_changed ch ON ch.t = f.t AND ch.k = f.k;"
+        ));
+    }
+    sql
 }
 
 /// A live replica as this pass sees it.

@@ -6,12 +6,14 @@ use super::{Acknowledged, Published, SendError, Transport};
 use crate::envelope::{Ack, Gap, ToReplica};
 use crate::error::{Error, Result};
 use crate::seal;
+use crate::sql;
 use futures_util::stream::{self, StreamExt};
 use prost::Message;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use tokio_postgres::{Client, Transaction};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, SimpleQueryMessage, Statement, Transaction};
 
 /// The installation's epoch.
 pub(crate) struct Epoch {
@@ -52,8 +54,40 @@ pub(crate) struct Chain {
     pub snapshot_number: Option<i64>,
 }
 
+/// The statements that write messages, prepared once on the relay's
+/// connection: each then runs in one round trip instead of two (prepare,
+/// then run), and the two of a batch go together.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    bodies: Statement,
+    outbox: Statement,
+}
+
+impl Statements {
+    pub async fn prepare(tx: &Transaction<'_>) -> Result<Statements> {
+        Ok(Statements {
+            bodies: tx
+                .prepare(
+                    "INSERT INTO sync.bodies (hash, bytes) SELECT * FROM unnest($1::bytea[], $2::bytea[])
+                     ON CONFLICT (hash) DO NOTHING",
+                )
+                .await?,
+            outbox: tx
+                .prepare(
+                    "INSERT INTO sync.outbox (replica, number, nonce, head, body, seal)
+                     SELECT o.replica, o.number, o.nonce, o.head, b.id, o.seal
+                     FROM unnest($1::text[], $2::int8[], $3::bytea[], $4::bytea[], $5::bytea[], $6::bytea[])
+                          AS o (replica, number, nonce, head, hash, seal)
+                     JOIN sync.bodies b ON b.hash = o.hash",
+                )
+                .await?,
+        })
+    }
+}
+
 /// Numbers, chains, seals and writes messages, a batch at a time.
 pub(crate) struct Writer<'e> {
+    statements: &'e Statements,
     epoch: &'e Epoch,
     chains: HashMap<String, Chain>,
     /// Replicas written to this pass.
@@ -62,8 +96,13 @@ pub(crate) struct Writer<'e> {
 }
 
 impl<'e> Writer<'e> {
-    pub fn new(epoch: &'e Epoch, chains: HashMap<String, Chain>) -> Self {
+    pub fn new(
+        statements: &'e Statements,
+        epoch: &'e Epoch,
+        chains: HashMap<String, Chain>,
+    ) -> Self {
         Writer {
+            statements,
             epoch,
             chains,
             touched: Vec::new(),
@@ -81,16 +120,20 @@ impl<'e> Writer<'e> {
         if packed.is_empty() {
             return Ok(());
         }
-        let count = i32::try_from(packed.len()).expect("a flush is far below 2^31 messages");
-        let mut numbers: Vec<i64> = tx
-            .query(
-                "SELECT nextval('sync.message_seq') FROM generate_series(1, $1)",
-                &[&count],
-            )
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
+        let mut numbers: Vec<i64> = Vec::with_capacity(packed.len());
+        let sql = format!(
+            "SELECT nextval('sync.message_seq') FROM generate_series(1, {})",
+            packed.len()
+        );
+        for message in tx.simple_query(&sql).await? {
+            if let SimpleQueryMessage::Row(row) = message {
+                let number = row
+                    .get(0)
+                    .and_then(|n| n.parse().ok())
+                    .ok_or_else(|| Error::Invalid("sync.message_seq gave no number".into()))?;
+                numbers.push(number);
+            }
+        }
         numbers.sort_unstable();
         let mut bodies: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         let mut rows = Rows::default();
@@ -142,57 +185,54 @@ impl<'e> Writer<'e> {
         }
         self.written += rows.number.len() as u64;
         let (hashes, bytes): (Vec<Vec<u8>>, Vec<Vec<u8>>) = bodies.into_iter().unzip();
-        tx.execute(
-            "INSERT INTO sync.bodies (hash, bytes) SELECT * FROM unnest($1::bytea[], $2::bytea[])
-             ON CONFLICT (hash) DO NOTHING",
-            &[&hashes, &bytes],
-        )
-        .await?;
-        tx.execute(
-            "INSERT INTO sync.outbox (replica, number, nonce, head, body, seal)
-             SELECT o.replica, o.number, o.nonce, o.head, b.id, o.seal
-             FROM unnest($1::text[], $2::int8[], $3::bytea[], $4::bytea[], $5::bytea[], $6::bytea[])
-                  AS o (replica, number, nonce, head, hash, seal)
-             JOIN sync.bodies b ON b.hash = o.hash",
-            &[
-                &rows.replica,
-                &rows.number,
-                &rows.nonce,
-                &rows.head,
-                &rows.hash,
-                &rows.seal,
-            ],
-        )
-        .await?;
+        // Sent together, run in order: the outbox rows find their bodies.
+        let body_params: [&(dyn ToSql + Sync); 2] = [&hashes, &bytes];
+        let outbox_params: [&(dyn ToSql + Sync); 6] = [
+            &rows.replica,
+            &rows.number,
+            &rows.nonce,
+            &rows.head,
+            &rows.hash,
+            &rows.seal,
+        ];
+        tokio::try_join!(
+            tx.execute(&self.statements.bodies, &body_params),
+            tx.execute(&self.statements.outbox, &outbox_params)
+        )?;
         Ok(())
     }
 
-    /// Records where each chain written to now stands; returns each such
-    /// replica's last message of the pass.
-    pub async fn finish(self, tx: &Transaction<'_>) -> Result<HashMap<String, i64>> {
+    /// Where each chain written to now stands: each such replica's last
+    /// message of the pass, and the statement that records it (run with the
+    /// pass's other closing statements, in one round trip).
+    pub fn finish(self) -> (HashMap<String, i64>, String) {
         let mut last = HashMap::new();
-        let mut ids = Vec::new();
-        let mut numbers = Vec::new();
-        let mut nonces = Vec::new();
-        let mut snapshots = Vec::new();
+        let mut values = Vec::new();
         for id in self.touched {
             let chain = &self.chains[&id];
             last.insert(id.clone(), chain.last_number);
-            ids.push(id);
-            numbers.push(chain.last_number);
-            nonces.push(chain.last_nonce.clone());
-            snapshots.push(chain.snapshot_number);
+            values.push(format!(
+                "({}, {}::int8, {}, {}::int8)",
+                sql::escaped(&id),
+                chain.last_number,
+                sql::bytea(&chain.last_nonce),
+                chain
+                    .snapshot_number
+                    .map_or("NULL".to_string(), |n| n.to_string())
+            ));
         }
-        tx.execute(
+        if values.is_empty() {
+            return (last, String::new());
+        }
+        let statement = format!(
             "UPDATE sync.replicas r SET last_number = u.number, last_nonce = u.nonce,
                  snapshot_number = coalesce(u.snapshot, r.snapshot_number),
                  provision = r.provision AND u.snapshot IS NULL
-             FROM unnest($1::text[], $2::int8[], $3::bytea[], $4::int8[]) AS u (id, number, nonce, snapshot)
-             WHERE r.id = u.id",
-            &[&ids, &numbers, &nonces, &snapshots],
-        )
-        .await?;
-        Ok(last)
+             FROM (VALUES {}) AS u (id, number, nonce, snapshot)
+             WHERE r.id = u.id;",
+            values.join(", ")
+        );
+        (last, statement)
     }
 }
 
@@ -257,26 +297,37 @@ pub(crate) async fn publish<T: Transport>(
     loop {
         // A page is at most PAGE messages and about PAGE_BYTES: whole
         // messages until their bytes pass the bound, and at least one.
-        let rows = client
-            .query(
-                "SELECT replica, number, nonce, head, bytes, seal FROM (
-                     SELECT o.replica, o.number, o.nonce, o.head, b.bytes, o.seal,
-                            sum(length(b.bytes)) OVER (ORDER BY o.replica, o.number) - length(b.bytes) AS before
-                     FROM sync.outbox o JOIN sync.bodies b ON b.id = o.body
-                     WHERE (o.replica, o.number) > ($1, $2)
-                     ORDER BY o.replica, o.number LIMIT $3) page
-                 WHERE before < $4",
-                &[&after.0, &after.1, &PAGE, &PAGE_BYTES],
-            )
-            .await?;
+        let params: [&(dyn ToSql + Sync); 4] = [&after.0, &after.1, &PAGE, &PAGE_BYTES];
+        let page = client.query(
+            "SELECT replica, number, nonce, head, bytes, seal FROM (
+                 SELECT o.replica, o.number, o.nonce, o.head, b.bytes, o.seal,
+                        sum(length(b.bytes)) OVER (ORDER BY o.replica, o.number) - length(b.bytes) AS before
+                 FROM sync.outbox o JOIN sync.bodies b ON b.id = o.body
+                 WHERE (o.replica, o.number) > ($1, $2)
+                 ORDER BY o.replica, o.number LIMIT $3) page
+             WHERE before < $4",
+            &params,
+        );
+        // The epoch is read with the first page, in the same round trip.
+        let rows = match &epoch {
+            Some(_) => page.await?,
+            None => {
+                let (rows, read) = tokio::try_join!(
+                    async { page.await.map_err(Error::from) },
+                    Epoch::read(client)
+                )?;
+                epoch = Some(read);
+                rows
+            }
+        };
         let Some(last) = rows.last() else {
             break;
         };
         after = (last.get(0), last.get(1));
-        let epoch = match &epoch {
-            Some(e) => e,
-            None => epoch.insert(Epoch::read(client).await?),
-        };
+        // A page short of both bounds is the last: no query to hear so.
+        let bytes: usize = rows.iter().map(|r| r.get::<_, &[u8]>(4).len()).sum();
+        let last_page = rows.len() < PAGE as usize && (bytes as i64) < PAGE_BYTES;
+        let epoch = epoch.as_ref().expect("read with the first page");
         // Per replica, its messages of this page, in order.
         let mut queues: Vec<Vec<Waiting>> = Vec::new();
         for row in &rows {
@@ -322,36 +373,49 @@ pub(crate) async fn publish<T: Transport>(
                 )
                 .await?;
         }
+        if last_page {
+            break;
+        }
     }
     if published.sent > 0 || !failed.is_empty() {
         let (ids, errors): (Vec<String>, Vec<String>) = failed.into_iter().unzip();
-        client
-            .execute(
-                "UPDATE sync.replicas r SET last_error = f.error
-                 FROM unnest($1::text[], $2::text[]) AS f (id, error) WHERE r.id = f.id",
-                &[&ids, &errors],
-            )
-            .await?;
+        let failed_ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        // Independent statements, sent together: one round trip.
+        let mark = async {
+            if !ids.is_empty() {
+                client
+                    .execute(
+                        "UPDATE sync.replicas r SET last_error = f.error
+                         FROM unnest($1::text[], $2::text[]) AS f (id, error) WHERE r.id = f.id",
+                        &[&ids, &errors],
+                    )
+                    .await?;
+            }
+            Ok::<(), Error>(())
+        };
+        let clear = async {
+            client
+                .execute(
+                    "UPDATE sync.replicas SET last_error = NULL
+                     WHERE last_error IS NOT NULL AND NOT (id = ANY($1))
+                       AND NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.replica = id)",
+                    &[&failed_ids],
+                )
+                .await?;
+            Ok::<(), Error>(())
+        };
+        let bodies = async {
+            client
+                .execute(
+                    "DELETE FROM sync.bodies b WHERE NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.body = b.id)",
+                    &[],
+                )
+                .await?;
+            Ok::<(), Error>(())
+        };
+        tokio::try_join!(mark, clear, bodies)?;
         published.failed = ids.into_iter().zip(errors).collect();
         published.failed.sort();
-        client
-            .execute(
-                "UPDATE sync.replicas SET last_error = NULL
-                 WHERE last_error IS NOT NULL AND NOT (id = ANY($1))
-                   AND NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.replica = id)",
-                &[&published
-                    .failed
-                    .iter()
-                    .map(|f| f.0.as_str())
-                    .collect::<Vec<_>>()],
-            )
-            .await?;
-        client
-            .execute(
-                "DELETE FROM sync.bodies b WHERE NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.body = b.id)",
-                &[],
-            )
-            .await?;
     }
     Ok(published)
 }
@@ -401,14 +465,18 @@ pub(crate) async fn acknowledge_all(
     if acks.is_empty() {
         return Ok(Vec::new());
     }
-    let epoch = Epoch::read(client).await?;
     let ids: Vec<&str> = acks.iter().map(|(r, _)| r.as_str()).collect();
-    let mut known: HashMap<String, (i64, i64)> = client
-        .query(
-            "SELECT id, last_number, acked_number FROM sync.replicas WHERE id = ANY($1) AND live",
-            &[&ids],
-        )
-        .await?
+    // Both read in one round trip.
+    let (epoch, rows) = tokio::try_join!(Epoch::read(client), async {
+        client
+            .query(
+                "SELECT id, last_number, acked_number FROM sync.replicas WHERE id = ANY($1) AND live",
+                &[&ids],
+            )
+            .await
+            .map_err(Error::from)
+    })?;
+    let mut known: HashMap<String, (i64, i64)> = rows
         .iter()
         .map(|r| (r.get(0), (r.get(1), r.get(2))))
         .collect();

@@ -34,8 +34,8 @@
 use super::graph::{key_json, key_match, rule, Graph, Link, Shape};
 use crate::error::Result;
 use crate::sql::literal;
-use std::collections::BTreeSet;
-use tokio_postgres::Transaction;
+use std::collections::{BTreeMap, BTreeSet};
+use tokio_postgres::{SimpleQueryMessage, Transaction};
 
 const TEMP_TABLES: &str = "
 CREATE TEMP TABLE IF NOT EXISTS _ms_r (r text PRIMARY KEY, part text, fresh boolean NOT NULL);
@@ -51,10 +51,7 @@ CREATE TEMP TABLE IF NOT EXISTS _ms_del (r text, t text, k jsonb);
 CREATE TEMP TABLE IF NOT EXISTS _ms_f (r text, t text, k jsonb, round int NOT NULL, ptrs jsonb, via int NOT NULL DEFAULT -1);
 ";
 
-/// The planner's tables, emptied at the start of a pass. TRUNCATE, not
-/// DELETE: temporary tables are never vacuumed, and emptied by DELETE they
-/// carry their dead rows into every later plan (measured: a third slower in
-/// the steady state).
+/// The planner's tables.
 const TABLES: [&str; 10] = [
     "_ms_r",
     "_ms_notes",
@@ -67,6 +64,60 @@ const TABLES: [&str; 10] = [
     "_ms_del",
     "_ms_f",
 ];
+
+/// How many idle passes may empty the replica list by DELETE before it is
+/// truncated.
+const IDLE_DELETES: u32 = 64;
+
+/// What the planner's tables hold between passes, so a pass empties no more
+/// than it must. A `TRUNCATE` makes new files, about a millisecond a table,
+/// which cost a steady pass as much as its plan: only the tables the last
+/// pass filled are truncated. A `DELETE` would be cheaper, but leaves dead
+/// rows that temporary tables (never vacuumed) carry into every later plan,
+/// and a unique index with the same keys dead many times over makes every
+/// insert of that key visit them all (measured: a steady pass went from
+/// 80 ms to over a second). Only an idle pass, which filled nothing but the
+/// replica list, empties that list by DELETE, truncating it now and then.
+#[derive(Debug, Default)]
+pub(crate) struct Leftovers {
+    /// Rows each table was given by the last committed pass; `None` when not
+    /// known (no pass yet, or the last one failed).
+    filled: Option<BTreeMap<String, u64>>,
+    /// Idle passes since the replica list was last truncated.
+    idle: u32,
+}
+
+impl Leftovers {
+    /// Empties what the last pass left. Returns whether the replica list was
+    /// truncated (and so lost its statistics).
+    pub async fn clear(&mut self, tx: &Transaction<'_>) -> Result<bool> {
+        let tables: Vec<&str> = match self.filled.take() {
+            None => TABLES.to_vec(),
+            Some(filled) => {
+                let only_list = filled.keys().all(|t| t == "_ms_r");
+                if only_list && self.idle < IDLE_DELETES {
+                    self.idle += 1;
+                    tx.batch_execute("DELETE FROM _ms_r").await?;
+                    return Ok(false);
+                }
+                TABLES
+                    .iter()
+                    .copied()
+                    .filter(|t| *t == "_ms_r" || filled.contains_key(*t))
+                    .collect()
+            }
+        };
+        self.idle = 0;
+        tx.batch_execute(&format!("TRUNCATE {}", tables.join(", ")))
+            .await?;
+        Ok(true)
+    }
+
+    /// What a committed pass left in the planner's tables.
+    pub fn left(&mut self, filled: BTreeMap<String, u64>) {
+        self.filled = Some(filled);
+    }
+}
 
 /// The replicas holding the row `c.t`, `c.k`, looked up by index for each
 /// changed row: a change is planned around its own row, never by a scan of
@@ -103,7 +154,7 @@ pub(crate) struct Planner<'a, 't> {
     /// Every group rule's tables: (declared table, members, grants).
     pub groups: Vec<Group>,
     /// The planner's tables a statement put rows in.
-    pub filled: std::sync::Mutex<BTreeSet<String>>,
+    pub filled: std::sync::Mutex<BTreeMap<String, u64>>,
 }
 
 /// A table given through groups.
@@ -119,7 +170,7 @@ pub(crate) struct Group {
 impl Planner<'_, '_> {
     async fn run(&self, sql: &str) -> Result<u64> {
         let started = std::time::Instant::now();
-        let n = self.tx.execute(sql, &[]).await?;
+        let n = simple(self.tx, sql).await?.1;
         if n > 0 {
             // "INSERT INTO _ms_x (...": the next pass empties `_ms_x`.
             if let Some(table) = sql
@@ -127,10 +178,12 @@ impl Planner<'_, '_> {
                 .strip_prefix("INSERT INTO ")
                 .and_then(|rest| rest.split([' ', '(']).next())
             {
-                self.filled
+                *self
+                    .filled
                     .lock()
                     .expect("not poisoned")
-                    .insert(table.to_string());
+                    .entry(table.to_string())
+                    .or_default() += n;
             }
         }
         if super::tracing() {
@@ -171,16 +224,19 @@ impl Planner<'_, '_> {
         let granted = self.present("_ms_grant").await?;
         self.in_question(&touched, &granted).await?;
         self.keep(&touched, &granted).await?;
-        let mut sends = self
-            .run(
-                "INSERT INTO _ms_send (r, t, k, version, held)
-                 SELECT k.r, k.t, k.k, coalesce(ch.last_seq, 0), h.key IS NOT NULL
-                 FROM _ms_k k
-                 LEFT JOIN _ms_changed ch ON ch.t = k.t AND ch.k = k.k
-                 LEFT JOIN sync.held h ON h.replica = k.r AND h.table_name = k.t AND h.key = k.k
-                 WHERE h.key IS NULL OR h.version < coalesce(ch.last_seq, 0)",
-            )
-            .await?;
+        let mut sends = 0;
+        if self.has("_ms_k") {
+            sends += self
+                .run(
+                    "INSERT INTO _ms_send (r, t, k, version, held)
+                     SELECT k.r, k.t, k.k, coalesce(ch.last_seq, 0), h.key IS NOT NULL
+                     FROM _ms_k k
+                     LEFT JOIN _ms_changed ch ON ch.t = k.t AND ch.k = k.k
+                     LEFT JOIN sync.held h ON h.replica = k.r AND h.table_name = k.t AND h.key = k.k
+                     WHERE h.key IS NULL OR h.version < coalesce(ch.last_seq, 0)",
+                )
+                .await?;
+        }
         let pointing = self.pointing();
         let not_pointing = if pointing.is_empty() {
             String::new()
@@ -344,24 +400,14 @@ impl Planner<'_, '_> {
         .await
     }
 
-    /// Empties the replica list and the tables in `filled`, or every table
-    /// when which were filled is not known.
-    pub async fn clear(tx: &Transaction<'_>, filled: Option<&BTreeSet<String>>) -> Result<()> {
-        let tables: Vec<&str> = match filled {
-            Some(filled) => TABLES
-                .iter()
-                .copied()
-                .filter(|t| *t == "_ms_r" || filled.contains(*t))
-                .collect(),
-            None => TABLES.to_vec(),
-        };
-        tx.batch_execute(&format!("TRUNCATE {}", tables.join(", ")))
-            .await?;
-        Ok(())
+    /// Whether a statement of this plan put rows in the planner table `temp`:
+    /// a statement reading only an empty one is skipped.
+    fn has(&self, temp: &str) -> bool {
+        self.filled.lock().expect("not poisoned").contains_key(temp)
     }
 
-    /// The planner's tables this plan put rows in.
-    pub fn filled(&self) -> BTreeSet<String> {
+    /// The planner's tables this plan put rows in, with how many.
+    pub fn filled(&self) -> BTreeMap<String, u64> {
         self.filled.lock().expect("not poisoned").clone()
     }
 
@@ -491,7 +537,7 @@ impl Planner<'_, '_> {
                     .await?;
             }
         }
-        if first == 0 {
+        if first == 0 || self.graph.links.is_empty() {
             return Ok(());
         }
         let mut round = 0;
@@ -543,16 +589,8 @@ impl Planner<'_, '_> {
 
     /// The tables with rows in round `round` of `temp`.
     async fn tables_in(&self, temp: &str, round: i32) -> Result<BTreeSet<String>> {
-        Ok(self
-            .tx
-            .query(
-                &format!("SELECT DISTINCT t FROM {temp} WHERE round = $1"),
-                &[&round],
-            )
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect())
+        let sql = format!("SELECT DISTINCT t FROM {temp} WHERE round = {round}");
+        Ok(simple(self.tx, &sql).await?.0.into_iter().collect())
     }
 
     /// Held parents of the rows in question of round `round` of `link`'s
@@ -645,6 +683,9 @@ impl Planner<'_, '_> {
         if first > ANALYSE_ABOVE {
             self.run("ANALYZE _ms_k").await?;
         }
+        if first == 0 || self.graph.links.is_empty() {
+            return Ok(());
+        }
         let mut round = 0;
         loop {
             let tables = self.tables_in("_ms_k", round).await?;
@@ -695,13 +736,11 @@ impl Planner<'_, '_> {
 
     /// The tables with rows in `temp`.
     async fn present(&self, temp: &str) -> Result<BTreeSet<String>> {
-        Ok(self
-            .tx
-            .query(&format!("SELECT DISTINCT t FROM {temp}"), &[])
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect())
+        if !self.has(temp) {
+            return Ok(BTreeSet::new());
+        }
+        let sql = format!("SELECT DISTINCT t FROM {temp}");
+        Ok(simple(self.tx, &sql).await?.0.into_iter().collect())
     }
 
     /// Rows in question that a row the replica holds outside them points at.
@@ -856,4 +895,25 @@ impl Planner<'_, '_> {
             .await?;
         Ok(of_lacking + in_question + changed)
     }
+}
+
+/// Runs one statement without parameters in a single round trip (the simple
+/// query protocol; the extended one prepares first, a round trip of its own).
+/// Returns the first column of the rows it returned, and how many rows it
+/// returned or changed.
+async fn simple(tx: &Transaction<'_>, sql: &str) -> Result<(Vec<String>, u64)> {
+    let mut values = Vec::new();
+    let mut count = 0;
+    for message in tx.simple_query(sql).await? {
+        match message {
+            SimpleQueryMessage::Row(row) => {
+                if let Some(v) = row.get(0) {
+                    values.push(v.to_string());
+                }
+            }
+            SimpleQueryMessage::CommandComplete(n) => count = n,
+            _ => {}
+        }
+    }
+    Ok((values, count))
 }
