@@ -593,9 +593,9 @@ impl Relay {
     }
 
     /// Publishes every outbox, up to [`Settings::concurrency`] replicas at
-    /// once; see [`outbox::publish`].
+    /// once; see [`publish_outbox`].
     pub async fn publish<T: Transport>(&self, client: &Client, transport: &T) -> Result<Published> {
-        outbox::publish(client, transport, self.settings.concurrency).await
+        publish_outbox(client, transport, self.settings.concurrency).await
     }
 
     /// The replica `replica` says it applied the message `ack` names. The
@@ -629,6 +629,18 @@ impl Relay {
     pub async fn gap(&self, client: &Client, replica: &str, gap: &Gap) -> Result<bool> {
         outbox::gap(client, replica, gap).await
     }
+}
+
+/// Publishes every outbox over `client`, up to `concurrency` replicas at
+/// once, each replica's messages in order; a replica a send fails to keeps
+/// the rest of its outbox and holds back no other. Needs no lock, and can run
+/// on a connection of its own while the relay records.
+pub async fn publish_outbox<T: Transport>(
+    client: &Client,
+    transport: &T,
+    concurrency: usize,
+) -> Result<Published> {
+    outbox::publish(client, transport, concurrency).await
 }
 
 static SUMS: std::sync::Mutex<Vec<(String, f64)>> = std::sync::Mutex::new(Vec::new());

@@ -380,13 +380,17 @@ pub(crate) async fn publish<T: Transport>(
     if published.sent > 0 || !failed.is_empty() {
         let (ids, errors): (Vec<String>, Vec<String>) = failed.into_iter().unzip();
         let failed_ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-        // Independent statements, sent together: one round trip.
+        // Independent statements, sent together: one round trip. A replica
+        // still failing for the same reason keeps its row as it is: the
+        // relay may be recording on another connection, and a row rewritten
+        // under its snapshot would make that pass fail.
         let mark = async {
             if !ids.is_empty() {
                 client
                     .execute(
                         "UPDATE sync.replicas r SET last_error = f.error
-                         FROM unnest($1::text[], $2::text[]) AS f (id, error) WHERE r.id = f.id",
+                         FROM unnest($1::text[], $2::text[]) AS f (id, error)
+                         WHERE r.id = f.id AND r.last_error IS DISTINCT FROM f.error",
                         &[&ids, &errors],
                     )
                     .await?;

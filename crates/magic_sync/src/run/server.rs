@@ -64,7 +64,16 @@ where
     loop {
         let attempt = async {
             let (mut client, relay) = connect(&config, &engine, &settings).await?;
-            relay_loop(&mut client, relay, host, transport, reports, &mut backoff).await
+            relay_loop(
+                &mut client,
+                relay,
+                &config,
+                host,
+                transport,
+                reports,
+                &mut backoff,
+            )
+            .await
         };
         tokio::select! {
             () = &mut stop => return Ok(()),
@@ -91,16 +100,27 @@ async fn connect(
     engine: &Engine,
     settings: &Settings,
 ) -> Result<(Client, Relay)> {
-    let (client, connection) = config.connect(NoTls).await?;
-    tokio::spawn(connection);
-    client.batch_execute("SET TIME ZONE 'UTC'").await?;
+    let client = session(config).await?;
     let relay = Relay::new(&client, engine.clone(), settings.clone()).await?;
     Ok((client, relay))
 }
 
+/// A connection in the relay's time zone.
+async fn session(config: &tokio_postgres::Config) -> Result<Client> {
+    let (client, connection) = config.connect(NoTls).await?;
+    tokio::spawn(connection);
+    client.batch_execute("SET TIME ZONE 'UTC'").await?;
+    Ok(client)
+}
+
+/// Records on the connection holding the lock and publishes on a second one,
+/// at the same time: a pass's messages go out while the next pass plans.
+/// (Publishing needs no lock: the outbox holds only what a recording relay
+/// committed, and a replica applies a message once however often it comes.)
 async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
     client: &mut Client,
     mut relay: Relay,
+    config: &tokio_postgres::Config,
     host: &H,
     transport: &T,
     reports: &R,
@@ -109,9 +129,31 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
     while !Relay::lock(client).await? {
         tokio::time::sleep(relay.settings().idle.max(Duration::from_millis(100))).await;
     }
+    let publisher = session(config).await?;
+    let settings = relay.settings().clone();
+    let written = tokio::sync::Notify::new();
+    tokio::try_join!(
+        record_forever(client, &mut relay, host, transport, reports, backoff, &written),
+        publish_forever(&publisher, transport, &settings, &written)
+    )?;
+    Ok(())
+}
+
+/// Pass after pass on the lock's connection: what replicas said, then
+/// record; a pass that wrote messages wakes the publisher.
+async fn record_forever<H: Replicas, T: Transport, R: Reports>(
+    client: &mut Client,
+    relay: &mut Relay,
+    host: &H,
+    transport: &T,
+    reports: &R,
+    backoff: &mut Duration,
+    written: &tokio::sync::Notify,
+) -> Result<()> {
+    let settings = relay.settings().clone();
     loop {
         let started = std::time::Instant::now();
-        heed(&relay, client, reports.drain()).await?;
+        heed(relay, client, reports.drain()).await?;
         crate::relay::trace("heed", started);
         let replicas = host.replicas().await?;
         let started = std::time::Instant::now();
@@ -119,16 +161,34 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
             .record(client, &replicas, transport.max_message_bytes())
             .await?;
         crate::relay::trace("record", started);
-        let started = std::time::Instant::now();
-        let published = relay.publish(client, transport).await?;
-        crate::relay::trace("publish", started);
-        *backoff = relay.settings().backoff_min;
-        let busy = recorded.messages > 0 || recorded.planned.notes > 0;
-        if !busy && published.sent == 0 {
+        *backoff = settings.backoff_min;
+        if recorded.messages > 0 {
+            written.notify_one();
+        }
+        if recorded.messages == 0 && recorded.planned.notes == 0 {
             tokio::select! {
-                () = tokio::time::sleep(relay.settings().idle) => {}
+                () = tokio::time::sleep(settings.idle) => {}
                 () = reports.wait() => {}
             }
+        }
+    }
+}
+
+/// Publishes whenever a pass wrote messages, and now and then regardless,
+/// to try again a replica a send failed to.
+async fn publish_forever<T: Transport>(
+    publisher: &Client,
+    transport: &T,
+    settings: &Settings,
+    written: &tokio::sync::Notify,
+) -> Result<()> {
+    loop {
+        let started = std::time::Instant::now();
+        crate::relay::publish_outbox(publisher, transport, settings.concurrency).await?;
+        crate::relay::trace("publish", started);
+        tokio::select! {
+            () = written.notified() => {}
+            () = tokio::time::sleep(settings.backoff_min) => {}
         }
     }
 }

@@ -183,6 +183,77 @@ impl Replicas for Host {
 
 /// The runners end to end: the server's loop in a task, a till's loop on a
 /// thread, the in-process network between them.
+/// Waits until `done` says so, failing with `what` after a minute. The
+/// condition is made true by other threads (the runners), so there is no
+/// event to wait on; it is asked again every 20 ms.
+async fn until<F, Fut>(what: &str, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done().await {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The name of product 1 in the SQLite file at `path`.
+fn product_name(path: &std::path::Path) -> Option<String> {
+    rusqlite::Connection::open(path)
+        .ok()?
+        .query_row("SELECT name FROM products WHERE id = 1", [], |r| r.get(0))
+        .ok()
+}
+
+/// A till on a thread of its own, applying what the network brings it.
+fn till(
+    fleet: &Fleet,
+    network: &Network,
+    id: &'static str,
+) -> (
+    std::path::PathBuf,
+    std::thread::JoinHandle<magic_sync::Result<()>>,
+) {
+    let path = fleet.dir.path().join(format!("runner-{id}.sqlite"));
+    let (network, file, engine, fks) = (
+        network.clone(),
+        path.clone(),
+        fleet.engine,
+        fleet.foreign_keys(),
+    );
+    let thread = std::thread::spawn(move || {
+        let mut replica = magic_sync::replica::Replica::open(&file, id, engine, fks).unwrap();
+        magic_sync::run::replica::replica(&mut replica, &network)
+    });
+    (path, thread)
+}
+
+/// `run::server` for `replicas` over the fleet's database, until `stopped`.
+fn start_server(
+    fleet: &Fleet,
+    network: &Network,
+    replicas: Vec<ReplicaInfo>,
+    stopped: tokio::sync::oneshot::Receiver<()>,
+) -> tokio::task::JoinHandle<magic_sync::Result<()>> {
+    let (config, network, engine) = (fleet.db.config(), network.clone(), fleet.engine);
+    tokio::spawn(async move {
+        let host = Host(replicas);
+        magic_sync::run::server::server(
+            config,
+            engine.clone(),
+            Settings::default(),
+            &host,
+            &network,
+            &network,
+            async {
+                stopped.await.ok();
+            },
+        )
+        .await
+    })
+}
+
 #[tokio::test]
 async fn the_runners_carry_a_write_to_a_till() {
     let fleet = Fleet::new(SHOP).await;
@@ -192,60 +263,24 @@ async fn the_runners_carry_a_write_to_a_till() {
         .batch_execute("SELECT pg_advisory_unlock_all()")
         .await
         .unwrap();
-    let engine = fleet.engine;
     let network = Network::new(64 * 1024);
-    let path = fleet.dir.path().join("runner-u1.sqlite");
-    let till = {
-        let network = network.clone();
-        let path = path.clone();
-        let fks = fleet.foreign_keys();
-        std::thread::spawn(move || {
-            let mut replica = magic_sync::replica::Replica::open(&path, "u1", engine, fks).unwrap();
-            magic_sync::run::replica::replica(&mut replica, &network)
-        })
-    };
+    let (path, till) = till(&fleet, &network, "u1");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = {
-        let config = fleet.db.config();
-        let network = network.clone();
-        tokio::spawn(async move {
-            let host = Host(vec![ReplicaInfo::live("u1", Some("north"))]);
-            magic_sync::run::server::server(
-                config,
-                engine.clone(),
-                Settings::default(),
-                &host,
-                &network,
-                &network,
-                async {
-                    stopped.await.ok();
-                },
-            )
-            .await
-        })
-    };
+    let server = start_server(
+        &fleet,
+        &network,
+        vec![ReplicaInfo::live("u1", Some("north"))],
+        stopped,
+    );
     fleet
         .write("UPDATE products SET name = 'green tea' WHERE id = 1")
         .await;
-    let reader = rusqlite::Connection::open(&path).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let name: Option<String> = reader
-            .query_row("SELECT name FROM products WHERE id = 1", [], |r| r.get(0))
-            .ok();
-        if name.as_deref() == Some("green tea") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the write did not reach the till"
-        );
-        // Waiting for a condition another thread makes true, with a deadline.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until("the write did not reach the till", || async {
+        product_name(&path).as_deref() == Some("green tea")
+    })
+    .await;
     // The till said what it applied, and the relay recorded it.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    until("the acknowledgement did not come back", || async {
         let row = fleet
             .writer
             .query_one(
@@ -254,19 +289,96 @@ async fn the_runners_carry_a_write_to_a_till() {
             )
             .await
             .unwrap();
-        if row.get::<_, i64>(0) == row.get::<_, i64>(1) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the acknowledgement did not come back"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        row.get::<_, i64>(0) == row.get::<_, i64>(1)
+    })
+    .await;
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();
     network.close();
     till.join().unwrap().unwrap();
+}
+
+/// The runner publishes on a connection of its own while it records: a till
+/// out of reach has why recorded and keeps its messages, and the passes go
+/// on serving the other till; once back, it gets everything.
+#[tokio::test]
+async fn the_runners_keep_serving_while_one_till_is_out_of_reach() {
+    let fleet = Fleet::new(SHOP).await;
+    fleet
+        .client
+        .batch_execute("SELECT pg_advisory_unlock_all()")
+        .await
+        .unwrap();
+    let network = Network::new(64 * 1024);
+    network.cut("u2", true);
+    let (near, near_till) = till(&fleet, &network, "u1");
+    let (far, far_till) = till(&fleet, &network, "u2");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = start_server(
+        &fleet,
+        &network,
+        vec![
+            ReplicaInfo::live("u1", Some("north")),
+            ReplicaInfo::live("u2", Some("north")),
+        ],
+        stopped,
+    );
+    let last_error = || async {
+        fleet
+            .writer
+            .query_one("SELECT last_error FROM sync.replicas WHERE id = 'u2'", &[])
+            .await
+            .ok()
+            .and_then(|r| r.get::<_, Option<String>>(0))
+    };
+    fleet
+        .write("UPDATE products SET name = 'green tea' WHERE id = 1")
+        .await;
+    until("the write did not reach the near till", || async {
+        product_name(&near).as_deref() == Some("green tea")
+    })
+    .await;
+    until("the far till's failure was not recorded", || async {
+        last_error().await.is_some()
+    })
+    .await;
+    assert!(
+        last_error().await.unwrap().contains("out of reach"),
+        "the transport's reason is kept"
+    );
+    // Passes go on while sends to the far till keep failing.
+    for name in ["black tea", "white tea"] {
+        fleet
+            .write(&format!("UPDATE products SET name = '{name}' WHERE id = 1"))
+            .await;
+        until("a later write did not reach the near till", || async {
+            product_name(&near).as_deref() == Some(name)
+        })
+        .await;
+    }
+    let waiting: i64 = fleet
+        .writer
+        .query_one("SELECT count(*) FROM sync.outbox WHERE replica = 'u2'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(waiting > 0, "the far till's messages wait for it");
+    assert_eq!(product_name(&far), None, "nothing reached the far till");
+
+    network.cut("u2", false);
+    until("the far till did not catch up", || async {
+        product_name(&far).as_deref() == Some("white tea")
+    })
+    .await;
+    until("the far till's failure was not cleared", || async {
+        last_error().await.is_none()
+    })
+    .await;
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+    network.close();
+    near_till.join().unwrap().unwrap();
+    far_till.join().unwrap().unwrap();
 }
 
 /// One relay at a time: a second connection cannot take the lock, and a
