@@ -477,10 +477,6 @@ impl Relay {
         single: bool,
     ) -> Result<()> {
         let table = shape.table;
-        let codec = self
-            .engine
-            .codec(table.name)
-            .expect("every table that goes down has a codec");
         // Rows to send to replicas kept up, and the snapshots' rows.
         let t = literal(table.name);
         let rows = format!(
@@ -500,63 +496,90 @@ impl Relay {
             m = key_match("a", shape, "s.k"),
         );
         let portal = tx.bind(sql.as_str(), &[]).await?;
-        let key_positions = table.key_positions();
+        let chunk = self.settings.chunk_rows.max(1);
+        let mut rows = tx.query_portal(&portal, chunk).await?;
         loop {
-            let t_fetch = std::time::Instant::now();
-            let rows = tx.query_portal(&portal, self.settings.chunk_rows).await?;
-            trace_sum("fetch", t_fetch);
             if rows.is_empty() {
                 return Ok(());
             }
-            for row in &rows {
-                let replicas: Vec<String> = row.get(0);
-                let values = crate::pg::read_row(row, 1, table).map_err(|e| {
-                    Error::Invalid(format!(
-                        "table `{}`: a row read from PostgreSQL does not fit its declaration: {e}",
-                        table.name
-                    ))
-                })?;
-                let key = canonical_key(
-                    &key_positions
-                        .iter()
-                        .map(|&i| values[i].clone())
-                        .collect::<Vec<_>>(),
-                );
-                let data = codec.encode(values).map_err(|source| Error::Codec {
-                    table: table.name.to_string(),
-                    key: key.clone(),
-                    source,
-                })?;
-                if data.len() + key.len() + 16 > limit {
-                    return Err(Error::RowTooLarge {
-                        table: table.name.to_string(),
-                        key,
-                        bytes: data.len(),
-                        limit,
-                    });
-                }
-                let key = key.into_bytes();
-                for r in &replicas {
-                    packer.upsert(
-                        r,
-                        table.name,
-                        RowData {
-                            key: key.clone(),
-                            data: data.clone(),
-                        },
-                    );
-                }
-            }
+            // A full chunk may have more behind it: the next one is asked for
+            // before this one is encoded, so PostgreSQL reads while the
+            // relay encodes. A short chunk is the last.
+            let next = if rows.len() == chunk as usize {
+                let t_fetch = std::time::Instant::now();
+                let (next, packed) = tokio::join!(tx.query_portal(&portal, chunk), async {
+                    self.pack_rows(table, &rows, packer, limit)
+                });
+                trace_sum("fetch+encode", t_fetch);
+                packed?;
+                next?
+            } else {
+                self.pack_rows(table, &rows, packer, limit)?;
+                Vec::new()
+            };
             if packer.pending_bytes() >= self.settings.flush_bytes {
                 let t_write = std::time::Instant::now();
                 writer.write(tx, packer.take()).await?;
                 trace_sum("write", t_write);
             }
-            // A short chunk is the last: no round trip to hear so.
-            if rows.len() < self.settings.chunk_rows.max(1) as usize {
-                return Ok(());
+            rows = next;
+        }
+    }
+
+    /// Encodes each row read once, and hands it to the packer for every
+    /// replica it goes to (the first column).
+    fn pack_rows(
+        &self,
+        table: &'static Table,
+        rows: &[tokio_postgres::Row],
+        packer: &mut Packer,
+        limit: usize,
+    ) -> Result<()> {
+        let codec = self
+            .engine
+            .codec(table.name)
+            .expect("every table that goes down has a codec");
+        let key_positions = table.key_positions();
+        for row in rows {
+            let replicas: Vec<String> = row.get(0);
+            let values = crate::pg::read_row(row, 1, table).map_err(|e| {
+                Error::Invalid(format!(
+                    "table `{}`: a row read from PostgreSQL does not fit its declaration: {e}",
+                    table.name
+                ))
+            })?;
+            let key = canonical_key(
+                &key_positions
+                    .iter()
+                    .map(|&i| values[i].clone())
+                    .collect::<Vec<_>>(),
+            );
+            let data = codec.encode(values).map_err(|source| Error::Codec {
+                table: table.name.to_string(),
+                key: key.clone(),
+                source,
+            })?;
+            if data.len() + key.len() + 16 > limit {
+                return Err(Error::RowTooLarge {
+                    table: table.name.to_string(),
+                    key,
+                    bytes: data.len(),
+                    limit,
+                });
+            }
+            let key = key.into_bytes();
+            for r in &replicas {
+                packer.upsert(
+                    r,
+                    table.name,
+                    RowData {
+                        key: key.clone(),
+                        data: data.clone(),
+                    },
+                );
             }
         }
+        Ok(())
     }
 
     async fn load_deletes(

@@ -57,7 +57,15 @@ impl Fleet {
         let client = db.connect().await;
         client.batch_execute("SET TIME ZONE 'UTC'").await.unwrap();
         let engine: &'static Engine = Box::leak(Box::new(shop::engine()));
-        let relay = Relay::new(&client, engine.clone(), Settings::default())
+        // Small chunks and flushes, so a pass reads its rows over several
+        // round trips (the next asked for while one is encoded) and writes
+        // its messages over several batches, as a large one does.
+        let settings = Settings {
+            chunk_rows: 3,
+            flush_bytes: 2048,
+            ..Settings::default()
+        };
+        let relay = Relay::new(&client, engine.clone(), settings)
             .await
             .expect("the relay starts");
         assert!(
