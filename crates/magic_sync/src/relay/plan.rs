@@ -33,6 +33,7 @@
 
 use super::graph::{key_json, key_match, rule, Graph, Link, Shape};
 use crate::error::Result;
+use crate::row::Rule;
 use crate::sql::literal;
 use std::collections::{BTreeMap, BTreeSet};
 use tokio_postgres::{SimpleQueryMessage, Transaction};
@@ -281,12 +282,17 @@ impl Planner<'_, '_> {
         // Tables with rows in `_ms_f` so far: a follower round into a table
         // that has none needs no check against what is already there.
         let mut filled: BTreeSet<&str> = BTreeSet::new();
+        // The tables with rows in the round, each with how its rows came: by
+        // a rule or as parents (`None`), or as followers through a link.
+        // Counted as the rounds add rows, rather than read back from
+        // `_ms_f`, which would mean a scan of it per round.
+        let mut current: BTreeMap<&str, BTreeSet<Option<usize>>> = BTreeMap::new();
         for shape in &self.graph.shapes {
             let Some(cond) = rule(shape.table, "a", "r") else {
                 continue;
             };
             filled.insert(shape.table.name);
-            total += self
+            let n = self
                 .run(&format!(
                     "INSERT INTO _ms_f (r, t, k, round, ptrs)
                      SELECT r.r, {t}, {key}, 0, {ptrs}
@@ -297,6 +303,10 @@ impl Planner<'_, '_> {
                     rel = shape.relation,
                 ))
                 .await?;
+            if n > 0 {
+                current.entry(shape.table.name).or_default().insert(None);
+            }
+            total += n;
         }
         let mut round = 0;
         let mut added = total;
@@ -304,38 +314,57 @@ impl Planner<'_, '_> {
             if added > ANALYSE_ABOVE {
                 self.run("ANALYZE _ms_f").await?;
             }
-            let tables = self.tables_in("_ms_f", round).await?;
-            if tables.is_empty() {
+            if added == 0 {
                 return Ok(total);
             }
             added = 0;
+            let mut next: BTreeMap<&str, BTreeSet<Option<usize>>> = BTreeMap::new();
             for (i, link) in self.graph.links.iter().enumerate() {
-                // Every row of an `all` table is there from the first round.
-                let parent_complete = matches!(link.parent.rule, crate::row::Rule::All);
-                if tables.contains(link.child.name) && !parent_complete {
-                    added += self.provision_parents(i, link, round).await?;
+                // Every row of an `all` table is there from the first round;
+                // rows that came as followers through this very link have
+                // their parent there already.
+                let parent_complete = matches!(link.parent.rule, Rule::All);
+                let only_followers_of_it = current
+                    .get(link.child.name)
+                    .is_some_and(|how| how.len() == 1 && how.contains(&Some(i)));
+                if current.contains_key(link.child.name)
+                    && !parent_complete
+                    && !only_followers_of_it
+                {
+                    let n = self.provision_parents(i, link, round).await?;
+                    if n > 0 {
+                        next.entry(link.parent.name).or_default().insert(None);
+                    }
+                    added += n;
                     filled.insert(link.parent.name);
                 }
-                if link.follows && tables.contains(link.parent.name) {
+                if link.follows && current.contains_key(link.parent.name) {
                     let first = !filled.contains(link.child.name);
-                    added += self.provision_followers(i, link, round, first).await?;
+                    let n = self.provision_followers(i, link, round, first).await?;
+                    if n > 0 {
+                        next.entry(link.child.name).or_default().insert(Some(i));
+                    }
+                    added += n;
                     filled.insert(link.child.name);
                 }
             }
             total += added;
+            current = next;
             round += 1;
         }
     }
 
     /// `jsonb_build_object('0', ptr, ...)`: what the row `alias` of `table`
     /// points at, by link number; NULL for a table that points at nothing.
+    /// A link into an `all` table is left out: every row of it is there from
+    /// the first round, so no round follows it.
     fn pointers(&self, alias: &str, table: &str) -> String {
         let items: Vec<String> = self
             .graph
             .links
             .iter()
             .enumerate()
-            .filter(|(_, l)| l.child.name == table)
+            .filter(|(_, l)| l.child.name == table && !matches!(l.parent.rule, Rule::All))
             .map(|(i, l)| format!("'{i}', {}", l.pointer(alias)))
             .collect();
         if items.is_empty() {
@@ -461,7 +490,7 @@ impl Planner<'_, '_> {
                 .collect::<Vec<_>>()
                 .join(", ");
             let group_col = match g.table.rule {
-                crate::row::Rule::Group(rule) => rule.group,
+                Rule::Group(rule) => rule.group,
                 _ => unreachable!("a group table has a group rule"),
             };
             self.run(&format!(
