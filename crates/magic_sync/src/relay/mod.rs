@@ -394,7 +394,7 @@ impl Relay {
         if !closing.is_empty() {
             let t0 = std::time::Instant::now();
             tx.batch_execute(&closing).await?;
-            trace("held", t0);
+            trace("close (chains, held, notes done)", t0);
         }
         let t0 = std::time::Instant::now();
         tx.commit().await?;
