@@ -390,8 +390,15 @@ impl Relay {
             );
         }
         // Where the chains stand, what each replica now holds, the notes
-        // done: one round trip.
+        // done: one round trip. Bodies no message carries any more go with
+        // them, here and not where messages are published: publishing runs
+        // beside a pass, and could delete a body the pass is pointing a new
+        // message at, unseen until it commits.
         if !closing.is_empty() {
+            closing.push_str(
+                "DELETE FROM sync.bodies b
+                 WHERE NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.body = b.id);",
+            );
             let t0 = std::time::Instant::now();
             tx.batch_execute(&closing).await?;
             trace("close (chains, held, notes done)", t0);

@@ -408,16 +408,7 @@ pub(crate) async fn publish<T: Transport>(
                 .await?;
             Ok::<(), Error>(())
         };
-        let bodies = async {
-            client
-                .execute(
-                    "DELETE FROM sync.bodies b WHERE NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.body = b.id)",
-                    &[],
-                )
-                .await?;
-            Ok::<(), Error>(())
-        };
-        tokio::try_join!(mark, clear, bodies)?;
+        tokio::try_join!(mark, clear)?;
         published.failed = ids.into_iter().zip(errors).collect();
         published.failed.sort();
     }
