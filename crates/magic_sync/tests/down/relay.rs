@@ -206,6 +206,18 @@ fn product_name(path: &std::path::Path) -> Option<String> {
         .ok()
 }
 
+/// The shop, with the fleet's own relay connection letting go of the lock
+/// for the runner, and a network for it.
+async fn for_the_runner() -> (Fleet, Network) {
+    let fleet = Fleet::new(SHOP).await;
+    fleet
+        .client
+        .batch_execute("SELECT pg_advisory_unlock_all()")
+        .await
+        .unwrap();
+    (fleet, Network::new(64 * 1024))
+}
+
 /// A till on a thread of its own, applying what the network brings it.
 fn till(
     fleet: &Fleet,
@@ -256,14 +268,7 @@ fn start_server(
 
 #[tokio::test]
 async fn the_runners_carry_a_write_to_a_till() {
-    let fleet = Fleet::new(SHOP).await;
-    // The fleet's own relay connection lets go of the lock for the runner.
-    fleet
-        .client
-        .batch_execute("SELECT pg_advisory_unlock_all()")
-        .await
-        .unwrap();
-    let network = Network::new(64 * 1024);
+    let (fleet, network) = for_the_runner().await;
     let (path, till) = till(&fleet, &network, "u1");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = start_server(
@@ -303,13 +308,7 @@ async fn the_runners_carry_a_write_to_a_till() {
 /// on serving the other till; once back, it gets everything.
 #[tokio::test]
 async fn the_runners_keep_serving_while_one_till_is_out_of_reach() {
-    let fleet = Fleet::new(SHOP).await;
-    fleet
-        .client
-        .batch_execute("SELECT pg_advisory_unlock_all()")
-        .await
-        .unwrap();
-    let network = Network::new(64 * 1024);
+    let (fleet, network) = for_the_runner().await;
     network.cut("u2", true);
     let (near, near_till) = till(&fleet, &network, "u1");
     let (far, far_till) = till(&fleet, &network, "u2");
