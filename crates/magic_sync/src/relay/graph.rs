@@ -181,6 +181,21 @@ pub(crate) fn key_json(alias: &str, table: &Table) -> String {
 }
 
 /// `a.k1 = (json->>0)::type AND ...`: the row `alias` has the key `json`.
+/// `LATERAL (...) alias`: the row of `shape` whose key is the `jsonb` value
+/// `json`, looked up through the key's index once per row of the outer side
+/// (`OFFSET 0` keeps PostgreSQL from turning it into a join). The planner's
+/// small tables often have no statistics, and PostgreSQL, guessing them
+/// large, would rather hash the whole source table: a change is planned
+/// around its own row, never by a scan of the table.
+pub(crate) fn row_by_key(alias: &str, shape: &Shape, json: &str) -> String {
+    let inner = format!("{alias}_row");
+    format!(
+        "LATERAL (SELECT * FROM {} {inner} WHERE {} OFFSET 0) {alias}",
+        shape.relation,
+        key_match(&inner, shape, json)
+    )
+}
+
 pub(crate) fn key_match(alias: &str, shape: &Shape, json: &str) -> String {
     columns_match(alias, shape.table.key, &shape.key_types, json)
 }

@@ -31,7 +31,7 @@
 //! and records every row it sends at the newest note the snapshot shows of
 //! it, so a held version is never older than the first pending note of its row.
 
-use super::graph::{key_json, key_match, rule, Graph, Link, Shape};
+use super::graph::{key_json, key_match, row_by_key, rule, Graph, Link, Shape};
 use crate::error::Result;
 use crate::row::Rule;
 use crate::sql::literal;
@@ -527,11 +527,7 @@ impl Planner<'_, '_> {
                 // The row is read once, whichever replicas hold it.
                 let (row, ruled_row) = match rule(shape.table, "x", "r") {
                     Some(cond) => (
-                        format!(
-                            "LEFT JOIN {} x ON {}",
-                            shape.relation,
-                            key_match("x", shape, "c.k")
-                        ),
+                        format!("LEFT JOIN {} ON true", row_by_key("x", shape, "c.k")),
                         format!(
                             "(x.{} IS NOT NULL AND coalesce({cond}, false))",
                             crate::sql::ident(shape.table.key[0])
@@ -752,13 +748,12 @@ impl Planner<'_, '_> {
              SELECT r.r, {t}, c.k, 0, false
              FROM (SELECT k FROM _ms_touched WHERE t = {t}
                    UNION SELECT k FROM _ms_grant WHERE t = {t}) c
-             JOIN {rel} a ON {m}
+             CROSS JOIN {row}
              JOIN _ms_r r ON NOT r.fresh AND {cond}
              WHERE NOT EXISTS (SELECT 1 FROM _ms_q q
                                WHERE q.r = r.r AND q.t = {t} AND q.k = c.k)
              ON CONFLICT DO NOTHING",
-            rel = shape.relation,
-            m = key_match("a", shape, "c.k"),
+            row = row_by_key("a", shape, "c.k"),
         ))
         .await
     }
