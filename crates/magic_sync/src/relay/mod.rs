@@ -317,12 +317,12 @@ impl Relay {
                 rows.join(", ")
             ))
             .await?;
-            let ids = &observed.live;
-            if ids.len() > 20 && self.analysed != Some(ids.len()) {
+            let live = observed.live.len();
+            if live > 20 && self.analysed != Some(live) {
                 // Truncated, the table would look empty to PostgreSQL's
                 // planner.
                 tx.batch_execute("ANALYZE _ms_r").await?;
-                self.analysed = Some(ids.len());
+                self.analysed = Some(live);
             }
         }
         let planner = plan::Planner {

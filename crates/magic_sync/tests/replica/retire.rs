@@ -50,11 +50,7 @@ fn only_the_replicas_own_records_keep_a_row_it_is_told_to_let_go_of() {
     let site = Site::new();
     let mut server = Server::new();
     let mut replica = site.open();
-    let order = Order {
-        id: 10,
-        unit_id: UNIT.into(),
-        customer_id: Some(1),
-    };
+    let order = order(10, Some(1));
     let line = OrderLine {
         order_id: 10,
         line_no: 1,
@@ -127,11 +123,7 @@ fn a_table_without_a_retired_column_lets_go_regardless() {
     let site = Site::new();
     let mut server = Server::new();
     let mut replica = site.open();
-    let order = Order {
-        id: 10,
-        unit_id: UNIT.into(),
-        customer_id: None,
-    };
+    let order = order(10, None);
     let line = OrderLine {
         order_id: 10,
         line_no: 1,

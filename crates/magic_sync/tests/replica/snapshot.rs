@@ -15,11 +15,7 @@ fn the_end_of_a_snapshot_lets_go_of_what_it_did_not_name_in_its_tables_only() {
     let site = Site::new();
     let mut server = Server::new();
     let mut replica = site.open();
-    let order = Order {
-        id: 10,
-        unit_id: UNIT.into(),
-        customer_id: None,
-    };
+    let order = order(10, None);
     let first = server.whole_snapshot(
         vec![
             upserts(&[product(1, "tea"), product(2, "jam"), product(3, "honey")]),
@@ -147,11 +143,7 @@ fn a_snapshot_fills_an_empty_table_without_its_foreign_key_indexes_and_builds_th
         "_magic_sync_fk_order_lines_product_id".to_string(),
     ];
     assert_eq!(foreign_key_indexes(&replica, "order_lines"), both);
-    let order = Order {
-        id: 10,
-        unit_id: UNIT.into(),
-        customer_id: Some(1),
-    };
+    let order = order(10, Some(1));
     let line = OrderLine {
         order_id: 10,
         line_no: 1,
@@ -195,11 +187,7 @@ fn a_replica_reopened_in_the_middle_of_a_snapshot_has_its_indexes_back() {
     let site = Site::new();
     let mut server = Server::new();
     let mut replica = site.open();
-    let order = Order {
-        id: 10,
-        unit_id: UNIT.into(),
-        customer_id: None,
-    };
+    let order = order(10, None);
     apply_all(&mut replica, &[server.snapshot(vec![upserts(&[order])])]);
     assert!(foreign_key_indexes(&replica, "orders").is_empty());
     drop(replica);

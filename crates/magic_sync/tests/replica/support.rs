@@ -236,6 +236,15 @@ pub fn product(id: i64, name: &str) -> Product {
     }
 }
 
+/// An order of this till's, pointing at `customer_id`.
+pub fn order(id: i64, customer_id: Option<i64>) -> Order {
+    Order {
+        id,
+        unit_id: UNIT.into(),
+        customer_id,
+    }
+}
+
 pub fn customer(id: i64, name: &str) -> Customer {
     Customer {
         id,
