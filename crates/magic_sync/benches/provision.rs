@@ -11,6 +11,14 @@
 //!   other here; in a deployment publishing and applying overlap.
 //! - Memory: the relay alone (record and publish into a transport that drops
 //!   the bytes) in a child process per size, its peak RSS (VmHWM) compared.
+//! - Floor: what the design cannot do without, timed alone on the same data:
+//!   recording the held set (one row per row held, as `sync.held` does, and
+//!   grouped into pages of keys for comparison) and staging the snapshot's
+//!   bytes in PostgreSQL, as the outbox must before anything is sent (rows in
+//!   their text form, the cheapest encoding PostgreSQL has, in 10,000-row
+//!   bodies). Added to the baseline, which already reads every row and
+//!   writes it into SQLite, they give the least any implementation of this
+//!   design could take here.
 //!
 //! MAGIC_SYNC_BENCH_ROWS sets the total rows (default 1,000,000).
 
@@ -293,6 +301,91 @@ fn measure_memory(conninfo: &str) -> (u64, u64) {
     (parts.next().unwrap(), parts.next().unwrap())
 }
 
+/// The tables and the columns of their keys, as the bench declares them.
+const KEYS: [(&str, &str); 5] = [
+    ("stores", "id"),
+    ("products", "id"),
+    ("customers", "id"),
+    ("orders", "id"),
+    ("lines", "order_id, line_no"),
+];
+
+struct Floor {
+    held_rows: Duration,
+    held_pages: Duration,
+    staged: Duration,
+}
+
+/// Times, each in a transaction of its own, the writes the design needs
+/// beyond reading and applying the rows: see the module's comment.
+async fn floor(db: &magic_sync_testdb::TestDb) -> Floor {
+    let client = db.connect().await;
+    client
+        .batch_execute(
+            "CREATE TABLE floor_held (LIKE sync.held INCLUDING ALL);
+             CREATE TABLE floor_pages (replica text, table_name text, bucket int, keys jsonb[],
+                 versions int8[], messages int8[], PRIMARY KEY (table_name, bucket, replica));
+             CREATE INDEX ON floor_pages (replica);
+             CREATE TABLE floor_bodies (LIKE sync.bodies INCLUDING ALL);
+             CHECKPOINT;",
+        )
+        .await
+        .unwrap();
+    let timed = |sql: String| {
+        let client = &client;
+        async move {
+            let started = Instant::now();
+            client
+                .batch_execute(&format!("BEGIN; {sql} COMMIT;"))
+                .await
+                .unwrap();
+            let took = started.elapsed();
+            client.batch_execute("CHECKPOINT").await.unwrap();
+            took
+        }
+    };
+    let each = |f: &dyn Fn(&str, &str) -> String| {
+        KEYS.iter()
+            .map(|(t, k)| f(t, k))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let held_rows = timed(each(&|t, k| {
+        format!(
+            "INSERT INTO floor_held (replica, table_name, key, version, message)
+             SELECT 'r1', '{t}', jsonb_build_array({k}), 0, 1 FROM {t};"
+        )
+    }))
+    .await;
+    let held_pages = timed(each(&|t, k| {
+        format!(
+            "INSERT INTO floor_pages
+             SELECT 'r1', '{t}', hashtext(jsonb_build_array({k})::text) & 4095,
+                    array_agg(jsonb_build_array({k})), array_agg(0::int8), array_agg(1::int8)
+             FROM {t} GROUP BY 3;"
+        )
+    }))
+    .await;
+    let staged = timed(each(&|t, _| {
+        format!(
+            "INSERT INTO floor_bodies (hash, bytes)
+             SELECT sha224(b), b FROM (
+                 SELECT convert_to(string_agg(x::text, ''), 'UTF8') AS b
+                 FROM (SELECT *, row_number() OVER () / 10000 AS chunk FROM {t}) x GROUP BY chunk) bodies;"
+        )
+    }))
+    .await;
+    client
+        .batch_execute("DROP TABLE floor_held, floor_pages, floor_bodies")
+        .await
+        .unwrap();
+    Floor {
+        held_rows,
+        held_pages,
+        staged,
+    }
+}
+
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
@@ -332,6 +425,28 @@ async fn main() {
         secs(engine_total),
         t.rows as f64 / secs(engine_total),
         secs(engine_total) / secs(copy)
+    );
+
+    let f = floor(&db).await;
+    let ratio = |d: Duration| secs(copy + d) / secs(copy);
+    println!(
+        "floor, held as one row per row:   {:>6.2} s",
+        secs(f.held_rows)
+    );
+    println!(
+        "floor, held as pages of keys:     {:>6.2} s",
+        secs(f.held_pages)
+    );
+    println!(
+        "floor, snapshot bytes staged:     {:>6.2} s",
+        secs(f.staged)
+    );
+    println!(
+        "floor of the design: baseline + staged + held rows {:.2} s ({:.2}x the baseline); with held pages {:.2} s ({:.2}x)",
+        secs(copy + f.staged + f.held_rows),
+        ratio(f.staged + f.held_rows),
+        secs(copy + f.staged + f.held_pages),
+        ratio(f.staged + f.held_pages)
     );
 
     // The relay-only runs provision `r1` again from scratch.
