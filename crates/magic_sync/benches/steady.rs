@@ -6,6 +6,8 @@
 //!
 //! cargo bench -p magic_sync --features postgres,sqlite --bench steady
 //!
+//! 0. Light load: 20 changes per second for 10 s, the pipeline's own
+//!    latency when a pass carries a change or two: the baseline for 1.
 //! 1. Paced: 1,000 changes per second for MAGIC_SYNC_BENCH_SECONDS (default
 //!    60): commit-to-applied latency (each change carries its commit clock;
 //!    a replica takes the clock when the message holding it has applied),
@@ -193,6 +195,71 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
     sorted[i] as f64 / 1000.0
 }
 
+/// What a paced run measured.
+struct Paced {
+    changes: u64,
+    delivered: u64,
+    measured: usize,
+    p50: f64,
+    p99: f64,
+    max: f64,
+    /// Pending notes and outbox messages, averaged over the first and the
+    /// last 10 seconds.
+    first: (f64, f64),
+    last: (f64, f64),
+    max_notes: i64,
+}
+
+/// Writes `rate` changes per second for `seconds`, sampling the backlog
+/// every second, and waits for what was written to arrive.
+async fn paced(
+    db: &magic_sync_testdb::TestDb,
+    client: &tokio_postgres::Client,
+    seen: &Seen,
+    rate: u64,
+    seconds: u64,
+) -> Paced {
+    seen.measuring.store(true, Ordering::Relaxed);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers = write(db, 2, rate, stop.clone());
+    let sampler = async {
+        let mut samples = Vec::new();
+        for _ in 0..seconds {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            samples.push(backlog(client).await);
+        }
+        stop.store(true, Ordering::Relaxed);
+        samples
+    };
+    let rows_before = seen.rows.load(Ordering::Relaxed);
+    let (changes, samples) = tokio::join!(writers, sampler);
+    // Let what was written arrive.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    seen.measuring.store(false, Ordering::Relaxed);
+    let delivered = seen.rows.load(Ordering::Relaxed) - rows_before;
+    let mut latencies = std::mem::take(&mut *seen.latencies.lock().unwrap());
+    latencies.sort_unstable();
+    let avg = |s: &[&(i64, i64)]| {
+        (
+            s.iter().map(|x| x.0).sum::<i64>() as f64 / s.len().max(1) as f64,
+            s.iter().map(|x| x.1).sum::<i64>() as f64 / s.len().max(1) as f64,
+        )
+    };
+    let first: Vec<_> = samples.iter().take(10).collect();
+    let last: Vec<_> = samples.iter().rev().take(10).collect();
+    Paced {
+        changes,
+        delivered,
+        measured: latencies.len(),
+        p50: percentile(&latencies, 0.50),
+        p99: percentile(&latencies, 0.99),
+        max: percentile(&latencies, 1.0),
+        first: avg(&first),
+        last: avg(&last),
+        max_notes: samples.iter().map(|s| s.0).max().unwrap_or(0),
+    }
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let seconds: u64 = std::env::var("MAGIC_SYNC_BENCH_SECONDS")
@@ -280,53 +347,33 @@ async fn main() {
         started.elapsed().as_secs_f64()
     );
 
+    // 0. The pipeline's own latency: a light load, where a pass carries a
+    //    change or two; the baseline the paced figures compare with.
+    let light = paced(&db, &client, &seen, 20, 10).await;
+    println!(
+        "light load (20 changes/s, 10 s): commit-to-applied p50 {:.1} ms, p99 {:.1} ms",
+        light.p50, light.p99
+    );
     // 1. Paced.
-    seen.measuring.store(true, Ordering::Relaxed);
-    let stop = Arc::new(AtomicBool::new(false));
-    let writers = write(&db, 2, rate, stop.clone());
-    let sampler = async {
-        let mut samples = Vec::new();
-        for _ in 0..seconds {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            samples.push(backlog(&client).await);
-        }
-        stop.store(true, Ordering::Relaxed);
-        samples
-    };
-    let rows_before = seen.rows.load(Ordering::Relaxed);
-    let (changes, samples) = tokio::join!(writers, sampler);
-    // Let what was written arrive.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    seen.measuring.store(false, Ordering::Relaxed);
-    let delivered = seen.rows.load(Ordering::Relaxed) - rows_before;
-    let mut latencies = std::mem::take(&mut *seen.latencies.lock().unwrap());
-    latencies.sort_unstable();
-    let first: Vec<_> = samples.iter().take(10).collect();
-    let last: Vec<_> = samples.iter().rev().take(10).collect();
-    let avg = |s: &[&(i64, i64)]| {
-        (
-            s.iter().map(|x| x.0).sum::<i64>() as f64 / s.len().max(1) as f64,
-            s.iter().map(|x| x.1).sum::<i64>() as f64 / s.len().max(1) as f64,
-        )
-    };
-    let max_notes = samples.iter().map(|s| s.0).max().unwrap_or(0);
+    let run = paced(&db, &client, &seen, rate, seconds).await;
     println!(
-        "paced: {changes} changes in {seconds} s ({:.0}/s), {delivered} row deliveries applied",
-        changes as f64 / seconds as f64
+        "paced: {} changes in {seconds} s ({:.0}/s), {} row deliveries applied",
+        run.changes,
+        run.changes as f64 / seconds as f64,
+        run.delivered
     );
     println!(
-        "  commit-to-applied latency: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} deliveries measured)",
-        percentile(&latencies, 0.50),
-        percentile(&latencies, 0.99),
-        percentile(&latencies, 1.0),
-        latencies.len()
+        "  commit-to-applied latency: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} deliveries measured); p50 {:.1}x, p99 {:.1}x the light load's",
+        run.p50,
+        run.p99,
+        run.max,
+        run.measured,
+        run.p50 / light.p50,
+        run.p99 / light.p99
     );
     println!(
-        "  backlog (pending notes, outbox messages): first 10 s avg {:.1}, {:.1}; last 10 s avg {:.1}, {:.1}; max notes {max_notes}",
-        avg(&first).0,
-        avg(&first).1,
-        avg(&last).0,
-        avg(&last).1
+        "  backlog (pending notes, outbox messages): first 10 s avg {:.1}, {:.1}; last 10 s avg {:.1}, {:.1}; max notes {}",
+        run.first.0, run.first.1, run.last.0, run.last.1, run.max_notes
     );
 
     // 2. Higher rates, 20 s each: does the backlog stay bounded?
