@@ -329,8 +329,8 @@ async fn main() {
     loop {
         let row = client
             .query_one(
-                "SELECT count(*), count(*) FILTER (WHERE provision OR acked_number < last_number OR last_number = 0)
-                 FROM sync.replicas",
+                "SELECT count(*), count(*) FILTER (WHERE provision OR coalesce(a.number, 0) < last_number OR last_number = 0)
+                 FROM sync.replicas r LEFT JOIN sync.acks a ON a.replica = r.id",
                 &[],
             )
             .await

@@ -628,10 +628,8 @@ impl Relay {
         publish_outbox(client, transport, self.settings.concurrency).await
     }
 
-    /// The replica `replica` says it applied the message `ack` names. The
-    /// replica's identity is the caller's (the transport authenticated it),
-    /// never the message's. A seal that does not verify is refused with an
-    /// error and changes nothing.
+    /// The replica `replica` says it applied the message `ack` names; see
+    /// [`acknowledge_all`].
     pub async fn acknowledge(
         &self,
         client: &Client,
@@ -641,24 +639,41 @@ impl Relay {
         outbox::acknowledge(client, replica, ack).await
     }
 
-    /// Many acknowledgements at once, each with the replica that sent it (as
-    /// the transport authenticated it): one outcome per acknowledgement, in
-    /// order; a forged one is an error of its own and holds back no other.
+    /// See [`acknowledge_all`].
     pub async fn acknowledge_all(
         &self,
         client: &Client,
         acks: &[(String, Ack)],
     ) -> Result<Vec<Result<Acknowledged>>> {
-        outbox::acknowledge_all(client, acks).await
+        acknowledge_all(client, acks).await
     }
 
-    /// The replica `replica` could not follow a message and waits for a
-    /// snapshot: it is provisioned again at the next pass, unless a snapshot
-    /// that began after that message is already on its way. Returns whether
-    /// it will be.
+    /// See [`gap`].
     pub async fn gap(&self, client: &Client, replica: &str, gap: &Gap) -> Result<bool> {
-        outbox::gap(client, replica, gap).await
+        self::gap(client, replica, gap).await
     }
+}
+
+/// Acknowledgements, each with the replica that sent it as the transport
+/// authenticated it (never as the message says): one outcome per
+/// acknowledgement, in order. A seal that does not verify is refused with an
+/// error of its own, changes nothing and holds back no other. Needs no lock:
+/// acknowledgements live in `sync.acks`, which passes write only to forget a
+/// replica the host no longer lists, so they can be recorded on a connection
+/// of their own while the relay records.
+pub async fn acknowledge_all(
+    client: &Client,
+    acks: &[(String, Ack)],
+) -> Result<Vec<Result<Acknowledged>>> {
+    outbox::acknowledge_all(client, acks).await
+}
+
+/// The replica `replica` could not follow a message and waits for a
+/// snapshot: it is provisioned again at the next pass, unless a snapshot
+/// that began after that message is already on its way. Returns whether it
+/// will be.
+pub async fn gap(client: &Client, replica: &str, gap: &Gap) -> Result<bool> {
+    outbox::gap(client, replica, gap).await
 }
 
 /// Publishes every outbox over `client`, up to `concurrency` replicas at

@@ -465,7 +465,9 @@ pub(crate) async fn acknowledge_all(
     let (epoch, rows) = tokio::try_join!(Epoch::read(client), async {
         client
             .query(
-                "SELECT id, last_number, acked_number FROM sync.replicas WHERE id = ANY($1) AND live",
+                "SELECT r.id, r.last_number, coalesce(a.number, 0)
+                 FROM sync.replicas r LEFT JOIN sync.acks a ON a.replica = r.id
+                 WHERE r.id = ANY($1) AND r.live",
                 &[&ids],
             )
             .await
@@ -527,9 +529,15 @@ pub(crate) async fn acknowledge_all(
     if !recorded.is_empty() {
         client
             .execute(
-                "UPDATE sync.replicas r SET acked_number = a.number, acked_at = now()
-                 FROM (SELECT DISTINCT id, number FROM unnest($1::text[], $2::int8[]) AS u (id, number)) a
-                 WHERE r.id = a.id AND r.acked_number < a.number",
+                // The replica's row is locked against deletion first: a
+                // pass forgetting the replica meanwhile leaves nothing to
+                // insert, rather than a foreign key to break.
+                "INSERT INTO sync.acks AS a (replica, number, at)
+                 SELECT u.id, u.number, now()
+                 FROM (SELECT DISTINCT id, number FROM unnest($1::text[], $2::int8[]) AS u (id, number)) u
+                 JOIN sync.replicas r ON r.id = u.id FOR KEY SHARE OF r
+                 ON CONFLICT (replica) DO UPDATE SET number = excluded.number, at = excluded.at
+                 WHERE a.number < excluded.number",
                 &[&recorded, &numbers],
             )
             .await?;

@@ -1,6 +1,7 @@
-//! The relay's loop: take the lock, then pass after pass — what replicas
-//! said, observe, record, publish — waiting briefly when there was nothing
-//! to do, and backing off after a failure.
+//! The relay's loop: take the lock, then pass after pass — observe, plan,
+//! record — waiting briefly when there was nothing to do, and backing off
+//! after a failure; beside the passes, on a second connection, publish what
+//! they wrote and heed what replicas said.
 
 use super::Report;
 use crate::engine::Engine;
@@ -21,18 +22,19 @@ pub trait Reports: Send + Sync {
 
 /// Applies what replicas said: acknowledgements all at once, gaps one by
 /// one. A forged acknowledgement is refused and changes nothing; the others
-/// still count.
-pub async fn heed(relay: &Relay, client: &Client, reports: Vec<(String, Report)>) -> Result<()> {
+/// still count. Needs no lock; the runner heeds on its publishing
+/// connection, beside the passes.
+pub async fn heed(client: &Client, reports: Vec<(String, Report)>) -> Result<()> {
     let mut acks = Vec::new();
     for (replica, report) in reports {
         match report {
             Report::Applied(ack) => acks.push((replica, ack)),
             Report::Gap(gap) => {
-                relay.gap(client, &replica, &gap).await?;
+                crate::relay::gap(client, &replica, &gap).await?;
             }
         }
     }
-    for outcome in relay.acknowledge_all(client, &acks).await? {
+    for outcome in crate::relay::acknowledge_all(client, &acks).await? {
         match outcome {
             Ok(_) | Err(Error::Forged { .. }) => {}
             Err(e) => return Err(e),
@@ -113,10 +115,13 @@ async fn session(config: &tokio_postgres::Config) -> Result<Client> {
     Ok(client)
 }
 
-/// Records on the connection holding the lock and publishes on a second one,
-/// at the same time: a pass's messages go out while the next pass plans.
-/// (Publishing needs no lock: the outbox holds only what a recording relay
-/// committed, and a replica applies a message once however often it comes.)
+/// Records on the connection holding the lock and publishes and heeds on a
+/// second one, at the same time: a pass's messages go out, and replicas'
+/// acknowledgements are recorded, while the next pass plans. (Neither needs
+/// the lock: the outbox holds only what a recording relay committed, a
+/// replica applies a message once however often it comes, and
+/// acknowledgements go to `sync.acks`, which passes write only to forget a
+/// replica the host no longer lists.)
 async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
     client: &mut Client,
     mut relay: Relay,
@@ -133,28 +138,24 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
     let settings = relay.settings().clone();
     let written = tokio::sync::Notify::new();
     tokio::try_join!(
-        record_forever(client, &mut relay, host, transport, reports, backoff, &written),
-        publish_forever(&publisher, transport, &settings, &written)
+        record_forever(client, &mut relay, host, transport, backoff, &written),
+        publish_forever(&publisher, transport, reports, &settings, &written)
     )?;
     Ok(())
 }
 
 /// Pass after pass on the lock's connection: what replicas said, then
 /// record; a pass that wrote messages wakes the publisher.
-async fn record_forever<H: Replicas, T: Transport, R: Reports>(
+async fn record_forever<H: Replicas, T: Transport>(
     client: &mut Client,
     relay: &mut Relay,
     host: &H,
     transport: &T,
-    reports: &R,
     backoff: &mut Duration,
     written: &tokio::sync::Notify,
 ) -> Result<()> {
     let settings = relay.settings().clone();
     loop {
-        let started = std::time::Instant::now();
-        heed(relay, client, reports.drain()).await?;
-        crate::relay::trace("heed", started);
         let replicas = host.replicas().await?;
         let started = std::time::Instant::now();
         let recorded = relay
@@ -166,28 +167,31 @@ async fn record_forever<H: Replicas, T: Transport, R: Reports>(
             written.notify_one();
         }
         if recorded.messages == 0 && recorded.planned.notes == 0 {
-            tokio::select! {
-                () = tokio::time::sleep(settings.idle) => {}
-                () = reports.wait() => {}
-            }
+            tokio::time::sleep(settings.idle).await;
         }
     }
 }
 
 /// Publishes whenever a pass wrote messages, and now and then regardless,
-/// to try again a replica a send failed to.
-async fn publish_forever<T: Transport>(
+/// to try again a replica a send failed to; heeds what replicas said
+/// whenever they said something.
+async fn publish_forever<T: Transport, R: Reports>(
     publisher: &Client,
     transport: &T,
+    reports: &R,
     settings: &Settings,
     written: &tokio::sync::Notify,
 ) -> Result<()> {
     loop {
         let started = std::time::Instant::now();
+        heed(publisher, reports.drain()).await?;
+        crate::relay::trace("heed", started);
+        let started = std::time::Instant::now();
         crate::relay::publish_outbox(publisher, transport, settings.concurrency).await?;
         crate::relay::trace("publish", started);
         tokio::select! {
             () = written.notified() => {}
+            () = reports.wait() => {}
             () = tokio::time::sleep(settings.backoff_min) => {}
         }
     }

@@ -11,6 +11,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (2, include_str!("002_epoch.sql")),
     (3, include_str!("003_down.sql")),
     (4, include_str!("004_held_room.sql")),
+    (5, include_str!("005_acks.sql")),
 ];
 
 /// The version this build brings the schema to.

@@ -196,7 +196,7 @@ impl Fleet {
     /// Hands what replicas said to the relay.
     pub async fn heed(&mut self) {
         let reports = self.network.reports();
-        run::server::heed(&self.relay, &self.client, reports)
+        run::server::heed(&self.client, reports)
             .await
             .expect("the relay heeds what replicas say");
     }

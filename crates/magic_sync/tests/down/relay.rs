@@ -24,10 +24,7 @@ async fn an_acknowledgement_under_a_forged_seal_is_refused_and_changes_nothing()
     let mut ack = last_ack(&mut fleet, "u1").await;
     let before: i64 = fleet
         .client
-        .query_one(
-            "SELECT acked_number FROM sync.replicas WHERE id = 'u1'",
-            &[],
-        )
+        .query_one("SELECT number FROM sync.acks WHERE replica = 'u1'", &[])
         .await
         .unwrap()
         .get(0);
@@ -105,8 +102,8 @@ async fn unconfirmed(fleet: &Fleet) -> i64 {
     fleet
         .client
         .query_one(
-            "SELECT count(*) FROM sync.held h JOIN sync.replicas r ON r.id = h.replica
-             WHERE h.message > r.acked_number",
+            "SELECT count(*) FROM sync.held h LEFT JOIN sync.acks a ON a.replica = h.replica
+             WHERE h.message > coalesce(a.number, 0)",
             &[],
         )
         .await
@@ -186,6 +183,54 @@ impl Replicas for Host {
 /// Waits until `done` says so, failing with `what` after a minute. The
 /// condition is made true by other threads (the runners), so there is no
 /// event to wait on; it is asked again every 20 ms.
+#[tokio::test]
+async fn an_acknowledgement_heeded_while_a_pass_forgets_its_replica_waits_and_leaves_nothing() {
+    let mut fleet = shop().await;
+    let ack = last_ack(&mut fleet, "u3").await;
+    // A pass forgetting u3, not yet committed (its row, and with it its
+    // acknowledgement, deleted).
+    let forgetting = fleet.db.connect().await;
+    forgetting
+        .batch_execute("BEGIN; DELETE FROM sync.replicas WHERE id = 'u3'")
+        .await
+        .unwrap();
+    let heeding = fleet.db.connect().await;
+    let (waiter, holder) = (backend(&heeding).await, backend(&forgetting).await);
+    let acks = [("u3".to_string(), ack)];
+    let heed = magic_sync::relay::acknowledge_all(&heeding, &acks);
+    let observe = async {
+        until("heeding never waited for the pass", || async {
+            fleet
+                .client
+                .query_one("SELECT $2 = ANY(pg_blocking_pids($1))", &[&waiter, &holder])
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+        })
+        .await;
+        forgetting.batch_execute("COMMIT").await.unwrap();
+    };
+    let (outcomes, ()) = tokio::join!(heed, observe);
+    let outcomes = outcomes.expect("heeding beside the pass does not fail");
+    assert_eq!(outcomes.len(), 1);
+    let left: i64 = fleet
+        .client
+        .query_one("SELECT count(*) FROM sync.acks WHERE replica = 'u3'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "no acknowledgement of a forgotten replica");
+}
+
+/// The process id of `client`'s backend.
+async fn backend(client: &tokio_postgres::Client) -> i32 {
+    client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
 async fn until<F, Fut>(what: &str, mut done: F)
 where
     F: FnMut() -> Fut,
@@ -289,7 +334,8 @@ async fn the_runners_carry_a_write_to_a_till() {
         let row = fleet
             .writer
             .query_one(
-                "SELECT acked_number, last_number FROM sync.replicas WHERE id = 'u1'",
+                "SELECT coalesce(a.number, 0), r.last_number
+                 FROM sync.replicas r LEFT JOIN sync.acks a ON a.replica = r.id WHERE r.id = 'u1'",
                 &[],
             )
             .await

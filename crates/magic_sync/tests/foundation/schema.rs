@@ -85,3 +85,40 @@ async fn concurrent_migrations_both_succeed() {
     assert_eq!(x.unwrap(), CURRENT);
     assert_eq!(y.unwrap(), CURRENT);
 }
+
+#[tokio::test]
+async fn acknowledgements_recorded_before_version_5_move_to_their_own_table() {
+    let db = magic_sync_testdb::database().await;
+    let mut client = db.connect().await;
+    assert_eq!(schema::migrate_to(&mut client, 4).await.unwrap(), 4);
+    client
+        .batch_execute(
+            "INSERT INTO sync.replicas (id, live, last_number, acked_number, acked_at)
+             VALUES ('heard', true, 9, 7, '2026-11-30 10:00:00+00'), ('silent', true, 3, 0, NULL)",
+        )
+        .await
+        .unwrap();
+    assert_eq!(schema::migrate(&mut client).await.unwrap(), CURRENT);
+    let acks: Vec<(String, i64, bool)> = client
+        .query(
+            "SELECT replica, number, at = timestamptz '2026-11-30 10:00:00+00' FROM sync.acks ORDER BY replica",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    // Only what a replica said; the time it said it kept.
+    assert_eq!(acks, [("heard".to_string(), 7, true)]);
+    let gone: i64 = client
+        .query_one(
+            "SELECT count(*) FROM information_schema.columns
+             WHERE table_schema = 'sync' AND table_name = 'replicas' AND column_name LIKE 'acked%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(gone, 0, "sync.replicas no longer carries acknowledgements");
+}
