@@ -103,6 +103,16 @@ pub struct Settings {
     pub backoff_min: Duration,
     /// The longest wait after failed passes.
     pub backoff_max: Duration,
+    /// The most messages a replica's outbox may hold beyond the snapshot it
+    /// begins with. Past it (or past `outbox_bytes`), the outbox is dropped
+    /// and the replica provisioned again: a replica out of reach for long
+    /// costs one snapshot, not storage without end.
+    pub outbox_messages: i64,
+    /// The most bytes (heads, bodies and seals) a replica's outbox may hold
+    /// beyond the snapshot it begins with.
+    pub outbox_bytes: i64,
+    /// How often a pass measures the outboxes against their bound.
+    pub outbox_check_every: Duration,
 }
 
 impl Default for Settings {
@@ -114,6 +124,9 @@ impl Default for Settings {
             idle: Duration::from_millis(5),
             backoff_min: Duration::from_millis(50),
             backoff_max: Duration::from_secs(10),
+            outbox_messages: 50_000,
+            outbox_bytes: 512 << 20,
+            outbox_check_every: Duration::from_secs(10),
         }
     }
 }
@@ -127,6 +140,9 @@ pub struct Recorded {
     pub provisioned: Vec<String>,
     /// Replicas forgotten (no longer live, or gone).
     pub forgotten: Vec<String>,
+    /// Replicas whose outbox outgrew its bound: dropped, and provisioned
+    /// again (they are among `provisioned` too).
+    pub dropped: Vec<String>,
     /// Messages written to the outbox.
     pub messages: u64,
 }
@@ -168,6 +184,8 @@ pub struct Relay {
     /// How many replicas the replica list held when it was last analysed,
     /// since it was last truncated.
     analysed: Option<usize>,
+    /// When a pass last measured the outboxes against their bound.
+    outbox_checked: Option<std::time::Instant>,
 }
 
 #[derive(Debug, Clone)]
@@ -223,6 +241,7 @@ impl Relay {
             leftovers: plan::Leftovers::default(),
             statements: None,
             analysed: None,
+            outbox_checked: None,
         })
     }
 
@@ -292,10 +311,21 @@ impl Relay {
         }
         trace("clear", t0);
         let t0 = std::time::Instant::now();
+        let due = self
+            .outbox_checked
+            .is_none_or(|at| at.elapsed() >= self.settings.outbox_check_every);
+        let dropped = if due {
+            let dropped = outbox::bound(&tx, &self.settings).await?;
+            self.outbox_checked = Some(std::time::Instant::now());
+            dropped
+        } else {
+            Vec::new()
+        };
         let observed = observe(&tx, replicas).await?;
         trace("observe", t0);
         let mut recorded = Recorded {
             forgotten: observed.forgotten,
+            dropped,
             ..Recorded::default()
         };
         if !observed.live.is_empty() {

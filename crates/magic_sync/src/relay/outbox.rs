@@ -224,9 +224,12 @@ impl<'e> Writer<'e> {
         if values.is_empty() {
             return (last, String::new());
         }
+        // A snapshot is written whole in one pass: its last message is the
+        // replica's last of the pass.
         let statement = format!(
             "UPDATE sync.replicas r SET last_number = u.number, last_nonce = u.nonce,
                  snapshot_number = coalesce(u.snapshot, r.snapshot_number),
+                 snapshot_last = CASE WHEN u.snapshot IS NULL THEN r.snapshot_last ELSE u.number END,
                  provision = r.provision AND u.snapshot IS NULL
              FROM (VALUES {}) AS u (id, number, nonce, snapshot)
              WHERE r.id = u.id;",
@@ -234,6 +237,36 @@ impl<'e> Writer<'e> {
         );
         (last, statement)
     }
+}
+
+/// Measures every live replica's outbox beyond the snapshot it begins with
+/// against the bound in `settings`; one past it is marked to be provisioned
+/// again (which drops its outbox and held set when the pass observes it),
+/// with an alarm saying why. Returns those replicas.
+pub(crate) async fn bound(tx: &Transaction<'_>, settings: &super::Settings) -> Result<Vec<String>> {
+    let rows = tx
+        .query(
+            "WITH owed AS (
+                 SELECT o.replica, count(*) AS messages,
+                        sum(octet_length(o.head) + octet_length(o.seal) + octet_length(b.bytes))::int8 AS bytes
+                 FROM sync.outbox o
+                 JOIN sync.replicas r ON r.id = o.replica
+                 JOIN sync.bodies b ON b.id = o.body
+                 WHERE o.number > r.snapshot_last AND r.live AND NOT r.provision
+                 GROUP BY o.replica)
+             UPDATE sync.replicas r SET provision = true, alarm_at = now(),
+                 alarm = format('its outbox outgrew its bound: %s messages, %s bytes beyond the snapshot it begins with '
+                     '(at most %s messages, %s bytes); dropped, and the replica provisioned again',
+                     owed.messages, owed.bytes, $1::int8, $2::int8)
+             FROM owed
+             WHERE owed.replica = r.id AND (owed.messages > $1::int8 OR owed.bytes > $2::int8)
+             RETURNING r.id",
+            &[&settings.outbox_messages, &settings.outbox_bytes],
+        )
+        .await?;
+    let mut dropped: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    dropped.sort();
+    Ok(dropped)
 }
 
 #[derive(Default)]

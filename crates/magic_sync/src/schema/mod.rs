@@ -12,6 +12,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (3, include_str!("003_down.sql")),
     (4, include_str!("004_held_room.sql")),
     (5, include_str!("005_acks.sql")),
+    (6, include_str!("006_outbox_bound.sql")),
 ];
 
 /// The version this build brings the schema to.

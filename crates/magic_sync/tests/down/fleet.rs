@@ -116,6 +116,15 @@ impl Fleet {
         );
     }
 
+    /// The relay again, its settings changed by `change`.
+    pub async fn reconfigure(&mut self, change: impl FnOnce(&mut Settings)) {
+        let mut settings = self.relay.settings().clone();
+        change(&mut settings);
+        self.relay = Relay::new(&self.client, self.engine.clone(), settings)
+            .await
+            .expect("the relay starts");
+    }
+
     pub fn unit(&mut self, id: &str) -> &mut Unit {
         self.units.get_mut(id).expect("a replica of the fleet")
     }

@@ -97,6 +97,138 @@ async fn a_till_out_of_reach_keeps_its_messages_and_holds_back_no_one() {
     assert_eq!(cleared, None);
 }
 
+/// The shop with u1 out of reach, and an outbox bound of `messages` and
+/// `bytes` measured at every pass.
+async fn bounded(messages: i64, bytes: i64) -> Fleet {
+    let mut fleet = shop().await;
+    fleet
+        .reconfigure(|s| {
+            s.outbox_messages = messages;
+            s.outbox_bytes = bytes;
+            s.outbox_check_every = Duration::ZERO;
+        })
+        .await;
+    fleet.cut("u1", true);
+    fleet
+}
+
+/// u1's outbox: messages in all, messages beyond the snapshot it begins
+/// with, and whether its first message begins that snapshot.
+async fn u1_outbox(fleet: &Fleet) -> (i64, i64, bool) {
+    let row = fleet
+        .client
+        .query_one(
+            "SELECT count(*), count(*) FILTER (WHERE o.number > r.snapshot_last),
+                    coalesce(min(o.number) = r.snapshot_number, false)
+             FROM sync.replicas r LEFT JOIN sync.outbox o ON o.replica = r.id
+             WHERE r.id = 'u1' GROUP BY r.snapshot_last, r.snapshot_number",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2))
+}
+
+async fn u1_alarm(fleet: &Fleet) -> Option<String> {
+    fleet
+        .client
+        .query_one("SELECT alarm FROM sync.replicas WHERE id = 'u1'", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn a_till_out_of_reach_past_its_outbox_bound_is_provisioned_again_and_converges_when_back() {
+    let mut fleet = bounded(4, i64::MAX).await;
+    for i in 0..4 {
+        fleet
+            .settle(&format!(
+                "UPDATE products SET name = 'tea {i}' WHERE id = 1"
+            ))
+            .await;
+    }
+    assert_eq!(u1_outbox(&fleet).await.1, 4, "one message a change, kept");
+    assert_eq!(u1_alarm(&fleet).await, None);
+    fleet
+        .write("UPDATE products SET name = 'tea 4' WHERE id = 1")
+        .await;
+    // The pass that writes the fifth message measured four: within bound.
+    let wrote = fleet.record().await;
+    assert!(wrote.dropped.is_empty(), "{wrote:?}");
+    assert_eq!(u1_outbox(&fleet).await.1, 5);
+    // The others take theirs; u1's waits. The next pass measures five: past
+    // the bound.
+    fleet.deliver().await;
+    let next = fleet.record().await;
+    assert_eq!(next.dropped, ["u1"]);
+    assert_eq!(next.provisioned, ["u1"]);
+    let (messages, beyond, begins) = u1_outbox(&fleet).await;
+    assert!(messages > 0 && beyond == 0 && begins, "the outbox is a snapshot now: {messages} messages, {beyond} beyond it, begins with it: {begins}");
+    let alarm = u1_alarm(&fleet).await.expect("an alarm");
+    assert!(alarm.contains("outgrew its bound: 5 messages"), "{alarm}");
+    // Everyone else was kept up all along.
+    fleet.deliver().await;
+    fleet.check().await;
+    fleet.cut("u1", false);
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(
+        product_name(&fleet.dir.path().join("u1.sqlite")).as_deref(),
+        Some("tea 4")
+    );
+}
+
+#[tokio::test]
+async fn a_snapshot_larger_than_the_bound_is_not_dropped_again() {
+    let mut fleet = bounded(1, i64::MAX).await;
+    for i in 0..2 {
+        fleet
+            .settle(&format!(
+                "UPDATE products SET name = 'tea {i}' WHERE id = 1"
+            ))
+            .await;
+    }
+    let (messages, beyond, begins) = u1_outbox(&fleet).await;
+    assert!(begins && beyond == 0, "dropped and provisioned again");
+    assert!(
+        messages > 1,
+        "the snapshot alone is past the bound: {messages} messages"
+    );
+    // Passes with nothing to do, and one change beyond the snapshot: within
+    // bound, so the snapshot stays.
+    assert!(fleet.record().await.dropped.is_empty());
+    fleet
+        .settle("UPDATE products SET name = 'tea 2' WHERE id = 1")
+        .await;
+    assert!(fleet.record().await.dropped.is_empty());
+    assert_eq!(u1_outbox(&fleet).await, (messages + 1, 1, true));
+    fleet.cut("u1", false);
+    fleet.sync().await;
+    fleet.check().await;
+}
+
+#[tokio::test]
+async fn an_outbox_past_its_byte_bound_is_dropped_too() {
+    let mut fleet = bounded(i64::MAX, 1).await;
+    fleet
+        .write("UPDATE products SET name = 'green tea' WHERE id = 1")
+        .await;
+    assert!(fleet.record().await.dropped.is_empty());
+    // The others take theirs; u1's waits.
+    fleet.deliver().await;
+    let next = fleet.record().await;
+    assert_eq!(next.dropped, ["u1"]);
+    let alarm = u1_alarm(&fleet).await.expect("an alarm");
+    assert!(
+        alarm.contains("at most 9223372036854775807 messages, 1 bytes"),
+        "{alarm}"
+    );
+    fleet.cut("u1", false);
+    fleet.sync().await;
+    fleet.check().await;
+}
+
 /// Held rows whose message the replica has not acknowledged yet.
 async fn unconfirmed(fleet: &Fleet) -> i64 {
     fleet
