@@ -26,7 +26,7 @@ use crate::engine::Engine;
 use crate::envelope::{Ack, Gap, RowData};
 use crate::error::{Error, Result};
 use crate::row::{Rule, Table};
-use crate::sql::{escaped, int8_array, literal, qualified, text_array};
+use crate::sql::{int8_array, literal, qualified, text_array};
 use crate::value::{canonical_key, Kind, Value};
 use graph::{key_match, Graph};
 use pack::Packer;
@@ -181,9 +181,6 @@ pub struct Relay {
     leftovers: plan::Leftovers,
     /// The outbox's statements, prepared on the relay's connection.
     statements: Option<outbox::Statements>,
-    /// How many replicas the replica list held when it was last analysed,
-    /// since it was last truncated.
-    analysed: Option<usize>,
     /// When a pass last measured the outboxes against their bound.
     outbox_checked: Option<std::time::Instant>,
 }
@@ -240,7 +237,6 @@ impl Relay {
             prepared: false,
             leftovers: plan::Leftovers::default(),
             statements: None,
-            analysed: None,
             outbox_checked: None,
         })
     }
@@ -296,7 +292,7 @@ impl Relay {
                 .await?;
             Ok::<bool, Error>(row.get(0))
         };
-        let (holds_lock, list_truncated, epoch) = tokio::try_join!(
+        let (holds_lock, (), epoch) = tokio::try_join!(
             holds_lock,
             self.leftovers.clear(&tx),
             outbox::Epoch::read(&tx)
@@ -305,9 +301,6 @@ impl Relay {
             return Err(Error::Invalid(
                 "the relay records only on the connection that holds its lock (Relay::lock)".into(),
             ));
-        }
-        if list_truncated {
-            self.analysed = None;
         }
         trace("clear", t0);
         let t0 = std::time::Instant::now();
@@ -328,32 +321,16 @@ impl Relay {
             dropped,
             ..Recorded::default()
         };
-        if !observed.live.is_empty() {
-            // Written out whole: one round trip, no statement to prepare.
-            let rows: Vec<String> = observed
-                .live
-                .iter()
-                .map(|o| {
-                    format!(
-                        "({}, {}::text, {})",
-                        escaped(&o.id),
-                        o.partition.as_deref().map_or("NULL".into(), escaped),
-                        o.fresh
-                    )
-                })
-                .collect();
-            tx.batch_execute(&format!(
-                "INSERT INTO _ms_r (r, part, fresh) VALUES {}",
-                rows.join(", ")
-            ))
-            .await?;
-            let live = observed.live.len();
-            if live > 20 && self.analysed != Some(live) {
-                // Truncated, the table would look empty to PostgreSQL's
-                // planner.
-                tx.batch_execute("ANALYZE _ms_r").await?;
-                self.analysed = Some(live);
-            }
+        let listed: Vec<plan::Listed> = observed
+            .live
+            .iter()
+            .map(|o| (o.id.clone(), o.partition.clone(), o.fresh))
+            .collect();
+        let live = listed.len();
+        if self.leftovers.list(&tx, listed).await? && live > 20 {
+            // Written afresh, the list would look empty to PostgreSQL's
+            // planner.
+            tx.batch_execute("ANALYZE _ms_r").await?;
         }
         let planner = plan::Planner {
             tx: &tx,
@@ -375,10 +352,7 @@ impl Relay {
         let any_fresh = observed.live.iter().any(|o| o.fresh);
         let t0 = std::time::Instant::now();
         recorded.planned = planner.plan(any_fresh).await?;
-        let mut filled = planner.filled();
-        if !observed.live.is_empty() {
-            filled.insert("_ms_r".into(), observed.live.len() as u64);
-        }
+        let filled = planner.filled();
         trace("plan", t0);
         recorded.provisioned = observed
             .live

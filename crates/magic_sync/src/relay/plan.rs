@@ -66,9 +66,9 @@ const TABLES: [&str; 10] = [
     "_ms_f",
 ];
 
-/// How many idle passes may empty the replica list by DELETE before it is
-/// truncated.
-const IDLE_DELETES: u32 = 64;
+/// A replica as the replica list (`_ms_r`) holds it: id, partition, and
+/// whether this pass provisions it from scratch.
+pub(crate) type Listed = (String, Option<String>, bool);
 
 /// What the planner's tables hold between passes, so a pass empties no more
 /// than it must. A `TRUNCATE` makes new files, about a millisecond a table,
@@ -77,46 +77,82 @@ const IDLE_DELETES: u32 = 64;
 /// rows that temporary tables (never vacuumed) carry into every later plan,
 /// and a unique index with the same keys dead many times over makes every
 /// insert of that key visit them all (measured: a steady pass went from
-/// 80 ms to over a second). Only an idle pass, which filled nothing but the
-/// replica list, empties that list by DELETE, truncating it now and then.
+/// 80 ms to over a second). The replica list is kept from pass to pass
+/// while the replicas stay as they were, which in a steady fleet is nearly
+/// always: written again, and analysed, only when it changes.
 #[derive(Debug, Default)]
 pub(crate) struct Leftovers {
     /// Rows each table was given by the last committed pass; `None` when not
     /// known (no pass yet, or the last one failed).
     filled: Option<BTreeMap<String, u64>>,
-    /// Idle passes since the replica list was last truncated.
-    idle: u32,
+    /// The replica list as the last committed pass left it; `None` when not
+    /// known.
+    list: Option<Vec<Listed>>,
+    /// The list this pass left, kept once it commits.
+    pending: Option<Vec<Listed>>,
 }
 
 impl Leftovers {
-    /// Empties what the last pass left. Returns whether the replica list was
-    /// truncated (and so lost its statistics).
-    pub async fn clear(&mut self, tx: &Transaction<'_>) -> Result<bool> {
+    /// Empties what the last pass left but the replica list.
+    pub async fn clear(&mut self, tx: &Transaction<'_>) -> Result<()> {
+        self.pending = self.list.take();
         let tables: Vec<&str> = match self.filled.take() {
-            None => TABLES.to_vec(),
-            Some(filled) => {
-                let only_list = filled.keys().all(|t| t == "_ms_r");
-                if only_list && self.idle < IDLE_DELETES {
-                    self.idle += 1;
-                    tx.batch_execute("DELETE FROM _ms_r").await?;
-                    return Ok(false);
-                }
-                TABLES
-                    .iter()
-                    .copied()
-                    .filter(|t| *t == "_ms_r" || filled.contains_key(*t))
-                    .collect()
+            None => {
+                self.pending = None;
+                TABLES.to_vec()
             }
+            Some(filled) => TABLES
+                .iter()
+                .copied()
+                .filter(|t| *t != "_ms_r" && filled.contains_key(*t))
+                .collect(),
         };
-        self.idle = 0;
-        tx.batch_execute(&format!("TRUNCATE {}", tables.join(", ")))
-            .await?;
+        if !tables.is_empty() {
+            tx.batch_execute(&format!("TRUNCATE {}", tables.join(", ")))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Makes the replica list `live`, unless it is that already. Returns
+    /// whether it was written (and so wants analysing).
+    pub async fn list(&mut self, tx: &Transaction<'_>, live: Vec<Listed>) -> Result<bool> {
+        if self.pending.as_ref() == Some(&live) {
+            return Ok(false);
+        }
+        let mut sql = String::new();
+        if self.pending.is_some() {
+            // Unknown, it was truncated with the rest.
+            sql.push_str("TRUNCATE _ms_r;");
+        }
+        if !live.is_empty() {
+            // Written out whole: one round trip, no statement to prepare.
+            let rows: Vec<String> = live
+                .iter()
+                .map(|(id, part, fresh)| {
+                    format!(
+                        "({}, {}::text, {fresh})",
+                        crate::sql::escaped(id),
+                        part.as_deref().map_or("NULL".into(), crate::sql::escaped)
+                    )
+                })
+                .collect();
+            sql.push_str(&format!(
+                "INSERT INTO _ms_r (r, part, fresh) VALUES {};",
+                rows.join(", ")
+            ));
+        }
+        if !sql.is_empty() {
+            tx.batch_execute(&sql).await?;
+        }
+        self.pending = Some(live);
         Ok(true)
     }
 
     /// What a committed pass left in the planner's tables.
     pub fn left(&mut self, filled: BTreeMap<String, u64>) {
         self.filled = Some(filled);
+        self.list = self.pending.take();
     }
 }
 
