@@ -129,6 +129,17 @@ async fn u1_outbox(fleet: &Fleet) -> (i64, i64, bool) {
     (row.get(0), row.get(1), row.get(2))
 }
 
+/// Names product 1 `tea {i}` for each `i` in turn, settling after each.
+async fn rename(fleet: &mut Fleet, names: std::ops::Range<i32>) {
+    for i in names {
+        fleet
+            .settle(&format!(
+                "UPDATE products SET name = 'tea {i}' WHERE id = 1"
+            ))
+            .await;
+    }
+}
+
 async fn u1_alarm(fleet: &Fleet) -> Option<String> {
     fleet
         .client
@@ -141,13 +152,7 @@ async fn u1_alarm(fleet: &Fleet) -> Option<String> {
 #[tokio::test]
 async fn a_till_out_of_reach_past_its_outbox_bound_is_provisioned_again_and_converges_when_back() {
     let mut fleet = bounded(4, i64::MAX).await;
-    for i in 0..4 {
-        fleet
-            .settle(&format!(
-                "UPDATE products SET name = 'tea {i}' WHERE id = 1"
-            ))
-            .await;
-    }
+    rename(&mut fleet, 0..4).await;
     assert_eq!(u1_outbox(&fleet).await.1, 4, "one message a change, kept");
     assert_eq!(u1_alarm(&fleet).await, None);
     fleet
@@ -182,13 +187,7 @@ async fn a_till_out_of_reach_past_its_outbox_bound_is_provisioned_again_and_conv
 #[tokio::test]
 async fn a_snapshot_larger_than_the_bound_is_not_dropped_again() {
     let mut fleet = bounded(1, i64::MAX).await;
-    for i in 0..2 {
-        fleet
-            .settle(&format!(
-                "UPDATE products SET name = 'tea {i}' WHERE id = 1"
-            ))
-            .await;
-    }
+    rename(&mut fleet, 0..2).await;
     let (messages, beyond, begins) = u1_outbox(&fleet).await;
     assert!(begins && beyond == 0, "dropped and provisioned again");
     assert!(
@@ -198,9 +197,7 @@ async fn a_snapshot_larger_than_the_bound_is_not_dropped_again() {
     // Passes with nothing to do, and one change beyond the snapshot: within
     // bound, so the snapshot stays.
     assert!(fleet.record().await.dropped.is_empty());
-    fleet
-        .settle("UPDATE products SET name = 'tea 2' WHERE id = 1")
-        .await;
+    rename(&mut fleet, 2..3).await;
     assert!(fleet.record().await.dropped.is_empty());
     assert_eq!(u1_outbox(&fleet).await, (messages + 1, 1, true));
     fleet.cut("u1", false);
