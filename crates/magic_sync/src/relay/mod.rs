@@ -304,9 +304,10 @@ impl Relay {
         }
         trace("clear", t0);
         let t0 = std::time::Instant::now();
-        let due = self
-            .outbox_checked
-            .is_none_or(|at| at.elapsed() >= self.settings.outbox_check_every);
+        let due = match self.outbox_checked {
+            None => true,
+            Some(at) => at.elapsed() >= self.settings.outbox_check_every,
+        };
         let dropped = if due {
             let dropped = outbox::bound(&tx, &self.settings).await?;
             self.outbox_checked = Some(std::time::Instant::now());
