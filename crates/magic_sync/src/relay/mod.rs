@@ -4,8 +4,8 @@
 //!
 //! - [`Relay::record`], in one REPEATABLE READ transaction on the connection
 //!   that holds the relay's lock: observe the replicas, read every pending
-//!   note, plan ([`plan`]), load and encode each row sent once, pack each
-//!   replica's rows into messages ([`pack`]), number, chain and seal them,
+//!   note, plan (`plan`), load and encode each row sent once, pack each
+//!   replica's rows into messages (`pack`), number, chain and seal them,
 //!   and write the outbox, what each replica now holds, and the notes done.
 //! - [`Relay::publish`], with no transaction open: each replica's outbox, in
 //!   order, through the host's [`Transport`]; a message leaves the outbox
