@@ -33,6 +33,9 @@ pub struct Relation {
     pub columns: Vec<DbColumn>,
     /// The column lists of its primary key and unique indexes (no partial or expression ones).
     pub unique: Vec<Vec<String>>,
+    /// The column lists of all its valid indexes (no partial or expression
+    /// ones), in index order.
+    pub indexes: Vec<Vec<String>>,
     /// Every partition below it, at any depth, as (schema, name).
     pub partitions: Vec<(String, String)>,
 }
@@ -41,6 +44,17 @@ impl Relation {
     /// The column called `name`.
     pub fn column(&self, name: &str) -> Option<&DbColumn> {
         self.columns.iter().find(|c| c.name == name)
+    }
+
+    /// Whether an index of the table leads with `columns`, in any order: one
+    /// that finds the rows with given values of them without a scan.
+    pub fn has_index_on(&self, columns: &[&str]) -> bool {
+        self.indexes.iter().any(|ix| {
+            ix.len() >= columns.len()
+                && ix[..columns.len()]
+                    .iter()
+                    .all(|c| columns.contains(&c.as_str()))
+        })
     }
 
     /// Whether `columns`, as a set, is exactly a unique key of the table.
@@ -88,14 +102,15 @@ FROM pg_attribute a
 WHERE a.attrelid::int8 = ANY($1) AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attrelid, a.attnum";
 
-const UNIQUE: &str = "
-SELECT i.indrelid::int8,
+const INDEXES: &str = "
+SELECT i.indrelid::int8, i.indisunique,
        array(SELECT a.attname::text
              FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
              JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+             WHERE k.ord <= i.indnkeyatts
              ORDER BY k.ord)
 FROM pg_index i
-WHERE i.indrelid::int8 = ANY($1) AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL";
+WHERE i.indrelid::int8 = ANY($1) AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL";
 
 const PARTITIONS: &str = "
 WITH RECURSIVE parts(root, child) AS (
@@ -152,6 +167,7 @@ impl Catalog {
                     partitioned: row.get(3),
                     columns: Vec::new(),
                     unique: Vec::new(),
+                    indexes: Vec::new(),
                     partitions: Vec::new(),
                 },
             );
@@ -166,9 +182,13 @@ impl Catalog {
                 });
             }
         }
-        for row in client.query(UNIQUE, &[&oids]).await? {
+        for row in client.query(INDEXES, &[&oids]).await? {
             if let Some(rel) = by_oid.get_mut(&row.get::<_, i64>(0)) {
-                rel.unique.push(row.get(1));
+                let columns: Vec<String> = row.get(2);
+                if row.get::<_, bool>(1) {
+                    rel.unique.push(columns.clone());
+                }
+                rel.indexes.push(columns);
             }
         }
         for row in client.query(PARTITIONS, &[&oids]).await? {

@@ -5,6 +5,7 @@ use crate::catalog::{Catalog, Relation};
 use crate::engine::Engine;
 use crate::error::{Error, Mismatch, Result};
 use crate::row::{Mirror, Rule, Table};
+use crate::sql::{ident, qualified};
 use tokio_postgres::Client;
 
 /// Everything the server checks before it starts. Returns the catalogue it read.
@@ -12,8 +13,137 @@ pub async fn startup(engine: &Engine, client: &Client) -> Result<Catalog> {
     crate::schema::require_current(client).await?;
     let catalog = Catalog::read(client, engine).await?;
     declarations(engine, &catalog)?;
+    let missing = indexes(engine, &catalog);
+    if !missing.is_empty() {
+        return Err(Error::MissingIndexes(missing));
+    }
     crate::trigger::verify(engine, client, &catalog).await?;
     Ok(catalog)
+}
+
+/// An index the relay needs on a host table, and the database lacks.
+///
+/// The relay looks rows up by their key, and follows foreign keys from the
+/// child to the parent by the parent's key; both have indexes in any schema.
+/// Two lookups go the other way and need one the host may not have made: the
+/// rows that follow a parent (by the child's following columns), and, for a
+/// group rule, a row's groups and a group's members. Without the index, each
+/// would scan the table for every row it looks at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingIndex {
+    /// The table's schema.
+    pub schema: String,
+    /// The table.
+    pub table: String,
+    /// The columns the index must lead with (in any order).
+    pub columns: Vec<String>,
+    /// Whether the table is partitioned (an index on it cannot be built
+    /// concurrently).
+    pub partitioned: bool,
+    /// What the relay looks up through it.
+    pub why: String,
+}
+
+impl MissingIndex {
+    /// The statement that makes it: without blocking the table's writes
+    /// (`CONCURRENTLY`), but on a partitioned table, where PostgreSQL cannot.
+    pub fn create_sql(&self) -> String {
+        let columns: Vec<String> = self.columns.iter().map(|c| ident(c)).collect();
+        let mut name = format!("{}_{}_idx", self.table, self.columns.join("_"));
+        if name.len() > 63 {
+            let mut cut = 63;
+            while !name.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            name.truncate(cut);
+        }
+        format!(
+            "CREATE INDEX {}IF NOT EXISTS {} ON {} ({})",
+            if self.partitioned {
+                ""
+            } else {
+                "CONCURRENTLY "
+            },
+            ident(&name),
+            qualified(&self.schema, &self.table),
+            columns.join(", ")
+        )
+    }
+}
+
+impl std::fmt::Display for MissingIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}; -- {}", self.create_sql(), self.why)
+    }
+}
+
+/// The indexes the relay needs that the database lacks (see
+/// [`MissingIndex`]), read from the catalogue: what the start-up check
+/// refuses to start without, for a host to print and run.
+pub async fn missing_indexes(engine: &Engine, client: &Client) -> Result<Vec<MissingIndex>> {
+    let catalog = Catalog::read(client, engine).await?;
+    Ok(indexes(engine, &catalog))
+}
+
+/// The indexes the relay needs that `catalog` lacks. Tables the catalogue
+/// does not have are left to [`declarations`] to name.
+pub fn indexes(engine: &Engine, catalog: &Catalog) -> Vec<MissingIndex> {
+    let mut wanted: Vec<(&str, &str, Vec<&str>, String)> = Vec::new();
+    for table in engine.down_tables() {
+        match &table.rule {
+            Rule::Follows(columns) => wanted.push((
+                table.schema,
+                table.name,
+                columns.to_vec(),
+                format!("the rows of `{}` that follow a parent", table.name),
+            )),
+            Rule::Group(g) => {
+                wanted.push((
+                    table.schema,
+                    g.members,
+                    g.member.to_vec(),
+                    format!("the groups a row of `{}` is a member of", table.name),
+                ));
+                wanted.push((
+                    table.schema,
+                    g.members,
+                    vec![g.group],
+                    format!("the members of a group of `{}`", table.name),
+                ));
+                wanted.push((
+                    table.schema,
+                    g.grants,
+                    vec![g.replica, g.group],
+                    format!("whether a group of `{}` is given to a replica", table.name),
+                ));
+            }
+            _ => {}
+        }
+    }
+    let mut missing: Vec<MissingIndex> = Vec::new();
+    for (schema, name, columns, why) in wanted {
+        let Some(rel) = catalog.relation(schema, name) else {
+            continue;
+        };
+        if rel.has_index_on(&columns) {
+            continue;
+        }
+        let columns: Vec<String> = columns.iter().map(|c| c.to_string()).collect();
+        if missing
+            .iter()
+            .any(|m| m.schema == schema && m.table == name && m.columns == columns)
+        {
+            continue;
+        }
+        missing.push(MissingIndex {
+            schema: schema.to_string(),
+            table: name.to_string(),
+            columns,
+            partitioned: rel.partitioned,
+            why: format!("the relay looks up {why} through it"),
+        });
+    }
+    missing
 }
 
 /// Checks every declaration against the catalogue; lists every disagreement.

@@ -62,6 +62,11 @@ pub enum Error {
     /// Declarations that disagree with the database or with each other.
     #[error("declarations disagree with the database:\n  {}", list(.0))]
     Declarations(Vec<Mismatch>),
+    /// Indexes the relay needs on host tables, missing: each names the
+    /// statement that makes it.
+    #[cfg(feature = "postgres")]
+    #[error("the relay needs indexes the database lacks; make them with:\n  {}", list(.0))]
+    MissingIndexes(Vec<crate::check::MissingIndex>),
     /// A trigger the engine needs is missing, disabled or not as it would write it.
     #[error("trigger problems, the server will not start:\n  {}", list(.0))]
     Triggers(Vec<TriggerProblem>),

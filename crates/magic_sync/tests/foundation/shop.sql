@@ -38,6 +38,8 @@ CREATE TABLE promotion_members (
     promotion_id bigint REFERENCES promotions ON UPDATE CASCADE ON DELETE CASCADE,
     PRIMARY KEY (group_id, promotion_id)
 );
+-- The relay finds a promotion's groups through this index.
+CREATE INDEX promotion_members_promotion ON promotion_members (promotion_id);
 CREATE TABLE unit_groups (
     unit_id  text,
     group_id bigint,
@@ -73,3 +75,5 @@ CREATE TABLE logistics.shipments (
     parent_id bigint REFERENCES logistics.shipments (id),
     FOREIGN KEY (region, event_id) REFERENCES events (region, id) ON UPDATE CASCADE
 );
+-- The relay finds the shipments that follow an event through this index.
+CREATE INDEX shipments_event ON logistics.shipments (region, event_id);

@@ -281,3 +281,72 @@ async fn each_declaration_mismatch_names_table_and_column() {
         "{m}"
     );
 }
+
+#[tokio::test]
+async fn a_missing_index_the_relay_needs_refuses_start_up_and_names_the_statement() {
+    let (_db, client) = shop::installed().await;
+    client
+        .batch_execute(
+            "DROP INDEX logistics.shipments_event; DROP INDEX promotion_members_promotion;",
+        )
+        .await
+        .unwrap();
+    let m = message(check::startup(&shop::engine(), &client).await);
+    assert!(
+        m.contains(
+            r#"CREATE INDEX CONCURRENTLY IF NOT EXISTS "shipments_region_event_id_idx" ON "logistics"."shipments" ("region", "event_id")"#
+        ),
+        "{m}"
+    );
+    assert!(
+        m.contains(
+            r#"CREATE INDEX CONCURRENTLY IF NOT EXISTS "promotion_members_promotion_id_idx" ON "public"."promotion_members" ("promotion_id")"#
+        ),
+        "{m}"
+    );
+    // The same list, for a host to print; each statement makes its index,
+    // and then the relay starts.
+    let missing = check::missing_indexes(&shop::engine(), &client)
+        .await
+        .unwrap();
+    assert_eq!(missing.len(), 2, "{missing:?}");
+    for index in &missing {
+        client.batch_execute(&index.create_sql()).await.unwrap();
+    }
+    assert!(check::missing_indexes(&shop::engine(), &client)
+        .await
+        .unwrap()
+        .is_empty());
+    check::startup(&shop::engine(), &client)
+        .await
+        .expect("starts once the indexes are made");
+}
+
+#[tokio::test]
+async fn any_index_leading_with_the_following_columns_will_do() {
+    let (_db, client) = shop::installed().await;
+    // Columns in another order, and more of them, still find a parent's
+    // followers; a unique constraint is an index too.
+    client
+        .batch_execute(
+            "DROP INDEX logistics.shipments_event;
+             CREATE INDEX shipments_wide ON logistics.shipments (event_id, region, id);",
+        )
+        .await
+        .unwrap();
+    check::startup(&shop::engine(), &client)
+        .await
+        .expect("starts");
+    client
+        .batch_execute(
+            "DROP INDEX logistics.shipments_wide;
+             CREATE INDEX shipments_partial ON logistics.shipments (region, event_id) WHERE id > 0;",
+        )
+        .await
+        .unwrap();
+    let m = message(check::startup(&shop::engine(), &client).await);
+    assert!(
+        m.contains(r#"ON "logistics"."shipments" ("region", "event_id")"#),
+        "{m}"
+    );
+}
