@@ -27,6 +27,11 @@ pub(crate) struct Shape {
 pub(crate) struct Link {
     pub child: &'static Table,
     pub parent: &'static Table,
+    /// Its name among the child's links: the child's columns, joined by
+    /// commas (the parent's name added when two links share them). It keys
+    /// the link in what a held row points at (`sync.held.ptrs`), so it stays
+    /// the same from build to build while the foreign key does.
+    pub name: String,
     /// The child's columns, in the order of the parent's key.
     pub columns: Vec<String>,
     /// Their PostgreSQL types (the child's).
@@ -96,9 +101,17 @@ impl Graph {
                 }
                 _ => false,
             };
+            let mut name = fk.child_columns.join(",");
+            if links
+                .iter()
+                .any(|l: &Link| l.child.name == child.name && l.name == name)
+            {
+                name = format!("{name}>{}", parent.name);
+            }
             links.push(Link {
                 child,
                 parent,
+                name,
                 columns,
                 types,
                 follows,
@@ -138,6 +151,65 @@ impl Graph {
             shapes: parents_first(shapes, &links),
             links,
         })
+    }
+
+    /// The links whose pointers a held row records (`sync.held.ptrs`) and
+    /// its parents count (`sync.held.refs`): every link but those into an
+    /// `all` table, whose rows every replica holds by its rule whatever
+    /// points at them, and the follows links among those, which say whether
+    /// the row is wanted at all.
+    pub fn tracked(&self) -> impl Iterator<Item = &Link> {
+        self.links
+            .iter()
+            .filter(|l| l.follows || !matches!(l.parent.rule, Rule::All))
+    }
+
+    /// The tracked links as an SQL `VALUES` list of (child, name, parent),
+    /// for statements that go over every link at once; `None` when there
+    /// are none.
+    pub fn tracked_values(&self) -> Option<String> {
+        let rows: Vec<String> = self
+            .tracked()
+            .map(|l| {
+                format!(
+                    "({}, {}, {})",
+                    literal(l.child.name),
+                    literal(&l.name),
+                    literal(l.parent.name)
+                )
+            })
+            .collect();
+        if rows.is_empty() {
+            None
+        } else {
+            Some(format!("(VALUES {}) AS l (c, name, p)", rows.join(", ")))
+        }
+    }
+
+    /// What the row `alias` of `table` points at through the tracked links,
+    /// as a `jsonb` object from link name to parent key (a link pointing at
+    /// nothing left out); `NULL` for a table with no tracked link.
+    pub fn pointers(&self, alias: &str, table: &str) -> String {
+        let items: Vec<String> = self
+            .tracked()
+            .filter(|l| l.child.name == table)
+            .map(|l| format!("{}, {}", literal(&l.name), l.pointer(alias)))
+            .collect();
+        if items.is_empty() {
+            "NULL::jsonb".into()
+        } else {
+            format!(
+                "jsonb_strip_nulls(jsonb_build_object({}))",
+                items.join(", ")
+            )
+        }
+    }
+
+    /// The follows link of `table`, if it follows a parent.
+    pub fn follows_link(&self, table: &str) -> Option<&Link> {
+        self.links
+            .iter()
+            .find(|l| l.follows && l.child.name == table)
     }
 
     pub fn shape(&self, name: &str) -> &Shape {
@@ -224,25 +296,6 @@ impl Link {
             "CASE WHEN {} THEN NULL ELSE jsonb_build_array({}) END",
             nulls.join(" OR "),
             cols.join(", ")
-        )
-    }
-
-    /// The parent key a note's `parents` object (the child's pointing
-    /// columns before the change) points at.
-    pub fn pointer_in_note(&self, parents: &str) -> String {
-        let items: Vec<String> = self
-            .columns
-            .iter()
-            .map(|c| format!("{parents}->{}", literal(c)))
-            .collect();
-        let present: Vec<String> = items
-            .iter()
-            .map(|i| format!("coalesce({i}, 'null'::jsonb) <> 'null'::jsonb"))
-            .collect();
-        format!(
-            "CASE WHEN {} THEN jsonb_build_array({}) END",
-            present.join(" AND "),
-            items.join(", ")
         )
     }
 

@@ -4,32 +4,39 @@
 //! A replica wants the least set of rows closed under three rules: the rows
 //! its tables' rules send it, every row one of those points at, and every row
 //! that follows one of those. The planner never recomputes that set for a
-//! replica it keeps up; it works around what changed:
+//! replica it keeps up; it works around what changed, against what the
+//! replica is recorded to hold and why (`sync.held`: whether its own rule
+//! sends it the row, what the version it holds points at, and how many rows
+//! it holds point at it):
 //!
-//! 1. **In question** (`_ms_q`): rows the replica holds that a change may
-//!    have taken out of its set. First every held row that changed (or whose
-//!    group membership changed); then, a round at a time, what they lean on:
-//!    the parents a changed row's held version pointed at, and, for a row its
-//!    rule does not keep, its parents and the held rows that follow it. A row
-//!    its rule keeps stays whatever else moves, so nothing that leans on it
-//!    is in question because of it. Every held row outside the set stays.
-//! 2. **Kept** (`_ms_k`): of the rows in question and the rows the replica
-//!    lacks, those it wants now. Rows its rules send it; rows in question
-//!    that a row it keeps outside them points at, or whose parent it keeps
-//!    outside them; then, a round at a time from the rows the last round
-//!    added, their parents and their followers.
-//! 3. **The difference**: kept rows it lacks, or holds as a version older
-//!    than a change of the batch, are sent (`_ms_send`); rows in question it
-//!    does not keep are taken back (`_ms_del`).
+//! 1. **In question** (`_ms_q`): every holder's record of every changed row,
+//!    each marked with whether its own rule keeps it now and whether it is
+//!    *questioned*: whether the reason it is held may be gone. A changed row
+//!    is questioned only when the change could have moved it: it is gone,
+//!    its rule no longer sends it where it used to, or the parent it follows
+//!    changed. Any other update (a balance, a name, a pointer that is not
+//!    followed) is sent again to every holder and questions nothing of its
+//!    own. Then, round by round, what leaned on a questioned row: the
+//!    parents its held version points at and the held rows that follow it;
+//!    and the parents a changed row no longer points at.
+//! 2. **Kept** (`_ms_k`): of the questioned rows and the rows a replica
+//!    lacks, those it wants now: rows its rules send it; questioned rows
+//!    that rows it keeps still point at, counted from the record
+//!    (`refs`) less what the rows in question took away, so no host table
+//!    is searched for what points at a row; questioned rows following a
+//!    parent it keeps; then, a round at a time, the parents and followers of
+//!    what the last round added.
+//! 3. **The difference**: kept rows it lacks, or holds at an older version or
+//!    for other reasons than now, are sent (`_ms_send`); questioned rows not
+//!    kept are taken back (`_ms_del`).
 //!
 //! A replica provisioned from scratch holds nothing, so its whole set is
-//! worked out the same way, from the rows its rules send it.
+//! worked out from the rows its rules send it (`_ms_f`).
 //!
-//! What a held row points at is what the version it holds pointed at: the
-//! row as it is if it did not change since, else what the first pending note
-//! of it says it pointed at before. Every pass plans every note it can see
-//! and records every row it sends at the newest note the snapshot shows of
-//! it, so a held version is never older than the first pending note of its row.
+//! Every lookup into `sync.held` or a host table is by an index, row by row
+//! from the small side, and fenced (`OFFSET 0`) so that PostgreSQL's guesses
+//! about sizes (missing or stale statistics) can never turn it into a scan:
+//! a change costs the rows around it, whatever the tables hold.
 
 use super::graph::{key_json, key_match, row_by_key, rule, Graph, Link, Shape};
 use crate::error::Result;
@@ -38,33 +45,72 @@ use crate::sql::literal;
 use std::collections::{BTreeMap, BTreeSet};
 use tokio_postgres::{SimpleQueryMessage, Transaction};
 
-const TEMP_TABLES: &str = "
-CREATE TEMP TABLE IF NOT EXISTS _ms_r (r text PRIMARY KEY, part text, fresh boolean NOT NULL);
-CREATE TEMP TABLE IF NOT EXISTS _ms_notes (at tid, seq bigint, t text, k jsonb, parents jsonb);
-CREATE TEMP TABLE IF NOT EXISTS _ms_changed (t text, k jsonb, last_seq bigint NOT NULL, old_parents jsonb, PRIMARY KEY (t, k));
-CREATE TEMP TABLE IF NOT EXISTS _ms_touched (t text, k jsonb, PRIMARY KEY (t, k));
-CREATE TEMP TABLE IF NOT EXISTS _ms_grant (r text, t text, k jsonb, PRIMARY KEY (r, t, k));
-CREATE TEMP TABLE IF NOT EXISTS _ms_q (r text, t text, k jsonb, round int NOT NULL, ruled boolean NOT NULL DEFAULT false, version bigint NOT NULL, PRIMARY KEY (r, t, k));
-CREATE TEMP TABLE IF NOT EXISTS _ms_k (r text, t text, k jsonb, round int NOT NULL, held boolean NOT NULL, PRIMARY KEY (r, t, k));
-CREATE INDEX IF NOT EXISTS _ms_k_round ON _ms_k (t, round);
-CREATE TEMP TABLE IF NOT EXISTS _ms_send (r text, t text, k jsonb, version bigint NOT NULL, held boolean NOT NULL);
-CREATE TEMP TABLE IF NOT EXISTS _ms_del (r text, t text, k jsonb);
-CREATE TEMP TABLE IF NOT EXISTS _ms_f (r text, t text, k jsonb, round int NOT NULL, ptrs jsonb, via int NOT NULL DEFAULT -1);
-";
-
-/// The planner's tables.
-const TABLES: [&str; 10] = [
-    "_ms_r",
-    "_ms_notes",
-    "_ms_changed",
-    "_ms_touched",
-    "_ms_grant",
-    "_ms_q",
-    "_ms_k",
-    "_ms_send",
-    "_ms_del",
-    "_ms_f",
+/// The planner's tables, each with how it is made.
+const TABLES: [(&str, &str); 10] = [
+    (
+        "_ms_r",
+        "CREATE TEMP TABLE IF NOT EXISTS _ms_r (r text PRIMARY KEY, part text, fresh boolean NOT NULL)",
+    ),
+    (
+        "_ms_notes",
+        "CREATE TEMP TABLE IF NOT EXISTS _ms_notes (at tid, seq bigint, t text, k jsonb)",
+    ),
+    (
+        "_ms_changed",
+        "CREATE TEMP TABLE IF NOT EXISTS _ms_changed (t text, k jsonb, last_seq bigint NOT NULL, PRIMARY KEY (t, k))",
+    ),
+    (
+        "_ms_touched",
+        "CREATE TEMP TABLE IF NOT EXISTS _ms_touched (t text, k jsonb, PRIMARY KEY (t, k))",
+    ),
+    (
+        "_ms_grant",
+        "CREATE TEMP TABLE IF NOT EXISTS _ms_grant (r text, t text, k jsonb, PRIMARY KEY (r, t, k))",
+    ),
+    (
+        "_ms_q",
+        "CREATE TEMP TABLE IF NOT EXISTS _ms_q (r text, t text, k jsonb, round int NOT NULL,
+             ruled boolean NOT NULL, questioned boolean NOT NULL, present boolean NOT NULL,
+             version bigint NOT NULL, hruled boolean NOT NULL, hptrs jsonb, cptrs jsonb,
+             refs int NOT NULL, PRIMARY KEY (r, t, k));
+         CREATE INDEX IF NOT EXISTS _ms_q_round ON _ms_q (t, round)",
+    ),
+    (
+        "_ms_k",
+        "CREATE TEMP TABLE IF NOT EXISTS _ms_k (r text, t text, k jsonb, round int NOT NULL,
+             held boolean NOT NULL, questioned boolean NOT NULL, ruled boolean NOT NULL,
+             ptrs jsonb, hptrs jsonb, hruled boolean, version bigint, PRIMARY KEY (r, t, k));
+         CREATE INDEX IF NOT EXISTS _ms_k_round ON _ms_k (t, round)",
+    ),
+    (
+        "_ms_send",
+        "CREATE TEMP TABLE IF NOT EXISTS _ms_send (r text, t text, k jsonb, version bigint NOT NULL,
+             held boolean NOT NULL, ruled boolean NOT NULL, ptrs jsonb, hptrs jsonb)",
+    ),
+    (
+        "_ms_del",
+        "CREATE TEMP TABLE IF NOT EXISTS _ms_del (r text, t text, k jsonb, hptrs jsonb)",
+    ),
+    (
+        "_ms_f",
+        "CREATE TEMP TABLE IF NOT EXISTS _ms_f (r text, t text, k jsonb, round int NOT NULL, ptrs jsonb, via int NOT NULL DEFAULT -1)",
+    ),
 ];
+
+/// The columns of a row in question, in the order the statements below
+/// write them.
+const Q_COLUMNS: &str =
+    "_ms_q (r, t, k, round, ruled, questioned, present, version, hruled, hptrs, cptrs, refs)";
+
+/// The columns of a kept row.
+const K_COLUMNS: &str =
+    "_ms_k (r, t, k, round, held, questioned, ruled, ptrs, hptrs, hruled, version)";
+
+/// A row already in question is questioned now too, and looked at again in
+/// the next round, unless its rule keeps it (then nothing can take it away).
+const QUESTION_AGAIN: &str =
+    "ON CONFLICT (r, t, k) DO UPDATE SET questioned = true, round = EXCLUDED.round
+     WHERE NOT _ms_q.questioned AND NOT _ms_q.ruled";
 
 /// A replica as the replica list (`_ms_r`) holds it: id, partition, and
 /// whether this pass provisions it from scratch.
@@ -77,52 +123,72 @@ pub(crate) type Listed = (String, Option<String>, bool);
 /// rows that temporary tables (never vacuumed) carry into every later plan,
 /// and a unique index with the same keys dead many times over makes every
 /// insert of that key visit them all (measured: a steady pass went from
-/// 80 ms to over a second). The replica list is kept from pass to pass
-/// while the replicas stay as they were, which in a steady fleet is nearly
-/// always: written again, and analysed, only when it changes.
+/// 80 ms to over a second). A table a pass analysed is made again instead:
+/// `TRUNCATE` keeps the statistics, and a later pass of another size would
+/// be planned by them. The replica list is kept from pass to pass while the
+/// replicas stay as they were, which in a steady fleet is nearly always:
+/// written again, and analysed, only when it changes.
 #[derive(Debug, Default)]
 pub(crate) struct Leftovers {
-    /// Rows each table was given by the last committed pass; `None` when not
-    /// known (no pass yet, or the last one failed).
-    filled: Option<BTreeMap<String, u64>>,
+    /// Rows each table was given by the last committed pass, and the tables
+    /// it analysed; `None` when not known (no pass yet, or the last one
+    /// failed).
+    filled: Option<(BTreeMap<String, u64>, BTreeSet<String>)>,
     /// The replica list as the last committed pass left it; `None` when not
     /// known.
     list: Option<Vec<Listed>>,
     /// The list this pass left, kept once it commits.
     pending: Option<Vec<Listed>>,
+    /// Whether the replica list carries statistics of its own.
+    list_analysed: bool,
 }
 
 impl Leftovers {
     /// Empties what the last pass left but the replica list.
     pub async fn clear(&mut self, tx: &Transaction<'_>) -> Result<()> {
         self.pending = self.list.take();
-        let tables: Vec<&str> = match self.filled.take() {
+        let (truncate, remake): (Vec<&str>, Vec<&str>) = match self.filled.take() {
             None => {
                 self.pending = None;
-                TABLES.to_vec()
+                (Vec::new(), TABLES.iter().map(|(t, _)| *t).collect())
             }
-            Some(filled) => TABLES
-                .iter()
-                .copied()
-                .filter(|t| *t != "_ms_r" && filled.contains_key(*t))
-                .collect(),
+            Some((filled, analysed)) => {
+                let mut truncate = Vec::new();
+                let mut remake = Vec::new();
+                for (t, _) in TABLES.iter().filter(|(t, _)| *t != "_ms_r") {
+                    if analysed.contains(*t) {
+                        remake.push(*t);
+                    } else if filled.contains_key(*t) {
+                        truncate.push(*t);
+                    }
+                }
+                (truncate, remake)
+            }
         };
-        if !tables.is_empty() {
-            tx.batch_execute(&format!("TRUNCATE {}", tables.join(", ")))
-                .await?;
+        let mut sql = String::new();
+        if !truncate.is_empty() {
+            sql.push_str(&format!("TRUNCATE {};", truncate.join(", ")));
+        }
+        for t in remake {
+            sql.push_str(&format!("DROP TABLE IF EXISTS {t};{};", make(t)));
+        }
+        if !sql.is_empty() {
+            tx.batch_execute(&sql).await?;
         }
         Ok(())
     }
 
-    /// Makes the replica list `live`, unless it is that already. Returns
-    /// whether it was written (and so wants analysing).
-    pub async fn list(&mut self, tx: &Transaction<'_>, live: Vec<Listed>) -> Result<bool> {
+    /// Makes the replica list `live`, unless it is that already; analyses
+    /// it when it is long enough for PostgreSQL to plan joins over it.
+    pub async fn list(&mut self, tx: &Transaction<'_>, live: Vec<Listed>) -> Result<()> {
         if self.pending.as_ref() == Some(&live) {
-            return Ok(false);
+            return Ok(());
         }
         let mut sql = String::new();
-        if self.pending.is_some() {
-            // Unknown, it was truncated with the rest.
+        if self.pending.is_none() || self.list_analysed {
+            // Unknown, or carrying the statistics of another list.
+            sql.push_str(&format!("DROP TABLE IF EXISTS _ms_r;{};", make("_ms_r")));
+        } else {
             sql.push_str("TRUNCATE _ms_r;");
         }
         if !live.is_empty() {
@@ -142,29 +208,35 @@ impl Leftovers {
                 rows.join(", ")
             ));
         }
-        if !sql.is_empty() {
-            tx.batch_execute(&sql).await?;
+        // Written afresh, a long list would look empty to PostgreSQL.
+        self.list_analysed = live.len() > 20;
+        if self.list_analysed {
+            sql.push_str("ANALYZE _ms_r;");
         }
+        tx.batch_execute(&sql).await?;
         self.pending = Some(live);
-        Ok(true)
+        Ok(())
     }
 
     /// What a committed pass left in the planner's tables.
-    pub fn left(&mut self, filled: BTreeMap<String, u64>) {
-        self.filled = Some(filled);
+    pub fn left(&mut self, filled: BTreeMap<String, u64>, analysed: BTreeSet<String>) {
+        self.filled = Some((filled, analysed));
         self.list = self.pending.take();
     }
 }
 
-/// The replicas holding the row `c.t`, `c.k`, looked up by index for each
-/// changed row: a change is planned around its own row, never by a scan of
-/// everything the replicas hold. (`OFFSET 0` keeps PostgreSQL from turning
-/// the lookup into a join it would drive from `sync.held`.)
-const HOLDERS: &str =
-    "SELECT h.replica, h.version FROM sync.held h WHERE h.table_name = c.t AND h.key = c.k OFFSET 0";
+/// The statement that makes the planner table `table`.
+fn make(table: &str) -> &'static str {
+    TABLES
+        .iter()
+        .find(|(t, _)| *t == table)
+        .map(|(_, sql)| *sql)
+        .expect("a planner table")
+}
 
 /// How large a temporary table grows before the planner has it analysed, so
-/// PostgreSQL plans the joins over it for its real size.
+/// PostgreSQL plans the joins over it for its real size. (The next pass
+/// makes it again, so the statistics never outlive the pass.)
 const ANALYSE_ABOVE: u64 = 5_000;
 
 /// What a plan came to.
@@ -180,7 +252,8 @@ pub struct Planned {
 
 /// Creates the planner's temporary tables on this connection (once).
 pub(crate) async fn prepare(tx: &Transaction<'_>) -> Result<()> {
-    tx.batch_execute(TEMP_TABLES).await?;
+    let sql: Vec<&str> = TABLES.iter().map(|(_, sql)| *sql).collect();
+    tx.batch_execute(&sql.join(";")).await?;
     Ok(())
 }
 
@@ -192,6 +265,8 @@ pub(crate) struct Planner<'a, 't> {
     pub groups: Vec<Group>,
     /// The planner's tables a statement put rows in.
     pub filled: std::sync::Mutex<BTreeMap<String, u64>>,
+    /// The planner's tables this plan analysed.
+    pub analysed: std::sync::Mutex<BTreeSet<String>>,
 }
 
 /// A table given through groups.
@@ -202,6 +277,23 @@ pub(crate) struct Group {
     pub grants_name: &'static str,
     pub group_type: String,
     pub member_columns: &'static [&'static str],
+}
+
+/// `EXISTS`: the replica `r` holds the row `t`, `k` (expressions), looked up
+/// by `sync.held`'s key, per row.
+fn is_held(t: &str, k: &str, r: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM sync.held h WHERE h.table_name = {t} AND h.key = {k} AND h.replica = {r} OFFSET 0)"
+    )
+}
+
+/// `LATERAL ... h`: the record of the row `t`, `k` held by `r`, looked up by
+/// `sync.held`'s key, per row.
+fn held_by(t: &str, k: &str, r: &str) -> String {
+    format!(
+        "LATERAL (SELECT h.version, h.ruled, h.ptrs, h.refs FROM sync.held h
+                  WHERE h.table_name = {t} AND h.key = {k} AND h.replica = {r} OFFSET 0) h"
+    )
 }
 
 impl Planner<'_, '_> {
@@ -238,8 +330,20 @@ impl Planner<'_, '_> {
         Ok(n)
     }
 
+    /// Analyses the planner table `temp`, which the next pass then makes
+    /// again rather than keep its statistics.
+    async fn analyse(&self, temp: &str) -> Result<()> {
+        self.run(&format!("ANALYZE {temp}")).await?;
+        self.analysed
+            .lock()
+            .expect("not poisoned")
+            .insert(temp.to_string());
+        Ok(())
+    }
+
     /// Plans the replicas in `_ms_r` against every pending note; the result is
-    /// in `_ms_send` and `_ms_del`.
+    /// in `_ms_send` and `_ms_del` (and `_ms_f` for replicas provisioned from
+    /// scratch).
     pub async fn plan(&self, any_fresh: bool) -> Result<Planned> {
         let notes = self.read_notes().await?;
         if notes == 0 && !any_fresh {
@@ -260,51 +364,647 @@ impl Planner<'_, '_> {
         let touched = self.present("_ms_touched").await?;
         let granted = self.present("_ms_grant").await?;
         self.in_question(&touched, &granted).await?;
-        self.keep(&touched, &granted).await?;
-        let mut sends = 0;
-        if self.has("_ms_k") {
-            sends += self
-                .run(
-                    "INSERT INTO _ms_send (r, t, k, version, held)
-                     SELECT k.r, k.t, k.k, coalesce(ch.last_seq, 0), h.key IS NOT NULL
-                     FROM _ms_k k
-                     LEFT JOIN _ms_changed ch ON ch.t = k.t AND ch.k = k.k
-                     LEFT JOIN sync.held h ON h.replica = k.r AND h.table_name = k.t AND h.key = k.k
-                     WHERE h.key IS NULL OR h.version < coalesce(ch.last_seq, 0)",
-                )
-                .await?;
-        }
-        let pointing = self.pointing();
-        let not_pointing = if pointing.is_empty() {
-            String::new()
-        } else {
-            format!("AND q.t NOT IN ({})", pointing.join(", "))
-        };
-        sends += self
-            .run(&format!(
-                "INSERT INTO _ms_send (r, t, k, version, held)
-                 SELECT q.r, q.t, q.k, ch.last_seq, true
-                 FROM _ms_q q JOIN _ms_changed ch ON ch.t = q.t AND ch.k = q.k
-                 WHERE q.ruled {not_pointing} AND q.version < ch.last_seq"
-            ))
-            .await?;
-        let deletes = self
-            .run(
-                "INSERT INTO _ms_del (r, t, k)
-                 SELECT q.r, q.t, q.k FROM _ms_q q
-                 WHERE NOT q.ruled
-                   AND NOT EXISTS (SELECT 1 FROM _ms_k k WHERE k.r = q.r AND k.t = q.t AND k.k = q.k)",
-            )
-            .await?;
-        if sends > ANALYSE_ABOVE {
-            self.run("ANALYZE _ms_send").await?;
-        }
+        let questioned = self.questioned_tables().await?;
+        self.keep(&touched, &granted, &questioned).await?;
+        let (sends, deletes) = self.difference().await?;
         Ok(Planned {
             notes,
             sends: sends + fresh,
             deletes,
         })
     }
+
+    /// Whether a statement of this plan put rows in the planner table `temp`:
+    /// a statement reading only an empty one is skipped.
+    fn has(&self, temp: &str) -> bool {
+        self.filled.lock().expect("not poisoned").contains_key(temp)
+    }
+
+    /// The planner's tables this plan put rows in, with how many.
+    pub fn filled(&self) -> BTreeMap<String, u64> {
+        self.filled.lock().expect("not poisoned").clone()
+    }
+
+    /// The planner's tables this plan analysed.
+    pub fn analysed(&self) -> BTreeSet<String> {
+        self.analysed.lock().expect("not poisoned").clone()
+    }
+
+    /// The tables with rows in `temp`.
+    async fn present(&self, temp: &str) -> Result<BTreeSet<String>> {
+        if !self.has(temp) {
+            return Ok(BTreeSet::new());
+        }
+        let sql = format!("SELECT DISTINCT t FROM {temp}");
+        Ok(simple(self.tx, &sql).await?.0.into_iter().collect())
+    }
+
+    /// The tables with rows in round `round` of `temp`.
+    async fn tables_in(&self, temp: &str, round: i32) -> Result<BTreeSet<String>> {
+        let sql = format!("SELECT DISTINCT t FROM {temp} WHERE round = {round}");
+        Ok(simple(self.tx, &sql).await?.0.into_iter().collect())
+    }
+
+    /// The tables with questioned rows its rule does not keep.
+    async fn questioned_tables(&self) -> Result<BTreeSet<String>> {
+        if !self.has("_ms_q") {
+            return Ok(BTreeSet::new());
+        }
+        let sql = "SELECT DISTINCT t FROM _ms_q WHERE questioned AND NOT ruled";
+        Ok(simple(self.tx, sql).await?.0.into_iter().collect())
+    }
+
+    // ---- Notes ----
+
+    /// Every pending note this build can read; per changed row its newest
+    /// note; the rows a membership or a grant touched.
+    async fn read_notes(&self) -> Result<u64> {
+        let notes = self
+            .run(
+                "INSERT INTO _ms_notes SELECT ctid, seq, table_name, key
+                 FROM sync.notes WHERE format = 1",
+            )
+            .await?;
+        if notes == 0 {
+            return Ok(0);
+        }
+        let names: Vec<String> = self
+            .graph
+            .shapes
+            .iter()
+            .map(|s| literal(s.table.name))
+            .collect();
+        self.run(&format!(
+            "INSERT INTO _ms_changed (t, k, last_seq)
+             SELECT t, k, max(seq) FROM _ms_notes WHERE t IN ({}) GROUP BY t, k",
+            names.join(", ")
+        ))
+        .await?;
+        let changed = self
+            .run("INSERT INTO _ms_touched (t, k) SELECT t, k FROM _ms_changed")
+            .await?;
+        if changed > ANALYSE_ABOVE {
+            self.analyse("_ms_changed").await?;
+            self.analyse("_ms_touched").await?;
+        }
+        for g in &self.groups {
+            let t = literal(g.table.name);
+            // A membership that came or went touches its member, for every replica.
+            self.run(&format!(
+                "INSERT INTO _ms_touched (t, k)
+                 SELECT DISTINCT {t}, n.k - 0 FROM _ms_notes n WHERE n.t = {}
+                 ON CONFLICT DO NOTHING",
+                literal(g.members_name)
+            ))
+            .await?;
+            // A group given or taken touches its members, for that replica.
+            let members = g
+                .member_columns
+                .iter()
+                .map(|c| format!("m.{}", crate::sql::ident(c)))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let group_col = match g.table.rule {
+                Rule::Group(rule) => rule.group,
+                _ => unreachable!("a group table has a group rule"),
+            };
+            self.run(&format!(
+                "INSERT INTO _ms_grant (r, t, k)
+                 SELECT DISTINCT r.r, {t}, jsonb_build_array({members})
+                 FROM _ms_notes n
+                 JOIN _ms_r r ON NOT r.fresh AND r.r = n.k->>0
+                 JOIN {} m ON m.{} = (n.k->>1)::{}
+                 WHERE n.t = {}
+                 ON CONFLICT DO NOTHING",
+                g.members,
+                crate::sql::ident(group_col),
+                g.group_type,
+                literal(g.grants_name)
+            ))
+            .await?;
+        }
+        Ok(notes)
+    }
+
+    // ---- What a row is now ----
+
+    /// `LEFT JOIN LATERAL ... x ON true` and the columns `cur.present`,
+    /// `cur.ptrs`: the row of `shape` keyed `key` as it is now, read by its
+    /// key, and what it points at.
+    fn current(&self, shape: &Shape, key: &str) -> String {
+        format!(
+            "LEFT JOIN {row} ON true
+             CROSS JOIN LATERAL (SELECT x.{k0} IS NOT NULL AS present, {ptrs} AS ptrs) cur",
+            row = row_by_key("x", shape, key),
+            k0 = crate::sql::ident(shape.table.key[0]),
+            ptrs = self.graph.pointers("x", shape.table.name),
+        )
+    }
+
+    /// Whether the row `x` of `shape` goes to the replica `r` (a row of
+    /// `_ms_r`) by its own rule, as an SQL expression that is never NULL.
+    fn ruled(shape: &Shape, r: &str) -> String {
+        match rule(shape.table, "x", r) {
+            Some(cond) => format!("coalesce({cond}, false)"),
+            None => "false".into(),
+        }
+    }
+
+    // ---- 1. In question ----
+
+    /// The rows in question, round by round.
+    async fn in_question(
+        &self,
+        touched: &BTreeSet<String>,
+        granted: &BTreeSet<String>,
+    ) -> Result<()> {
+        let mut first = 0;
+        for shape in &self.graph.shapes {
+            let name = shape.table.name;
+            if touched.contains(name) {
+                first += self.question_changed(shape).await?;
+            }
+            if granted.contains(name) {
+                first += self.question_granted(shape).await?;
+            }
+        }
+        if first > ANALYSE_ABOVE {
+            self.analyse("_ms_q").await?;
+        }
+        if first == 0 || self.graph.links.is_empty() {
+            return Ok(());
+        }
+        let mut round = 0;
+        loop {
+            let tables = self.tables_in("_ms_q", round).await?;
+            if tables.is_empty() {
+                return Ok(());
+            }
+            let mut added = 0;
+            for link in self.graph.tracked() {
+                if tables.contains(link.child.name) {
+                    added += self.question_parents(link, round).await?;
+                }
+                if link.follows && tables.contains(link.parent.name) {
+                    added += self.question_followers(link, round).await?;
+                }
+            }
+            if added == 0 {
+                return Ok(());
+            }
+            round += 1;
+        }
+    }
+
+    /// What may have moved a held row this pass looks at: it is gone, its
+    /// rule no longer sends it where it did, or the parent it follows
+    /// changed. Over `h` (its record) and `n.ruled`, `cur`.
+    fn moved(&self, shape: &Shape) -> String {
+        let mut moved = "NOT cur.present OR (h.ruled AND NOT n.ruled)".to_string();
+        if let Some(link) = self.graph.follows_link(shape.table.name) {
+            let name = literal(&link.name);
+            moved.push_str(&format!(
+                " OR h.ptrs -> {name} IS DISTINCT FROM cur.ptrs -> {name}"
+            ));
+        }
+        moved
+    }
+
+    /// Every holder's record of each changed row of `shape`: the row is read
+    /// once, its holders looked up by `sync.held`'s key.
+    async fn question_changed(&self, shape: &Shape) -> Result<u64> {
+        self.run(&format!(
+            "INSERT INTO {Q_COLUMNS}
+             SELECT h.replica, c.t, c.k, 0, n.ruled, {moved}, cur.present,
+                    h.version, h.ruled, h.ptrs, cur.ptrs, h.refs
+             FROM _ms_touched c
+             {current}
+             CROSS JOIN LATERAL (SELECT h.replica, h.version, h.ruled, h.ptrs, h.refs FROM sync.held h
+                                 WHERE h.table_name = c.t AND h.key = c.k OFFSET 0) h
+             JOIN _ms_r r ON r.r = h.replica AND NOT r.fresh
+             CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
+             WHERE c.t = {t}
+             ON CONFLICT DO NOTHING",
+            moved = self.moved(shape),
+            current = self.current(shape, "c.k"),
+            ruled = Self::ruled(shape, "r"),
+            t = literal(shape.table.name),
+        ))
+        .await
+    }
+
+    /// The record of each row whose group was given to or taken from its
+    /// replica, when the replica holds it.
+    async fn question_granted(&self, shape: &Shape) -> Result<u64> {
+        self.run(&format!(
+            "INSERT INTO {Q_COLUMNS}
+             SELECT c.r, c.t, c.k, 0, n.ruled, {moved}, cur.present,
+                    h.version, h.ruled, h.ptrs, cur.ptrs, h.refs
+             FROM _ms_grant c
+             JOIN _ms_r r ON r.r = c.r AND NOT r.fresh
+             CROSS JOIN {held}
+             {current}
+             CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
+             WHERE c.t = {t}
+             ON CONFLICT DO NOTHING",
+            moved = self.moved(shape),
+            held = held_by("c.t", "c.k", "c.r"),
+            current = self.current(shape, "c.k"),
+            ruled = Self::ruled(shape, "r"),
+            t = literal(shape.table.name),
+        ))
+        .await
+    }
+
+    /// The held parents that rows of `link`'s child in round `round` may no
+    /// longer hold up: every parent the held version of a questioned row
+    /// points at, and the parent a changed row no longer points at.
+    async fn question_parents(&self, link: &Link, round: i32) -> Result<u64> {
+        let parent = self.graph.shape(link.parent.name);
+        let name = literal(&link.name);
+        self.run(&format!(
+            "INSERT INTO {Q_COLUMNS}
+             SELECT d.r, {p}, d.k, {next}, n.ruled, true, cur.present,
+                    h.version, h.ruled, h.ptrs, cur.ptrs, h.refs
+             FROM (SELECT DISTINCT q.r, q.hptrs -> {name} AS k FROM _ms_q q
+                   WHERE q.t = {c} AND q.round = {round} AND q.hptrs ? {name}
+                     AND ((q.questioned AND NOT q.ruled)
+                          OR q.hptrs -> {name} IS DISTINCT FROM q.cptrs -> {name})) d
+             JOIN _ms_r r ON r.r = d.r
+             CROSS JOIN {held}
+             {current}
+             CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
+             {QUESTION_AGAIN}",
+            p = literal(link.parent.name),
+            c = literal(link.child.name),
+            next = round + 1,
+            held = held_by(&literal(link.parent.name), "d.k", "d.r"),
+            current = self.current(parent, "d.k"),
+            ruled = Self::ruled(parent, "r"),
+        ))
+        .await
+    }
+
+    /// The held followers, through `link`, of the questioned rows of round
+    /// `round` of its parent: they go if their parent goes. Found through
+    /// the index on the child's following columns the start-up check
+    /// requires.
+    async fn question_followers(&self, link: &Link, round: i32) -> Result<u64> {
+        let child = self.graph.shape(link.child.name);
+        let c = literal(link.child.name);
+        self.run(&format!(
+            "INSERT INTO {Q_COLUMNS}
+             SELECT DISTINCT ON (q.r, a.k) q.r, {c}, a.k, {next}, false, true, true,
+                    h.version, h.ruled, h.ptrs, a.ptrs, h.refs
+             FROM _ms_q q
+             CROSS JOIN LATERAL (SELECT {ck} AS k, {ptrs} AS ptrs FROM {rel} a
+                                 WHERE {points} OFFSET 0) a
+             CROSS JOIN {held}
+             WHERE q.t = {p} AND q.round = {round} AND q.questioned AND NOT q.ruled
+             {QUESTION_AGAIN}",
+            p = literal(link.parent.name),
+            next = round + 1,
+            ck = key_json("a", link.child),
+            ptrs = self.graph.pointers("a", link.child.name),
+            rel = child.relation,
+            points = link.points_at("a", "q.k"),
+            held = held_by(&c, "a.k", "q.r"),
+        ))
+        .await
+    }
+
+    // ---- 2. Kept ----
+
+    /// The rows kept, round by round.
+    async fn keep(
+        &self,
+        touched: &BTreeSet<String>,
+        granted: &BTreeSet<String>,
+        questioned: &BTreeSet<String>,
+    ) -> Result<()> {
+        let mut first = 0;
+        if self.has("_ms_q") {
+            first += self.keep_repointed().await?;
+        }
+        for shape in &self.graph.shapes {
+            let name = shape.table.name;
+            if touched.contains(name) {
+                first += self.keep_by_rule(shape, "_ms_touched").await?;
+            }
+            if granted.contains(name) {
+                first += self.keep_by_rule(shape, "_ms_grant").await?;
+            }
+        }
+        if !questioned.is_empty() {
+            first += self.keep_pointed_at().await?;
+        }
+        for link in self.graph.links.iter().filter(|l| l.follows) {
+            if questioned.contains(link.child.name) {
+                first += self.keep_following_questioned(link).await?;
+            }
+            if touched.contains(link.child.name) {
+                first += self.keep_following_changed(link).await?;
+            }
+        }
+        if first > ANALYSE_ABOVE {
+            self.analyse("_ms_k").await?;
+        }
+        if first == 0 || self.graph.links.is_empty() {
+            return Ok(());
+        }
+        let mut round = 0;
+        loop {
+            let tables = self.tables_in("_ms_k", round).await?;
+            if tables.is_empty() {
+                return Ok(());
+            }
+            let mut added = 0;
+            for link in self.graph.tracked() {
+                let parent_complete = matches!(link.parent.rule, Rule::All);
+                if tables.contains(link.child.name) && !parent_complete {
+                    added += self.keep_parents(link, round, questioned).await?;
+                }
+                if link.follows && tables.contains(link.parent.name) {
+                    added += self.keep_followers(link, round, questioned).await?;
+                }
+            }
+            if added == 0 {
+                return Ok(());
+            }
+            round += 1;
+        }
+    }
+
+    /// Held rows that stay but point elsewhere now: their new parents are
+    /// looked at in the rounds.
+    async fn keep_repointed(&self) -> Result<u64> {
+        self.run(&format!(
+            "INSERT INTO {K_COLUMNS}
+             SELECT r, t, k, 0, true, false, ruled, cptrs, hptrs, hruled, version FROM _ms_q
+             WHERE (ruled OR NOT questioned) AND cptrs IS DISTINCT FROM hptrs
+             ON CONFLICT DO NOTHING"
+        ))
+        .await
+    }
+
+    /// Rows a replica lacks that its rules send it, among the rows that
+    /// changed (for every replica) or whose group moved (for that replica).
+    async fn keep_by_rule(&self, shape: &Shape, from: &str) -> Result<u64> {
+        let Some(cond) = rule(shape.table, "a", "r") else {
+            return Ok(0);
+        };
+        let t = literal(shape.table.name);
+        let replicas = if from == "_ms_grant" {
+            "JOIN _ms_r r ON r.r = c.r AND NOT r.fresh"
+        } else {
+            "JOIN _ms_r r ON NOT r.fresh"
+        };
+        self.run(&format!(
+            "INSERT INTO {K_COLUMNS}
+             SELECT r.r, {t}, c.k, 0, false, false, true, {ptrs}, NULL, NULL, NULL
+             FROM {from} c
+             CROSS JOIN {row}
+             {replicas}
+             WHERE c.t = {t} AND {cond}
+               AND NOT EXISTS (SELECT 1 FROM _ms_q q WHERE q.r = r.r AND q.t = {t} AND q.k = c.k)
+             ON CONFLICT DO NOTHING",
+            ptrs = self.graph.pointers("a", shape.table.name),
+            row = row_by_key("a", shape, "c.k"),
+        ))
+        .await
+    }
+
+    /// Questioned rows that rows the replica keeps still point at: the
+    /// record counts what points at a row (`refs`); the rows in question
+    /// take away what their held versions point at, and a row that stays
+    /// but points elsewhere now moves its count to its new parents. What
+    /// rows kept in the rounds point at is added there.
+    async fn keep_pointed_at(&self) -> Result<u64> {
+        let Some(links) = self.graph.tracked_values() else {
+            return Ok(0);
+        };
+        self.run(&format!(
+            "INSERT INTO {K_COLUMNS}
+             SELECT q.r, q.t, q.k, 0, true, true, q.ruled, q.cptrs, q.hptrs, q.hruled, q.version
+             FROM _ms_q q
+             LEFT JOIN (
+                 SELECT a.r, a.t, a.k, sum(a.n) AS n FROM (
+                     SELECT q.r, l.p AS t, q.hptrs -> l.name AS k, -1 AS n
+                     FROM _ms_q q JOIN {links} ON l.c = q.t
+                     WHERE q.hptrs ? l.name
+                       AND ((q.questioned AND NOT q.ruled)
+                            OR q.hptrs -> l.name IS DISTINCT FROM q.cptrs -> l.name)
+                     UNION ALL
+                     SELECT q.r, l.p, q.cptrs -> l.name, 1
+                     FROM _ms_q q JOIN {links} ON l.c = q.t
+                     WHERE q.cptrs ? l.name AND (q.ruled OR NOT q.questioned)
+                       AND q.hptrs -> l.name IS DISTINCT FROM q.cptrs -> l.name
+                 ) a GROUP BY a.r, a.t, a.k
+             ) x ON x.r = q.r AND x.t = q.t AND x.k = q.k
+             WHERE q.questioned AND NOT q.ruled AND q.present AND q.refs + coalesce(x.n, 0) > 0
+             ON CONFLICT DO NOTHING"
+        ))
+        .await
+    }
+
+    /// Questioned rows of `link`'s child that follow a parent the replica
+    /// holds and keeps without question.
+    async fn keep_following_questioned(&self, link: &Link) -> Result<u64> {
+        let p = literal(link.parent.name);
+        let name = literal(&link.name);
+        self.run(&format!(
+            "INSERT INTO {K_COLUMNS}
+             SELECT q.r, q.t, q.k, 0, true, true, q.ruled, q.cptrs, q.hptrs, q.hruled, q.version
+             FROM _ms_q q
+             WHERE q.t = {c} AND q.questioned AND NOT q.ruled AND q.present AND q.cptrs ? {name}
+               AND {held}
+               AND NOT EXISTS (SELECT 1 FROM _ms_q q2
+                               WHERE q2.r = q.r AND q2.t = {p} AND q2.k = q.cptrs -> {name}
+                                 AND q2.questioned AND NOT q2.ruled)
+             ON CONFLICT DO NOTHING",
+            c = literal(link.child.name),
+            held = is_held(&p, &format!("q.cptrs -> {name}"), "q.r"),
+        ))
+        .await
+    }
+
+    /// Changed rows of `link`'s child a replica lacks that follow a parent it
+    /// holds and keeps without question: the parent's holders, looked up.
+    async fn keep_following_changed(&self, link: &Link) -> Result<u64> {
+        let child = self.graph.shape(link.child.name);
+        let c = literal(link.child.name);
+        let p = literal(link.parent.name);
+        let ptr = link.pointer("a");
+        self.run(&format!(
+            "INSERT INTO {K_COLUMNS}
+             SELECT h.replica, {c}, c.k, 0, false, false, false, {ptrs}, NULL, NULL, NULL
+             FROM _ms_touched c
+             CROSS JOIN {row}
+             CROSS JOIN LATERAL (SELECT h.replica FROM sync.held h
+                                 WHERE h.table_name = {p} AND h.key = {ptr} OFFSET 0) h
+             JOIN _ms_r r ON r.r = h.replica AND NOT r.fresh
+             WHERE c.t = {c}
+               AND NOT EXISTS (SELECT 1 FROM _ms_q q WHERE q.r = h.replica AND q.t = {c} AND q.k = c.k)
+               AND NOT EXISTS (SELECT 1 FROM _ms_q q2
+                               WHERE q2.r = h.replica AND q2.t = {p} AND q2.k = {ptr}
+                                 AND q2.questioned AND NOT q2.ruled)
+             ON CONFLICT DO NOTHING",
+            ptrs = self.graph.pointers("a", link.child.name),
+            row = row_by_key("a", child, "c.k"),
+        ))
+        .await
+    }
+
+    /// The parents, through `link`, of the rows kept in round `round`: those
+    /// the replica lacks, and those in question.
+    async fn keep_parents(
+        &self,
+        link: &Link,
+        round: i32,
+        questioned: &BTreeSet<String>,
+    ) -> Result<u64> {
+        let parent = self.graph.shape(link.parent.name);
+        let p = literal(link.parent.name);
+        let name = literal(&link.name);
+        let pointed = format!(
+            "(SELECT DISTINCT n.r, n.ptrs -> {name} AS k FROM _ms_k n
+              WHERE n.t = {c} AND n.round = {round} AND n.ptrs ? {name}) d",
+            c = literal(link.child.name),
+        );
+        let next = round + 1;
+        let mut added = self
+            .run(&format!(
+                "INSERT INTO {K_COLUMNS}
+                 SELECT d.r, {p}, d.k, {next}, false, false, {ruled}, {ptrs}, NULL, NULL, NULL
+                 FROM {pointed}
+                 JOIN _ms_r r ON r.r = d.r
+                 CROSS JOIN {row}
+                 WHERE NOT {held}
+                 ON CONFLICT DO NOTHING",
+                ruled = Self::ruled(parent, "r"),
+                ptrs = self.graph.pointers("x", link.parent.name),
+                row = row_by_key("x", parent, "d.k"),
+                held = is_held(&p, "d.k", "d.r"),
+            ))
+            .await?;
+        if questioned.contains(link.parent.name) {
+            added += self
+                .run(&format!(
+                    "INSERT INTO {K_COLUMNS}
+                     SELECT q.r, q.t, q.k, {next}, true, true, q.ruled, q.cptrs, q.hptrs, q.hruled, q.version
+                     FROM {pointed}
+                     JOIN _ms_q q ON q.r = d.r AND q.t = {p} AND q.k = d.k
+                     WHERE q.questioned AND NOT q.ruled
+                     ON CONFLICT DO NOTHING"
+                ))
+                .await?;
+        }
+        Ok(added)
+    }
+
+    /// The followers, through `link`, of the rows kept in round `round` that
+    /// the replica lacked or that were in question: those it lacks, and
+    /// those in question. (A row it keeps without question keeps the
+    /// followers it holds; the changed ones it lacks came in the first
+    /// round.)
+    async fn keep_followers(
+        &self,
+        link: &Link,
+        round: i32,
+        questioned: &BTreeSet<String>,
+    ) -> Result<u64> {
+        let child = self.graph.shape(link.child.name);
+        let c = literal(link.child.name);
+        let p = literal(link.parent.name);
+        let next = round + 1;
+        let followers = format!(
+            "CROSS JOIN LATERAL (SELECT {ck} AS k, {ptrs} AS ptrs FROM {rel} a
+                                 WHERE {points} OFFSET 0) a",
+            ck = key_json("a", link.child),
+            ptrs = self.graph.pointers("a", link.child.name),
+            rel = child.relation,
+            points = link.points_at("a", "n.k"),
+        );
+        let mut added = self
+            .run(&format!(
+                "INSERT INTO {K_COLUMNS}
+                 SELECT n.r, {c}, a.k, {next}, false, false, false, a.ptrs, NULL, NULL, NULL
+                 FROM _ms_k n
+                 {followers}
+                 WHERE n.t = {p} AND n.round = {round} AND (NOT n.held OR n.questioned)
+                   AND NOT {held}
+                 ON CONFLICT DO NOTHING",
+                held = is_held(&c, "a.k", "n.r"),
+            ))
+            .await?;
+        if questioned.contains(link.child.name) {
+            added += self
+                .run(&format!(
+                    "INSERT INTO {K_COLUMNS}
+                     SELECT q.r, q.t, q.k, {next}, true, true, q.ruled, q.cptrs, q.hptrs, q.hruled, q.version
+                     FROM _ms_k n
+                     {followers}
+                     JOIN _ms_q q ON q.r = n.r AND q.t = {c} AND q.k = a.k
+                     WHERE n.t = {p} AND n.round = {round} AND n.questioned
+                       AND q.questioned AND NOT q.ruled
+                     ON CONFLICT DO NOTHING"
+                ))
+                .await?;
+        }
+        Ok(added)
+    }
+
+    // ---- 3. The difference ----
+
+    /// Kept rows a replica lacks, or holds at an older version or for other
+    /// reasons than now, go in `_ms_send`; the rows that stay without
+    /// question are sent again when they changed; questioned rows not kept go
+    /// in `_ms_del`. Returns (sends, deletes).
+    async fn difference(&self) -> Result<(u64, u64)> {
+        let mut sends = 0;
+        if self.has("_ms_k") {
+            sends += self
+                .run(
+                    "INSERT INTO _ms_send (r, t, k, version, held, ruled, ptrs, hptrs)
+                     SELECT k.r, k.t, k.k, greatest(coalesce(k.version, 0), coalesce(ch.last_seq, 0)),
+                            k.held, k.ruled, k.ptrs, k.hptrs
+                     FROM _ms_k k
+                     LEFT JOIN _ms_changed ch ON ch.t = k.t AND ch.k = k.k
+                     WHERE NOT k.held OR k.version < coalesce(ch.last_seq, 0)
+                        OR k.ptrs IS DISTINCT FROM k.hptrs OR k.ruled IS DISTINCT FROM k.hruled",
+                )
+                .await?;
+        }
+        let mut deletes = 0;
+        if self.has("_ms_q") {
+            sends += self
+                .run(
+                    "INSERT INTO _ms_send (r, t, k, version, held, ruled, ptrs, hptrs)
+                     SELECT q.r, q.t, q.k, greatest(q.version, coalesce(ch.last_seq, 0)),
+                            true, q.ruled, q.cptrs, q.hptrs
+                     FROM _ms_q q
+                     LEFT JOIN _ms_changed ch ON ch.t = q.t AND ch.k = q.k
+                     WHERE (q.ruled OR NOT q.questioned)
+                       AND (q.version < coalesce(ch.last_seq, 0) OR q.ruled <> q.hruled)
+                       AND NOT EXISTS (SELECT 1 FROM _ms_k k WHERE k.r = q.r AND k.t = q.t AND k.k = q.k)",
+                )
+                .await?;
+            deletes = self
+                .run(
+                    "INSERT INTO _ms_del (r, t, k, hptrs)
+                     SELECT q.r, q.t, q.k, q.hptrs FROM _ms_q q
+                     WHERE q.questioned AND NOT q.ruled
+                       AND NOT EXISTS (SELECT 1 FROM _ms_k k WHERE k.r = q.r AND k.t = q.t AND k.k = q.k)",
+                )
+                .await?;
+        }
+        if sends > ANALYSE_ABOVE {
+            self.analyse("_ms_send").await?;
+        }
+        Ok((sends, deletes))
+    }
+
+    // ---- Provisioning from scratch ----
 
     /// The whole wanted set of every replica provisioned from scratch, in
     /// `_ms_f`: the rows its rules send it, then a round at a time the
@@ -335,7 +1035,7 @@ impl Planner<'_, '_> {
                      FROM {rel} a JOIN _ms_r r ON r.fresh AND {cond}",
                     t = literal(shape.table.name),
                     key = key_json("a", shape.table),
-                    ptrs = self.pointers("a", shape.table.name),
+                    ptrs = self.graph.pointers("a", shape.table.name),
                     rel = shape.relation,
                 ))
                 .await?;
@@ -348,7 +1048,7 @@ impl Planner<'_, '_> {
         let mut added = total;
         loop {
             if added > ANALYSE_ABOVE {
-                self.run("ANALYZE _ms_f").await?;
+                self.analyse("_ms_f").await?;
             }
             if added == 0 {
                 return Ok(total);
@@ -390,43 +1090,21 @@ impl Planner<'_, '_> {
         }
     }
 
-    /// `jsonb_build_object('0', ptr, ...)`: what the row `alias` of `table`
-    /// points at, by link number; NULL for a table that points at nothing.
-    /// A link into an `all` table is left out: every row of it is there from
-    /// the first round, so no round follows it.
-    fn pointers(&self, alias: &str, table: &str) -> String {
-        let items: Vec<String> = self
-            .graph
-            .links
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.child.name == table && !matches!(l.parent.rule, Rule::All))
-            .map(|(i, l)| format!("'{i}', {}", l.pointer(alias)))
-            .collect();
-        if items.is_empty() {
-            "NULL::jsonb".into()
-        } else {
-            format!(
-                "jsonb_strip_nulls(jsonb_build_object({}))",
-                items.join(", ")
-            )
-        }
-    }
-
     async fn provision_parents(&self, index: usize, link: &Link, round: i32) -> Result<u64> {
         let parent = self.graph.shape(link.parent.name);
         let p = literal(link.parent.name);
+        let name = literal(&link.name);
         self.run(&format!(
             "INSERT INTO _ms_f (r, t, k, round, ptrs)
              SELECT x.r, {p}, x.ptr, {next}, {ptrs}
-             FROM (SELECT DISTINCT n.r, n.ptrs->'{index}' AS ptr FROM _ms_f n
-                   WHERE n.t = {c} AND n.round = {round} AND n.ptrs ? '{index}'
+             FROM (SELECT DISTINCT n.r, n.ptrs -> {name} AS ptr FROM _ms_f n
+                   WHERE n.t = {c} AND n.round = {round} AND n.ptrs ? {name}
                      AND n.via <> {index}) x
              JOIN {rel} a ON {m}
              WHERE NOT EXISTS (SELECT 1 FROM _ms_f f WHERE f.r = x.r AND f.t = {p} AND f.k = x.ptr)",
             c = literal(link.child.name),
             next = round + 1,
-            ptrs = self.pointers("a", link.parent.name),
+            ptrs = self.graph.pointers("a", link.parent.name),
             rel = parent.relation,
             m = key_match("a", parent, "x.ptr"),
         ))
@@ -458,502 +1136,11 @@ impl Planner<'_, '_> {
              WHERE n.t = {p} AND n.round = {round} {new}",
             p = literal(link.parent.name),
             next = round + 1,
-            ptrs = self.pointers("a", link.child.name),
+            ptrs = self.graph.pointers("a", link.child.name),
             rel = child.relation,
             points = link.points_at("a", "n.k"),
         ))
         .await
-    }
-
-    /// Whether a statement of this plan put rows in the planner table `temp`:
-    /// a statement reading only an empty one is skipped.
-    fn has(&self, temp: &str) -> bool {
-        self.filled.lock().expect("not poisoned").contains_key(temp)
-    }
-
-    /// The planner's tables this plan put rows in, with how many.
-    pub fn filled(&self) -> BTreeMap<String, u64> {
-        self.filled.lock().expect("not poisoned").clone()
-    }
-
-    /// Every pending note this build can read; per changed row its newest
-    /// note and what the first one says it pointed at before; the rows a
-    /// membership or a grant touched.
-    async fn read_notes(&self) -> Result<u64> {
-        let notes = self
-            .run(
-                "INSERT INTO _ms_notes SELECT ctid, seq, table_name, key, parents
-                 FROM sync.notes WHERE format = 1",
-            )
-            .await?;
-        if notes == 0 {
-            return Ok(0);
-        }
-        let names: Vec<String> = self
-            .graph
-            .shapes
-            .iter()
-            .map(|s| literal(s.table.name))
-            .collect();
-        self.run(&format!(
-            "INSERT INTO _ms_changed (t, k, last_seq, old_parents)
-             SELECT t, k, max(seq), (array_agg(parents ORDER BY seq))[1]
-             FROM _ms_notes WHERE t IN ({}) GROUP BY t, k",
-            names.join(", ")
-        ))
-        .await?;
-        let changed = self
-            .run("INSERT INTO _ms_touched (t, k) SELECT t, k FROM _ms_changed")
-            .await?;
-        if changed > 100 {
-            self.run("ANALYZE _ms_changed, _ms_touched").await?;
-        }
-        for g in &self.groups {
-            let t = literal(g.table.name);
-            // A membership that came or went touches its member, for every replica.
-            self.run(&format!(
-                "INSERT INTO _ms_touched (t, k)
-                 SELECT DISTINCT {t}, n.k - 0 FROM _ms_notes n WHERE n.t = {}
-                 ON CONFLICT DO NOTHING",
-                literal(g.members_name)
-            ))
-            .await?;
-            // A group given or taken touches its members, for that replica.
-            let members = g
-                .member_columns
-                .iter()
-                .map(|c| format!("m.{}", crate::sql::ident(c)))
-                .collect::<Vec<_>>()
-                .join(", ");
-            let group_col = match g.table.rule {
-                Rule::Group(rule) => rule.group,
-                _ => unreachable!("a group table has a group rule"),
-            };
-            self.run(&format!(
-                "INSERT INTO _ms_grant (r, t, k)
-                 SELECT DISTINCT r.r, {t}, jsonb_build_array({members})
-                 FROM _ms_notes n
-                 JOIN _ms_r r ON NOT r.fresh AND r.r = n.k->>0
-                 JOIN {} m ON m.{} = (n.k->>1)::{}
-                 WHERE n.t = {}
-                 ON CONFLICT DO NOTHING",
-                g.members,
-                crate::sql::ident(group_col),
-                g.group_type,
-                literal(g.grants_name)
-            ))
-            .await?;
-        }
-        Ok(notes)
-    }
-
-    /// The rows in question, round by round. Each row is marked, as it is
-    /// added, with whether its own rule keeps it.
-    async fn in_question(
-        &self,
-        touched: &BTreeSet<String>,
-        granted: &BTreeSet<String>,
-    ) -> Result<()> {
-        let mut first = 0;
-        for shape in &self.graph.shapes {
-            let name = shape.table.name;
-            let t = literal(name);
-            let ruled = self.ruled(shape, "c.k", "r");
-            if touched.contains(name) {
-                // The row is read once, whichever replicas hold it.
-                let (row, ruled_row) = match rule(shape.table, "x", "r") {
-                    Some(cond) => (
-                        format!("LEFT JOIN {} ON true", row_by_key("x", shape, "c.k")),
-                        format!(
-                            "(x.{} IS NOT NULL AND coalesce({cond}, false))",
-                            crate::sql::ident(shape.table.key[0])
-                        ),
-                    ),
-                    None => (String::new(), "false".to_string()),
-                };
-                first += self
-                    .run(&format!(
-                        "INSERT INTO _ms_q (r, t, k, round, ruled, version)
-                         SELECT h.replica, c.t, c.k, 0, {ruled_row}, h.version
-                         FROM _ms_touched c
-                         {row}
-                         CROSS JOIN LATERAL ({HOLDERS}) h
-                         JOIN _ms_r r ON r.r = h.replica AND NOT r.fresh
-                         WHERE c.t = {t}
-                         ON CONFLICT DO NOTHING"
-                    ))
-                    .await?;
-            }
-            if granted.contains(name) {
-                first += self
-                    .run(&format!(
-                        "INSERT INTO _ms_q (r, t, k, round, ruled, version)
-                         SELECT c.r, c.t, c.k, 0, {ruled}, h.version
-                         FROM _ms_grant c
-                         JOIN sync.held h ON h.table_name = c.t AND h.key = c.k AND h.replica = c.r
-                         JOIN _ms_r r ON r.r = c.r
-                         WHERE c.t = {t}
-                         ON CONFLICT DO NOTHING"
-                    ))
-                    .await?;
-            }
-        }
-        if first == 0 || self.graph.links.is_empty() {
-            return Ok(());
-        }
-        let mut round = 0;
-        loop {
-            let tables = self.tables_in("_ms_q", round).await?;
-            if tables.is_empty() {
-                return Ok(());
-            }
-            let mut added = 0;
-            for link in &self.graph.links {
-                if tables.contains(link.child.name) {
-                    added += self.question_parents(link, round).await?;
-                }
-                if link.follows && tables.contains(link.parent.name) {
-                    added += self.question_followers(link, round).await?;
-                }
-            }
-            if added == 0 {
-                return Ok(());
-            }
-            round += 1;
-        }
-    }
-
-    /// The tables that point at other tables, as SQL literals.
-    fn pointing(&self) -> Vec<String> {
-        let mut out: Vec<String> = Vec::new();
-        for l in &self.graph.links {
-            let t = literal(l.child.name);
-            if !out.contains(&t) {
-                out.push(t);
-            }
-        }
-        out
-    }
-
-    /// Whether the row of `shape` with key `key` goes to the replica `r` (a
-    /// row of `_ms_r`) by its own rule, as an SQL expression.
-    fn ruled(&self, shape: &Shape, key: &str, r: &str) -> String {
-        match rule(shape.table, "x", r) {
-            Some(cond) => format!(
-                "EXISTS (SELECT 1 FROM {} x WHERE {} AND {cond})",
-                shape.relation,
-                key_match("x", shape, key)
-            ),
-            None => "false".into(),
-        }
-    }
-
-    /// The tables with rows in round `round` of `temp`.
-    async fn tables_in(&self, temp: &str, round: i32) -> Result<BTreeSet<String>> {
-        let sql = format!("SELECT DISTINCT t FROM {temp} WHERE round = {round}");
-        Ok(simple(self.tx, &sql).await?.0.into_iter().collect())
-    }
-
-    /// Held parents of the rows in question of round `round` of `link`'s
-    /// child: those its held version pointed at, when the row changed or its
-    /// rule does not keep it.
-    async fn question_parents(&self, link: &Link, round: i32) -> Result<u64> {
-        let child = self.graph.shape(link.child.name);
-        let ruled = self.ruled(self.graph.shape(link.parent.name), "p.ptr", "rr");
-        self.run(&format!(
-            "INSERT INTO _ms_q (r, t, k, round, ruled, version)
-             SELECT q.r, {parent}, p.ptr, {next}, {ruled}, h.version
-             FROM _ms_q q
-             JOIN _ms_r rr ON rr.r = q.r
-             LEFT JOIN _ms_changed ch ON ch.t = {c} AND ch.k = q.k
-             LEFT JOIN {rel} a ON ch.k IS NULL AND {m}
-             CROSS JOIN LATERAL (SELECT CASE WHEN ch.k IS NOT NULL THEN {from_note} ELSE {from_row} END AS ptr) p
-             JOIN sync.held h ON h.replica = q.r AND h.table_name = {parent} AND h.key = p.ptr
-             WHERE q.t = {c} AND q.round = {round} AND (ch.k IS NOT NULL OR NOT q.ruled)
-             ON CONFLICT DO NOTHING",
-            parent = literal(link.parent.name),
-            c = literal(link.child.name),
-            next = round + 1,
-            rel = child.relation,
-            m = key_match("a", child, "q.k"),
-            from_note = link.pointer_in_note("ch.old_parents"),
-            from_row = link.pointer("a"),
-        ))
-        .await
-    }
-
-    /// Held followers of the rows in question of round `round` of `link`'s
-    /// parent that its rule does not keep.
-    async fn question_followers(&self, link: &Link, round: i32) -> Result<u64> {
-        let child = self.graph.shape(link.child.name);
-        let ck_expr = key_json("a", link.child);
-        let ruled = self.ruled(child, &ck_expr, "rr");
-        self.run(&format!(
-            "INSERT INTO _ms_q (r, t, k, round, ruled, version)
-             SELECT q.r, {c}, {ck}, {next}, {ruled}, h.version
-             FROM _ms_q q
-             JOIN _ms_r rr ON rr.r = q.r
-             JOIN {rel} a ON {points}
-             JOIN sync.held h ON h.replica = q.r AND h.table_name = {c} AND h.key = {ck}
-             WHERE q.t = {p} AND q.round = {round} AND NOT q.ruled
-             ON CONFLICT DO NOTHING",
-            c = literal(link.child.name),
-            p = literal(link.parent.name),
-            ck = key_json("a", link.child),
-            next = round + 1,
-            rel = child.relation,
-            points = link.points_at("a", "q.k"),
-        ))
-        .await
-    }
-
-    /// The rows kept, round by round.
-    async fn keep(&self, touched: &BTreeSet<String>, granted: &BTreeSet<String>) -> Result<()> {
-        let questioned = self.present("_ms_q").await?;
-        let mut first = 0;
-        // A row its rule keeps is kept; it needs planning further only when
-        // it points at rows (a re-pointed one may need parents the replica
-        // lacks). The others go straight to the difference.
-        let pointing = self.pointing();
-        if !questioned.is_empty() && !pointing.is_empty() {
-            first += self
-                .run(&format!(
-                    "INSERT INTO _ms_k (r, t, k, round, held)
-                     SELECT r, t, k, 0, true FROM _ms_q WHERE ruled AND t IN ({})",
-                    pointing.join(", ")
-                ))
-                .await?;
-        }
-        for shape in &self.graph.shapes {
-            let name = shape.table.name;
-            let incremental = touched.contains(name) || granted.contains(name);
-            if incremental {
-                first += self.keep_by_rule(shape).await?;
-            }
-        }
-        for link in &self.graph.links {
-            if questioned.contains(link.parent.name) {
-                first += self.keep_pointed_at(link).await?;
-            }
-            if link.follows
-                && (questioned.contains(link.child.name) || touched.contains(link.child.name))
-            {
-                first += self.keep_following(link).await?;
-            }
-        }
-        if first > ANALYSE_ABOVE {
-            self.run("ANALYZE _ms_k").await?;
-        }
-        if first == 0 || self.graph.links.is_empty() {
-            return Ok(());
-        }
-        let mut round = 0;
-        loop {
-            let tables = self.tables_in("_ms_k", round).await?;
-            if tables.is_empty() {
-                return Ok(());
-            }
-            let mut added = 0;
-            for link in &self.graph.links {
-                if tables.contains(link.child.name) {
-                    added += self.keep_parents(link, round).await?;
-                }
-                if link.follows && tables.contains(link.parent.name) {
-                    added += self.keep_followers(link, round).await?;
-                }
-            }
-            if added == 0 {
-                return Ok(());
-            }
-            if added > ANALYSE_ABOVE {
-                self.run("ANALYZE _ms_k").await?;
-            }
-            round += 1;
-        }
-    }
-
-    /// Rows a replica kept up lacks that its rules send it, among the rows
-    /// that changed or whose group moved.
-    async fn keep_by_rule(&self, shape: &Shape) -> Result<u64> {
-        let Some(cond) = rule(shape.table, "a", "r") else {
-            return Ok(0);
-        };
-        let t = literal(shape.table.name);
-        self.run(&format!(
-            "INSERT INTO _ms_k (r, t, k, round, held)
-             SELECT r.r, {t}, c.k, 0, false
-             FROM (SELECT k FROM _ms_touched WHERE t = {t}
-                   UNION SELECT k FROM _ms_grant WHERE t = {t}) c
-             CROSS JOIN {row}
-             JOIN _ms_r r ON NOT r.fresh AND {cond}
-             WHERE NOT EXISTS (SELECT 1 FROM _ms_q q
-                               WHERE q.r = r.r AND q.t = {t} AND q.k = c.k)
-             ON CONFLICT DO NOTHING",
-            row = row_by_key("a", shape, "c.k"),
-        ))
-        .await
-    }
-
-    /// The tables with rows in `temp`.
-    async fn present(&self, temp: &str) -> Result<BTreeSet<String>> {
-        if !self.has(temp) {
-            return Ok(BTreeSet::new());
-        }
-        let sql = format!("SELECT DISTINCT t FROM {temp}");
-        Ok(simple(self.tx, &sql).await?.0.into_iter().collect())
-    }
-
-    /// Rows in question that a row the replica holds outside them points at.
-    async fn keep_pointed_at(&self, link: &Link) -> Result<u64> {
-        let parent = self.graph.shape(link.parent.name);
-        let child = self.graph.shape(link.child.name);
-        let c = literal(link.child.name);
-        self.run(&format!(
-            "INSERT INTO _ms_k (r, t, k, round, held)
-             SELECT q.r, q.t, q.k, 0, true FROM _ms_q q
-             WHERE q.t = {p} AND NOT q.ruled
-               AND EXISTS (SELECT 1 FROM {prel} x WHERE {pm})
-               AND EXISTS (
-                   SELECT 1 FROM {crel} a
-                   JOIN sync.held h ON h.replica = q.r AND h.table_name = {c} AND h.key = {ck}
-                   WHERE {points}
-                     AND NOT EXISTS (SELECT 1 FROM _ms_q q2
-                                     WHERE q2.r = q.r AND q2.t = {c} AND q2.k = {ck}))
-             ON CONFLICT DO NOTHING",
-            p = literal(link.parent.name),
-            prel = parent.relation,
-            pm = key_match("x", parent, "q.k"),
-            crel = child.relation,
-            ck = key_json("a", link.child),
-            points = link.points_at("a", "q.k"),
-        ))
-        .await
-    }
-
-    /// Rows in question, and changed rows the replica lacks, that follow a
-    /// row it holds outside the rows in question.
-    async fn keep_following(&self, link: &Link) -> Result<u64> {
-        let child = self.graph.shape(link.child.name);
-        let c = literal(link.child.name);
-        let p = literal(link.parent.name);
-        // The parent stays: held outside the rows in question, or kept by its rule.
-        let outside = format!(
-            "NOT EXISTS (SELECT 1 FROM _ms_q q2 WHERE q2.r = h.replica AND q2.t = {p} AND q2.k = h.key AND NOT q2.ruled)"
-        );
-        let in_question = self
-            .run(&format!(
-                "INSERT INTO _ms_k (r, t, k, round, held)
-                 SELECT q.r, q.t, q.k, 0, true FROM _ms_q q
-                 JOIN {rel} a ON {m}
-                 JOIN sync.held h ON h.replica = q.r AND h.table_name = {p} AND h.key = {ptr}
-                 WHERE q.t = {c} AND NOT q.ruled AND {outside}
-                 ON CONFLICT DO NOTHING",
-                rel = child.relation,
-                m = key_match("a", child, "q.k"),
-                ptr = link.pointer("a"),
-            ))
-            .await?;
-        let lacking = self
-            .run(&format!(
-                "INSERT INTO _ms_k (r, t, k, round, held)
-                 SELECT r.r, {c}, c.k, 0, false
-                 FROM _ms_touched c
-                 JOIN {rel} a ON {m}
-                 CROSS JOIN _ms_r r
-                 JOIN sync.held h ON h.replica = r.r AND h.table_name = {p} AND h.key = {ptr}
-                 WHERE c.t = {c} AND NOT r.fresh AND {outside}
-                   AND NOT EXISTS (SELECT 1 FROM sync.held h2
-                                   WHERE h2.replica = r.r AND h2.table_name = {c} AND h2.key = c.k)
-                 ON CONFLICT DO NOTHING",
-                rel = child.relation,
-                m = key_match("a", child, "c.k"),
-                ptr = link.pointer("a"),
-            ))
-            .await?;
-        Ok(in_question + lacking)
-    }
-
-    /// The parents of the rows kept in round `round`, unless the replica
-    /// holds them outside the rows in question.
-    async fn keep_parents(&self, link: &Link, round: i32) -> Result<u64> {
-        let child = self.graph.shape(link.child.name);
-        let p = literal(link.parent.name);
-        self.run(&format!(
-            "INSERT INTO _ms_k (r, t, k, round, held)
-             SELECT n.r, {p}, x.ptr, {next},
-                    EXISTS (SELECT 1 FROM sync.held h WHERE h.replica = n.r AND h.table_name = {p} AND h.key = x.ptr)
-             FROM _ms_k n
-             JOIN {rel} a ON {m}
-             CROSS JOIN LATERAL (SELECT {ptr} AS ptr) x
-             WHERE n.t = {c} AND n.round = {round} AND x.ptr IS NOT NULL
-               AND (NOT EXISTS (SELECT 1 FROM sync.held h WHERE h.replica = n.r AND h.table_name = {p} AND h.key = x.ptr)
-                    OR EXISTS (SELECT 1 FROM _ms_q q WHERE q.r = n.r AND q.t = {p} AND q.k = x.ptr))
-             ON CONFLICT DO NOTHING",
-            c = literal(link.child.name),
-            next = round + 1,
-            rel = child.relation,
-            m = key_match("a", child, "n.k"),
-            ptr = link.pointer("a"),
-        ))
-        .await
-    }
-
-    /// The followers of the rows kept in round `round`: every follower of a
-    /// row the replica lacks; of a row in question, the followers in question
-    /// and the changed ones it lacks (it holds the others already).
-    async fn keep_followers(&self, link: &Link, round: i32) -> Result<u64> {
-        let child = self.graph.shape(link.child.name);
-        let c = literal(link.child.name);
-        let p = literal(link.parent.name);
-        let ck = key_json("a", link.child);
-        let of_lacking = self
-            .run(&format!(
-                "INSERT INTO _ms_k (r, t, k, round, held)
-                 SELECT n.r, {c}, {ck}, {next},
-                        EXISTS (SELECT 1 FROM sync.held h WHERE h.replica = n.r AND h.table_name = {c} AND h.key = {ck})
-                 FROM _ms_k n
-                 JOIN {rel} a ON {points}
-                 WHERE n.t = {p} AND n.round = {round} AND NOT n.held
-                   AND (NOT EXISTS (SELECT 1 FROM sync.held h WHERE h.replica = n.r AND h.table_name = {c} AND h.key = {ck})
-                        OR EXISTS (SELECT 1 FROM _ms_q q WHERE q.r = n.r AND q.t = {c} AND q.k = {ck}))
-                 ON CONFLICT DO NOTHING",
-                next = round + 1,
-                rel = child.relation,
-                points = link.points_at("a", "n.k"),
-            ))
-            .await?;
-        let in_question = self
-            .run(&format!(
-                "INSERT INTO _ms_k (r, t, k, round, held)
-                 SELECT n.r, {c}, q.k, {next}, true
-                 FROM _ms_k n
-                 JOIN _ms_q q ON q.r = n.r AND q.t = {c}
-                 JOIN {rel} a ON {m}
-                 WHERE n.t = {p} AND n.round = {round} AND n.held AND {ptr} = n.k
-                 ON CONFLICT DO NOTHING",
-                next = round + 1,
-                rel = child.relation,
-                m = key_match("a", child, "q.k"),
-                ptr = link.pointer("a"),
-            ))
-            .await?;
-        let changed = self
-            .run(&format!(
-                "INSERT INTO _ms_k (r, t, k, round, held)
-                 SELECT n.r, {c}, t.k, {next}, false
-                 FROM _ms_k n
-                 JOIN _ms_touched t ON t.t = {c}
-                 JOIN {rel} a ON {m}
-                 WHERE n.t = {p} AND n.round = {round} AND n.held AND {ptr} = n.k
-                   AND NOT EXISTS (SELECT 1 FROM sync.held h WHERE h.replica = n.r AND h.table_name = {c} AND h.key = t.k)
-                 ON CONFLICT DO NOTHING",
-                next = round + 1,
-                rel = child.relation,
-                m = key_match("a", child, "t.k"),
-                ptr = link.pointer("a"),
-            ))
-            .await?;
-        Ok(of_lacking + in_question + changed)
     }
 }
 

@@ -13,6 +13,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (4, include_str!("004_held_room.sql")),
     (5, include_str!("005_acks.sql")),
     (6, include_str!("006_outbox_bound.sql")),
+    (7, include_str!("007_held_reasons.sql")),
 ];
 
 /// The version this build brings the schema to.

@@ -276,6 +276,13 @@ impl Fleet {
                 compare(id, table.name, &expected, &held, &mut problems);
             }
         }
+        // What the relay records of them agrees with itself and the
+        // database: the reasons each row is held, and the counts of what
+        // points at it, kept up pass by pass, are what they would be if
+        // worked out afresh.
+        for line in self.relay.audit(&self.client).await.expect("the audit") {
+            let _ = writeln!(problems, "  record: {line}");
+        }
         assert!(problems.is_empty(), "the fleet diverged:\n{problems}");
     }
 }

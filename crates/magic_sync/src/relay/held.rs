@@ -1,0 +1,202 @@
+//! The record of what each replica holds (`sync.held`), and why: per row,
+//! the newest note the recording pass saw of it, the message that carried
+//! it, whether its table's own rule sends it to the replica (`ruled`), what
+//! the version it holds points at (`ptrs`, by link), and how many rows the
+//! replica holds point at it (`refs`).
+//!
+//! The planner reads the record to plan a change around its own rows; a
+//! pass writes it, in its closing batch, from what the plan sends and takes
+//! back. `refs` moves with every row sent or taken back: each sent row adds
+//! one to each parent it points at now and takes one from each parent its
+//! previous version pointed at; each row taken back takes one from each
+//! parent it pointed at. A replica provisioned from scratch has its counts
+//! made from its whole set.
+
+use super::graph::Graph;
+use crate::error::Result;
+use crate::sql::{int8_array, literal, text_array};
+use std::collections::{BTreeMap, HashMap};
+use tokio_postgres::Client;
+
+/// The statements recording what each replica holds after the plan: rows
+/// taken back are no longer held; rows sent are held at the version the plan
+/// saw, for the reasons it saw, carried by the replica's last message of the
+/// pass (`last`); the parents of both have their counts moved. A statement
+/// over a planner table this pass left empty is left out.
+///
+/// Every join with `sync.held` goes through its key, row by row from the
+/// planner's side, whatever PostgreSQL's statistics of either say: hash and
+/// merge joins are off for these statements, and as they were after.
+pub(crate) fn closing(
+    graph: &Graph,
+    last: &HashMap<String, i64>,
+    filled: &BTreeMap<String, u64>,
+) -> String {
+    let has = |table: &str| filled.contains_key(table);
+    let mut sql = String::new();
+    // Each replica written to, with its last message of the pass.
+    let messages = (!last.is_empty()).then(|| {
+        let (ids, numbers): (Vec<&str>, Vec<i64>) =
+            last.iter().map(|(r, n)| (r.as_str(), *n)).unzip();
+        format!(
+            "unnest({}, {}) AS m (r, number)",
+            text_array(ids),
+            int8_array(numbers)
+        )
+    });
+    if let (true, Some(messages)) = (has("_ms_f"), &messages) {
+        // A replica provisioned from scratch held nothing: its rows go in
+        // plainly, each with how many of its rows point at it. In bulk, so
+        // hashed.
+        let refs = match graph.tracked_values() {
+            Some(links) => format!(
+                "LEFT JOIN (SELECT f.r, l.p AS t, f.ptrs -> l.name AS k, count(*)::int AS n
+                            FROM _ms_f f JOIN {links} ON l.c = f.t
+                            WHERE f.ptrs ? l.name GROUP BY 1, 2, 3) c
+                   ON c.r = f.r AND c.t = f.t AND c.k = f.k"
+            ),
+            None => "LEFT JOIN (SELECT NULL::text AS r, 0 AS n) c ON false".into(),
+        };
+        sql.push_str(&format!(
+            "INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs, refs)
+             SELECT f.r, f.t, f.k, coalesce(ch.last_seq, 0), m.number, f.round = 0, f.ptrs, coalesce(c.n, 0)
+             FROM _ms_f f JOIN {messages} ON m.r = f.r
+             LEFT JOIN _ms_changed ch ON ch.t = f.t AND ch.k = f.k
+             {refs};"
+        ));
+    }
+    if !has("_ms_del") && !has("_ms_send") {
+        return sql;
+    }
+    sql.push_str("SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;");
+    if has("_ms_del") {
+        sql.push_str(
+            "DELETE FROM sync.held h USING _ms_del d
+             WHERE h.table_name = d.t AND h.key = d.k AND h.replica = d.r;",
+        );
+    }
+    if let (true, Some(messages)) = (has("_ms_send"), &messages) {
+        // Rows the replica held already: a new version, in place; then the
+        // rows it lacked.
+        sql.push_str(&format!(
+            "UPDATE sync.held h SET version = s.version, message = m.number, ruled = s.ruled, ptrs = s.ptrs
+             FROM _ms_send s JOIN {messages} ON m.r = s.r
+             WHERE s.held AND h.table_name = s.t AND h.key = s.k AND h.replica = s.r;
+             INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs)
+             SELECT s.r, s.t, s.k, s.version, m.number, s.ruled, s.ptrs
+             FROM _ms_send s JOIN {messages} ON m.r = s.r
+             WHERE NOT s.held
+             ON CONFLICT (replica, table_name, key)
+             DO UPDATE SET version = EXCLUDED.version, message = EXCLUDED.message,
+                           ruled = EXCLUDED.ruled, ptrs = EXCLUDED.ptrs;"
+        ));
+    }
+    if let Some(links) = graph.tracked_values() {
+        let mut moves = Vec::new();
+        if has("_ms_send") {
+            moves.push(format!(
+                "SELECT s.r, l.p AS t, s.ptrs -> l.name AS k, 1 AS n
+                 FROM _ms_send s JOIN {links} ON l.c = s.t WHERE s.ptrs ? l.name
+                 UNION ALL
+                 SELECT s.r, l.p, s.hptrs -> l.name, -1
+                 FROM _ms_send s JOIN {links} ON l.c = s.t WHERE s.held AND s.hptrs ? l.name"
+            ));
+        }
+        if has("_ms_del") {
+            moves.push(format!(
+                "SELECT d.r, l.p AS t, d.hptrs -> l.name AS k, -1 AS n
+                 FROM _ms_del d JOIN {links} ON l.c = d.t WHERE d.hptrs ? l.name"
+            ));
+        }
+        sql.push_str(&format!(
+            "UPDATE sync.held h SET refs = h.refs + x.n
+             FROM (SELECT r, t, k, sum(n)::int AS n FROM ({}) a
+                   GROUP BY r, t, k HAVING sum(n) <> 0) x
+             WHERE h.table_name = x.t AND h.key = x.k AND h.replica = x.r;",
+            moves.join(" UNION ALL ")
+        ));
+    }
+    sql.push_str("SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT;");
+    sql
+}
+
+/// Checks the record against itself and the database: every row a live
+/// replica is recorded holding exists, is recorded as its rule sends it or
+/// not, as pointing at what it points at now, and with as many rows of the
+/// replica pointing at it as do. Returns one line per disagreement.
+///
+/// It reads the whole record, so it is for tests and for an operator in
+/// doubt, not for every pass; and it is exact only when no note is pending
+/// (a pending note is a change the record has not caught up with yet).
+pub(crate) async fn audit(client: &Client, graph: &Graph) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    if let Some(links) = graph.tracked_values() {
+        let sql = format!(
+            "WITH pointing AS (
+                 SELECT h.replica AS r, l.p AS t, h.ptrs -> l.name AS k, count(*) AS n
+                 FROM sync.held h JOIN {links} ON l.c = h.table_name
+                 WHERE h.ptrs ? l.name GROUP BY 1, 2, 3)
+             SELECT coalesce(h.replica, p.r), coalesce(h.table_name, p.t),
+                    coalesce(h.key, p.k)::text, coalesce(h.refs, 0), coalesce(p.n, 0)
+             FROM (SELECT * FROM sync.held WHERE refs <> 0) h
+             FULL JOIN pointing p ON p.r = h.replica AND p.t = h.table_name AND p.k = h.key
+             WHERE coalesce(h.refs, 0) <> coalesce(p.n, 0)
+             ORDER BY 1, 2, 3"
+        );
+        for row in client.query(&sql, &[]).await? {
+            let (r, t, k, refs, n): (String, String, String, i32, i64) =
+                (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+            problems.push(format!(
+                "{r} holds {t} {k} with refs {refs}, but {n} of its held rows point at it"
+            ));
+        }
+    }
+    for shape in &graph.shapes {
+        let t = literal(shape.table.name);
+        let ruled = match super::graph::rule(shape.table, "a", "r") {
+            Some(cond) => format!("coalesce({cond}, false)"),
+            None => "false".into(),
+        };
+        let sql = format!(
+            "SELECT h.replica, h.key::text, a.{k0} IS NOT NULL, h.ruled, {ruled}, h.ptrs::text, {ptrs}::text
+             FROM sync.held h
+             JOIN sync.replicas r0 ON r0.id = h.replica AND r0.live
+             CROSS JOIN LATERAL (SELECT r0.id AS r, r0.partition_id AS part) r
+             LEFT JOIN {rel} a ON {m}
+             WHERE h.table_name = {t}
+               AND (a.{k0} IS NULL OR h.ruled <> {ruled} OR h.ptrs IS DISTINCT FROM {ptrs})
+             ORDER BY 1, 2",
+            k0 = crate::sql::ident(shape.table.key[0]),
+            ptrs = graph.pointers("a", shape.table.name),
+            rel = shape.relation,
+            m = super::graph::key_match("a", shape, "h.key"),
+        );
+        for row in client.query(&sql, &[]).await? {
+            let (r, k, exists): (String, String, bool) = (row.get(0), row.get(1), row.get(2));
+            if !exists {
+                problems.push(format!(
+                    "{r} is recorded holding {} {k}, which the database does not have",
+                    shape.table.name
+                ));
+                continue;
+            }
+            let (held_ruled, now_ruled): (bool, bool) = (row.get(3), row.get(4));
+            if held_ruled != now_ruled {
+                problems.push(format!(
+                    "{r} holds {} {k} recorded as ruled {held_ruled}, but its rule says {now_ruled}",
+                    shape.table.name
+                ));
+            }
+            let (held_ptrs, now_ptrs): (Option<String>, Option<String>) = (row.get(5), row.get(6));
+            if held_ptrs != now_ptrs {
+                problems.push(format!(
+                    "{r} holds {} {k} recorded pointing at {}, but it points at {}",
+                    shape.table.name,
+                    held_ptrs.as_deref().unwrap_or("nothing"),
+                    now_ptrs.as_deref().unwrap_or("nothing")
+                ));
+            }
+        }
+    }
+    Ok(problems)
+}
