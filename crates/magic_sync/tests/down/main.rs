@@ -8,6 +8,7 @@ mod shop;
 #[path = "../foundation/wanted.rs"]
 mod wanted;
 
+mod cost;
 mod relay;
 mod scenarios;
 mod walk;

@@ -5,45 +5,99 @@
 //! every replica holds exactly what the reference says, and never a row
 //! without the rows it points at ([`Fleet::check`]).
 //!
+//! A second walk runs with a dozen tills over a hot parent: customer 1,
+//! pointed at by an order of every till from the start, written to again and
+//! again while orders come to it and leave it. The shop has no index on any
+//! foreign-key column but the two the relay asks for (a shipment's event, a
+//! promotion's groups): what points at a customer or a product is never
+//! looked up in the host's tables.
+//!
 //! `MAGIC_SYNC_SEED=n` replays one seed; `MAGIC_SYNC_SEEDS` and
-//! `MAGIC_SYNC_STEPS` change the budget (default 6 seeds of 40 steps).
+//! `MAGIC_SYNC_STEPS` change the budget (default 6 seeds of 40 steps; the
+//! hot walk runs half as many seeds).
 
 use crate::fleet::Fleet;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const UNITS: [&str; 5] = ["u1", "u2", "u3", "u4", "u5"];
 const REGIONS: [&str; 3] = ["north", "south", "east"];
+
+/// What a walk runs over.
+struct Walk {
+    units: Vec<String>,
+    /// Whether writes crowd around customer 1.
+    hot: bool,
+}
+
+impl Walk {
+    fn units(n: usize) -> Vec<String> {
+        (1..=n).map(|i| format!("u{i}")).collect()
+    }
+}
 
 fn env(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
-#[tokio::test]
-async fn every_replica_holds_exactly_what_its_rules_say_after_every_step() {
-    let steps = env("MAGIC_SYNC_STEPS").unwrap_or(40);
-    let seeds: Vec<u64> = match env("MAGIC_SYNC_SEED") {
+/// The seeds to walk: one to replay, or `default` of them from a base
+/// (`MAGIC_SYNC_SEEDS` scales every walk's count alike: it is the count of
+/// the walk whose default is 6).
+fn seeds(default: u64, base: u64) -> Vec<u64> {
+    match env("MAGIC_SYNC_SEED") {
         Some(seed) => vec![seed],
         None => {
-            let base = env("MAGIC_SYNC_SEED_BASE").unwrap_or(0x5eed);
-            (0..env("MAGIC_SYNC_SEEDS").unwrap_or(6))
-                .map(|i| base + i)
-                .collect()
+            let base = env("MAGIC_SYNC_SEED_BASE").unwrap_or(base);
+            let count = env("MAGIC_SYNC_SEEDS").map_or(default, |n| (n * default / 6).max(1));
+            (0..count).map(|i| base + i).collect()
         }
-    };
-    for seed in seeds {
-        println!("random walk: seed {seed} ({steps} steps); replay with MAGIC_SYNC_SEED={seed}");
-        walk(seed, steps).await;
     }
 }
 
-async fn walk(seed: u64, steps: u64) {
+#[tokio::test]
+async fn every_replica_holds_exactly_what_its_rules_say_after_every_step() {
+    let steps = env("MAGIC_SYNC_STEPS").unwrap_or(40);
+    for seed in seeds(6, 0x5eed) {
+        println!("random walk: seed {seed} ({steps} steps); replay with MAGIC_SYNC_SEED={seed}");
+        let shape = Walk {
+            units: Walk::units(5),
+            hot: false,
+        };
+        walk(seed, steps, &shape).await;
+    }
+}
+
+#[tokio::test]
+async fn a_hot_parent_held_by_a_dozen_tills_stays_exact() {
+    let steps = env("MAGIC_SYNC_STEPS").unwrap_or(40);
+    for seed in seeds(3, 0x407) {
+        println!("hot walk: seed {seed} ({steps} steps); replay with MAGIC_SYNC_SEED={seed}");
+        let shape = Walk {
+            units: Walk::units(12),
+            hot: true,
+        };
+        walk(seed, steps, &shape).await;
+    }
+}
+
+async fn walk(seed: u64, steps: u64, shape: &Walk) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut fleet = Fleet::new(crate::scenarios::SHOP).await;
-    for (i, unit) in UNITS.iter().enumerate() {
+    let mut fixture = crate::scenarios::SHOP.to_string();
+    if shape.hot {
+        // Every till holds customer 1 as the parent of an order of its own.
+        fixture.push_str("INSERT INTO customers VALUES (1, 'hot');");
+        for (i, unit) in shape.units.iter().enumerate() {
+            fixture.push_str(&format!(
+                "INSERT INTO orders (id, unit_id, customer_id) VALUES ({}, '{unit}', 1);",
+                30 + i
+            ));
+        }
+    }
+    let mut fleet = Fleet::new(&fixture).await;
+    let units: Vec<&str> = shape.units.iter().map(String::as_str).collect();
+    for (i, unit) in units.iter().enumerate() {
         fleet.add(unit, Some(REGIONS[i % 2]));
     }
-    fleet.set_live("u5", false);
+    fleet.set_live(units[units.len() - 1], false);
     fleet.sync().await;
     fleet.check().await;
     for step in 0..steps {
@@ -52,7 +106,11 @@ async fn walk(seed: u64, steps: u64) {
         let together = rng.gen_bool(0.3);
         let mut batch = String::new();
         for _ in 0..writes {
-            let sql = write(&mut rng);
+            let sql = if shape.hot && rng.gen_bool(0.5) {
+                hot_write(&mut rng, &units)
+            } else {
+                write(&mut rng, &units)
+            };
             if together {
                 batch.push_str(&sql);
                 batch.push_str(";\n");
@@ -77,7 +135,7 @@ async fn walk(seed: u64, steps: u64) {
             ));
         }
         if rng.gen_bool(0.15) {
-            done.push(replicas(&mut rng, &mut fleet));
+            done.push(replicas(&mut rng, &mut fleet, &units));
         }
         println!("seed {seed} step {step}: {}", done.join(" | "));
         if rng.gen_bool(0.2) {
@@ -90,7 +148,7 @@ async fn walk(seed: u64, steps: u64) {
         fleet.sync().await;
         fleet.check().await;
     }
-    for unit in UNITS {
+    for unit in units {
         fleet.cut(unit, false);
     }
     fleet.sync().await;
@@ -101,12 +159,31 @@ fn pick<'a>(rng: &mut StdRng, items: &[&'a str]) -> &'a str {
     items[rng.gen_range(0..items.len())]
 }
 
+/// One write around customer 1: its own row changed, or an order coming to
+/// it or leaving it.
+fn hot_write(rng: &mut StdRng, units: &[&str]) -> String {
+    let o = 30 + rng.gen_range(0..units.len() + 4);
+    let unit = pick(rng, units);
+    match rng.gen_range(0..8) {
+        0..=3 => "UPDATE customers SET name = name || '+' WHERE id = 1".to_string(),
+        4 => format!("UPDATE orders SET customer_id = 1 WHERE id = {o}"),
+        5 => format!(
+            "UPDATE orders SET customer_id = {} WHERE id = {o}",
+            rng.gen_range(7..=9)
+        ),
+        6 => format!(
+            "INSERT INTO orders (id, unit_id, customer_id) VALUES ({o}, '{unit}', 1) ON CONFLICT (id) DO UPDATE SET unit_id = EXCLUDED.unit_id"
+        ),
+        _ => format!("DELETE FROM orders WHERE id = {o}"),
+    }
+}
+
 /// One random server write.
-fn write(rng: &mut StdRng) -> String {
+fn write(rng: &mut StdRng, units: &[&str]) -> String {
     let p = rng.gen_range(1..=12);
     let c = rng.gen_range(1..=10);
     let o = rng.gen_range(1..=20);
-    let unit = pick(rng, &UNITS);
+    let unit = pick(rng, units);
     let region = pick(rng, &["north", "south"]);
     match rng.gen_range(0..30) {
         0 => format!("INSERT INTO products VALUES ({p}, 'p{p}', {c}, NULL) ON CONFLICT DO NOTHING"),
@@ -171,8 +248,8 @@ fn write(rng: &mut StdRng) -> String {
 }
 
 /// One change to the replicas; says what it was.
-fn replicas(rng: &mut StdRng, fleet: &mut Fleet) -> String {
-    let unit = pick(rng, &UNITS);
+fn replicas(rng: &mut StdRng, fleet: &mut Fleet, units: &[&str]) -> String {
+    let unit = pick(rng, units);
     match rng.gen_range(0..3) {
         0 => {
             let live = !fleet.unit(unit).info.live;
