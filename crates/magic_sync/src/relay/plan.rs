@@ -330,6 +330,22 @@ impl Planner<'_, '_> {
         Ok(n)
     }
 
+    /// Runs a statement of a snapshot's plan, which works in bulk: joins
+    /// with `_ms_f` (a table without an index) are hashed, never a scan of
+    /// it per row of a side PostgreSQL guessed small. Lookups that must stay
+    /// per row are written as fenced lateral subqueries, which no setting
+    /// turns into joins.
+    async fn bulk(&self, sql: &str) -> Result<u64> {
+        self.tx
+            .batch_execute("SET LOCAL enable_nestloop = off")
+            .await?;
+        let n = self.run(sql).await;
+        self.tx
+            .batch_execute("SET LOCAL enable_nestloop TO DEFAULT")
+            .await?;
+        n
+    }
+
     /// Analyses the planner table `temp`, which the next pass then makes
     /// again rather than keep its statistics.
     async fn analyse(&self, temp: &str) -> Result<()> {
@@ -1029,7 +1045,7 @@ impl Planner<'_, '_> {
             };
             filled.insert(shape.table.name);
             let n = self
-                .run(&format!(
+                .bulk(&format!(
                     "INSERT INTO _ms_f (r, t, k, round, ptrs)
                      SELECT r.r, {t}, {key}, 0, {ptrs}
                      FROM {rel} a JOIN _ms_r r ON r.fresh AND {cond}",
@@ -1094,13 +1110,16 @@ impl Planner<'_, '_> {
         let parent = self.graph.shape(link.parent.name);
         let p = literal(link.parent.name);
         let name = literal(&link.name);
-        self.run(&format!(
+        // Each parent is read by its key; what is there already is hashed
+        // (never scanned once per row, whatever PostgreSQL guesses of the
+        // round's size).
+        self.bulk(&format!(
             "INSERT INTO _ms_f (r, t, k, round, ptrs)
-             SELECT x.r, {p}, x.ptr, {next}, {ptrs}
+             SELECT x.r, {p}, x.ptr, {next}, a.ptrs
              FROM (SELECT DISTINCT n.r, n.ptrs -> {name} AS ptr FROM _ms_f n
                    WHERE n.t = {c} AND n.round = {round} AND n.ptrs ? {name}
                      AND n.via <> {index}) x
-             JOIN {rel} a ON {m}
+             CROSS JOIN LATERAL (SELECT {ptrs} AS ptrs FROM {rel} a WHERE {m} OFFSET 0) a
              WHERE NOT EXISTS (SELECT 1 FROM _ms_f f WHERE f.r = x.r AND f.t = {p} AND f.k = x.ptr)",
             c = literal(link.child.name),
             next = round + 1,
@@ -1129,7 +1148,7 @@ impl Planner<'_, '_> {
         } else {
             format!("AND NOT EXISTS (SELECT 1 FROM _ms_f f WHERE f.r = n.r AND f.t = {c} AND f.k = {ck})")
         };
-        self.run(&format!(
+        self.bulk(&format!(
             "INSERT INTO _ms_f (r, t, k, round, ptrs, via)
              SELECT n.r, {c}, {ck}, {next}, {ptrs}, {index}
              FROM _ms_f n JOIN {rel} a ON {points}
