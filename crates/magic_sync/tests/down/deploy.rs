@@ -1,9 +1,13 @@
 //! How a host deploys without freezing the application: stopping the
-//! runner, or losing its process, leaves nothing running on the server.
+//! runner, or losing its process, leaves nothing running on the server;
+//! repairing triggers that were missing brings the replicas what was
+//! written meanwhile.
 
 use crate::relay::{for_the_runner, until, Host};
+use crate::scenarios::shop;
 use magic_sync::relay::{ReplicaInfo, Settings, RELAY_LOCK};
 use magic_sync::run::memory::Network;
+use magic_sync::trigger::{ensure, Ensured, InstallSettings};
 use std::sync::{Arc, Mutex};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::task::JoinHandle;
@@ -163,6 +167,69 @@ async fn a_host_lost_mid_statement_leaves_no_session_behind() {
     // The runner itself, cut off, was trying to reconnect.
     stop.send(()).unwrap();
     server.await.unwrap().expect("the runner stops cleanly");
+}
+
+/// `(table, unnoted)` for each table `ensure` repaired.
+fn repaired(ensured: &Ensured) -> Vec<(String, bool)> {
+    ensured
+        .installed
+        .iter()
+        .map(|i| (i.table.clone(), i.unnoted))
+        .collect()
+}
+
+#[tokio::test]
+async fn writes_made_while_a_row_trigger_was_missing_reach_the_replicas_after_the_repair() {
+    let mut fleet = shop().await;
+    fleet.write("DROP TRIGGER magic_sync_note ON orders").await;
+    // Unnoted: a new order for u1 (with a customer it did not hold), and an
+    // order moved from u2 to u3.
+    fleet
+        .write(
+            "INSERT INTO orders (id, unit_id, customer_id) VALUES (50, 'u1', 9);
+             UPDATE orders SET unit_id = 'u3' WHERE id = 2",
+        )
+        .await;
+    assert_eq!(fleet.sync().await, 0, "nothing was noted, nothing moves");
+    let ensured = ensure(fleet.engine, &mut fleet.writer, &InstallSettings::default())
+        .await
+        .expect("repaired");
+    assert_eq!(repaired(&ensured), [("orders".to_string(), true)]);
+    // Any replica could be owed an unnoted row, with the rows it points at.
+    assert_eq!(ensured.provisioned, ["u1", "u2", "u3"]);
+    fleet.sync().await;
+    fleet.check().await;
+}
+
+#[tokio::test]
+async fn a_truncate_while_its_trigger_was_missing_provisions_again_only_the_tables_holders() {
+    let mut fleet = shop().await;
+    // A till in a region with no notices.
+    fleet.add("u4", Some("east"));
+    fleet.sync().await;
+    fleet
+        .write(
+            "DROP TRIGGER magic_sync_no_truncate ON notices;
+             TRUNCATE notices;
+             CREATE OR REPLACE FUNCTION sync.note_public_products() RETURNS trigger
+                 LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;",
+        )
+        .await;
+    let ensured = ensure(fleet.engine, &mut fleet.writer, &InstallSettings::default())
+        .await
+        .expect("repaired");
+    // A function that merely differs noted nothing wrongly as far as the
+    // engine can tell: no one is provisioned for it.
+    assert_eq!(
+        repaired(&ensured),
+        [
+            ("notices".to_string(), true),
+            ("products".to_string(), false)
+        ]
+    );
+    assert_eq!(ensured.provisioned, ["u1", "u2", "u3"]);
+    fleet.sync().await;
+    fleet.check().await;
 }
 
 /// Where the test server listens.
