@@ -71,8 +71,9 @@ pub enum Error {
     #[cfg(feature = "postgres")]
     #[error(
         "installing the triggers on `{relation}` gave way to the application's transactions \
-         {attempts} times (its locks were not granted within the lock timeout): try again when \
-         the table is quieter, or with a longer InstallSettings::lock_timeout; last: {source}"
+         {attempts} times (its locks were not granted within the lock timeout, or it met a \
+         deadlock): try again when the table is quieter, or with a longer \
+         InstallSettings::lock_timeout; last: {source}"
     )]
     InstallGaveWay {
         /// The table, schema-qualified.
