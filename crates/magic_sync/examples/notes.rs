@@ -6,6 +6,7 @@
 //! With DATABASE_URL set, it uses (a fresh database on) that server instead of
 //! starting a private cluster.
 
+use magic_sync::trigger::{self, InstallSettings};
 use magic_sync::{check, Engine, Numeric, Row};
 
 #[derive(Row, Debug, Clone, PartialEq)]
@@ -58,9 +59,16 @@ async fn main() -> anyhow::Result<()> {
         .table::<Order>()
         .build()?;
     let version = magic_sync::schema::migrate(&mut client).await?;
-    engine.install_triggers(&mut client).await?;
+    let ensured = trigger::ensure(&engine, &mut client, &InstallSettings::default()).await?;
+    let installed: Vec<String> = ensured
+        .installed
+        .iter()
+        .map(|i| format!("{}.{}", i.schema, i.table))
+        .collect();
+    println!("sync schema at version {version}");
+    println!("triggers installed on {}", installed.join(", "));
     let catalog = check::startup(&engine, &client).await?;
-    println!("sync schema at version {version}; start-up checks passed");
+    println!("start-up checks passed; foreign keys:");
     for fk in &catalog.foreign_keys {
         println!(
             "  {}({}) -> {}({})",

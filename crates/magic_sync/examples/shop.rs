@@ -11,6 +11,7 @@
 use magic_sync::relay::{ReplicaInfo, Replicas, Settings};
 use magic_sync::replica::{ForeignKey, Replica};
 use magic_sync::run::memory::Network;
+use magic_sync::trigger::InstallSettings;
 use magic_sync::{Engine, Numeric, Row};
 use std::time::{Duration, Instant};
 
@@ -84,13 +85,22 @@ async fn main() {
             .build()
             .expect("declarations"),
     ));
+    // How a host deploys: bring the sync schema up to date, install or
+    // repair the triggers (a step of its own, which locks only tables whose
+    // triggers are wrong, and gives way to the application's writes), then
+    // start the runner.
     magic_sync::schema::migrate(&mut client)
         .await
         .expect("migrate");
-    engine
-        .install_triggers(&mut client)
+    let ensured = magic_sync::trigger::ensure(engine, &mut client, &InstallSettings::default())
         .await
         .expect("triggers");
+    println!(
+        "triggers installed on {} tables ({} attempts gave way); replicas to provision again: {:?}",
+        ensured.installed.len(),
+        ensured.retries,
+        ensured.provisioned
+    );
 
     let network = Network::new(1 << 20);
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -175,6 +185,8 @@ async fn main() {
         );
     }
 
+    // Stopping cancels what the relay's sessions run and gives back its
+    // lock before the runner returns: a new relay can start at once.
     stop.send(()).expect("the relay is running");
     relay.await.expect("the relay's task").expect("the relay");
     network.close();

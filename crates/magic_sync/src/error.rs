@@ -70,6 +70,24 @@ pub enum Error {
     /// A trigger the engine needs is missing, disabled or not as it would write it.
     #[error("trigger problems, the server will not start:\n  {}", list(.0))]
     Triggers(Vec<TriggerProblem>),
+    /// Installing a table's triggers gave way to the application attempt
+    /// after attempt: its locks were not granted within the lock timeout, or
+    /// it met a deadlock. Nothing of that table was changed.
+    #[cfg(feature = "postgres")]
+    #[error(
+        "installing the triggers on `{relation}` gave way to the application's transactions \
+         {attempts} times (its locks were not granted within the lock timeout, or it met a \
+         deadlock): try again when the table is quieter, or with a longer \
+         InstallSettings::lock_timeout; last: {source}"
+    )]
+    InstallGaveWay {
+        /// The table, schema-qualified.
+        relation: String,
+        /// Attempts made.
+        attempts: u32,
+        /// Why the last one gave way.
+        source: tokio_postgres::Error,
+    },
     /// A row that does not fit its codec.
     #[error("table `{table}`, key {key}: {source}")]
     Codec {
@@ -171,6 +189,8 @@ impl Error {
                 Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
             ),
             Error::Purge { source, .. } => source.is_transient(),
+            #[cfg(feature = "postgres")]
+            Error::InstallGaveWay { .. } => true,
             _ => false,
         }
     }

@@ -30,6 +30,8 @@ pub mod relay;
 #[cfg(feature = "postgres")]
 pub mod schema;
 #[cfg(feature = "postgres")]
+pub mod session;
+#[cfg(feature = "postgres")]
 pub mod trigger;
 
 #[cfg(feature = "sqlite")]

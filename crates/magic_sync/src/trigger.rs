@@ -7,6 +7,9 @@
 //! row) and `magic_sync_no_truncate` (before TRUNCATE, refusing it). Both are
 //! `ENABLE ALWAYS`, so `session_replication_role = replica` does not silence
 //! them.
+//!
+//! [`ensure`] installs or repairs them as a deploy step of its own, without
+//! freezing the application's writes; [`verify`] is the start-up check.
 
 use crate::catalog::Catalog;
 use crate::engine::Engine;
@@ -14,6 +17,10 @@ use crate::error::{Error, Result, TriggerProblem};
 use crate::row::{Rule, Table};
 use crate::sql::{ident, literal, qualified};
 use tokio_postgres::Client;
+
+mod ensure;
+
+pub use ensure::{ensure, Ensured, InstallSettings, Installed};
 
 /// The row trigger's name.
 pub const NOTE_TRIGGER: &str = "magic_sync_note";
@@ -122,23 +129,32 @@ END
         )
     }
 
-    /// The SQL that (re)installs this table's function and triggers.
+    /// The SQL that (re)installs this table's function.
+    pub fn function_sql(&self) -> String {
+        format!(
+            "CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS $magic_sync${}$magic_sync$;\n",
+            qualified("sync", &self.function()),
+            self.body()
+        )
+    }
+
+    /// The SQL that (re)installs this table's function and triggers. It
+    /// takes SHARE ROW EXCLUSIVE locks on the table and its partitions
+    /// (`CREATE OR REPLACE TRIGGER`, not `DROP TRIGGER`, which would take
+    /// ACCESS EXCLUSIVE and hold up readers too).
     pub fn install_sql(&self) -> String {
         let function = qualified("sync", &self.function());
         let relation = qualified(&self.schema, &self.table);
         let mut sql = format!(
-            "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $magic_sync${}$magic_sync$;\n\
-             DROP TRIGGER IF EXISTS {note} ON {relation};\n\
-             CREATE TRIGGER {note} AFTER INSERT OR UPDATE OR DELETE ON {relation} FOR EACH ROW EXECUTE FUNCTION {function}();\n",
-            self.body(),
+            "{}CREATE OR REPLACE TRIGGER {note} AFTER INSERT OR UPDATE OR DELETE ON {relation} FOR EACH ROW EXECUTE FUNCTION {function}();\n",
+            self.function_sql(),
             note = ident(NOTE_TRIGGER),
         );
         for (schema, name) in self.relations() {
             let rel = qualified(schema, name);
             sql.push_str(&format!(
                 "ALTER TABLE {rel} ENABLE ALWAYS TRIGGER {note};\n\
-                 DROP TRIGGER IF EXISTS {trunc} ON {rel};\n\
-                 CREATE TRIGGER {trunc} BEFORE TRUNCATE ON {rel} FOR EACH STATEMENT EXECUTE FUNCTION {refuse}({table});\n\
+                 CREATE OR REPLACE TRIGGER {trunc} BEFORE TRUNCATE ON {rel} FOR EACH STATEMENT EXECUTE FUNCTION {refuse}({table});\n\
                  ALTER TABLE {rel} ENABLE ALWAYS TRIGGER {trunc};\n",
                 note = ident(NOTE_TRIGGER),
                 trunc = ident(TRUNCATE_TRIGGER),
@@ -224,27 +240,26 @@ pub fn noted(engine: &Engine, catalog: &Catalog) -> Vec<Noted> {
 impl Engine {
     /// The SQL that installs every trigger the engine needs, as it writes them.
     pub fn triggers(&self, catalog: &Catalog) -> String {
-        let mut sql = format!(
-            "CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS $magic_sync${REFUSE_TRUNCATE_BODY}$magic_sync$;\n",
-            qualified("sync", REFUSE_TRUNCATE)
-        );
+        let mut sql = refuse_truncate_sql();
         for n in noted(self, catalog) {
             sql.push_str(&n.install_sql());
         }
         sql
     }
 
-    /// Installs (or reinstalls) the triggers, in one transaction. The `sync`
-    /// schema must be current.
-    pub async fn install_triggers(&self, client: &mut Client) -> Result<()> {
-        crate::schema::require_current(client).await?;
-        let catalog = Catalog::read(client, self).await?;
-        crate::check::declarations(self, &catalog)?;
-        let tx = client.transaction().await?;
-        tx.batch_execute(&self.triggers(&catalog)).await?;
-        tx.commit().await?;
-        Ok(())
+    /// Installs or repairs the triggers: [`ensure`] with the default
+    /// [`InstallSettings`]. The `sync` schema must be current.
+    pub async fn install_triggers(&self, client: &mut Client) -> Result<Ensured> {
+        ensure(self, client, &InstallSettings::default()).await
     }
+}
+
+/// The SQL that installs the function every TRUNCATE trigger calls.
+fn refuse_truncate_sql() -> String {
+    format!(
+        "CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS $magic_sync${REFUSE_TRUNCATE_BODY}$magic_sync$;\n",
+        qualified("sync", REFUSE_TRUNCATE)
+    )
 }
 
 const INSTALLED: &str = "
@@ -276,46 +291,91 @@ struct Expected<'a> {
     args: Vec<String>,
 }
 
-fn compare(found: Option<&Found>, expected: &Expected<'_>) -> Option<String> {
+/// How a trigger differs from what the engine writes, which decides what
+/// repairing it takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Missing, disabled, not `ENABLE ALWAYS`, calling another function or
+    /// firing on other events: writes may have gone unnoted meanwhile.
+    Silenced,
+    /// Present and firing as the engine's, with other arguments.
+    Changed,
+    /// Only its function's body differs (another version of the engine, or
+    /// of the declarations, wrote it): writes were noted, in that version's
+    /// way. Replacing the function takes no lock on the table.
+    Body,
+}
+
+/// One trigger not as the engine writes it.
+#[derive(Debug, Clone)]
+pub(crate) struct Finding {
+    /// The noted table it belongs to: an index into the list inspected.
+    pub table: usize,
+    /// Whether it is the row trigger that notes (else the TRUNCATE trigger).
+    pub notes: bool,
+    pub fault: Fault,
+    pub problem: TriggerProblem,
+}
+
+/// What is wrong with `found`, the trigger as installed, against what the
+/// engine writes. What changes how the trigger fires is named before a
+/// body that differs, so a [`Fault::Body`] means nothing else is wrong.
+fn compare(found: Option<&Found>, expected: &Expected<'_>) -> Option<(Fault, String)> {
     let Some(f) = found else {
-        return Some("is missing: install the triggers (Engine::install_triggers)".into());
+        return Some((
+            Fault::Silenced,
+            "is missing: install the triggers (magic_sync::trigger::ensure)".into(),
+        ));
     };
     if f.enabled == "D" {
-        return Some("is disabled: ENABLE ALWAYS it again".into());
-    }
-    if f.function != ("sync".to_string(), expected.function.clone()) {
-        return Some(format!(
-            "calls {}.{}() instead of sync.{}()",
-            f.function.0, f.function.1, expected.function
+        return Some((
+            Fault::Silenced,
+            "is disabled: ENABLE ALWAYS it again".into(),
         ));
     }
-    if f.source.trim() != expected.source.trim() {
-        return Some(format!(
-            "function sync.{}() differs from what the engine writes: reinstall the triggers",
-            expected.function
+    if f.function != ("sync".to_string(), expected.function.clone()) {
+        return Some((
+            Fault::Silenced,
+            format!(
+                "calls {}.{}() instead of sync.{}()",
+                f.function.0, f.function.1, expected.function
+            ),
         ));
     }
     if f.tgtype != expected.tgtype || f.has_when || f.columns > 0 {
-        return Some("fires on other events than the engine's: reinstall the triggers".into());
-    }
-    if f.args != expected.args {
-        return Some(format!(
-            "takes arguments {:?}, expected {:?}",
-            f.args, expected.args
+        return Some((
+            Fault::Silenced,
+            "fires on other events than the engine's: reinstall the triggers".into(),
         ));
     }
     if f.enabled != "A" {
-        return Some("is not ENABLE ALWAYS: writes under session_replication_role = replica would go unnoted".into());
+        return Some((Fault::Silenced, "is not ENABLE ALWAYS: writes under session_replication_role = replica would go unnoted".into()));
+    }
+    if f.args != expected.args {
+        return Some((
+            Fault::Changed,
+            format!("takes arguments {:?}, expected {:?}", f.args, expected.args),
+        ));
+    }
+    if f.source.trim() != expected.source.trim() {
+        return Some((
+            Fault::Body,
+            format!(
+                "function sync.{}() differs from what the engine writes: reinstall the triggers",
+                expected.function
+            ),
+        ));
     }
     None
 }
 
-/// Checks every trigger the engine needs: present, enabled, as it would write it.
-pub async fn verify(engine: &Engine, client: &Client, catalog: &Catalog) -> Result<()> {
-    let noted = noted(engine, catalog);
+/// Every trigger of `noted` (on each table and each of its partitions) that
+/// is not as the engine writes it. Reads the catalogue only: no lock on any
+/// table.
+pub(crate) async fn inspect(noted: &[Noted], client: &Client) -> Result<Vec<Finding>> {
     let mut schemas = Vec::new();
     let mut names = Vec::new();
-    for n in &noted {
+    for n in noted {
         for (s, r) in n.relations() {
             schemas.push(s.to_string());
             names.push(r.to_string());
@@ -343,8 +403,8 @@ pub async fn verify(engine: &Engine, client: &Client, catalog: &Catalog) -> Resu
             },
         );
     }
-    let mut problems = Vec::new();
-    for n in &noted {
+    let mut findings = Vec::new();
+    for (table, n) in noted.iter().enumerate() {
         let body = n.body();
         let note = Expected {
             tgtype: ROW | INSERT | DELETE | UPDATE,
@@ -361,16 +421,31 @@ pub async fn verify(engine: &Engine, client: &Client, catalog: &Catalog) -> Resu
         for (schema, rel) in n.relations() {
             for (name, expected) in [(NOTE_TRIGGER, &note), (TRUNCATE_TRIGGER, &truncate)] {
                 let key = (schema.to_string(), rel.to_string(), name.to_string());
-                if let Some(problem) = compare(found.get(&key), expected) {
-                    problems.push(TriggerProblem {
-                        relation: format!("{schema}.{rel}"),
-                        trigger: name.to_string(),
-                        problem,
+                if let Some((fault, problem)) = compare(found.get(&key), expected) {
+                    findings.push(Finding {
+                        table,
+                        notes: name == NOTE_TRIGGER,
+                        fault,
+                        problem: TriggerProblem {
+                            relation: format!("{schema}.{rel}"),
+                            trigger: name.to_string(),
+                            problem,
+                        },
                     });
                 }
             }
         }
     }
+    Ok(findings)
+}
+
+/// Checks every trigger the engine needs: present, enabled, as it would write it.
+pub async fn verify(engine: &Engine, client: &Client, catalog: &Catalog) -> Result<()> {
+    let problems: Vec<TriggerProblem> = inspect(&noted(engine, catalog), client)
+        .await?
+        .into_iter()
+        .map(|f| f.problem)
+        .collect();
     if problems.is_empty() {
         Ok(())
     } else {

@@ -114,6 +114,9 @@ pub struct Settings {
     pub outbox_bytes: i64,
     /// How often a pass measures the outboxes against their bound.
     pub outbox_check_every: Duration,
+    /// How the runner's sessions are set up and ended (see
+    /// [`crate::session`]).
+    pub session: crate::session::SessionSettings,
 }
 
 impl Default for Settings {
@@ -128,6 +131,7 @@ impl Default for Settings {
             outbox_messages: 50_000,
             outbox_bytes: 512 << 20,
             outbox_check_every: Duration::from_secs(10),
+            session: crate::session::SessionSettings::default(),
         }
     }
 }

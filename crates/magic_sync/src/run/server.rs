@@ -7,9 +7,10 @@ use super::Report;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::relay::{Relay, Replicas, Settings, Transport};
+use crate::session::Session;
 use std::future::Future;
 use std::time::Duration;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 /// Where what replicas say reaches the server.
 pub trait Reports: Send + Sync {
@@ -47,6 +48,12 @@ pub async fn heed(client: &Client, reports: Vec<(String, Report)>) -> Result<()>
 /// resolves. Waits for the lock while another relay holds it. A failed pass
 /// is retried after a backoff; nothing is lost meanwhile: notes stay pending
 /// and the outbox stays written.
+///
+/// When `stop` resolves, the statement in flight on either connection is
+/// cancelled, the relay's lock given back and both connections closed
+/// before this returns (within `settings.session.stop_timeout`), so a
+/// stopped host leaves nothing running on the server. A host that dies
+/// instead is covered by the sessions' own settings ([`crate::session`]).
 pub async fn server<H, T, R>(
     config: tokio_postgres::Config,
     engine: Engine,
@@ -64,30 +71,32 @@ where
     tokio::pin!(stop);
     let mut backoff = settings.backoff_min;
     loop {
-        let attempt = async {
-            let (mut client, relay) = connect(&config, &engine, &settings).await?;
-            relay_loop(
-                &mut client,
-                relay,
+        let mut sessions = Sessions::default();
+        let outcome = {
+            let attempt = relay_loop(
+                &mut sessions,
                 &config,
+                &engine,
+                &settings,
                 host,
                 transport,
                 reports,
                 &mut backoff,
-            )
-            .await
-        };
-        tokio::select! {
-            () = &mut stop => return Ok(()),
-            result = attempt => {
-                let e = match result {
-                    Ok(()) => continue,
-                    Err(e) => e,
-                };
-                if !e.is_transient() {
-                    eprintln!("magic_sync relay: {e}");
-                }
+            );
+            tokio::select! {
+                () = &mut stop => None,
+                result = attempt => Some(result),
             }
+        };
+        // Whatever ended the attempt, nothing of it goes on on the server.
+        sessions.close(settings.session.stop_timeout).await;
+        let e = match outcome {
+            None => return Ok(()),
+            Some(Ok(())) => continue,
+            Some(Err(e)) => e,
+        };
+        if !e.is_transient() {
+            eprintln!("magic_sync relay: {e}");
         }
         tokio::select! {
             () = &mut stop => return Ok(()),
@@ -97,22 +106,24 @@ where
     }
 }
 
-async fn connect(
-    config: &tokio_postgres::Config,
-    engine: &Engine,
-    settings: &Settings,
-) -> Result<(Client, Relay)> {
-    let client = session(config).await?;
-    let relay = Relay::new(&client, engine.clone(), settings.clone()).await?;
-    Ok((client, relay))
+/// The runner's two sessions, once open. They live outside the attempt that
+/// uses them, so that however the attempt ends (stopped, or failed on one
+/// connection while the other was mid-statement) they can be closed.
+#[derive(Default)]
+struct Sessions {
+    recorder: Option<Session>,
+    publisher: Option<Session>,
 }
 
-/// A connection in the relay's time zone.
-async fn session(config: &tokio_postgres::Config) -> Result<Client> {
-    let (client, connection) = config.connect(NoTls).await?;
-    tokio::spawn(connection);
-    client.batch_execute("SET TIME ZONE 'UTC'").await?;
-    Ok(client)
+impl Sessions {
+    async fn close(self, timeout: Duration) {
+        let close = |s: Option<Session>| async move {
+            if let Some(s) = s {
+                s.close(timeout).await;
+            }
+        };
+        tokio::join!(close(self.recorder), close(self.publisher));
+    }
 }
 
 /// Records on the connection holding the lock and publishes and heeds on a
@@ -122,24 +133,38 @@ async fn session(config: &tokio_postgres::Config) -> Result<Client> {
 /// replica applies a message once however often it comes, and
 /// acknowledgements go to `sync.acks`, which passes write only to forget a
 /// replica the host no longer lists.)
+#[allow(clippy::too_many_arguments)]
 async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
-    client: &mut Client,
-    mut relay: Relay,
+    sessions: &mut Sessions,
     config: &tokio_postgres::Config,
+    engine: &Engine,
+    settings: &Settings,
     host: &H,
     transport: &T,
     reports: &R,
     backoff: &mut Duration,
 ) -> Result<()> {
-    while !Relay::lock(client).await? {
-        tokio::time::sleep(relay.settings().idle.max(Duration::from_millis(100))).await;
+    let recorder = sessions
+        .recorder
+        .insert(Session::open(config, &settings.session, "record").await?);
+    let mut relay = Relay::new(recorder.client(), engine.clone(), settings.clone()).await?;
+    while !Relay::lock(recorder.client()).await? {
+        tokio::time::sleep(settings.idle.max(Duration::from_millis(100))).await;
     }
-    let publisher = session(config).await?;
-    let settings = relay.settings().clone();
+    let publisher = sessions
+        .publisher
+        .insert(Session::open(config, &settings.session, "publish").await?);
     let written = tokio::sync::Notify::new();
     tokio::try_join!(
-        record_forever(client, &mut relay, host, transport, backoff, &written),
-        publish_forever(&publisher, transport, reports, &settings, &written)
+        record_forever(
+            recorder.client_mut(),
+            &mut relay,
+            host,
+            transport,
+            backoff,
+            &written
+        ),
+        publish_forever(publisher.client(), transport, reports, settings, &written)
     )?;
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! in-process network, and replicas on real SQLite files. One binary, so the
 //! throwaway cluster starts once.
 
+mod deploy;
 mod fleet;
 #[path = "../foundation/shop.rs"]
 mod shop;

@@ -299,7 +299,7 @@ async fn a_till_provisioned_from_scratch_ends_equal_to_one_kept_up() {
     assert_eq!(everything(&mut fleet, "u1"), kept_up);
 }
 
-struct Host(Vec<ReplicaInfo>);
+pub struct Host(pub Vec<ReplicaInfo>);
 
 impl Replicas for Host {
     async fn replicas(&self) -> magic_sync::Result<Vec<ReplicaInfo>> {
@@ -360,7 +360,7 @@ async fn backend(client: &tokio_postgres::Client) -> i32 {
         .get(0)
 }
 
-async fn until<F, Fut>(what: &str, mut done: F)
+pub async fn until<F, Fut>(what: &str, mut done: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -382,7 +382,7 @@ fn product_name(path: &std::path::Path) -> Option<String> {
 
 /// The shop, with the fleet's own relay connection letting go of the lock
 /// for the runner, and a network for it.
-async fn for_the_runner() -> (Fleet, Network) {
+pub async fn for_the_runner() -> (Fleet, Network) {
     let fleet = Fleet::new(SHOP).await;
     fleet
         .client

@@ -5,6 +5,7 @@
 
 mod catalog;
 mod codecs;
+mod install;
 mod notes;
 mod schema;
 mod shop;
