@@ -239,6 +239,9 @@ async fn run(
     let stamps = write(db, table, plan.rate, plan.length).await;
     let to = Instant::now();
     let settled = settle(&client, plan.replicas as usize, plan.settle).await;
+    if settled.is_err() {
+        println!("  {}", support::longest_statement(&client).await);
+    }
     *measured.lock().unwrap() = "";
     let replicas: Vec<String> = (0..plan.replicas).map(unit).collect();
     Run {

@@ -381,6 +381,9 @@ async fn ladder(
             fleet.host.passes(load.from, load.to).describe(),
             describe_settle(&rung.settled, plan.settle, plan.replicas())
         );
+        if rung.settled.is_err() {
+            println!("    {}", support::longest_statement(client).await);
+        }
         let go_on = rung.sustained() && rung.settled.is_ok();
         rungs.push(rung);
         if !go_on {
@@ -521,6 +524,9 @@ async fn main() {
         describe_settle(&settled, plan.settle, plan.replicas()),
         support::show(fleet.host.passes(full.to, Instant::now()).running)
     );
+    if settled.is_err() {
+        println!("    {}", support::longest_statement(&client).await);
+    }
 
     println!();
     println!(

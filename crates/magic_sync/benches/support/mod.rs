@@ -303,6 +303,27 @@ pub fn describe_settle(
     }
 }
 
+const LONGEST_STATEMENT: &str = "
+SELECT extract(epoch FROM now() - query_start)::float8,
+       left(regexp_replace(query, '\\s+', ' ', 'g'), 200)
+FROM pg_stat_activity
+WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()
+ORDER BY query_start LIMIT 1";
+
+/// What a backlog that did not settle is waiting for: the statement that
+/// has run longest in the database, how long, and how it begins.
+pub async fn longest_statement(client: &tokio_postgres::Client) -> String {
+    match client.query_opt(LONGEST_STATEMENT, &[]).await {
+        Ok(Some(row)) => format!(
+            "longest statement running: {}: {}",
+            show(Duration::from_secs_f64(row.get::<_, f64>(0).max(0.0))),
+            row.get::<_, String>(1)
+        ),
+        Ok(None) => "no statement running".to_string(),
+        Err(e) => format!("pg_stat_activity: {e}"),
+    }
+}
+
 /// Commit-to-applied latencies, with what had not applied when measuring
 /// stopped counted as slower than everything that had.
 #[derive(Debug, Default)]
