@@ -32,7 +32,11 @@
 //!   slower than every row that was;
 //! - (d) the time to settle after a full load stops: no pending notes, no
 //!   message in `sync.outbox`, every replica's acknowledgement at its last
-//!   message.
+//!   message;
+//! - (e) an outage: the relay stopped while the full load runs, then
+//!   started again on the backlog it left: how many notes waited, how long
+//!   the first pass took (every pass plans every pending note, decision 39),
+//!   and how long until everything settled.
 //!
 //! Every phase has a time limit: a relay that stalls shows as "did not
 //! settle in N s", and the phases after it say what they found waiting.
@@ -473,7 +477,7 @@ async fn main() {
         .map(|b| ReplicaInfo::live(b.to_string(), None))
         .collect();
     let started = Instant::now();
-    let fleet = Fleet::start(&db, engine, replicas, watch_history(arrivals.clone())).await;
+    let mut fleet = Fleet::start(&db, engine, replicas, watch_history(arrivals.clone())).await;
     match settle(&client, plan.replicas(), plan.provision).await {
         Ok(took) => println!(
             "{} replicas provisioned in {:.1} s",
@@ -528,6 +532,9 @@ async fn main() {
         println!("    {}", support::longest_statement(&client).await);
     }
 
+    // (e) an outage at full load, and the relay back on its backlog.
+    let outage = outage(&plan, &db, &client, &mut fleet).await;
+
     println!();
     println!(
         "summary (scale {}, {} replicas, provisioned in {:.1} s):",
@@ -555,5 +562,34 @@ async fn main() {
         "  (d) after full load: {}",
         describe_settle(&settled, plan.settle, plan.replicas())
     );
+    println!("  (e) {outage}");
     fleet.stop().await;
+}
+
+/// (e): the relay stopped for a full-load run, then started again: the
+/// backlog it finds, its first pass over all of it, and the time to settle.
+async fn outage(plan: &Plan, db: &TestDb, client: &Client, fleet: &mut Fleet) -> String {
+    if settle(client, plan.replicas(), plan.settle).await.is_err() {
+        return "skipped: the backlog before it did not settle".into();
+    }
+    fleet.stop_relay().await;
+    let load = run_load(db, None, plan.full, None).await;
+    let backlog = Backlog::read(client).await;
+    let restarted = Instant::now();
+    fleet.start_relay();
+    let settled = settle(client, plan.replicas(), plan.settle).await;
+    // The runner asks for the replicas before every pass: the first pass is
+    // the time between its first two asks.
+    let first = fleet.host.first_pass(restarted);
+    let line = format!(
+        "after {} s of full load ({:.0} transactions/s) with the relay stopped: {} notes pending; \
+         the first pass took {}; {}",
+        plan.full.as_secs(),
+        load.tps,
+        backlog.notes,
+        first.map_or("-".into(), support::show),
+        describe_settle(&settled, plan.settle, plan.replicas())
+    );
+    println!("(e) {line}");
+    line
 }

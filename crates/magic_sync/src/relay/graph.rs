@@ -321,8 +321,10 @@ pub(crate) fn rule(table: &Table, alias: &str, r: &str) -> Option<String> {
                 .map(|(m, k)| format!("m.{} = {alias}.{}", ident(m), ident(k)))
                 .collect::<Vec<_>>()
                 .join(" AND ");
+            // Fenced: looked up per row through the members' and the
+            // grants' indexes, never turned into a join over the tables.
             format!(
-                "EXISTS (SELECT 1 FROM {} m JOIN {} g ON g.{grp} = m.{grp} WHERE {members} AND g.{}::text = {r}.r)",
+                "EXISTS (SELECT 1 FROM {} m JOIN {} g ON g.{grp} = m.{grp} WHERE {members} AND g.{}::text = {r}.r OFFSET 0)",
                 qualified(table.schema, g.members),
                 qualified(table.schema, g.grants),
                 ident(g.replica),

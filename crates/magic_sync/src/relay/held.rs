@@ -13,6 +13,7 @@
 //! made from its whole set.
 
 use super::graph::Graph;
+use super::plan::{HASH_ONLY, JOINS_AS_THEY_WERE};
 use crate::error::Result;
 use crate::sql::{int8_array, literal, text_array};
 use std::collections::{BTreeMap, HashMap};
@@ -24,9 +25,10 @@ use tokio_postgres::Client;
 /// pass (`last`); the parents of both have their counts moved. A statement
 /// over a planner table this pass left empty is left out.
 ///
-/// Every join with `sync.held` goes through its key, row by row from the
-/// planner's side, whatever PostgreSQL's statistics of either say: hash and
-/// merge joins are off for these statements, and as they were after.
+/// A snapshot's rows go in by hashing (`HASH_ONLY`). Every other join
+/// with `sync.held` goes through its key, row by row from the planner's
+/// side, whatever PostgreSQL's statistics of either say: hash and merge
+/// joins are off for those statements.
 pub(crate) fn closing(
     graph: &Graph,
     last: &HashMap<String, i64>,
@@ -58,11 +60,13 @@ pub(crate) fn closing(
             None => "LEFT JOIN (SELECT NULL::text AS r, 0 AS n) c ON false".into(),
         };
         sql.push_str(&format!(
-            "INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs, refs)
+            "{HASH_ONLY}
+             INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs, refs)
              SELECT f.r, f.t, f.k, coalesce(ch.last_seq, 0), m.number, f.round = 0, f.ptrs, coalesce(c.n, 0)
              FROM _ms_f f JOIN {messages} ON m.r = f.r
              LEFT JOIN _ms_changed ch ON ch.t = f.t AND ch.k = f.k
-             {refs};"
+             {refs};
+             {JOINS_AS_THEY_WERE}"
         ));
     }
     if !has("_ms_del") && !has("_ms_send") {

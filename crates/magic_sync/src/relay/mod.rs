@@ -428,20 +428,27 @@ impl Relay {
         max_message_bytes: usize,
         deletes: bool,
     ) -> Result<()> {
-        // The replicas and tables with both deletes and upserts this pass.
+        // The replicas and tables with both deletes and upserts this pass:
+        // each side on its own, then matched here (no join of the two for
+        // PostgreSQL to misjudge).
         let both: HashSet<(String, &'static str)> = if deletes {
-            tx.query(
-                "SELECT DISTINCT d.r, d.t FROM _ms_del d
-                 WHERE EXISTS (SELECT 1 FROM _ms_send s WHERE s.r = d.r AND s.t = d.t)",
-                &[],
-            )
-            .await?
-            .iter()
-            .map(|r| {
-                let t: String = r.get(1);
-                (r.get::<_, String>(0), self.graph.shape(&t).table.name)
-            })
-            .collect()
+            let pairs = |sql: &'static str| async move {
+                Ok::<_, Error>(
+                    tx.query(sql, &[])
+                        .await?
+                        .iter()
+                        .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+                        .collect::<HashSet<(String, String)>>(),
+                )
+            };
+            let (deleted, sent) = tokio::try_join!(
+                pairs("SELECT DISTINCT r, t FROM _ms_del"),
+                pairs("SELECT DISTINCT r, t FROM _ms_send")
+            )?;
+            deleted
+                .intersection(&sent)
+                .map(|(r, t)| (r.clone(), self.graph.shape(t).table.name))
+                .collect()
         } else {
             HashSet::new()
         };

@@ -36,7 +36,13 @@
 //! Every lookup into `sync.held` or a host table is by an index, row by row
 //! from the small side, and fenced (`OFFSET 0`) so that PostgreSQL's guesses
 //! about sizes (missing or stale statistics) can never turn it into a scan:
-//! a change costs the rows around it, whatever the tables hold.
+//! a change costs the rows around it, whatever the tables hold. The same
+//! goes for looking up a row in one of the planner's own tables from a
+//! statement that reads row by row. The few statements that join the
+//! planner's tables in bulk do so by hashing (`Planner::bulk`): a loop over
+//! a side PostgreSQL guessed at one row, scanning a hundred thousand rows
+//! of the other side once per row, is what made a pass over a large
+//! backlog run for minutes.
 
 use super::graph::{key_json, key_match, row_by_key, rule, Graph, Link, Shape};
 use crate::error::Result;
@@ -72,15 +78,13 @@ const TABLES: [(&str, &str); 10] = [
         "CREATE TEMP TABLE IF NOT EXISTS _ms_q (r text, t text, k jsonb, round int NOT NULL,
              ruled boolean NOT NULL, questioned boolean NOT NULL, present boolean NOT NULL,
              version bigint NOT NULL, hruled boolean NOT NULL, hptrs jsonb, cptrs jsonb,
-             refs int NOT NULL, PRIMARY KEY (r, t, k));
-         CREATE INDEX IF NOT EXISTS _ms_q_round ON _ms_q (t, round)",
+             refs int NOT NULL, PRIMARY KEY (r, t, k))",
     ),
     (
         "_ms_k",
         "CREATE TEMP TABLE IF NOT EXISTS _ms_k (r text, t text, k jsonb, round int NOT NULL,
              held boolean NOT NULL, questioned boolean NOT NULL, ruled boolean NOT NULL,
-             ptrs jsonb, hptrs jsonb, hruled boolean, version bigint, PRIMARY KEY (r, t, k));
-         CREATE INDEX IF NOT EXISTS _ms_k_round ON _ms_k (t, round)",
+             ptrs jsonb, hptrs jsonb, hruled boolean, version bigint, PRIMARY KEY (r, t, k))",
     ),
     (
         "_ms_send",
@@ -111,6 +115,14 @@ const K_COLUMNS: &str =
 const QUESTION_AGAIN: &str =
     "ON CONFLICT (r, t, k) DO UPDATE SET questioned = true, round = EXCLUDED.round
      WHERE NOT _ms_q.questioned AND NOT _ms_q.ruled";
+
+/// Joins by hashing only (see `Planner::bulk`).
+pub(crate) const HASH_ONLY: &str =
+    "SET LOCAL enable_nestloop = off; SET LOCAL enable_mergejoin = off;";
+
+/// Joins as the session had them.
+pub(crate) const JOINS_AS_THEY_WERE: &str =
+    "SET LOCAL enable_nestloop TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT;";
 
 /// A replica as the replica list (`_ms_r`) holds it: id, partition, and
 /// whether this pass provisions it from scratch.
@@ -296,6 +308,29 @@ fn held_by(t: &str, k: &str, r: &str) -> String {
     )
 }
 
+/// `LATERAL ... r`: the replica `r` (a row of `_ms_r`) of the expression,
+/// looked up by the list's key, per row.
+fn replica_of(r: &str) -> String {
+    format!("LATERAL (SELECT r.r, r.part, r.fresh FROM _ms_r r WHERE r.r = {r} OFFSET 0) r")
+}
+
+/// `EXISTS`: the row in question `t`, `k` of the replica `r` is there and
+/// matches `and`, looked up by `_ms_q`'s key, per row.
+fn in_question(r: &str, t: &str, k: &str, and: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM _ms_q q2 WHERE q2.r = {r} AND q2.t = {t} AND q2.k = {k}{and} OFFSET 0)"
+    )
+}
+
+/// `LATERAL ... q`: the row in question `t`, `k` of the replica `r`,
+/// questioned and not kept by its rule, looked up by `_ms_q`'s key, per row.
+fn questioned_row(r: &str, t: &str, k: &str) -> String {
+    format!(
+        "LATERAL (SELECT q.* FROM _ms_q q WHERE q.r = {r} AND q.t = {t} AND q.k = {k}
+                  AND q.questioned AND NOT q.ruled OFFSET 0) q"
+    )
+}
+
 impl Planner<'_, '_> {
     async fn run(&self, sql: &str) -> Result<u64> {
         let started = std::time::Instant::now();
@@ -330,19 +365,21 @@ impl Planner<'_, '_> {
         Ok(n)
     }
 
-    /// Runs a statement of a snapshot's plan, which works in bulk: joins
-    /// with `_ms_f` (a table without an index) are hashed, never a scan of
-    /// it per row of a side PostgreSQL guessed small. Lookups that must stay
-    /// per row are written as fenced lateral subqueries, which no setting
-    /// turns into joins.
+    /// Runs a statement that joins the planner's tables in bulk (a
+    /// snapshot's rounds, the difference, the counts of what points at a
+    /// row) with nested loops and merge joins off, so they are hashed on
+    /// their whole keys. Either of the others, on statistics a pass left
+    /// stale, can go quadratic: a loop scanning one side once per row of a
+    /// side PostgreSQL guessed at one row, or a merge on the table name
+    /// alone (sorted by an index that leads with it), comparing every row of
+    /// a table with every other (measured: minutes for a pass over a
+    /// 400,000-note backlog, 0.4 s hashed). Lookups that must stay per row
+    /// are written as fenced lateral subqueries, which no setting turns into
+    /// joins.
     async fn bulk(&self, sql: &str) -> Result<u64> {
-        self.tx
-            .batch_execute("SET LOCAL enable_nestloop = off")
-            .await?;
+        self.tx.batch_execute(HASH_ONLY).await?;
         let n = self.run(sql).await;
-        self.tx
-            .batch_execute("SET LOCAL enable_nestloop TO DEFAULT")
-            .await?;
+        self.tx.batch_execute(JOINS_AS_THEY_WERE).await?;
         n
     }
 
@@ -486,16 +523,18 @@ impl Planner<'_, '_> {
             };
             self.run(&format!(
                 "INSERT INTO _ms_grant (r, t, k)
-                 SELECT DISTINCT r.r, {t}, jsonb_build_array({members})
+                 SELECT DISTINCT r.r, {t}, m.k
                  FROM _ms_notes n
-                 JOIN _ms_r r ON NOT r.fresh AND r.r = n.k->>0
-                 JOIN {} m ON m.{} = (n.k->>1)::{}
-                 WHERE n.t = {}
+                 CROSS JOIN {replica}
+                 CROSS JOIN LATERAL (SELECT jsonb_build_array({members}) AS k FROM {rel} m
+                                     WHERE m.{group} = (n.k->>1)::{ty} OFFSET 0) m
+                 WHERE n.t = {grants} AND NOT r.fresh
                  ON CONFLICT DO NOTHING",
-                g.members,
-                crate::sql::ident(group_col),
-                g.group_type,
-                literal(g.grants_name)
+                replica = replica_of("n.k->>0"),
+                rel = g.members,
+                group = crate::sql::ident(group_col),
+                ty = g.group_type,
+                grants = literal(g.grants_name)
             ))
             .await?;
         }
@@ -597,11 +636,12 @@ impl Planner<'_, '_> {
              {current}
              CROSS JOIN LATERAL (SELECT h.replica, h.version, h.ruled, h.ptrs, h.refs FROM sync.held h
                                  WHERE h.table_name = c.t AND h.key = c.k OFFSET 0) h
-             JOIN _ms_r r ON r.r = h.replica AND NOT r.fresh
+             CROSS JOIN {replica}
              CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
-             WHERE c.t = {t}
+             WHERE c.t = {t} AND NOT r.fresh
              ON CONFLICT DO NOTHING",
             moved = self.moved(shape),
+            replica = replica_of("h.replica"),
             current = self.current(shape, "c.k"),
             ruled = Self::ruled(shape, "r"),
             t = literal(shape.table.name),
@@ -617,13 +657,14 @@ impl Planner<'_, '_> {
              SELECT c.r, c.t, c.k, 0, n.ruled, {moved}, cur.present,
                     h.version, h.ruled, h.ptrs, cur.ptrs, h.refs
              FROM _ms_grant c
-             JOIN _ms_r r ON r.r = c.r AND NOT r.fresh
+             CROSS JOIN {replica}
              CROSS JOIN {held}
              {current}
              CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
-             WHERE c.t = {t}
+             WHERE c.t = {t} AND NOT r.fresh
              ON CONFLICT DO NOTHING",
             moved = self.moved(shape),
+            replica = replica_of("c.r"),
             held = held_by("c.t", "c.k", "c.r"),
             current = self.current(shape, "c.k"),
             ruled = Self::ruled(shape, "r"),
@@ -646,7 +687,7 @@ impl Planner<'_, '_> {
                    WHERE q.t = {c} AND q.round = {round} AND q.hptrs ? {name}
                      AND ((q.questioned AND NOT q.ruled)
                           OR q.hptrs -> {name} IS DISTINCT FROM q.cptrs -> {name})) d
-             JOIN _ms_r r ON r.r = d.r
+             CROSS JOIN {replica}
              CROSS JOIN {held}
              {current}
              CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
@@ -654,6 +695,7 @@ impl Planner<'_, '_> {
             p = literal(link.parent.name),
             c = literal(link.child.name),
             next = round + 1,
+            replica = replica_of("d.r"),
             held = held_by(&literal(link.parent.name), "d.k", "d.r"),
             current = self.current(parent, "d.k"),
             ruled = Self::ruled(parent, "r"),
@@ -771,9 +813,9 @@ impl Planner<'_, '_> {
         };
         let t = literal(shape.table.name);
         let replicas = if from == "_ms_grant" {
-            "JOIN _ms_r r ON r.r = c.r AND NOT r.fresh"
+            format!("CROSS JOIN {}", replica_of("c.r"))
         } else {
-            "JOIN _ms_r r ON NOT r.fresh"
+            "CROSS JOIN _ms_r r".to_string()
         };
         self.run(&format!(
             "INSERT INTO {K_COLUMNS}
@@ -781,9 +823,10 @@ impl Planner<'_, '_> {
              FROM {from} c
              CROSS JOIN {row}
              {replicas}
-             WHERE c.t = {t} AND {cond}
-               AND NOT EXISTS (SELECT 1 FROM _ms_q q WHERE q.r = r.r AND q.t = {t} AND q.k = c.k)
+             WHERE c.t = {t} AND NOT r.fresh AND {cond}
+               AND NOT {held}
              ON CONFLICT DO NOTHING",
+            held = in_question("r.r", &t, "c.k", ""),
             ptrs = self.graph.pointers("a", shape.table.name),
             row = row_by_key("a", shape, "c.k"),
         ))
@@ -799,7 +842,7 @@ impl Planner<'_, '_> {
         let Some(links) = self.graph.tracked_values() else {
             return Ok(0);
         };
-        self.run(&format!(
+        self.bulk(&format!(
             "INSERT INTO {K_COLUMNS}
              SELECT q.r, q.t, q.k, 0, true, true, q.ruled, q.cptrs, q.hptrs, q.hruled, q.version
              FROM _ms_q q
@@ -834,12 +877,16 @@ impl Planner<'_, '_> {
              FROM _ms_q q
              WHERE q.t = {c} AND q.questioned AND NOT q.ruled AND q.present AND q.cptrs ? {name}
                AND {held}
-               AND NOT EXISTS (SELECT 1 FROM _ms_q q2
-                               WHERE q2.r = q.r AND q2.t = {p} AND q2.k = q.cptrs -> {name}
-                                 AND q2.questioned AND NOT q2.ruled)
+               AND NOT {questioned}
              ON CONFLICT DO NOTHING",
             c = literal(link.child.name),
             held = is_held(&p, &format!("q.cptrs -> {name}"), "q.r"),
+            questioned = in_question(
+                "q.r",
+                &p,
+                &format!("q.cptrs -> {name}"),
+                " AND q2.questioned AND NOT q2.ruled"
+            ),
         ))
         .await
     }
@@ -858,13 +905,14 @@ impl Planner<'_, '_> {
              CROSS JOIN {row}
              CROSS JOIN LATERAL (SELECT h.replica FROM sync.held h
                                  WHERE h.table_name = {p} AND h.key = {ptr} OFFSET 0) h
-             JOIN _ms_r r ON r.r = h.replica AND NOT r.fresh
-             WHERE c.t = {c}
-               AND NOT EXISTS (SELECT 1 FROM _ms_q q WHERE q.r = h.replica AND q.t = {c} AND q.k = c.k)
-               AND NOT EXISTS (SELECT 1 FROM _ms_q q2
-                               WHERE q2.r = h.replica AND q2.t = {p} AND q2.k = {ptr}
-                                 AND q2.questioned AND NOT q2.ruled)
+             CROSS JOIN {replica}
+             WHERE c.t = {c} AND NOT r.fresh
+               AND NOT {held}
+               AND NOT {questioned}
              ON CONFLICT DO NOTHING",
+            replica = replica_of("h.replica"),
+            held = in_question("h.replica", &c, "c.k", ""),
+            questioned = in_question("h.replica", &p, &ptr, " AND q2.questioned AND NOT q2.ruled"),
             ptrs = self.graph.pointers("a", link.child.name),
             row = row_by_key("a", child, "c.k"),
         ))
@@ -893,10 +941,11 @@ impl Planner<'_, '_> {
                 "INSERT INTO {K_COLUMNS}
                  SELECT d.r, {p}, d.k, {next}, false, false, {ruled}, {ptrs}, NULL, NULL, NULL
                  FROM {pointed}
-                 JOIN _ms_r r ON r.r = d.r
+                 CROSS JOIN {replica}
                  CROSS JOIN {row}
                  WHERE NOT {held}
                  ON CONFLICT DO NOTHING",
+                replica = replica_of("d.r"),
                 ruled = Self::ruled(parent, "r"),
                 ptrs = self.graph.pointers("x", link.parent.name),
                 row = row_by_key("x", parent, "d.k"),
@@ -909,9 +958,9 @@ impl Planner<'_, '_> {
                     "INSERT INTO {K_COLUMNS}
                      SELECT q.r, q.t, q.k, {next}, true, true, q.ruled, q.cptrs, q.hptrs, q.hruled, q.version
                      FROM {pointed}
-                     JOIN _ms_q q ON q.r = d.r AND q.t = {p} AND q.k = d.k
-                     WHERE q.questioned AND NOT q.ruled
-                     ON CONFLICT DO NOTHING"
+                     CROSS JOIN {q}
+                     ON CONFLICT DO NOTHING",
+                    q = questioned_row("d.r", &p, "d.k"),
                 ))
                 .await?;
         }
@@ -960,10 +1009,10 @@ impl Planner<'_, '_> {
                      SELECT q.r, q.t, q.k, {next}, true, true, q.ruled, q.cptrs, q.hptrs, q.hruled, q.version
                      FROM _ms_k n
                      {followers}
-                     JOIN _ms_q q ON q.r = n.r AND q.t = {c} AND q.k = a.k
+                     CROSS JOIN {q}
                      WHERE n.t = {p} AND n.round = {round} AND n.questioned
-                       AND q.questioned AND NOT q.ruled
-                     ON CONFLICT DO NOTHING"
+                     ON CONFLICT DO NOTHING",
+                    q = questioned_row("n.r", &c, "a.k"),
                 ))
                 .await?;
         }
@@ -980,7 +1029,7 @@ impl Planner<'_, '_> {
         let mut sends = 0;
         if self.has("_ms_k") {
             sends += self
-                .run(
+                .bulk(
                     "INSERT INTO _ms_send (r, t, k, version, held, ruled, ptrs, hptrs)
                      SELECT k.r, k.t, k.k, greatest(coalesce(k.version, 0), coalesce(ch.last_seq, 0)),
                             k.held, k.ruled, k.ptrs, k.hptrs
@@ -994,7 +1043,7 @@ impl Planner<'_, '_> {
         let mut deletes = 0;
         if self.has("_ms_q") {
             sends += self
-                .run(
+                .bulk(
                     "INSERT INTO _ms_send (r, t, k, version, held, ruled, ptrs, hptrs)
                      SELECT q.r, q.t, q.k, greatest(q.version, coalesce(ch.last_seq, 0)),
                             true, q.ruled, q.cptrs, q.hptrs
@@ -1006,7 +1055,7 @@ impl Planner<'_, '_> {
                 )
                 .await?;
             deletes = self
-                .run(
+                .bulk(
                     "INSERT INTO _ms_del (r, t, k, hptrs)
                      SELECT q.r, q.t, q.k, q.hptrs FROM _ms_q q
                      WHERE q.questioned AND NOT q.ruled
@@ -1110,9 +1159,7 @@ impl Planner<'_, '_> {
         let parent = self.graph.shape(link.parent.name);
         let p = literal(link.parent.name);
         let name = literal(&link.name);
-        // Each parent is read by its key; what is there already is hashed
-        // (never scanned once per row, whatever PostgreSQL guesses of the
-        // round's size).
+        // Each parent is read by its key; what is there already is hashed.
         self.bulk(&format!(
             "INSERT INTO _ms_f (r, t, k, round, ptrs)
              SELECT x.r, {p}, x.ptr, {next}, a.ptrs
