@@ -386,6 +386,30 @@ async fn floor(db: &magic_sync_testdb::TestDb) -> Floor {
     }
 }
 
+/// What the replica's record takes in `sync.held`: rows, bytes per row of
+/// the table and of its indexes, and of the pointers each row records.
+async fn held_size(db: &magic_sync_testdb::TestDb) {
+    let client = db.connect().await;
+    client.batch_execute("VACUUM sync.held").await.unwrap();
+    let row = client
+        .query_one(
+            "SELECT count(*), pg_table_size('sync.held'), pg_indexes_size('sync.held'),
+                    coalesce(avg(pg_column_size(ptrs)), 0)::float8
+             FROM sync.held",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (rows, table, indexes, ptrs): (i64, i64, i64, f64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    let per = |bytes: i64| bytes as f64 / rows.max(1) as f64;
+    println!(
+        "sync.held: {rows} rows, {:.0} bytes a row in the table and {:.0} in its indexes; pointers {ptrs:.0} bytes a row",
+        per(table),
+        per(indexes)
+    );
+}
+
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
@@ -427,6 +451,7 @@ async fn main() {
         secs(engine_total) / secs(copy)
     );
 
+    held_size(&db).await;
     let f = floor(&db).await;
     let ratio = |d: Duration| secs(copy + d) / secs(copy);
     println!(
