@@ -119,6 +119,17 @@ pub enum Error {
         /// The message number it named.
         number: u64,
     },
+    /// The transport did not take a message (it waits, or its snapshot is
+    /// begun again).
+    #[error("sending message {number} to replica `{replica}`: {reason}")]
+    Send {
+        /// The replica.
+        replica: String,
+        /// The message's number.
+        number: u64,
+        /// What the transport said.
+        reason: String,
+    },
     /// The engine was given something it does not know.
     #[error("{0}")]
     Invalid(String),
@@ -189,6 +200,8 @@ impl Error {
                 Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
             ),
             Error::Purge { source, .. } => source.is_transient(),
+            // The transport is the infrastructure.
+            Error::Send { .. } => true,
             #[cfg(feature = "postgres")]
             Error::InstallGaveWay { .. } => true,
             _ => false,

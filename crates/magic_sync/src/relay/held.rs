@@ -124,6 +124,38 @@ pub(crate) fn closing(
     sql
 }
 
+/// The statements that close a pass's notes: every note it planned is
+/// done; for each replica whose snapshot streams (`streaming`), the rows
+/// they changed are kept, at the newest note and its transaction
+/// (`sync.deferred`), since the snapshot may not see them; the changes kept
+/// for replicas this pass planned are done too. A statement over a planner
+/// table this pass left empty is left out.
+pub(crate) fn kept_and_done(streaming: &[String], filled: &BTreeMap<String, u64>) -> String {
+    let has = |table: &str| filled.contains_key(table);
+    let mut sql = String::new();
+    if has("_ms_notes") {
+        if !streaming.is_empty() {
+            sql.push_str(&format!(
+                "INSERT INTO sync.deferred (replica, table_name, key, seq, xid)
+                 SELECT DISTINCT ON (s.id, n.t, n.k) s.id, n.t, n.k, n.seq, n.xid
+                 FROM _ms_notes n CROSS JOIN unnest({}) AS s (id)
+                 ORDER BY s.id, n.t, n.k, n.seq DESC
+                 ON CONFLICT (replica, table_name, key) DO UPDATE
+                 SET seq = EXCLUDED.seq, xid = EXCLUDED.xid
+                 WHERE sync.deferred.seq < EXCLUDED.seq;",
+                text_array(streaming.iter().map(String::as_str))
+            ));
+        }
+        sql.push_str("DELETE FROM sync.notes WHERE ctid = ANY (ARRAY (SELECT at FROM _ms_notes));");
+    }
+    if has("_ms_deferred") {
+        sql.push_str(
+            "DELETE FROM sync.deferred WHERE ctid = ANY (ARRAY (SELECT at FROM _ms_deferred));",
+        );
+    }
+    sql
+}
+
 /// Checks the record against itself and the database: every row a live
 /// replica is recorded holding exists, is recorded as its rule sends it or
 /// not, as pointing at what it points at now, and with as many rows of the

@@ -1,40 +1,49 @@
 //! The relay: the server side of the down path.
 //!
-//! A pass has two steps, and the runner ([`crate::run::server`]) repeats them:
+//! A pass ([`Relay::record`]) reads like the reference, a module a step:
 //!
-//! - [`Relay::record`], in one REPEATABLE READ transaction on the connection
-//!   that holds the relay's lock: observe the replicas, read every pending
-//!   note, plan (`plan`), load and encode each row sent once, pack each
-//!   replica's rows into messages (`pack`), number, chain and seal them,
-//!   and write the outbox, what each replica now holds, and the notes done.
-//! - [`Relay::publish`], with no transaction open: each replica's outbox, in
-//!   order, through the host's [`Transport`]; a message leaves the outbox
-//!   once the transport took it.
+//! - `observe`: what became of the replicas the host lists;
+//! - `plan`: how each kept-up replica's wanted set moved, for every pending
+//!   note and every change kept for it while its snapshot streamed;
+//! - `load`: every row sent read once, encoded once, packed per replica;
+//! - record: the messages numbered, chained and sealed into the outbox
+//!   (`outbox`), what each replica now holds (`held`), the notes done, in
+//!   the one `REPEATABLE READ` transaction the pass planned in;
+//! - [`publish`]: each replica's outbox, in order, through the host's
+//!   [`Transport`], beside the passes, on a connection of its own.
 //!
-//! What replicas say back comes in through [`Relay::acknowledge`] and
-//! [`Relay::gap`], with the replica named by whoever authenticated it.
+//! A replica provisioned from scratch is not a pass's: its snapshot
+//! (`snapshot`) streams on a connection of its own, begun between passes
+//! ([`Relay::begin_snapshot`]), while the passes go on for every other.
+//! What replicas say back comes in through [`acknowledge_all`] and [`gap`],
+//! with the replica named by whoever authenticated it.
 
 mod graph;
 mod held;
+mod load;
+mod observe;
 mod outbox;
 mod pack;
 mod plan;
+mod publish;
+mod replies;
+mod snapshot;
 
 pub use plan::Planned;
+pub use publish::publish;
+pub use replies::{acknowledge_all, gap};
+pub use snapshot::{Failed, Snapshot, Streamed};
 
 use crate::catalog::Catalog;
 use crate::engine::Engine;
-use crate::envelope::{Ack, Gap, RowData};
 use crate::error::{Error, Result};
 use crate::row::{Rule, Table};
-use crate::sql::{literal, qualified};
-use crate::value::{canonical_key, Kind, Value};
-use graph::{key_match, Graph};
-use pack::Packer;
-use std::collections::{HashMap, HashSet};
+use crate::sql::qualified;
+use graph::Graph;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
-use tokio_postgres::{Client, IsolationLevel, Transaction};
+use tokio_postgres::{Client, IsolationLevel};
 
 /// The advisory lock one relay per database holds while it relays (an
 /// arbitrary constant: "magic_sync relay").
@@ -117,6 +126,9 @@ pub struct Settings {
     /// How the runner's sessions are set up and ended (see
     /// [`crate::session`]).
     pub session: crate::session::SessionSettings,
+    /// Snapshots the runner streams at once, each on a connection of its
+    /// own.
+    pub snapshots: usize,
 }
 
 impl Default for Settings {
@@ -132,6 +144,7 @@ impl Default for Settings {
             outbox_bytes: 512 << 20,
             outbox_check_every: Duration::from_secs(10),
             session: crate::session::SessionSettings::default(),
+            snapshots: 2,
         }
     }
 }
@@ -141,18 +154,22 @@ impl Default for Settings {
 pub struct Recorded {
     /// The plan.
     pub planned: Planned,
-    /// Replicas provisioned from scratch.
-    pub provisioned: Vec<String>,
+    /// Replicas waiting for a snapshot after the pass
+    /// ([`Relay::begin_snapshot`]).
+    pub waiting: Vec<String>,
+    /// Replicas whose snapshot streams: the pass kept for them what it
+    /// planned.
+    pub streaming: Vec<String>,
     /// Replicas forgotten (no longer live, or gone).
     pub forgotten: Vec<String>,
-    /// Replicas whose outbox outgrew its bound: dropped, and provisioned
-    /// again (they are among `provisioned` too).
+    /// Replicas whose outbox outgrew its bound: dropped, and waiting for a
+    /// snapshot (they are among `waiting` too).
     pub dropped: Vec<String>,
     /// Messages written to the outbox.
     pub messages: u64,
 }
 
-/// What one [`Relay::publish`] did.
+/// What one [`publish`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Published {
     /// Messages the transport took.
@@ -177,11 +194,13 @@ pub enum Acknowledged {
 /// The server side of the down path over one database.
 #[derive(Debug)]
 pub struct Relay {
-    engine: Engine,
-    graph: Graph,
-    groups: Vec<GroupShape>,
-    settings: Settings,
+    /// What snapshots share with the passes.
+    context: Arc<snapshot::Context>,
+    groups: Vec<plan::Group>,
     prepared: bool,
+    /// Whether a pass ran yet: the first one ends the snapshots a relay
+    /// before this one left under way.
+    started: bool,
     /// What the planner's tables hold between passes.
     leftovers: plan::Leftovers,
     /// The outbox's statements, prepared on the relay's connection.
@@ -190,19 +209,9 @@ pub struct Relay {
     outbox_checked: Option<std::time::Instant>,
 }
 
-#[derive(Debug, Clone)]
-struct GroupShape {
-    table: &'static Table,
-    members: String,
-    members_name: &'static str,
-    grants_name: &'static str,
-    group_type: String,
-    member_columns: &'static [&'static str],
-}
-
 impl Relay {
     /// A relay for `engine` over the database `client` is connected to.
-    /// Runs the start-up checks: schema, declarations, triggers.
+    /// Runs the start-up checks: schema, declarations, indexes, triggers.
     pub async fn new(client: &Client, engine: Engine, settings: Settings) -> Result<Relay> {
         let catalog = crate::check::startup(&engine, client).await?;
         Self::with_catalog(&catalog, engine, settings)
@@ -224,7 +233,7 @@ impl Relay {
                             t.name, g.members, g.group
                         ))
                     })?;
-                groups.push(GroupShape {
+                groups.push(plan::Group {
                     table: t,
                     members: qualified(t.schema, g.members),
                     members_name: g.members,
@@ -235,11 +244,14 @@ impl Relay {
             }
         }
         Ok(Relay {
-            engine,
-            graph,
+            context: Arc::new(snapshot::Context {
+                engine,
+                graph,
+                settings,
+            }),
             groups,
-            settings,
             prepared: false,
+            started: false,
             leftovers: plan::Leftovers::default(),
             statements: None,
             outbox_checked: None,
@@ -248,12 +260,12 @@ impl Relay {
 
     /// The engine.
     pub fn engine(&self) -> &Engine {
-        &self.engine
+        &self.context.engine
     }
 
     /// The settings.
     pub fn settings(&self) -> &Settings {
-        &self.settings
+        &self.context.settings
     }
 
     /// Takes the relay's lock on this connection's session, if no other
@@ -266,15 +278,19 @@ impl Relay {
             .get(0))
     }
 
-    /// One record step: observes `replicas`, plans every pending note, and
-    /// writes the outbox, what each replica now holds and the notes done, in
-    /// one transaction. `max_message_bytes` is the transport's limit.
+    /// One pass: observes `replicas`, plans every pending note (and every
+    /// change kept for a replica while its snapshot streamed) for the
+    /// replicas kept up, and writes the outbox, what each replica now holds
+    /// and the notes done, in one transaction. Replicas that need a
+    /// snapshot are left waiting for one ([`Recorded::waiting`]).
+    /// `max_message_bytes` is the transport's limit.
     pub async fn record(
         &mut self,
         client: &mut Client,
         replicas: &[ReplicaInfo],
         max_message_bytes: usize,
     ) -> Result<Recorded> {
+        let context = self.context.clone();
         let tx = client
             .build_transaction()
             .isolation_level(IsolationLevel::RepeatableRead)
@@ -307,67 +323,61 @@ impl Relay {
                 "the relay records only on the connection that holds its lock (Relay::lock)".into(),
             ));
         }
+        if !self.started {
+            // Snapshots a relay before this one left under way have no
+            // worker any more: their replicas wait for another.
+            tx.batch_execute(
+                "UPDATE sync.replicas SET provision = true, snapshot_attempt = NULL,
+                     snapshot_began_at = NULL
+                 WHERE snapshot_attempt IS NOT NULL",
+            )
+            .await?;
+        }
         trace("clear", t0);
         let t0 = std::time::Instant::now();
         let due = match self.outbox_checked {
             None => true,
-            Some(at) => at.elapsed() >= self.settings.outbox_check_every,
+            Some(at) => at.elapsed() >= context.settings.outbox_check_every,
         };
         let dropped = if due {
-            let dropped = outbox::bound(&tx, &self.settings).await?;
+            let dropped = outbox::bound(&tx, &context.settings).await?;
             self.outbox_checked = Some(std::time::Instant::now());
             dropped
         } else {
             Vec::new()
         };
-        let observed = observe(&tx, replicas).await?;
+        let observed = observe::observe(&tx, replicas).await?;
         trace("observe", t0);
-        let mut recorded = Recorded {
-            forgotten: observed.forgotten,
-            dropped,
-            ..Recorded::default()
-        };
         let listed: Vec<plan::Listed> = observed
-            .live
+            .kept
             .iter()
-            .map(|o| (o.id.clone(), o.partition.clone(), o.fresh))
+            .map(|o| (o.id.clone(), o.partition.clone(), false))
             .collect();
         self.leftovers.list(&tx, listed).await?;
         let planner = plan::Planner {
             tx: &tx,
-            graph: &self.graph,
-            groups: self
-                .groups
-                .iter()
-                .map(|g| plan::Group {
-                    table: g.table,
-                    members: g.members.clone(),
-                    members_name: g.members_name,
-                    grants_name: g.grants_name,
-                    group_type: g.group_type.clone(),
-                    member_columns: g.member_columns,
-                })
-                .collect(),
+            graph: &context.graph,
+            groups: self.groups.clone(),
             filled: Default::default(),
             analysed: Default::default(),
         };
-        let any_fresh = observed.live.iter().any(|o| o.fresh);
         let t0 = std::time::Instant::now();
-        recorded.planned = planner.plan(any_fresh).await?;
+        let planned = planner.plan().await?;
         let filled = planner.filled();
         let analysed = planner.analysed();
         trace("plan", t0);
-        recorded.provisioned = observed
-            .live
-            .iter()
-            .filter(|o| o.fresh)
-            .map(|o| o.id.clone())
-            .collect();
+        let mut recorded = Recorded {
+            planned,
+            waiting: observed.waiting.clone(),
+            streaming: observed.streaming.clone(),
+            forgotten: observed.forgotten.clone(),
+            dropped,
+            messages: 0,
+        };
         let mut closing = String::new();
-        let nothing = recorded.planned.sends == 0 && recorded.planned.deletes == 0;
-        if !nothing || any_fresh {
+        if planned.sends > 0 || planned.deletes > 0 {
             let chains = observed
-                .live
+                .kept
                 .iter()
                 .map(|o| (o.id.clone(), o.chain()))
                 .collect();
@@ -377,9 +387,17 @@ impl Relay {
                 .expect("prepared with the planner's tables");
             let mut writer = outbox::Writer::new(statements, &epoch, chains);
             let t0 = std::time::Instant::now();
-            let deletes = recorded.planned.deletes > 0;
-            self.load(&tx, &mut writer, &observed.live, max_message_bytes, deletes)
-                .await?;
+            let loader = load::Loader {
+                graph: &context.graph,
+                engine: &context.engine,
+                settings: &context.settings,
+                max_message_bytes,
+            };
+            let kept: Vec<String> = observed.kept.iter().map(|o| o.id.clone()).collect();
+            let source = load::Source::Difference {
+                deletes: planned.deletes > 0,
+            };
+            loader.load(&tx, source, &kept, &mut writer).await?;
             trace("load", t0);
             if tracing() {
                 for (step, ms) in SUMS.lock().unwrap().drain(..) {
@@ -389,13 +407,9 @@ impl Relay {
             recorded.messages = writer.written();
             let (last, chains) = writer.finish();
             closing.push_str(&chains);
-            closing.push_str(&held::closing(&self.graph, &last, &filled));
+            closing.push_str(&held::closing(&context.graph, &last, &filled));
         }
-        if recorded.planned.notes > 0 {
-            closing.push_str(
-                "DELETE FROM sync.notes WHERE ctid = ANY (ARRAY (SELECT at FROM _ms_notes));",
-            );
-        }
+        closing.push_str(&held::kept_and_done(&observed.streaming, &filled));
         // Where the chains stand, what each replica now holds, the notes
         // done: one round trip. Bodies no message carries any more go with
         // them, here and not where messages are published: publishing runs
@@ -414,269 +428,34 @@ impl Relay {
         tx.commit().await?;
         trace("commit", t0);
         self.prepared = true;
+        self.started = true;
         self.leftovers.left(filled, analysed);
         Ok(recorded)
     }
 
-    /// Reads every row sent, once, a chunk at a time; packs each replica's
-    /// rows and deletes into messages; writes them as they fill.
-    async fn load(
-        &self,
-        tx: &Transaction<'_>,
-        writer: &mut outbox::Writer<'_>,
-        live: &[Observed],
-        max_message_bytes: usize,
-        deletes: bool,
-    ) -> Result<()> {
-        // The replicas and tables with both deletes and upserts this pass:
-        // each side on its own, then matched here (no join of the two for
-        // PostgreSQL to misjudge).
-        let both: HashSet<(String, &'static str)> = if deletes {
-            let pairs = |sql: &'static str| async move {
-                Ok::<_, Error>(
-                    tx.query(sql, &[])
-                        .await?
-                        .iter()
-                        .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
-                        .collect::<HashSet<(String, String)>>(),
-                )
-            };
-            let (deleted, sent) = tokio::try_join!(
-                pairs("SELECT DISTINCT r, t FROM _ms_del"),
-                pairs("SELECT DISTINCT r, t FROM _ms_send")
-            )?;
-            deleted
-                .intersection(&sent)
-                .map(|(r, t)| (r.clone(), self.graph.shape(t).table.name))
-                .collect()
-        } else {
-            HashSet::new()
-        };
-        let self_referencing = self
-            .graph
-            .shapes
-            .iter()
-            .filter(|s| s.self_referencing)
-            .map(|s| s.table.name)
-            .collect();
-        // Room for the head (ids, numbers, nonces) and the seal around a body.
-        let limit = max_message_bytes.saturating_sub(256).max(1024);
-        let mut packer = Packer::new(limit, both, self_referencing);
-        for shape in &self.graph.shapes {
-            self.load_upserts(tx, shape, &mut packer, writer, limit, live)
-                .await?;
-            packer.upserts_done(shape.table.name);
-        }
-        for shape in self.graph.shapes.iter().rev() {
-            if deletes {
-                self.load_deletes(tx, shape.table, &mut packer, writer)
-                    .await?;
-            }
-            packer.deletes_done(shape.table.name);
-        }
-        packer.end_all();
-        let tables: Vec<String> = self
-            .graph
-            .shapes
-            .iter()
-            .map(|s| s.table.name.to_string())
-            .collect();
-        for o in live.iter().filter(|o| o.fresh) {
-            packer.end_snapshot(&o.id, tables.clone());
-        }
-        writer.write(tx, packer.take()).await
+    /// The replicas waiting for a snapshot, oldest first.
+    pub async fn waiting(&self, client: &Client) -> Result<Vec<String>> {
+        snapshot::waiting(client).await
     }
 
-    async fn load_upserts(
+    /// Begins the snapshot of `replica`, which waits for one: on `client`,
+    /// the connection holding the relay's lock, between passes. From then
+    /// on every pass keeps for the replica what it plans, until the
+    /// snapshot is recorded. `None` when the replica no longer waits. The
+    /// snapshot streams on a connection of its own ([`Snapshot::stream`]).
+    pub async fn begin_snapshot(
         &self,
-        tx: &Transaction<'_>,
-        shape: &graph::Shape,
-        packer: &mut Packer,
-        writer: &mut outbox::Writer<'_>,
-        limit: usize,
-        live: &[Observed],
-    ) -> Result<()> {
-        let table = shape.table;
-        // Rows to send to replicas kept up, and the snapshots' rows.
-        let t = literal(table.name);
-        let snapshots = live.iter().any(|o| o.fresh);
-        let rows = if snapshots {
-            format!(
-                "SELECT r, k FROM _ms_send WHERE t = {t} UNION ALL SELECT r, k FROM _ms_f WHERE t = {t}"
-            )
-        } else {
-            format!("SELECT r, k FROM _ms_send WHERE t = {t}")
-        };
-        // Each row once, with every replica it goes to; with one replica
-        // planned there is nothing to gather.
-        let sent = if live.len() == 1 {
-            format!("SELECT k, ARRAY[r] AS rs FROM ({rows}) u")
-        } else {
-            format!("SELECT k, array_agg(r) AS rs FROM ({rows}) u GROUP BY k")
-        };
-        let cols = crate::pg::select_list("a", table);
-        let sql = if snapshots {
-            // A snapshot reads much of the table: joined in bulk.
-            format!(
-                "SELECT s.rs, {cols} FROM ({sent}) s JOIN {rel} a ON {m}",
-                rel = shape.relation,
-                m = key_match("a", shape, "s.k"),
-            )
-        } else {
-            // A steady pass reads the rows it sends, each by its key, and
-            // nothing else of the table, whatever PostgreSQL guesses of
-            // their number.
-            format!(
-                "SELECT s.rs, a.* FROM ({sent}) s
-                 CROSS JOIN LATERAL (SELECT {cols} FROM {rel} a WHERE {m} OFFSET 0) a",
-                rel = shape.relation,
-                m = key_match("a", shape, "s.k"),
-            )
-        };
-        let portal = tx.bind(sql.as_str(), &[]).await?;
-        let chunk = self.settings.chunk_rows.max(1);
-        let mut rows = tx.query_portal(&portal, chunk).await?;
-        loop {
-            if rows.is_empty() {
-                return Ok(());
-            }
-            // A full chunk may have more behind it: the next one is asked for
-            // before this one is encoded, so PostgreSQL reads while the
-            // relay encodes. A short chunk is the last.
-            let next = if rows.len() == chunk as usize {
-                let t_fetch = std::time::Instant::now();
-                let (next, packed) = tokio::join!(tx.query_portal(&portal, chunk), async {
-                    self.pack_rows(table, &rows, packer, limit)
-                });
-                trace_sum("fetch+encode", t_fetch);
-                packed?;
-                next?
-            } else {
-                self.pack_rows(table, &rows, packer, limit)?;
-                Vec::new()
-            };
-            if packer.pending_bytes() >= self.settings.flush_bytes {
-                let t_write = std::time::Instant::now();
-                writer.write(tx, packer.take()).await?;
-                trace_sum("write", t_write);
-            }
-            rows = next;
-        }
-    }
-
-    /// Encodes each row read once, and hands it to the packer for every
-    /// replica it goes to (the first column).
-    fn pack_rows(
-        &self,
-        table: &'static Table,
-        rows: &[tokio_postgres::Row],
-        packer: &mut Packer,
-        limit: usize,
-    ) -> Result<()> {
-        let codec = self
-            .engine
-            .codec(table.name)
-            .expect("every table that goes down has a codec");
-        let key_positions = table.key_positions();
-        for row in rows {
-            let replicas: Vec<String> = row.get(0);
-            let values = crate::pg::read_row(row, 1, table).map_err(|e| {
-                Error::Invalid(format!(
-                    "table `{}`: a row read from PostgreSQL does not fit its declaration: {e}",
-                    table.name
-                ))
-            })?;
-            let key = canonical_key(
-                &key_positions
-                    .iter()
-                    .map(|&i| values[i].clone())
-                    .collect::<Vec<_>>(),
-            );
-            let data = codec.encode(values).map_err(|source| Error::Codec {
-                table: table.name.to_string(),
-                key: key.clone(),
-                source,
-            })?;
-            if data.len() + key.len() + 16 > limit {
-                return Err(Error::RowTooLarge {
-                    table: table.name.to_string(),
-                    key,
-                    bytes: data.len(),
-                    limit,
-                });
-            }
-            let key = key.into_bytes();
-            for r in &replicas {
-                packer.upsert(
-                    r,
-                    table.name,
-                    RowData {
-                        key: key.clone(),
-                        data: data.clone(),
-                    },
-                );
-            }
-        }
-        Ok(())
-    }
-
-    async fn load_deletes(
-        &self,
-        tx: &Transaction<'_>,
-        table: &'static Table,
-        packer: &mut Packer,
-        writer: &mut outbox::Writer<'_>,
-    ) -> Result<()> {
-        let sql = format!(
-            "SELECT k, array_agg(r) FROM _ms_del WHERE t = {} GROUP BY k",
-            literal(table.name)
-        );
-        let portal = tx.bind(sql.as_str(), &[]).await?;
-        loop {
-            let rows = tx.query_portal(&portal, self.settings.chunk_rows).await?;
-            if rows.is_empty() {
-                return Ok(());
-            }
-            for row in &rows {
-                let key = wire_key(table, row.get(0))?.into_bytes();
-                let replicas: Vec<String> = row.get(1);
-                for r in &replicas {
-                    packer.delete(r, table.name, key.clone());
-                }
-            }
-            if packer.pending_bytes() >= self.settings.flush_bytes {
-                writer.write(tx, packer.take()).await?;
-            }
-            if rows.len() < self.settings.chunk_rows.max(1) as usize {
-                return Ok(());
-            }
-        }
-    }
-
-    /// Publishes every outbox, up to [`Settings::concurrency`] replicas at
-    /// once; see [`publish_outbox`].
-    pub async fn publish<T: Transport>(&self, client: &Client, transport: &T) -> Result<Published> {
-        publish_outbox(client, transport, self.settings.concurrency).await
-    }
-
-    /// The replica `replica` says it applied the message `ack` names; see
-    /// [`acknowledge_all`].
-    pub async fn acknowledge(
-        &self,
-        client: &Client,
+        client: &mut Client,
         replica: &str,
-        ack: &Ack,
-    ) -> Result<Acknowledged> {
-        outbox::acknowledge(client, replica, ack).await
+    ) -> Result<Option<Snapshot>> {
+        snapshot::begin(self.context.clone(), client, replica).await
     }
 
-    /// See [`acknowledge_all`].
-    pub async fn acknowledge_all(
-        &self,
-        client: &Client,
-        acks: &[(String, Ack)],
-    ) -> Result<Vec<Result<Acknowledged>>> {
-        acknowledge_all(client, acks).await
+    /// Puts the replica of a failed snapshot back to waiting for one
+    /// (unless another attempt took it up meanwhile). [`Snapshot::stream`]
+    /// does it itself when its connection still works.
+    pub async fn abandon_snapshot(&self, client: &Client, failed: &Failed) -> Result<()> {
+        snapshot::abandon(client, failed).await
     }
 
     /// Checks the record of what replicas hold (`sync.held`) against
@@ -687,47 +466,8 @@ impl Relay {
     /// record: for tests, and for an operator in doubt; exact only while no
     /// note is pending.
     pub async fn audit(&self, client: &Client) -> Result<Vec<String>> {
-        held::audit(client, &self.graph).await
+        held::audit(client, &self.context.graph).await
     }
-
-    /// See [`gap`].
-    pub async fn gap(&self, client: &Client, replica: &str, gap: &Gap) -> Result<bool> {
-        self::gap(client, replica, gap).await
-    }
-}
-
-/// Acknowledgements, each with the replica that sent it as the transport
-/// authenticated it (never as the message says): one outcome per
-/// acknowledgement, in order. A seal that does not verify is refused with an
-/// error of its own, changes nothing and holds back no other. Needs no lock:
-/// acknowledgements live in `sync.acks`, which passes write only to forget a
-/// replica the host no longer lists, so they can be recorded on a connection
-/// of their own while the relay records.
-pub async fn acknowledge_all(
-    client: &Client,
-    acks: &[(String, Ack)],
-) -> Result<Vec<Result<Acknowledged>>> {
-    outbox::acknowledge_all(client, acks).await
-}
-
-/// The replica `replica` could not follow a message and waits for a
-/// snapshot: it is provisioned again at the next pass, unless a snapshot
-/// that began after that message is already on its way. Returns whether it
-/// will be.
-pub async fn gap(client: &Client, replica: &str, gap: &Gap) -> Result<bool> {
-    outbox::gap(client, replica, gap).await
-}
-
-/// Publishes every outbox over `client`, up to `concurrency` replicas at
-/// once, each replica's messages in order; a replica a send fails to keeps
-/// the rest of its outbox and holds back no other. Needs no lock, and can run
-/// on a connection of its own while the relay records.
-pub async fn publish_outbox<T: Transport>(
-    client: &Client,
-    transport: &T,
-    concurrency: usize,
-) -> Result<Published> {
-    outbox::publish(client, transport, concurrency).await
 }
 
 static SUMS: std::sync::Mutex<Vec<(String, f64)>> = std::sync::Mutex::new(Vec::new());
@@ -756,162 +496,4 @@ pub fn trace(step: &str, since: std::time::Instant) {
     if tracing() {
         eprintln!("{:>8.1} ms  {step}", since.elapsed().as_secs_f64() * 1e3);
     }
-}
-
-/// The wire key of a key read back from the planner's tables.
-fn wire_key(table: &Table, json: serde_json::Value) -> Result<String> {
-    let bad = |why: String| {
-        Error::Invalid(format!(
-            "table `{}`: recorded key {json}: {why}",
-            table.name
-        ))
-    };
-    let serde_json::Value::Array(items) = json.clone() else {
-        return Err(bad("not an array".into()));
-    };
-    if items.len() != table.key.len() {
-        return Err(bad("not as many values as key columns".into()));
-    }
-    let mut values = Vec::with_capacity(items.len());
-    for (item, name) in items.into_iter().zip(table.key) {
-        let kind = table.column(name).map_or(Kind::Text, |c| c.kind);
-        let item = match (kind, item) {
-            // PostgreSQL writes numerics as JSON numbers; they travel as text.
-            (Kind::Numeric, serde_json::Value::Number(n)) => {
-                serde_json::Value::String(n.to_string())
-            }
-            (_, item) => item,
-        };
-        values.push(Value::from_json(kind, item).map_err(|e| bad(e.to_string()))?);
-    }
-    Ok(canonical_key(&values))
-}
-
-/// A live replica as this pass sees it.
-#[derive(Debug, Clone)]
-pub(crate) struct Observed {
-    pub id: String,
-    pub partition: Option<String>,
-    /// Provisioned from scratch this pass.
-    pub fresh: bool,
-    pub last_number: i64,
-    pub last_nonce: Vec<u8>,
-}
-
-impl Observed {
-    fn chain(&self) -> outbox::Chain {
-        outbox::Chain {
-            last_number: self.last_number,
-            last_nonce: self.last_nonce.clone(),
-            begins_snapshot: self.fresh,
-            snapshot_number: None,
-        }
-    }
-}
-
-struct Observation {
-    live: Vec<Observed>,
-    forgotten: Vec<String>,
-}
-
-/// Compares the replicas the host lists with what the relay saw last: a
-/// replica that became live or moved partition is provisioned from scratch;
-/// one no longer live, or gone, is forgotten.
-async fn observe(tx: &Transaction<'_>, replicas: &[ReplicaInfo]) -> Result<Observation> {
-    let mut seen = HashSet::new();
-    for r in replicas {
-        if r.id.is_empty() {
-            return Err(Error::Invalid(
-                "the host lists a replica with an empty id".into(),
-            ));
-        }
-        if !seen.insert(r.id.as_str()) {
-            return Err(Error::Invalid(format!(
-                "the host lists replica `{}` twice",
-                r.id
-            )));
-        }
-    }
-    let known: HashMap<String, (bool, Option<String>)> = tx
-        .query("SELECT id, live, partition_id FROM sync.replicas", &[])
-        .await?
-        .iter()
-        .map(|r| (r.get(0), (r.get(1), r.get(2))))
-        .collect();
-    let mut forget: Vec<String> = Vec::new();
-    let mut provision: Vec<(&str, Option<&str>)> = Vec::new();
-    let mut quiet: Vec<&str> = Vec::new();
-    for r in replicas {
-        let before = known.get(&r.id);
-        match (r.live, before) {
-            (true, Some((true, part))) if *part == r.partition => {}
-            (true, _) => provision.push((r.id.as_str(), r.partition.as_deref())),
-            (false, Some((true, _))) => {
-                forget.push(r.id.clone());
-                quiet.push(&r.id);
-            }
-            (false, Some((false, _))) => {}
-            (false, None) => quiet.push(&r.id),
-        }
-    }
-    let gone: Vec<String> = known
-        .keys()
-        .filter(|id| !seen.contains(id.as_str()))
-        .cloned()
-        .collect();
-    forget.extend(gone.iter().cloned());
-    for (id, part) in &provision {
-        tx.execute(
-            "INSERT INTO sync.replicas (id, live, partition_id, provision) VALUES ($1, true, $2, true)
-             ON CONFLICT (id) DO UPDATE SET live = true, partition_id = $2, provision = true,
-                 observed_at = now()",
-            &[id, part],
-        )
-        .await?;
-    }
-    for id in &quiet {
-        tx.execute(
-            "INSERT INTO sync.replicas (id, live, provision) VALUES ($1, false, true)
-             ON CONFLICT (id) DO UPDATE SET live = false, provision = true, observed_at = now()",
-            &[id],
-        )
-        .await?;
-    }
-    if !gone.is_empty() {
-        tx.execute("DELETE FROM sync.replicas WHERE id = ANY($1)", &[&gone])
-            .await?;
-    }
-    let live: Vec<Observed> = tx
-        .query(
-            "SELECT id, partition_id, provision, last_number, last_nonce FROM sync.replicas WHERE live ORDER BY id",
-            &[],
-        )
-        .await?
-        .iter()
-        .map(|r| Observed {
-            id: r.get(0),
-            partition: r.get(1),
-            fresh: r.get(2),
-            last_number: r.get(3),
-            last_nonce: r.get(4),
-        })
-        .collect();
-    // A replica provisioned from scratch holds nothing and is owed nothing
-    // until the snapshot is written: forget its record and its outbox.
-    let mut clear: Vec<String> = live
-        .iter()
-        .filter(|o| o.fresh)
-        .map(|o| o.id.clone())
-        .collect();
-    clear.extend(forget.iter().cloned());
-    if !clear.is_empty() {
-        tx.execute("DELETE FROM sync.held WHERE replica = ANY($1)", &[&clear])
-            .await?;
-        tx.execute("DELETE FROM sync.outbox WHERE replica = ANY($1)", &[&clear])
-            .await?;
-    }
-    Ok(Observation {
-        live,
-        forgotten: forget,
-    })
 }

@@ -52,14 +52,18 @@ use std::collections::{BTreeMap, BTreeSet};
 use tokio_postgres::{SimpleQueryMessage, Transaction};
 
 /// The planner's tables, each with how it is made.
-const TABLES: [(&str, &str); 10] = [
+const TABLES: [(&str, &str); 11] = [
     (
         "_ms_r",
         "CREATE TEMP TABLE IF NOT EXISTS _ms_r (r text PRIMARY KEY, part text, fresh boolean NOT NULL)",
     ),
     (
         "_ms_notes",
-        "CREATE TEMP TABLE IF NOT EXISTS _ms_notes (at tid, seq bigint, t text, k jsonb)",
+        "CREATE TEMP TABLE IF NOT EXISTS _ms_notes (at tid, seq bigint, t text, k jsonb, xid xid8)",
+    ),
+    (
+        "_ms_deferred",
+        "CREATE TEMP TABLE IF NOT EXISTS _ms_deferred (at tid, r text, t text, k jsonb, seq bigint, unseen boolean NOT NULL)",
     ),
     (
         "_ms_changed",
@@ -71,7 +75,7 @@ const TABLES: [(&str, &str); 10] = [
     ),
     (
         "_ms_grant",
-        "CREATE TEMP TABLE IF NOT EXISTS _ms_grant (r text, t text, k jsonb, PRIMARY KEY (r, t, k))",
+        "CREATE TEMP TABLE IF NOT EXISTS _ms_grant (r text, t text, k jsonb, seq bigint NOT NULL DEFAULT 0, PRIMARY KEY (r, t, k))",
     ),
     (
         "_ms_q",
@@ -282,6 +286,7 @@ pub(crate) struct Planner<'a, 't> {
 }
 
 /// A table given through groups.
+#[derive(Debug, Clone)]
 pub(crate) struct Group {
     pub table: &'static crate::row::Table,
     pub members: String,
@@ -394,25 +399,16 @@ impl Planner<'_, '_> {
         Ok(())
     }
 
-    /// Plans the replicas in `_ms_r` against every pending note; the result is
-    /// in `_ms_send` and `_ms_del` (and `_ms_f` for replicas provisioned from
-    /// scratch).
-    pub async fn plan(&self, any_fresh: bool) -> Result<Planned> {
+    /// Plans the replicas in `_ms_r` against every pending note, and the
+    /// changes kept for them while their snapshots streamed; the result is
+    /// in `_ms_send` and `_ms_del`.
+    pub async fn plan(&self) -> Result<Planned> {
         let notes = self.read_notes().await?;
-        if notes == 0 && !any_fresh {
+        let deferred = self.read_deferred().await?;
+        if notes == 0 && deferred == 0 {
             return Ok(Planned::default());
         }
-        let mut fresh = 0;
-        if any_fresh {
-            fresh = self.provision().await?;
-        }
-        if notes == 0 {
-            return Ok(Planned {
-                notes,
-                sends: fresh,
-                deletes: 0,
-            });
-        }
+        self.groups_touched().await?;
         // Which tables changes and grants touched, read once for both steps.
         let touched = self.present("_ms_touched").await?;
         let granted = self.present("_ms_grant").await?;
@@ -422,7 +418,7 @@ impl Planner<'_, '_> {
         let (sends, deletes) = self.difference().await?;
         Ok(Planned {
             notes,
-            sends: sends + fresh,
+            sends,
             deletes,
         })
     }
@@ -469,28 +465,22 @@ impl Planner<'_, '_> {
 
     // ---- Notes ----
 
-    /// Every pending note this build can read; per changed row its newest
-    /// note; the rows a membership or a grant touched.
+    /// Every pending note this build can read, and per changed row its
+    /// newest note.
     async fn read_notes(&self) -> Result<u64> {
         let notes = self
             .run(
-                "INSERT INTO _ms_notes SELECT ctid, seq, table_name, key
+                "INSERT INTO _ms_notes SELECT ctid, seq, table_name, key, xid
                  FROM sync.notes WHERE format = 1",
             )
             .await?;
         if notes == 0 {
             return Ok(0);
         }
-        let names: Vec<String> = self
-            .graph
-            .shapes
-            .iter()
-            .map(|s| literal(s.table.name))
-            .collect();
         self.run(&format!(
             "INSERT INTO _ms_changed (t, k, last_seq)
              SELECT t, k, max(seq) FROM _ms_notes WHERE t IN ({}) GROUP BY t, k",
-            names.join(", ")
+            self.declared()
         ))
         .await?;
         let changed = self
@@ -500,17 +490,76 @@ impl Planner<'_, '_> {
             self.analyse("_ms_changed").await?;
             self.analyse("_ms_touched").await?;
         }
+        Ok(notes)
+    }
+
+    /// The declared tables, as SQL literals.
+    fn declared(&self) -> String {
+        let names: Vec<String> = self
+            .graph
+            .shapes
+            .iter()
+            .map(|s| literal(s.table.name))
+            .collect();
+        names.join(", ")
+    }
+
+    /// The changes kept for replicas while their snapshots streamed
+    /// (`sync.deferred`), now that they are kept up again: those whose
+    /// transaction the snapshot did not see are changes of that replica's
+    /// alone (`_ms_grant`, with their version); the others are in the
+    /// snapshot, and only go. Returns how many are planned.
+    async fn read_deferred(&self) -> Result<u64> {
+        let read = self
+            .run(
+                "INSERT INTO _ms_deferred (at, r, t, k, seq, unseen)
+                 SELECT d.ctid, d.replica, d.table_name, d.key, d.seq,
+                        x.snapshot IS NULL OR NOT pg_visible_in_snapshot(d.xid, x.snapshot)
+                 FROM sync.deferred d
+                 JOIN sync.replicas x ON x.id = d.replica
+                 WHERE d.replica = ANY (ARRAY (SELECT r FROM _ms_r WHERE NOT fresh))",
+            )
+            .await?;
+        if read == 0 {
+            return Ok(0);
+        }
+        self.run(&format!(
+            "INSERT INTO _ms_grant (r, t, k, seq)
+             SELECT r, t, k, seq FROM _ms_deferred WHERE unseen AND t IN ({})
+             ON CONFLICT (r, t, k) DO UPDATE SET seq = greatest(_ms_grant.seq, EXCLUDED.seq)",
+            self.declared()
+        ))
+        .await
+    }
+
+    /// The rows memberships and grants touched: a membership that came or
+    /// went touches its member for every replica (for one replica, when it
+    /// was kept for that replica alone); a group given or taken touches the
+    /// group's members for that replica.
+    async fn groups_touched(&self) -> Result<()> {
+        let notes = self.has("_ms_notes");
+        let deferred = self.has("_ms_deferred");
         for g in &self.groups {
             let t = literal(g.table.name);
-            // A membership that came or went touches its member, for every replica.
-            self.run(&format!(
-                "INSERT INTO _ms_touched (t, k)
-                 SELECT DISTINCT {t}, n.k - 0 FROM _ms_notes n WHERE n.t = {}
-                 ON CONFLICT DO NOTHING",
-                literal(g.members_name)
-            ))
-            .await?;
-            // A group given or taken touches its members, for that replica.
+            let members_table = literal(g.members_name);
+            let grants_table = literal(g.grants_name);
+            if notes {
+                self.run(&format!(
+                    "INSERT INTO _ms_touched (t, k)
+                     SELECT DISTINCT {t}, n.k - 0 FROM _ms_notes n WHERE n.t = {members_table}
+                     ON CONFLICT DO NOTHING"
+                ))
+                .await?;
+            }
+            if deferred {
+                self.run(&format!(
+                    "INSERT INTO _ms_grant (r, t, k, seq)
+                     SELECT d.r, {t}, d.k - 0, max(d.seq) FROM _ms_deferred d
+                     WHERE d.unseen AND d.t = {members_table} GROUP BY d.r, d.k - 0
+                     ON CONFLICT (r, t, k) DO UPDATE SET seq = greatest(_ms_grant.seq, EXCLUDED.seq)"
+                ))
+                .await?;
+            }
             let members = g
                 .member_columns
                 .iter()
@@ -521,24 +570,32 @@ impl Planner<'_, '_> {
                 Rule::Group(rule) => rule.group,
                 _ => unreachable!("a group table has a group rule"),
             };
-            self.run(&format!(
-                "INSERT INTO _ms_grant (r, t, k)
-                 SELECT DISTINCT r.r, {t}, m.k
-                 FROM _ms_notes n
-                 CROSS JOIN {replica}
-                 CROSS JOIN LATERAL (SELECT jsonb_build_array({members}) AS k FROM {rel} m
-                                     WHERE m.{group} = (n.k->>1)::{ty} OFFSET 0) m
-                 WHERE n.t = {grants} AND NOT r.fresh
-                 ON CONFLICT DO NOTHING",
-                replica = replica_of("n.k->>0"),
-                rel = g.members,
-                group = crate::sql::ident(group_col),
-                ty = g.group_type,
-                grants = literal(g.grants_name)
-            ))
-            .await?;
+            let granted = |from: &str, only: &str| {
+                format!(
+                    "INSERT INTO _ms_grant (r, t, k)
+                     SELECT DISTINCT r.r, {t}, m.k
+                     FROM {from} n
+                     CROSS JOIN {replica}
+                     CROSS JOIN LATERAL (SELECT jsonb_build_array({members}) AS k FROM {rel} m
+                                         WHERE m.{group} = (n.k->>1)::{ty} OFFSET 0) m
+                     WHERE n.t = {grants_table} AND NOT r.fresh {only}
+                     ON CONFLICT DO NOTHING",
+                    replica = replica_of("n.k->>0"),
+                    rel = g.members,
+                    group = crate::sql::ident(group_col),
+                    ty = g.group_type,
+                )
+            };
+            if notes {
+                self.run(&granted("_ms_notes", "")).await?;
+            }
+            if deferred {
+                // A grant kept for a replica is its own only.
+                self.run(&granted("_ms_deferred", "AND n.unseen AND n.r = r.r"))
+                    .await?;
+            }
         }
-        Ok(notes)
+        Ok(())
     }
 
     // ---- What a row is now ----
@@ -761,7 +818,10 @@ impl Planner<'_, '_> {
                 first += self.keep_following_questioned(link).await?;
             }
             if touched.contains(link.child.name) {
-                first += self.keep_following_changed(link).await?;
+                first += self.keep_following_changed(link, "_ms_touched").await?;
+            }
+            if granted.contains(link.child.name) {
+                first += self.keep_following_changed(link, "_ms_grant").await?;
             }
         }
         if first > ANALYSE_ABOVE {
@@ -892,19 +952,31 @@ impl Planner<'_, '_> {
     }
 
     /// Changed rows of `link`'s child a replica lacks that follow a parent it
-    /// holds and keeps without question: the parent's holders, looked up.
-    async fn keep_following_changed(&self, link: &Link) -> Result<u64> {
+    /// holds and keeps without question: from the rows changed for every
+    /// replica (`_ms_touched`), the parent's holders, looked up; from the
+    /// rows changed for one (`_ms_grant`), whether it holds the parent.
+    async fn keep_following_changed(&self, link: &Link, from: &str) -> Result<u64> {
         let child = self.graph.shape(link.child.name);
         let c = literal(link.child.name);
         let p = literal(link.parent.name);
         let ptr = link.pointer("a");
+        let holders = if from == "_ms_grant" {
+            format!(
+                "CROSS JOIN LATERAL (SELECT c.r AS replica WHERE {}) h",
+                is_held(&p, &ptr, "c.r")
+            )
+        } else {
+            format!(
+                "CROSS JOIN LATERAL (SELECT h.replica FROM sync.held h
+                                     WHERE h.table_name = {p} AND h.key = {ptr} OFFSET 0) h"
+            )
+        };
         self.run(&format!(
             "INSERT INTO {K_COLUMNS}
              SELECT h.replica, {c}, c.k, 0, false, false, false, {ptrs}, NULL, NULL, NULL
-             FROM _ms_touched c
+             FROM {from} c
              CROSS JOIN {row}
-             CROSS JOIN LATERAL (SELECT h.replica FROM sync.held h
-                                 WHERE h.table_name = {p} AND h.key = {ptr} OFFSET 0) h
+             {holders}
              CROSS JOIN {replica}
              WHERE c.t = {c} AND NOT r.fresh
                AND NOT {held}
@@ -1026,33 +1098,43 @@ impl Planner<'_, '_> {
     /// question are sent again when they changed; questioned rows not kept go
     /// in `_ms_del`. Returns (sends, deletes).
     async fn difference(&self) -> Result<(u64, u64)> {
+        // The newest change of each row the plan looks at, for each replica:
+        // a note pending for every replica, or a change kept for it alone.
+        let newest = |r: &str| {
+            format!(
+                "LEFT JOIN _ms_changed ch ON ch.t = {r}.t AND ch.k = {r}.k
+                 LEFT JOIN _ms_grant g ON g.r = {r}.r AND g.t = {r}.t AND g.k = {r}.k
+                 CROSS JOIN LATERAL (SELECT greatest(coalesce(ch.last_seq, 0), coalesce(g.seq, 0)) AS seq) v"
+            )
+        };
         let mut sends = 0;
         if self.has("_ms_k") {
             sends += self
-                .bulk(
+                .bulk(&format!(
                     "INSERT INTO _ms_send (r, t, k, version, held, ruled, ptrs, hptrs)
-                     SELECT k.r, k.t, k.k, greatest(coalesce(k.version, 0), coalesce(ch.last_seq, 0)),
+                     SELECT k.r, k.t, k.k, greatest(coalesce(k.version, 0), v.seq),
                             k.held, k.ruled, k.ptrs, k.hptrs
                      FROM _ms_k k
-                     LEFT JOIN _ms_changed ch ON ch.t = k.t AND ch.k = k.k
-                     WHERE NOT k.held OR k.version < coalesce(ch.last_seq, 0)
+                     {}
+                     WHERE NOT k.held OR k.version < v.seq
                         OR k.ptrs IS DISTINCT FROM k.hptrs OR k.ruled IS DISTINCT FROM k.hruled",
-                )
+                    newest("k")
+                ))
                 .await?;
         }
         let mut deletes = 0;
         if self.has("_ms_q") {
             sends += self
-                .bulk(
+                .bulk(&format!(
                     "INSERT INTO _ms_send (r, t, k, version, held, ruled, ptrs, hptrs)
-                     SELECT q.r, q.t, q.k, greatest(q.version, coalesce(ch.last_seq, 0)),
-                            true, q.ruled, q.cptrs, q.hptrs
+                     SELECT q.r, q.t, q.k, greatest(q.version, v.seq), true, q.ruled, q.cptrs, q.hptrs
                      FROM _ms_q q
-                     LEFT JOIN _ms_changed ch ON ch.t = q.t AND ch.k = q.k
+                     {}
                      WHERE (q.ruled OR NOT q.questioned)
-                       AND (q.version < coalesce(ch.last_seq, 0) OR q.ruled <> q.hruled)
+                       AND (q.version < v.seq OR q.ruled <> q.hruled)
                        AND NOT EXISTS (SELECT 1 FROM _ms_k k WHERE k.r = q.r AND k.t = q.t AND k.k = q.k)",
-                )
+                    newest("q")
+                ))
                 .await?;
             deletes = self
                 .bulk(
@@ -1078,7 +1160,7 @@ impl Planner<'_, '_> {
     /// is, so a parent round never reads the child table again. The table
     /// has no index: rounds add rows in bulk, each row once (an anti-join
     /// against what is already there), and PostgreSQL hashes.
-    async fn provision(&self) -> Result<u64> {
+    pub async fn provision(&self) -> Result<u64> {
         let mut total = 0;
         // Tables with rows in `_ms_f` so far: a follower round into a table
         // that has none needs no check against what is already there.

@@ -85,6 +85,11 @@ impl Network {
         }
     }
 
+    /// Whether `replica` is cut off.
+    pub fn is_cut(&self, replica: &str) -> bool {
+        self.state().cut.contains(replica)
+    }
+
     /// Every message waiting in `replica`'s inbox, oldest first.
     pub fn take(&self, replica: &str) -> Vec<Vec<u8>> {
         self.state()

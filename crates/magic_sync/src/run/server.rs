@@ -1,16 +1,21 @@
 //! The relay's loop: take the lock, then pass after pass — observe, plan,
 //! record — waiting briefly when there was nothing to do, and backing off
-//! after a failure; beside the passes, on a second connection, publish what
-//! they wrote and heed what replicas said.
+//! after a failure; between passes, begin the snapshots of replicas waiting
+//! for one, each streamed on a connection of its own while the passes go
+//! on; beside the passes, on a second connection, publish what they wrote
+//! and heed what replicas said.
 
 use super::Report;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::relay::{Relay, Replicas, Settings, Transport};
-use crate::session::Session;
+use crate::relay::{Failed, Relay, Replicas, Settings, Snapshot, Streamed, Transport};
+use crate::session::{Session, SessionSettings};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::time::Duration;
-use tokio_postgres::Client;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_postgres::{CancelToken, Client, NoTls};
 
 /// Where what replicas say reaches the server.
 pub trait Reports: Send + Sync {
@@ -106,13 +111,16 @@ where
     }
 }
 
-/// The runner's two sessions, once open. They live outside the attempt that
+/// The runner's sessions, once open. They live outside the attempt that
 /// uses them, so that however the attempt ends (stopped, or failed on one
-/// connection while the other was mid-statement) they can be closed.
+/// connection while another was mid-statement) they can be closed. The
+/// snapshots' sessions belong to their workers, which end with the
+/// attempt; what they run is cancelled here.
 #[derive(Default)]
 struct Sessions {
     recorder: Option<Session>,
     publisher: Option<Session>,
+    snapshots: Arc<Mutex<HashMap<String, CancelToken>>>,
 }
 
 impl Sessions {
@@ -122,7 +130,19 @@ impl Sessions {
                 s.close(timeout).await;
             }
         };
-        tokio::join!(close(self.recorder), close(self.publisher));
+        let cancels: Vec<CancelToken> = self
+            .snapshots
+            .lock()
+            .expect("not poisoned")
+            .drain()
+            .map(|(_, c)| c)
+            .collect();
+        let cancel = async {
+            for c in cancels {
+                let _ = tokio::time::timeout(timeout, c.cancel_query(NoTls)).await;
+            }
+        };
+        tokio::join!(close(self.recorder), close(self.publisher), cancel);
     }
 }
 
@@ -155,12 +175,18 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
         .publisher
         .insert(Session::open(config, &settings.session, "publish").await?);
     let written = tokio::sync::Notify::new();
+    let workers = Workers {
+        config,
+        session: &settings.session,
+        transport,
+        cancels: sessions.snapshots.clone(),
+    };
     tokio::try_join!(
         record_forever(
             recorder.client_mut(),
             &mut relay,
             host,
-            transport,
+            &workers,
             backoff,
             &written
         ),
@@ -169,30 +195,151 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
     Ok(())
 }
 
-/// Pass after pass on the lock's connection: what replicas said, then
-/// record; a pass that wrote messages wakes the publisher.
+/// What the snapshots' workers need: where to connect and how, where to
+/// send, and where to leave what ends their sessions.
+struct Workers<'a, T> {
+    config: &'a tokio_postgres::Config,
+    session: &'a SessionSettings,
+    transport: &'a T,
+    cancels: Arc<Mutex<HashMap<String, CancelToken>>>,
+}
+
+impl<T: Transport> Workers<'_, T> {
+    /// Streams `snapshot` on a session of its own, closed when it ends.
+    async fn stream(&self, snapshot: Snapshot) -> (String, Result<Streamed, Failed>) {
+        let replica = snapshot.replica().to_string();
+        let mut session = match Session::open(self.config, self.session, "snapshot").await {
+            Ok(session) => session,
+            Err(e) => return (replica, Err(snapshot.fail(e))),
+        };
+        self.cancels
+            .lock()
+            .expect("not poisoned")
+            .insert(replica.clone(), session.client().cancel_token());
+        let result = snapshot.stream(session.client_mut(), self.transport).await;
+        self.cancels.lock().expect("not poisoned").remove(&replica);
+        session.close(self.session.stop_timeout).await;
+        (replica, result)
+    }
+}
+
+/// The snapshots under way, and what became of those that ended.
+#[derive(Default)]
+struct Book {
+    running: HashSet<String>,
+    retries: Retries,
+    /// Failed, to be put back to waiting on the lock's connection.
+    failed: Vec<Failed>,
+}
+
+impl Book {
+    fn finished(
+        &mut self,
+        (replica, result): (String, Result<Streamed, Failed>),
+        settings: &Settings,
+    ) {
+        self.running.remove(&replica);
+        match result {
+            Ok(_) => self.retries.streamed(&replica),
+            Err(f) => {
+                if !f.is_transient() {
+                    eprintln!("magic_sync relay: {f}");
+                }
+                self.retries.failed(&replica, settings);
+                self.failed.push(f);
+            }
+        }
+    }
+}
+
+/// When each replica whose snapshot failed may be tried again, and how long
+/// the wait after its next failure is.
+#[derive(Default)]
+struct Retries(HashMap<String, (Instant, Duration)>);
+
+impl Retries {
+    fn failed(&mut self, replica: &str, settings: &Settings) {
+        let wait = self.0.get(replica).map_or(settings.backoff_min, |(_, w)| {
+            (*w * 2).min(settings.backoff_max)
+        });
+        self.0
+            .insert(replica.to_string(), (Instant::now() + wait, wait));
+    }
+
+    fn streamed(&mut self, replica: &str) {
+        self.0.remove(replica);
+    }
+
+    fn due(&self, replica: &str) -> bool {
+        match self.0.get(replica) {
+            Some((at, _)) => *at <= Instant::now(),
+            None => true,
+        }
+    }
+}
+
+/// Pass after pass on the lock's connection; a pass that wrote messages
+/// wakes the publisher. Between passes, the snapshots of replicas waiting
+/// for one begin, up to `Settings::snapshots` at once, and stream while the
+/// next passes run; one that failed is tried again after a backoff.
 async fn record_forever<H: Replicas, T: Transport>(
     client: &mut Client,
     relay: &mut Relay,
     host: &H,
-    transport: &T,
+    workers: &Workers<'_, T>,
     backoff: &mut Duration,
     written: &tokio::sync::Notify,
 ) -> Result<()> {
     let settings = relay.settings().clone();
+    let mut streaming = FuturesUnordered::new();
+    let mut book = Book::default();
     loop {
         let replicas = host.replicas().await?;
         let started = std::time::Instant::now();
-        let recorded = relay
-            .record(client, &replicas, transport.max_message_bytes())
-            .await?;
+        let recorded = {
+            let pass = relay.record(client, &replicas, workers.transport.max_message_bytes());
+            tokio::pin!(pass);
+            loop {
+                tokio::select! {
+                    recorded = &mut pass => break recorded?,
+                    Some(done) = streaming.next(), if !streaming.is_empty() => {
+                        book.finished(done, &settings);
+                    }
+                }
+            }
+        };
         crate::relay::trace("record", started);
         *backoff = settings.backoff_min;
         if recorded.messages > 0 {
             written.notify_one();
         }
+        // A snapshot's own connection may have been what failed.
+        for f in book.failed.drain(..) {
+            relay.abandon_snapshot(client, &f).await?;
+        }
+        for replica in &recorded.waiting {
+            if book.running.len() >= settings.snapshots.max(1) {
+                break;
+            }
+            if book.running.contains(replica) || !book.retries.due(replica) {
+                continue;
+            }
+            if let Some(snapshot) = relay.begin_snapshot(client, replica).await? {
+                book.running.insert(replica.clone());
+                streaming.push(workers.stream(snapshot));
+            }
+        }
         if recorded.messages == 0 && recorded.planned.notes == 0 {
-            tokio::time::sleep(settings.idle).await;
+            let idle = tokio::time::sleep(settings.idle);
+            tokio::pin!(idle);
+            loop {
+                tokio::select! {
+                    () = &mut idle => break,
+                    Some(done) = streaming.next(), if !streaming.is_empty() => {
+                        book.finished(done, &settings);
+                    }
+                }
+            }
         }
     }
 }
@@ -212,7 +359,7 @@ async fn publish_forever<T: Transport, R: Reports>(
         heed(publisher, reports.drain()).await?;
         crate::relay::trace("heed", started);
         let started = std::time::Instant::now();
-        crate::relay::publish_outbox(publisher, transport, settings.concurrency).await?;
+        crate::relay::publish(publisher, transport, settings.concurrency).await?;
         crate::relay::trace("publish", started);
         tokio::select! {
             () = written.notified() => {}

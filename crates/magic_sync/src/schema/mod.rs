@@ -14,6 +14,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (5, include_str!("005_acks.sql")),
     (6, include_str!("006_outbox_bound.sql")),
     (7, include_str!("007_held_reasons.sql")),
+    (8, include_str!("008_snapshots.sql")),
 ];
 
 /// The version this build brings the schema to.

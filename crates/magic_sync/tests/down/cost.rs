@@ -59,7 +59,7 @@ async fn pass_reads(
     fleet: &mut Fleet,
 ) -> (magic_sync::relay::Recorded, BTreeMap<String, (i64, i64)>) {
     let before = reads(&fleet.client).await;
-    let recorded = fleet.record().await;
+    let recorded = fleet.pass().await;
     let after = reads(&fleet.client).await;
     let read = after
         .into_iter()

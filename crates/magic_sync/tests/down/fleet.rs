@@ -6,7 +6,7 @@
 use crate::shop;
 use crate::wanted::{self, wanted};
 use magic_sync::catalog::Catalog;
-use magic_sync::relay::{Recorded, Relay, ReplicaInfo, Settings};
+use magic_sync::relay::{Recorded, Relay, ReplicaInfo, Settings, Snapshot};
 use magic_sync::replica::{self, Replica};
 use magic_sync::run::{self, memory::Network};
 use magic_sync::sql::ident;
@@ -23,10 +23,28 @@ pub struct Unit {
     pub cut: bool,
 }
 
+/// What one step of the fleet did: the pass, and the snapshots recorded.
+#[derive(Debug)]
+pub struct Step {
+    pub recorded: Recorded,
+    /// Replicas provisioned from scratch, their snapshots recorded.
+    pub provisioned: Vec<String>,
+}
+
+impl std::ops::Deref for Step {
+    type Target = Recorded;
+
+    fn deref(&self) -> &Recorded {
+        &self.recorded
+    }
+}
+
 pub struct Fleet {
     pub db: magic_sync_testdb::TestDb,
     /// The relay's connection, holding the lock.
     pub client: Client,
+    /// The connection snapshots stream on.
+    pub snapshots: Client,
     /// The host's connection, for its writes.
     pub writer: Client,
     pub engine: &'static Engine,
@@ -73,9 +91,11 @@ impl Fleet {
             "the relay takes its lock"
         );
         let catalog = Catalog::read(&client, engine).await.unwrap();
+        let snapshots = db.connect().await;
         Fleet {
             db,
             client,
+            snapshots,
             writer,
             engine,
             catalog,
@@ -160,18 +180,91 @@ impl Fleet {
         self.check().await;
     }
 
-    /// One pass that provisions exactly `unit` from scratch; then passes
+    /// One step that provisions exactly `unit` from scratch; then passes
     /// until nothing moves, and the check.
     pub async fn provisions(&mut self, unit: &str) {
-        let recorded = self.record().await;
-        assert_eq!(recorded.provisioned, vec![unit.to_string()]);
+        let step = self.record().await;
+        assert_eq!(step.provisioned, vec![unit.to_string()]);
         self.deliver().await;
         self.sync().await;
         self.check().await;
     }
 
-    /// One record step.
-    pub async fn record(&mut self) -> Recorded {
+    /// One step: a pass, then the snapshot of every replica waiting for
+    /// one, each streamed to the network on the snapshots' connection (a
+    /// replica cut off fails its snapshot, and waits for the next step).
+    pub async fn record(&mut self) -> Step {
+        let recorded = self.pass().await;
+        let mut provisioned = Vec::new();
+        for replica in recorded.waiting.clone() {
+            if let Some(streamed) = self.snapshot(&replica).await {
+                provisioned.push(streamed);
+            }
+        }
+        Step {
+            recorded,
+            provisioned,
+        }
+    }
+
+    /// One step whose snapshots stream while the server writes: for each
+    /// replica waiting for one, a transaction doing `open` is begun before
+    /// the snapshot takes its view and committed while it streams, `during`
+    /// is written beside it, and a pass plans both for the others, all while
+    /// the snapshot stands still after taking its view. A write the schema
+    /// refuses changes nothing.
+    pub async fn record_amid(&mut self, open: &str, during: &str) -> Step {
+        let recorded = self.pass().await;
+        let mut provisioned = Vec::new();
+        for replica in recorded.waiting.clone() {
+            let Some(snapshot) = self.begin_snapshot(&replica).await else {
+                continue;
+            };
+            let other = self.db.connect().await;
+            let opened = other
+                .batch_execute(&format!("BEGIN; {open};"))
+                .await
+                .is_ok();
+            let gate = crate::gate::Gate::new(&self.network, &replica, 0);
+            let mut worker = self.db.connect().await;
+            let streaming = snapshot.stream(&mut worker, &gate);
+            tokio::pin!(streaming);
+            tokio::select! {
+                () = gate.reached() => {}
+                done = &mut streaming => {
+                    // Out of reach, or nothing to hold it at.
+                    if let Ok(s) = done {
+                        if s.recorded {
+                            provisioned.push(s.replica);
+                        }
+                    }
+                    continue;
+                }
+            }
+            let end = if opened { "COMMIT" } else { "ROLLBACK" };
+            if other.batch_execute(end).await.is_err() {
+                other.batch_execute("ROLLBACK").await.ok();
+            }
+            self.writer.batch_execute(during).await.ok();
+            self.pass().await;
+            gate.open();
+            match streaming.await {
+                Ok(s) if s.recorded => provisioned.push(s.replica),
+                Ok(_) => {}
+                Err(failed) => assert!(
+                    self.network.is_cut(&replica),
+                    "a snapshot failed with its replica in reach: {failed}"
+                ),
+            }
+        }
+        Step {
+            recorded,
+            provisioned,
+        }
+    }
+
+    /// One pass, and nothing else.
+    pub async fn pass(&mut self) -> Recorded {
         let infos = self.infos();
         self.relay
             .record(&mut self.client, &infos, self.network.max_message_bytes())
@@ -179,13 +272,41 @@ impl Fleet {
             .expect("a pass records")
     }
 
+    /// Begins the snapshot of `replica`, waiting for one.
+    pub async fn begin_snapshot(&mut self, replica: &str) -> Option<Snapshot> {
+        self.relay
+            .begin_snapshot(&mut self.client, replica)
+            .await
+            .expect("a snapshot begins")
+    }
+
+    /// Streams the snapshot of `replica` to the network, begun now; its
+    /// replica if it was recorded.
+    pub async fn snapshot(&mut self, replica: &str) -> Option<String> {
+        let snapshot = self.begin_snapshot(replica).await?;
+        match snapshot.stream(&mut self.snapshots, &self.network).await {
+            Ok(streamed) => streamed.recorded.then_some(streamed.replica),
+            Err(failed) => {
+                assert!(
+                    self.network.is_cut(replica),
+                    "a snapshot failed with its replica in reach: {failed}"
+                );
+                None
+            }
+        }
+    }
+
+    /// Publishes every outbox to the network.
+    pub async fn publish(&mut self) {
+        magic_sync::relay::publish(&self.client, &self.network, 16)
+            .await
+            .expect("publishing");
+    }
+
     /// Publishes, delivers every message to every replica that is live and
     /// reachable, and brings back what they say.
     pub async fn deliver(&mut self) -> usize {
-        self.relay
-            .publish(&self.client, &self.network)
-            .await
-            .expect("publishing");
+        self.publish().await;
         let mut applied = 0;
         for (id, unit) in &mut self.units {
             if !unit.info.live || unit.cut {
@@ -210,18 +331,22 @@ impl Fleet {
             .expect("the relay heeds what replicas say");
     }
 
-    /// Passes until nothing moves; returns the messages applied.
+    /// Steps until nothing moves; returns the messages applied.
     pub async fn sync(&mut self) -> usize {
         let mut total = 0;
         for _ in 0..20 {
-            let recorded = self.record().await;
+            let step = self.record().await;
             let applied = self.deliver().await;
             total += applied;
-            if recorded.messages == 0 && recorded.planned.notes == 0 && applied == 0 {
+            let moved = step.messages > 0
+                || step.planned.notes > 0
+                || step.planned.sends > 0
+                || !step.provisioned.is_empty();
+            if !moved && applied == 0 {
                 return total;
             }
         }
-        panic!("the fleet did not settle in 20 passes");
+        panic!("the fleet did not settle in 20 steps");
     }
 
     /// The invariant: every live replica the network reaches holds exactly

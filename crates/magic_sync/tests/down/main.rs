@@ -10,6 +10,8 @@ mod shop;
 mod wanted;
 
 mod cost;
+mod gate;
 mod relay;
 mod scenarios;
+mod snapshot;
 mod walk;

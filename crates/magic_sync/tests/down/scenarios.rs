@@ -239,11 +239,7 @@ async fn a_held_version_keeps_its_parents_until_the_next_one_lands() {
     fleet.record().await;
     fleet.deliver().await;
     fleet.cut("u1", false);
-    fleet
-        .relay
-        .publish(&fleet.client, &fleet.network)
-        .await
-        .unwrap();
+    fleet.publish().await;
     let waiting = fleet.network.take("u1");
     assert!(waiting.len() >= 2, "both passes wrote u1 a message");
     for message in waiting {
@@ -264,11 +260,7 @@ async fn twice_is_once_and_a_gap_brings_a_snapshot() {
         .write("UPDATE products SET name = 'green tea' WHERE id = 1")
         .await;
     fleet.record().await;
-    fleet
-        .relay
-        .publish(&fleet.client, &fleet.network)
-        .await
-        .unwrap();
+    fleet.publish().await;
     let message = fleet.network.take("u1").pop().unwrap();
     let replica = &mut fleet.unit("u1").replica;
     let first = replica.apply(&message).unwrap();
@@ -290,22 +282,14 @@ async fn twice_is_once_and_a_gap_brings_a_snapshot() {
         .write("UPDATE products SET name = 'black tea' WHERE id = 1")
         .await;
     fleet.record().await;
-    fleet
-        .relay
-        .publish(&fleet.client, &fleet.network)
-        .await
-        .unwrap();
+    fleet.publish().await;
     let lost = fleet.network.take("u1");
     assert_eq!(lost.len(), 1);
     fleet
         .write("UPDATE products SET name = 'white tea' WHERE id = 1")
         .await;
     fleet.record().await;
-    fleet
-        .relay
-        .publish(&fleet.client, &fleet.network)
-        .await
-        .unwrap();
+    fleet.publish().await;
     let next = fleet.network.take("u1").pop().unwrap();
     let outcome = magic_sync::run::replica::deliver(&mut fleet.unit("u1").replica, &next).unwrap();
     let Some(magic_sync::run::Report::Gap(gap)) = outcome else {

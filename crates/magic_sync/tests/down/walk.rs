@@ -136,6 +136,19 @@ async fn walk(seed: u64, steps: u64, shape: &Walk) {
         }
         if rng.gen_bool(0.15) {
             done.push(replicas(&mut rng, &mut fleet, &units));
+            if rng.gen_bool(0.5) {
+                // The snapshots the change asks for stream while the server
+                // writes: a transaction open across a snapshot's view, a
+                // write beside it, a pass in the middle.
+                let open = write(&mut rng, &units);
+                let during = write(&mut rng, &units);
+                done.push(format!("snapshots amid [{open}] and [{during}]"));
+                println!("seed {seed} step {step}: {}", done.join(" | "));
+                fleet.record_amid(&open, &during).await;
+                fleet.sync().await;
+                fleet.check().await;
+                continue;
+            }
         }
         println!("seed {seed} step {step}: {}", done.join(" | "));
         if rng.gen_bool(0.2) {

@@ -1,0 +1,327 @@
+//! Loading: every row a plan sends is read once, a chunk at a time, and
+//! encoded once by its codec, however many replicas it goes to; each
+//! replica's rows and deletes are packed into messages (`super::pack`),
+//! handed as they fill to where messages go: the outbox for a pass, the
+//! transport itself for a snapshot.
+
+use super::graph::{key_match, Graph, Shape};
+use super::pack::{Packed, Packer};
+use super::{trace_sum, Settings};
+use crate::engine::Engine;
+use crate::envelope::RowData;
+use crate::error::{Error, Result};
+use crate::row::Table;
+use crate::sql::literal;
+use crate::value::{canonical_key, Kind, Value};
+use std::collections::HashSet;
+use tokio_postgres::Transaction;
+
+/// Where packed messages go, in the order they are packed.
+pub(crate) trait Sink {
+    /// Takes `packed`, in order.
+    async fn take(&mut self, tx: &Transaction<'_>, packed: Vec<Packed>) -> Result<()>;
+}
+
+/// What a load reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// A pass's difference: the rows in `_ms_send`, each read by its key,
+    /// and the keys in `_ms_del`.
+    Difference {
+        /// Whether the plan takes any row back.
+        deletes: bool,
+    },
+    /// A snapshot's whole set, in `_ms_f`: read in bulk, then ended with an
+    /// `EndSnapshot` naming every table.
+    Snapshot,
+}
+
+/// A load under way.
+pub(crate) struct Loader<'a> {
+    pub graph: &'a Graph,
+    pub engine: &'a Engine,
+    pub settings: &'a Settings,
+    /// The transport's limit on a message.
+    pub max_message_bytes: usize,
+}
+
+impl Loader<'_> {
+    /// Reads what `source` says, packs it for the replicas `replicas` (all
+    /// that the source names), and hands the messages to `sink`.
+    pub async fn load(
+        &self,
+        tx: &Transaction<'_>,
+        source: Source,
+        replicas: &[String],
+        sink: &mut impl Sink,
+    ) -> Result<()> {
+        let deletes = matches!(source, Source::Difference { deletes: true });
+        let both = if deletes {
+            self.deleting_and_sending(tx).await?
+        } else {
+            HashSet::new()
+        };
+        let self_referencing = self
+            .graph
+            .shapes
+            .iter()
+            .filter(|s| s.self_referencing)
+            .map(|s| s.table.name)
+            .collect();
+        // Room for the head (ids, numbers, nonces) and the seal around a body.
+        let limit = self.max_message_bytes.saturating_sub(256).max(1024);
+        let mut packer = Packer::new(limit, both, self_referencing);
+        for shape in &self.graph.shapes {
+            self.upserts(
+                tx,
+                shape,
+                source,
+                replicas.len() == 1,
+                &mut packer,
+                sink,
+                limit,
+            )
+            .await?;
+            packer.upserts_done(shape.table.name);
+        }
+        for shape in self.graph.shapes.iter().rev() {
+            if deletes {
+                self.deletes(tx, shape.table, &mut packer, sink).await?;
+            }
+            packer.deletes_done(shape.table.name);
+        }
+        packer.end_all();
+        if source == Source::Snapshot {
+            let tables: Vec<String> = self
+                .graph
+                .shapes
+                .iter()
+                .map(|s| s.table.name.to_string())
+                .collect();
+            for r in replicas {
+                packer.end_snapshot(r, tables.clone());
+            }
+        }
+        sink.take(tx, packer.take()).await
+    }
+
+    /// The replicas and tables with both deletes and upserts: each side on
+    /// its own, then matched here (no join of the two for PostgreSQL to
+    /// misjudge).
+    async fn deleting_and_sending(
+        &self,
+        tx: &Transaction<'_>,
+    ) -> Result<HashSet<(String, &'static str)>> {
+        let pairs = |sql: &'static str| async move {
+            Ok::<_, Error>(
+                tx.query(sql, &[])
+                    .await?
+                    .iter()
+                    .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+                    .collect::<HashSet<(String, String)>>(),
+            )
+        };
+        let (deleted, sent) = tokio::try_join!(
+            pairs("SELECT DISTINCT r, t FROM _ms_del"),
+            pairs("SELECT DISTINCT r, t FROM _ms_send")
+        )?;
+        Ok(deleted
+            .intersection(&sent)
+            .map(|(r, t)| (r.clone(), self.graph.shape(t).table.name))
+            .collect())
+    }
+
+    /// The rows of `shape` the source sends, each read once with every
+    /// replica it goes to.
+    #[allow(clippy::too_many_arguments)]
+    async fn upserts(
+        &self,
+        tx: &Transaction<'_>,
+        shape: &Shape,
+        source: Source,
+        single: bool,
+        packer: &mut Packer,
+        sink: &mut impl Sink,
+        limit: usize,
+    ) -> Result<()> {
+        let table = shape.table;
+        let t = literal(table.name);
+        let rows = match source {
+            Source::Difference { .. } => format!("SELECT r, k FROM _ms_send WHERE t = {t}"),
+            Source::Snapshot => format!("SELECT r, k FROM _ms_f WHERE t = {t}"),
+        };
+        // Each row once, with every replica it goes to; with one replica
+        // there is nothing to gather.
+        let sent = if single {
+            format!("SELECT k, ARRAY[r] AS rs FROM ({rows}) u")
+        } else {
+            format!("SELECT k, array_agg(r) AS rs FROM ({rows}) u GROUP BY k")
+        };
+        let cols = crate::pg::select_list("a", table);
+        let m = key_match("a", shape, "s.k");
+        let sql = match source {
+            // A snapshot reads much of the table: joined in bulk.
+            Source::Snapshot => format!(
+                "SELECT s.rs, {cols} FROM ({sent}) s JOIN {rel} a ON {m}",
+                rel = shape.relation,
+            ),
+            // A pass reads the rows it sends, each by its key, and nothing
+            // else of the table, whatever PostgreSQL guesses of their number.
+            Source::Difference { .. } => format!(
+                "SELECT s.rs, a.* FROM ({sent}) s
+                 CROSS JOIN LATERAL (SELECT {cols} FROM {rel} a WHERE {m} OFFSET 0) a",
+                rel = shape.relation,
+            ),
+        };
+        let portal = tx.bind(sql.as_str(), &[]).await?;
+        let chunk = self.settings.chunk_rows.max(1);
+        let mut rows = tx.query_portal(&portal, chunk).await?;
+        loop {
+            if rows.is_empty() {
+                return Ok(());
+            }
+            // A full chunk may have more behind it: the next one is asked for
+            // before this one is encoded, so PostgreSQL reads while the
+            // relay encodes. A short chunk is the last.
+            let next = if rows.len() == chunk as usize {
+                let t_fetch = std::time::Instant::now();
+                let (next, packed) = tokio::join!(tx.query_portal(&portal, chunk), async {
+                    self.pack_rows(table, &rows, packer, limit)
+                });
+                trace_sum("fetch+encode", t_fetch);
+                packed?;
+                next?
+            } else {
+                self.pack_rows(table, &rows, packer, limit)?;
+                Vec::new()
+            };
+            if packer.pending_bytes() >= self.settings.flush_bytes {
+                let t_write = std::time::Instant::now();
+                sink.take(tx, packer.take()).await?;
+                trace_sum("write", t_write);
+            }
+            rows = next;
+        }
+    }
+
+    /// Encodes each row read once, and hands it to the packer for every
+    /// replica it goes to (the first column).
+    fn pack_rows(
+        &self,
+        table: &'static Table,
+        rows: &[tokio_postgres::Row],
+        packer: &mut Packer,
+        limit: usize,
+    ) -> Result<()> {
+        let codec = self
+            .engine
+            .codec(table.name)
+            .expect("every table that goes down has a codec");
+        let key_positions = table.key_positions();
+        for row in rows {
+            let replicas: Vec<String> = row.get(0);
+            let values = crate::pg::read_row(row, 1, table).map_err(|e| {
+                Error::Invalid(format!(
+                    "table `{}`: a row read from PostgreSQL does not fit its declaration: {e}",
+                    table.name
+                ))
+            })?;
+            let key = canonical_key(
+                &key_positions
+                    .iter()
+                    .map(|&i| values[i].clone())
+                    .collect::<Vec<_>>(),
+            );
+            let data = codec.encode(values).map_err(|source| Error::Codec {
+                table: table.name.to_string(),
+                key: key.clone(),
+                source,
+            })?;
+            if data.len() + key.len() + 16 > limit {
+                return Err(Error::RowTooLarge {
+                    table: table.name.to_string(),
+                    key,
+                    bytes: data.len(),
+                    limit,
+                });
+            }
+            let key = key.into_bytes();
+            for r in &replicas {
+                packer.upsert(
+                    r,
+                    table.name,
+                    RowData {
+                        key: key.clone(),
+                        data: data.clone(),
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The keys of `table` the plan takes back, with every replica that lets
+    /// each go.
+    async fn deletes(
+        &self,
+        tx: &Transaction<'_>,
+        table: &'static Table,
+        packer: &mut Packer,
+        sink: &mut impl Sink,
+    ) -> Result<()> {
+        let sql = format!(
+            "SELECT k, array_agg(r) FROM _ms_del WHERE t = {} GROUP BY k",
+            literal(table.name)
+        );
+        let portal = tx.bind(sql.as_str(), &[]).await?;
+        let chunk = self.settings.chunk_rows.max(1);
+        loop {
+            let rows = tx.query_portal(&portal, chunk).await?;
+            if rows.is_empty() {
+                return Ok(());
+            }
+            for row in &rows {
+                let key = wire_key(table, row.get(0))?.into_bytes();
+                let replicas: Vec<String> = row.get(1);
+                for r in &replicas {
+                    packer.delete(r, table.name, key.clone());
+                }
+            }
+            if packer.pending_bytes() >= self.settings.flush_bytes {
+                sink.take(tx, packer.take()).await?;
+            }
+            if rows.len() < chunk as usize {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// The wire key of a key read back from the planner's tables.
+fn wire_key(table: &Table, json: serde_json::Value) -> Result<String> {
+    let bad = |why: String| {
+        Error::Invalid(format!(
+            "table `{}`: recorded key {json}: {why}",
+            table.name
+        ))
+    };
+    let serde_json::Value::Array(items) = json.clone() else {
+        return Err(bad("not an array".into()));
+    };
+    if items.len() != table.key.len() {
+        return Err(bad("not as many values as key columns".into()));
+    }
+    let mut values = Vec::with_capacity(items.len());
+    for (item, name) in items.into_iter().zip(table.key) {
+        let kind = table.column(name).map_or(Kind::Text, |c| c.kind);
+        let item = match (kind, item) {
+            // PostgreSQL writes numerics as JSON numbers; they travel as text.
+            (Kind::Numeric, serde_json::Value::Number(n)) => {
+                serde_json::Value::String(n.to_string())
+            }
+            (_, item) => item,
+        };
+        values.push(Value::from_json(kind, item).map_err(|e| bad(e.to_string()))?);
+    }
+    Ok(canonical_key(&values))
+}

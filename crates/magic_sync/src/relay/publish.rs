@@ -1,0 +1,200 @@
+//! Publishing: each replica's outbox, in order, through the host's
+//! [`Transport`], beside the passes.
+
+use super::outbox::{message_id, whole, Epoch};
+use super::{Published, SendError, Transport};
+use crate::error::{Error, Result};
+use futures_util::stream::{self, StreamExt};
+use std::collections::HashMap;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Client;
+
+/// Messages read per round trip, across replicas.
+const PAGE: i64 = 512;
+/// About how many bytes of messages are read per round trip.
+const PAGE_BYTES: i64 = 2 << 20;
+
+/// One message as it waits in the outbox.
+struct Waiting {
+    replica: String,
+    number: i64,
+    nonce: Vec<u8>,
+    head: Vec<u8>,
+    body: Vec<u8>,
+    seal: Vec<u8>,
+}
+
+impl Waiting {
+    fn bytes(self) -> Vec<u8> {
+        whole(self.head, &self.body, self.seal)
+    }
+}
+
+/// Sends every replica's outbox in order, up to `concurrency` replicas at
+/// once, a page of messages at a time. A message leaves the outbox once
+/// the transport took it; a replica a send fails to keeps the rest of its
+/// outbox, in order, with why in `sync.replicas.last_error`, and holds back
+/// no other. Needs no lock: the outbox holds only what a recording relay
+/// committed, and a replica applies a message once however often it comes,
+/// so it runs on a connection of its own while the relay records.
+pub async fn publish<T: Transport>(
+    client: &Client,
+    transport: &T,
+    concurrency: usize,
+) -> Result<Published> {
+    let mut published = Published::default();
+    let mut failed: HashMap<String, String> = HashMap::new();
+    let mut after = (String::new(), 0i64);
+    let mut epoch: Option<Epoch> = None;
+    loop {
+        // A page is at most PAGE messages and about PAGE_BYTES: whole
+        // messages until their bytes pass the bound, and at least one.
+        let params: [&(dyn ToSql + Sync); 4] = [&after.0, &after.1, &PAGE, &PAGE_BYTES];
+        let page = client.query(
+            "SELECT replica, number, nonce, head, bytes, seal FROM (
+                 SELECT o.replica, o.number, o.nonce, o.head, b.bytes, o.seal,
+                        sum(length(b.bytes)) OVER (ORDER BY o.replica, o.number) - length(b.bytes) AS before
+                 FROM sync.outbox o JOIN sync.bodies b ON b.id = o.body
+                 WHERE (o.replica, o.number) > ($1, $2)
+                 ORDER BY o.replica, o.number LIMIT $3) page
+             WHERE before < $4",
+            &params,
+        );
+        // The epoch is read with the first page, in the same round trip.
+        let rows = match &epoch {
+            Some(_) => page.await?,
+            None => {
+                let (rows, read) = tokio::try_join!(
+                    async { page.await.map_err(Error::from) },
+                    Epoch::read(client)
+                )?;
+                epoch = Some(read);
+                rows
+            }
+        };
+        let Some(last) = rows.last() else {
+            break;
+        };
+        after = (last.get(0), last.get(1));
+        // A page short of both bounds is the last: no query to hear so.
+        let bytes: usize = rows.iter().map(|r| r.get::<_, &[u8]>(4).len()).sum();
+        let last_page = rows.len() < PAGE as usize && (bytes as i64) < PAGE_BYTES;
+        let epoch = epoch.as_ref().expect("read with the first page");
+        // Per replica, its messages of this page, in order.
+        let mut queues: Vec<Vec<Waiting>> = Vec::new();
+        for row in &rows {
+            let message = Waiting {
+                replica: row.get(0),
+                number: row.get(1),
+                nonce: row.get(2),
+                head: row.get(3),
+                body: row.get(4),
+                seal: row.get(5),
+            };
+            if failed.contains_key(&message.replica) {
+                continue;
+            }
+            match queues.last_mut() {
+                Some(q) if q[0].replica == message.replica => q.push(message),
+                _ => queues.push(vec![message]),
+            }
+        }
+        let results: Vec<(String, Option<i64>, u64, Option<String>)> = stream::iter(queues)
+            .map(|queue| send_in_order(transport, epoch, queue))
+            .buffer_unordered(concurrency.max(1))
+            .collect()
+            .await;
+        let mut taken_replicas = Vec::new();
+        let mut taken_numbers = Vec::new();
+        for (replica, taken, sent, failure) in results {
+            published.sent += sent;
+            if let Some(n) = taken {
+                taken_replicas.push(replica.clone());
+                taken_numbers.push(n);
+            }
+            if let Some(why) = failure {
+                failed.insert(replica, why);
+            }
+        }
+        if !taken_replicas.is_empty() {
+            client
+                .execute(
+                    "DELETE FROM sync.outbox o USING unnest($1::text[], $2::int8[]) AS t (replica, number)
+                     WHERE o.replica = t.replica AND o.number <= t.number",
+                    &[&taken_replicas, &taken_numbers],
+                )
+                .await?;
+        }
+        if last_page {
+            break;
+        }
+    }
+    if published.sent > 0 || !failed.is_empty() {
+        let (ids, errors): (Vec<String>, Vec<String>) = failed.into_iter().unzip();
+        let failed_ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        // Independent statements, sent together: one round trip. A replica
+        // still failing for the same reason keeps its row as it is: the
+        // relay may be recording on another connection, and a row rewritten
+        // under its snapshot would make that pass fail.
+        let mark = async {
+            if !ids.is_empty() {
+                client
+                    .execute(
+                        "UPDATE sync.replicas r SET last_error = f.error
+                         FROM unnest($1::text[], $2::text[]) AS f (id, error)
+                         WHERE r.id = f.id AND r.last_error IS DISTINCT FROM f.error",
+                        &[&ids, &errors],
+                    )
+                    .await?;
+            }
+            Ok::<(), Error>(())
+        };
+        let clear = async {
+            client
+                .execute(
+                    "UPDATE sync.replicas SET last_error = NULL
+                     WHERE last_error IS NOT NULL AND NOT (id = ANY($1))
+                       AND NOT provision AND snapshot_attempt IS NULL
+                       AND NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.replica = id)",
+                    &[&failed_ids],
+                )
+                .await?;
+            Ok::<(), Error>(())
+        };
+        tokio::try_join!(mark, clear)?;
+        published.failed = ids.into_iter().zip(errors).collect();
+        published.failed.sort();
+    }
+    Ok(published)
+}
+
+/// Sends one replica's messages in order until one fails; returns the last
+/// number the transport took, how many it took, and why it stopped.
+async fn send_in_order<T: Transport>(
+    transport: &T,
+    epoch: &Epoch,
+    queue: Vec<Waiting>,
+) -> (String, Option<i64>, u64, Option<String>) {
+    let replica = queue[0].replica.clone();
+    let mut taken = None;
+    let mut sent = 0;
+    for message in queue {
+        let number = message.number;
+        let id = message_id(epoch, number, &message.nonce);
+        match transport.send(&replica, &id, message.bytes()).await {
+            Ok(()) => {
+                taken = Some(number);
+                sent += 1;
+            }
+            Err(SendError(why)) => {
+                return (
+                    replica,
+                    taken,
+                    sent,
+                    Some(format!("sending message {number}: {why}")),
+                )
+            }
+        }
+    }
+    (replica, taken, sent, None)
+}

@@ -1,0 +1,144 @@
+//! What replicas say back: the last message each applied, and the gaps
+//! they wait in. The replica is always the one the transport authenticated,
+//! never one a message names.
+
+use super::outbox::Epoch;
+use super::Acknowledged;
+use crate::envelope::{Ack, Gap};
+use crate::error::{Error, Result};
+use crate::seal;
+use std::collections::HashMap;
+use tokio_postgres::Client;
+
+/// Acknowledgements, each with the replica that sent it as the transport
+/// authenticated it (never as the message says): one outcome per
+/// acknowledgement, in order. A seal that does not verify is refused with an
+/// error of its own ([`Error::Forged`]), changes nothing and holds back no
+/// other. An acknowledgement of another epoch, of a message beyond any the
+/// server sent the replica, or behind what it said before (a restore on
+/// either side) has the replica provisioned again.
+///
+/// Needs no lock: acknowledgements live in `sync.acks`, which passes write
+/// only to forget a replica the host no longer lists, so they are recorded
+/// on a connection of their own while the relay records. While a replica's
+/// snapshot streams, what was sent it is not recorded until the snapshot
+/// ends: any number the server has drawn counts as sent.
+pub async fn acknowledge_all(
+    client: &Client,
+    acks: &[(String, Ack)],
+) -> Result<Vec<Result<Acknowledged>>> {
+    if acks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<&str> = acks.iter().map(|(r, _)| r.as_str()).collect();
+    // Both read in one round trip.
+    let (epoch, rows) = tokio::try_join!(Epoch::read(client), async {
+        client
+            .query(
+                "SELECT r.id,
+                        CASE WHEN r.snapshot_attempt IS NULL THEN r.last_number
+                             ELSE (SELECT last_value FROM sync.message_seq) END,
+                        coalesce(a.number, 0)
+                 FROM sync.replicas r LEFT JOIN sync.acks a ON a.replica = r.id
+                 WHERE r.id = ANY($1) AND r.live",
+                &[&ids],
+            )
+            .await
+            .map_err(Error::from)
+    })?;
+    let mut known: HashMap<String, (i64, i64)> = rows
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .collect();
+    let mut outcomes = Vec::with_capacity(acks.len());
+    let mut again: Vec<&str> = Vec::new();
+    for (replica, ack) in acks {
+        let Some((last, acked)) = known.get_mut(replica) else {
+            outcomes.push(Ok(Acknowledged::Unknown));
+            continue;
+        };
+        let Ok(number) = i64::try_from(ack.number) else {
+            outcomes.push(Err(Error::Invalid(format!(
+                "replica `{replica}` acknowledged message {}, beyond any number the server gives",
+                ack.number
+            ))));
+            continue;
+        };
+        if ack.epoch != epoch.id {
+            again.push(replica);
+            outcomes.push(Ok(Acknowledged::Provisioning));
+            continue;
+        }
+        if !seal::verify(
+            &epoch.secret,
+            replica,
+            &epoch.id,
+            ack.number,
+            &ack.nonce,
+            &ack.seal,
+        ) {
+            outcomes.push(Err(Error::Forged {
+                replica: replica.clone(),
+                number: ack.number,
+            }));
+            continue;
+        }
+        if number > *last || number < *acked {
+            // Sealed by this server, but not the chain it records: the
+            // server's database or the replica's was restored from an older copy.
+            again.push(replica);
+            outcomes.push(Ok(Acknowledged::Provisioning));
+            continue;
+        }
+        *acked = number;
+        outcomes.push(Ok(Acknowledged::Recorded));
+    }
+    let (recorded, numbers): (Vec<&str>, Vec<i64>) = acks
+        .iter()
+        .zip(&outcomes)
+        .filter(|(_, o)| matches!(o, Ok(Acknowledged::Recorded)))
+        .map(|((r, _), _)| (r.as_str(), known[r].1))
+        .unzip();
+    if !recorded.is_empty() {
+        client
+            .execute(
+                // The replica's row is locked against deletion first: a
+                // pass forgetting the replica meanwhile leaves nothing to
+                // insert, rather than a foreign key to break.
+                "INSERT INTO sync.acks AS a (replica, number, at)
+                 SELECT u.id, u.number, now()
+                 FROM (SELECT DISTINCT id, number FROM unnest($1::text[], $2::int8[]) AS u (id, number)) u
+                 JOIN sync.replicas r ON r.id = u.id FOR KEY SHARE OF r
+                 ON CONFLICT (replica) DO UPDATE SET number = excluded.number, at = excluded.at
+                 WHERE a.number < excluded.number",
+                &[&recorded, &numbers],
+            )
+            .await?;
+    }
+    if !again.is_empty() {
+        client
+            .execute(
+                "UPDATE sync.replicas SET provision = true WHERE id = ANY($1)",
+                &[&again],
+            )
+            .await?;
+    }
+    Ok(outcomes)
+}
+
+/// The replica `replica` could not follow a message and waits for a
+/// snapshot: it is provisioned again, unless a snapshot that began after
+/// that message is already on its way. Returns whether it will be.
+pub async fn gap(client: &Client, replica: &str, gap: &Gap) -> Result<bool> {
+    let epoch = Epoch::read(client).await?;
+    let number = i64::try_from(gap.number).unwrap_or(i64::MAX);
+    let same_epoch = gap.epoch == epoch.id;
+    let changed = client
+        .execute(
+            "UPDATE sync.replicas SET provision = true
+             WHERE id = $1 AND live AND NOT ($2 AND snapshot_number > $3)",
+            &[&replica, &same_epoch, &number],
+        )
+        .await?;
+    Ok(changed > 0)
+}

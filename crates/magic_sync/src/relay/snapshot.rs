@@ -1,0 +1,396 @@
+//! Snapshots: a replica provisioned from scratch, on a connection of its
+//! own, beside the passes that keep every other replica up.
+//!
+//! A snapshot reads one `REPEATABLE READ` snapshot of the database, and
+//! what it sees is recorded with it (`sync.replicas.snapshot`, from
+//! `pg_current_snapshot()`). A change belongs to it exactly when the
+//! transaction that made it is visible in that snapshot. While a replica's
+//! snapshot streams, every pass that plans notes keeps, for that replica,
+//! the rows they changed with the newest note's transaction
+//! (`sync.deferred`); the first pass after the snapshot is recorded plans
+//! for the replica those whose transaction the snapshot does not see, in
+//! order with whatever changed since, and lets go of the others: they are
+//! in the snapshot. A transaction open when the snapshot began and
+//! committed while it streams is one it does not see. (A row's notes are
+//! numbered in the order its writers committed, so if the snapshot sees the
+//! newest one kept, it sees them all.)
+//!
+//! Its rows are planned as a pass plans a snapshot (`_ms_f`), then read,
+//! encoded, packed, numbered, chained and sealed as a pass does, and handed
+//! to the transport as they fill, from `begins_snapshot` to `EndSnapshot`:
+//! nothing is staged in the outbox. Once the transport took the end, what
+//! it sent is recorded as held, in bulk, at the versions the snapshot saw,
+//! carried by the `EndSnapshot`: it counts once the replica acknowledges
+//! that. A snapshot that fails anywhere (a send refused, the connection
+//! lost, the relay gone) is begun again from the start; the replica's
+//! `EndSnapshot` deletes whatever an earlier attempt left that this one did
+//! not name.
+//!
+//! Beginning a snapshot is the relay's, between passes, on the connection
+//! holding its lock: from then on every pass keeps what it plans for the
+//! replica, so the snapshot may take its own view of the database whenever
+//! its worker starts. Streaming it is the worker's, on a connection of its
+//! own, for as long as it takes, while passes go on.
+
+use super::graph::Graph;
+use super::load::{Loader, Sink, Source};
+use super::outbox::{draw, message_id, stamp, whole, Chain, Epoch};
+use super::pack::Packed;
+use super::plan::{self, Planner};
+use super::{held, Settings, Transport, RELAY_LOCK};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use rand::RngCore;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use tokio_postgres::{Client, IsolationLevel, Transaction};
+
+/// What a snapshot needs of its relay.
+#[derive(Debug)]
+pub(crate) struct Context {
+    pub engine: Engine,
+    pub graph: Graph,
+    pub settings: Settings,
+}
+
+/// A snapshot sent and recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Streamed {
+    /// The replica.
+    pub replica: String,
+    /// Rows sent.
+    pub rows: u64,
+    /// Messages sent, the `EndSnapshot` included.
+    pub messages: u64,
+    /// Whether what it sent is recorded as held. `false` when the replica
+    /// was observed to move, leave or need another snapshot while it
+    /// streamed: its attempt was ended, and what it sent is not recorded
+    /// (another snapshot follows).
+    pub recorded: bool,
+}
+
+/// A snapshot that failed: the replica waits for another.
+#[derive(Debug, thiserror::Error)]
+#[error("the snapshot of replica `{replica}` failed: {source}")]
+pub struct Failed {
+    /// The replica.
+    pub replica: String,
+    attempt: Vec<u8>,
+    /// Why.
+    #[source]
+    pub source: Error,
+}
+
+impl Failed {
+    /// Whether trying again unchanged may succeed (see
+    /// [`Error::is_transient`]).
+    pub fn is_transient(&self) -> bool {
+        self.source.is_transient()
+    }
+}
+
+/// Replicas waiting for a snapshot, oldest observed first.
+pub(crate) async fn waiting(client: &Client) -> Result<Vec<String>> {
+    Ok(client
+        .query(
+            "SELECT id FROM sync.replicas WHERE live AND provision AND snapshot_attempt IS NULL
+             ORDER BY observed_at, id",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
+/// A replica's snapshot, begun: the replica is recorded as streaming, under
+/// an attempt of its own. [`Snapshot::stream`] sends it.
+#[derive(Debug)]
+pub struct Snapshot {
+    context: Arc<Context>,
+    replica: String,
+    partition: Option<String>,
+    attempt: Vec<u8>,
+    /// The number of its first message, drawn when it began.
+    first: i64,
+    /// Where the replica's chain stood when it began.
+    chain: Chain,
+}
+
+/// Begins the snapshot of `replica`, waiting for one, on `client`: the
+/// connection holding the relay's lock (a relay that lost it begins
+/// nothing), between passes. The replica's record, outbox and kept changes
+/// go: the snapshot replaces what it held and was owed. `None` when the
+/// replica no longer waits.
+pub(crate) async fn begin(
+    context: Arc<Context>,
+    client: &mut Client,
+    replica: &str,
+) -> Result<Option<Snapshot>> {
+    let mut attempt = vec![0u8; 16];
+    rand::thread_rng().fill_bytes(&mut attempt);
+    let tx = client.transaction().await?;
+    let row = tx
+        .query_opt(
+            "UPDATE sync.replicas SET provision = false, snapshot = NULL,
+                 snapshot_attempt = $2, snapshot_began_at = now(),
+                 snapshot_number = nextval('sync.message_seq')
+             WHERE id = $1 AND live AND provision AND snapshot_attempt IS NULL
+               AND EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
+                           AND pid = pg_backend_pid() AND granted
+                           AND ((classid::int8 << 32) | objid::int8) = $3)
+             RETURNING partition_id, last_number, last_nonce, snapshot_number",
+            &[&replica, &attempt, &RELAY_LOCK],
+        )
+        .await?;
+    let Some(row) = row else {
+        tx.rollback().await?;
+        return Ok(None);
+    };
+    tx.batch_execute(&format!(
+        "DELETE FROM sync.held WHERE replica = {r};
+         DELETE FROM sync.outbox WHERE replica = {r};
+         DELETE FROM sync.deferred WHERE replica = {r};",
+        r = crate::sql::escaped(replica)
+    ))
+    .await?;
+    tx.commit().await?;
+    Ok(Some(Snapshot {
+        context,
+        replica: replica.to_string(),
+        partition: row.get(0),
+        attempt,
+        first: row.get(3),
+        chain: Chain {
+            last_number: row.get(1),
+            last_nonce: row.get(2),
+            begins_snapshot: true,
+            snapshot_number: None,
+        },
+    }))
+}
+
+/// Puts the replica of a failed snapshot back to waiting for one, with why
+/// in `last_error`, unless another attempt took it up meanwhile.
+pub(crate) async fn abandon(client: &Client, failed: &Failed) -> Result<()> {
+    client
+        .execute(
+            "UPDATE sync.replicas SET provision = true, snapshot_attempt = NULL,
+                 snapshot_began_at = NULL, last_error = $3
+             WHERE id = $1 AND snapshot_attempt = $2",
+            &[
+                &failed.replica,
+                &failed.attempt,
+                &format!("its snapshot: {}", failed.source),
+            ],
+        )
+        .await?;
+    Ok(())
+}
+
+impl Snapshot {
+    /// The replica it provisions.
+    pub fn replica(&self) -> &str {
+        &self.replica
+    }
+
+    /// The snapshot, failed before it streamed (its worker could not
+    /// connect): the replica is to wait for another ([`abandon`]).
+    pub fn fail(self, source: Error) -> Failed {
+        Failed {
+            replica: self.replica,
+            attempt: self.attempt,
+            source,
+        }
+    }
+
+    /// Streams the snapshot on `worker`, a connection of its own: takes a
+    /// `REPEATABLE READ` view of the database, plans the replica's whole set
+    /// in it, sends it through `transport` from `begins_snapshot` to
+    /// `EndSnapshot`, then records it as held, what the snapshot saw, and
+    /// the replica as kept up. On failure the replica waits for another
+    /// snapshot (marked so on `worker` when it still works; the caller may
+    /// also [`abandon`] it on a connection of its own).
+    pub async fn stream<T: Transport>(
+        self,
+        worker: &mut Client,
+        transport: &T,
+    ) -> Result<Streamed, Failed> {
+        match self.run(worker, transport).await {
+            Ok(streamed) => Ok(streamed),
+            Err(source) => {
+                let failed = Failed {
+                    replica: self.replica,
+                    attempt: self.attempt,
+                    source,
+                };
+                // Best effort: the connection may be what failed.
+                let _ = abandon(worker, &failed).await;
+                Err(failed)
+            }
+        }
+    }
+
+    async fn run<T: Transport>(&self, worker: &mut Client, transport: &T) -> Result<Streamed> {
+        let context = &self.context;
+        // The worker's planner tables, made afresh (no statistics of another
+        // snapshot's size), and its time zone as the relay's.
+        let mut setup = String::from("SET TIME ZONE 'UTC';");
+        for table in ["_ms_r", "_ms_changed", "_ms_f"] {
+            setup.push_str(&format!("DROP TABLE IF EXISTS {table};"));
+        }
+        worker.batch_execute(&setup).await?;
+        let tx = worker
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .start()
+            .await?;
+        // What the snapshot sees is fixed by its first statement.
+        let seen: String = tx
+            .query_one("SELECT pg_current_snapshot()::text", &[])
+            .await?
+            .get(0);
+        plan::prepare(&tx).await?;
+        let rows = plan_snapshot(&tx, context, &self.replica, self.partition.as_deref()).await?;
+        let epoch = Epoch::read(&tx).await?;
+        let mut sender = Sender {
+            transport,
+            epoch: &epoch,
+            replica: &self.replica,
+            chain: self.chain.clone(),
+            first: Some(self.first),
+            sent: 0,
+        };
+        let loader = Loader {
+            graph: &context.graph,
+            engine: &context.engine,
+            settings: &context.settings,
+            max_message_bytes: transport.max_message_bytes(),
+        };
+        loader
+            .load(
+                &tx,
+                Source::Snapshot,
+                std::slice::from_ref(&self.replica),
+                &mut sender,
+            )
+            .await?;
+        // Nothing shared was written: the view ends here.
+        tx.commit().await?;
+        let recorded = self.record(worker, &sender.chain, &seen).await?;
+        Ok(Streamed {
+            replica: self.replica.clone(),
+            rows,
+            messages: sender.sent,
+            recorded,
+        })
+    }
+
+    /// Records what the snapshot sent as held, what it saw, and the replica
+    /// as kept up, if its attempt is still the one under way.
+    async fn record(&self, worker: &mut Client, chain: &Chain, seen: &str) -> Result<bool> {
+        let tx = worker.transaction().await?;
+        let changed = tx
+            .execute(
+                "UPDATE sync.replicas SET snapshot_attempt = NULL, snapshot_began_at = NULL,
+                     snapshot = $3::text::pg_snapshot, last_number = $4, last_nonce = $5,
+                     snapshot_number = $6, snapshot_last = $4, last_error = NULL
+                 WHERE id = $1 AND snapshot_attempt = $2",
+                &[
+                    &self.replica,
+                    &self.attempt,
+                    &seen,
+                    &chain.last_number,
+                    &chain.last_nonce,
+                    &self.first,
+                ],
+            )
+            .await?;
+        if changed == 0 {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        let last = HashMap::from([(self.replica.clone(), chain.last_number)]);
+        let filled = BTreeMap::from([("_ms_f".to_string(), 1)]);
+        tx.batch_execute(&held::closing(&self.context.graph, &last, &filled))
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+}
+
+/// Plans the snapshot of `replica` in the worker's tables: its whole set
+/// (`_ms_f`), and the newest note the snapshot sees of each changed row
+/// (`_ms_changed`), the versions its rows are recorded at. Returns the rows.
+async fn plan_snapshot(
+    tx: &Transaction<'_>,
+    context: &Context,
+    replica: &str,
+    partition: Option<&str>,
+) -> Result<u64> {
+    tx.execute(
+        "INSERT INTO _ms_r (r, part, fresh) VALUES ($1, $2, true)",
+        &[&replica, &partition],
+    )
+    .await?;
+    let names: Vec<String> = context
+        .graph
+        .shapes
+        .iter()
+        .map(|s| crate::sql::literal(s.table.name))
+        .collect();
+    tx.batch_execute(&format!(
+        "INSERT INTO _ms_changed (t, k, last_seq)
+         SELECT table_name, key, max(seq) FROM sync.notes
+         WHERE format = 1 AND table_name IN ({}) GROUP BY table_name, key",
+        names.join(", ")
+    ))
+    .await?;
+    let planner = Planner {
+        tx,
+        graph: &context.graph,
+        groups: Vec::new(),
+        filled: Default::default(),
+        analysed: Default::default(),
+    };
+    planner.provision().await
+}
+
+/// Where a snapshot's messages go: numbered, chained and sealed, then
+/// straight to the transport, in order.
+struct Sender<'a, T: Transport> {
+    transport: &'a T,
+    epoch: &'a Epoch,
+    replica: &'a str,
+    chain: Chain,
+    /// The number drawn for the first message when the snapshot began.
+    first: Option<i64>,
+    sent: u64,
+}
+
+impl<T: Transport> Sink for Sender<'_, T> {
+    async fn take(&mut self, tx: &Transaction<'_>, packed: Vec<Packed>) -> Result<()> {
+        if packed.is_empty() {
+            return Ok(());
+        }
+        let mut numbers: Vec<i64> = self.first.take().into_iter().collect();
+        if packed.len() > numbers.len() {
+            numbers.extend(draw(tx, packed.len() - numbers.len()).await?);
+        }
+        for (message, number) in packed.into_iter().zip(numbers) {
+            let stamped = stamp(self.epoch, &mut self.chain, self.replica, number);
+            let id = message_id(self.epoch, number, &stamped.nonce);
+            let bytes = whole(stamped.head, &message.body, stamped.seal);
+            self.transport
+                .send(self.replica, &id, bytes)
+                .await
+                .map_err(|e| Error::Send {
+                    replica: self.replica.to_string(),
+                    number: u64::try_from(number).unwrap_or(0),
+                    reason: e.0,
+                })?;
+            self.sent += 1;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,319 @@
+//! Snapshots beside the passes: a till provisioned on a connection of its
+//! own while the passes keep every other till up; what its snapshot does
+//! not see reaches it after, and what it sees is not sent twice; a snapshot
+//! that fails, or whose till moves, is begun again and ends exact.
+//!
+//! Each test holds the snapshot still at a chosen message ([`Gate`]) to do
+//! something in the middle of it: conditions, never timings.
+
+use crate::fleet::{replica_rows, Fleet};
+use crate::gate::Gate;
+use crate::scenarios::{shop, SHOP};
+use crate::shop::{Customer, Order, Product};
+use magic_sync::relay::Streamed;
+use magic_sync::Row;
+use std::future::Future;
+
+/// The shop with u4, a till new in the north, waiting for its snapshot.
+async fn u4_waiting() -> Fleet {
+    let mut fleet = shop().await;
+    fleet.add("u4", Some("north"));
+    let pass = fleet.pass().await;
+    assert_eq!(pass.waiting, ["u4"]);
+    fleet
+}
+
+/// Runs `streaming` until its gate holds a send, then `meanwhile`, then
+/// opens the gate and finishes it.
+async fn in_the_middle<S, M>(gate: &Gate, streaming: S, meanwhile: M) -> S::Output
+where
+    S: Future,
+    M: Future<Output = ()>,
+{
+    tokio::pin!(streaming);
+    tokio::select! {
+        () = gate.reached() => {}
+        _ = &mut streaming => panic!("the snapshot ended before its gate"),
+    }
+    meanwhile.await;
+    gate.open();
+    streaming.await
+}
+
+fn keys(fleet: &mut Fleet, unit: &str, table: &magic_sync::Table) -> Vec<String> {
+    replica_rows(&fleet.unit(unit).replica, table)
+        .into_keys()
+        .collect()
+}
+
+#[tokio::test]
+async fn the_other_tills_are_kept_up_while_a_snapshot_streams() {
+    let mut fleet = u4_waiting().await;
+    let snapshot = fleet.begin_snapshot("u4").await.expect("u4 waits");
+    let gate = Gate::new(&fleet.network, "u4", 0);
+    let mut worker = fleet.db.connect().await;
+    let network = fleet.network.clone();
+    let streamed = {
+        let streaming = snapshot.stream(&mut worker, &gate);
+        tokio::pin!(streaming);
+        tokio::select! {
+            () = gate.reached() => {}
+            _ = &mut streaming => panic!("the snapshot ended before its gate"),
+        }
+        // The snapshot stands still, its view taken; a pass completes for
+        // every other till, and they apply what it sent.
+        fleet
+            .write("UPDATE products SET name = 'green tea' WHERE id = 1")
+            .await;
+        let pass = fleet.pass().await;
+        assert_eq!(pass.streaming, ["u4"]);
+        assert_eq!(pass.planned.sends, 3, "u1, u2 and u3 hold product 1");
+        fleet.deliver().await;
+        for unit in ["u1", "u2", "u3"] {
+            let name = replica_rows(&fleet.unit(unit).replica, &Product::TABLE)["[1]"].clone();
+            assert!(name.contains("green tea"), "{unit}: {name}");
+        }
+        assert!(network.take("u4").is_empty(), "nothing of the pass for u4");
+        gate.open();
+        streaming.await.expect("the snapshot streams")
+    };
+    assert!(streamed.recorded, "{streamed:?}");
+    // The change the snapshot did not see follows it.
+    fleet.sync().await;
+    fleet.check().await;
+    let name = replica_rows(&fleet.unit("u4").replica, &Product::TABLE)["[1]"].clone();
+    assert!(name.contains("green tea"), "{name}");
+}
+
+#[tokio::test]
+async fn a_transaction_open_when_a_snapshot_began_and_committed_during_it_follows_it() {
+    let mut fleet = u4_waiting().await;
+    // Opened before the snapshot takes its view, committed while it streams.
+    let other = fleet.db.connect().await;
+    other
+        .batch_execute(
+            "BEGIN;
+             INSERT INTO orders (id, unit_id, customer_id, placed_at)
+                 VALUES (50, 'u4', 9, '2026-11-30 11:00:00+00');
+             UPDATE customers SET name = 'Cy Young' WHERE id = 9;",
+        )
+        .await
+        .unwrap();
+    let snapshot = fleet.begin_snapshot("u4").await.expect("u4 waits");
+    let gate = Gate::new(&fleet.network, "u4", 0);
+    let mut worker = fleet.db.connect().await;
+    let streamed: Streamed = in_the_middle(&gate, snapshot.stream(&mut worker, &gate), async {
+        other.batch_execute("COMMIT").await.unwrap();
+        // A pass plans the transaction's notes, for the others, while u4's
+        // snapshot streams.
+        let pass = fleet.pass().await;
+        assert!(pass.planned.notes > 0, "{:?}", pass.planned);
+    })
+    .await
+    .expect("the snapshot streams");
+    assert!(streamed.recorded);
+    // The snapshot alone: it did not see the order.
+    for message in fleet.network.take("u4") {
+        magic_sync::run::replica::deliver(&mut fleet.unit("u4").replica, &message).unwrap();
+    }
+    assert!(!keys(&mut fleet, "u4", &Order::TABLE).contains(&"[50]".to_string()));
+    fleet.check_orphans();
+    // The next pass brings it, with its customer as it is now.
+    fleet.sync().await;
+    fleet.check().await;
+    assert!(keys(&mut fleet, "u4", &Order::TABLE).contains(&"[50]".to_string()));
+    let cy = replica_rows(&fleet.unit("u4").replica, &Customer::TABLE)["[9]"].clone();
+    assert!(cy.contains("Cy Young"), "{cy}");
+}
+
+#[tokio::test]
+async fn what_a_snapshot_saw_is_not_sent_again() {
+    let mut fleet = u4_waiting().await;
+    let snapshot = fleet.begin_snapshot("u4").await.expect("u4 waits");
+    // Committed after the snapshot began, and planned for the others by a
+    // pass before the snapshot takes its view: the pass keeps the change for
+    // u4, and the snapshot sees it.
+    fleet
+        .write("UPDATE products SET name = 'green tea' WHERE id = 1")
+        .await;
+    let pass = fleet.pass().await;
+    assert_eq!(
+        pass.planned.sends, 3,
+        "the others get it: {:?}",
+        pass.planned
+    );
+    let mut worker = fleet.db.connect().await;
+    let streamed = snapshot
+        .stream(&mut worker, &fleet.network)
+        .await
+        .expect("the snapshot streams");
+    assert!(streamed.recorded);
+    fleet.deliver().await;
+    // The change kept for u4 is one its snapshot saw: the next pass sends
+    // it nothing, and lets the kept change go.
+    let after = fleet.pass().await;
+    assert_eq!(after.planned.sends, 0, "{:?}", after.planned);
+    let kept: i64 = fleet
+        .client
+        .query_one("SELECT count(*) FROM sync.deferred", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, 0);
+    fleet.sync().await;
+    fleet.check().await;
+}
+
+/// The shop with many products, so a snapshot spans many messages; u4
+/// waiting for its snapshot.
+async fn many_products() -> Fleet {
+    let mut fleet = Fleet::new(&format!(
+        "{SHOP}
+         INSERT INTO products SELECT i, 'product ' || i, 1, NULL FROM generate_series(100, 400) i;"
+    ))
+    .await;
+    fleet.add("u1", Some("north"));
+    fleet.sync().await;
+    fleet.add("u4", Some("north"));
+    assert_eq!(fleet.pass().await.waiting, ["u4"]);
+    fleet
+}
+
+#[tokio::test]
+async fn a_relay_gone_in_the_middle_of_a_snapshot_begins_it_again_and_the_till_ends_exact() {
+    let mut fleet = many_products().await;
+    let snapshot = fleet.begin_snapshot("u4").await.expect("u4 waits");
+    let gate = Gate::new(&fleet.network, "u4", 3);
+    let mut worker = fleet.db.connect().await;
+    {
+        let streaming = snapshot.stream(&mut worker, &gate);
+        tokio::pin!(streaming);
+        tokio::select! {
+            () = gate.reached() => {}
+            _ = &mut streaming => panic!("the snapshot ended before its gate"),
+        }
+        // The worker dies here, three messages sent.
+    }
+    drop(worker);
+    for message in fleet.network.take("u4") {
+        magic_sync::run::replica::deliver(&mut fleet.unit("u4").replica, &message).unwrap();
+    }
+    assert!(
+        !keys(&mut fleet, "u4", &Product::TABLE).is_empty(),
+        "a part arrived"
+    );
+    // Rows the first attempt sent go meanwhile: the second does not name them.
+    fleet
+        .write("DELETE FROM products WHERE id BETWEEN 100 AND 150")
+        .await;
+    // A relay starts: its first pass ends the attempt nobody streams, and
+    // the snapshot begins again, whole.
+    fleet.reconfigure(|_| {}).await;
+    let step = fleet.record().await;
+    assert_eq!(step.provisioned, ["u4"]);
+    fleet.deliver().await;
+    fleet.sync().await;
+    fleet.check().await;
+}
+
+#[tokio::test]
+async fn a_send_that_fails_in_the_middle_of_a_snapshot_begins_it_again_once_the_till_is_back() {
+    let mut fleet = many_products().await;
+    let snapshot = fleet.begin_snapshot("u4").await.expect("u4 waits");
+    let gate = Gate::new(&fleet.network, "u4", 2);
+    let mut worker = fleet.db.connect().await;
+    let network = fleet.network.clone();
+    let failed = in_the_middle(&gate, snapshot.stream(&mut worker, &gate), async {
+        network.cut("u4", true);
+    })
+    .await
+    .expect_err("the send fails");
+    assert!(failed.is_transient(), "{failed}");
+    let (waiting, why): (bool, Option<String>) = {
+        let row = fleet
+            .client
+            .query_one(
+                "SELECT provision AND snapshot_attempt IS NULL, last_error FROM sync.replicas WHERE id = 'u4'",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert!(waiting, "u4 waits for another snapshot");
+    assert!(why.unwrap_or_default().contains("out of reach"));
+    fleet.cut("u4", true);
+    fleet
+        .write("UPDATE products SET name = 'tea' WHERE id = 200")
+        .await;
+    fleet.sync().await;
+    fleet.check().await;
+    fleet.cut("u4", false);
+    fleet.sync().await;
+    fleet.check().await;
+}
+
+#[tokio::test]
+async fn two_snapshots_stream_at_once() {
+    let mut fleet = shop().await;
+    fleet.add("u4", Some("north"));
+    fleet.add("u5", Some("south"));
+    let pass = fleet.pass().await;
+    assert_eq!(pass.waiting, ["u4", "u5"]);
+    let north = fleet.begin_snapshot("u4").await.expect("u4 waits");
+    let south = fleet.begin_snapshot("u5").await.expect("u5 waits");
+    let (gate4, gate5) = (
+        Gate::new(&fleet.network, "u4", 0),
+        Gate::new(&fleet.network, "u5", 0),
+    );
+    let (mut w4, mut w5) = (fleet.db.connect().await, fleet.db.connect().await);
+    let s4 = north.stream(&mut w4, &gate4);
+    let s5 = south.stream(&mut w5, &gate5);
+    tokio::pin!(s4, s5);
+    tokio::select! {
+        () = async { tokio::join!(gate4.reached(), gate5.reached()); } => {}
+        _ = &mut s4 => panic!("u4's snapshot ended before its gate"),
+        _ = &mut s5 => panic!("u5's snapshot ended before its gate"),
+    }
+    fleet
+        .write(
+            "INSERT INTO notices VALUES (9, 'south', 'market moved');
+             INSERT INTO orders (id, unit_id, customer_id) VALUES (60, 'u4', 8);",
+        )
+        .await;
+    let pass = fleet.pass().await;
+    assert_eq!(pass.streaming, ["u4", "u5"]);
+    gate4.open();
+    gate5.open();
+    let (r4, r5) = tokio::join!(s4, s5);
+    assert!(r4.expect("u4's snapshot").recorded && r5.expect("u5's snapshot").recorded);
+    fleet.sync().await;
+    fleet.check().await;
+}
+
+#[tokio::test]
+async fn a_till_that_moves_while_its_snapshot_streams_gets_the_snapshot_of_where_it_went() {
+    let mut fleet = u4_waiting().await;
+    let snapshot = fleet.begin_snapshot("u4").await.expect("u4 waits");
+    let gate = Gate::new(&fleet.network, "u4", 0);
+    let mut worker = fleet.db.connect().await;
+    let streaming = snapshot.stream(&mut worker, &gate);
+    tokio::pin!(streaming);
+    tokio::select! {
+        () = gate.reached() => {}
+        _ = &mut streaming => panic!("the snapshot ended before its gate"),
+    }
+    fleet.move_to("u4", Some("south"));
+    let pass = fleet.pass().await;
+    assert_eq!(pass.waiting, ["u4"], "observed moving: it waits again");
+    gate.open();
+    let streamed = streaming.await.expect("the stream itself goes through");
+    assert!(
+        !streamed.recorded,
+        "its attempt was ended: nothing recorded"
+    );
+    fleet.sync().await;
+    fleet.check().await;
+    let notices = keys(&mut fleet, "u4", &crate::shop::Notice::TABLE);
+    assert_eq!(notices, ["[2]"], "the south's notice, not the north's");
+}
