@@ -251,7 +251,9 @@ impl Snapshot {
             .await?
             .get(0);
         plan::prepare(&tx).await?;
+        let t0 = std::time::Instant::now();
         let rows = plan_snapshot(&tx, context, &self.replica, self.partition.as_deref()).await?;
+        super::trace("snapshot/plan", t0);
         let epoch = Epoch::read(&tx).await?;
         let mut sender = Sender {
             transport,
@@ -267,6 +269,7 @@ impl Snapshot {
             settings: &context.settings,
             max_message_bytes: transport.max_message_bytes(),
         };
+        let t0 = std::time::Instant::now();
         loader
             .load(
                 &tx,
@@ -275,9 +278,12 @@ impl Snapshot {
                 &mut sender,
             )
             .await?;
+        super::trace("snapshot/load and send", t0);
         // Nothing shared was written: the view ends here.
         tx.commit().await?;
+        let t0 = std::time::Instant::now();
         let recorded = self.record(worker, &sender.chain, &seen).await?;
+        super::trace("snapshot/record", t0);
         Ok(Streamed {
             replica: self.replica.clone(),
             rows,
