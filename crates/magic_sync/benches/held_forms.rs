@@ -22,7 +22,7 @@
 //!   edge, and the planner's own tables keep `jsonb` keys. With ids, they
 //!   carry the ids (the relay would know them from the start of a pass).
 //!
-//! 1. *Recording a snapshot* (MAGIC_SYNC_BENCH_REPEATS times, default 2,
+//! 1. *Recording a snapshot* (MAGIC_SYNC_BENCH_REPEATS times, default 3,
 //!    the fastest of each kept): one replica's million rows across the
 //!    provisioning bench's five tables, staged in `_ms_f` as the relay's
 //!    provisioning stages them (the same statements, on the same data), with
@@ -45,7 +45,7 @@
 //!    (version, message, ruled, ptrs), 5,000 sent new, and `refs` moved on
 //!    the parents of all three. The host reads beside them are left out:
 //!    they are the same whatever the record's form. One round to warm up,
-//!    then MAGIC_SYNC_BENCH_ROUNDS (default 5), the forms in a rotating
+//!    then MAGIC_SYNC_BENCH_ROUNDS (default 7), the forms in a rotating
 //!    order; medians, and HOT updates counted.
 //!
 //! Autovacuum is off on the forms' tables so that it never runs beside a
@@ -1502,9 +1502,12 @@ async fn steady(
     let mut results = Steady::new();
     for n in 0..=rounds {
         let round = draw.round();
+        let mut line = format!("  round {n} of {rounds}, the six statements:");
         for i in 0..Form::ALL.len() {
             let form = Form::ALL[(i + n) % Form::ALL.len()];
             let took = pass(client, form, replicas, &round, n == 0 && explain).await?;
+            let ms: f64 = took.values().map(|t| t.took.as_secs_f64() * 1e3).sum();
+            write!(line, " {} {ms:.0} ms;", form.label())?;
             if n == 0 {
                 continue;
             }
@@ -1512,9 +1515,7 @@ async fn steady(
                 results.entry((form, step)).or_default().push(t);
             }
         }
-        if n > 0 {
-            println!("  round {n} of {rounds} done");
-        }
+        println!("{line}{}", if n == 0 { " (to warm up)" } else { "" });
     }
     Ok(results)
 }
@@ -1644,8 +1645,8 @@ async fn main() -> Result<()> {
         replicas: 10,
         per: env_u64("MAGIC_SYNC_BENCH_HELD", 200_000) as i64,
     };
-    let rounds = env_u64("MAGIC_SYNC_BENCH_ROUNDS", 5) as usize;
-    let repeats = env_u64("MAGIC_SYNC_BENCH_REPEATS", 2).max(1) as usize;
+    let rounds = env_u64("MAGIC_SYNC_BENCH_ROUNDS", 7) as usize;
+    let repeats = env_u64("MAGIC_SYNC_BENCH_REPEATS", 3).max(1) as usize;
     let explain = std::env::var("MAGIC_SYNC_BENCH_EXPLAIN").is_ok_and(|v| v == "1");
     let seed = env_u64("MAGIC_SYNC_BENCH_SEED", rand::random::<u32>() as u64);
     println!("the record's form: a snapshot of {total} rows, then steady passes over {} x {} held rows (MAGIC_SYNC_BENCH_SEED={seed})", fleet.replicas, fleet.per);
