@@ -11,6 +11,8 @@
 //! change:
 //! - *today*: `replica text, table_name text, key jsonb`, made `LIKE
 //!   sync.held` with its storage options, so it is the migrations' form;
+//! - *key text*: names as today, the key as `text COLLATE "C"` (see below),
+//!   to tell what the key's type is worth alone;
 //! - *ids*: `replica int, table_id smallint`, ids from two small lookup
 //!   tables (`forms.replicas`, `forms.tables`), the key still `jsonb`;
 //! - *ids, key bytea* and *ids, key text*: the same, with the key as the
@@ -123,17 +125,25 @@ const LINKS: [(Table, &str, Table); 2] = [
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Form {
     Today,
+    Text,
     Ids,
     IdsBytea,
     IdsText,
 }
 
 impl Form {
-    const ALL: [Form; 4] = [Form::Today, Form::Ids, Form::IdsBytea, Form::IdsText];
+    const ALL: [Form; 5] = [
+        Form::Today,
+        Form::Text,
+        Form::Ids,
+        Form::IdsBytea,
+        Form::IdsText,
+    ];
 
     fn label(self) -> &'static str {
         match self {
             Form::Today => "today: text, text, jsonb",
+            Form::Text => "text, text, key text",
             Form::Ids => "ids, key jsonb",
             Form::IdsBytea => "ids, key bytea",
             Form::IdsText => "ids, key text",
@@ -143,6 +153,7 @@ impl Form {
     fn relation(self) -> &'static str {
         match self {
             Form::Today => "forms.today",
+            Form::Text => "forms.text",
             Form::Ids => "forms.ids",
             Form::IdsBytea => "forms.ids_bytea",
             Form::IdsText => "forms.ids_text",
@@ -155,7 +166,7 @@ impl Form {
     }
 
     fn with_ids(self) -> bool {
-        self != Form::Today
+        !matches!(self, Form::Today | Form::Text)
     }
 
     fn table_column(self) -> &'static str {
@@ -186,7 +197,7 @@ impl Form {
         match self {
             Form::Today | Form::Ids => "jsonb",
             Form::IdsBytea => "bytea",
-            Form::IdsText => "text COLLATE \"C\"",
+            Form::Text | Form::IdsText => "text COLLATE \"C\"",
         }
     }
 
@@ -195,7 +206,7 @@ impl Form {
         match self {
             Form::Today | Form::Ids => k.to_string(),
             Form::IdsBytea => format!("convert_to(({k})::text, 'UTF8')"),
-            Form::IdsText => format!("({k})::text"),
+            Form::Text | Form::IdsText => format!("({k})::text"),
         }
     }
 
@@ -249,18 +260,21 @@ impl Form {
         }
         format!(
             "CREATE TABLE {rel} (
-                 replica  int      NOT NULL,
-                 table_id smallint NOT NULL,
+                 replica  {rt}     NOT NULL,
+                 {tc} {tt} NOT NULL,
                  key      {key}    NOT NULL,
                  version  bigint   NOT NULL,
                  message  bigint   NOT NULL,
                  ruled    boolean  NOT NULL DEFAULT false,
                  ptrs     jsonb,
                  refs     integer  NOT NULL DEFAULT 0,
-                 PRIMARY KEY (table_id, key, replica)
+                 PRIMARY KEY ({tc}, key, replica)
              ) WITH ({options});
              CREATE INDEX ON {rel} (replica);",
             rel = self.relation(),
+            rt = self.replica_type(),
+            tc = self.table_column(),
+            tt = self.table_type(),
             key = self.key_type(),
         )
     }
@@ -275,7 +289,7 @@ impl Form {
         let key = match self {
             Form::Today | Form::Ids => Type::JSONB,
             Form::IdsBytea => Type::BYTEA,
-            Form::IdsText => Type::TEXT,
+            Form::Text | Form::IdsText => Type::TEXT,
         };
         vec![
             replica,
@@ -606,6 +620,9 @@ async fn write_copy(
                 rows.sort_by(|a, b| (a.table.name(), &a.key).cmp(&(b.table.name(), &b.key)))
             }
             Form::Ids => rows.sort_by(|a, b| (a.table, &a.key).cmp(&(b.table, &b.key))),
+            Form::Text => rows.sort_by(|a, b| {
+                (a.table.name(), a.text.as_bytes()).cmp(&(b.table.name(), b.text.as_bytes()))
+            }),
             Form::IdsBytea | Form::IdsText => {
                 rows.sort_by(|a, b| (a.table, a.text.as_bytes()).cmp(&(b.table, b.text.as_bytes())))
             }
@@ -631,7 +648,7 @@ async fn write_copy(
         let key: &(dyn ToSql + Sync) = match form {
             Form::Today | Form::Ids => &row.json,
             Form::IdsBytea => &bytes,
-            Form::IdsText => &row.text,
+            Form::Text | Form::IdsText => &row.text,
         };
         writer
             .as_mut()

@@ -398,7 +398,7 @@ async fn floor(db: &magic_sync_testdb::TestDb) -> Floor {
     let held_rows = timed(each(&|t, k| {
         format!(
             "INSERT INTO floor_held (replica, table_name, key, version, message)
-             SELECT 'r1', '{t}', jsonb_build_array({k}), 0, 1 FROM {t};"
+             SELECT 'r1', '{t}', jsonb_build_array({k})::text, 0, 1 FROM {t};"
         )
     }))
     .await;

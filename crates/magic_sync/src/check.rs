@@ -177,10 +177,52 @@ pub fn declarations(engine: &Engine, catalog: &Catalog) -> Result<()> {
             }
         }
     }
+    foreign_key_types(engine, catalog, &mut problems);
     if problems.is_empty() {
         Ok(())
     } else {
         Err(Error::Declarations(problems))
+    }
+}
+
+/// Foreign keys whose columns print differently from the key they point at.
+///
+/// The relay compares a pointer with its parent's key as text (decision
+/// 50), and a replica compares them as canonical keys (decision 18): a
+/// `numeric(10,2)` pointing at a `numeric(12,4)` key prints `1.50` where the
+/// key prints `1.5000`, and would never find it. Types that print a value
+/// the same way (integers of any width, `text` and `varchar`) are allowed.
+fn foreign_key_types(engine: &Engine, catalog: &Catalog, problems: &mut Vec<Mismatch>) {
+    let family = |ty: &str| -> String {
+        match ty {
+            "smallint" | "integer" | "bigint" => "integer".into(),
+            "text" => "text".into(),
+            t if t.starts_with("character varying") => "text".into(),
+            t => t.to_string(),
+        }
+    };
+    let type_of = |table: &str, column: &str| {
+        let table = engine.tables().find(|t| t.name == table)?;
+        let relation = catalog.relation(table.schema, table.name)?;
+        Some(relation.column(column)?.type_name.clone())
+    };
+    for fk in &catalog.foreign_keys {
+        for (c, p) in fk.child_columns.iter().zip(&fk.parent_columns) {
+            let (Some(child), Some(parent)) = (type_of(fk.child, c), type_of(fk.parent, p)) else {
+                continue;
+            };
+            if family(&child) != family(&parent) {
+                problems.push(Mismatch {
+                    table: fk.child.to_string(),
+                    column: Some(c.clone()),
+                    problem: format!(
+                        "foreign key `{}` is {child} but points at `{}.{p}`, which is {parent}: \
+                         keys are compared as they print, so a pointer must have its key's type",
+                        fk.name, fk.parent
+                    ),
+                });
+            }
+        }
     }
 }
 

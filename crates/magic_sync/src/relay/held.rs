@@ -62,7 +62,7 @@ pub(crate) fn closing(
         sql.push_str(&format!(
             "{HASH_ONLY}
              INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs, refs)
-             SELECT f.r, f.t, f.k, coalesce(ch.last_seq, 0), m.number, f.round = 0, f.ptrs, coalesce(c.n, 0)
+             SELECT f.r, f.t, f.k::text, coalesce(ch.last_seq, 0), m.number, f.round = 0, f.ptrs, coalesce(c.n, 0)
              FROM _ms_f f JOIN {messages} ON m.r = f.r
              LEFT JOIN _ms_changed ch ON ch.t = f.t AND ch.k = f.k
              {refs};
@@ -76,7 +76,7 @@ pub(crate) fn closing(
     if has("_ms_del") {
         sql.push_str(
             "DELETE FROM sync.held h USING _ms_del d
-             WHERE h.table_name = d.t AND h.key = d.k AND h.replica = d.r;",
+             WHERE h.table_name = d.t AND h.key = d.k::text AND h.replica = d.r;",
         );
     }
     if let (true, Some(messages)) = (has("_ms_send"), &messages) {
@@ -85,9 +85,9 @@ pub(crate) fn closing(
         sql.push_str(&format!(
             "UPDATE sync.held h SET version = s.version, message = m.number, ruled = s.ruled, ptrs = s.ptrs
              FROM _ms_send s JOIN {messages} ON m.r = s.r
-             WHERE s.held AND h.table_name = s.t AND h.key = s.k AND h.replica = s.r;
+             WHERE s.held AND h.table_name = s.t AND h.key = s.k::text AND h.replica = s.r;
              INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs)
-             SELECT s.r, s.t, s.k, s.version, m.number, s.ruled, s.ptrs
+             SELECT s.r, s.t, s.k::text, s.version, m.number, s.ruled, s.ptrs
              FROM _ms_send s JOIN {messages} ON m.r = s.r
              WHERE NOT s.held
              ON CONFLICT (replica, table_name, key)
@@ -116,7 +116,7 @@ pub(crate) fn closing(
             "UPDATE sync.held h SET refs = h.refs + x.n
              FROM (SELECT r, t, k, sum(n)::int AS n FROM ({}) a
                    GROUP BY r, t, k HAVING sum(n) <> 0) x
-             WHERE h.table_name = x.t AND h.key = x.k AND h.replica = x.r;",
+             WHERE h.table_name = x.t AND h.key = x.k::text AND h.replica = x.r;",
             moves.join(" UNION ALL ")
         ));
     }
@@ -169,11 +169,11 @@ pub(crate) async fn audit(client: &Client, graph: &Graph) -> Result<Vec<String>>
     if let Some(links) = graph.tracked_values() {
         let sql = format!(
             "WITH pointing AS (
-                 SELECT h.replica AS r, l.p AS t, h.ptrs -> l.name AS k, count(*) AS n
+                 SELECT h.replica AS r, l.p AS t, (h.ptrs -> l.name)::text AS k, count(*) AS n
                  FROM sync.held h JOIN {links} ON l.c = h.table_name
                  WHERE h.ptrs ? l.name GROUP BY 1, 2, 3)
              SELECT coalesce(h.replica, p.r), coalesce(h.table_name, p.t),
-                    coalesce(h.key, p.k)::text, coalesce(h.refs, 0), coalesce(p.n, 0)
+                    coalesce(h.key, p.k), coalesce(h.refs, 0), coalesce(p.n, 0)
              FROM (SELECT * FROM sync.held WHERE refs <> 0) h
              FULL JOIN pointing p ON p.r = h.replica AND p.t = h.table_name AND p.k = h.key
              WHERE coalesce(h.refs, 0) <> coalesce(p.n, 0)
@@ -194,7 +194,7 @@ pub(crate) async fn audit(client: &Client, graph: &Graph) -> Result<Vec<String>>
             None => "false".into(),
         };
         let sql = format!(
-            "SELECT h.replica, h.key::text, a.{k0} IS NOT NULL, h.ruled, {ruled}, h.ptrs::text, {ptrs}::text
+            "SELECT h.replica, h.key, a.{k0} IS NOT NULL, h.ruled, {ruled}, h.ptrs::text, {ptrs}::text
              FROM sync.held h
              JOIN sync.replicas r0 ON r0.id = h.replica AND r0.live
              CROSS JOIN LATERAL (SELECT r0.id AS r, r0.partition_id AS part) r
@@ -205,7 +205,7 @@ pub(crate) async fn audit(client: &Client, graph: &Graph) -> Result<Vec<String>>
             k0 = crate::sql::ident(shape.table.key[0]),
             ptrs = graph.pointers("a", shape.table.name),
             rel = shape.relation,
-            m = super::graph::key_match("a", shape, "h.key"),
+            m = super::graph::key_match("a", shape, "h.key::jsonb"),
         );
         for row in client.query(&sql, &[]).await? {
             let (r, k, exists): (String, String, bool) = (row.get(0), row.get(1), row.get(2));

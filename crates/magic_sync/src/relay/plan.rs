@@ -300,7 +300,7 @@ pub(crate) struct Group {
 /// by `sync.held`'s key, per row.
 fn is_held(t: &str, k: &str, r: &str) -> String {
     format!(
-        "EXISTS (SELECT 1 FROM sync.held h WHERE h.table_name = {t} AND h.key = {k} AND h.replica = {r} OFFSET 0)"
+        "EXISTS (SELECT 1 FROM sync.held h WHERE h.table_name = {t} AND h.key = ({k})::text AND h.replica = {r} OFFSET 0)"
     )
 }
 
@@ -309,7 +309,7 @@ fn is_held(t: &str, k: &str, r: &str) -> String {
 fn held_by(t: &str, k: &str, r: &str) -> String {
     format!(
         "LATERAL (SELECT h.version, h.ruled, h.ptrs, h.refs FROM sync.held h
-                  WHERE h.table_name = {t} AND h.key = {k} AND h.replica = {r} OFFSET 0) h"
+                  WHERE h.table_name = {t} AND h.key = ({k})::text AND h.replica = {r} OFFSET 0) h"
     )
 }
 
@@ -692,7 +692,7 @@ impl Planner<'_, '_> {
              FROM _ms_touched c
              {current}
              CROSS JOIN LATERAL (SELECT h.replica, h.version, h.ruled, h.ptrs, h.refs FROM sync.held h
-                                 WHERE h.table_name = c.t AND h.key = c.k OFFSET 0) h
+                                 WHERE h.table_name = c.t AND h.key = c.k::text OFFSET 0) h
              CROSS JOIN {replica}
              CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
              WHERE c.t = {t} AND NOT r.fresh
@@ -968,7 +968,7 @@ impl Planner<'_, '_> {
         } else {
             format!(
                 "CROSS JOIN LATERAL (SELECT h.replica FROM sync.held h
-                                     WHERE h.table_name = {p} AND h.key = {ptr} OFFSET 0) h"
+                                     WHERE h.table_name = {p} AND h.key = ({ptr})::text OFFSET 0) h"
             )
         };
         self.run(&format!(

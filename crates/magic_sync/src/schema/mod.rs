@@ -15,6 +15,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (6, include_str!("006_outbox_bound.sql")),
     (7, include_str!("007_held_reasons.sql")),
     (8, include_str!("008_snapshots.sql")),
+    (9, include_str!("009_held_key_text.sql")),
 ];
 
 /// The version this build brings the schema to.

@@ -72,9 +72,35 @@ impl Fleet {
                 .await
                 .expect("the fixture's rows");
         }
+        Self::on(db, writer, shop::engine(), max_message).await
+    }
+
+    /// A fleet on a database of another schema than the shop's: `schema`
+    /// (tables and rows) is made, the `sync` schema installed and
+    /// `engine`'s triggers.
+    pub async fn of(schema: &str, engine: Engine) -> Fleet {
+        let db = magic_sync_testdb::database().await;
+        let mut writer = db.connect().await;
+        writer.batch_execute(schema).await.expect("the schema");
+        magic_sync::schema::migrate(&mut writer)
+            .await
+            .expect("migrate");
+        engine
+            .install_triggers(&mut writer)
+            .await
+            .expect("install triggers");
+        Self::on(db, writer, engine, MAX_MESSAGE).await
+    }
+
+    async fn on(
+        db: magic_sync_testdb::TestDb,
+        writer: Client,
+        engine: Engine,
+        max_message: usize,
+    ) -> Fleet {
         let client = db.connect().await;
         client.batch_execute("SET TIME ZONE 'UTC'").await.unwrap();
-        let engine: &'static Engine = Box::leak(Box::new(shop::engine()));
+        let engine: &'static Engine = Box::leak(Box::new(engine));
         // Small chunks and flushes, so a pass reads its rows over several
         // round trips (the next asked for while one is encoded) and writes
         // its messages over several batches, as a large one does.
@@ -119,13 +145,15 @@ impl Fleet {
 
     pub fn add_at(&mut self, id: &str, partition: Option<&str>, path: std::path::PathBuf) {
         let replica = Replica::open(&path, id, self.engine, self.foreign_keys()).unwrap();
-        // As on the server, a barcode belongs to one product at a time.
-        replica
-            .connection()
-            .execute_batch(
-                "CREATE UNIQUE INDEX IF NOT EXISTS products_barcode ON products (barcode)",
-            )
-            .unwrap();
+        if self.engine.tables().any(|t| t.name == "products") {
+            // As on the server, a barcode belongs to one product at a time.
+            replica
+                .connection()
+                .execute_batch(
+                    "CREATE UNIQUE INDEX IF NOT EXISTS products_barcode ON products (barcode)",
+                )
+                .unwrap();
+        }
         self.units.insert(
             id.to_string(),
             Unit {

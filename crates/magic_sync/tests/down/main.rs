@@ -11,6 +11,7 @@ mod wanted;
 
 mod cost;
 mod gate;
+mod keys;
 mod relay;
 mod scenarios;
 mod snapshot;

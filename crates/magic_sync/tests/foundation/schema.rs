@@ -52,6 +52,41 @@ async fn a_database_at_an_older_version_is_brought_to_the_current_one() {
 }
 
 #[tokio::test]
+async fn held_keys_recorded_as_jsonb_are_kept_as_their_text() {
+    let db = magic_sync_testdb::database().await;
+    let mut client = db.connect().await;
+    assert_eq!(schema::migrate_to(&mut client, 8).await.unwrap(), 8);
+    client
+        .batch_execute(
+            "INSERT INTO sync.held (replica, table_name, key, version, message)
+             VALUES ('r1', 'lines', jsonb_build_array(5, 2), 1, 1),
+                    ('r1', 'customers', jsonb_build_array('ann', 1.50), 1, 1)",
+        )
+        .await
+        .unwrap();
+    assert_eq!(schema::migrate(&mut client).await.unwrap(), CURRENT);
+    // The text the relay compares with: its own jsonb keys, printed.
+    let found: i64 = client
+        .query_one(
+            "SELECT count(*) FROM sync.held
+             WHERE key IN (jsonb_build_array(5, 2)::text, jsonb_build_array('ann', 1.50)::text)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(found, 2);
+    let keys: Vec<String> = client
+        .query("SELECT key FROM sync.held ORDER BY key", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(keys, ["[\"ann\", 1.50]", "[5, 2]"]);
+}
+
+#[tokio::test]
 async fn a_database_newer_than_the_build_is_refused() {
     let db = magic_sync_testdb::database().await;
     let mut client = db.connect().await;

@@ -221,6 +221,46 @@ struct ProductRetiredOverAColumn {
     id: i64,
 }
 
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "rates", down, referenced, key(code))]
+struct Rate {
+    code: Numeric,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "tabs", down, all, key(id))]
+struct Tab {
+    id: i64,
+    rate: Numeric,
+}
+
+#[tokio::test]
+async fn a_foreign_key_that_prints_differently_from_its_key_is_refused() {
+    let db = magic_sync_testdb::database().await;
+    let mut client = db.connect().await;
+    client
+        .batch_execute(
+            "CREATE TABLE rates (code numeric(12, 4) PRIMARY KEY);
+             CREATE TABLE tabs (id bigint PRIMARY KEY, rate numeric(10, 2) NOT NULL REFERENCES rates);",
+        )
+        .await
+        .unwrap();
+    magic_sync::schema::migrate(&mut client).await.unwrap();
+    let engine = Engine::builder()
+        .table::<Rate>()
+        .table::<Tab>()
+        .build()
+        .unwrap();
+    let err = check::startup(&engine, &client).await.expect_err("refused");
+    assert!(matches!(err, Error::Declarations(_)), "{err}");
+    let m = err.to_string();
+    assert!(
+        m.contains("table `tabs`, column `rate`")
+            && m.contains("numeric(10,2) but points at `rates.code`, which is numeric(12,4)"),
+        "{m}"
+    );
+}
+
 async fn refused<R: Row>() -> String {
     let (_db, client) = shop::installed().await;
     let engine = Engine::builder().table::<R>().build().unwrap();

@@ -1,0 +1,12 @@
+-- A held row's key as the text of its jsonb array (`[5, 2]`), compared
+-- byte by byte. Measured (benches/held_forms.rs, BENCHMARKS.md, issue 10):
+-- against jsonb, a snapshot records its rows in 0.68-0.78 of the time, a
+-- steady pass's statements on the record take 0.78 of the time, and a row
+-- takes about 200 bytes instead of 270 with its indexes. The planner keeps
+-- jsonb keys in its own tables and turns them into this text where it
+-- meets the record: jsonb prints an equal value the same way each time.
+--
+-- The table is rewritten, with its indexes, under an exclusive lock: a
+-- relay upgrading waits for no one else (it holds the relay's lock), and
+-- the application never reads this table.
+ALTER TABLE sync.held ALTER COLUMN key TYPE text COLLATE "C" USING key::text;
