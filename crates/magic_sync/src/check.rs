@@ -188,7 +188,7 @@ pub fn declarations(engine: &Engine, catalog: &Catalog) -> Result<()> {
 /// Foreign keys whose columns print differently from the key they point at.
 ///
 /// The relay compares a pointer with its parent's key as text (decision
-/// 50), and a replica compares them as canonical keys (decision 18): a
+/// 51), and a replica compares them as canonical keys (decision 18): a
 /// `numeric(10,2)` pointing at a `numeric(12,4)` key prints `1.50` where the
 /// key prints `1.5000`, and would never find it. Types that print a value
 /// the same way (integers of any width, `text` and `varchar`) are allowed.

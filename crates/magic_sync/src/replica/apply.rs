@@ -1,8 +1,19 @@
 //! The body of one message, applied inside the transaction the replica opened
 //! for it: rows overwritten, rows let go of, a snapshot begun or ended, and
 //! every row it could not take recorded as refused.
+//!
+//! Each table's statements are prepared once per message and kept
+//! ([`Prepared`]), and a row goes from the message's bytes to SQLite without
+//! an intermediate struct ([`row`]). A row is first taken the short way: read
+//! by its codec, its key's canonical text written from what was read and
+//! found equal to the key it travels under. Anything else (a row that does
+//! not decode, a key that is not in its canonical text or does not match) is
+//! taken the careful way, which reads the key on its own and says which of
+//! the two is wrong.
 
 use super::key::{self, KeyProblem};
+use super::row::{self, Param};
+use super::snapshot::{self, Snapshot};
 use super::state::{self, Refusal};
 use super::tables::{TableSql, Tables};
 use crate::codec::CodecError;
@@ -13,7 +24,8 @@ use crate::sql::ident;
 use crate::value::Value;
 use crate::wire;
 use rusqlite::types::Value as Lite;
-use rusqlite::{params_from_iter, Connection, ErrorCode};
+use rusqlite::{params_from_iter, Connection, ErrorCode, Statement};
+use std::collections::{HashMap, HashSet};
 
 /// Why a row was not taken. Its text is the reason the server is told.
 #[derive(Debug, thiserror::Error)]
@@ -32,11 +44,21 @@ pub(crate) enum Reason {
     Refused(#[source] rusqlite::Error),
 }
 
-/// A row decoded and ready to write.
-struct Ready<'m> {
+/// A row that clashed on a unique value, waiting for the table's other rows.
+struct Waiting<'m> {
     row: &'m RowData,
     canonical: String,
     values: Vec<Lite>,
+    clash: rusqlite::Error,
+}
+
+/// What became of writing a row.
+enum Written {
+    Done,
+    /// It clashed with another row on a unique value: try again later.
+    Clash(rusqlite::Error),
+    /// SQLite refused it for another constraint.
+    Refused(rusqlite::Error),
 }
 
 /// One message being applied.
@@ -45,13 +67,11 @@ pub(crate) struct Pass<'a> {
     tables: &'a Tables,
     engine: &'a Engine,
     number: u64,
-    /// Whether a snapshot is in progress, so the keys of its rows are noted.
-    naming: bool,
-    /// Tables empty when the snapshot in progress began: not named.
-    empty: std::collections::HashSet<String>,
-    /// Whether any refusal is on record, so taking a row must forget one.
-    refusals: bool,
+    snapshot: Option<Snapshot>,
+    refusals: Refusals,
     refused: usize,
+    /// Each table's statements, in the order of `tables`.
+    prepared: Vec<Prepared<'a>>,
 }
 
 impl<'a> Pass<'a> {
@@ -63,29 +83,29 @@ impl<'a> Pass<'a> {
         message: &ToReplica,
     ) -> Result<usize> {
         if message.begins_snapshot {
-            let names: Vec<&str> = tables.iter().map(|t| t.table.name).collect();
-            state::begin_snapshot(conn, message.number, &names)?;
+            snapshot::begin(conn, tables, message.number)?;
         }
         let mut pass = Pass {
             conn,
             tables,
             engine,
             number: message.number,
-            naming: state::snapshot_began(conn)?.is_some(),
-            empty: state::empty_at_snapshot(conn)?,
-            refusals: state::any_refused(conn)?,
+            snapshot: Snapshot::load(conn)?,
+            refusals: Refusals::load(conn)?,
             refused: 0,
+            prepared: (0..tables.len()).map(|_| Prepared::default()).collect(),
         };
-        if message.begins_snapshot {
-            pass.set_indexes_for_snapshot()?;
-        }
         match &message.body {
             Some(Body::Down(down)) => {
                 for rows in &down.tables {
                     pass.table_rows(rows)?;
                 }
             }
-            Some(Body::EndSnapshot(end)) => pass.end_snapshot(&end.tables)?,
+            // Outside a snapshot nothing is stale, and nothing goes.
+            Some(Body::EndSnapshot(end)) if pass.snapshot.is_some() => {
+                snapshot::end(conn, tables, &end.tables, message.number)?;
+            }
+            Some(Body::EndSnapshot(_)) => {}
             // Refused when the message was decoded.
             None => {}
         }
@@ -95,9 +115,9 @@ impl<'a> Pass<'a> {
     fn table_rows(&mut self, rows: &TableRows) -> Result<()> {
         let target = self
             .tables
-            .get(&rows.table)
+            .position(&rows.table)
             .zip(self.engine.codec(&rows.table));
-        let Some((sql, codec)) = target else {
+        let Some((t, codec)) = target else {
             // Nothing of a table the replica does not hold can be let go of;
             // its rows cannot be taken.
             for row in &rows.upserts {
@@ -107,9 +127,9 @@ impl<'a> Pass<'a> {
             return Ok(());
         };
         for key in &rows.deletes {
-            self.delete(sql, key)?;
+            self.delete(t, key)?;
         }
-        self.upserts(sql, codec, &rows.upserts)
+        self.upserts(t, codec, &rows.upserts)
     }
 
     fn not_held(&self, table: &str) -> Reason {
@@ -119,40 +139,89 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// Writes the rows of one table. A row that clashes with another on a
+    /// Whether the snapshot in progress fills table `t` from empty.
+    fn fills(&self, t: usize) -> bool {
+        let name = self.tables.at(t).table.name;
+        self.snapshot.as_ref().is_some_and(|s| s.fills(name))
+    }
+
+    /// Whether the keys of table `t` are struck off its stale set as rows come.
+    fn strikes(&self, t: usize) -> bool {
+        self.snapshot.is_some() && !self.fills(t)
+    }
+
+    /// Writes the rows of table `t`. A row that clashes with another on a
     /// unique column waits until the table's other rows are written (the
     /// server sends a unique value moving between rows in one message, in no
     /// particular order), and is tried again as long as a round lets one of
     /// the waiting rows through.
-    fn upserts(&mut self, sql: &TableSql, codec: &wire::Codec, rows: &[RowData]) -> Result<()> {
+    fn upserts<'m>(&mut self, t: usize, codec: &wire::Codec, rows: &'m [RowData]) -> Result<()> {
+        let fills = self.fills(t);
+        let strikes = self.strikes(t);
+        let mut values: Vec<Param<'m>> = Vec::with_capacity(codec.table().columns.len());
+        let mut canonical = Vec::new();
         let mut waiting = Vec::new();
         for row in rows {
-            if let Some(ready) = self.prepare(sql, codec, row)? {
-                if let Some(clash) = self.write(sql, &ready)? {
-                    waiting.push((ready, clash));
+            if !self.take(t, codec, row, strikes, &mut values, &mut canonical)? {
+                continue;
+            }
+            let written = if fills {
+                self.prepared[t].insert_or_upsert(self.conn, self.tables.at(t), &values)?
+            } else {
+                self.prepared[t].upsert(self.conn, self.tables.at(t), &values)?
+            };
+            match written {
+                Written::Done => self.forget_refusal(t, &row.key, &canonical)?,
+                Written::Clash(clash) => waiting.push(Waiting {
+                    row,
+                    canonical: String::from_utf8_lossy(&canonical).into_owned(),
+                    values: values.iter().map(Param::owned).collect(),
+                    clash,
+                }),
+                Written::Refused(e) => {
+                    let canonical = String::from_utf8_lossy(&canonical).into_owned();
+                    let name = self.tables.at(t).table.name;
+                    self.refuse(name, &row.key, Some(&canonical), Reason::Refused(e))?;
                 }
             }
         }
+        self.retry(t, waiting)
+    }
+
+    /// Tries the rows that clashed on a unique value again, round after
+    /// round, while a round lets one through.
+    fn retry(&mut self, t: usize, mut waiting: Vec<Waiting<'_>>) -> Result<()> {
         while !waiting.is_empty() {
             let before = waiting.len();
             let mut still = Vec::new();
-            for (ready, _) in waiting {
-                if let Some(clash) = self.write(sql, &ready)? {
-                    still.push((ready, clash));
+            for mut w in waiting {
+                match self.prepared[t].upsert(self.conn, self.tables.at(t), &w.values)? {
+                    Written::Done => self.forget_refusal(t, &w.row.key, w.canonical.as_bytes())?,
+                    Written::Clash(clash) => {
+                        w.clash = clash;
+                        still.push(w);
+                    }
+                    Written::Refused(e) => {
+                        let name = self.tables.at(t).table.name;
+                        self.refuse(name, &w.row.key, Some(&w.canonical), Reason::Refused(e))?;
+                    }
                 }
             }
-            if still.len() == before && self.naming && self.let_go_of_stale(sql, &still)? {
+            if still.len() == before
+                && self.snapshot.is_some()
+                && self.let_go_of_stale(t, &still)?
+            {
                 waiting = still;
                 continue;
             }
             if still.len() == before {
-                for (ready, clash) in still {
-                    let canonical = Some(ready.canonical.as_str());
+                let name = self.tables.at(t).table.name;
+                for w in still {
                     self.refuse(
-                        sql.table.name,
-                        &ready.row.key,
-                        canonical,
-                        Reason::Refused(clash),
+                        name,
+                        &w.row.key,
+                        Some(&w.canonical),
+                        Reason::Refused(w.clash),
                     )?;
                 }
                 break;
@@ -163,18 +232,15 @@ impl<'a> Pass<'a> {
     }
 
     /// During a snapshot, lets go of the rows the waiting rows clash with
-    /// that the snapshot has not named: what the replica held before the
+    /// that the snapshot has not sent: what the replica held before the
     /// snapshot, which its end would let go of anyway, cannot hold back the
     /// server's current rows. Returns whether any row went.
-    fn let_go_of_stale(
-        &mut self,
-        sql: &TableSql,
-        waiting: &[(Ready<'_>, rusqlite::Error)],
-    ) -> Result<bool> {
+    fn let_go_of_stale(&mut self, t: usize, waiting: &[Waiting<'_>]) -> Result<bool> {
+        let sql = self.tables.at(t);
         let table = sql.table;
         let mut stale: Vec<Vec<Value>> = Vec::new();
-        for (ready, clash) in waiting {
-            let columns = clash_columns(table, clash);
+        for w in waiting {
+            let columns = clash_columns(table, &w.clash);
             if columns.is_empty() {
                 continue;
             }
@@ -195,101 +261,136 @@ impl<'a> Pass<'a> {
                 ident(table.name),
                 filter.join(" AND ")
             );
-            let params: Vec<&Lite> = columns.iter().map(|&c| &ready.values[c]).collect();
+            let params: Vec<&Lite> = columns.iter().map(|&c| &w.values[c]).collect();
             let mut stmt = self.conn.prepare(&query)?;
             let mut rows = stmt.query(params_from_iter(params))?;
             while let Some(row) = rows.next()? {
                 let key = key::read(table, row)?;
-                if !self.is_named(table.name, &key::canonical(&key))? {
+                let is_stale = self.prepared[t]
+                    .statement(Slot::IsStale, self.conn, &sql.stale.contains)?
+                    .query_row(params_from_iter(key::params(&key)), |r| r.get::<_, bool>(0))?;
+                if is_stale {
                     stale.push(key);
                 }
             }
         }
         let any = !stale.is_empty();
         for key in stale {
-            self.let_go(sql, &key)?;
+            self.let_go(t, &key::params(&key))?;
         }
         Ok(any)
     }
 
-    /// Decodes a row and checks its key; `None` when it was refused.
-    fn prepare<'m>(
+    /// Reads a row into `values` and checks its key; strikes the key off the
+    /// stale set when `strikes`. Leaves the key's canonical text in
+    /// `canonical`. `false` when the row was refused.
+    fn take<'m>(
         &mut self,
-        sql: &TableSql,
+        t: usize,
         codec: &wire::Codec,
         row: &'m RowData,
-    ) -> Result<Option<Ready<'m>>> {
+        strikes: bool,
+        values: &mut Vec<Param<'m>>,
+        canonical: &mut Vec<u8>,
+    ) -> Result<bool> {
+        let sql = self.tables.at(t);
+        let read = row::read(codec, &row.data, values);
+        let short = read.is_ok()
+            && row::canonical_key(sql.table, &sql.key_positions, values, canonical)
+            && canonical.as_slice() == row.key.as_slice();
+        if !short {
+            return self.take_carefully(t, codec, row, strikes, read, values, canonical);
+        }
+        if strikes {
+            let key = sql.key_positions.iter().map(|&k| &values[k]);
+            self.prepared[t]
+                .statement(Slot::Strike, self.conn, &sql.stale.strike)?
+                .execute(params_from_iter(key))?;
+        }
+        Ok(true)
+    }
+
+    /// [`take`](Self::take) for a row whose key did not come out as its
+    /// canonical text: the key is read on its own, struck off, and compared.
+    #[allow(clippy::too_many_arguments)]
+    fn take_carefully(
+        &mut self,
+        t: usize,
+        codec: &wire::Codec,
+        row: &RowData,
+        strikes: bool,
+        read: std::result::Result<(), CodecError>,
+        values: &[Param<'_>],
+        canonical: &mut Vec<u8>,
+    ) -> Result<bool> {
+        let sql = self.tables.at(t);
         let table = sql.table;
-        let wire_key = match key::decode(table, &row.key) {
-            Ok(values) => key::canonical(&values),
+        let wire = match key::decode(table, &row.key) {
+            Ok(wire) => wire,
             Err(problem) => {
                 self.refuse(table.name, &row.key, None, Reason::Key(problem))?;
-                return Ok(None);
+                return Ok(false);
             }
         };
-        // The snapshot named this row, whether or not it can be taken.
-        self.name(table.name, &wire_key)?;
-        let values = match codec.decode(&row.data) {
-            Ok(values) => values,
-            Err(e) => {
-                self.refuse(table.name, &row.key, Some(&wire_key), Reason::Row(e))?;
-                return Ok(None);
+        let wire_key = key::canonical(&wire);
+        // The snapshot sent this row, whether or not it can be taken.
+        if strikes {
+            self.prepared[t]
+                .statement(Slot::Strike, self.conn, &sql.stale.strike)?
+                .execute(params_from_iter(key::params(&wire)))?;
+        }
+        if let Err(e) = read {
+            self.refuse(table.name, &row.key, Some(&wire_key), Reason::Row(e))?;
+            return Ok(false);
+        }
+        let row_key = if row::canonical_key(table, &sql.key_positions, values, canonical) {
+            String::from_utf8_lossy(canonical).into_owned()
+        } else {
+            match codec.decode(&row.data) {
+                Ok(decoded) => key::canonical(&key::of_row(table, &decoded)),
+                Err(e) => {
+                    self.refuse(table.name, &row.key, Some(&wire_key), Reason::Row(e))?;
+                    return Ok(false);
+                }
             }
         };
-        let row_key = key::canonical(&key::of_row(table, &values));
         if row_key != wire_key {
             let reason = Reason::KeyMismatch {
                 row: row_key,
                 wire: wire_key.clone(),
             };
             self.refuse(table.name, &row.key, Some(&wire_key), reason)?;
-            return Ok(None);
+            return Ok(false);
         }
-        Ok(Some(Ready {
-            row,
-            canonical: wire_key,
-            values: key::params(&values),
-        }))
+        canonical.clear();
+        canonical.extend_from_slice(wire_key.as_bytes());
+        Ok(true)
     }
 
-    /// Writes a decoded row. Returns the error of a clash on a unique column
-    /// (to try again later); refuses it for any other constraint.
-    fn write(&mut self, sql: &TableSql, ready: &Ready<'_>) -> Result<Option<rusqlite::Error>> {
-        let name = sql.table.name;
-        let written = self
-            .conn
-            .prepare_cached(&sql.upsert)?
-            .execute(params_from_iter(&ready.values));
-        match written {
-            Ok(_) => {
-                if self.refusals {
-                    state::forget_refused(self.conn, name, &ready.row.key, &ready.canonical)?;
-                }
-                Ok(None)
-            }
-            Err(e) if is_unique_clash(&e) => Ok(Some(e)),
-            Err(e) if is_constraint(&e) => {
-                let canonical = Some(ready.canonical.as_str());
-                self.refuse(name, &ready.row.key, canonical, Reason::Refused(e))?;
-                Ok(None)
-            }
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    fn delete(&mut self, sql: &TableSql, key: &[u8]) -> Result<()> {
-        let name = sql.table.name;
-        let values = match key::decode(sql.table, key) {
-            Ok(values) => values,
-            Err(problem) => return self.refuse(name, key, None, Reason::Key(problem)),
-        };
-        let canonical = key::canonical(&values);
-        self.let_go(sql, &values)?;
-        if self.refusals {
+    /// A row of table `t` was written or let go of: any refusal of it is over.
+    fn forget_refusal(&mut self, t: usize, key: &[u8], canonical: &[u8]) -> Result<()> {
+        let name = self.tables.at(t).table.name;
+        if self.refusals.forget(name, key, canonical) {
+            let canonical = String::from_utf8_lossy(canonical);
             state::forget_refused(self.conn, name, key, &canonical)?;
         }
-        if self.naming && !self.empty.contains(name) {
-            state::unname_key(self.conn, name, &canonical)?;
+        Ok(())
+    }
+
+    fn delete(&mut self, t: usize, key: &[u8]) -> Result<()> {
+        let sql = self.tables.at(t);
+        let values = match key::decode(sql.table, key) {
+            Ok(values) => values,
+            Err(problem) => return self.refuse(sql.table.name, key, None, Reason::Key(problem)),
+        };
+        let params = key::params(&values);
+        self.let_go(t, &params)?;
+        self.forget_refusal(t, key, key::canonical(&values).as_bytes())?;
+        // Let go of since the snapshot sent it: its end lets go of it again.
+        if self.strikes(t) {
+            self.prepared[t]
+                .statement(Slot::PutBack, self.conn, &sql.stale.put_back)?
+                .execute(params_from_iter(&params))?;
         }
         Ok(())
     }
@@ -297,98 +398,24 @@ impl<'a> Pass<'a> {
     /// Deletes the row, or retires it while a row of the replica still points
     /// at it (a sale keeps its customer). A table without a retired column
     /// deletes regardless.
-    fn let_go(&mut self, sql: &TableSql, key: &[Value]) -> Result<()> {
-        let mut params = key::params(key);
+    fn let_go(&mut self, t: usize, key: &[Lite]) -> Result<()> {
+        let sql = self.tables.at(t);
+        let prepared = &mut self.prepared[t];
         if let (Some(pointed_at), Some(retire)) = (&sql.pointed_at, &sql.retire) {
-            let held: bool = self
-                .conn
-                .prepare_cached(pointed_at)?
-                .query_row(params_from_iter(&params), |r| r.get(0))?;
+            let held: bool = prepared
+                .statement(Slot::PointedAt, self.conn, pointed_at)?
+                .query_row(params_from_iter(key), |r| r.get(0))?;
             if held {
-                params.push(Lite::Integer(state::to_sql(self.number)?));
-                self.conn
-                    .prepare_cached(retire)?
-                    .execute(params_from_iter(&params))?;
+                let number = Lite::Integer(state::to_sql(self.number)?);
+                prepared
+                    .statement(Slot::Retire, self.conn, retire)?
+                    .execute(params_from_iter(key.iter().chain([&number])))?;
                 return Ok(());
             }
         }
-        self.conn
-            .prepare_cached(&sql.delete)?
-            .execute(params_from_iter(&params))?;
-        Ok(())
-    }
-
-    /// Lets go of every row of `tables` the snapshot did not name, and of the
-    /// refusals it superseded; then the snapshot is over. Outside a snapshot
-    /// nothing was named, and nothing is let go of.
-    fn end_snapshot(&mut self, tables: &[String]) -> Result<()> {
-        if !self.naming {
-            return Ok(());
-        }
-        // Letting go of a row asks whether anything points at it: every
-        // index is back first.
-        for sql in self.tables.iter() {
-            for (_, create) in &sql.indexes {
-                self.conn.execute_batch(create)?;
-            }
-        }
-        for name in tables {
-            if let Some(sql) = self.tables.get(name) {
-                if !self.empty.contains(name.as_str()) {
-                    for key in self.unnamed(sql)? {
-                        self.let_go(sql, &key)?;
-                    }
-                }
-                state::forget_superseded(self.conn, name)?;
-            }
-        }
-        state::end_snapshot(self.conn)
-    }
-
-    /// A table empty when a snapshot begins is filled by it in bulk: the
-    /// indexes on its foreign keys are dropped until the snapshot ends, and
-    /// built then in one go, which is cheaper than keeping them up a row at a
-    /// time. (A table holding rows keeps them: its rows may be let go of, and
-    /// that asks what points at them.)
-    fn set_indexes_for_snapshot(&self) -> Result<()> {
-        for sql in self.tables.iter() {
-            let empty = self.empty.contains(sql.table.name);
-            for (name, create) in &sql.indexes {
-                if empty {
-                    self.conn
-                        .execute_batch(&format!("DROP INDEX IF EXISTS {}", ident(name)))?;
-                } else {
-                    self.conn.execute_batch(create)?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The keys of the rows of a table the snapshot in progress did not name.
-    fn unnamed(&self, sql: &TableSql) -> Result<Vec<Vec<Value>>> {
-        let mut stmt = self.conn.prepare(&sql.keys)?;
-        let mut rows = stmt.query([])?;
-        let mut unnamed = Vec::new();
-        while let Some(row) = rows.next()? {
-            let values = key::read(sql.table, row)?;
-            if !self.is_named(sql.table.name, &key::canonical(&values))? {
-                unnamed.push(values);
-            }
-        }
-        Ok(unnamed)
-    }
-
-    /// Whether the snapshot in progress named the row: every row of a table
-    /// empty when it began came from it.
-    fn is_named(&self, table: &str, canonical: &str) -> Result<bool> {
-        Ok(self.empty.contains(table) || state::is_named(self.conn, table, canonical)?)
-    }
-
-    fn name(&self, table: &str, canonical: &str) -> Result<()> {
-        if self.naming && !self.empty.contains(table) {
-            state::name_key(self.conn, table, canonical)?;
-        }
+        prepared
+            .statement(Slot::Delete, self.conn, &sql.delete)?
+            .execute(params_from_iter(key))?;
         Ok(())
     }
 
@@ -400,7 +427,7 @@ impl<'a> Pass<'a> {
         reason: Reason,
     ) -> Result<()> {
         self.refused += 1;
-        self.refusals = true;
+        self.refusals.add(table, key, canonical);
         state::refuse(
             self.conn,
             &Refusal {
@@ -411,6 +438,126 @@ impl<'a> Pass<'a> {
                 reason: reason.to_string(),
             },
         )
+    }
+}
+
+/// The statements of one table a message has used, prepared on first use.
+#[derive(Default)]
+struct Prepared<'c> {
+    statements: [Option<Statement<'c>>; SLOTS],
+}
+
+/// Which of a table's statements.
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    Insert,
+    Upsert,
+    Delete,
+    Retire,
+    PointedAt,
+    Strike,
+    PutBack,
+    IsStale,
+}
+
+const SLOTS: usize = 8;
+
+impl<'c> Prepared<'c> {
+    /// The statement in `slot`, prepared from `text` on first use.
+    fn statement(
+        &mut self,
+        slot: Slot,
+        conn: &'c Connection,
+        text: &str,
+    ) -> Result<&mut Statement<'c>> {
+        let entry = &mut self.statements[slot as usize];
+        if entry.is_none() {
+            *entry = Some(conn.prepare(text)?);
+        }
+        Ok(entry.as_mut().expect("prepared just now"))
+    }
+
+    /// Writes a row, overwriting the row of its key if there is one.
+    fn upsert<P: rusqlite::ToSql>(
+        &mut self,
+        conn: &'c Connection,
+        sql: &TableSql,
+        values: &[P],
+    ) -> Result<Written> {
+        let written = self
+            .statement(Slot::Upsert, conn, &sql.upsert)?
+            .execute(params_from_iter(values));
+        outcome(written)
+    }
+
+    /// Inserts a row into a table being filled from empty; a row of the same
+    /// key already there (sent twice) is overwritten instead.
+    fn insert_or_upsert(
+        &mut self,
+        conn: &'c Connection,
+        sql: &TableSql,
+        values: &[Param<'_>],
+    ) -> Result<Written> {
+        let inserted = self
+            .statement(Slot::Insert, conn, &sql.insert)?
+            .execute(params_from_iter(values));
+        match inserted {
+            Err(e) if is_key_clash(&e) => self.upsert(conn, sql, values),
+            other => outcome(other),
+        }
+    }
+}
+
+fn outcome(written: rusqlite::Result<usize>) -> Result<Written> {
+    match written {
+        Ok(_) => Ok(Written::Done),
+        Err(e) if is_unique_clash(&e) => Ok(Written::Clash(e)),
+        Err(e) if is_constraint(&e) => Ok(Written::Refused(e)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The rows on record as refused, by table, by key as it came and by
+/// canonical key: taking a row asks here, not the database, whether it
+/// must forget a refusal.
+#[derive(Debug, Default)]
+struct Refusals {
+    tables: HashMap<String, RefusedKeys>,
+}
+
+#[derive(Debug, Default)]
+struct RefusedKeys {
+    keys: HashSet<Vec<u8>>,
+    canonical: HashSet<Vec<u8>>,
+}
+
+impl Refusals {
+    fn load(conn: &Connection) -> Result<Self> {
+        let mut refusals = Refusals::default();
+        if state::any_refused(conn)? {
+            for (table, key, canonical) in state::refused_rows(conn)? {
+                refusals.add(&table, &key, canonical.as_deref());
+            }
+        }
+        Ok(refusals)
+    }
+
+    fn add(&mut self, table: &str, key: &[u8], canonical: Option<&str>) {
+        let keys = self.tables.entry(table.to_string()).or_default();
+        keys.keys.insert(key.to_vec());
+        if let Some(c) = canonical {
+            keys.canonical.insert(c.as_bytes().to_vec());
+        }
+    }
+
+    /// Whether a refusal of the row is on record; forgets it here.
+    fn forget(&mut self, table: &str, key: &[u8], canonical: &[u8]) -> bool {
+        let Some(keys) = self.tables.get_mut(table) else {
+            return false;
+        };
+        let by_key = keys.keys.remove(key);
+        let by_canonical = keys.canonical.remove(canonical);
+        by_key || by_canonical
     }
 }
 
@@ -437,12 +584,19 @@ fn is_constraint(e: &rusqlite::Error) -> bool {
     e.sqlite_error_code() == Some(ErrorCode::ConstraintViolation)
 }
 
+fn extended_code(e: &rusqlite::Error) -> Option<i32> {
+    match e {
+        rusqlite::Error::SqliteFailure(f, _) => Some(f.extended_code),
+        _ => None,
+    }
+}
+
 fn is_unique_clash(e: &rusqlite::Error) -> bool {
-    matches!(
-        e,
-        rusqlite::Error::SqliteFailure(f, _)
-            if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
-    )
+    extended_code(e) == Some(rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE)
+}
+
+fn is_key_clash(e: &rusqlite::Error) -> bool {
+    extended_code(e) == Some(rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY)
 }
 
 /// The positions of the columns a unique clash names (SQLite says

@@ -24,6 +24,11 @@
 //!   it does in the same message or an earlier one.
 //! - After the message commits, retired rows nothing points at any more are
 //!   purged, children first, in a transaction of their own.
+//! - A snapshot fills a table that holds no row when it begins with plain
+//!   inserts, and sets aside the table's indexes that are not unique (the
+//!   replica's and the host's own) until `EndSnapshot`, or until the replica
+//!   is next opened: one build over every row is cheaper than keeping them
+//!   up row by row. See the `snapshot` module.
 //!
 //! The replica's tables have no foreign keys of their own in SQLite
 //! (`foreign_keys=OFF`): the server sends parents before their children and
@@ -33,6 +38,8 @@
 mod apply;
 mod digest;
 mod key;
+mod row;
+mod snapshot;
 mod state;
 mod tables;
 
@@ -134,13 +141,14 @@ impl<'e> Replica<'e> {
         let mut conn = Connection::open(path)?;
         conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get::<_, String>(0))?;
         conn.pragma_update(None, "foreign_keys", "OFF")?;
-        create_tables(&mut conn, engine, &foreign_keys)?;
+        let tables = Tables::new(engine.tables(), &foreign_keys);
+        create_tables(&mut conn, engine, &tables, &foreign_keys)?;
         let chain = state::load_chain(&conn)?;
         Ok(Replica {
             conn,
             id: replica_id.to_string(),
             engine,
-            tables: Tables::new(engine.tables(), &foreign_keys),
+            tables,
             chain,
         })
     }
@@ -266,10 +274,12 @@ fn malformation(message: &ToReplica) -> Option<&'static str> {
     }
 }
 
-/// The declared tables, the bookkeeping and their indexes, in one transaction.
+/// The declared tables, the bookkeeping and their indexes, in one
+/// transaction; and the indexes a snapshot in progress set aside, built again.
 fn create_tables(
     conn: &mut Connection,
     engine: &Engine,
+    tables: &Tables,
     foreign_keys: &[ForeignKey],
 ) -> Result<()> {
     let tx = conn.transaction()?;
@@ -279,10 +289,15 @@ fn create_tables(
             tx.execute_batch(&index)?;
         }
     }
+    for sql in tables.iter() {
+        tx.execute_batch(&sql.stale.create)?;
+    }
+    state::create(&tx)?;
+    snapshot::carry_over(&tx, tables)?;
+    snapshot::build_set_aside(&tx)?;
     for fk in foreign_keys {
         tx.execute_batch(&tables::foreign_key_index(fk))?;
     }
-    state::create(&tx)?;
     tx.commit()?;
     Ok(())
 }

@@ -1,7 +1,9 @@
 //! The replica's own bookkeeping, in tables of its database named
 //! `_magic_sync_*`: the last message applied, the gap it is in, the rows it
-//! refused, and the snapshot in progress with the keys it has named so far.
-//! Each is written in the transaction of the message it is about.
+//! refused, and the snapshot in progress: the tables that were empty when it
+//! began, and the indexes set aside until it ends. (The keys it has not sent
+//! yet are kept per table, beside each table: see `tables::Stale`.) Each is
+//! written in the transaction of the message it is about.
 
 use crate::chain::{Applied, Chain, GapAt};
 use crate::envelope;
@@ -40,11 +42,11 @@ CREATE TABLE IF NOT EXISTS _magic_sync_snapshot (
 CREATE TABLE IF NOT EXISTS _magic_sync_snapshot_empty (
     table_name TEXT PRIMARY KEY
 ) STRICT;
-CREATE TABLE IF NOT EXISTS _magic_sync_snapshot_keys (
+CREATE TABLE IF NOT EXISTS _magic_sync_snapshot_indexes (
+    name TEXT PRIMARY KEY,
     table_name TEXT NOT NULL,
-    key TEXT NOT NULL,
-    PRIMARY KEY (table_name, key)
-) STRICT, WITHOUT ROWID;
+    sql TEXT NOT NULL
+) STRICT;
 ";
 
 const LOAD_APPLIED: &str = "SELECT epoch, number, nonce, seal FROM _magic_sync_applied";
@@ -64,16 +66,31 @@ const BEGIN_SNAPSHOT: &str = "
 INSERT INTO _magic_sync_snapshot (id, began) VALUES (1, ?1)
 ON CONFLICT (id) DO UPDATE SET began = excluded.began";
 const END_SNAPSHOT: &str = "DELETE FROM _magic_sync_snapshot";
-const FORGET_NAMED: &str = "DELETE FROM _magic_sync_snapshot_keys";
 const FORGET_EMPTY: &str = "DELETE FROM _magic_sync_snapshot_empty";
 const NOTE_EMPTY: &str = "INSERT INTO _magic_sync_snapshot_empty (table_name) VALUES (?1)";
 const EMPTY: &str = "SELECT table_name FROM _magic_sync_snapshot_empty";
 const ANY_REFUSED: &str = "SELECT EXISTS (SELECT 1 FROM _magic_sync_refused)";
-const NAME_KEY: &str =
-    "INSERT OR IGNORE INTO _magic_sync_snapshot_keys (table_name, key) VALUES (?1, ?2)";
-const UNNAME_KEY: &str = "DELETE FROM _magic_sync_snapshot_keys WHERE table_name = ?1 AND key = ?2";
-const IS_NAMED: &str =
+const REFUSED_ROWS: &str = "SELECT table_name, key, canonical FROM _magic_sync_refused";
+
+const SET_ASIDE: &str =
+    "INSERT OR REPLACE INTO _magic_sync_snapshot_indexes (name, table_name, sql) VALUES (?1, ?2, ?3)";
+const SET_ASIDE_ALL: &str = "SELECT name, sql FROM _magic_sync_snapshot_indexes ORDER BY name";
+const FORGET_SET_ASIDE: &str = "DELETE FROM _magic_sync_snapshot_indexes";
+/// The indexes of a table that can be dropped and built again: made by
+/// `CREATE INDEX` (not a key or a `UNIQUE` constraint) and not unique, so no
+/// row is refused or let through differently without them.
+const DROPPABLE_INDEXES: &str = "
+SELECT m.name, m.sql FROM sqlite_master AS m JOIN pragma_index_list(?1) AS l ON l.name = m.name
+WHERE m.type = 'index' AND m.sql IS NOT NULL AND l.origin = 'c' AND NOT l.\"unique\"
+ORDER BY m.name";
+const TABLE_EXISTS: &str =
+    "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)";
+/// Where earlier versions kept the keys a snapshot had sent.
+const OLD_NAMED: &str = "_magic_sync_snapshot_keys";
+const WAS_NAMED: &str =
     "SELECT EXISTS (SELECT 1 FROM _magic_sync_snapshot_keys WHERE table_name = ?1 AND key = ?2)";
+const INDEX_EXISTS: &str =
+    "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?1)";
 
 const REFUSE: &str = "
 INSERT INTO _magic_sync_refused (table_name, key, canonical, number, reason, superseded)
@@ -169,16 +186,18 @@ pub(crate) fn snapshot_began(conn: &Connection) -> Result<Option<u64>> {
         .transpose()
 }
 
-/// Starts a snapshot at message `number`: it has named nothing yet, and every
-/// refusal so far is superseded by what the snapshot will send.
-///
-/// Tables empty when it begins need no naming: every row they will hold
-/// came from the snapshot, so its end lets go of nothing in them.
-pub(crate) fn begin_snapshot(conn: &Connection, number: u64, tables: &[&str]) -> Result<()> {
-    conn.prepare_cached(FORGET_NAMED)?.execute([])?;
+/// Starts a snapshot at message `number`: every refusal so far is superseded
+/// by what the snapshot will send. Returns the tables of `tables` that hold
+/// no row, which are noted as such until the snapshot ends.
+pub(crate) fn begin_snapshot<'t>(
+    conn: &Connection,
+    number: u64,
+    tables: &[&'t str],
+) -> Result<Vec<&'t str>> {
     conn.prepare_cached(FORGET_EMPTY)?.execute([])?;
-    for table in tables {
-        let empty: bool = conn.query_row(
+    let mut empty = Vec::new();
+    for &table in tables {
+        let none: bool = conn.query_row(
             &format!(
                 "SELECT NOT EXISTS (SELECT 1 FROM {})",
                 crate::sql::ident(table)
@@ -186,41 +205,79 @@ pub(crate) fn begin_snapshot(conn: &Connection, number: u64, tables: &[&str]) ->
             [],
             |r| r.get(0),
         )?;
-        if empty {
+        if none {
             conn.prepare_cached(NOTE_EMPTY)?.execute([table])?;
+            empty.push(table);
         }
     }
     conn.prepare_cached(SUPERSEDE_REFUSED)?.execute([])?;
     conn.prepare_cached(BEGIN_SNAPSHOT)?
         .execute([to_sql(number)?])?;
-    Ok(())
+    Ok(empty)
 }
 
 /// Ends the snapshot in progress.
 pub(crate) fn end_snapshot(conn: &Connection) -> Result<()> {
-    conn.prepare_cached(FORGET_NAMED)?.execute([])?;
     conn.prepare_cached(FORGET_EMPTY)?.execute([])?;
     conn.prepare_cached(END_SNAPSHOT)?.execute([])?;
     Ok(())
 }
 
-/// Notes that the snapshot in progress named the row `key` of `table`.
-pub(crate) fn name_key(conn: &Connection, table: &str, key: &str) -> Result<()> {
-    conn.prepare_cached(NAME_KEY)?.execute([table, key])?;
+/// The indexes of `table` a snapshot may drop while it fills the table, by
+/// name, with the statement that makes each.
+pub(crate) fn droppable_indexes(conn: &Connection, table: &str) -> Result<Vec<(String, String)>> {
+    let mut stmt = conn.prepare_cached(DROPPABLE_INDEXES)?;
+    let rows = stmt.query_map([table], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Records that the index `name` of `table`, made by `sql`, is dropped until
+/// the snapshot ends.
+pub(crate) fn set_aside(conn: &Connection, name: &str, table: &str, sql: &str) -> Result<()> {
+    conn.prepare_cached(SET_ASIDE)?
+        .execute([name, table, sql])?;
     Ok(())
 }
 
-/// Forgets that the snapshot in progress named `key` (it was let go of since).
-pub(crate) fn unname_key(conn: &Connection, table: &str, key: &str) -> Result<()> {
-    conn.prepare_cached(UNNAME_KEY)?.execute([table, key])?;
-    Ok(())
+/// The indexes set aside, by name, with the statement that makes each; and
+/// forgets them.
+pub(crate) fn take_set_aside(conn: &Connection) -> Result<Vec<(String, String)>> {
+    let indexes = {
+        let mut stmt = conn.prepare_cached(SET_ASIDE_ALL)?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect::<rusqlite::Result<Vec<(String, String)>>>()?
+    };
+    conn.prepare_cached(FORGET_SET_ASIDE)?.execute([])?;
+    Ok(indexes)
 }
 
-/// Whether the snapshot in progress named `key` of `table`.
-pub(crate) fn is_named(conn: &Connection, table: &str, key: &str) -> Result<bool> {
+/// Whether the database holds the keys a snapshot had sent as earlier
+/// versions kept them (one table for all, by canonical text).
+pub(crate) fn has_old_named_keys(conn: &Connection) -> Result<bool> {
     Ok(conn
-        .prepare_cached(IS_NAMED)?
-        .query_row([table, key], |r| r.get(0))?)
+        .prepare_cached(TABLE_EXISTS)?
+        .query_row([OLD_NAMED], |r| r.get(0))?)
+}
+
+/// Whether the snapshot in progress had sent the row `canonical` of `table`,
+/// by the keys earlier versions kept.
+pub(crate) fn was_named(conn: &Connection, table: &str, canonical: &str) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(WAS_NAMED)?
+        .query_row([table, canonical], |r| r.get(0))?)
+}
+
+/// Drops the keys earlier versions kept, once carried over.
+pub(crate) fn drop_old_named_keys(conn: &Connection) -> Result<()> {
+    conn.execute_batch(&format!("DROP TABLE IF EXISTS {OLD_NAMED}"))?;
+    Ok(())
+}
+
+/// Whether the database has an index called `name`.
+pub(crate) fn index_exists(conn: &Connection, name: &str) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(INDEX_EXISTS)?
+        .query_row([name], |r| r.get(0))?)
 }
 
 /// A row the replica could not take.
@@ -308,4 +365,15 @@ pub(crate) fn any_refused(conn: &Connection) -> Result<bool> {
     Ok(conn
         .prepare_cached(ANY_REFUSED)?
         .query_row([], |r| r.get(0))?)
+}
+
+/// A refused row on record: its table, its key as it came, and the key's
+/// canonical text when it could be read.
+pub(crate) type RefusedRow = (String, Vec<u8>, Option<String>);
+
+/// Every refused row on record.
+pub(crate) fn refused_rows(conn: &Connection) -> Result<Vec<RefusedRow>> {
+    let mut stmt = conn.prepare_cached(REFUSED_ROWS)?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
 }

@@ -3,6 +3,7 @@
 //! identifier goes through [`ident`].
 
 use super::ForeignKey;
+use crate::lite;
 use crate::row::Table;
 use crate::sql::ident;
 
@@ -12,6 +13,11 @@ use crate::sql::ident;
 pub(crate) struct TableSql {
     /// The declaration.
     pub table: &'static Table,
+    /// The positions of the key columns among the columns, in key order.
+    pub key_positions: Vec<usize>,
+    /// Inserts a row, and nothing else: for a table a snapshot fills from
+    /// empty. Parameters: every column, in order.
+    pub insert: String,
     /// Inserts a row, or overwrites every column the replica does not own and
     /// brings a retired row back to life. Parameters: every column, in order.
     pub upsert: String,
@@ -26,24 +32,57 @@ pub(crate) struct TableSql {
     pub pointed_at: Option<String>,
     /// Deletes the retired rows nothing points at. `None` without a retired column.
     pub purge: Option<String>,
-    /// Every row's key, retired ones included.
-    pub keys: String,
     /// The keys of the rows the replica holds live.
     pub live_keys: String,
-    /// The indexes on the table's foreign keys, by name: dropped while a
-    /// snapshot fills the table from empty, built again when it ends.
-    pub indexes: Vec<(String, String)>,
+    /// Every row's key, retired ones' too.
+    pub every_key: String,
+    /// The keys the snapshot in progress has not sent yet.
+    pub stale: Stale,
+    /// The name of the partial index on the retired column, if any.
+    pub retired_index: Option<String>,
+}
+
+/// The statements over a table's stale keys: `_magic_sync_stale_<table>`,
+/// the keys the table held when a snapshot began that the snapshot has not
+/// sent (yet). Key parameters are `?1..?n`, in declared key order.
+#[derive(Debug, Clone)]
+pub(crate) struct Stale {
+    /// Creates the table of stale keys, typed like the key columns.
+    pub create: String,
+    /// Every key the table holds, retired rows' too, in key order.
+    pub fill: String,
+    /// Empties it.
+    pub clear: String,
+    /// Strikes one key off: the snapshot sent the row.
+    pub strike: String,
+    /// Puts one key back: the row was let go of during the snapshot.
+    pub put_back: String,
+    /// Whether one key is still stale.
+    pub contains: String,
+    /// Retires the stale rows one of the replica's own records points at;
+    /// `?1` is the message number. `None` when such rows are deleted
+    /// regardless.
+    pub retire: Option<String>,
+    /// Deletes the stale rows that are not kept retired.
+    pub delete: String,
 }
 
 impl TableSql {
-    /// The statements for `table`, given every foreign key among the replica's tables.
-    pub fn new(table: &'static Table, foreign_keys: &[ForeignKey], all: &[ForeignKey]) -> Self {
+    /// The statements for `table`, given the foreign keys of the replica's
+    /// own records (its up tables).
+    pub fn new(table: &'static Table, foreign_keys: &[ForeignKey]) -> Self {
         let into_it: Vec<&ForeignKey> = foreign_keys
             .iter()
             .filter(|fk| fk.parent == table.name)
             .collect();
+        let pointed_at_row = table
+            .retired
+            .filter(|_| !into_it.is_empty())
+            .map(|_| pointed_at_row(table, &into_it));
         TableSql {
             table,
+            key_positions: table.key_positions(),
+            insert: insert(table),
             upsert: upsert(table),
             delete: format!(
                 "DELETE FROM {} WHERE {}",
@@ -56,15 +95,87 @@ impl TableSql {
                 .filter(|_| !into_it.is_empty())
                 .map(|_| pointed_at(table, &into_it)),
             purge: table.retired.map(|r| purge(table, r, &into_it)),
-            keys: select_keys(table, None),
             live_keys: select_keys(table, table.retired),
-            indexes: all
-                .iter()
-                .filter(|fk| fk.child == table.name)
-                .map(|fk| (foreign_key_index_name(fk), foreign_key_index(fk)))
-                .collect(),
+            every_key: select_keys(table, None),
+            stale: stale(table, pointed_at_row.as_deref()),
+            retired_index: table.retired.map(|_| retired_index_name(table)),
         }
     }
+}
+
+/// `"k1", "k2"`, the key columns in declared order.
+fn key_list(table: &Table) -> String {
+    table
+        .key
+        .iter()
+        .map(|k| ident(k))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn stale_table_name(table: &Table) -> String {
+    ident(&format!("_magic_sync_stale_{}", table.name))
+}
+
+fn stale(table: &Table, pointed_at_row: Option<&str>) -> Stale {
+    let name = stale_table_name(table);
+    let keys = key_list(table);
+    let columns: Vec<String> = table
+        .key
+        .iter()
+        .map(|k| {
+            let kind = table.column(k).map_or(crate::value::Kind::Text, |c| c.kind);
+            format!("{} {} NOT NULL", ident(k), lite::storage(kind))
+        })
+        .collect();
+    let marks: Vec<String> = (1..=table.key.len()).map(|i| format!("?{i}")).collect();
+    let target = ident(table.name);
+    let stale_rows = format!("({keys}) IN (SELECT {keys} FROM {name})");
+    let retire = table
+        .retired
+        .zip(pointed_at_row)
+        .map(|(retired, pointed_at)| {
+            format!(
+                "UPDATE {target} SET {} = ?1 WHERE {stale_rows} AND ({pointed_at})",
+                ident(retired)
+            )
+        });
+    let delete = match (&retire, pointed_at_row) {
+        (Some(_), Some(pointed_at)) => {
+            format!("DELETE FROM {target} WHERE {stale_rows} AND NOT ({pointed_at})")
+        }
+        _ => format!("DELETE FROM {target} WHERE {stale_rows}"),
+    };
+    Stale {
+        create: format!(
+            "CREATE TABLE IF NOT EXISTS {name} ({}, PRIMARY KEY ({keys})) STRICT, WITHOUT ROWID",
+            columns.join(", ")
+        ),
+        fill: format!("INSERT INTO {name} ({keys}) SELECT {keys} FROM {target} ORDER BY {keys}"),
+        clear: format!("DELETE FROM {name}"),
+        strike: format!("DELETE FROM {name} WHERE {}", key_match(table, "")),
+        put_back: format!(
+            "INSERT OR IGNORE INTO {name} ({keys}) VALUES ({})",
+            marks.join(", ")
+        ),
+        contains: format!(
+            "SELECT EXISTS (SELECT 1 FROM {name} WHERE {})",
+            key_match(table, "")
+        ),
+        retire,
+        delete,
+    }
+}
+
+fn insert(table: &Table) -> String {
+    let columns: Vec<String> = table.columns.iter().map(|c| ident(c.name)).collect();
+    let values: Vec<String> = (1..=columns.len()).map(|i| format!("?{i}")).collect();
+    format!(
+        "INSERT INTO {} ({}) VALUES ({})",
+        ident(table.name),
+        columns.join(", "),
+        values.join(", ")
+    )
 }
 
 /// `"k1" = ?1 AND "k2" = ?2`, the columns qualified by `alias` when given.
@@ -146,6 +257,23 @@ fn pointed_at(table: &Table, into_it: &[&ForeignKey]) -> String {
     format!("SELECT {}", exists.join(" OR "))
 }
 
+/// Whether any of the replica's own records points at the row of `table`
+/// the statement is at: a condition on the table's own columns.
+fn pointed_at_row(table: &Table, into_it: &[&ForeignKey]) -> String {
+    let parent = ident(table.name);
+    into_it
+        .iter()
+        .map(|fk| {
+            format!(
+                "EXISTS (SELECT 1 FROM {} AS c WHERE {})",
+                ident(&fk.child),
+                join(fk, "c", &parent)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" OR ")
+}
+
 fn purge(table: &Table, retired: &str, into_it: &[&ForeignKey]) -> String {
     let parent = ident(table.name);
     let mut terms = vec![format!("p.{} IS NOT NULL", ident(retired))];
@@ -201,7 +329,7 @@ impl Tables {
         let tables: Vec<TableSql> = all
             .into_iter()
             .filter(|t| t.mirror.goes_down())
-            .map(|t| TableSql::new(t, &own, foreign_keys))
+            .map(|t| TableSql::new(t, &own))
             .collect();
         let by_name = tables
             .iter()
@@ -216,6 +344,22 @@ impl Tables {
         self.by_name.get(name).map(|&i| &self.tables[i])
     }
 
+    /// The position of the table called `name` in [`iter`](Self::iter)'s
+    /// order, if it goes down.
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
+    /// The statements of the table at `position`.
+    pub fn at(&self, position: usize) -> &TableSql {
+        &self.tables[position]
+    }
+
+    /// How many tables go down.
+    pub fn len(&self) -> usize {
+        self.tables.len()
+    }
+
     /// Every table that goes down, in the engine's order.
     pub fn iter(&self) -> impl Iterator<Item = &TableSql> {
         self.tables.iter()
@@ -228,12 +372,16 @@ pub(crate) fn retired_index(table: &Table) -> Option<String> {
     table.retired.map(|r| {
         format!(
             "CREATE INDEX IF NOT EXISTS {} ON {} ({}) WHERE {} IS NOT NULL",
-            ident(&format!("_magic_sync_retired_{}", table.name)),
+            ident(&retired_index_name(table)),
             ident(table.name),
             ident(r),
             ident(r)
         )
     })
+}
+
+fn retired_index_name(table: &Table) -> String {
+    format!("_magic_sync_retired_{}", table.name)
 }
 
 /// An index on a foreign key's columns in the child, so asking whether a row

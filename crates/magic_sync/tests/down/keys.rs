@@ -1,5 +1,5 @@
 //! Keys as `sync.held` compares them: as the text of the planner's `jsonb`
-//! keys (decision 50). A foreign key may have another type than the key it
+//! keys (decision 51). A foreign key may have another type than the key it
 //! points at when both print a value the same way (integers of any width,
 //! `text` and `varchar`); what a child points at must still name its
 //! parent's record. (Types that print differently are refused at start-up:
