@@ -97,6 +97,9 @@ pub struct Column {
     pub kind: Kind,
     /// Whether the field accepts NULL (`Option<T>`).
     pub nullable: bool,
+    /// Whether the field's type checks values beyond its kind
+    /// ([`crate::value::Field::CHECKED`]).
+    pub checked: bool,
 }
 
 /// Everything a declaration says about its table, as plain data.

@@ -288,6 +288,11 @@ pub trait Field: Sized {
     const KIND: Kind;
     /// Whether it takes NULL.
     const NULLABLE: bool = false;
+    /// Whether `from_value` may refuse or change a value of its kind beyond
+    /// what the crate's own types do (range, precision, NULL). A host's own
+    /// type is taken to, unless it says otherwise: replicas then read its
+    /// table's rows through the codec, never by the column kinds alone.
+    const CHECKED: bool = true;
     /// The field as a value.
     fn to_value(&self) -> Value;
     /// The field from a value.
@@ -297,6 +302,7 @@ pub trait Field: Sized {
 impl<T: Field> Field for Option<T> {
     const KIND: Kind = T::KIND;
     const NULLABLE: bool = true;
+    const CHECKED: bool = T::CHECKED;
     fn to_value(&self) -> Value {
         match self {
             Some(v) => v.to_value(),
@@ -315,6 +321,7 @@ macro_rules! int_field {
     ($t:ty, $kind:expr) => {
         impl Field for $t {
             const KIND: Kind = $kind;
+            const CHECKED: bool = false;
             fn to_value(&self) -> Value {
                 Value::Int(i64::from(*self))
             }
@@ -339,6 +346,7 @@ macro_rules! simple_field {
     ($t:ty, $kind:expr, $variant:ident, |$v:ident| $to:expr, |$w:ident| $from:expr) => {
         impl Field for $t {
             const KIND: Kind = $kind;
+            const CHECKED: bool = false;
             fn to_value(&self) -> Value {
                 let $v = self;
                 Value::$variant($to)
@@ -369,6 +377,7 @@ macro_rules! array_field {
     ($t:ty, $kind:expr) => {
         impl Field for Vec<$t> {
             const KIND: Kind = Kind::Array(&$kind);
+            const CHECKED: bool = false;
             fn to_value(&self) -> Value {
                 Value::Array(self.iter().map(Field::to_value).collect())
             }

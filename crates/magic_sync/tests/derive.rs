@@ -85,6 +85,7 @@ const fn col(name: &'static str, kind: Kind, nullable: bool) -> Column {
         name,
         kind,
         nullable,
+        checked: false,
     }
 }
 

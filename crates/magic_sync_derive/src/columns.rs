@@ -59,6 +59,7 @@ fn column(field: &ColumnField) -> TokenStream {
             name: #name,
             kind: <#ty as ::magic_sync::value::Field>::KIND,
             nullable: <#ty as ::magic_sync::value::Field>::NULLABLE,
+            checked: <#ty as ::magic_sync::value::Field>::CHECKED,
         }
     }
 }

@@ -15,7 +15,9 @@
 //! What the JSON reading checks is what the declared fields' own
 //! conversions ([`crate::value::Field`]) check for every kind the crate
 //! provides: NULL only where the field is an `Option`, `i16` and `i32`
-//! ranges, `f32` precision, arrays without NULL items.
+//! ranges, `f32` precision, arrays without NULL items. A table with a field
+//! of the host's own type (one that may check more, `Field::CHECKED`) is
+//! read through the codec.
 
 use crate::codec::CodecError;
 use crate::lite;
@@ -82,7 +84,8 @@ pub(crate) fn read<'m>(
     out: &mut Vec<Param<'m>>,
 ) -> Result<(), CodecError> {
     let columns = codec.table().columns;
-    if codec.format() == "json" && read_json(columns, bytes, out).is_ok() {
+    let plain = columns.iter().all(|c| !c.checked);
+    if plain && codec.format() == "json" && read_json(columns, bytes, out).is_ok() {
         return Ok(());
     }
     let values = codec.decode(bytes)?;

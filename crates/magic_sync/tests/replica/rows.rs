@@ -285,3 +285,79 @@ fn a_unique_value_nothing_gives_up_is_refused() {
         refused[0].reason
     );
 }
+
+/// A host's own field type that checks more than its kind: codes are
+/// upper case.
+#[derive(Debug, Clone, PartialEq)]
+struct Code(String);
+
+impl magic_sync::value::Field for Code {
+    const KIND: magic_sync::value::Kind = magic_sync::value::Kind::Text;
+    fn to_value(&self) -> magic_sync::Value {
+        magic_sync::Value::Text(self.0.clone())
+    }
+    fn from_value(value: magic_sync::Value) -> Result<Self, magic_sync::value::ValueError> {
+        match value {
+            magic_sync::Value::Text(s) if s == s.to_uppercase() => Ok(Code(s)),
+            v => Err(magic_sync::value::ValueError {
+                column: None,
+                expected: "an upper-case code".into(),
+                found: format!("{v:?}"),
+            }),
+        }
+    }
+}
+
+#[derive(magic_sync::Row, Debug, Clone, PartialEq)]
+#[row(table = "badges", down, all, key(id))]
+struct Badge {
+    id: i64,
+    code: Code,
+}
+
+#[test]
+fn a_field_of_the_hosts_own_type_checks_every_row_it_takes() {
+    let engine: &'static magic_sync::Engine = Box::leak(Box::new(
+        magic_sync::Engine::builder()
+            .table::<Badge>()
+            .build()
+            .unwrap(),
+    ));
+    let site = Site::new();
+    let mut replica =
+        magic_sync::replica::Replica::open(site.dir.path().join("b.sqlite3"), UNIT, engine, vec![])
+            .unwrap();
+    let mut server = Server::new();
+    let mut rows = upserts(&[Badge {
+        id: 1,
+        code: Code("GOLD".into()),
+    }]);
+    // Text, as the column's kind takes, but not a code the type accepts.
+    rows.upserts.push(RowData {
+        key: b"[2]".to_vec(),
+        data: br#"{"id": 2, "code": "silver"}"#.to_vec(),
+    });
+    let messages = server.whole_snapshot(vec![rows], &["badges"]);
+    let outcome = replica.apply(&bytes(&messages[0])).expect("applies");
+    assert_eq!(
+        outcome,
+        Outcome::Applied {
+            number: messages[0].number,
+            refused: 1,
+            purged: 0
+        }
+    );
+    replica.apply(&bytes(&messages[1])).expect("applies");
+    let codes: Vec<(i64, String)> = replica
+        .connection()
+        .prepare("SELECT id, code FROM badges ORDER BY id")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(codes, [(1, "GOLD".to_string())]);
+    let refused = replica.refused().unwrap();
+    assert_eq!(refused.len(), 1);
+    assert_eq!(refused[0].key, b"[2]");
+}
