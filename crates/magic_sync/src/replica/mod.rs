@@ -42,6 +42,7 @@ mod row;
 mod snapshot;
 mod state;
 mod tables;
+mod up;
 
 pub use digest::fingerprint;
 pub use key::{canonical as canonical_key, KeyProblem};
@@ -138,6 +139,7 @@ impl<'e> Replica<'e> {
         foreign_keys: Vec<ForeignKey>,
     ) -> Result<Self> {
         check_foreign_keys(engine, &foreign_keys)?;
+        up::check(engine)?;
         let mut conn = Connection::open(path)?;
         conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get::<_, String>(0))?;
         conn.pragma_update(None, "foreign_keys", "OFF")?;
@@ -237,6 +239,32 @@ impl<'e> Replica<'e> {
         state::refused(&self.conn)
     }
 
+    /// What the host wrote that is due to go up, as one upload of at most
+    /// about `max_bytes` of rows, for the host's uplink; `None` when nothing
+    /// is. Rows go as they are now, each once however often written; a row
+    /// sent and not answered for `resend_after` goes again, under a new
+    /// send id. See the `up` module.
+    pub fn upload(
+        &mut self,
+        max_bytes: usize,
+        resend_after: std::time::Duration,
+    ) -> Result<Option<envelope::Up>> {
+        up::gather(&mut self.conn, self.engine, max_bytes, resend_after)
+    }
+
+    /// The server filed an upload: lets go of what that send carried and
+    /// was not written since. Returns how many rows were let go of; none for
+    /// a send this replica does not know.
+    pub fn filed(&mut self, filed: &envelope::Filed) -> Result<usize> {
+        up::filed(&self.conn, &filed.send_id)
+    }
+
+    /// Per table, rows the host wrote that have not gone up, and rows gone
+    /// up that the server has not filed yet.
+    pub fn backlog(&self) -> Result<envelope::Backlog> {
+        up::backlog(&self.conn)
+    }
+
     /// What the replica holds of each table that goes down (see the
     /// definition in the `digest` module: rows held live and not refused, and
     /// an FNV-1a fingerprint of their sorted canonical keys).
@@ -293,6 +321,7 @@ fn create_tables(
         tx.execute_batch(&sql.stale.create)?;
     }
     state::create(&tx)?;
+    up::create(&tx, engine)?;
     snapshot::carry_over(&tx, tables)?;
     snapshot::build_set_aside(&tx)?;
     for fk in foreign_keys {

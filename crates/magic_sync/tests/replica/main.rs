@@ -8,3 +8,4 @@ mod retire;
 mod rows;
 mod snapshot;
 mod support;
+mod up;

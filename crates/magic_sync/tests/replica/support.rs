@@ -66,6 +66,18 @@ pub struct Sale {
     pub customer_id: Option<i64>,
 }
 
+/// Shelf counts a till takes, numbered by the till: keyed by the replica
+/// that wrote them, so a count it deletes is deleted on the server too.
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "shelf_counts", up, key(unit_id, n))]
+pub struct ShelfCount {
+    #[row(origin)]
+    pub unit_id: String,
+    pub n: i64,
+    pub product_id: i64,
+    pub qty: i32,
+}
+
 /// The engine over the shop, built once.
 pub fn engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
@@ -77,6 +89,7 @@ pub fn engine() -> &'static Engine {
             .table::<OrderLine>()
             .table::<Stock>()
             .table::<Sale>()
+            .table::<ShelfCount>()
             .build()
             .expect("the shop's declarations agree")
     })

@@ -1,0 +1,354 @@
+//! What the replica writes, on its way up: noted by triggers in the writing
+//! transaction, gathered as the rows are now into an `Up`, and let go of
+//! when the server says it filed the send that carried them.
+//!
+//! - **Noting.** Every row of an up table the host inserts, updates or
+//!   deletes, and every change of a column the replica owns in a two-way
+//!   table, bumps one note per row (`_magic_sync_up`: table, key, writes) in
+//!   the host's own transaction. No write path can forget one, and a row
+//!   written a thousand times is one note. The replica's own applying never
+//!   notes anything: messages from the server do not write up tables, and
+//!   leave owned columns as they are.
+//! - **Gathering** ([`gather`]). The notes not yet sent, sent and written
+//!   since, or sent and unanswered for longer than the caller's patience,
+//!   are read with their rows as they are now: a row written twice goes once,
+//!   as its last version. A row gone by then goes as its key when its table
+//!   is keyed by the replica that wrote it (its origin column is part of the
+//!   key): the key space, and the deletion, are the replica's. Gone from any
+//!   other table (history a replica pruned, say), it is not the server's to
+//!   delete: it goes nowhere, and its note is let go of. Each send draws a random id, stamped on its notes
+//!   with their write counts in the transaction that gathers them, before
+//!   the host's uplink sees it.
+//! - **Filed** ([`filed`]). The server's answer names a send: the notes that
+//!   send carried, and not written since, are let go of. A note sent again
+//!   since waits for the later send's answer; a row written since goes up
+//!   again; an id the replica never drew (another replica's answer, or one
+//!   to this replica before it was restored) lets go of nothing.
+//!
+//! Keys are noted as SQLite's `json_array` of the key columns. A key column
+//! holding bytes cannot be, and is refused when the replica opens.
+
+use crate::engine::Engine;
+use crate::envelope::{Backlog, RowData, TableBacklog, Up, UpRows};
+use crate::error::{Error, Mismatch, Result};
+use crate::lite;
+use crate::row::{Mirror, Table};
+use crate::sql::{ident, literal};
+use crate::value::{canonical_key, Kind};
+use rand::RngCore;
+use rusqlite::{params, Connection, OptionalExtension};
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const CREATE: &str = "
+CREATE TABLE IF NOT EXISTS _magic_sync_up (
+    table_name  TEXT NOT NULL,
+    key         TEXT NOT NULL,
+    writes      INTEGER NOT NULL,
+    send_id     BLOB,
+    sent_writes INTEGER,
+    sent_at     INTEGER,
+    PRIMARY KEY (table_name, key)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS _magic_sync_up_send ON _magic_sync_up (send_id)
+    WHERE send_id IS NOT NULL;
+";
+
+/// Notes to send: never sent, written since they were, or sent at or before
+/// `?1` (milliseconds since 1970) and not answered.
+const DUE: &str = "
+SELECT table_name, key, writes FROM _magic_sync_up
+WHERE send_id IS NULL OR writes > sent_writes OR sent_at <= ?1
+ORDER BY table_name, key";
+const STAMP: &str = "
+UPDATE _magic_sync_up SET send_id = ?3, sent_writes = ?4, sent_at = ?5
+WHERE table_name = ?1 AND key = ?2";
+const FORGET: &str =
+    "DELETE FROM _magic_sync_up WHERE table_name = ?1 AND key = ?2 AND writes = ?3";
+const FILED: &str = "DELETE FROM _magic_sync_up WHERE send_id = ?1 AND writes = sent_writes";
+const BACKLOG: &str = "
+SELECT table_name,
+       sum(send_id IS NULL OR writes > sent_writes),
+       sum(send_id IS NOT NULL AND writes = sent_writes)
+FROM _magic_sync_up GROUP BY table_name ORDER BY table_name";
+
+/// Whether the replica notes the host's writes to `table`.
+fn noted(table: &Table) -> bool {
+    match table.mirror {
+        Mirror::Up => true,
+        Mirror::Both => !table.owned.is_empty(),
+        Mirror::Down => false,
+    }
+}
+
+/// Refuses tables whose writes cannot be noted: a key column of bytes.
+pub(crate) fn check(engine: &Engine) -> Result<()> {
+    let mut problems = Vec::new();
+    for table in engine.tables().filter(|t| noted(t)) {
+        for k in table.key {
+            if table.column(k).is_some_and(|c| c.kind == Kind::Bytes) {
+                problems.push(Mismatch {
+                    table: table.name.to_string(),
+                    column: Some(k.to_string()),
+                    problem: "a key column of bytes: a replica notes the keys of the rows it writes as JSON, which holds no bytes".into(),
+                });
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Declarations(problems))
+    }
+}
+
+/// The notes' table and every table's triggers, made if missing.
+pub(crate) fn create(conn: &Connection, engine: &Engine) -> Result<()> {
+    conn.execute_batch(CREATE)?;
+    for table in engine.tables().filter(|t| noted(t)) {
+        conn.execute_batch(&triggers(table))?;
+    }
+    Ok(())
+}
+
+/// The triggers that note the host's writes to `table`.
+fn triggers(table: &Table) -> String {
+    let name = |what: &str| ident(&format!("_magic_sync_up_{}_{what}", table.name));
+    let key = |row: &str| {
+        let columns: Vec<String> = table
+            .key
+            .iter()
+            .map(|k| format!("{row}.{}", ident(k)))
+            .collect();
+        format!("json_array({})", columns.join(", "))
+    };
+    let note = |row: &str| {
+        format!(
+            "INSERT INTO _magic_sync_up (table_name, key, writes) VALUES ({}, {}, 1)
+             ON CONFLICT (table_name, key) DO UPDATE SET writes = writes + 1;",
+            literal(table.name),
+            key(row)
+        )
+    };
+    let on = ident(table.name);
+    if table.mirror == Mirror::Both {
+        // Only the columns the replica owns are its to write.
+        let owned: Vec<String> = table.owned.iter().map(|c| ident(c)).collect();
+        let changed: Vec<String> = owned
+            .iter()
+            .map(|c| format!("OLD.{c} IS NOT NEW.{c}"))
+            .collect();
+        return format!(
+            "CREATE TRIGGER IF NOT EXISTS {} AFTER UPDATE OF {} ON {on}
+             WHEN {} BEGIN {} END;",
+            name("owned"),
+            owned.join(", "),
+            changed.join(" OR "),
+            note("NEW")
+        );
+    }
+    let moved: Vec<String> = table
+        .key
+        .iter()
+        .map(|k| format!("OLD.{k} IS NOT NEW.{k}", k = ident(k)))
+        .collect();
+    format!(
+        "CREATE TRIGGER IF NOT EXISTS {insert} AFTER INSERT ON {on} BEGIN {new} END;
+         CREATE TRIGGER IF NOT EXISTS {update} AFTER UPDATE ON {on} BEGIN {new} END;
+         CREATE TRIGGER IF NOT EXISTS {rekey} AFTER UPDATE ON {on} WHEN {moved} BEGIN {old} END;
+         CREATE TRIGGER IF NOT EXISTS {delete} AFTER DELETE ON {on} BEGIN {old} END;",
+        insert = name("insert"),
+        update = name("update"),
+        rekey = name("rekey"),
+        delete = name("delete"),
+        new = note("NEW"),
+        old = note("OLD"),
+        moved = moved.join(" OR "),
+    )
+}
+
+fn millis(at: SystemTime) -> i64 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// A noted row as gathered: its canonical key, and its bytes unless gone.
+struct Gathered {
+    key: Vec<u8>,
+    data: Option<Vec<u8>>,
+}
+
+/// Gathers what is due to go up (see the module's comment) into one `Up`
+/// of at most about `max_bytes` of rows, and stamps the notes it carries
+/// with its id; `None` when nothing is due. Notes sent longer than
+/// `resend_after` ago without an answer are due again.
+pub(crate) fn gather(
+    conn: &mut Connection,
+    engine: &Engine,
+    max_bytes: usize,
+    resend_after: Duration,
+) -> Result<Option<Up>> {
+    let now = SystemTime::now();
+    let stale = millis(now.checked_sub(resend_after).unwrap_or(UNIX_EPOCH));
+    let tx = conn.transaction()?;
+    let due: Vec<(String, String, i64)> = tx
+        .prepare_cached(DUE)?
+        .query_map([stale], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut send_id = vec![0u8; 16];
+    rand::thread_rng().fill_bytes(&mut send_id);
+    let mut tables: BTreeMap<String, UpRows> = BTreeMap::new();
+    let mut size = 0;
+    let mut carried = 0;
+    for (table_name, key, writes) in due {
+        let Some(table) = engine.tables().find(|t| t.name == table_name && noted(t)) else {
+            // A table no longer declared, or no longer written here.
+            tx.prepare_cached(FORGET)?
+                .execute(params![table_name, key, writes])?;
+            continue;
+        };
+        let gathered = read(&tx, engine, table, &key)?;
+        let Some(gathered) = gathered else {
+            // Gone from a table whose rows are not the replica's to delete.
+            tx.prepare_cached(FORGET)?
+                .execute(params![table_name, key, writes])?;
+            continue;
+        };
+        let bytes = gathered.key.len() + gathered.data.as_ref().map_or(0, Vec::len) + 8;
+        if carried > 0 && size + bytes > max_bytes {
+            break;
+        }
+        size += bytes;
+        carried += 1;
+        let rows = tables.entry(table_name.clone()).or_insert_with(|| UpRows {
+            table: table_name.clone(),
+            ..UpRows::default()
+        });
+        match gathered.data {
+            Some(data) => rows.rows.push(RowData {
+                key: gathered.key,
+                data,
+            }),
+            None => rows.gone.push(gathered.key),
+        }
+        tx.prepare_cached(STAMP)?.execute(params![
+            table_name,
+            key,
+            send_id,
+            writes,
+            millis(now)
+        ])?;
+    }
+    tx.commit()?;
+    if carried == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Up {
+        send_id,
+        tables: tables.into_values().collect(),
+        ..Up::default()
+    }))
+}
+
+/// The row of `table` noted under `key` as it is now; `Some` with no data
+/// when it is gone and the replica's to delete, `None` when gone otherwise.
+fn read(
+    conn: &Connection,
+    engine: &Engine,
+    table: &'static Table,
+    key: &str,
+) -> Result<Option<Gathered>> {
+    let codec = engine
+        .codec(table.name)
+        .ok_or_else(|| Error::Invalid(format!("no codec for table `{}`", table.name)))?;
+    let columns: Vec<String> = table.columns.iter().map(|c| ident(c.name)).collect();
+    let matches: Vec<String> = table
+        .key
+        .iter()
+        .enumerate()
+        .map(|(i, k)| format!("{} IS json_extract(?1, '$[{i}]')", ident(k)))
+        .collect();
+    let sql = format!(
+        "SELECT {} FROM {} WHERE {}",
+        columns.join(", "),
+        ident(table.name),
+        matches.join(" AND ")
+    );
+    let values = conn
+        .prepare_cached(&sql)?
+        .query_row([key], |row| Ok(lite::read_row(row, 0, table)))
+        .optional()?
+        .transpose()?;
+    match values {
+        Some(values) => {
+            let key_values: Vec<_> = table
+                .key_positions()
+                .into_iter()
+                .map(|i| values[i].clone())
+                .collect();
+            let data = codec
+                .encode(values)
+                .map_err(|e| Error::Invalid(format!("table `{}`, row {key}: {e}", table.name)))?;
+            Ok(Some(Gathered {
+                key: canonical_key(&key_values).into_bytes(),
+                data: Some(data),
+            }))
+        }
+        None if keyed_by_origin(table) => Ok(Some(Gathered {
+            key: gone_key(conn, table, key)?.into_bytes(),
+            data: None,
+        })),
+        None => Ok(None),
+    }
+}
+
+/// Whether `table`'s key includes the column naming the replica that
+/// wrote the row: its rows are the replica's to delete.
+fn keyed_by_origin(table: &Table) -> bool {
+    table.origin.is_some_and(|o| table.key.contains(&o))
+}
+
+/// The canonical key of a row gone, from the key SQLite noted: each
+/// element read back as its column's kind.
+fn gone_key(conn: &Connection, table: &Table, key: &str) -> Result<String> {
+    let mut values = Vec::with_capacity(table.key.len());
+    for (i, k) in table.key.iter().enumerate() {
+        let kind = table.column(k).map(|c| c.kind).ok_or_else(|| {
+            Error::Invalid(format!("table `{}`: no key column `{k}`", table.name))
+        })?;
+        let value = conn.query_row(
+            &format!("SELECT json_extract(?1, '$[{i}]')"),
+            [key],
+            |row| Ok(lite::from_sqlite(kind, row.get_ref(0)?)),
+        )?;
+        values.push(value.map_err(|e| {
+            Error::Invalid(format!(
+                "table `{}`, noted key {key}: {}",
+                table.name,
+                e.in_column(k)
+            ))
+        })?);
+    }
+    Ok(canonical_key(&values))
+}
+
+/// Lets go of the notes the send `send_id` carried and that were not
+/// written since; returns how many.
+pub(crate) fn filed(conn: &Connection, send_id: &[u8]) -> Result<usize> {
+    Ok(conn.prepare_cached(FILED)?.execute([send_id])?)
+}
+
+/// Per table, rows written and not sent, and rows sent and not filed.
+pub(crate) fn backlog(conn: &Connection) -> Result<Backlog> {
+    let tables = conn
+        .prepare_cached(BACKLOG)?
+        .query_map([], |r| {
+            Ok(TableBacklog {
+                table: r.get(0)?,
+                unsent: u64::try_from(r.get::<_, i64>(1)?).unwrap_or(0),
+                unfiled: u64::try_from(r.get::<_, i64>(2)?).unwrap_or(0),
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(Backlog { tables })
+}

@@ -1,0 +1,382 @@
+//! What the replica writes, on its way up: noted in the writing
+//! transaction, gathered as the rows are now, let go of when filed.
+
+use crate::support::*;
+use magic_sync::envelope::{Filed, TableBacklog, Up};
+use magic_sync::replica::Replica;
+use std::time::Duration;
+
+const MAX: usize = 1 << 20;
+/// Long enough that nothing is sent again within a test.
+const PATIENT: Duration = Duration::from_secs(3600);
+
+fn write(replica: &Replica<'_>, sql: &str) {
+    replica
+        .connection()
+        .execute_batch(sql)
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+fn notes(replica: &Replica<'_>) -> Vec<(String, String, i64)> {
+    replica
+        .connection()
+        .prepare("SELECT table_name, key, writes FROM _magic_sync_up ORDER BY 1, 2")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// The upload's rows as (table, key, row JSON or "gone"): per table, the
+/// rows, then the keys gone.
+fn shown(up: &Up) -> Vec<(String, String, String)> {
+    let mut rows = Vec::new();
+    for t in &up.tables {
+        for r in &t.rows {
+            rows.push((
+                t.table.clone(),
+                String::from_utf8(r.key.clone()).unwrap(),
+                String::from_utf8(r.data.clone()).unwrap(),
+            ));
+        }
+        for k in &t.gone {
+            rows.push((
+                t.table.clone(),
+                String::from_utf8(k.clone()).unwrap(),
+                "gone".into(),
+            ));
+        }
+    }
+    rows
+}
+
+fn filed(up: &Up) -> Filed {
+    Filed {
+        send_id: up.send_id.clone(),
+    }
+}
+
+#[test]
+fn a_row_written_a_thousand_times_is_one_note_and_goes_up_once_as_it_is_now() {
+    let site = Site::new();
+    let mut replica = site.open();
+    write(
+        &replica,
+        "INSERT INTO sales (id, unit_id, customer_id) VALUES ('s1', 'unit-1', NULL)",
+    );
+    for i in 0..1000 {
+        write(
+            &replica,
+            &format!("UPDATE sales SET customer_id = {i} WHERE id = 's1'"),
+        );
+    }
+    assert_eq!(notes(&replica), [("sales".into(), "[\"s1\"]".into(), 1001)]);
+    let up = replica
+        .upload(MAX, PATIENT)
+        .unwrap()
+        .expect("something to send");
+    assert_eq!(
+        shown(&up),
+        [(
+            "sales".into(),
+            "[\"s1\"]".into(),
+            r#"{"customer_id":999,"id":"s1","unit_id":"unit-1"}"#.into()
+        )]
+    );
+    assert_eq!(up.send_id.len(), 16);
+    // Sent and unanswered: nothing more is due.
+    assert!(replica.upload(MAX, PATIENT).unwrap().is_none());
+    assert_eq!(replica.filed(&filed(&up)).unwrap(), 1);
+    assert!(notes(&replica).is_empty());
+}
+
+#[test]
+fn a_row_gone_goes_as_its_key_only_from_a_table_keyed_by_its_replica() {
+    let site = Site::new();
+    let mut replica = site.open();
+    write(
+        &replica,
+        "INSERT INTO shelf_counts VALUES ('unit-1', 1, 7, 3), ('unit-1', 2, 8, 4);
+         INSERT INTO sales (id, unit_id) VALUES ('s1', 'unit-1');
+         DELETE FROM shelf_counts WHERE n = 2;
+         DELETE FROM sales WHERE id = 's1';",
+    );
+    let up = replica.upload(MAX, PATIENT).unwrap().unwrap();
+    assert_eq!(
+        shown(&up),
+        [
+            (
+                "shelf_counts".into(),
+                "[\"unit-1\",1]".into(),
+                r#"{"n":1,"product_id":7,"qty":3,"unit_id":"unit-1"}"#.into()
+            ),
+            (
+                "shelf_counts".into(),
+                "[\"unit-1\",2]".into(),
+                "gone".into()
+            ),
+        ],
+        "the sale pruned before it went up is not the server's to delete"
+    );
+    assert_eq!(notes(&replica).len(), 2, "the sale's note is let go of");
+}
+
+#[test]
+fn a_key_changed_goes_up_as_the_new_row_and_the_old_key_gone() {
+    let site = Site::new();
+    let mut replica = site.open();
+    write(
+        &replica,
+        "INSERT INTO shelf_counts VALUES ('unit-1', 1, 7, 3);
+         UPDATE shelf_counts SET n = 5 WHERE n = 1;",
+    );
+    let up = replica.upload(MAX, PATIENT).unwrap().unwrap();
+    let keys: Vec<(String, String)> = shown(&up).into_iter().map(|(_, k, d)| (k, d)).collect();
+    assert_eq!(
+        keys,
+        [
+            (
+                "[\"unit-1\",5]".into(),
+                r#"{"n":5,"product_id":7,"qty":3,"unit_id":"unit-1"}"#.into()
+            ),
+            ("[\"unit-1\",1]".into(), "gone".into()),
+        ]
+    );
+}
+
+#[test]
+fn filed_lets_go_of_exactly_what_its_send_carried() {
+    let site = Site::new();
+    let mut replica = site.open();
+    write(
+        &replica,
+        "INSERT INTO sales (id, unit_id) VALUES ('a', 'unit-1'), ('b', 'unit-1'), ('c', 'unit-1')",
+    );
+    let first = replica.upload(MAX, PATIENT).unwrap().unwrap();
+    assert_eq!(shown(&first).len(), 3);
+    // Written since it went: goes again, under another send.
+    write(&replica, "UPDATE sales SET customer_id = 1 WHERE id = 'b'");
+    let second = replica.upload(MAX, PATIENT).unwrap().unwrap();
+    assert_ne!(second.send_id, first.send_id);
+    assert_eq!(
+        shown(&second)
+            .iter()
+            .map(|r| r.1.as_str())
+            .collect::<Vec<_>>(),
+        ["[\"b\"]"]
+    );
+    // The first answer: a and c go; b waits for the second send's answer.
+    assert_eq!(replica.filed(&filed(&first)).unwrap(), 2);
+    assert_eq!(notes(&replica), [("sales".into(), "[\"b\"]".into(), 2)]);
+    // An answer to a send the replica never made lets go of nothing.
+    let stranger = Filed {
+        send_id: vec![7; 16],
+    };
+    assert_eq!(replica.filed(&stranger).unwrap(), 0);
+    // Answered twice: the second time, nothing is left to let go of.
+    assert_eq!(replica.filed(&filed(&second)).unwrap(), 1);
+    assert_eq!(replica.filed(&filed(&second)).unwrap(), 0);
+    assert!(notes(&replica).is_empty());
+}
+
+#[test]
+fn a_row_written_after_its_send_goes_up_again_when_the_old_answer_comes() {
+    let site = Site::new();
+    let mut replica = site.open();
+    write(
+        &replica,
+        "INSERT INTO sales (id, unit_id) VALUES ('a', 'unit-1')",
+    );
+    let first = replica.upload(MAX, PATIENT).unwrap().unwrap();
+    write(&replica, "UPDATE sales SET customer_id = 4 WHERE id = 'a'");
+    // The answer to the send that carried the first version.
+    assert_eq!(replica.filed(&filed(&first)).unwrap(), 0);
+    let again = replica.upload(MAX, PATIENT).unwrap().unwrap();
+    assert_eq!(
+        shown(&again)[0].2,
+        r#"{"customer_id":4,"id":"a","unit_id":"unit-1"}"#
+    );
+}
+
+#[test]
+fn an_upload_unanswered_for_a_while_goes_again_under_a_new_id() {
+    let site = Site::new();
+    let mut replica = site.open();
+    write(
+        &replica,
+        "INSERT INTO sales (id, unit_id) VALUES ('a', 'unit-1')",
+    );
+    let first = replica.upload(MAX, PATIENT).unwrap().unwrap();
+    assert!(replica.upload(MAX, PATIENT).unwrap().is_none());
+    // Out of patience: every send unanswered so far goes again.
+    let again = replica.upload(MAX, Duration::ZERO).unwrap().unwrap();
+    assert_ne!(again.send_id, first.send_id);
+    assert_eq!(shown(&again), shown(&first));
+    // The late answer to the first send no longer names the note.
+    assert_eq!(replica.filed(&filed(&first)).unwrap(), 0);
+    assert_eq!(replica.filed(&filed(&again)).unwrap(), 1);
+}
+
+#[test]
+fn an_upload_stays_within_its_size_and_the_rest_waits_for_the_next() {
+    let site = Site::new();
+    let mut replica = site.open();
+    let values: Vec<String> = (0..50)
+        .map(|i| format!("('sale-{i:02}', 'unit-1')"))
+        .collect();
+    write(
+        &replica,
+        &format!(
+            "INSERT INTO sales (id, unit_id) VALUES {}",
+            values.join(", ")
+        ),
+    );
+    let mut sent = Vec::new();
+    while let Some(up) = replica.upload(400, PATIENT).unwrap() {
+        let size: usize = up
+            .tables
+            .iter()
+            .flat_map(|t| &t.rows)
+            .map(|r| r.key.len() + r.data.len())
+            .sum();
+        assert!(size <= 400, "an upload of {size} bytes of rows");
+        sent.extend(shown(&up).into_iter().map(|r| r.1));
+    }
+    assert!(
+        sent.len() == 50,
+        "every sale went once, over several uploads: {sent:?}"
+    );
+}
+
+#[test]
+fn only_the_columns_a_replica_owns_are_noted_and_the_servers_messages_note_nothing() {
+    let site = Site::new();
+    let mut replica = site.open();
+    let mut server = Server::new();
+    let stock = Stock {
+        unit_id: UNIT.into(),
+        product_id: 1,
+        on_hand: 5,
+        counted: None,
+    };
+    apply_all(
+        &mut replica,
+        &server.whole_snapshot(
+            vec![upserts(&[product(1, "tea")]), upserts(std::slice::from_ref(&stock))],
+            &["products", "stock"],
+        ),
+    );
+    // The server's next version of the row: noted by nothing.
+    let moved = Stock {
+        on_hand: 9,
+        ..stock.clone()
+    };
+    apply_all(&mut replica, &[server.down(vec![upserts(&[moved])])]);
+    assert!(notes(&replica).is_empty());
+    assert!(replica.upload(MAX, PATIENT).unwrap().is_none());
+    // The till counts the shelf: its column.
+    write(
+        &replica,
+        "UPDATE stock SET counted = 8 WHERE product_id = 1;
+         UPDATE stock SET counted = 8 WHERE product_id = 1;",
+    );
+    assert_eq!(
+        notes(&replica),
+        [("stock".into(), "[\"unit-1\",1]".into(), 1)],
+        "writing the same count again changes nothing"
+    );
+    let up = replica.upload(MAX, PATIENT).unwrap().unwrap();
+    assert_eq!(
+        shown(&up),
+        [(
+            "stock".into(),
+            "[\"unit-1\",1]".into(),
+            r#"{"counted":8,"on_hand":9,"product_id":1,"unit_id":"unit-1"}"#.into()
+        )]
+    );
+}
+
+#[test]
+fn the_backlog_counts_rows_not_sent_and_rows_not_filed() {
+    let site = Site::new();
+    let mut replica = site.open();
+    assert!(replica.backlog().unwrap().tables.is_empty());
+    write(
+        &replica,
+        "INSERT INTO sales (id, unit_id) VALUES ('a', 'unit-1'), ('b', 'unit-1');
+         INSERT INTO shelf_counts VALUES ('unit-1', 1, 7, 3);",
+    );
+    let up = replica.upload(MAX, PATIENT).unwrap().unwrap();
+    write(
+        &replica,
+        "UPDATE sales SET customer_id = 2 WHERE id = 'a';
+         INSERT INTO sales (id, unit_id) VALUES ('c', 'unit-1');",
+    );
+    let backlog = |replica: &Replica<'_>| replica.backlog().unwrap().tables;
+    assert_eq!(
+        backlog(&replica),
+        [
+            TableBacklog {
+                table: "sales".into(),
+                unsent: 2,
+                unfiled: 1
+            },
+            TableBacklog {
+                table: "shelf_counts".into(),
+                unsent: 0,
+                unfiled: 1
+            },
+        ]
+    );
+    replica.filed(&filed(&up)).unwrap();
+    assert_eq!(
+        backlog(&replica),
+        [TableBacklog {
+            table: "sales".into(),
+            unsent: 2,
+            unfiled: 0
+        }]
+    );
+}
+
+#[test]
+fn the_notes_survive_the_replica_closing_and_opening_again() {
+    let site = Site::new();
+    {
+        let replica = site.open();
+        write(
+            &replica,
+            "INSERT INTO sales (id, unit_id) VALUES ('a', 'unit-1')",
+        );
+    }
+    let mut replica = site.open();
+    let up = replica.upload(MAX, PATIENT).unwrap().unwrap();
+    assert_eq!(shown(&up).len(), 1);
+}
+
+#[derive(magic_sync::Row, Debug, Clone, PartialEq)]
+#[row(table = "tokens", up, key(unit_id, token))]
+struct Token {
+    #[row(origin)]
+    unit_id: String,
+    token: Vec<u8>,
+}
+
+#[test]
+fn an_up_table_keyed_by_bytes_is_refused_when_the_replica_opens() {
+    let engine: &'static magic_sync::Engine = Box::leak(Box::new(
+        magic_sync::Engine::builder()
+            .table::<Token>()
+            .build()
+            .unwrap(),
+    ));
+    let site = Site::new();
+    let err = Replica::open(site.dir.path().join("t.sqlite3"), UNIT, engine, vec![])
+        .expect_err("refused");
+    let message = err.to_string();
+    assert!(
+        message.contains("table `tokens`, column `token`") && message.contains("bytes"),
+        "{message}"
+    );
+}
