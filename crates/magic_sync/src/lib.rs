@@ -24,6 +24,8 @@ pub mod catalog;
 #[cfg(feature = "postgres")]
 pub mod check;
 #[cfg(feature = "postgres")]
+pub mod file;
+#[cfg(feature = "postgres")]
 pub mod pg;
 #[cfg(feature = "postgres")]
 pub mod relay;

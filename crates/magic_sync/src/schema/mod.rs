@@ -16,6 +16,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (7, include_str!("007_held_reasons.sql")),
     (8, include_str!("008_snapshots.sql")),
     (9, include_str!("009_held_key_text.sql")),
+    (10, include_str!("010_inbox.sql")),
 ];
 
 /// The version this build brings the schema to.

@@ -15,4 +15,5 @@ mod keys;
 mod relay;
 mod scenarios;
 mod snapshot;
+mod up;
 mod walk;

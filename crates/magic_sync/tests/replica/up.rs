@@ -263,7 +263,10 @@ fn only_the_columns_a_replica_owns_are_noted_and_the_servers_messages_note_nothi
     apply_all(
         &mut replica,
         &server.whole_snapshot(
-            vec![upserts(&[product(1, "tea")]), upserts(std::slice::from_ref(&stock))],
+            vec![
+                upserts(&[product(1, "tea")]),
+                upserts(std::slice::from_ref(&stock)),
+            ],
             &["products", "stock"],
         ),
     );

@@ -1,0 +1,459 @@
+//! Filing an upload: what a replica wrote, written into the server's tables
+//! under the replica the transport authenticated, in one transaction, and
+//! answered with `Filed` once that transaction commits.
+//!
+//! Per table of the upload:
+//!
+//! - **Up tables** (records). A row is inserted with its origin column set
+//!   to the sender, whatever the row says. A record is kept from its first
+//!   delivery; with a version column, a newer report of the sender's own
+//!   record replaces it. A record of the same key written by another
+//!   replica is refused. A key gone is deleted, only from a table keyed by
+//!   its origin, and only the sender's own record.
+//! - **Two-way tables.** Only the columns the replica owns are taken, and
+//!   only for a row the server has and records the sender holding
+//!   (`sync.held`). A row the server no longer has is dropped: its change
+//!   won. A row it has but does not record the sender holding, while the
+//!   sender is being provisioned (its snapshot began, and dropped that
+//!   record until it ends), makes the whole upload wait: nothing is filed,
+//!   nothing answered, and the replica sends it again. Otherwise such a row
+//!   (never sent to the sender, or another replica's) is refused.
+//! - **Catalogs** (down tables), and tables the server does not declare,
+//!   are refused.
+//!
+//! A refused row is kept, with why, in `sync.inbox` (the bytes as they
+//! came), and the upload is still answered: the row is the server's to
+//! show, and to file again once a fix is deployed. A row PostgreSQL refuses
+//! (a constraint, a value it cannot take) is refused alone, behind a
+//! savepoint. Any other failure (the connection, a deadlock) files nothing
+//! and is returned: the replica sends the upload again.
+//!
+//! Rows are turned into the table's row type by `jsonb_populate_record`,
+//! from the JSON of their values, so every column gets its own type's input
+//! conversion, whatever types the host chose.
+
+use crate::engine::Engine;
+use crate::envelope::{Filed, Up, UpRows};
+use crate::error::{Error, Result};
+use crate::row::{Mirror, Table};
+use crate::sql::{ident, literal};
+use crate::value::{canonical_key, Kind, Value};
+use tokio_postgres::{Client, Transaction};
+
+/// What became of an upload.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Filing {
+    /// Filed and committed: the answer to send back.
+    Filed {
+        /// The answer for the replica.
+        answer: Filed,
+        /// Rows written or deleted as the upload asked.
+        taken: usize,
+        /// Rows that changed nothing: already filed (a resend), an older
+        /// version, or an edit of a row the server no longer has.
+        unchanged: usize,
+        /// Rows refused, kept in `sync.inbox` with why.
+        refused: Vec<Refusal>,
+    },
+    /// The sender is being provisioned and edits rows it holds: nothing
+    /// filed, no answer; the upload comes again.
+    Waits {
+        /// Why it waits.
+        reason: String,
+    },
+}
+
+/// A row of an upload the server refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The table the row names.
+    pub table: String,
+    /// Its key, as it came.
+    pub key: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// What one row came to.
+enum Outcome {
+    Taken,
+    Unchanged,
+    Refused(String),
+    Waits(String),
+}
+
+/// Files `up`, sent by `replica` (as the transport authenticated it: never
+/// what the upload or its rows say), in one transaction on `client`.
+pub async fn file(client: &mut Client, engine: &Engine, replica: &str, up: &Up) -> Result<Filing> {
+    let mut tx = client.transaction().await?;
+    let state = tx
+        .query_opt(
+            "SELECT live, provision OR snapshot_attempt IS NOT NULL FROM sync.replicas WHERE id = $1",
+            &[&replica],
+        )
+        .await?;
+    let Some(state) = state else {
+        return Err(Error::Invalid(format!(
+            "an upload from replica `{replica}`, which the server does not know"
+        )));
+    };
+    let provisioning: bool = state.get(1);
+    let (mut taken, mut unchanged, mut refused) = (0, 0, Vec::new());
+    for rows in &up.tables {
+        let items = rows
+            .rows
+            .iter()
+            .map(|r| (r.key.as_slice(), Some(r.data.as_slice())))
+            .chain(rows.gone.iter().map(|k| (k.as_slice(), None)));
+        for (key, data) in items {
+            let outcome = file_row(&mut tx, engine, replica, provisioning, rows, key, data).await?;
+            match outcome {
+                Outcome::Taken => taken += 1,
+                Outcome::Unchanged => unchanged += 1,
+                Outcome::Refused(reason) => {
+                    let refusal = Refusal {
+                        table: rows.table.clone(),
+                        key: String::from_utf8_lossy(key).into_owned(),
+                        reason,
+                    };
+                    tx.execute(
+                        "INSERT INTO sync.inbox (replica, table_name, key, data, reason)
+                         VALUES ($1, $2, $3, $4, $5)
+                         ON CONFLICT (replica, table_name, key) DO UPDATE
+                         SET data = EXCLUDED.data, reason = EXCLUDED.reason, at = now()",
+                        &[
+                            &replica,
+                            &refusal.table,
+                            &refusal.key,
+                            &data,
+                            &refusal.reason,
+                        ],
+                    )
+                    .await?;
+                    refused.push(refusal);
+                }
+                Outcome::Waits(reason) => {
+                    tx.rollback().await?;
+                    return Ok(Filing::Waits { reason });
+                }
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok(Filing::Filed {
+        answer: Filed {
+            send_id: up.send_id.clone(),
+        },
+        taken,
+        unchanged,
+        refused,
+    })
+}
+
+/// Files one row (`data`, or `None` for a key gone) behind a savepoint, so
+/// that a row PostgreSQL refuses is refused alone.
+async fn file_row(
+    tx: &mut Transaction<'_>,
+    engine: &Engine,
+    replica: &str,
+    provisioning: bool,
+    rows: &UpRows,
+    key: &[u8],
+    data: Option<&[u8]>,
+) -> Result<Outcome> {
+    let Some(codec) = engine.codec(&rows.table) else {
+        return Ok(Outcome::Refused(format!(
+            "the server declares no table `{}`",
+            rows.table
+        )));
+    };
+    let table = codec.table();
+    if table.mirror == Mirror::Down {
+        return Ok(Outcome::Refused(
+            "a catalog: replicas do not write the server's tables".into(),
+        ));
+    }
+    let row = match data {
+        Some(bytes) => match codec.decode(bytes) {
+            Ok(values) => Some(values),
+            Err(e) => return Ok(Outcome::Refused(format!("the row does not decode: {e}"))),
+        },
+        None => None,
+    };
+    let json = match (&row, key_values(table, key)) {
+        (_, Err(reason)) => return Ok(Outcome::Refused(reason)),
+        (Some(values), Ok(_)) => {
+            let own: Vec<Value> = table
+                .key_positions()
+                .into_iter()
+                .map(|i| values[i].clone())
+                .collect();
+            if canonical_key(&own).as_bytes() != key {
+                return Ok(Outcome::Refused(format!(
+                    "the row's key is {}, not the key it came under",
+                    canonical_key(&own)
+                )));
+            }
+            object(table.columns.iter().map(|c| c.name).zip(values.iter()))
+        }
+        (None, Ok(key_values)) => object(table.key.iter().copied().zip(key_values.iter())),
+    };
+    let json = stamp_origin(table, json, replica);
+    let savepoint = tx.savepoint("magic_sync_row").await?;
+    let outcome = match (table.mirror, data.is_some()) {
+        (Mirror::Up, true) => record(&savepoint, table, replica, &json).await,
+        (Mirror::Up, false) => gone(&savepoint, table, replica, &json).await,
+        (Mirror::Both, true) => owned(&savepoint, table, replica, provisioning, &json).await,
+        (Mirror::Both, false) => Ok(Outcome::Refused(
+            "a two-way row is the server's to delete".into(),
+        )),
+        (Mirror::Down, _) => unreachable!("refused above"),
+    };
+    match outcome {
+        Ok(outcome) => {
+            savepoint.commit().await?;
+            Ok(outcome)
+        }
+        Err(Error::Postgres(e)) if refused_by_postgres(&e) => {
+            savepoint.rollback().await?;
+            Ok(Outcome::Refused(format!("PostgreSQL refused it: {e}")))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether PostgreSQL refused the row itself: a value it cannot take, a
+/// constraint, a type it cannot convert. Anything else is the
+/// infrastructure's, and files nothing.
+fn refused_by_postgres(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| {
+        let c = c.code();
+        c.starts_with("22") || c.starts_with("23") || c == "42804"
+    })
+}
+
+/// The values of a canonical key, by the key columns' kinds.
+fn key_values(table: &Table, key: &[u8]) -> std::result::Result<Vec<Value>, String> {
+    let json: serde_json::Value =
+        serde_json::from_slice(key).map_err(|e| format!("the key is not a JSON array: {e}"))?;
+    let serde_json::Value::Array(items) = json else {
+        return Err("the key is not a JSON array".into());
+    };
+    if items.len() != table.key.len() {
+        return Err(format!(
+            "the key has {} values; `{}` is keyed by {}",
+            items.len(),
+            table.name,
+            table.key.len()
+        ));
+    }
+    table
+        .key
+        .iter()
+        .zip(items)
+        .map(|(k, item)| {
+            let kind = table.column(k).map_or(Kind::Text, |c| c.kind);
+            Value::from_json(kind, item).map_err(|e| format!("the key: {}", e.in_column(k)))
+        })
+        .collect()
+}
+
+/// The JSON object `jsonb_populate_record` reads: each value in the form
+/// PostgreSQL's input of its column's type takes.
+fn object<'v>(values: impl Iterator<Item = (&'static str, &'v Value)>) -> serde_json::Value {
+    let mut map = serde_json::Map::new();
+    for (name, value) in values {
+        let json = match value {
+            // bytea's input takes hex.
+            Value::Bytes(b) => {
+                let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+                serde_json::Value::String(format!("\\x{hex}"))
+            }
+            v => v.to_json(),
+        };
+        map.insert(name.to_string(), json);
+    }
+    serde_json::Value::Object(map)
+}
+
+/// The row with its origin column set to the sender.
+fn stamp_origin(table: &Table, mut json: serde_json::Value, replica: &str) -> serde_json::Value {
+    if let (Some(origin), serde_json::Value::Object(map)) = (table.origin, &mut json) {
+        map.insert(
+            origin.to_string(),
+            serde_json::Value::String(replica.to_string()),
+        );
+    }
+    json
+}
+
+fn columns(table: &Table) -> Vec<String> {
+    table.columns.iter().map(|c| ident(c.name)).collect()
+}
+
+fn key_match(table: &Table, left: &str, right: &str) -> String {
+    table
+        .key
+        .iter()
+        .map(|k| format!("{left}.{k} = {right}.{k}", k = ident(k)))
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
+/// A record: kept from its first delivery, or replaced by a newer version
+/// of the sender's own.
+async fn record(
+    tx: &Transaction<'_>,
+    table: &Table,
+    replica: &str,
+    json: &serde_json::Value,
+) -> Result<Outcome> {
+    let cols = columns(table);
+    let key: Vec<String> = table.key.iter().map(|k| ident(k)).collect();
+    let on_conflict = match (table.version, table.origin) {
+        (Some(version), Some(origin)) => {
+            let set: Vec<String> = cols.iter().map(|c| format!("{c} = EXCLUDED.{c}")).collect();
+            format!(
+                "DO UPDATE SET {} WHERE t.{o} = EXCLUDED.{o} AND t.{v} < EXCLUDED.{v}",
+                set.join(", "),
+                o = ident(origin),
+                v = ident(version)
+            )
+        }
+        _ => "DO NOTHING".into(),
+    };
+    let written = tx
+        .execute(
+            &format!(
+                "INSERT INTO {rel} AS t ({list})
+                 SELECT {list} FROM jsonb_populate_record(NULL::{rel}, $1)
+                 ON CONFLICT ({key}) {on_conflict}",
+                rel = table.qualified(),
+                list = cols.join(", "),
+                key = key.join(", "),
+            ),
+            &[json],
+        )
+        .await?;
+    if written > 0 {
+        return Ok(Outcome::Taken);
+    }
+    // Filed before, an older version, or another replica's record.
+    let Some(origin) = table.origin else {
+        return Ok(Outcome::Unchanged);
+    };
+    let owner: Option<String> = tx
+        .query_opt(
+            &format!(
+                "SELECT t.{o}::text FROM {rel} t, jsonb_populate_record(NULL::{rel}, $1) r WHERE {m}",
+                o = ident(origin),
+                rel = table.qualified(),
+                m = key_match(table, "t", "r"),
+            ),
+            &[json],
+        )
+        .await?
+        .map(|r| r.get(0));
+    Ok(match owner {
+        Some(owner) if owner != replica => Outcome::Refused(format!(
+            "a record of this key was written by another replica (`{owner}`)"
+        )),
+        _ => Outcome::Unchanged,
+    })
+}
+
+/// A record the sender deleted: only from a table keyed by its origin, and
+/// only its own.
+async fn gone(
+    tx: &Transaction<'_>,
+    table: &Table,
+    replica: &str,
+    json: &serde_json::Value,
+) -> Result<Outcome> {
+    let Some(origin) = table.origin.filter(|o| table.key.contains(o)) else {
+        return Ok(Outcome::Refused(format!(
+            "a deleted record of `{}`, whose key does not name the replica that wrote it: \
+             its records are not a replica's to delete",
+            table.name
+        )));
+    };
+    let deleted = tx
+        .execute(
+            &format!(
+                "DELETE FROM {rel} t USING jsonb_populate_record(NULL::{rel}, $1) r
+                 WHERE {m} AND t.{o}::text = $2",
+                rel = table.qualified(),
+                m = key_match(table, "t", "r"),
+                o = ident(origin),
+            ),
+            &[json, &replica],
+        )
+        .await?;
+    Ok(if deleted > 0 {
+        Outcome::Taken
+    } else {
+        Outcome::Unchanged
+    })
+}
+
+/// The columns the sender owns of a two-way row it holds.
+async fn owned(
+    tx: &Transaction<'_>,
+    table: &Table,
+    replica: &str,
+    provisioning: bool,
+    json: &serde_json::Value,
+) -> Result<Outcome> {
+    let set: Vec<String> = table
+        .owned
+        .iter()
+        .map(|c| format!("{c} = r.{c}", c = ident(c)))
+        .collect();
+    let key_json: Vec<String> = table
+        .key
+        .iter()
+        .map(|k| format!("t.{}", ident(k)))
+        .collect();
+    let updated = tx
+        .execute(
+            &format!(
+                "UPDATE {rel} t SET {set} FROM jsonb_populate_record(NULL::{rel}, $1) r
+                 WHERE {m} AND EXISTS (
+                     SELECT 1 FROM sync.held h
+                     WHERE h.table_name = {name} AND h.key = jsonb_build_array({key})::text
+                       AND h.replica = $2)",
+                rel = table.qualified(),
+                set = set.join(", "),
+                m = key_match(table, "t", "r"),
+                name = literal(table.name),
+                key = key_json.join(", "),
+            ),
+            &[json, &replica],
+        )
+        .await?;
+    if updated > 0 {
+        return Ok(Outcome::Taken);
+    }
+    let exists: bool = tx
+        .query_one(
+            &format!(
+                "SELECT EXISTS (SELECT 1 FROM {rel} t, jsonb_populate_record(NULL::{rel}, $1) r WHERE {m})",
+                rel = table.qualified(),
+                m = key_match(table, "t", "r"),
+            ),
+            &[json],
+        )
+        .await?
+        .get(0);
+    Ok(if !exists {
+        // Deleted on the server: its change wins.
+        Outcome::Unchanged
+    } else if provisioning {
+        Outcome::Waits(format!(
+            "replica `{replica}` is being provisioned: what it holds of `{}` is not recorded yet",
+            table.name
+        ))
+    } else {
+        Outcome::Refused("a row the replica does not hold: never sent to it, or taken back".into())
+    })
+}

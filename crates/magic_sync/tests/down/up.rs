@@ -1,0 +1,415 @@
+//! Uploads end to end: a till's writes noted in its SQLite file, gathered,
+//! filed on the server under the replica the transport named, and let go
+//! of on the till once filed.
+
+use crate::fleet::Fleet;
+use crate::scenarios::{shop, SHOP};
+use magic_sync::envelope::{RowData, Up, UpRows};
+use magic_sync::file::{self, Filing, Refusal};
+use std::time::Duration;
+
+const MAX: usize = 1 << 20;
+const PATIENT: Duration = Duration::from_secs(3600);
+
+/// The till's upload, filed as sent by `sender`; then, when filed, the
+/// answer given to the till. Returns the filing.
+async fn send(fleet: &mut Fleet, till: &str, sender: &str) -> Filing {
+    let up = fleet
+        .unit(till)
+        .replica
+        .upload(MAX, PATIENT)
+        .unwrap()
+        .expect("something to upload");
+    let filing = file_as(fleet, sender, &up).await;
+    if let Filing::Filed { answer, .. } = &filing {
+        fleet.unit(till).replica.filed(answer).unwrap();
+    }
+    filing
+}
+
+async fn file_as(fleet: &Fleet, sender: &str, up: &Up) -> Filing {
+    let mut client = fleet.db.connect().await;
+    file::file(&mut client, fleet.engine, sender, up)
+        .await
+        .expect("the upload is filed")
+}
+
+fn till_writes(fleet: &mut Fleet, till: &str, sql: &str) {
+    fleet
+        .unit(till)
+        .replica
+        .connection()
+        .execute_batch(sql)
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+async fn sales(fleet: &Fleet) -> Vec<(String, String, Option<i64>, String, i64)> {
+    fleet
+        .writer
+        .query(
+            "SELECT id, unit_id, customer_id, total::text, version FROM sales ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+        .collect()
+}
+
+fn counts(filing: &Filing) -> (usize, usize, usize) {
+    match filing {
+        Filing::Filed {
+            taken,
+            unchanged,
+            refused,
+            ..
+        } => (*taken, *unchanged, refused.len()),
+        Filing::Waits { reason } => panic!("the upload waits: {reason}"),
+    }
+}
+
+fn refusals(filing: &Filing) -> Vec<Refusal> {
+    match filing {
+        Filing::Filed { refused, .. } => refused.clone(),
+        Filing::Waits { reason } => panic!("the upload waits: {reason}"),
+    }
+}
+
+#[tokio::test]
+async fn a_tills_sales_are_filed_under_the_till_the_transport_named_and_let_go_of() {
+    let mut fleet = shop().await;
+    // The row claims another till: the server files it under u1.
+    till_writes(
+        &mut fleet,
+        "u1",
+        "INSERT INTO sales VALUES ('s1', 'u2', 7, '12.50', 1), ('s2', 'u1', NULL, '3', 1)",
+    );
+    let filing = send(&mut fleet, "u1", "u1").await;
+    assert_eq!(counts(&filing), (2, 0, 0));
+    assert_eq!(
+        sales(&fleet).await,
+        [
+            ("s1".into(), "u1".into(), Some(7), "12.50".into(), 1),
+            ("s2".into(), "u1".into(), None, "3".into(), 1),
+        ]
+    );
+    let backlog = fleet.unit("u1").replica.backlog().unwrap();
+    assert!(backlog.tables.is_empty(), "{backlog:?}");
+    // The down path goes on as before.
+    fleet.sync().await;
+    fleet.check().await;
+}
+
+#[tokio::test]
+async fn an_upload_filed_twice_changes_nothing_the_second_time() {
+    let mut fleet = shop().await;
+    till_writes(
+        &mut fleet,
+        "u1",
+        "INSERT INTO sales VALUES ('s1', 'u1', 7, '12.50', 1)",
+    );
+    let up = fleet
+        .unit("u1")
+        .replica
+        .upload(MAX, PATIENT)
+        .unwrap()
+        .unwrap();
+    assert_eq!(counts(&file_as(&fleet, "u1", &up).await), (1, 0, 0));
+    assert_eq!(counts(&file_as(&fleet, "u1", &up).await), (0, 1, 0));
+    assert_eq!(sales(&fleet).await.len(), 1);
+}
+
+#[tokio::test]
+async fn the_newest_version_of_a_record_wins_and_an_older_one_changes_nothing() {
+    let mut fleet = shop().await;
+    till_writes(
+        &mut fleet,
+        "u1",
+        "INSERT INTO sales VALUES ('s1', 'u1', 7, '10', 1)",
+    );
+    let first = fleet
+        .unit("u1")
+        .replica
+        .upload(MAX, PATIENT)
+        .unwrap()
+        .unwrap();
+    till_writes(
+        &mut fleet,
+        "u1",
+        "UPDATE sales SET total = '11', version = 2 WHERE id = 's1'",
+    );
+    let second = fleet
+        .unit("u1")
+        .replica
+        .upload(MAX, PATIENT)
+        .unwrap()
+        .unwrap();
+    // Delivered out of order: the newer first.
+    assert_eq!(counts(&file_as(&fleet, "u1", &second).await), (1, 0, 0));
+    assert_eq!(counts(&file_as(&fleet, "u1", &first).await), (0, 1, 0));
+    assert_eq!(
+        sales(&fleet).await,
+        [("s1".into(), "u1".into(), Some(7), "11".into(), 2)]
+    );
+}
+
+#[tokio::test]
+async fn another_tills_record_is_never_overwritten_and_the_refusal_is_kept() {
+    let mut fleet = shop().await;
+    till_writes(
+        &mut fleet,
+        "u1",
+        "INSERT INTO sales VALUES ('s1', 'u1', 7, '10', 1)",
+    );
+    send(&mut fleet, "u1", "u1").await;
+    // u2 reports a sale of the same id, at a higher version.
+    till_writes(
+        &mut fleet,
+        "u2",
+        "INSERT INTO sales VALUES ('s1', 'u2', NULL, '99', 5)",
+    );
+    let filing = send(&mut fleet, "u2", "u2").await;
+    let refused = refusals(&filing);
+    assert_eq!(refused.len(), 1);
+    assert!(
+        refused[0].reason.contains("another replica (`u1`)"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        sales(&fleet).await,
+        [("s1".into(), "u1".into(), Some(7), "10".into(), 1)]
+    );
+    let inbox: Vec<(String, String, String, Option<Vec<u8>>)> = fleet
+        .writer
+        .query("SELECT replica, table_name, key, data FROM sync.inbox", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    assert_eq!(inbox.len(), 1);
+    assert_eq!(
+        (&inbox[0].0[..], &inbox[0].1[..], &inbox[0].2[..]),
+        ("u2", "sales", "[\"s1\"]")
+    );
+    assert!(inbox[0].3.is_some(), "the row is kept as it came");
+    // The till let go of it: the refusal is the server's to show.
+    assert!(fleet
+        .unit("u2")
+        .replica
+        .backlog()
+        .unwrap()
+        .tables
+        .is_empty());
+}
+
+#[tokio::test]
+async fn a_tills_count_is_filed_into_the_column_it_owns_of_a_row_it_holds() {
+    let mut fleet = shop().await;
+    till_writes(
+        &mut fleet,
+        "u1",
+        "UPDATE stock SET counted = 4 WHERE product_id = 1",
+    );
+    let filing = send(&mut fleet, "u1", "u1").await;
+    assert_eq!(counts(&filing), (1, 0, 0));
+    // An upload that also says what the stock level is: not the till's.
+    let up = Up {
+        send_id: vec![3; 16],
+        tables: vec![UpRows {
+            table: "stock".into(),
+            rows: vec![RowData {
+                key: br#"["u1",1]"#.to_vec(),
+                data: br#"{"unit_id":"u1","product_id":1,"on_hand":100,"counted":6}"#.to_vec(),
+            }],
+            gone: vec![],
+        }],
+        ..Up::default()
+    };
+    assert_eq!(counts(&file_as(&fleet, "u1", &up).await), (1, 0, 0));
+    let row: (i32, Option<i32>) = fleet
+        .writer
+        .query_one(
+            "SELECT on_hand, counted FROM stock WHERE unit_id = 'u1' AND product_id = 1",
+            &[],
+        )
+        .await
+        .map(|r| (r.get(0), r.get(1)))
+        .unwrap();
+    assert_eq!(row, (5, Some(6)), "only the owned column is taken");
+    // The filed count is a server write like any other; the till converges.
+    fleet.sync().await;
+    fleet.check().await;
+}
+
+#[tokio::test]
+async fn an_edit_of_a_row_the_till_does_not_hold_is_refused() {
+    let fleet = shop().await;
+    // u2's stock row, edited by u1 in an upload it forged.
+    let up = Up {
+        send_id: vec![1; 16],
+        tables: vec![UpRows {
+            table: "stock".into(),
+            rows: vec![RowData {
+                key: br#"["u2",2]"#.to_vec(),
+                data: br#"{"unit_id":"u2","product_id":2,"on_hand":3,"counted":1}"#.to_vec(),
+            }],
+            gone: vec![],
+        }],
+        ..Up::default()
+    };
+    let refused = refusals(&file_as(&fleet, "u1", &up).await);
+    assert_eq!(refused.len(), 1);
+    assert!(refused[0].reason.contains("does not hold"), "{refused:?}");
+    let counted: Option<i32> = fleet
+        .writer
+        .query_one(
+            "SELECT counted FROM stock WHERE unit_id = 'u2' AND product_id = 2",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(counted, None);
+}
+
+#[tokio::test]
+async fn an_edit_while_the_till_is_provisioned_again_waits_and_files_nothing() {
+    let mut fleet = shop().await;
+    till_writes(
+        &mut fleet,
+        "u1",
+        "UPDATE stock SET counted = 4 WHERE product_id = 1;
+         INSERT INTO sales VALUES ('s1', 'u1', 7, '10', 1);",
+    );
+    // The till is provisioned again: its snapshot begins, so what it holds
+    // is no longer recorded until the snapshot is.
+    fleet
+        .writer
+        .batch_execute("UPDATE sync.replicas SET provision = true WHERE id = 'u1'")
+        .await
+        .unwrap();
+    assert!(fleet.pass().await.waiting.contains(&"u1".to_string()));
+    let snapshot = fleet.begin_snapshot("u1").await.expect("u1 waits");
+    let up = fleet
+        .unit("u1")
+        .replica
+        .upload(MAX, PATIENT)
+        .unwrap()
+        .unwrap();
+    let filing = file_as(&fleet, "u1", &up).await;
+    assert!(matches!(filing, Filing::Waits { .. }), "{filing:?}");
+    assert!(sales(&fleet).await.is_empty(), "nothing filed");
+    // The snapshot recorded, the same rows sent again are filed.
+    let mut worker = fleet.db.connect().await;
+    let streamed = snapshot
+        .stream(&mut worker, &fleet.network)
+        .await
+        .expect("the snapshot streams");
+    assert!(streamed.recorded);
+    fleet.sync().await;
+    let again = fleet
+        .unit("u1")
+        .replica
+        .upload(MAX, Duration::ZERO)
+        .unwrap()
+        .unwrap();
+    assert_eq!(counts(&file_as(&fleet, "u1", &again).await), (2, 0, 0));
+}
+
+#[tokio::test]
+async fn catalogs_unknown_tables_bad_keys_and_records_not_a_tills_to_delete_are_refused() {
+    let fleet = shop().await;
+    let row = |key: &[u8], data: &[u8]| RowData {
+        key: key.to_vec(),
+        data: data.to_vec(),
+    };
+    let up = Up {
+        send_id: vec![2; 16],
+        tables: vec![
+            UpRows {
+                table: "products".into(),
+                rows: vec![row(
+                    br#"[1]"#,
+                    br#"{"id":1,"name":"free tea","price":"0","barcode":"B1"}"#,
+                )],
+                gone: vec![],
+            },
+            UpRows {
+                table: "payroll".into(),
+                rows: vec![row(br#"[1]"#, br#"{"id":1}"#)],
+                gone: vec![],
+            },
+            UpRows {
+                table: "sales".into(),
+                rows: vec![
+                    // The key it came under is not the row's.
+                    row(
+                        br#"["s9"]"#,
+                        br#"{"id":"s8","unit_id":"u1","customer_id":null,"total":"1","version":1}"#,
+                    ),
+                    // Not a row of sales at all.
+                    row(br#"["s7"]"#, br#"{"id":"s7"}"#),
+                ],
+                // Sales are keyed by their own id: not a till's to delete.
+                gone: vec![br#"["s1"]"#.to_vec()],
+            },
+        ],
+        ..Up::default()
+    };
+    let refused = refusals(&file_as(&fleet, "u1", &up).await);
+    let reasons: Vec<(String, String)> = refused
+        .iter()
+        .map(|r| (r.table.clone(), r.reason.clone()))
+        .collect();
+    assert_eq!(reasons.len(), 5, "{reasons:#?}");
+    assert!(reasons[0].1.contains("a catalog"), "{reasons:#?}");
+    assert!(reasons[1].1.contains("no table `payroll`"), "{reasons:#?}");
+    assert!(
+        reasons[2].1.contains("not the key it came under"),
+        "{reasons:#?}"
+    );
+    assert!(reasons[3].1.contains("does not decode"), "{reasons:#?}");
+    assert!(
+        reasons[4].1.contains("not a replica's to delete"),
+        "{reasons:#?}"
+    );
+    let tea: String = fleet
+        .writer
+        .query_one("SELECT name FROM products WHERE id = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tea, "tea");
+}
+
+#[tokio::test]
+async fn a_row_postgresql_refuses_is_refused_alone_and_the_rest_is_filed() {
+    let mut fleet = shop().await;
+    // Customer 404 does not exist: the foreign key refuses that sale.
+    till_writes(
+        &mut fleet,
+        "u1",
+        "INSERT INTO sales VALUES ('s1', 'u1', 404, '1', 1), ('s2', 'u1', 7, '2', 1)",
+    );
+    let filing = send(&mut fleet, "u1", "u1").await;
+    assert_eq!(counts(&filing), (1, 0, 1));
+    let refused = refusals(&filing);
+    assert_eq!(refused[0].key, "[\"s1\"]");
+    assert!(
+        refused[0].reason.contains("PostgreSQL refused"),
+        "{refused:?}"
+    );
+    assert_eq!(sales(&fleet).await.len(), 1);
+}
+
+#[tokio::test]
+async fn an_upload_from_a_replica_the_server_does_not_know_is_an_error() {
+    let fleet = Fleet::new(SHOP).await;
+    let mut client = fleet.db.connect().await;
+    let err = file::file(&mut client, fleet.engine, "stranger", &Up::default())
+        .await
+        .expect_err("refused");
+    assert!(err.to_string().contains("`stranger`"), "{err}");
+}
