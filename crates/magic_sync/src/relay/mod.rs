@@ -96,6 +96,22 @@ pub trait Transport: Send + Sync {
         id: &str,
         message: Vec<u8>,
     ) -> impl Future<Output = Result<(), SendError>> + Send;
+    /// Hands `replica` the answer to an upload it sent, once filed. A
+    /// transport that carries none (the default) fails: the replica sends
+    /// the upload again after a while, and filing it again changes nothing.
+    fn answer(
+        &self,
+        replica: &str,
+        filed: crate::envelope::Filed,
+    ) -> impl Future<Output = Result<(), SendError>> + Send {
+        let _ = filed;
+        let replica = replica.to_string();
+        async move {
+            Err(SendError(format!(
+                "this transport carries no answers to uploads (replica `{replica}`)"
+            )))
+        }
+    }
 }
 
 /// How the relay works.

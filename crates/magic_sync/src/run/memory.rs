@@ -7,12 +7,29 @@
 //! replica out of reach, and its messages wait in the server's outbox.
 
 use super::Report;
+use crate::envelope::Filed;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// What reached a replica ([`Network::next_for`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Delivery {
+    /// A message from the server.
+    Message(Vec<u8>),
+    /// The answer to an upload.
+    Filed(Filed),
+    /// Nothing came for as long as it waited.
+    Quiet,
+    /// The network is closed.
+    Closed,
+}
 
 #[derive(Debug, Default)]
 struct State {
     inboxes: HashMap<String, VecDeque<Vec<u8>>>,
+    /// Per replica, the answers to its uploads, oldest first.
+    answers: HashMap<String, VecDeque<Filed>>,
     /// Per replica, what wakes it when a message arrives: only the replica
     /// a message is for wakes.
     bells: HashMap<String, Arc<Condvar>>,
@@ -116,6 +133,60 @@ impl Network {
         }
     }
 
+    /// Waits up to `timeout` for what comes to `replica` next: an answer to
+    /// one of its uploads first, then a message.
+    pub fn next_for(&self, replica: &str, timeout: Duration) -> Delivery {
+        let mut state = self.state();
+        let bell = state.bells.entry(replica.to_string()).or_default().clone();
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(f) = state.answers.get_mut(replica).and_then(VecDeque::pop_front) {
+                return Delivery::Filed(f);
+            }
+            if let Some(m) = state.inboxes.get_mut(replica).and_then(VecDeque::pop_front) {
+                return Delivery::Message(m);
+            }
+            if state.closed {
+                return Delivery::Closed;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Delivery::Quiet;
+            }
+            state = bell
+                .wait_timeout(state, left)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// Hands `replica` the answer to one of its uploads; fails while it is
+    /// cut off.
+    pub fn answer(&self, replica: &str, filed: Filed) -> Result<(), String> {
+        let mut state = self.state();
+        if state.cut.contains(replica) {
+            return Err(format!("replica `{replica}` is out of reach"));
+        }
+        state
+            .answers
+            .entry(replica.to_string())
+            .or_default()
+            .push_back(filed);
+        if let Some(bell) = state.bells.get(replica) {
+            bell.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Every answer waiting for `replica`, oldest first.
+    pub fn take_answers(&self, replica: &str) -> Vec<Filed> {
+        self.state()
+            .answers
+            .get_mut(replica)
+            .map(|q| q.drain(..).collect())
+            .unwrap_or_default()
+    }
+
     /// Queues what `replica` says for the server.
     pub fn report(&self, replica: &str, report: Report) {
         self.state()
@@ -163,6 +234,10 @@ impl crate::relay::Transport for Network {
     ) -> Result<(), crate::relay::SendError> {
         self.deliver(replica, message)
             .map_err(crate::relay::SendError)
+    }
+
+    async fn answer(&self, replica: &str, filed: Filed) -> Result<(), crate::relay::SendError> {
+        Network::answer(self, replica, filed).map_err(crate::relay::SendError)
     }
 }
 

@@ -6,7 +6,7 @@
 //!   what was applied.
 //! - [`memory`]: an in-process network between them, for tests and examples.
 
-use crate::envelope::{Ack, Gap};
+use crate::envelope::{Ack, Gap, Up};
 
 pub mod memory;
 #[cfg(feature = "sqlite")]
@@ -14,11 +14,13 @@ pub mod replica;
 #[cfg(feature = "postgres")]
 pub mod server;
 
-/// What a replica tells the server about the down path.
+/// What a replica tells the server.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Report {
     /// The last message it applied, with its seal as it came.
     Applied(Ack),
     /// It could not follow a message and waits for a snapshot.
     Gap(Gap),
+    /// What it wrote, to be filed ([`crate::replica::Replica::upload`]).
+    Upload(Up),
 }

@@ -1,10 +1,12 @@
 //! A replica's loop: apply each message as it arrives, in one transaction
-//! each, and say what was applied.
+//! each, and say what was applied; send up what the host wrote, and let go
+//! of it once filed.
 
-use super::memory::Network;
+use super::memory::{Delivery, Network};
 use super::Report;
 use crate::error::Result;
 use crate::replica::{Outcome, Replica};
+use std::time::Duration;
 
 /// Applies one message as the transport delivered it, and returns what to
 /// tell the server: the last message applied (also after a duplicate, so a
@@ -29,20 +31,66 @@ pub fn deliver(replica: &mut Replica<'_>, message: &[u8]) -> Result<Option<Repor
     })
 }
 
+/// How a replica's loop sends up what its host wrote.
+#[derive(Debug, Clone)]
+pub struct Uploads {
+    /// How long the loop waits for the server before it looks for writes
+    /// to send.
+    pub every: Duration,
+    /// How long an upload may go unanswered before its rows go again.
+    pub resend_after: Duration,
+    /// Uploads sent at most per look, so a large backlog never keeps the
+    /// loop from applying what the server sends.
+    pub batch: usize,
+}
+
+impl Default for Uploads {
+    fn default() -> Self {
+        Uploads {
+            every: Duration::from_millis(100),
+            resend_after: Duration::from_secs(5),
+            batch: 64,
+        }
+    }
+}
+
+/// Applies every message the network brings `replica` until it closes,
+/// reports what it applied, and sends up what its host wrote, as
+/// [`replica_with`] does with the default [`Uploads`].
+pub fn replica(replica: &mut Replica<'_>, network: &Network) -> Result<()> {
+    replica_with(replica, network, &Uploads::default())
+}
+
 /// Applies every message the network brings `replica` until it closes, and
 /// reports what it applied. A message that cannot be applied as it is
 /// (malformed, not a message at all) is skipped: the server's next
-/// comparison covers what it carried. Stops on an error of the replica's own
-/// database, which the host decides about.
-pub fn replica(replica: &mut Replica<'_>, network: &Network) -> Result<()> {
+/// comparison covers what it carried. After each message, answer or quiet
+/// spell, it sends up what is due of what the host wrote
+/// ([`Replica::upload`]), and lets go of what the server says it filed.
+/// Stops on an error of the replica's own database, which the host decides
+/// about.
+pub fn replica_with(replica: &mut Replica<'_>, network: &Network, uploads: &Uploads) -> Result<()> {
     let id = replica.id().to_string();
-    while let Some(message) = network.next(&id) {
-        match deliver(replica, &message) {
-            Ok(Some(report)) => network.report(&id, report),
-            Ok(None) => {}
-            Err(crate::Error::Envelope(_) | crate::Error::Malformed { .. }) => {}
-            Err(e) => return Err(e),
+    loop {
+        match network.next_for(&id, uploads.every) {
+            Delivery::Message(message) => match deliver(replica, &message) {
+                Ok(Some(report)) => network.report(&id, report),
+                Ok(None) => {}
+                Err(crate::Error::Envelope(_) | crate::Error::Malformed { .. }) => {}
+                Err(e) => return Err(e),
+            },
+            Delivery::Filed(filed) => {
+                replica.filed(&filed)?;
+            }
+            Delivery::Quiet => {}
+            Delivery::Closed => return Ok(()),
+        }
+        for _ in 0..uploads.batch {
+            let max = network.max_message_bytes();
+            match replica.upload(max, uploads.resend_after)? {
+                Some(up) => network.report(&id, Report::Upload(up)),
+                None => break,
+            }
         }
     }
-    Ok(())
 }

@@ -27,10 +27,19 @@ pub trait Reports: Send + Sync {
 }
 
 /// Applies what replicas said: acknowledgements all at once, gaps one by
-/// one. A forged acknowledgement is refused and changes nothing; the others
-/// still count. Needs no lock; the runner heeds on its publishing
+/// one, uploads one by one, each filed ([`crate::file`]) and, once filed,
+/// answered through `transport`. A forged acknowledgement is refused and
+/// changes nothing; the others still count. An upload that cannot be filed
+/// for good (a replica the server does not know) is reported and dropped;
+/// one that waits, or whose answer the transport cannot carry, comes again
+/// from its replica. Needs no lock; the runner heeds on its publishing
 /// connection, beside the passes.
-pub async fn heed(client: &Client, reports: Vec<(String, Report)>) -> Result<()> {
+pub async fn heed<T: Transport>(
+    client: &mut Client,
+    engine: &Engine,
+    transport: &T,
+    reports: Vec<(String, Report)>,
+) -> Result<()> {
     let mut acks = Vec::new();
     for (replica, report) in reports {
         match report {
@@ -38,6 +47,15 @@ pub async fn heed(client: &Client, reports: Vec<(String, Report)>) -> Result<()>
             Report::Gap(gap) => {
                 crate::relay::gap(client, &replica, &gap).await?;
             }
+            Report::Upload(up) => match crate::file::file(client, engine, &replica, &up).await {
+                Ok(crate::file::Filing::Filed { answer, .. }) => {
+                    // Not carried: the replica sends it again.
+                    let _ = transport.answer(&replica, answer).await;
+                }
+                Ok(crate::file::Filing::Waits { .. }) => {}
+                Err(e) if e.is_transient() => return Err(e),
+                Err(e) => eprintln!("magic_sync relay: an upload from `{replica}`: {e}"),
+            },
         }
     }
     for outcome in crate::relay::acknowledge_all(client, &acks).await? {
@@ -190,7 +208,14 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
             backoff,
             &written
         ),
-        publish_forever(publisher.client(), transport, reports, settings, &written)
+        publish_forever(
+            publisher.client_mut(),
+            engine,
+            transport,
+            reports,
+            settings,
+            &written
+        )
     )?;
     Ok(())
 }
@@ -348,7 +373,8 @@ async fn record_forever<H: Replicas, T: Transport>(
 /// to try again a replica a send failed to; heeds what replicas said
 /// whenever they said something.
 async fn publish_forever<T: Transport, R: Reports>(
-    publisher: &Client,
+    publisher: &mut Client,
+    engine: &Engine,
     transport: &T,
     reports: &R,
     settings: &Settings,
@@ -356,7 +382,7 @@ async fn publish_forever<T: Transport, R: Reports>(
 ) -> Result<()> {
     loop {
         let started = std::time::Instant::now();
-        heed(publisher, reports.drain()).await?;
+        heed(publisher, engine, transport, reports.drain()).await?;
         crate::relay::trace("heed", started);
         let started = std::time::Instant::now();
         crate::relay::publish(publisher, transport, settings.concurrency).await?;

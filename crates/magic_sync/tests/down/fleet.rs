@@ -354,9 +354,42 @@ impl Fleet {
     /// Hands what replicas said to the relay.
     pub async fn heed(&mut self) {
         let reports = self.network.reports();
-        run::server::heed(&self.client, reports)
+        run::server::heed(&mut self.client, self.engine, &self.network, reports)
             .await
             .expect("the relay heeds what replicas say");
+    }
+
+    /// Every reachable live replica sends up what is due of what its host
+    /// wrote (an upload unanswered for `patience` is due again); the server
+    /// files it and answers, and each replica lets go of what was filed.
+    /// Returns the uploads sent.
+    pub async fn upload(&mut self, patience: std::time::Duration) -> usize {
+        let max = self.network.max_message_bytes();
+        let mut sent = 0;
+        for (id, unit) in &mut self.units {
+            if !unit.info.live || unit.cut {
+                continue;
+            }
+            while let Some(up) = unit
+                .replica
+                .upload(max, patience)
+                .expect("the replica gathers its writes")
+            {
+                self.network.report(id, run::Report::Upload(up));
+                sent += 1;
+                if patience.is_zero() {
+                    // Everything due again at once: one upload each.
+                    break;
+                }
+            }
+        }
+        self.heed().await;
+        for (id, unit) in &mut self.units {
+            for filed in self.network.take_answers(id) {
+                unit.replica.filed(&filed).expect("the replica lets go");
+            }
+        }
+        sent
     }
 
     /// Steps until nothing moves; returns the messages applied.

@@ -413,3 +413,192 @@ async fn an_upload_from_a_replica_the_server_does_not_know_is_an_error() {
         .expect_err("refused");
     assert!(err.to_string().contains("`stranger`"), "{err}");
 }
+
+/// What a till wrote, as the test remembers it: its sales by id (customer,
+/// total, version) and its counts by product.
+#[derive(Default)]
+struct Written {
+    sales: std::collections::BTreeMap<String, (Option<i64>, String, i64)>,
+    counts: std::collections::BTreeMap<i64, i32>,
+}
+
+/// The till's upload, and what becomes of it: filed and answered, lost on
+/// the way, filed with its answer lost, filed twice, or filed with its
+/// answer held back (into `late`, to be given later).
+async fn deliver_upload(
+    fleet: &mut Fleet,
+    till: &str,
+    fate: u32,
+    patience: Duration,
+    late: &mut Vec<(String, magic_sync::envelope::Filed)>,
+) {
+    let max = fleet.network.max_message_bytes();
+    let Some(up) = fleet.unit(till).replica.upload(max, patience).unwrap() else {
+        return;
+    };
+    match fate {
+        0 => return, // lost on the way
+        3 => {
+            // Delivered twice.
+            fleet
+                .network
+                .report(till, magic_sync::run::Report::Upload(up.clone()));
+        }
+        _ => {}
+    }
+    fleet
+        .network
+        .report(till, magic_sync::run::Report::Upload(up));
+    fleet.heed().await;
+    let answers = fleet.network.take_answers(till);
+    match fate {
+        1 => {}
+        4 => late.extend(answers.into_iter().map(|f| (till.to_string(), f))),
+        _ => {
+            for filed in answers {
+                fleet.unit(till).replica.filed(&filed).unwrap();
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_write_of_every_till_is_filed_once_whatever_uploads_and_answers_are_lost() {
+    let steps = crate::walk::env("MAGIC_SYNC_STEPS").unwrap_or(40);
+    for seed in crate::walk::seeds(8, 11) {
+        println!("up walk: seed {seed} ({steps} steps); replay with MAGIC_SYNC_SEED={seed}");
+        up_walk(seed, steps).await;
+    }
+}
+
+async fn up_walk(seed: u64, steps: u64) {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut fleet = shop().await;
+    let tills = ["u1", "u2", "u3"];
+    let mut written: std::collections::BTreeMap<&str, Written> = Default::default();
+    let stock = |till: &str| match till {
+        "u1" => Some(1),
+        "u2" => Some(2),
+        _ => None,
+    };
+    let mut next_sale = 0;
+    let mut late = Vec::new();
+    for step in 0..steps {
+        let till = tills[rng.gen_range(0..tills.len())];
+        let mine = written.entry(till).or_default();
+        let what = rng.gen_range(0..10);
+        let done = if what < 4 || mine.sales.is_empty() {
+            next_sale += 1;
+            let id = format!("{till}-{next_sale}");
+            // A sale names a customer the till holds (through its orders),
+            // or none.
+            let held = match till {
+                "u1" => Some(7),
+                "u2" => Some(8),
+                _ => None,
+            };
+            let customer = if rng.gen_bool(0.5) { held } else { None };
+            let total = format!("{}.{:02}", rng.gen_range(1..100), rng.gen_range(0..100));
+            mine.sales.insert(id.clone(), (customer, total.clone(), 1));
+            format!(
+                "INSERT INTO sales VALUES ('{id}', '{till}', {}, '{total}', 1)",
+                customer.map_or("NULL".into(), |c| c.to_string())
+            )
+        } else if what < 7 || stock(till).is_none() {
+            let ids: Vec<String> = mine.sales.keys().cloned().collect();
+            let id = ids[rng.gen_range(0..ids.len())].clone();
+            let sale = mine.sales.get_mut(&id).unwrap();
+            sale.1 = format!("{}.{:02}", rng.gen_range(1..100), rng.gen_range(0..100));
+            sale.2 += 1;
+            format!(
+                "UPDATE sales SET total = '{}', version = {} WHERE id = '{id}'",
+                sale.1, sale.2
+            )
+        } else {
+            let product = stock(till).unwrap();
+            let count = rng.gen_range(0..20);
+            mine.counts.insert(product, count);
+            format!("UPDATE stock SET counted = {count} WHERE product_id = {product}")
+        };
+        till_writes(&mut fleet, till, &done);
+        let fate = rng.gen_range(0..5);
+        println!("seed {seed} step {step}: {till}: {done}; upload fate {fate}");
+        // Now and then an upload goes for each till; now and then the
+        // server's own changes go down.
+        if rng.gen_bool(0.5) {
+            let patience = if rng.gen_bool(0.3) {
+                Duration::ZERO
+            } else {
+                PATIENT
+            };
+            deliver_upload(&mut fleet, till, fate, patience, &mut late).await;
+        }
+        if !late.is_empty() && rng.gen_bool(0.3) {
+            // Answers held back arrive, after whatever was written since.
+            for (till, filed) in late.drain(..) {
+                fleet.unit(&till).replica.filed(&filed).unwrap();
+            }
+        }
+        if rng.gen_bool(0.2) {
+            fleet.sync().await;
+        }
+    }
+    // Every till sends until nothing is left: what was lost goes again.
+    for _ in 0..50 {
+        if tills
+            .iter()
+            .all(|t| fleet.unit(t).replica.backlog().unwrap().tables.is_empty())
+        {
+            break;
+        }
+        fleet.upload(Duration::ZERO).await;
+    }
+    for till in tills {
+        let backlog = fleet.unit(till).replica.backlog().unwrap();
+        assert!(
+            backlog.tables.is_empty(),
+            "seed {seed}: {till} still has {backlog:?}"
+        );
+    }
+    let mut expected = Vec::new();
+    for (till, w) in &written {
+        for (id, (customer, total, version)) in &w.sales {
+            expected.push((
+                id.clone(),
+                till.to_string(),
+                *customer,
+                total.clone(),
+                *version,
+            ));
+        }
+    }
+    expected.sort();
+    let mut filed = sales(&fleet).await;
+    // Totals as PostgreSQL prints numerics: compare as numbers.
+    for row in filed.iter_mut().chain(expected.iter_mut()) {
+        row.3 = format!("{:.2}", row.3.parse::<f64>().unwrap());
+    }
+    assert_eq!(filed, expected, "seed {seed}: the server's sales");
+    for (till, w) in &written {
+        for (product, count) in &w.counts {
+            let counted: Option<i32> = fleet
+                .writer
+                .query_one(
+                    "SELECT counted FROM stock WHERE unit_id = $1 AND product_id = $2",
+                    &[&till.to_string(), product],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(
+                counted,
+                Some(*count),
+                "seed {seed}: {till}'s count of {product}"
+            );
+        }
+    }
+    fleet.sync().await;
+    fleet.check().await;
+}

@@ -35,14 +35,14 @@ impl Walk {
     }
 }
 
-fn env(name: &str) -> Option<u64> {
+pub(crate) fn env(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
 /// The seeds to walk: one to replay, or `default` of them from a base
 /// (`MAGIC_SYNC_SEEDS` scales every walk's count alike: it is the count of
 /// the walk whose default is 6).
-fn seeds(default: u64, base: u64) -> Vec<u64> {
+pub(crate) fn seeds(default: u64, base: u64) -> Vec<u64> {
     match env("MAGIC_SYNC_SEED") {
         Some(seed) => vec![seed],
         None => {
