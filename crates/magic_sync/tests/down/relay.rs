@@ -476,6 +476,55 @@ async fn the_runners_carry_a_write_to_a_till() {
     till.join().unwrap().unwrap();
 }
 
+/// The runners carry a till's sale up: the host writes on a connection of
+/// its own to the till's file, the till's loop sends it, the relay files it
+/// and answers, and the till lets go of it.
+#[tokio::test]
+async fn the_runners_carry_a_tills_sale_to_the_server() {
+    let (fleet, network) = for_the_runner().await;
+    let (path, till) = till(&fleet, &network, "u1");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = start_server(
+        &fleet,
+        &network,
+        vec![ReplicaInfo::live("u1", Some("north"))],
+        stopped,
+    );
+    // The till holds its snapshot before the host writes.
+    until("the till was never provisioned", || async {
+        product_name(&path).is_some()
+    })
+    .await;
+    let host = rusqlite::Connection::open(&path).unwrap();
+    host.busy_timeout(Duration::from_secs(10)).unwrap();
+    host.execute_batch("INSERT INTO sales VALUES ('s1', 'u1', 7, '4.50', 1)")
+        .unwrap();
+    until("the sale was never filed", || async {
+        fleet
+            .writer
+            .query_opt(
+                "SELECT 1 FROM sales WHERE id = 's1' AND unit_id = 'u1'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    until("the till never let go of its filed sale", || async {
+        host.query_row("SELECT count(*) FROM _magic_sync_up", [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .unwrap()
+            == 0
+    })
+    .await;
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+    network.close();
+    till.join().unwrap().unwrap();
+}
+
 /// The runner publishes on a connection of its own while it records: a till
 /// out of reach has why recorded and keeps its messages, and the passes go
 /// on serving the other till; once back, it gets everything.
