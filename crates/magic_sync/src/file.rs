@@ -28,6 +28,11 @@
 //! savepoint. Any other failure (the connection, a deadlock) files nothing
 //! and is returned: the replica sends the upload again.
 //!
+//! The backlog an upload carries (what the replica has that the server has
+//! not filed, per table) is recorded with the filing, in
+//! `sync.replicas.backlog`. An upload with no rows and no send id only says
+//! that, and needs no answer.
+//!
 //! Rows are turned into the table's row type by `jsonb_populate_record`,
 //! from the JSON of their values, so every column gets its own type's input
 //! conversion, whatever types the host chose.
@@ -138,6 +143,23 @@ pub async fn file(client: &mut Client, engine: &Engine, replica: &str, up: &Up) 
                 }
             }
         }
+    }
+    if let Some(backlog) = &up.backlog {
+        let tables: serde_json::Map<String, serde_json::Value> = backlog
+            .tables
+            .iter()
+            .map(|t| {
+                (
+                    t.table.clone(),
+                    serde_json::json!({"unsent": t.unsent, "unfiled": t.unfiled}),
+                )
+            })
+            .collect();
+        tx.execute(
+            "UPDATE sync.replicas SET backlog = $2, backlog_at = now() WHERE id = $1",
+            &[&replica, &serde_json::Value::Object(tables)],
+        )
+        .await?;
     }
     tx.commit().await?;
     Ok(Filing::Filed {

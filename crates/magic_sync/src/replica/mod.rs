@@ -261,7 +261,7 @@ impl<'e> Replica<'e> {
 
     /// Per table, rows the host wrote that have not gone up, and rows gone
     /// up that the server has not filed yet.
-    pub fn backlog(&self) -> Result<envelope::Backlog> {
+    pub fn progress(&self) -> Result<envelope::Backlog> {
         up::backlog(&self.conn)
     }
 

@@ -25,6 +25,10 @@
 //!   again; an id the replica never drew (another replica's answer, or one
 //!   to this replica before it was restored) lets go of nothing.
 //!
+//! Every upload carries the replica's backlog as it stands once the upload
+//! is stamped, so the server knows what the replica has that it has not
+//! filed; the runner says it again, alone, when an answer changed it.
+//!
 //! Keys are noted as SQLite's `json_array` of the key columns. A key column
 //! holding bytes cannot be, and is refused when the replica opens.
 
@@ -239,6 +243,7 @@ pub(crate) fn gather(
             millis(now)
         ])?;
     }
+    let backlog = (carried > 0).then(|| backlog(&tx)).transpose()?;
     tx.commit()?;
     if carried == 0 {
         return Ok(None);
@@ -246,6 +251,7 @@ pub(crate) fn gather(
     Ok(Some(Up {
         send_id,
         tables: tables.into_values().collect(),
+        backlog,
         ..Up::default()
     }))
 }

@@ -80,7 +80,9 @@ pub fn replica_with(replica: &mut Replica<'_>, network: &Network, uploads: &Uplo
                 Err(e) => return Err(e),
             },
             Delivery::Filed(filed) => {
-                replica.filed(&filed)?;
+                if replica.filed(&filed)? > 0 {
+                    network.report(&id, progress(replica)?);
+                }
             }
             Delivery::Quiet => {}
             Delivery::Closed => return Ok(()),
@@ -93,4 +95,13 @@ pub fn replica_with(replica: &mut Replica<'_>, network: &Network, uploads: &Uplo
             }
         }
     }
+}
+
+/// An upload that only says the replica's backlog: what it has that the
+/// server has not filed, after an answer let go of some of it.
+pub fn progress(replica: &Replica<'_>) -> Result<Report> {
+    Ok(Report::Upload(crate::envelope::Up {
+        backlog: Some(replica.progress()?),
+        ..crate::envelope::Up::default()
+    }))
 }

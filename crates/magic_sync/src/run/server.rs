@@ -49,8 +49,11 @@ pub async fn heed<T: Transport>(
             }
             Report::Upload(up) => match crate::file::file(client, engine, &replica, &up).await {
                 Ok(crate::file::Filing::Filed { answer, .. }) => {
-                    // Not carried: the replica sends it again.
-                    let _ = transport.answer(&replica, answer).await;
+                    // Not carried: the replica sends it again. An upload
+                    // that only said its backlog wants no answer.
+                    if !answer.send_id.is_empty() {
+                        let _ = transport.answer(&replica, answer).await;
+                    }
                 }
                 Ok(crate::file::Filing::Waits { .. }) => {}
                 Err(e) if e.is_transient() => return Err(e),

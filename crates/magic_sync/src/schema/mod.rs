@@ -17,6 +17,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (8, include_str!("008_snapshots.sql")),
     (9, include_str!("009_held_key_text.sql")),
     (10, include_str!("010_inbox.sql")),
+    (11, include_str!("011_backlog.sql")),
 ];
 
 /// The version this build brings the schema to.

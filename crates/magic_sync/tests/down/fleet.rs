@@ -384,10 +384,20 @@ impl Fleet {
             }
         }
         self.heed().await;
+        let mut told = false;
         for (id, unit) in &mut self.units {
+            let mut released = 0;
             for filed in self.network.take_answers(id) {
-                unit.replica.filed(&filed).expect("the replica lets go");
+                released += unit.replica.filed(&filed).expect("the replica lets go");
             }
+            if released > 0 {
+                let report = run::replica::progress(&unit.replica).expect("its progress");
+                self.network.report(id, report);
+                told = true;
+            }
+        }
+        if told {
+            self.heed().await;
         }
         sent
     }

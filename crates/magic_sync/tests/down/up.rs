@@ -94,7 +94,7 @@ async fn a_tills_sales_are_filed_under_the_till_the_transport_named_and_let_go_o
             ("s2".into(), "u1".into(), None, "3".into(), 1),
         ]
     );
-    let backlog = fleet.unit("u1").replica.backlog().unwrap();
+    let backlog = fleet.unit("u1").replica.progress().unwrap();
     assert!(backlog.tables.is_empty(), "{backlog:?}");
     // The down path goes on as before.
     fleet.sync().await;
@@ -198,7 +198,7 @@ async fn another_tills_record_is_never_overwritten_and_the_refusal_is_kept() {
     assert!(fleet
         .unit("u2")
         .replica
-        .backlog()
+        .progress()
         .unwrap()
         .tables
         .is_empty());
@@ -549,14 +549,14 @@ async fn up_walk(seed: u64, steps: u64) {
     for _ in 0..50 {
         if tills
             .iter()
-            .all(|t| fleet.unit(t).replica.backlog().unwrap().tables.is_empty())
+            .all(|t| fleet.unit(t).replica.progress().unwrap().tables.is_empty())
         {
             break;
         }
         fleet.upload(Duration::ZERO).await;
     }
     for till in tills {
-        let backlog = fleet.unit(till).replica.backlog().unwrap();
+        let backlog = fleet.unit(till).replica.progress().unwrap();
         assert!(
             backlog.tables.is_empty(),
             "seed {seed}: {till} still has {backlog:?}"
@@ -601,4 +601,58 @@ async fn up_walk(seed: u64, steps: u64) {
     }
     fleet.sync().await;
     fleet.check().await;
+}
+
+/// What the server records of u1's backlog.
+async fn backlog(fleet: &Fleet) -> Option<serde_json::Value> {
+    fleet
+        .writer
+        .query_one("SELECT backlog FROM sync.replicas WHERE id = 'u1'", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn the_server_shows_what_a_till_has_not_had_filed() {
+    let mut fleet = shop().await;
+    assert_eq!(backlog(&fleet).await, None, "nothing said yet");
+    till_writes(
+        &mut fleet,
+        "u1",
+        "INSERT INTO sales VALUES ('s1', 'u1', 7, '1', 1), ('s2', 'u1', 7, '2', 1);
+         UPDATE stock SET counted = 3 WHERE product_id = 1;",
+    );
+    // An upload lost on the way still said it: the backlog it carried is
+    // recorded with the next upload that is filed.
+    let up = fleet
+        .unit("u1")
+        .replica
+        .upload(MAX, PATIENT)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        up.backlog.as_ref().map(|b| b.tables.len()),
+        Some(2),
+        "{:?}",
+        up.backlog
+    );
+    till_writes(
+        &mut fleet,
+        "u1",
+        "INSERT INTO sales VALUES ('s3', 'u1', NULL, '3', 1)",
+    );
+    // Filed: the server hears the upload's backlog, then, once the till let
+    // go of what was filed, what is left.
+    fleet.upload(PATIENT).await;
+    assert_eq!(
+        backlog(&fleet).await,
+        Some(serde_json::json!({
+            "sales": {"unsent": 0, "unfiled": 2},
+            "stock": {"unsent": 0, "unfiled": 1},
+        })),
+        "the first upload is still unanswered"
+    );
+    fleet.upload(Duration::ZERO).await;
+    assert_eq!(backlog(&fleet).await, Some(serde_json::json!({})));
 }

@@ -304,7 +304,7 @@ fn only_the_columns_a_replica_owns_are_noted_and_the_servers_messages_note_nothi
 fn the_backlog_counts_rows_not_sent_and_rows_not_filed() {
     let site = Site::new();
     let mut replica = site.open();
-    assert!(replica.backlog().unwrap().tables.is_empty());
+    assert!(replica.progress().unwrap().tables.is_empty());
     write(
         &replica,
         "INSERT INTO sales (id, unit_id) VALUES ('a', 'unit-1'), ('b', 'unit-1');
@@ -316,7 +316,7 @@ fn the_backlog_counts_rows_not_sent_and_rows_not_filed() {
         "UPDATE sales SET customer_id = 2 WHERE id = 'a';
          INSERT INTO sales (id, unit_id) VALUES ('c', 'unit-1');",
     );
-    let backlog = |replica: &Replica<'_>| replica.backlog().unwrap().tables;
+    let backlog = |replica: &Replica<'_>| replica.progress().unwrap().tables;
     assert_eq!(
         backlog(&replica),
         [
