@@ -43,9 +43,12 @@ mod snapshot;
 mod state;
 mod tables;
 mod up;
+mod uplink;
 
 pub use digest::fingerprint;
 pub use key::{canonical as canonical_key, KeyProblem};
+pub use up::Pending;
+pub use uplink::{SentUp, Uplink, UplinkError};
 
 use crate::chain::{Applied, Break, Chain, Decision};
 use crate::engine::Engine;
@@ -124,7 +127,16 @@ pub struct Replica<'e> {
     engine: &'e Engine,
     tables: Tables,
     chain: Chain,
+    /// Rows an uplink refused for good, set aside until the replica is
+    /// opened again, as (table, key as noted).
+    set_aside: std::collections::HashSet<(String, String)>,
+    /// Answers to uploads not recorded as sent yet (or never sent by this
+    /// replica), kept a while in case their send is recorded after them.
+    early: std::collections::HashSet<Vec<u8>>,
 }
+
+/// Answers to unknown sends kept at most.
+const EARLY_ANSWERS: usize = 256;
 
 impl<'e> Replica<'e> {
     /// Opens (or creates) the replica database at `path` for the replica
@@ -152,6 +164,8 @@ impl<'e> Replica<'e> {
             engine,
             tables,
             chain,
+            set_aside: Default::default(),
+            early: Default::default(),
         })
     }
 
@@ -244,19 +258,73 @@ impl<'e> Replica<'e> {
     /// is. Rows go as they are now, each once however often written; a row
     /// sent and not answered for `resend_after` goes again, under a new
     /// send id. See the `up` module.
+    /// The upload is recorded as sent: hand it over only once this returns.
     pub fn upload(
         &mut self,
         max_bytes: usize,
         resend_after: std::time::Duration,
     ) -> Result<Option<envelope::Up>> {
-        up::gather(&mut self.conn, self.engine, max_bytes, resend_after)
+        let Some(pending) = self.prepare_upload(max_bytes, resend_after)? else {
+            return Ok(None);
+        };
+        self.sent(&pending)?;
+        Ok(Some(pending.up))
+    }
+
+    /// The same upload as [`upload`](Self::upload), not yet recorded as
+    /// sent: for a host that hands it over first and calls
+    /// [`sent`](Self::sent) once its uplink took it. Rows set aside are
+    /// left out.
+    pub fn prepare_upload(
+        &mut self,
+        max_bytes: usize,
+        resend_after: std::time::Duration,
+    ) -> Result<Option<Pending>> {
+        let due = up::due(&self.conn, resend_after, &self.set_aside)?;
+        up::make(&mut self.conn, self.engine, &due, max_bytes)
+    }
+
+    /// Records `pending` as sent. An answer to it that came first lets go of
+    /// its rows now; returns how many.
+    pub fn sent(&mut self, pending: &Pending) -> Result<usize> {
+        self.sender().sent(pending)
+    }
+
+    /// Sends what is due through `uplink`, at most `most` uploads; finds
+    /// and sets aside a row the uplink refuses for good (see the `uplink`
+    /// module). Stops early, with why, when the uplink cannot reach the
+    /// server or refuses everything.
+    pub fn send_up(
+        &mut self,
+        uplink: &impl Uplink,
+        resend_after: std::time::Duration,
+        most: usize,
+    ) -> Result<SentUp> {
+        self.sender().send_up(uplink, resend_after, most)
+    }
+
+    fn sender(&mut self) -> uplink::Sender<'_> {
+        uplink::Sender {
+            conn: &mut self.conn,
+            engine: self.engine,
+            set_aside: &mut self.set_aside,
+            early: &mut self.early,
+        }
     }
 
     /// The server filed an upload: lets go of what that send carried and
     /// was not written since. Returns how many rows were let go of; none for
-    /// a send this replica does not know.
+    /// a send this replica does not know (one not recorded as sent yet is
+    /// remembered a while, and counts once it is).
     pub fn filed(&mut self, filed: &envelope::Filed) -> Result<usize> {
-        up::filed(&self.conn, &filed.send_id)
+        let released = up::filed(&self.conn, &filed.send_id)?;
+        if released == 0 && !up::knows(&self.conn, &filed.send_id)? {
+            if self.early.len() >= EARLY_ANSWERS {
+                self.early.clear();
+            }
+            self.early.insert(filed.send_id.clone());
+        }
+        Ok(released)
     }
 
     /// Per table, rows the host wrote that have not gone up, and rows gone

@@ -9,24 +9,26 @@
 //!   written a thousand times is one note. The replica's own applying never
 //!   notes anything: messages from the server do not write up tables, and
 //!   leave owned columns as they are.
-//! - **Gathering** ([`gather`]). The notes not yet sent, sent and written
+//! - **Gathering** ([`due`], [`make`]). The notes not yet sent, sent and written
 //!   since, or sent and unanswered for longer than the caller's patience,
 //!   are read with their rows as they are now: a row written twice goes once,
 //!   as its last version. A row gone by then goes as its key when its table
 //!   is keyed by the replica that wrote it (its origin column is part of the
 //!   key): the key space, and the deletion, are the replica's. Gone from any
 //!   other table (history a replica pruned, say), it is not the server's to
-//!   delete: it goes nowhere, and its note is let go of. Each send draws a random id, stamped on its notes
-//!   with their write counts in the transaction that gathers them, before
-//!   the host's uplink sees it.
+//!   delete: it goes nowhere, and its note is let go of. Each upload draws
+//!   a random id, stamped on its notes with their write counts once the
+//!   uplink took it ([`stamp`]); an answer that comes before that is
+//!   remembered by the replica, and lets go of them when the stamp is
+//!   written.
 //! - **Filed** ([`filed`]). The server's answer names a send: the notes that
 //!   send carried, and not written since, are let go of. A note sent again
 //!   since waits for the later send's answer; a row written since goes up
-//!   again; an id the replica never drew (another replica's answer, or one
-//!   to this replica before it was restored) lets go of nothing.
+//!   again; an id the replica never stamped (another replica's answer, or
+//!   one to this replica before it was restored) lets go of nothing.
 //!
-//! Every upload carries the replica's backlog as it stands once the upload
-//! is stamped, so the server knows what the replica has that it has not
+//! Every upload carries the replica's backlog as it stands when the upload
+//! is made, so the server knows what the replica has that it has not
 //! filed; the runner says it again, alone, when an answer changed it.
 //!
 //! Keys are noted as SQLite's `json_array` of the key columns. A key column
@@ -41,7 +43,7 @@ use crate::sql::{ident, literal};
 use crate::value::{canonical_key, Kind};
 use rand::RngCore;
 use rusqlite::{params, Connection, OptionalExtension};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const CREATE: &str = "
@@ -182,48 +184,84 @@ struct Gathered {
     data: Option<Vec<u8>>,
 }
 
-/// Gathers what is due to go up (see the module's comment) into one `Up`
-/// of at most about `max_bytes` of rows, and stamps the notes it carries
-/// with its id; `None` when nothing is due. Notes sent longer than
-/// `resend_after` ago without an answer are due again.
-pub(crate) fn gather(
-    conn: &mut Connection,
-    engine: &Engine,
-    max_bytes: usize,
+/// A note as gathered: its table, its key as noted, and its writes then.
+pub(crate) type Note = (String, String, i64);
+
+/// An upload made and not yet handed over: the `Up`, and the notes it
+/// carries at the write counts it carries them.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    /// The upload, for the uplink.
+    pub up: Up,
+    notes: Vec<Note>,
+}
+
+impl Pending {
+    /// How many rows (or keys gone) it carries.
+    pub fn rows(&self) -> usize {
+        self.notes.len()
+    }
+
+    pub(crate) fn notes(&self) -> &[Note] {
+        &self.notes
+    }
+}
+
+/// The notes due to go up (see the module's comment), oldest table and key
+/// first, but those in `skip`. Notes sent longer than `resend_after` ago
+/// without an answer are due again.
+pub(crate) fn due(
+    conn: &Connection,
     resend_after: Duration,
-) -> Result<Option<Up>> {
+    skip: &HashSet<(String, String)>,
+) -> Result<Vec<Note>> {
     let now = SystemTime::now();
     let stale = millis(now.checked_sub(resend_after).unwrap_or(UNIX_EPOCH));
-    let tx = conn.transaction()?;
-    let due: Vec<(String, String, i64)> = tx
+    let due: Vec<Note> = conn
         .prepare_cached(DUE)?
         .query_map([stale], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
         .collect::<rusqlite::Result<_>>()?;
+    Ok(due
+        .into_iter()
+        .filter(|(t, k, _)| !skip.contains(&(t.clone(), k.clone())))
+        .collect())
+}
+
+/// Makes one upload of `notes`, in order, of at most about `max_bytes` of
+/// rows (at least one row), reading each row as it is now; `None` when
+/// none of them goes (gone from a table that keeps history, or no longer
+/// noted: such notes are let go of). Nothing is stamped: see [`stamp`].
+pub(crate) fn make(
+    conn: &mut Connection,
+    engine: &Engine,
+    notes: &[Note],
+    max_bytes: usize,
+) -> Result<Option<Pending>> {
+    let tx = conn.transaction()?;
     let mut send_id = vec![0u8; 16];
     rand::thread_rng().fill_bytes(&mut send_id);
     let mut tables: BTreeMap<String, UpRows> = BTreeMap::new();
     let mut size = 0;
-    let mut carried = 0;
-    for (table_name, key, writes) in due {
-        let Some(table) = engine.tables().find(|t| t.name == table_name && noted(t)) else {
+    let mut carried = Vec::new();
+    for (table_name, key, writes) in notes {
+        let Some(table) = engine.tables().find(|t| t.name == *table_name && noted(t)) else {
             // A table no longer declared, or no longer written here.
             tx.prepare_cached(FORGET)?
                 .execute(params![table_name, key, writes])?;
             continue;
         };
-        let gathered = read(&tx, engine, table, &key)?;
-        let Some(gathered) = gathered else {
+        let Some(gathered) = read(&tx, engine, table, key)? else {
             // Gone from a table whose rows are not the replica's to delete.
             tx.prepare_cached(FORGET)?
                 .execute(params![table_name, key, writes])?;
             continue;
         };
         let bytes = gathered.key.len() + gathered.data.as_ref().map_or(0, Vec::len) + 8;
-        if carried > 0 && size + bytes > max_bytes {
+        if !carried.is_empty() && size + bytes > max_bytes {
             break;
         }
         size += bytes;
-        carried += 1;
+        carried.push((table_name.clone(), key.clone(), *writes));
         let rows = tables.entry(table_name.clone()).or_insert_with(|| UpRows {
             table: table_name.clone(),
             ..UpRows::default()
@@ -235,25 +273,39 @@ pub(crate) fn gather(
             }),
             None => rows.gone.push(gathered.key),
         }
+    }
+    let backlog = (!carried.is_empty()).then(|| backlog(&tx)).transpose()?;
+    tx.commit()?;
+    if carried.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Pending {
+        up: Up {
+            send_id,
+            tables: tables.into_values().collect(),
+            backlog,
+            ..Up::default()
+        },
+        notes: carried,
+    }))
+}
+
+/// Records that `pending` was handed over: its notes carry its send id and
+/// the write counts it carried, so its answer lets go of them.
+pub(crate) fn stamp(conn: &mut Connection, pending: &Pending) -> Result<()> {
+    let tx = conn.transaction()?;
+    let now = millis(SystemTime::now());
+    for (table_name, key, writes) in &pending.notes {
         tx.prepare_cached(STAMP)?.execute(params![
             table_name,
             key,
-            send_id,
+            pending.up.send_id,
             writes,
-            millis(now)
+            now
         ])?;
     }
-    let backlog = (carried > 0).then(|| backlog(&tx)).transpose()?;
     tx.commit()?;
-    if carried == 0 {
-        return Ok(None);
-    }
-    Ok(Some(Up {
-        send_id,
-        tables: tables.into_values().collect(),
-        backlog,
-        ..Up::default()
-    }))
+    Ok(())
 }
 
 /// The row of `table` noted under `key` as it is now; `Some` with no data
@@ -336,6 +388,13 @@ fn gone_key(conn: &Connection, table: &Table, key: &str) -> Result<String> {
         })?);
     }
     Ok(canonical_key(&values))
+}
+
+/// Whether any note carries the send `send_id`.
+pub(crate) fn knows(conn: &Connection, send_id: &[u8]) -> Result<bool> {
+    Ok(conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM _magic_sync_up WHERE send_id = ?1)")?
+        .query_row([send_id], |r| r.get(0))?)
 }
 
 /// Lets go of the notes the send `send_id` carried and that were not

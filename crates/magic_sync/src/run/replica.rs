@@ -5,7 +5,7 @@
 use super::memory::{Delivery, Network};
 use super::Report;
 use crate::error::Result;
-use crate::replica::{Outcome, Replica};
+use crate::replica::{Outcome, Replica, Uplink, UplinkError};
 use std::time::Duration;
 
 /// Applies one message as the transport delivered it, and returns what to
@@ -87,13 +87,54 @@ pub fn replica_with(replica: &mut Replica<'_>, network: &Network, uploads: &Uplo
             Delivery::Quiet => {}
             Delivery::Closed => return Ok(()),
         }
-        for _ in 0..uploads.batch {
-            let max = network.max_message_bytes();
-            match replica.upload(max, uploads.resend_after)? {
-                Some(up) => network.report(&id, Report::Upload(up)),
-                None => break,
-            }
+        let uplink = Reporting {
+            network,
+            replica: &id,
+        };
+        let sent = replica.send_up(&uplink, uploads.resend_after, uploads.batch)?;
+        if !sent.set_aside.is_empty() {
+            // Counted in its progress as not sent; the server hears it.
+            network.report(&id, progress(replica)?);
         }
+    }
+}
+
+/// The in-process network as a replica's uplink: what it reports reaches
+/// the server; an upload larger than a message may be is refused for good,
+/// and a replica cut off cannot reach the server.
+struct Reporting<'a> {
+    network: &'a Network,
+    replica: &'a str,
+}
+
+/// What an upload needs beyond its rows' bytes: names, ids, the backlog.
+const UPLOAD_HEADROOM: usize = 1024;
+
+impl Uplink for Reporting<'_> {
+    fn max_bytes(&self) -> usize {
+        self.network
+            .max_message_bytes()
+            .saturating_sub(UPLOAD_HEADROOM)
+            .max(1)
+    }
+
+    fn send(&self, up: &crate::envelope::Up) -> std::result::Result<(), UplinkError> {
+        if self.network.is_cut(self.replica) {
+            return Err(UplinkError::Unreachable(format!(
+                "replica `{}` is out of reach",
+                self.replica
+            )));
+        }
+        let bytes = prost::Message::encoded_len(up);
+        if bytes > self.network.max_message_bytes() {
+            return Err(UplinkError::Refused(format!(
+                "an upload of {bytes} bytes, more than a message may have ({})",
+                self.network.max_message_bytes()
+            )));
+        }
+        self.network
+            .report(self.replica, Report::Upload(up.clone()));
+        Ok(())
     }
 }
 

@@ -3,7 +3,7 @@
 
 use crate::support::*;
 use magic_sync::envelope::{Filed, TableBacklog, Up};
-use magic_sync::replica::Replica;
+use magic_sync::replica::{Replica, SentUp, Uplink, UplinkError};
 use std::time::Duration;
 
 const MAX: usize = 1 << 20;
@@ -382,4 +382,191 @@ fn an_up_table_keyed_by_bytes_is_refused_when_the_replica_opens() {
         message.contains("table `tokens`, column `token`") && message.contains("bytes"),
         "{message}"
     );
+}
+
+/// An uplink for the tests: takes uploads of at most `max` encoded bytes
+/// with no row containing `poison`, unless it is down or refuses all.
+struct Picky {
+    max: usize,
+    poison: Option<&'static str>,
+    down: bool,
+    refuse_all: bool,
+    taken: std::cell::RefCell<Vec<Up>>,
+}
+
+impl Picky {
+    fn new(max: usize) -> Self {
+        Picky {
+            max,
+            poison: None,
+            down: false,
+            refuse_all: false,
+            taken: Default::default(),
+        }
+    }
+
+    /// Every row key taken, in order.
+    fn keys(&self) -> Vec<String> {
+        self.taken
+            .borrow()
+            .iter()
+            .flat_map(shown)
+            .map(|(_, k, _)| k)
+            .collect()
+    }
+}
+
+impl Uplink for Picky {
+    fn max_bytes(&self) -> usize {
+        self.max
+    }
+
+    fn send(&self, up: &Up) -> Result<(), UplinkError> {
+        use prost::Message;
+        if self.down {
+            return Err(UplinkError::Unreachable("no signal".into()));
+        }
+        if self.refuse_all {
+            return Err(UplinkError::Refused("closed for good".into()));
+        }
+        if up.encoded_len() > self.max {
+            return Err(UplinkError::Refused("too large".into()));
+        }
+        if let Some(poison) = self.poison {
+            if shown(up).iter().any(|(_, _, data)| data.contains(poison)) {
+                return Err(UplinkError::Refused("a row it will not carry".into()));
+            }
+        }
+        self.taken.borrow_mut().push(up.clone());
+        Ok(())
+    }
+}
+
+fn twenty_sales(replica: &Replica<'_>) {
+    let values: Vec<String> = (0..20)
+        .map(|i| format!("('sale-{i:02}', 'unit-1', {i})"))
+        .collect();
+    write(
+        replica,
+        &format!(
+            "INSERT INTO sales (id, unit_id, customer_id) VALUES {}",
+            values.join(", ")
+        ),
+    );
+}
+
+fn unsent(replica: &Replica<'_>) -> u64 {
+    replica
+        .progress()
+        .unwrap()
+        .tables
+        .iter()
+        .map(|t| t.unsent)
+        .sum()
+}
+
+#[test]
+fn a_row_the_uplink_refuses_for_good_is_found_and_set_aside_and_the_rest_goes() {
+    let site = Site::new();
+    let mut replica = site.open();
+    twenty_sales(&replica);
+    let uplink = Picky {
+        poison: Some("\"customer_id\":13"),
+        ..Picky::new(300)
+    };
+    let sent = replica.send_up(&uplink, PATIENT, 100).unwrap();
+    assert_eq!(sent.set_aside, [("sales".into(), "[\"sale-13\"]".into())]);
+    assert_eq!(sent.waits, None);
+    let mut keys = uplink.keys();
+    keys.sort();
+    let expected: Vec<String> = (0..20)
+        .filter(|i| *i != 13)
+        .map(|i| format!("[\"sale-{i:02}\"]"))
+        .collect();
+    assert_eq!(keys, expected, "every other row went, once");
+    // Still noted, and counted as not sent.
+    assert_eq!(unsent(&replica), 1);
+    assert_eq!(
+        replica.send_up(&uplink, PATIENT, 100).unwrap(),
+        SentUp::default()
+    );
+    // Opened again, the replica tries it again.
+    drop(replica);
+    let mut replica = site.open();
+    let sent = replica.send_up(&uplink, PATIENT, 100).unwrap();
+    assert_eq!(sent.uploads, 0);
+    assert_eq!(
+        sent.waits.as_deref(),
+        Some("the uplink refuses every upload: a row it will not carry"),
+        "alone, it cannot be told from an uplink refusing everything"
+    );
+}
+
+#[test]
+fn a_row_too_large_for_any_upload_is_set_aside() {
+    let site = Site::new();
+    let mut replica = site.open();
+    twenty_sales(&replica);
+    let long = "x".repeat(2000);
+    write(
+        &replica,
+        &format!("INSERT INTO sales (id, unit_id) VALUES ('{long}', 'unit-1')"),
+    );
+    let uplink = Picky::new(1000);
+    let sent = replica.send_up(&uplink, PATIENT, 100).unwrap();
+    assert_eq!(sent.set_aside.len(), 1);
+    assert_eq!(sent.set_aside[0].1, format!("[\"{long}\"]"));
+    assert_eq!(uplink.keys().len(), 20);
+    assert_eq!(unsent(&replica), 1);
+}
+
+#[test]
+fn an_uplink_that_refuses_everything_sets_nothing_aside() {
+    let site = Site::new();
+    let mut replica = site.open();
+    twenty_sales(&replica);
+    let uplink = Picky {
+        refuse_all: true,
+        ..Picky::new(MAX)
+    };
+    let sent = replica.send_up(&uplink, PATIENT, 100).unwrap();
+    assert!(sent.set_aside.is_empty());
+    assert_eq!(sent.uploads, 0);
+    assert!(sent.waits.is_some());
+    // Once it takes uploads again, everything goes.
+    let uplink = Picky::new(MAX);
+    let sent = replica.send_up(&uplink, PATIENT, 100).unwrap();
+    assert_eq!((sent.uploads, uplink.keys().len()), (1, 20));
+}
+
+#[test]
+fn an_uplink_out_of_reach_records_nothing_as_sent() {
+    let site = Site::new();
+    let mut replica = site.open();
+    twenty_sales(&replica);
+    let uplink = Picky {
+        down: true,
+        ..Picky::new(MAX)
+    };
+    let sent = replica.send_up(&uplink, PATIENT, 100).unwrap();
+    assert_eq!(sent.waits.as_deref(), Some("no signal"));
+    assert_eq!(unsent(&replica), 20);
+    let uplink = Picky::new(MAX);
+    assert_eq!(replica.send_up(&uplink, PATIENT, 100).unwrap().uploads, 1);
+    assert_eq!(unsent(&replica), 0);
+}
+
+#[test]
+fn an_answer_that_arrives_before_its_send_is_recorded_still_counts() {
+    let site = Site::new();
+    let mut replica = site.open();
+    write(
+        &replica,
+        "INSERT INTO sales (id, unit_id) VALUES ('a', 'unit-1')",
+    );
+    let pending = replica.prepare_upload(MAX, PATIENT).unwrap().unwrap();
+    // The server filed it and answered before the replica wrote it down.
+    assert_eq!(replica.filed(&filed(&pending.up)).unwrap(), 0);
+    assert_eq!(replica.sent(&pending).unwrap(), 1);
+    assert!(notes(&replica).is_empty());
 }

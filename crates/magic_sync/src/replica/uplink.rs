@@ -1,0 +1,139 @@
+//! Handing uploads to the host's uplink, the replica-side twin of the
+//! server's `Transport`, and finding the row an uplink refuses for good.
+//!
+//! An uplink either takes an upload, cannot reach the server now
+//! (transient: nothing is recorded as sent, and the caller tries again
+//! later), or refuses it for good (too large, say, or a row it will never
+//! carry). A refused upload is halved, and each half sent, until what is
+//! refused is one row sent alone; while one row is suspected, the next
+//! rows are tried without it. A suspect is set aside only when the uplink
+//! took some other upload in the same call, before or after: an uplink
+//! that refuses everything is the infrastructure's fault, not a row's, and
+//! sets nothing aside. A row set aside stays noted (it counts as not sent in the
+//! replica's progress) and is tried again when the replica is next opened.
+
+use super::up::{self, Note, Pending};
+use crate::engine::Engine;
+use crate::envelope::Up;
+use crate::error::Result;
+use rusqlite::Connection;
+use std::collections::{HashSet, VecDeque};
+use std::time::Duration;
+
+/// Why an uplink did not take an upload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UplinkError {
+    /// The server is out of reach now: try again later.
+    Unreachable(String),
+    /// This upload will never go as it is.
+    Refused(String),
+}
+
+/// How a replica's uploads reach the server.
+pub trait Uplink {
+    /// The most bytes of rows one upload may carry.
+    fn max_bytes(&self) -> usize;
+    /// Hands `up` over; Ok means the uplink took it.
+    fn send(&self, up: &Up) -> std::result::Result<(), UplinkError>;
+}
+
+/// What one [`super::Replica::send_up`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SentUp {
+    /// Uploads the uplink took.
+    pub uploads: usize,
+    /// Rows set aside by this call, as (table, key as noted).
+    pub set_aside: Vec<(String, String)>,
+    /// Why sending stopped early, when the uplink could not reach the
+    /// server or refused everything: try again after a backoff.
+    pub waits: Option<String>,
+}
+
+/// The replica's side of the search: the connection and what it skips.
+pub(crate) struct Sender<'a> {
+    pub conn: &'a mut Connection,
+    pub engine: &'a Engine,
+    /// Rows set aside until the replica is opened again.
+    pub set_aside: &'a mut HashSet<(String, String)>,
+    /// Answers that came before their send was recorded.
+    pub early: &'a mut HashSet<Vec<u8>>,
+}
+
+impl Sender<'_> {
+    /// Records `pending` as sent; an answer that came first lets go of it
+    /// at once.
+    pub fn sent(&mut self, pending: &Pending) -> Result<usize> {
+        up::stamp(self.conn, pending)?;
+        if self.early.remove(&pending.up.send_id) {
+            return up::filed(self.conn, &pending.up.send_id);
+        }
+        Ok(0)
+    }
+
+    /// Sends what is due, at most `most` uploads: see the module's comment.
+    pub fn send_up(
+        &mut self,
+        uplink: &impl Uplink,
+        resend_after: Duration,
+        most: usize,
+    ) -> Result<SentUp> {
+        let mut report = SentUp::default();
+        let mut skip = self.set_aside.clone();
+        let mut suspects: Vec<Note> = Vec::new();
+        // Why the uplink refused something in this call, if it did.
+        let mut refused = None::<String>;
+        'sending: while report.uploads < most {
+            let due = up::due(self.conn, resend_after, &skip)?;
+            if due.is_empty() {
+                break;
+            }
+            let Some(pending) = up::make(self.conn, self.engine, &due, uplink.max_bytes())? else {
+                continue;
+            };
+            let mut queue = VecDeque::from([pending]);
+            while let Some(pending) = queue.pop_front() {
+                match uplink.send(&pending.up) {
+                    Ok(()) => {
+                        self.sent(&pending)?;
+                        report.uploads += 1;
+                    }
+                    Err(UplinkError::Unreachable(why)) => {
+                        report.waits = Some(why);
+                        break 'sending;
+                    }
+                    Err(UplinkError::Refused(why)) => {
+                        refused.get_or_insert(why);
+                        let notes = pending.notes();
+                        if notes.len() == 1 {
+                            let (t, k, _) = &notes[0];
+                            skip.insert((t.clone(), k.clone()));
+                            suspects.push(notes[0].clone());
+                            continue;
+                        }
+                        let (first, second) = notes.split_at(notes.len() / 2);
+                        for half in [first, second] {
+                            // Read again: a row may be gone since.
+                            if let Some(p) = up::make(self.conn, self.engine, half, usize::MAX)? {
+                                queue.push_back(p);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if !suspects.is_empty() {
+            if report.uploads > 0 {
+                for (t, k, _) in suspects {
+                    self.set_aside.insert((t.clone(), k.clone()));
+                    report.set_aside.push((t, k));
+                }
+            } else if report.waits.is_none() {
+                report.waits = Some(format!(
+                    "the uplink refuses every upload: {}",
+                    refused.unwrap_or_default()
+                ));
+            }
+        }
+        Ok(report)
+    }
+}
