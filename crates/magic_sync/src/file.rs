@@ -12,8 +12,10 @@
 //!   its origin, and only the sender's own record.
 //! - **Two-way tables.** Only the columns the replica owns are taken, and
 //!   only for a row the server has and records the sender holding
-//!   (`sync.held`). A row the server no longer has is dropped: its change
-//!   won. A row it has but does not record the sender holding, while the
+//!   (`sync.held`), and only from an upload newer than the last that gave
+//!   them (`Up::sequence`, recorded in `sync.held.filed`), so an upload
+//!   delivered late never puts an older value back. A row the server no
+//!   longer has is dropped: its change won. A row it has but does not record the sender holding, while the
 //!   sender is being provisioned (its snapshot began, and dropped that
 //!   record until it ends), makes the whole upload wait: nothing is filed,
 //!   nothing answered, and the replica sends it again. Otherwise such a row
@@ -103,6 +105,7 @@ pub async fn file(client: &mut Client, engine: &Engine, replica: &str, up: &Up) 
         )));
     };
     let provisioning: bool = state.get(1);
+    let sequence = i64::try_from(up.sequence).unwrap_or(i64::MAX);
     let (mut taken, mut unchanged, mut refused) = (0, 0, Vec::new());
     for rows in &up.tables {
         let items = rows
@@ -111,7 +114,17 @@ pub async fn file(client: &mut Client, engine: &Engine, replica: &str, up: &Up) 
             .map(|r| (r.key.as_slice(), Some(r.data.as_slice())))
             .chain(rows.gone.iter().map(|k| (k.as_slice(), None)));
         for (key, data) in items {
-            let outcome = file_row(&mut tx, engine, replica, provisioning, rows, key, data).await?;
+            let outcome = file_row(
+                &mut tx,
+                engine,
+                replica,
+                provisioning,
+                sequence,
+                rows,
+                key,
+                data,
+            )
+            .await?;
             match outcome {
                 Outcome::Taken => taken += 1,
                 Outcome::Unchanged => unchanged += 1,
@@ -174,11 +187,13 @@ pub async fn file(client: &mut Client, engine: &Engine, replica: &str, up: &Up) 
 
 /// Files one row (`data`, or `None` for a key gone) behind a savepoint, so
 /// that a row PostgreSQL refuses is refused alone.
+#[allow(clippy::too_many_arguments)]
 async fn file_row(
     tx: &mut Transaction<'_>,
     engine: &Engine,
     replica: &str,
     provisioning: bool,
+    sequence: i64,
     rows: &UpRows,
     key: &[u8],
     data: Option<&[u8]>,
@@ -225,7 +240,9 @@ async fn file_row(
     let outcome = match (table.mirror, data.is_some()) {
         (Mirror::Up, true) => record(&savepoint, table, replica, &json).await,
         (Mirror::Up, false) => gone(&savepoint, table, replica, &json).await,
-        (Mirror::Both, true) => owned(&savepoint, table, replica, provisioning, &json).await,
+        (Mirror::Both, true) => {
+            owned(&savepoint, table, replica, provisioning, sequence, &json).await
+        }
         (Mirror::Both, false) => Ok(Outcome::Refused(
             "a two-way row is the server's to delete".into(),
         )),
@@ -418,43 +435,78 @@ async fn gone(
     })
 }
 
-/// The columns the sender owns of a two-way row it holds.
+/// The columns the sender owns of a two-way row it holds, unless an upload
+/// of its newer than `sequence` already gave them (0: an upload that does
+/// not say, taken as it comes).
 async fn owned(
     tx: &Transaction<'_>,
     table: &Table,
     replica: &str,
     provisioning: bool,
+    sequence: i64,
     json: &serde_json::Value,
 ) -> Result<Outcome> {
-    let set: Vec<String> = table
-        .owned
-        .iter()
-        .map(|c| format!("{c} = r.{c}", c = ident(c)))
-        .collect();
-    let key_json: Vec<String> = table
+    let held_key: Vec<String> = table
         .key
         .iter()
-        .map(|k| format!("t.{}", ident(k)))
+        .map(|k| format!("r.{}", ident(k)))
         .collect();
-    let updated = tx
-        .execute(
+    let held = tx
+        .query_opt(
             &format!(
-                "UPDATE {rel} t SET {set} FROM jsonb_populate_record(NULL::{rel}, $1) r
-                 WHERE {m} AND EXISTS (
-                     SELECT 1 FROM sync.held h
-                     WHERE h.table_name = {name} AND h.key = jsonb_build_array({key})::text
-                       AND h.replica = $2)",
+                "SELECT h.filed FROM sync.held h, jsonb_populate_record(NULL::{rel}, $1) r
+                 WHERE h.table_name = {name} AND h.key = jsonb_build_array({key})::text
+                   AND h.replica = $2
+                 FOR UPDATE OF h",
                 rel = table.qualified(),
-                set = set.join(", "),
-                m = key_match(table, "t", "r"),
                 name = literal(table.name),
-                key = key_json.join(", "),
+                key = held_key.join(", "),
             ),
             &[json, &replica],
         )
-        .await?;
-    if updated > 0 {
-        return Ok(Outcome::Taken);
+        .await?
+        .map(|row| row.get::<_, Option<i64>>(0));
+    if let Some(filed) = held {
+        if sequence > 0 && filed.is_some_and(|f| f >= sequence) {
+            // Filed after a newer upload of the same row.
+            return Ok(Outcome::Unchanged);
+        }
+        let set: Vec<String> = table
+            .owned
+            .iter()
+            .map(|c| format!("{c} = r.{c}", c = ident(c)))
+            .collect();
+        let updated = tx
+            .execute(
+                &format!(
+                    "UPDATE {rel} t SET {set} FROM jsonb_populate_record(NULL::{rel}, $1) r WHERE {m}",
+                    rel = table.qualified(),
+                    set = set.join(", "),
+                    m = key_match(table, "t", "r"),
+                ),
+                &[json],
+            )
+            .await?;
+        if sequence > 0 {
+            tx.execute(
+                &format!(
+                    "UPDATE sync.held h SET filed = $3 FROM jsonb_populate_record(NULL::{rel}, $1) r
+                     WHERE h.table_name = {name} AND h.key = jsonb_build_array({key})::text
+                       AND h.replica = $2",
+                    rel = table.qualified(),
+                    name = literal(table.name),
+                    key = held_key.join(", "),
+                ),
+                &[json, &replica, &sequence],
+            )
+            .await?;
+        }
+        // None updated: deleted on the server, whose change wins.
+        return Ok(if updated > 0 {
+            Outcome::Taken
+        } else {
+            Outcome::Unchanged
+        });
     }
     let exists: bool = tx
         .query_one(

@@ -58,7 +58,17 @@ CREATE TABLE IF NOT EXISTS _magic_sync_up (
 ) STRICT, WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS _magic_sync_up_send ON _magic_sync_up (send_id)
     WHERE send_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS _magic_sync_up_sequence (
+    id   INTEGER PRIMARY KEY CHECK (id = 1),
+    last INTEGER NOT NULL
+) STRICT;
 ";
+/// The next upload's sequence number, counted in the transaction that
+/// makes it.
+const NEXT_SEQUENCE: &str = "
+INSERT INTO _magic_sync_up_sequence (id, last) VALUES (1, 1)
+ON CONFLICT (id) DO UPDATE SET last = last + 1
+RETURNING last";
 
 /// Notes to send: never sent, written since they were, or sent at or before
 /// `?1` (milliseconds since 1970) and not answered.
@@ -274,16 +284,21 @@ pub(crate) fn make(
             None => rows.gone.push(gathered.key),
         }
     }
-    let backlog = (!carried.is_empty()).then(|| backlog(&tx)).transpose()?;
-    tx.commit()?;
     if carried.is_empty() {
+        tx.commit()?;
         return Ok(None);
     }
+    let backlog = Some(backlog(&tx)?);
+    let sequence: i64 = tx
+        .prepare_cached(NEXT_SEQUENCE)?
+        .query_row([], |r| r.get(0))?;
+    tx.commit()?;
     Ok(Some(Pending {
         up: Up {
             send_id,
             tables: tables.into_values().collect(),
             backlog,
+            sequence: u64::try_from(sequence).unwrap_or(0),
             ..Up::default()
         },
         notes: carried,

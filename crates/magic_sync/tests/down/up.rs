@@ -423,14 +423,16 @@ struct Written {
 }
 
 /// The till's upload, and what becomes of it: filed and answered, lost on
-/// the way, filed with its answer lost, filed twice, or filed with its
-/// answer held back (into `late`, to be given later).
+/// the way, filed with its answer lost, filed twice, filed with its answer
+/// held back (into `late`, to be given later), or itself held back (into
+/// `held_back`, to be filed later, out of order).
 async fn deliver_upload(
     fleet: &mut Fleet,
     till: &str,
     fate: u32,
     patience: Duration,
     late: &mut Vec<(String, magic_sync::envelope::Filed)>,
+    held_back: &mut Vec<(String, Up)>,
 ) {
     let max = fleet.network.max_message_bytes();
     let Some(up) = fleet.unit(till).replica.upload(max, patience).unwrap() else {
@@ -438,6 +440,11 @@ async fn deliver_upload(
     };
     match fate {
         0 => return, // lost on the way
+        5 => {
+            // Delivered later, after uploads made after it.
+            held_back.push((till.to_string(), up));
+            return;
+        }
         3 => {
             // Delivered twice.
             fleet
@@ -485,11 +492,17 @@ async fn up_walk(seed: u64, steps: u64) {
     };
     let mut next_sale = 0;
     let mut late = Vec::new();
+    let mut held_back = Vec::new();
     for step in 0..steps {
-        let till = tills[rng.gen_range(0..tills.len())];
+        // A till whose upload is held back writes again, often: its newer
+        // upload may then be filed before the older one.
+        let till = match held_back.last() {
+            Some((t, _)) if rng.gen_bool(0.5) => tills.iter().find(|x| **x == t).copied().unwrap(),
+            _ => tills[rng.gen_range(0..tills.len())],
+        };
         let mine = written.entry(till).or_default();
         let what = rng.gen_range(0..10);
-        let done = if what < 4 || mine.sales.is_empty() {
+        let done = if what < 3 || mine.sales.is_empty() {
             next_sale += 1;
             let id = format!("{till}-{next_sale}");
             // A sale names a customer the till holds (through its orders),
@@ -506,7 +519,7 @@ async fn up_walk(seed: u64, steps: u64) {
                 "INSERT INTO sales VALUES ('{id}', '{till}', {}, '{total}', 1)",
                 customer.map_or("NULL".into(), |c| c.to_string())
             )
-        } else if what < 7 || stock(till).is_none() {
+        } else if what < 5 || stock(till).is_none() {
             let ids: Vec<String> = mine.sales.keys().cloned().collect();
             let id = ids[rng.gen_range(0..ids.len())].clone();
             let sale = mine.sales.get_mut(&id).unwrap();
@@ -523,17 +536,44 @@ async fn up_walk(seed: u64, steps: u64) {
             format!("UPDATE stock SET counted = {count} WHERE product_id = {product}")
         };
         till_writes(&mut fleet, till, &done);
-        let fate = rng.gen_range(0..5);
+        let fate = rng.gen_range(0..6);
         println!("seed {seed} step {step}: {till}: {done}; upload fate {fate}");
         // Now and then an upload goes for each till; now and then the
         // server's own changes go down.
-        if rng.gen_bool(0.5) {
+        if rng.gen_bool(0.7) {
             let patience = if rng.gen_bool(0.3) {
                 Duration::ZERO
             } else {
                 PATIENT
             };
-            deliver_upload(&mut fleet, till, fate, patience, &mut late).await;
+            deliver_upload(&mut fleet, till, fate, patience, &mut late, &mut held_back).await;
+        }
+        if rng.gen_bool(0.3) {
+            // The server edits a till's stock level while the till counts.
+            let unit = tills[rng.gen_range(0..2)];
+            fleet
+                .write(&format!(
+                    "UPDATE stock SET on_hand = on_hand + 1 WHERE unit_id = '{unit}'"
+                ))
+                .await;
+        }
+        if !held_back.is_empty() && rng.gen_bool(0.2) {
+            // Uploads held back arrive, after newer ones were filed.
+            for (till, up) in held_back.drain(..).rev() {
+                fleet
+                    .network
+                    .report(&till, magic_sync::run::Report::Upload(up));
+            }
+            fleet.heed().await;
+            for till in tills {
+                late.extend(
+                    fleet
+                        .network
+                        .take_answers(till)
+                        .into_iter()
+                        .map(|f| (till.to_string(), f)),
+                );
+            }
         }
         if !late.is_empty() && rng.gen_bool(0.3) {
             // Answers held back arrive, after whatever was written since.
@@ -655,4 +695,44 @@ async fn the_server_shows_what_a_till_has_not_had_filed() {
     );
     fleet.upload(Duration::ZERO).await;
     assert_eq!(backlog(&fleet).await, Some(serde_json::json!({})));
+}
+
+#[tokio::test]
+async fn an_older_count_filed_after_a_newer_one_changes_nothing() {
+    let mut fleet = shop().await;
+    till_writes(
+        &mut fleet,
+        "u1",
+        "UPDATE stock SET counted = 4 WHERE product_id = 1",
+    );
+    let older = fleet
+        .unit("u1")
+        .replica
+        .upload(MAX, PATIENT)
+        .unwrap()
+        .unwrap();
+    till_writes(
+        &mut fleet,
+        "u1",
+        "UPDATE stock SET counted = 9 WHERE product_id = 1",
+    );
+    let newer = fleet
+        .unit("u1")
+        .replica
+        .upload(MAX, PATIENT)
+        .unwrap()
+        .unwrap();
+    assert!(newer.sequence > older.sequence);
+    assert_eq!(counts(&file_as(&fleet, "u1", &newer).await), (1, 0, 0));
+    assert_eq!(counts(&file_as(&fleet, "u1", &older).await), (0, 1, 0));
+    let counted: Option<i32> = fleet
+        .writer
+        .query_one(
+            "SELECT counted FROM stock WHERE unit_id = 'u1' AND product_id = 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(counted, Some(9));
 }
