@@ -13,7 +13,7 @@
 //! - **Two-way tables.** Only the columns the replica owns are taken, and
 //!   only for a row the server has and records the sender holding
 //!   (`sync.held`), and only from an upload newer than the last that gave
-//!   them (`Up::sequence`, recorded in `sync.held.filed`), so an upload
+//!   them (`Up::sequence`, recorded in `sync.filed`), so an upload
 //!   delivered late never puts an older value back. A row the server no
 //!   longer has is dropped: its change won. A row it has but does not record the sender holding, while the
 //!   sender is being provisioned (its snapshot began, and dropped that
@@ -32,7 +32,7 @@
 //!
 //! The backlog an upload carries (what the replica has that the server has
 //! not filed, per table) is recorded with the filing, in
-//! `sync.replicas.backlog`. An upload with no rows and no send id only says
+//! `sync.backlogs`. An upload with no rows and no send id only says
 //! that, and needs no answer.
 //!
 //! Rows are turned into the table's row type by `jsonb_populate_record`,
@@ -93,6 +93,46 @@ enum Outcome {
 /// what the upload or its rows say), in one transaction on `client`.
 pub async fn file(client: &mut Client, engine: &Engine, replica: &str, up: &Up) -> Result<Filing> {
     let mut tx = client.transaction().await?;
+    let filing = file_in(&mut tx, engine, replica, up).await?;
+    tx.commit().await?;
+    Ok(filing)
+}
+
+/// Files several uploads, each as [`file`] would, in one transaction: one
+/// commit for them all, so a fleet's many small uploads cost one round of
+/// commits. Each is filed behind a savepoint of its own, so one that waits
+/// files nothing of its own and leaves the others filed. An upload from a
+/// replica the server does not know is that upload's error. Any other
+/// failure files none of them. Answers go only once this returned.
+pub async fn file_all(
+    client: &mut Client,
+    engine: &Engine,
+    uploads: &[(String, Up)],
+) -> Result<Vec<Result<Filing>>> {
+    let mut tx = client.transaction().await?;
+    let mut filings = Vec::with_capacity(uploads.len());
+    for (replica, up) in uploads {
+        // Each is filed behind a savepoint of its own (`file_in`'s), rolled
+        // back when it waits or fails.
+        match file_in(&mut tx, engine, replica, up).await {
+            Ok(filing) => filings.push(Ok(filing)),
+            Err(e) if e.is_transient() => return Err(e),
+            Err(e) => filings.push(Err(e)),
+        }
+    }
+    tx.commit().await?;
+    Ok(filings)
+}
+
+/// Files `up` within `outer`, behind a savepoint: a filing that waits, or
+/// fails, is rolled back to where it began, and nothing of it stays.
+async fn file_in(
+    outer: &mut Transaction<'_>,
+    engine: &Engine,
+    replica: &str,
+    up: &Up,
+) -> Result<Filing> {
+    let mut tx = outer.savepoint("magic_sync_filing").await?;
     let state = tx
         .query_opt(
             "SELECT live, provision OR snapshot_attempt IS NOT NULL FROM sync.replicas WHERE id = $1",
@@ -100,6 +140,7 @@ pub async fn file(client: &mut Client, engine: &Engine, replica: &str, up: &Up) 
         )
         .await?;
     let Some(state) = state else {
+        tx.rollback().await?;
         return Err(Error::Invalid(format!(
             "an upload from replica `{replica}`, which the server does not know"
         )));
@@ -108,8 +149,25 @@ pub async fn file(client: &mut Client, engine: &Engine, replica: &str, up: &Up) 
     let sequence = i64::try_from(up.sequence).unwrap_or(i64::MAX);
     let (mut taken, mut unchanged, mut refused) = (0, 0, Vec::new());
     for rows in &up.tables {
-        let items = rows
-            .rows
+        let bulk = records_in_bulk(&mut tx, engine, replica, rows).await?;
+        let one_by_one = match &bulk {
+            Some(_) => &[][..],
+            None => &rows.rows[..],
+        };
+        if let Some(bulk) = bulk {
+            taken += bulk.taken;
+            unchanged += bulk.unchanged;
+            for (key, data, reason) in bulk.refused {
+                let refusal = Refusal {
+                    table: rows.table.clone(),
+                    key: String::from_utf8_lossy(&key).into_owned(),
+                    reason,
+                };
+                keep_refused(&tx, replica, &refusal, Some(&data)).await?;
+                refused.push(refusal);
+            }
+        }
+        let items = one_by_one
             .iter()
             .map(|r| (r.key.as_slice(), Some(r.data.as_slice())))
             .chain(rows.gone.iter().map(|k| (k.as_slice(), None)));
@@ -134,20 +192,7 @@ pub async fn file(client: &mut Client, engine: &Engine, replica: &str, up: &Up) 
                         key: String::from_utf8_lossy(key).into_owned(),
                         reason,
                     };
-                    tx.execute(
-                        "INSERT INTO sync.inbox (replica, table_name, key, data, reason)
-                         VALUES ($1, $2, $3, $4, $5)
-                         ON CONFLICT (replica, table_name, key) DO UPDATE
-                         SET data = EXCLUDED.data, reason = EXCLUDED.reason, at = now()",
-                        &[
-                            &replica,
-                            &refusal.table,
-                            &refusal.key,
-                            &data,
-                            &refusal.reason,
-                        ],
-                    )
-                    .await?;
+                    keep_refused(&tx, replica, &refusal, data).await?;
                     refused.push(refusal);
                 }
                 Outcome::Waits(reason) => {
@@ -169,7 +214,8 @@ pub async fn file(client: &mut Client, engine: &Engine, replica: &str, up: &Up) 
             })
             .collect();
         tx.execute(
-            "UPDATE sync.replicas SET backlog = $2, backlog_at = now() WHERE id = $1",
+            "INSERT INTO sync.backlogs (replica, tables) VALUES ($1, $2)
+             ON CONFLICT (replica) DO UPDATE SET tables = EXCLUDED.tables, at = now()",
             &[&replica, &serde_json::Value::Object(tables)],
         )
         .await?;
@@ -183,6 +229,30 @@ pub async fn file(client: &mut Client, engine: &Engine, replica: &str, up: &Up) 
         unchanged,
         refused,
     })
+}
+
+/// Keeps a refused row in `sync.inbox`, as it came, with why.
+async fn keep_refused(
+    tx: &Transaction<'_>,
+    replica: &str,
+    refusal: &Refusal,
+    data: Option<&[u8]>,
+) -> Result<()> {
+    tx.execute(
+        "INSERT INTO sync.inbox (replica, table_name, key, data, reason)
+         VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (replica, table_name, key) DO UPDATE
+         SET data = EXCLUDED.data, reason = EXCLUDED.reason, at = now()",
+        &[
+            &replica,
+            &refusal.table,
+            &refusal.key,
+            &data,
+            &refusal.reason,
+        ],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Files one row (`data`, or `None` for a key gone) behind a savepoint, so
@@ -210,32 +280,10 @@ async fn file_row(
             "a catalog: replicas do not write the server's tables".into(),
         ));
     }
-    let row = match data {
-        Some(bytes) => match codec.decode(bytes) {
-            Ok(values) => Some(values),
-            Err(e) => return Ok(Outcome::Refused(format!("the row does not decode: {e}"))),
-        },
-        None => None,
+    let json = match prepare(codec, replica, key, data) {
+        Ok(json) => json,
+        Err(reason) => return Ok(Outcome::Refused(reason)),
     };
-    let json = match (&row, key_values(table, key)) {
-        (_, Err(reason)) => return Ok(Outcome::Refused(reason)),
-        (Some(values), Ok(_)) => {
-            let own: Vec<Value> = table
-                .key_positions()
-                .into_iter()
-                .map(|i| values[i].clone())
-                .collect();
-            if canonical_key(&own).as_bytes() != key {
-                return Ok(Outcome::Refused(format!(
-                    "the row's key is {}, not the key it came under",
-                    canonical_key(&own)
-                )));
-            }
-            object(table.columns.iter().map(|c| c.name).zip(values.iter()))
-        }
-        (None, Ok(key_values)) => object(table.key.iter().copied().zip(key_values.iter())),
-    };
-    let json = stamp_origin(table, json, replica);
     let savepoint = tx.savepoint("magic_sync_row").await?;
     let outcome = match (table.mirror, data.is_some()) {
         (Mirror::Up, true) => record(&savepoint, table, replica, &json).await,
@@ -258,6 +306,163 @@ async fn file_row(
             Ok(Outcome::Refused(format!("PostgreSQL refused it: {e}")))
         }
         Err(e) => Err(e),
+    }
+}
+
+/// The row (`data`, or `None` for a key gone) as the JSON object
+/// `jsonb_populate_record` reads, its origin set to `replica`; or why it is
+/// refused: it does not decode, or its key is not the one it came under.
+fn prepare(
+    codec: &crate::wire::Codec,
+    replica: &str,
+    key: &[u8],
+    data: Option<&[u8]>,
+) -> std::result::Result<serde_json::Value, String> {
+    let table = codec.table();
+    let key_values = key_values(table, key)?;
+    let json = match data {
+        Some(bytes) => {
+            let values = codec
+                .decode(bytes)
+                .map_err(|e| format!("the row does not decode: {e}"))?;
+            let own: Vec<Value> = table
+                .key_positions()
+                .into_iter()
+                .map(|i| values[i].clone())
+                .collect();
+            if canonical_key(&own).as_bytes() != key {
+                return Err(format!(
+                    "the row's key is {}, not the key it came under",
+                    canonical_key(&own)
+                ));
+            }
+            object(table.columns.iter().map(|c| c.name).zip(values.iter()))
+        }
+        None => object(table.key.iter().copied().zip(key_values.iter())),
+    };
+    Ok(stamp_origin(table, json, replica))
+}
+
+/// What filing a table's records in bulk came to.
+struct Bulk {
+    taken: usize,
+    unchanged: usize,
+    /// (key, row, why) of each row refused.
+    refused: Vec<(Vec<u8>, Vec<u8>, String)>,
+}
+
+/// Files the records of `rows` (not its keys gone) in two statements: who
+/// holds their keys already, then one insert of them all, behind a
+/// savepoint. `None` when they are not records, or when PostgreSQL refused
+/// the insert (a row it cannot take, or a key twice): they are then filed
+/// row by row, so that only the row it refuses is refused.
+async fn records_in_bulk(
+    tx: &mut Transaction<'_>,
+    engine: &Engine,
+    replica: &str,
+    rows: &UpRows,
+) -> Result<Option<Bulk>> {
+    let Some(codec) = engine.codec(&rows.table) else {
+        return Ok(None);
+    };
+    let table = codec.table();
+    let (Mirror::Up, Some(origin), true) = (table.mirror, table.origin, rows.rows.len() > 1) else {
+        return Ok(None);
+    };
+    let mut bulk = Bulk {
+        taken: 0,
+        unchanged: 0,
+        refused: Vec::new(),
+    };
+    let mut docs = Vec::new();
+    let mut kept = Vec::new();
+    for row in &rows.rows {
+        match prepare(codec, replica, &row.key, Some(&row.data)) {
+            Ok(json) => {
+                docs.push(json);
+                kept.push(row);
+            }
+            Err(reason) => bulk
+                .refused
+                .push((row.key.clone(), row.data.clone(), reason)),
+        }
+    }
+    if docs.is_empty() {
+        return Ok(Some(bulk));
+    }
+    let input = serde_json::Value::Array(docs);
+    let rel = table.qualified();
+    let savepoint = tx.savepoint("magic_sync_records").await?;
+    let others = savepoint
+        .query(
+            &format!(
+                "SELECT e.i, t.{o}::text
+                 FROM jsonb_array_elements($1) WITH ORDINALITY AS e (doc, i)
+                 CROSS JOIN LATERAL jsonb_populate_record(NULL::{rel}, e.doc) r
+                 JOIN {rel} t ON {m}
+                 WHERE t.{o}::text <> $2",
+                o = ident(origin),
+                m = key_match(table, "t", "r"),
+            ),
+            &[&input, &replica],
+        )
+        .await?;
+    let cols = columns(table);
+    let key: Vec<String> = table.key.iter().map(|k| ident(k)).collect();
+    let written = savepoint
+        .execute(
+            &format!(
+                "INSERT INTO {rel} AS t ({list})
+                 SELECT {list} FROM jsonb_populate_recordset(NULL::{rel}, $1)
+                 ON CONFLICT ({key}) {on_conflict}",
+                list = cols.join(", "),
+                key = key.join(", "),
+                on_conflict = on_conflict(table),
+            ),
+            &[&input],
+        )
+        .await;
+    match written {
+        Ok(n) => {
+            savepoint.commit().await?;
+            for other in &others {
+                let (i, owner): (i64, String) = (other.get(0), other.get(1));
+                let row = kept[usize::try_from(i - 1).unwrap_or(0)];
+                bulk.refused.push((
+                    row.key.clone(),
+                    row.data.clone(),
+                    format!("a record of this key was written by another replica (`{owner}`)"),
+                ));
+            }
+            bulk.taken = usize::try_from(n).unwrap_or(0);
+            bulk.unchanged = kept.len().saturating_sub(bulk.taken + others.len());
+            Ok(Some(bulk))
+        }
+        Err(e) if refused_by_postgres(&e) || e.code().is_some_and(|c| c.code() == "21000") => {
+            savepoint.rollback().await?;
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What a record's insert does when its key is there already: nothing, or,
+/// with a version column, take a newer version of the sender's own record.
+fn on_conflict(table: &Table) -> String {
+    match (table.version, table.origin) {
+        (Some(version), Some(origin)) => {
+            let set: Vec<String> = columns(table)
+                .iter()
+                .map(|c| format!("{c} = EXCLUDED.{c}"))
+                .collect();
+            format!(
+                "DO UPDATE SET {} WHERE t.{o} = EXCLUDED.{o} AND t.{v} < EXCLUDED.{v}",
+                set.join(", "),
+                o = ident(origin),
+                v = ident(version)
+            )
+        }
+        _ => "DO NOTHING".into(),
     }
 }
 
@@ -349,18 +554,7 @@ async fn record(
 ) -> Result<Outcome> {
     let cols = columns(table);
     let key: Vec<String> = table.key.iter().map(|k| ident(k)).collect();
-    let on_conflict = match (table.version, table.origin) {
-        (Some(version), Some(origin)) => {
-            let set: Vec<String> = cols.iter().map(|c| format!("{c} = EXCLUDED.{c}")).collect();
-            format!(
-                "DO UPDATE SET {} WHERE t.{o} = EXCLUDED.{o} AND t.{v} < EXCLUDED.{v}",
-                set.join(", "),
-                o = ident(origin),
-                v = ident(version)
-            )
-        }
-        _ => "DO NOTHING".into(),
-    };
+    let on_conflict = on_conflict(table);
     let written = tx
         .execute(
             &format!(
@@ -451,13 +645,13 @@ async fn owned(
         .iter()
         .map(|k| format!("r.{}", ident(k)))
         .collect();
-    let held = tx
-        .query_opt(
+    let held: bool = tx
+        .query_one(
             &format!(
-                "SELECT h.filed FROM sync.held h, jsonb_populate_record(NULL::{rel}, $1) r
-                 WHERE h.table_name = {name} AND h.key = jsonb_build_array({key})::text
-                   AND h.replica = $2
-                 FOR UPDATE OF h",
+                "SELECT EXISTS (
+                     SELECT 1 FROM sync.held h, jsonb_populate_record(NULL::{rel}, $1) r
+                     WHERE h.table_name = {name} AND h.key = jsonb_build_array({key})::text
+                       AND h.replica = $2)",
                 rel = table.qualified(),
                 name = literal(table.name),
                 key = held_key.join(", "),
@@ -465,11 +659,30 @@ async fn owned(
             &[json, &replica],
         )
         .await?
-        .map(|row| row.get::<_, Option<i64>>(0));
-    if let Some(filed) = held {
-        if sequence > 0 && filed.is_some_and(|f| f >= sequence) {
-            // Filed after a newer upload of the same row.
-            return Ok(Outcome::Unchanged);
+        .get(0);
+    if held {
+        if sequence > 0 {
+            let newer = tx
+                .query_opt(
+                    &format!(
+                        "INSERT INTO sync.filed (replica, table_name, key, sequence)
+                         SELECT $2, {name}, jsonb_build_array({key})::text, $3
+                         FROM jsonb_populate_record(NULL::{rel}, $1) r
+                         ON CONFLICT (table_name, key, replica) DO UPDATE
+                         SET sequence = EXCLUDED.sequence
+                         WHERE sync.filed.sequence < EXCLUDED.sequence
+                         RETURNING 1",
+                        rel = table.qualified(),
+                        name = literal(table.name),
+                        key = held_key.join(", "),
+                    ),
+                    &[json, &replica, &sequence],
+                )
+                .await?;
+            if newer.is_none() {
+                // Filed after a newer upload of the same row.
+                return Ok(Outcome::Unchanged);
+            }
         }
         let set: Vec<String> = table
             .owned
@@ -487,20 +700,6 @@ async fn owned(
                 &[json],
             )
             .await?;
-        if sequence > 0 {
-            tx.execute(
-                &format!(
-                    "UPDATE sync.held h SET filed = $3 FROM jsonb_populate_record(NULL::{rel}, $1) r
-                     WHERE h.table_name = {name} AND h.key = jsonb_build_array({key})::text
-                       AND h.replica = $2",
-                    rel = table.qualified(),
-                    name = literal(table.name),
-                    key = held_key.join(", "),
-                ),
-                &[json, &replica, &sequence],
-            )
-            .await?;
-        }
         // None updated: deleted on the server, whose change wins.
         return Ok(if updated > 0 {
             Outcome::Taken

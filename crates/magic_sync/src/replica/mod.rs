@@ -135,6 +135,10 @@ pub struct Replica<'e> {
     early: std::collections::HashSet<Vec<u8>>,
 }
 
+/// How long the replica waits for a host's write transaction to end
+/// before its own statement fails as busy (a transient error).
+const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Answers to unknown sends kept at most.
 const EARLY_ANSWERS: usize = 256;
 
@@ -153,6 +157,9 @@ impl<'e> Replica<'e> {
         check_foreign_keys(engine, &foreign_keys)?;
         up::check(engine)?;
         let mut conn = Connection::open(path)?;
+        // The host writes its records on connections of its own: wait for
+        // them rather than fail.
+        conn.busy_timeout(BUSY_TIMEOUT)?;
         conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get::<_, String>(0))?;
         conn.pragma_update(None, "foreign_keys", "OFF")?;
         let tables = Tables::new(engine.tables(), &foreign_keys);

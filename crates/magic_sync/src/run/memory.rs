@@ -19,7 +19,8 @@ pub enum Delivery {
     Message(Vec<u8>),
     /// The answer to an upload.
     Filed(Filed),
-    /// Nothing came for as long as it waited.
+    /// Nothing came for as long as it waited, or its host wrote
+    /// something ([`Network::nudge`]).
     Quiet,
     /// The network is closed.
     Closed,
@@ -27,6 +28,8 @@ pub enum Delivery {
 
 #[derive(Debug, Default)]
 struct State {
+    /// Replicas whose host wrote something since they last looked.
+    nudged: HashSet<String>,
     inboxes: HashMap<String, VecDeque<Vec<u8>>>,
     /// Per replica, the answers to its uploads, oldest first.
     answers: HashMap<String, VecDeque<Filed>>,
@@ -149,6 +152,9 @@ impl Network {
             if state.closed {
                 return Delivery::Closed;
             }
+            if state.nudged.remove(replica) {
+                return Delivery::Quiet;
+            }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 return Delivery::Quiet;
@@ -157,6 +163,16 @@ impl Network {
                 .wait_timeout(state, left)
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .0;
+        }
+    }
+
+    /// Tells `replica`'s loop that its host wrote something: it looks for
+    /// what to send up now rather than after its quiet spell.
+    pub fn nudge(&self, replica: &str) {
+        let mut state = self.state();
+        state.nudged.insert(replica.to_string());
+        if let Some(bell) = state.bells.get(replica) {
+            bell.notify_one();
         }
     }
 

@@ -77,6 +77,9 @@ pub fn replica_with(replica: &mut Replica<'_>, network: &Network, uploads: &Uplo
                 Ok(Some(report)) => network.report(&id, report),
                 Ok(None) => {}
                 Err(crate::Error::Envelope(_) | crate::Error::Malformed { .. }) => {}
+                // Not applied (the host held the file): the server sends it
+                // again, unacknowledged.
+                Err(e) if e.is_transient() => {}
                 Err(e) => return Err(e),
             },
             Delivery::Filed(filed) => {
@@ -91,7 +94,13 @@ pub fn replica_with(replica: &mut Replica<'_>, network: &Network, uploads: &Uplo
             network,
             replica: &id,
         };
-        let sent = replica.send_up(&uplink, uploads.resend_after, uploads.batch)?;
+        let sent = match replica.send_up(&uplink, uploads.resend_after, uploads.batch) {
+            Ok(sent) => sent,
+            // The host held the file longer than the replica waits: the
+            // next look sends it.
+            Err(e) if e.is_transient() => continue,
+            Err(e) => return Err(e),
+        };
         if !sent.set_aside.is_empty() {
             // Counted in its progress as not sent; the server hears it.
             network.report(&id, progress(replica)?);

@@ -27,8 +27,8 @@ pub trait Reports: Send + Sync {
 }
 
 /// Applies what replicas said: acknowledgements all at once, gaps one by
-/// one, uploads one by one, each filed ([`crate::file`]) and, once filed,
-/// answered through `transport`. A forged acknowledgement is refused and
+/// one, uploads all in one transaction ([`crate::file::file_all`]), each
+/// answered through `transport` once that committed. A forged acknowledgement is refused and
 /// changes nothing; the others still count. An upload that cannot be filed
 /// for good (a replica the server does not know) is reported and dropped;
 /// one that waits, or whose answer the transport cannot carry, comes again
@@ -41,24 +41,31 @@ pub async fn heed<T: Transport>(
     reports: Vec<(String, Report)>,
 ) -> Result<()> {
     let mut acks = Vec::new();
+    let mut uploads = Vec::new();
     for (replica, report) in reports {
         match report {
             Report::Applied(ack) => acks.push((replica, ack)),
             Report::Gap(gap) => {
                 crate::relay::gap(client, &replica, &gap).await?;
             }
-            Report::Upload(up) => match crate::file::file(client, engine, &replica, &up).await {
+            Report::Upload(up) => uploads.push((replica, up)),
+        }
+    }
+    if !uploads.is_empty() {
+        // All in one transaction; answered once it committed.
+        let filings = crate::file::file_all(client, engine, &uploads).await?;
+        for ((replica, _), filing) in uploads.iter().zip(filings) {
+            match filing {
                 Ok(crate::file::Filing::Filed { answer, .. }) => {
                     // Not carried: the replica sends it again. An upload
                     // that only said its backlog wants no answer.
                     if !answer.send_id.is_empty() {
-                        let _ = transport.answer(&replica, answer).await;
+                        let _ = transport.answer(replica, answer).await;
                     }
                 }
                 Ok(crate::file::Filing::Waits { .. }) => {}
-                Err(e) if e.is_transient() => return Err(e),
                 Err(e) => eprintln!("magic_sync relay: an upload from `{replica}`: {e}"),
-            },
+            }
         }
     }
     for outcome in crate::relay::acknowledge_all(client, &acks).await? {

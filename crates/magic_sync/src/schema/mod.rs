@@ -18,7 +18,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (9, include_str!("009_held_key_text.sql")),
     (10, include_str!("010_inbox.sql")),
     (11, include_str!("011_backlog.sql")),
-    (12, include_str!("012_held_filed.sql")),
+    (12, include_str!("012_filed.sql")),
 ];
 
 /// The version this build brings the schema to.

@@ -163,13 +163,15 @@ async fn another_tills_record_is_never_overwritten_and_the_refusal_is_kept() {
         "INSERT INTO sales VALUES ('s1', 'u1', 7, '10', 1)",
     );
     send(&mut fleet, "u1", "u1").await;
-    // u2 reports a sale of the same id, at a higher version.
+    // u2 reports a sale of the same id, at a higher version, and one of
+    // its own (filed in bulk, the one refused alone).
     till_writes(
         &mut fleet,
         "u2",
-        "INSERT INTO sales VALUES ('s1', 'u2', NULL, '99', 5)",
+        "INSERT INTO sales VALUES ('s1', 'u2', NULL, '99', 5), ('s2', 'u2', NULL, '1', 1)",
     );
     let filing = send(&mut fleet, "u2", "u2").await;
+    assert_eq!(counts(&filing), (1, 0, 1));
     let refused = refusals(&filing);
     assert_eq!(refused.len(), 1);
     assert!(
@@ -178,7 +180,10 @@ async fn another_tills_record_is_never_overwritten_and_the_refusal_is_kept() {
     );
     assert_eq!(
         sales(&fleet).await,
-        [("s1".into(), "u1".into(), Some(7), "10".into(), 1)]
+        [
+            ("s1".into(), "u1".into(), Some(7), "10".into(), 1),
+            ("s2".into(), "u2".into(), None, "1".into(), 1)
+        ]
     );
     let inbox: Vec<(String, String, String, Option<Vec<u8>>)> = fleet
         .writer
@@ -647,10 +652,10 @@ async fn up_walk(seed: u64, steps: u64) {
 async fn backlog(fleet: &Fleet) -> Option<serde_json::Value> {
     fleet
         .writer
-        .query_one("SELECT backlog FROM sync.replicas WHERE id = 'u1'", &[])
+        .query_opt("SELECT tables FROM sync.backlogs WHERE replica = 'u1'", &[])
         .await
         .unwrap()
-        .get(0)
+        .map(|r| r.get(0))
 }
 
 #[tokio::test]
@@ -735,4 +740,55 @@ async fn an_older_count_filed_after_a_newer_one_changes_nothing() {
         .unwrap()
         .get(0);
     assert_eq!(counted, Some(9));
+}
+
+#[tokio::test]
+async fn uploads_filed_together_wait_or_are_refused_each_on_its_own() {
+    let mut fleet = shop().await;
+    till_writes(
+        &mut fleet,
+        "u1",
+        "UPDATE stock SET counted = 4 WHERE product_id = 1;
+         INSERT INTO sales VALUES ('s1', 'u1', 7, '10', 1);",
+    );
+    till_writes(
+        &mut fleet,
+        "u2",
+        "INSERT INTO sales VALUES ('s2', 'u2', 8, '20', 1)",
+    );
+    fleet
+        .writer
+        .batch_execute("UPDATE sync.replicas SET provision = true WHERE id = 'u1'")
+        .await
+        .unwrap();
+    fleet.pass().await;
+    let _snapshot = fleet.begin_snapshot("u1").await.expect("u1 waits");
+    let mut uploads = Vec::new();
+    for till in ["u1", "u2"] {
+        let up = fleet
+            .unit(till)
+            .replica
+            .upload(MAX, PATIENT)
+            .unwrap()
+            .unwrap();
+        uploads.push((till.to_string(), up));
+    }
+    uploads.push(("stranger".to_string(), Up::default()));
+    let mut client = fleet.db.connect().await;
+    let filings = file::file_all(&mut client, fleet.engine, &uploads)
+        .await
+        .expect("filed");
+    assert!(
+        matches!(filings[0], Ok(Filing::Waits { .. })),
+        "{:?}",
+        filings[0]
+    );
+    assert!(
+        matches!(filings[1], Ok(Filing::Filed { taken: 1, .. })),
+        "{:?}",
+        filings[1]
+    );
+    assert!(filings[2].is_err(), "a replica the server does not know");
+    let ids: Vec<String> = sales(&fleet).await.into_iter().map(|s| s.0).collect();
+    assert_eq!(ids, ["s2"], "u1's upload filed nothing of its own");
 }
