@@ -124,6 +124,38 @@ pub async fn file_all(
     Ok(filings)
 }
 
+/// Records, for each upload filed with a send id, that its replica waits
+/// to read its own writes (`sync.checkpoints`): after the filing committed
+/// and before the answers go, so that the pass which sees the record sees
+/// every change committed before the answer. That pass writes the replica
+/// a `Reached` message after everything it planned for it.
+pub async fn checkpoint(
+    client: &Client,
+    uploads: &[(String, Up)],
+    filings: &[Result<Filing>],
+) -> Result<()> {
+    let (replicas, send_ids): (Vec<&str>, Vec<&[u8]>) = uploads
+        .iter()
+        .zip(filings)
+        .filter(|((_, up), filing)| {
+            matches!(filing, Ok(Filing::Filed { .. })) && !up.send_id.is_empty()
+        })
+        .map(|((replica, up), _)| (replica.as_str(), up.send_id.as_slice()))
+        .unzip();
+    if replicas.is_empty() {
+        return Ok(());
+    }
+    client
+        .execute(
+            "INSERT INTO sync.checkpoints (replica, send_id)
+             SELECT * FROM unnest($1::text[], $2::bytea[])
+             ON CONFLICT (replica, send_id) DO NOTHING",
+            &[&replicas, &send_ids],
+        )
+        .await?;
+    Ok(())
+}
+
 /// Files `up` within `outer`, behind a savepoint: a filing that waits, or
 /// fails, is rolled back to where it began, and nothing of it stays.
 async fn file_in(

@@ -26,6 +26,7 @@ mod outbox;
 mod pack;
 mod plan;
 mod publish;
+mod reached;
 mod replies;
 mod snapshot;
 
@@ -390,8 +391,9 @@ impl Relay {
             dropped,
             messages: 0,
         };
+        let reached = reached::due(&tx, &observed).await?;
         let mut closing = String::new();
-        if planned.sends > 0 || planned.deletes > 0 {
+        if planned.sends > 0 || planned.deletes > 0 || !reached.is_empty() {
             let chains = observed
                 .kept
                 .iter()
@@ -410,20 +412,33 @@ impl Relay {
                 max_message_bytes,
             };
             let kept: Vec<String> = observed.kept.iter().map(|o| o.id.clone()).collect();
-            let source = load::Source::Difference {
-                deletes: planned.deletes > 0,
-            };
-            loader.load(&tx, source, &kept, &mut writer).await?;
-            trace("load", t0);
-            if tracing() {
-                for (step, ms) in SUMS.lock().unwrap().drain(..) {
-                    eprintln!("{ms:>8.1} ms  load/{step}");
+            let planned_any = planned.sends > 0 || planned.deletes > 0;
+            if planned_any {
+                let source = load::Source::Difference {
+                    deletes: planned.deletes > 0,
+                };
+                loader.load(&tx, source, &kept, &mut writer).await?;
+                trace("load", t0);
+                if tracing() {
+                    for (step, ms) in SUMS.lock().unwrap().drain(..) {
+                        eprintln!("{ms:>8.1} ms  load/{step}");
+                    }
                 }
             }
+            // Rows count as held at the last message that carried them,
+            // not at the `Reached` that follows.
+            let carried: std::collections::HashMap<String, i64> = writer
+                .last_numbers()
+                .into_iter()
+                .map(|(r, n)| (r.to_string(), n))
+                .collect();
+            closing.push_str(&reached::write(&tx, &mut writer, reached).await?);
             recorded.messages = writer.written();
-            let (last, chains) = writer.finish();
+            let (_, chains) = writer.finish();
             closing.push_str(&chains);
-            closing.push_str(&held::closing(&context.graph, &last, &filled));
+            if planned_any {
+                closing.push_str(&held::closing(&context.graph, &carried, &filled));
+            }
         }
         closing.push_str(&held::kept_and_done(&observed.streaming, &filled));
         // Where the chains stand, what each replica now holds, the notes

@@ -134,7 +134,8 @@ pub(crate) async fn observe(tx: &Transaction<'_>, replicas: &[ReplicaInfo]) -> R
              DELETE FROM sync.outbox WHERE replica = ANY({ids});
              DELETE FROM sync.deferred WHERE replica = ANY({ids});
              DELETE FROM sync.backlogs WHERE replica = ANY({ids});
-             DELETE FROM sync.filed WHERE replica = ANY({ids});",
+             DELETE FROM sync.filed WHERE replica = ANY({ids});
+             DELETE FROM sync.checkpoints WHERE replica = ANY({ids});",
             ids = crate::sql::text_array(forget.iter().map(String::as_str))
         ))
         .await?;

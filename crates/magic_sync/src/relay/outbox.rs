@@ -160,6 +160,14 @@ impl<'e> Writer<'e> {
         Ok(())
     }
 
+    /// Each replica written to so far, with its last message.
+    pub fn last_numbers(&self) -> HashMap<&str, i64> {
+        self.touched
+            .iter()
+            .map(|id| (id.as_str(), self.chains[id].last_number))
+            .collect()
+    }
+
     /// Where each chain written to now stands: each such replica's last
     /// message of the pass, and the statement that records it (run with the
     /// pass's other closing statements, in one round trip).

@@ -106,6 +106,7 @@ impl<'a> Pass<'a> {
                 snapshot::end(conn, tables, &end.tables, message.number)?;
             }
             Some(Body::EndSnapshot(_)) => {}
+            Some(Body::Reached(reached)) => super::up::reached(conn, &reached.send_ids)?,
             // Refused when the message was decoded.
             None => {}
         }

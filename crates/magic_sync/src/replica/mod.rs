@@ -47,7 +47,7 @@ mod uplink;
 
 pub use digest::fingerprint;
 pub use key::{canonical as canonical_key, KeyProblem};
-pub use up::Pending;
+pub use up::{mark, written, Mark, Pending, Written};
 pub use uplink::{SentUp, Uplink, UplinkError};
 
 use crate::chain::{Applied, Break, Chain, Decision};
@@ -332,6 +332,19 @@ impl<'e> Replica<'e> {
             self.early.insert(filed.send_id.clone());
         }
         Ok(released)
+    }
+
+    /// The mark of everything the host has written here so far: ask
+    /// [`written`](Self::written) how far it went. A host writing on a
+    /// connection of its own asks [`mark`] and [`written`](fn@written) there.
+    pub fn mark(&self) -> Result<Mark> {
+        up::mark(&self.conn)
+    }
+
+    /// How far the host's writes up to `mark` went: still here, filed by
+    /// the server, or reached (this replica reads its own writes).
+    pub fn written(&self, mark: Mark) -> Result<Written> {
+        up::written(&self.conn, mark)
     }
 
     /// Per table, rows the host wrote that have not gone up, and rows gone

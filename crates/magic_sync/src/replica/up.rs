@@ -54,8 +54,33 @@ CREATE TABLE IF NOT EXISTS _magic_sync_up (
     send_id     BLOB,
     sent_writes INTEGER,
     sent_at     INTEGER,
+    -- On the write clock (`_magic_sync_up_clock`): the earliest write the
+    -- server has not filed, the latest write, and the latest write the
+    -- stamped send carried (when known).
+    first_clock INTEGER NOT NULL,
+    last_clock  INTEGER NOT NULL,
+    sent_clock  INTEGER,
     PRIMARY KEY (table_name, key)
 ) STRICT, WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS _magic_sync_up_first ON _magic_sync_up (first_clock);
+-- Counts every noted write: a mark of what the host has written so far.
+CREATE TABLE IF NOT EXISTS _magic_sync_up_clock (
+    id   INTEGER PRIMARY KEY CHECK (id = 1),
+    last INTEGER NOT NULL
+) STRICT;
+INSERT OR IGNORE INTO _magic_sync_up_clock (id, last) VALUES (1, 0);
+-- Sends the server filed, until it says it did everything they caused
+-- (a `Reached` message): the earliest write on the clock each carried.
+CREATE TABLE IF NOT EXISTS _magic_sync_up_reaching (
+    send_id BLOB PRIMARY KEY,
+    clock   INTEGER NOT NULL
+) STRICT;
+CREATE INDEX IF NOT EXISTS _magic_sync_up_reaching_clock ON _magic_sync_up_reaching (clock);
+-- Sends said reached before their answer came, newest kept.
+CREATE TABLE IF NOT EXISTS _magic_sync_up_reached (
+    send_id BLOB PRIMARY KEY,
+    at      INTEGER NOT NULL
+) STRICT;
 CREATE INDEX IF NOT EXISTS _magic_sync_up_send ON _magic_sync_up (send_id)
     WHERE send_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS _magic_sync_up_sequence (
@@ -76,12 +101,26 @@ const DUE: &str = "
 SELECT table_name, key, writes FROM _magic_sync_up
 WHERE send_id IS NULL OR writes > sent_writes OR sent_at <= ?1
 ORDER BY table_name, key";
+/// A row written since the send read it carried writes up to a clock not
+/// known: it is taken to carry none of those not filed yet.
 const STAMP: &str = "
-UPDATE _magic_sync_up SET send_id = ?3, sent_writes = ?4, sent_at = ?5
+UPDATE _magic_sync_up SET send_id = ?3, sent_writes = ?4, sent_at = ?5,
+    sent_clock = CASE WHEN writes = ?4 THEN last_clock ELSE first_clock - 1 END
 WHERE table_name = ?1 AND key = ?2";
 const FORGET: &str =
     "DELETE FROM _magic_sync_up WHERE table_name = ?1 AND key = ?2 AND writes = ?3";
+/// A filed send waits to be reached from the earliest write it carried.
+const REACHING: &str = "
+INSERT INTO _magic_sync_up_reaching (send_id, clock)
+SELECT ?1, min(first_clock) FROM _magic_sync_up WHERE send_id = ?1 HAVING count(*) > 0
+ON CONFLICT (send_id) DO NOTHING";
 const FILED: &str = "DELETE FROM _magic_sync_up WHERE send_id = ?1 AND writes = sent_writes";
+/// Written since it went: what it carried is filed, the rest is not.
+const FILED_SINCE: &str = "
+UPDATE _magic_sync_up SET first_clock = max(first_clock, sent_clock + 1)
+WHERE send_id = ?1 AND writes > sent_writes AND sent_clock IS NOT NULL";
+/// Sends said reached before their answer came, kept at most.
+const REACHED_EARLY: i64 = 256;
 const BACKLOG: &str = "
 SELECT table_name,
        sum(send_id IS NULL OR writes > sent_writes),
@@ -140,8 +179,11 @@ fn triggers(table: &Table) -> String {
     };
     let note = |row: &str| {
         format!(
-            "INSERT INTO _magic_sync_up (table_name, key, writes) VALUES ({}, {}, 1)
-             ON CONFLICT (table_name, key) DO UPDATE SET writes = writes + 1;",
+            "UPDATE _magic_sync_up_clock SET last = last + 1 WHERE id = 1;
+             INSERT INTO _magic_sync_up (table_name, key, writes, first_clock, last_clock)
+             SELECT {}, {}, 1, last, last FROM _magic_sync_up_clock WHERE id = 1
+             ON CONFLICT (table_name, key) DO UPDATE
+             SET writes = writes + 1, last_clock = excluded.last_clock;",
             literal(table.name),
             key(row)
         )
@@ -413,9 +455,87 @@ pub(crate) fn knows(conn: &Connection, send_id: &[u8]) -> Result<bool> {
 }
 
 /// Lets go of the notes the send `send_id` carried and that were not
-/// written since; returns how many.
+/// written since; returns how many. The send then waits to be reached,
+/// unless the server said so already.
 pub(crate) fn filed(conn: &Connection, send_id: &[u8]) -> Result<usize> {
+    let reached_early = conn
+        .prepare_cached("DELETE FROM _magic_sync_up_reached WHERE send_id = ?1")?
+        .execute([send_id])?
+        > 0;
+    if !reached_early {
+        conn.prepare_cached(REACHING)?.execute([send_id])?;
+    }
+    conn.prepare_cached(FILED_SINCE)?.execute([send_id])?;
     Ok(conn.prepare_cached(FILED)?.execute([send_id])?)
+}
+
+/// The server did everything the sends `send_ids` caused (a `Reached`
+/// message, applied in the same transaction as this): they no longer wait.
+/// One whose answer has not come yet is remembered a while.
+pub(crate) fn reached(conn: &Connection, send_ids: &[Vec<u8>]) -> Result<()> {
+    for send_id in send_ids {
+        let waited = conn
+            .prepare_cached("DELETE FROM _magic_sync_up_reaching WHERE send_id = ?1")?
+            .execute([send_id])?;
+        if waited == 0 {
+            conn.prepare_cached(
+                "INSERT OR REPLACE INTO _magic_sync_up_reached (send_id, at) VALUES (?1, ?2)",
+            )?
+            .execute(params![send_id, millis(SystemTime::now())])?;
+        }
+    }
+    conn.prepare_cached(
+        "DELETE FROM _magic_sync_up_reached WHERE send_id NOT IN
+         (SELECT send_id FROM _magic_sync_up_reached ORDER BY at DESC LIMIT ?1)",
+    )?
+    .execute([REACHED_EARLY])?;
+    Ok(())
+}
+
+/// A point in what the host wrote on a replica: every write noted before
+/// it. See [`written`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Mark(i64);
+
+/// How far the host's writes up to a [`Mark`] went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Written {
+    /// Some are on this replica only: not sent yet, or sent and not
+    /// filed (or set aside, or refused by the transport).
+    Here,
+    /// The server filed them all ("saved on the server"); what it did
+    /// because of them has not all reached this replica yet.
+    Filed,
+    /// Filed, and this replica applied everything the server did because
+    /// of them and everything it committed before it answered them: it
+    /// reads its own writes.
+    Reached,
+}
+
+/// The mark of everything the host has written on the replica so far.
+/// Any connection to the replica's file may ask, the host's own included.
+pub fn mark(conn: &Connection) -> Result<Mark> {
+    Ok(Mark(conn.query_row(
+        "SELECT last FROM _magic_sync_up_clock WHERE id = 1",
+        [],
+        |r| r.get(0),
+    )?))
+}
+
+/// How far the writes up to `mark` went (see [`Written`]). A row the
+/// server refused counts as filed: it is kept in the server's inbox.
+pub fn written(conn: &Connection, mark: Mark) -> Result<Written> {
+    let (here, reaching): (bool, bool) = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM _magic_sync_up WHERE first_clock <= ?1),
+                EXISTS (SELECT 1 FROM _magic_sync_up_reaching WHERE clock <= ?1)",
+        [mark.0],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    Ok(match (here, reaching) {
+        (true, _) => Written::Here,
+        (false, true) => Written::Filed,
+        (false, false) => Written::Reached,
+    })
 }
 
 /// Per table, rows written and not sent, and rows sent and not filed.

@@ -54,6 +54,7 @@ pub async fn heed<T: Transport>(
     if !uploads.is_empty() {
         // All in one transaction; answered once it committed.
         let filings = crate::file::file_all(client, engine, &uploads).await?;
+        crate::file::checkpoint(client, &uploads, &filings).await?;
         for ((replica, _), filing) in uploads.iter().zip(filings) {
             match filing {
                 Ok(crate::file::Filing::Filed { answer, .. }) => {

@@ -19,6 +19,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (10, include_str!("010_inbox.sql")),
     (11, include_str!("011_backlog.sql")),
     (12, include_str!("012_filed.sql")),
+    (13, include_str!("013_checkpoints.sql")),
 ];
 
 /// The version this build brings the schema to.

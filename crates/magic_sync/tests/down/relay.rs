@@ -525,6 +525,69 @@ async fn the_runners_carry_a_tills_sale_to_the_server() {
     till.join().unwrap().unwrap();
 }
 
+/// A till reads its own writes: a sale the server's own trigger answers
+/// with a change to a product the till holds. Once the till says its write
+/// reached it, it holds that change: the `Reached` message comes after it.
+#[tokio::test]
+async fn a_till_reads_its_own_writes_once_the_server_says_they_reached_it() {
+    let (fleet, network) = for_the_runner().await;
+    fleet
+        .writer
+        .batch_execute(
+            "CREATE FUNCTION sold() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN UPDATE products SET name = 'sold as ' || NEW.id WHERE id = 1; RETURN NEW; END $$;
+             CREATE TRIGGER sold AFTER INSERT ON sales FOR EACH ROW EXECUTE FUNCTION sold();",
+        )
+        .await
+        .unwrap();
+    let (path, till) = till(&fleet, &network, "u1");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = start_server(
+        &fleet,
+        &network,
+        vec![ReplicaInfo::live("u1", Some("north"))],
+        stopped,
+    );
+    until("the till was never provisioned", || async {
+        product_name(&path).is_some()
+    })
+    .await;
+    let host = rusqlite::Connection::open(&path).unwrap();
+    host.busy_timeout(Duration::from_secs(10)).unwrap();
+    host.execute_batch("INSERT INTO sales VALUES ('s1', 'u1', 7, '4.50', 1)")
+        .unwrap();
+    let mark = magic_sync::replica::mark(&host).unwrap();
+    let written = || magic_sync::replica::written(&host, mark).unwrap();
+    until("the sale was never filed", || async {
+        written() >= magic_sync::replica::Written::Filed
+    })
+    .await;
+    until("the sale never reached the till", || async {
+        written() == magic_sync::replica::Written::Reached
+    })
+    .await;
+    assert_eq!(
+        product_name(&path).as_deref(),
+        Some("sold as s1"),
+        "reached, so the server's answer to the sale is here"
+    );
+    // Once acknowledged, the server lets go of the checkpoint.
+    until("the checkpoint was never let go of", || async {
+        fleet
+            .writer
+            .query_one("SELECT count(*) FROM sync.checkpoints", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == 0
+    })
+    .await;
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+    network.close();
+    till.join().unwrap().unwrap();
+}
+
 /// The runner publishes on a connection of its own while it records: a till
 /// out of reach has why recorded and keeps its messages, and the passes go
 /// on serving the other till; once back, it gets everything.

@@ -1,7 +1,9 @@
 //! A small shop, a stand-in for the server that numbers, chains and seals
 //! messages, and helpers to read what a replica holds.
 
-use magic_sync::envelope::{to_replica::Body, Down, EndSnapshot, RowData, TableRows, ToReplica};
+use magic_sync::envelope::{
+    to_replica::Body, Down, EndSnapshot, Reached, RowData, TableRows, ToReplica,
+};
 use magic_sync::replica::{canonical_key, ForeignKey, Replica};
 use magic_sync::{Engine, Row};
 use prost::Message;
@@ -190,6 +192,12 @@ impl Server {
     pub fn end(&mut self, tables: &[&str]) -> ToReplica {
         let tables = tables.iter().map(ToString::to_string).collect();
         self.message(false, Body::EndSnapshot(EndSnapshot { tables }))
+    }
+
+    /// The server did everything the uploads `send_ids` caused.
+    pub fn reached(&mut self, send_ids: &[&[u8]]) -> ToReplica {
+        let send_ids = send_ids.iter().map(|s| s.to_vec()).collect();
+        self.message(false, Body::Reached(Reached { send_ids }))
     }
 
     /// A snapshot that is over in one message: `rows`, then the end.

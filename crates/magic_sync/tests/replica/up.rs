@@ -3,7 +3,7 @@
 
 use crate::support::*;
 use magic_sync::envelope::{Filed, TableBacklog, Up};
-use magic_sync::replica::{Replica, SentUp, Uplink, UplinkError};
+use magic_sync::replica::{Replica, SentUp, Uplink, UplinkError, Written};
 use std::time::Duration;
 
 const MAX: usize = 1 << 20;
@@ -569,4 +569,70 @@ fn an_answer_that_arrives_before_its_send_is_recorded_still_counts() {
     assert_eq!(replica.filed(&filed(&pending.up)).unwrap(), 0);
     assert_eq!(replica.sent(&pending).unwrap(), 1);
     assert!(notes(&replica).is_empty());
+}
+
+/// Reading one's own writes: a mark of what the host wrote is here until
+/// every send that carried it was filed, filed until the server's `Reached`
+/// for those sends was applied, and reached then; a row written since its
+/// send holds back only marks after the send.
+#[test]
+fn a_host_reads_its_own_writes_once_the_server_reached_every_send_that_carried_them() {
+    let (_site, mut replica, mut server) = provisioned_with_tea();
+    write(
+        &replica,
+        "INSERT INTO sales (id, unit_id) VALUES ('a', 'unit-1')",
+    );
+    let first = replica.mark().unwrap();
+    assert_eq!(replica.written(first).unwrap(), Written::Here);
+    let up_a = replica.upload(MAX, PATIENT).unwrap().unwrap();
+    assert_eq!(
+        replica.written(first).unwrap(),
+        Written::Here,
+        "sent, not filed"
+    );
+
+    // Written again after its send, and another row.
+    write(&replica, "UPDATE sales SET customer_id = 1 WHERE id = 'a'");
+    let second = replica.mark().unwrap();
+    write(
+        &replica,
+        "INSERT INTO sales (id, unit_id) VALUES ('b', 'unit-1')",
+    );
+    let third = replica.mark().unwrap();
+    assert!(first < second && second < third);
+
+    // The send's answer: what it carried is filed, what came since is not.
+    replica.filed(&filed(&up_a)).unwrap();
+    assert_eq!(replica.written(first).unwrap(), Written::Filed);
+    assert_eq!(replica.written(second).unwrap(), Written::Here);
+    // Another replica's upload reached changes nothing.
+    apply_all(&mut replica, &[server.reached(&[&[9; 16]])]);
+    assert_eq!(replica.written(first).unwrap(), Written::Filed);
+    apply_all(&mut replica, &[server.reached(&[&up_a.send_id])]);
+    assert_eq!(replica.written(first).unwrap(), Written::Reached);
+    assert_eq!(replica.written(third).unwrap(), Written::Here);
+
+    // The server may say a send reached before its answer comes.
+    let up_rest = replica.upload(MAX, PATIENT).unwrap().unwrap();
+    assert_eq!(shown(&up_rest).len(), 2);
+    apply_all(&mut replica, &[server.reached(&[&up_rest.send_id])]);
+    assert_eq!(replica.written(third).unwrap(), Written::Here);
+    replica.filed(&filed(&up_rest)).unwrap();
+    assert_eq!(replica.written(third).unwrap(), Written::Reached);
+    assert_eq!(replica.written(first).unwrap(), Written::Reached);
+
+    // A host on a connection of its own marks and asks the same way.
+    let host = rusqlite::Connection::open(replica.connection().path().unwrap()).unwrap();
+    host.execute_batch("INSERT INTO sales (id, unit_id) VALUES ('c', 'unit-1')")
+        .unwrap();
+    let fourth = magic_sync::replica::mark(&host).unwrap();
+    assert!(fourth > third);
+    assert_eq!(
+        magic_sync::replica::written(&host, fourth).unwrap(),
+        Written::Here
+    );
+    assert_eq!(
+        magic_sync::replica::written(&host, third).unwrap(),
+        Written::Reached
+    );
 }
