@@ -15,7 +15,9 @@
 //! Reported: rows filed per second while the load runs, against the rate
 //! written; rows written and not yet filed when it stops, and how long
 //! they take to drain; the time from a replica's commit to the server's,
-//! p50 and p99. (Reading one's own writes is not built yet.)
+//! p50 and p99; and the time from a replica's commit until its host reads
+//! the write back (`replica::written` says `Reached`: the server's
+//! `Reached` message for it was applied), p50 and p99.
 //!
 //! MAGIC_SYNC_BENCH_REPLICAS (default 100), MAGIC_SYNC_BENCH_RATE rows a
 //! second per replica (default 100), MAGIC_SYNC_BENCH_SECONDS (default 20).
@@ -149,6 +151,8 @@ async fn main() {
     // The load: every replica's host, and the server's own writer.
     let stop = Arc::new(AtomicBool::new(false));
     let written = Arc::new(AtomicU64::new(0));
+    let reached: Arc<std::sync::Mutex<Vec<Duration>>> = Default::default();
+    let done_writing = Arc::new(AtomicU64::new(0));
     let mut hosts = Vec::new();
     for info in &infos {
         let (path, id, stop, written, network) = (
@@ -158,6 +162,7 @@ async fn main() {
             written.clone(),
             network.clone(),
         );
+        let (reached, done_writing) = (reached.clone(), done_writing.clone());
         hosts.push(std::thread::spawn(move || {
             let conn = rusqlite::Connection::open(path).unwrap();
             conn.busy_timeout(Duration::from_secs(30)).unwrap();
@@ -165,6 +170,20 @@ async fn main() {
             let mut n = 0u64;
             let begun = Instant::now();
             let mut tick = 0u64;
+            // Each commit's mark, until it reads back.
+            type Waiting = std::collections::VecDeque<(magic_sync::replica::Mark, Instant)>;
+            let mut waiting = Waiting::new();
+            let mut waited: Vec<Duration> = Vec::new();
+            let check = |waiting: &mut Waiting, waited: &mut Vec<Duration>| {
+                while let Some(&(mark, at)) = waiting.front() {
+                    let now = magic_sync::replica::written(&conn, mark).unwrap();
+                    if now != magic_sync::replica::Written::Reached {
+                        break;
+                    }
+                    waited.push(at.elapsed());
+                    waiting.pop_front();
+                }
+            };
             while !stop.load(Ordering::Relaxed) {
                 tick += 1;
                 let tx = conn.unchecked_transaction().unwrap();
@@ -177,13 +196,25 @@ async fn main() {
                     .unwrap();
                 }
                 tx.commit().unwrap();
+                let committed = Instant::now();
+                waiting.push_back((magic_sync::replica::mark(&conn).unwrap(), committed));
                 written.fetch_add(per_tick, Ordering::Relaxed);
                 network.nudge(&id);
+                // Until the next tick, look every 5 ms for marks read back.
                 let due = Duration::from_millis(100 * tick);
-                if let Some(wait) = due.checked_sub(begun.elapsed()) {
-                    std::thread::sleep(wait);
+                while let Some(wait) = due.checked_sub(begun.elapsed()) {
+                    check(&mut waiting, &mut waited);
+                    std::thread::sleep(wait.min(Duration::from_millis(5)));
                 }
             }
+            done_writing.fetch_add(1, Ordering::Relaxed);
+            // The load stopped: wait for the rest to read back.
+            let since = Instant::now();
+            while !waiting.is_empty() && since.elapsed() < Duration::from_secs(600) {
+                check(&mut waiting, &mut waited);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            reached.lock().unwrap().extend(waited);
         }));
     }
     let server_writer = {
@@ -211,10 +242,11 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     stop.store(true, Ordering::Relaxed);
     let to = now_micros();
-    for h in hosts {
-        h.join().unwrap();
-    }
     server_writer.await.unwrap();
+    // Every host's last tick counted.
+    while done_writing.load(Ordering::Relaxed) < replicas as u64 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let total = written.load(Ordering::Relaxed);
     let filed_by_end: i64 = client
         .query_one(
@@ -268,6 +300,19 @@ async fn main() {
         q(0.99),
         q(1.0),
         latencies.len()
+    );
+    for h in hosts {
+        h.join().unwrap();
+    }
+    let mut reached = std::mem::take(&mut *reached.lock().unwrap());
+    reached.sort();
+    let r = |p: f64| support::quantile(&reached, p).map_or("-".into(), show);
+    println!(
+        "replica commit to reading its own write back: p50 {}, p99 {}, max {} ({} commits)",
+        r(0.50),
+        r(0.99),
+        r(1.0),
+        reached.len()
     );
     stop_relay.send(()).ok();
     relay.await.unwrap();

@@ -133,6 +133,7 @@ pub struct Replica<'e> {
     /// Answers to uploads not recorded as sent yet (or never sent by this
     /// replica), kept a while in case their send is recorded after them.
     early: std::collections::HashSet<Vec<u8>>,
+    patience: uplink::Patience,
 }
 
 /// How long the replica waits for a host's write transaction to end
@@ -173,6 +174,7 @@ impl<'e> Replica<'e> {
             chain,
             set_aside: Default::default(),
             early: Default::default(),
+            patience: Default::default(),
         })
     }
 
@@ -316,6 +318,7 @@ impl<'e> Replica<'e> {
             engine: self.engine,
             set_aside: &mut self.set_aside,
             early: &mut self.early,
+            patience: &mut self.patience,
         }
     }
 
@@ -324,6 +327,7 @@ impl<'e> Replica<'e> {
     /// a send this replica does not know (one not recorded as sent yet is
     /// remembered a while, and counts once it is).
     pub fn filed(&mut self, filed: &envelope::Filed) -> Result<usize> {
+        self.patience.answered(&filed.send_id);
         let released = up::filed(&self.conn, &filed.send_id)?;
         if released == 0 && !up::knows(&self.conn, &filed.send_id)? {
             if self.early.len() >= EARLY_ANSWERS {
@@ -332,6 +336,16 @@ impl<'e> Replica<'e> {
             self.early.insert(filed.send_id.clone());
         }
         Ok(released)
+    }
+
+    /// How long to let an upload go unanswered before sending its rows
+    /// again: `floor`, or four times the smoothed time answers took to
+    /// come when that is longer. Each resend draws a new id, and only the
+    /// newest send's answer lets go of a row: a replica resending faster
+    /// than a loaded server answers would keep every row in flight, and
+    /// add to the load. The runner's loop waits this long.
+    pub fn patience(&self, floor: std::time::Duration) -> std::time::Duration {
+        self.patience.after(floor)
     }
 
     /// The mark of everything the host has written here so far: ask

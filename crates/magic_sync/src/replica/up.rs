@@ -63,6 +63,11 @@ CREATE TABLE IF NOT EXISTS _magic_sync_up (
     PRIMARY KEY (table_name, key)
 ) STRICT, WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS _magic_sync_up_first ON _magic_sync_up (first_clock);
+-- Looking for what is due reads only what is: notes not sent or written
+-- since, and sent ones by when, not every note awaiting its answer.
+CREATE INDEX IF NOT EXISTS _magic_sync_up_unsent ON _magic_sync_up (table_name, key)
+    WHERE send_id IS NULL OR writes > sent_writes;
+CREATE INDEX IF NOT EXISTS _magic_sync_up_sent_at ON _magic_sync_up (sent_at);
 -- Counts every noted write: a mark of what the host has written so far.
 CREATE TABLE IF NOT EXISTS _magic_sync_up_clock (
     id   INTEGER PRIMARY KEY CHECK (id = 1),
@@ -97,9 +102,15 @@ RETURNING last";
 
 /// Notes to send: never sent, written since they were, or sent at or before
 /// `?1` (milliseconds since 1970) and not answered.
+/// Through the two indexes, so a replica with many notes awaiting their
+/// answers reads only those due.
 const DUE: &str = "
-SELECT table_name, key, writes FROM _magic_sync_up
-WHERE send_id IS NULL OR writes > sent_writes OR sent_at <= ?1
+SELECT * FROM (
+    SELECT table_name, key, writes FROM _magic_sync_up INDEXED BY _magic_sync_up_unsent
+    WHERE send_id IS NULL OR writes > sent_writes
+    UNION ALL
+    SELECT table_name, key, writes FROM _magic_sync_up INDEXED BY _magic_sync_up_sent_at
+    WHERE sent_at <= ?1 AND NOT (send_id IS NULL OR writes > sent_writes))
 ORDER BY table_name, key";
 /// A row written since the send read it carried writes up to a clock not
 /// known: it is taken to carry none of those not filed yet.

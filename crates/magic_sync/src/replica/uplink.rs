@@ -17,8 +17,8 @@ use crate::engine::Engine;
 use crate::envelope::Up;
 use crate::error::Result;
 use rusqlite::Connection;
-use std::collections::{HashSet, VecDeque};
-use std::time::Duration;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
 
 /// Why an uplink did not take an upload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +49,42 @@ pub struct SentUp {
     pub waits: Option<String>,
 }
 
+/// How long answers take to come: see [`super::Replica::patience`].
+#[derive(Debug, Default)]
+pub(crate) struct Patience {
+    /// Sends handed over and not answered yet, and when.
+    in_flight: HashMap<Vec<u8>, Instant>,
+    smoothed: Option<Duration>,
+}
+
+/// Sends remembered at most for timing their answers.
+const TIMED: usize = 4096;
+
+impl Patience {
+    fn sent(&mut self, send_id: &[u8]) {
+        if self.in_flight.len() >= TIMED {
+            self.in_flight.clear();
+        }
+        self.in_flight.insert(send_id.to_vec(), Instant::now());
+    }
+
+    /// The answer to `send_id` came: one more sample of the round trip.
+    pub fn answered(&mut self, send_id: &[u8]) {
+        if let Some(at) = self.in_flight.remove(send_id) {
+            let sample = at.elapsed();
+            self.smoothed = Some(match self.smoothed {
+                None => sample,
+                Some(s) => (s * 7 + sample) / 8,
+            });
+        }
+    }
+
+    /// How long to wait for an answer before sending again.
+    pub fn after(&self, floor: Duration) -> Duration {
+        self.smoothed.map_or(floor, |s| floor.max(s * 4))
+    }
+}
+
 /// The replica's side of the search: the connection and what it skips.
 pub(crate) struct Sender<'a> {
     pub conn: &'a mut Connection,
@@ -57,6 +93,7 @@ pub(crate) struct Sender<'a> {
     pub set_aside: &'a mut HashSet<(String, String)>,
     /// Answers that came before their send was recorded.
     pub early: &'a mut HashSet<Vec<u8>>,
+    pub patience: &'a mut Patience,
 }
 
 impl Sender<'_> {
@@ -64,6 +101,7 @@ impl Sender<'_> {
     /// at once.
     pub fn sent(&mut self, pending: &Pending) -> Result<usize> {
         up::stamp(self.conn, pending)?;
+        self.patience.sent(&pending.up.send_id);
         if self.early.remove(&pending.up.send_id) {
             return up::filed(self.conn, &pending.up.send_id);
         }

@@ -37,7 +37,10 @@ pub struct Uploads {
     /// How long the loop waits for the server before it looks for writes
     /// to send.
     pub every: Duration,
-    /// How long an upload may go unanswered before its rows go again.
+    /// How long an upload may go unanswered before its rows go again, at
+    /// least: four times the answers' smoothed round trip when that is
+    /// longer, so a server slow to answer under load is not sent the same
+    /// rows again and again.
     pub resend_after: Duration,
     /// Uploads sent at most per look, so a large backlog never keeps the
     /// loop from applying what the server sends.
@@ -64,15 +67,27 @@ pub fn replica(replica: &mut Replica<'_>, network: &Network) -> Result<()> {
 /// Applies every message the network brings `replica` until it closes, and
 /// reports what it applied. A message that cannot be applied as it is
 /// (malformed, not a message at all) is skipped: the server's next
-/// comparison covers what it carried. After each message, answer or quiet
-/// spell, it sends up what is due of what the host wrote
+/// comparison covers what it carried. Once what came is applied (or after
+/// `uploads.batch` deliveries in a row), and after a quiet spell or a
+/// nudge from its host, it sends up what is due of what the host wrote
 /// ([`Replica::upload`]), and lets go of what the server says it filed.
 /// Stops on an error of the replica's own database, which the host decides
 /// about.
 pub fn replica_with(replica: &mut Replica<'_>, network: &Network, uploads: &Uploads) -> Result<()> {
     let id = replica.id().to_string();
+    // Deliveries since the loop last looked for writes to send: it looks
+    // once what the server sent so far is applied (or after `batch` of
+    // them), not after every message, since looking reads the notes.
+    let mut since = 0;
     loop {
-        match network.next_for(&id, uploads.every) {
+        let wait = if since == 0 {
+            uploads.every
+        } else {
+            Duration::ZERO
+        };
+        let delivery = network.next_for(&id, wait);
+        let quiet = matches!(delivery, Delivery::Quiet);
+        match delivery {
             Delivery::Message(message) => match deliver(replica, &message) {
                 Ok(Some(report)) => network.report(&id, report),
                 Ok(None) => {}
@@ -90,11 +105,20 @@ pub fn replica_with(replica: &mut Replica<'_>, network: &Network, uploads: &Uplo
             Delivery::Quiet => {}
             Delivery::Closed => return Ok(()),
         }
+        since += 1;
+        if !quiet && since < uploads.batch.max(1) {
+            continue;
+        }
+        since = 0;
         let uplink = Reporting {
             network,
             replica: &id,
         };
-        let sent = match replica.send_up(&uplink, uploads.resend_after, uploads.batch) {
+        let sent = match replica.send_up(
+            &uplink,
+            replica.patience(uploads.resend_after),
+            uploads.batch,
+        ) {
             Ok(sent) => sent,
             // The host held the file longer than the replica waits: the
             // next look sends it.

@@ -636,3 +636,34 @@ fn a_host_reads_its_own_writes_once_the_server_reached_every_send_that_carried_t
         Written::Reached
     );
 }
+
+/// A replica waits longer than its floor before sending again once answers
+/// take time: four times their smoothed round trip. Before any answer, and
+/// for a host's own calls, the floor is what counts.
+#[test]
+fn patience_grows_with_the_time_answers_take() {
+    let site = Site::new();
+    let mut replica = site.open();
+    assert_eq!(replica.patience(Duration::ZERO), Duration::ZERO);
+    write(
+        &replica,
+        "INSERT INTO sales (id, unit_id) VALUES ('a', 'unit-1')",
+    );
+    let sent_at = std::time::Instant::now();
+    let up = replica.upload(MAX, PATIENT).unwrap().unwrap();
+    // An answer to a send never made times nothing.
+    replica
+        .filed(&Filed {
+            send_id: vec![3; 16],
+        })
+        .unwrap();
+    assert_eq!(replica.patience(Duration::ZERO), Duration::ZERO);
+    replica.filed(&filed(&up)).unwrap();
+    let round_trip = sent_at.elapsed();
+    let patience = replica.patience(Duration::ZERO);
+    assert!(
+        patience > Duration::ZERO && patience <= round_trip * 4,
+        "{patience:?} against a round trip of at most {round_trip:?}"
+    );
+    assert_eq!(replica.patience(PATIENT), PATIENT, "never below the floor");
+}
