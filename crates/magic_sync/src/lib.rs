@@ -26,6 +26,8 @@ pub mod check;
 #[cfg(feature = "postgres")]
 pub mod file;
 #[cfg(feature = "postgres")]
+pub mod ops;
+#[cfg(feature = "postgres")]
 pub mod pg;
 #[cfg(feature = "postgres")]
 pub mod relay;

@@ -1,0 +1,240 @@
+//! What the engine waits on. Each thing it waits on means one of two
+//! things to an operator: wait (the infrastructure is down or busy, and
+//! it gets through by itself once it is back), or deploy a fix (the data
+//! or the code failed, and retrying unchanged fails the same way). Never
+//! "go and fix the data". When nothing waits for a fix, the engine is
+//! healthy: that is the normal state, with replicas out of reach listed
+//! and waited for.
+
+use super::{begin, check_scope, Result, Scope, IN_SCOPE};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+/// What an operator does about an item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// Deploy a fix: it fails the same way until the code (or the
+    /// declarations, or the schema) change.
+    DeployFix,
+    /// Wait: it gets through once the infrastructure is back, or the work
+    /// is done.
+    Wait,
+}
+
+/// One thing the engine waits on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Concern {
+    /// Notes no pass has planned yet: the relay's work in hand (or a relay
+    /// that is not running).
+    NotesPending {
+        /// Notes pending.
+        notes: i64,
+        /// Rows they are about.
+        rows: i64,
+        /// When the oldest one's transaction committed, when PostgreSQL
+        /// tracks commit times (`track_commit_timestamp`); `None` otherwise.
+        oldest_at: Option<DateTime<Utc>>,
+    },
+    /// Changes kept for a replica while its snapshot streams: planned for
+    /// it by the first pass after the snapshot ends.
+    ChangesKept {
+        /// The replica.
+        replica: String,
+        /// Rows kept.
+        rows: i64,
+    },
+    /// Rows of uploads the server refused for one reason, in one table,
+    /// kept in `sync.inbox` until a fix is deployed.
+    Refused {
+        /// The table the rows name.
+        table: String,
+        /// Why they were refused.
+        reason: String,
+        /// Rows refused.
+        rows: i64,
+        /// Replicas they came from.
+        replicas: i64,
+        /// When the first of them was refused.
+        since: DateTime<Utc>,
+    },
+    /// A replica the last send (of a message or of its snapshot) failed to.
+    SendFailing {
+        /// The replica.
+        replica: String,
+        /// What the transport (or the snapshot) said.
+        error: String,
+        /// Messages waiting for it.
+        outbox: i64,
+    },
+    /// A replica whose outbox outgrew its bound and was dropped: it is
+    /// provisioned again when it is back.
+    OutboxDropped {
+        /// The replica.
+        replica: String,
+        /// By how much, as the relay said it.
+        alarm: String,
+        /// When.
+        at: Option<DateTime<Utc>>,
+    },
+}
+
+impl Concern {
+    /// What an operator does about it. Refused rows are the only ones that
+    /// need a fix: a failing send is the transport's (a send failure the
+    /// code causes, such as a snapshot the transport refuses as too large,
+    /// shows here too, and says so in its error).
+    pub fn action(&self) -> Action {
+        match self {
+            Concern::Refused { .. } => Action::DeployFix,
+            Concern::NotesPending { .. }
+            | Concern::ChangesKept { .. }
+            | Concern::SendFailing { .. }
+            | Concern::OutboxDropped { .. } => Action::Wait,
+        }
+    }
+}
+
+/// One thing the engine waits on, and what to do about it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Item {
+    /// What to do.
+    pub action: Action,
+    /// What it is.
+    #[serde(flatten)]
+    pub concern: Concern,
+}
+
+/// Notes pending in the whole database.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PendingNotes {
+    /// Notes.
+    pub notes: i64,
+    /// Rows they are about.
+    pub rows: i64,
+}
+
+/// What the engine waits on, over a scope (pending notes are the whole
+/// database's: a note is no replica's until planned).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Health {
+    /// The server's time of the read.
+    pub now: DateTime<Utc>,
+    /// Whether nothing waits for a fix.
+    pub healthy: bool,
+    /// Notes pending.
+    pub pending: PendingNotes,
+    /// Everything waited on: fixes first, then by kind and name.
+    pub items: Vec<Item>,
+}
+
+/// What the engine waits on over `scope`.
+pub async fn health(client: &mut tokio_postgres::Client, scope: &Scope) -> Result<Health> {
+    let (tx, now) = begin(client).await?;
+    check_scope(&tx, scope).await?;
+    let (ids, partition) = (scope.ids(), scope.partition());
+    let mut concerns = Vec::new();
+    let tracked: bool = tx
+        .query_one(
+            "SELECT current_setting('track_commit_timestamp') = 'on'",
+            &[],
+        )
+        .await?
+        .get(0);
+    let oldest_at = if tracked {
+        "pg_xact_commit_timestamp(xid((SELECT xid FROM sync.notes ORDER BY seq LIMIT 1)))"
+    } else {
+        "NULL::timestamptz"
+    };
+    let notes = tx
+        .query_one(
+            &format!(
+                "SELECT count(*), count(DISTINCT (table_name, key)), {oldest_at} FROM sync.notes"
+            ),
+            &[],
+        )
+        .await?;
+    let pending = PendingNotes {
+        notes: notes.get(0),
+        rows: notes.get(1),
+    };
+    if pending.notes > 0 {
+        concerns.push(Concern::NotesPending {
+            notes: pending.notes,
+            rows: pending.rows,
+            oldest_at: notes.get(2),
+        });
+    }
+    let refused = tx
+        .query(
+            &format!(
+                "SELECT i.table_name, i.reason, count(*), count(DISTINCT i.replica), min(i.at)
+                 FROM sync.inbox i JOIN sync.replicas r ON r.id = i.replica
+                 WHERE {IN_SCOPE} GROUP BY 1, 2 ORDER BY 1, 2"
+            ),
+            &[&ids, &partition],
+        )
+        .await?;
+    concerns.extend(refused.iter().map(|row| Concern::Refused {
+        table: row.get(0),
+        reason: row.get(1),
+        rows: row.get(2),
+        replicas: row.get(3),
+        since: row.get(4),
+    }));
+    let replicas = tx
+        .query(
+            &format!(
+                "SELECT r.id, r.last_error, r.alarm, r.alarm_at,
+                        (SELECT count(*) FROM sync.outbox o WHERE o.replica = r.id),
+                        (SELECT count(*) FROM sync.deferred d WHERE d.replica = r.id)
+                 FROM sync.replicas r
+                 WHERE {IN_SCOPE} AND (r.last_error IS NOT NULL OR r.alarm IS NOT NULL
+                       OR EXISTS (SELECT 1 FROM sync.deferred d WHERE d.replica = r.id))
+                 ORDER BY r.id"
+            ),
+            &[&ids, &partition],
+        )
+        .await?;
+    tx.commit().await?;
+    for row in &replicas {
+        let replica: String = row.get(0);
+        if let Some(error) = row.get::<_, Option<String>>(1) {
+            concerns.push(Concern::SendFailing {
+                replica: replica.clone(),
+                error,
+                outbox: row.get(4),
+            });
+        }
+        if let Some(alarm) = row.get::<_, Option<String>>(2) {
+            concerns.push(Concern::OutboxDropped {
+                replica: replica.clone(),
+                alarm,
+                at: row.get(3),
+            });
+        }
+        let kept: i64 = row.get(5);
+        if kept > 0 {
+            concerns.push(Concern::ChangesKept {
+                replica,
+                rows: kept,
+            });
+        }
+    }
+    let mut items: Vec<Item> = concerns
+        .into_iter()
+        .map(|concern| Item {
+            action: concern.action(),
+            concern,
+        })
+        .collect();
+    // Stable: fixes first, each kind in the order it was read.
+    items.sort_by_key(|i| i.action);
+    Ok(Health {
+        now,
+        healthy: items.iter().all(|i| i.action != Action::DeployFix),
+        pending,
+        items,
+    })
+}

@@ -1,0 +1,337 @@
+//! Where one row is: per live replica, whether it holds it, holds an older
+//! version, has it on its way, is letting it go, lacks it, is provisioned,
+//! or had its own version of it set aside.
+//!
+//! The row is named by its table and its key's values as text. The record
+//! keeps a held row's key as the text PostgreSQL prints for the key's
+//! `jsonb` array (`[5, "a"]`, decision 51), and uploads and messages carry
+//! it as compact JSON (`[5,"a"]`). The values' kinds (number, text,
+//! boolean) are not recorded with the table, only in its keys: they are
+//! taken from a key of the table the record holds (a held row, a pending
+//! note, a kept change, a refused upload), which gives the key's arity too;
+//! the array is printed by PostgreSQL's own `jsonb` output, as the relay's
+//! keys are. A key whose columns are numerics or timestamps prints in
+//! other forms on the wire than in the record; those are found by the
+//! record's form only.
+
+use super::{begin, Error, Result, IN_SCOPE};
+use crate::envelope::{to_replica, ToReplica};
+use chrono::{DateTime, Utc};
+use prost::Message as _;
+use serde::Serialize;
+use std::collections::BTreeSet;
+use tokio_postgres::Transaction;
+
+/// Where the row is, for one replica. The first that applies, in this
+/// order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RowState {
+    /// The server refused the replica's own upload of the row
+    /// (`sync.inbox`): it waits for a fix.
+    SetAside,
+    /// The replica is provisioned from scratch: whether it will hold the
+    /// row is recorded when its snapshot ends.
+    Provisioning,
+    /// Recorded as held, in a message it has not acknowledged yet.
+    OnItsWay,
+    /// Not recorded as held, and a message waiting in its outbox lets go
+    /// of it. (Once the transport took that message, the record no longer
+    /// tells it from [`Lacks`](RowState::Lacks).)
+    LettingGo,
+    /// Held, and the database changed the row since: a pending note is
+    /// newer than the version held, or a change was kept for it.
+    HoldsOlder,
+    /// Held at the version the database has.
+    Holds,
+    /// Not recorded as held. Whether its rules want it is not this read's
+    /// to say: a pending note of the row ([`RowProgress::pending_note`])
+    /// means the next pass may send it.
+    Lacks,
+}
+
+/// The row, at one replica.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RowPlace {
+    /// The replica.
+    pub replica: String,
+    /// Where the row is.
+    pub state: RowState,
+    /// The version recorded as held (the newest note of it its recording
+    /// pass saw; 0 when none was pending).
+    pub version: Option<i64>,
+    /// The message recorded as carrying it.
+    pub message: Option<i64>,
+    /// Why the server refused the replica's upload of it.
+    pub refused: Option<String>,
+}
+
+/// Where a row is, across the live replicas.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RowProgress {
+    /// The server's time of the read.
+    pub now: DateTime<Utc>,
+    /// The table.
+    pub table: String,
+    /// The key, as the record keeps it.
+    pub key: String,
+    /// The newest pending note of the row, if one is pending.
+    pub pending_note: Option<i64>,
+    /// Per live replica, by id.
+    pub replicas: Vec<RowPlace>,
+}
+
+impl RowProgress {
+    /// Whether some replica's version of the row waits for a fix.
+    pub fn waits_for_fix(&self) -> bool {
+        self.replicas.iter().any(|r| r.state == RowState::SetAside)
+    }
+}
+
+/// Where the row of `table` keyed by `key` (its values as text, in the
+/// table's key order) is, per live replica.
+pub async fn row_progress(
+    client: &mut tokio_postgres::Client,
+    table: &str,
+    key: &[String],
+) -> Result<RowProgress> {
+    let (tx, now) = begin(client).await?;
+    let sample = recorded_key(&tx, table).await?;
+    let json = key_json(table, &sample, key)?;
+    let held: String = tx
+        .query_one("SELECT $1::text::jsonb::text", &[&json])
+        .await?
+        .get(0);
+    let wire = compact(&held);
+    let pending_note: Option<i64> = tx
+        .query_one(
+            "SELECT max(seq) FROM sync.notes
+             WHERE format = 1 AND table_name = $1 AND key = $2::text::jsonb",
+            &[&table, &held],
+        )
+        .await?
+        .get(0);
+    let letting_go = letting_go(&tx, table, &wire).await?;
+    let no_scope: Option<Vec<String>> = None;
+    let no_partition: Option<String> = None;
+    let rows = tx
+        .query(
+            &format!(
+                "SELECT r.id, r.provision OR r.snapshot_attempt IS NOT NULL,
+                        coalesce(a.number, 0), h.version, h.message,
+                        d.seq IS NOT NULL, i.reason
+                 FROM sync.replicas r
+                 LEFT JOIN sync.acks a ON a.replica = r.id
+                 LEFT JOIN sync.held h ON h.table_name = $3 AND h.key = $4 AND h.replica = r.id
+                 LEFT JOIN sync.deferred d
+                        ON d.replica = r.id AND d.table_name = $3 AND d.key = $4::text::jsonb
+                 LEFT JOIN sync.inbox i ON i.replica = r.id AND i.table_name = $3 AND i.key = $5
+                 WHERE {IN_SCOPE}
+                 ORDER BY r.id"
+            ),
+            &[&no_scope, &no_partition, &table, &held, &wire],
+        )
+        .await?;
+    tx.commit().await?;
+    let replicas = rows
+        .iter()
+        .map(|row| {
+            let replica: String = row.get(0);
+            let provisioning: bool = row.get(1);
+            let acked: i64 = row.get(2);
+            let version: Option<i64> = row.get(3);
+            let message: Option<i64> = row.get(4);
+            let kept: bool = row.get(5);
+            let refused: Option<String> = row.get(6);
+            let newer = pending_note.zip(version).is_some_and(|(n, v)| n > v) || kept;
+            let state = if refused.is_some() {
+                RowState::SetAside
+            } else if provisioning {
+                RowState::Provisioning
+            } else if let Some(m) = message {
+                if m > acked {
+                    RowState::OnItsWay
+                } else if newer {
+                    RowState::HoldsOlder
+                } else {
+                    RowState::Holds
+                }
+            } else if letting_go.contains(&replica) {
+                RowState::LettingGo
+            } else {
+                RowState::Lacks
+            };
+            RowPlace {
+                replica,
+                state,
+                version,
+                message,
+                refused,
+            }
+        })
+        .collect();
+    Ok(RowProgress {
+        now,
+        table: table.to_string(),
+        key: held,
+        pending_note,
+        replicas,
+    })
+}
+
+/// A key of `table` as the record holds one: of a held row, a pending
+/// note, a change kept or a refused upload, as a JSON array.
+async fn recorded_key(tx: &Transaction<'_>, table: &str) -> Result<Vec<serde_json::Value>> {
+    let row = tx
+        .query_opt(
+            "SELECT k FROM (
+                 (SELECT key AS k FROM sync.held WHERE table_name = $1 LIMIT 1)
+                 UNION ALL (SELECT key::text FROM sync.notes WHERE table_name = $1 LIMIT 1)
+                 UNION ALL (SELECT key::text FROM sync.deferred WHERE table_name = $1 LIMIT 1)
+                 UNION ALL (SELECT key FROM sync.inbox WHERE table_name = $1 LIMIT 1)) k
+             LIMIT 1",
+            &[&table],
+        )
+        .await?;
+    let Some(row) = row else {
+        return Err(Error::UnrecordedTable(table.to_string()));
+    };
+    let text: String = row.get(0);
+    match serde_json::from_str(&text) {
+        Ok(serde_json::Value::Array(items)) => Ok(items),
+        // A refused upload keeps the key as it came, which may be anything.
+        _ => Err(Error::UnrecordedTable(table.to_string())),
+    }
+}
+
+/// The JSON array of `values`, each of the kind its place has in `sample`
+/// (a recorded key of the table): a number where the record has a number,
+/// a boolean where it has one, text otherwise.
+pub(crate) fn key_json(
+    table: &str,
+    sample: &[serde_json::Value],
+    values: &[String],
+) -> Result<String> {
+    if values.len() != sample.len() {
+        return Err(Error::KeyArity {
+            table: table.to_string(),
+            given: values.len(),
+            expected: sample.len(),
+        });
+    }
+    let mut items = Vec::with_capacity(values.len());
+    for (i, (kind, value)) in sample.iter().zip(values).enumerate() {
+        let item = match kind {
+            serde_json::Value::Number(_) | serde_json::Value::Bool(_) => {
+                let parsed: Option<serde_json::Value> = serde_json::from_str(value).ok();
+                let same_kind = matches!(
+                    (kind, &parsed),
+                    (
+                        serde_json::Value::Number(_),
+                        Some(serde_json::Value::Number(_))
+                    ) | (serde_json::Value::Bool(_), Some(serde_json::Value::Bool(_)))
+                );
+                if !same_kind {
+                    return Err(Error::KeyValue {
+                        table: table.to_string(),
+                        position: i + 1,
+                        value: value.clone(),
+                        expected: if kind.is_number() {
+                            "a number"
+                        } else {
+                            "a boolean"
+                        },
+                    });
+                }
+                // As given: PostgreSQL's jsonb reads it as it reads the
+                // relay's keys, with its scale.
+                value.trim().to_string()
+            }
+            _ => serde_json::Value::String(value.clone()).to_string(),
+        };
+        items.push(item);
+    }
+    Ok(format!("[{}]", items.join(",")))
+}
+
+/// The compact JSON form keys travel in, of the record's form.
+fn compact(held: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(held)
+        .map(|v| v.to_string())
+        .unwrap_or_else(|_| held.to_string())
+}
+
+/// The replicas with a message waiting in their outbox that lets go of the
+/// row. Bodies are searched for the key's bytes first, and only those that
+/// contain them decoded.
+async fn letting_go(tx: &Transaction<'_>, table: &str, wire: &str) -> Result<BTreeSet<String>> {
+    let rows = tx
+        .query(
+            "SELECT o.replica, b.bytes FROM sync.outbox o JOIN sync.bodies b ON b.id = o.body
+             WHERE position($1::bytea IN b.bytes) > 0
+             ORDER BY o.replica, o.number",
+            &[&wire.as_bytes()],
+        )
+        .await?;
+    let mut replicas = BTreeSet::new();
+    for row in rows {
+        let replica: String = row.get(0);
+        let bytes: &[u8] = row.get(1);
+        let Ok(message) = ToReplica::decode(bytes) else {
+            continue;
+        };
+        let Some(to_replica::Body::Down(down)) = message.body else {
+            continue;
+        };
+        let lets_go = down
+            .tables
+            .iter()
+            .filter(|t| t.table == table)
+            .any(|t| t.deletes.iter().any(|k| k == wire.as_bytes()));
+        let takes = down
+            .tables
+            .iter()
+            .filter(|t| t.table == table)
+            .any(|t| t.upserts.iter().any(|r| r.key == wire.as_bytes()));
+        // Messages in order: the last that names the row decides.
+        if lets_go {
+            replicas.insert(replica);
+        } else if takes {
+            replicas.remove(&replica);
+        }
+    }
+    Ok(replicas)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_json;
+    use serde_json::json;
+
+    #[test]
+    fn values_take_the_kinds_of_the_recorded_keys() {
+        let sample = [json!(5), json!("north"), json!(true)];
+        let given = ["42".to_string(), "7".to_string(), "false".to_string()];
+        assert_eq!(key_json("t", &sample, &given).unwrap(), r#"[42,"7",false]"#);
+        let quoted = ["1".to_string(), "a\"b".to_string(), "true".to_string()];
+        assert_eq!(
+            key_json("t", &sample, &quoted).unwrap(),
+            r#"[1,"a\"b",true]"#
+        );
+    }
+
+    #[test]
+    fn a_key_of_another_arity_or_kind_is_refused() {
+        let sample = [json!(5), json!("north")];
+        let short = ["42".to_string()];
+        assert_eq!(
+            key_json("orders", &sample, &short).unwrap_err().to_string(),
+            "table `orders` is keyed by 2 values (as its recorded keys show), the key given has 1"
+        );
+        let word = ["x".to_string(), "y".to_string()];
+        assert_eq!(
+            key_json("orders", &sample, &word).unwrap_err().to_string(),
+            "table `orders`: key value 1 (`x`) is not a number, as its recorded keys are"
+        );
+    }
+}

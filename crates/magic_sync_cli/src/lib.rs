@@ -1,0 +1,207 @@
+//! `magic-sync`: what an operator sees of a magic_sync server database,
+//! from the engine's own record (`magic_sync::ops`), without the host's
+//! declarations.
+//!
+//! The commands are a clap [`Command`] a host can mount in its own binary
+//! (`#[command(subcommand)]`) and run with [`run`] on a connection of its
+//! own. Each prints a human-readable table, or with `--json` the read's
+//! result as JSON whose field names are stable.
+//!
+//! Exit codes ([`Outcome::exit_code`]): 0 when nothing waits for a fix; 2
+//! when something waits for a fix to be deployed (a refused upload); 1 on
+//! an error (the database cannot be reached or read, bad input).
+
+mod show;
+
+use clap::{Args, Parser, Subcommand};
+use magic_sync::ops::{self, Scope};
+use std::io::Write;
+use tokio_postgres::Client;
+
+/// The exit code of an error.
+pub const EXIT_ERROR: u8 = 1;
+/// The exit code when something waits for a fix to be deployed.
+pub const EXIT_FIX: u8 = 2;
+
+/// The `magic-sync` command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "magic-sync",
+    version,
+    about = "What an operator sees of a magic_sync server: connects with DATABASE_URL",
+    after_help = "Exit codes: 0 nothing waits for a fix; 2 something waits for a fix to be \
+                  deployed; 1 an error."
+)]
+pub struct Cli {
+    /// Print JSON (stable field names) instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to read.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Which replicas to read: all live ones by default.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ScopeArgs {
+    /// Only this replica (repeat for more).
+    #[arg(long = "replica", value_name = "ID", conflicts_with = "partition")]
+    pub replicas: Vec<String>,
+    /// Only the replicas of this partition.
+    #[arg(long, value_name = "PARTITION")]
+    pub partition: Option<String>,
+}
+
+impl ScopeArgs {
+    /// The scope the arguments name.
+    pub fn scope(&self) -> Scope {
+        match (&self.partition, self.replicas.is_empty()) {
+            (Some(p), _) => Scope::Partition(p.clone()),
+            (None, false) => Scope::Replicas(self.replicas.clone()),
+            (None, true) => Scope::All,
+        }
+    }
+}
+
+/// The commands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Whether everything is where it should be: replicas per state, the
+    /// worst, and the tables with anything on its way.
+    Overview {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// How many of the worst replicas to list.
+        #[arg(long, default_value_t = 10)]
+        worst: usize,
+    },
+    /// Every live replica, a page at a time, by id.
+    Replicas {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// Begin after this replica id (the previous page's `next`).
+        #[arg(long, value_name = "ID")]
+        after: Option<String>,
+        /// Replicas per page.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// How far along one replica is, per table.
+    Progress {
+        /// The replica's id.
+        replica: String,
+    },
+    /// Where one row is, per replica.
+    Row {
+        /// The table, as the engine names it.
+        table: String,
+        /// The key's values, in the table's key order.
+        #[arg(required = true, value_name = "KEY")]
+        key: Vec<String>,
+    },
+    /// What the engine waits on, each item saying wait or deploy a fix.
+    Health {
+        #[command(flatten)]
+        scope: ScopeArgs,
+    },
+}
+
+/// How a command ended, for the exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing read waits for a fix.
+    Fine,
+    /// Something read waits for a fix to be deployed.
+    WaitsForFix,
+}
+
+impl Outcome {
+    /// 0, or [`EXIT_FIX`].
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Outcome::Fine => 0,
+            Outcome::WaitsForFix => EXIT_FIX,
+        }
+    }
+
+    fn of(waits: bool) -> Outcome {
+        if waits {
+            Outcome::WaitsForFix
+        } else {
+            Outcome::Fine
+        }
+    }
+}
+
+/// What a command could not do.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The read failed.
+    #[error(transparent)]
+    Read(#[from] ops::Error),
+    /// Writing the output failed.
+    #[error("writing the output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+/// Runs `command` on `client`, writing to `out`: JSON when `json`, tables
+/// otherwise.
+pub async fn run(
+    command: &Command,
+    json: bool,
+    client: &mut Client,
+    out: &mut dyn Write,
+) -> Result<Outcome, Error> {
+    match command {
+        Command::Overview { scope, worst } => {
+            let read = ops::overview(client, &scope.scope(), *worst).await?;
+            emit(out, json, &read, show::overview)?;
+            Ok(Outcome::of(read.waits_for_fix()))
+        }
+        Command::Replicas {
+            scope,
+            after,
+            limit,
+        } => {
+            let read = ops::listing(client, &scope.scope(), after.as_deref(), *limit).await?;
+            emit(out, json, &read, show::listing)?;
+            Ok(Outcome::of(
+                read.replicas
+                    .iter()
+                    .any(|r| r.state == ops::ReplicaState::WaitingOnFix),
+            ))
+        }
+        Command::Progress { replica } => {
+            let read = ops::progress(client, replica).await?;
+            emit(out, json, &read, show::progress)?;
+            Ok(Outcome::of(
+                read.replica.state == ops::ReplicaState::WaitingOnFix,
+            ))
+        }
+        Command::Row { table, key } => {
+            let read = ops::row_progress(client, table, key).await?;
+            emit(out, json, &read, show::row)?;
+            Ok(Outcome::of(read.waits_for_fix()))
+        }
+        Command::Health { scope } => {
+            let read = ops::health(client, &scope.scope()).await?;
+            emit(out, json, &read, show::health)?;
+            Ok(Outcome::of(!read.healthy))
+        }
+    }
+}
+
+fn emit<T: serde::Serialize>(
+    out: &mut dyn Write,
+    json: bool,
+    read: &T,
+    table: fn(&T) -> String,
+) -> Result<(), Error> {
+    if json {
+        serde_json::to_writer_pretty(&mut *out, read).map_err(std::io::Error::from)?;
+        writeln!(out)?;
+    } else {
+        write!(out, "{}", table(read))?;
+    }
+    Ok(())
+}

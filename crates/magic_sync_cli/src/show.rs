@@ -1,0 +1,211 @@
+//! The reads as tables for people.
+
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use magic_sync::ops::{Concern, Health, Listing, Overview, Progress, ReplicaSummary, RowProgress};
+use std::fmt::Write as _;
+
+fn table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED)
+        .set_header(header.to_vec());
+    t
+}
+
+fn or_dash<T: ToString>(value: Option<T>) -> String {
+    value.map_or_else(|| "-".into(), |v| v.to_string())
+}
+
+fn replicas(list: &[ReplicaSummary]) -> Table {
+    let mut t = table(&[
+        "replica",
+        "partition",
+        "state",
+        "acknowledged / last",
+        "outbox",
+        "rows on their way",
+        "outdated",
+        "refused",
+        "last error",
+    ]);
+    for r in list {
+        t.add_row(vec![
+            r.id.clone(),
+            or_dash(r.partition.as_deref()),
+            r.state.name().to_string(),
+            format!("{} / {}", r.acknowledged, r.last_message),
+            r.outbox.to_string(),
+            r.rows_on_their_way.to_string(),
+            r.rows_outdated.to_string(),
+            r.rows_refused.to_string(),
+            or_dash(r.last_error.as_deref()),
+        ]);
+    }
+    t
+}
+
+pub fn overview(o: &Overview) -> String {
+    let s = &o.states;
+    let mut out = format!(
+        "{} live replicas at {}: {} caught up, {} on their way, {} provisioning, \
+         {} out of reach, {} waiting on a fix; {} notes pending\n",
+        o.replicas,
+        o.now.to_rfc3339(),
+        s.caught_up,
+        s.on_its_way,
+        s.provisioning,
+        s.out_of_reach,
+        s.waiting_on_fix,
+        o.pending_notes
+    );
+    if !o.worst.is_empty() {
+        let _ = writeln!(out, "\nWorst first:\n{}", replicas(&o.worst));
+    }
+    if !o.tables.is_empty() {
+        let mut t = table(&[
+            "table",
+            "replicas",
+            "rows on their way",
+            "outdated",
+            "refused",
+        ]);
+        for f in &o.tables {
+            t.add_row(vec![
+                f.table.clone(),
+                f.replicas.to_string(),
+                f.rows_on_their_way.to_string(),
+                f.rows_outdated.to_string(),
+                f.rows_refused.to_string(),
+            ]);
+        }
+        let _ = writeln!(out, "\nTables not where they should be yet:\n{t}");
+    }
+    out
+}
+
+pub fn listing(l: &Listing) -> String {
+    let mut out = format!("{}\n", replicas(&l.replicas));
+    if let Some(next) = &l.next {
+        let _ = writeln!(out, "more: --after {next}");
+    }
+    out
+}
+
+pub fn progress(p: &Progress) -> String {
+    let r = &p.replica;
+    let mut out = format!(
+        "replica {} ({}) at {}: acknowledged {} of {}, {} in its outbox\n",
+        r.id,
+        r.state.name(),
+        p.now.to_rfc3339(),
+        r.acknowledged,
+        r.last_message,
+        r.outbox
+    );
+    if let Some(e) = &r.last_error {
+        let _ = writeln!(out, "last send failed: {e}");
+    }
+    let mut t = table(&[
+        "table",
+        "holds of should",
+        "outdated",
+        "on its way",
+        "set aside",
+        "up: unsent",
+        "up: unfiled",
+    ]);
+    for row in &p.tables {
+        let (done, of) = row.bar();
+        t.add_row(vec![
+            row.table.clone(),
+            format!("{done} of {of}"),
+            row.outdated.to_string(),
+            row.on_its_way.to_string(),
+            row.set_aside.to_string(),
+            or_dash(row.up.map(|u| u.unsent)),
+            or_dash(row.up.map(|u| u.unfiled)),
+        ]);
+    }
+    let _ = writeln!(out, "{t}");
+    out
+}
+
+pub fn row(r: &RowProgress) -> String {
+    let mut out = format!(
+        "{} {} at {}; newest pending note: {}\n",
+        r.table,
+        r.key,
+        r.now.to_rfc3339(),
+        or_dash(r.pending_note)
+    );
+    let mut t = table(&["replica", "state", "version", "message", "refused"]);
+    for p in &r.replicas {
+        t.add_row(vec![
+            p.replica.clone(),
+            format!("{:?}", p.state),
+            or_dash(p.version),
+            or_dash(p.message),
+            or_dash(p.refused.as_deref()),
+        ]);
+    }
+    let _ = writeln!(out, "{t}");
+    out
+}
+
+pub fn health(h: &Health) -> String {
+    let verdict = if h.healthy {
+        "healthy: nothing waits for a fix"
+    } else {
+        "something waits for a fix to be deployed"
+    };
+    let mut out = format!("{verdict} (at {})\n", h.now.to_rfc3339());
+    if h.items.is_empty() {
+        return out;
+    }
+    let mut t = table(&["do", "what"]);
+    for item in &h.items {
+        let action = match item.action {
+            magic_sync::ops::Action::DeployFix => "deploy a fix",
+            magic_sync::ops::Action::Wait => "wait",
+        };
+        t.add_row(vec![action.to_string(), describe(&item.concern)]);
+    }
+    let _ = writeln!(out, "{t}");
+    out
+}
+
+fn describe(c: &Concern) -> String {
+    match c {
+        Concern::NotesPending {
+            notes,
+            rows,
+            oldest_at,
+        } => format!(
+            "{notes} notes pending about {rows} rows{}",
+            oldest_at.map_or(String::new(), |t| format!(
+                ", the oldest since {}",
+                t.to_rfc3339()
+            ))
+        ),
+        Concern::ChangesKept { replica, rows } => {
+            format!("{rows} changes kept for {replica} while its snapshot streams")
+        }
+        Concern::Refused {
+            table,
+            reason,
+            rows,
+            replicas,
+            since,
+        } => format!(
+            "{rows} rows of {table} from {replicas} replicas refused since {}: {reason}",
+            since.to_rfc3339()
+        ),
+        Concern::SendFailing {
+            replica,
+            error,
+            outbox,
+        } => format!("sends to {replica} fail ({outbox} messages wait): {error}"),
+        Concern::OutboxDropped { replica, alarm, .. } => {
+            format!("the outbox of {replica} was dropped: {alarm}")
+        }
+    }
+}

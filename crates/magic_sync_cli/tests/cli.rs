@@ -1,0 +1,234 @@
+//! The real `magic-sync` binary against a real database whose `sync`
+//! schema holds a fleet in a known state, written as the engine writes
+//! it: `--json` output and exit codes.
+
+use serde_json::{json, Value};
+use std::process::{Command, Output};
+
+/// Three replicas: `a` caught up, `b` with a row in a message it has not
+/// acknowledged, `c` (south) caught up. No host table is needed: the reads
+/// use the `sync` schema alone.
+const FLEET: &str = "
+    INSERT INTO sync.replicas (id, live, partition_id, provision, last_number) VALUES
+        ('a', true, 'north', false, 5), ('b', true, 'north', false, 7),
+        ('c', true, 'south', false, 7), ('gone', false, NULL, true, 0);
+    INSERT INTO sync.acks (replica, number, at) VALUES
+        ('a', 5, now()), ('b', 5, now()), ('c', 7, now());
+    INSERT INTO sync.held (replica, table_name, key, version, message) VALUES
+        ('a', 'items', '[1]', 0, 5), ('a', 'items', '[2]', 0, 5),
+        ('b', 'items', '[1]', 0, 5), ('b', 'items', '[2]', 0, 7),
+        ('c', 'items', '[1]', 0, 7), ('c', 'items', '[2]', 0, 7);
+";
+
+async fn fleet() -> magic_sync_testdb::TestDb {
+    let db = magic_sync_testdb::database().await;
+    let mut client = db.connect().await;
+    magic_sync::schema::migrate(&mut client).await.unwrap();
+    client.batch_execute(FLEET).await.unwrap();
+    db
+}
+
+fn magic_sync(url: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_magic-sync"))
+        .args(args)
+        .env("DATABASE_URL", url)
+        .output()
+        .expect("the binary runs")
+}
+
+/// The JSON printed, with the read's time (which changes) taken out.
+fn json_of(output: &Output) -> Value {
+    let mut v: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    let now = v.as_object_mut().unwrap().remove("now");
+    assert!(now.is_some_and(|n| n.is_string()));
+    v
+}
+
+fn summary(id: &str, partition: &str, state: &str, last: i64, acked: i64, on_way: i64) -> Value {
+    json!({
+        "id": id, "partition": partition, "state": state,
+        "last_message": last, "acknowledged": acked, "outbox": 0,
+        "rows_on_their_way": on_way, "rows_outdated": 0, "rows_refused": 0,
+        "changes_kept": 0, "provisioning": false, "snapshot_began_at": null,
+        "last_error": null, "alarm": null,
+    })
+}
+
+/// `acknowledged_at` is the server's time of the acknowledgement: present.
+fn without_ack_times(v: &mut Value, list: &str) {
+    for r in v[list].as_array_mut().unwrap() {
+        let at = r.as_object_mut().unwrap().remove("acknowledged_at");
+        assert!(at.is_some_and(|t| t.is_string()));
+    }
+}
+
+#[tokio::test]
+async fn overview_replicas_progress_and_row_as_json() {
+    let db = fleet().await;
+    let url = db.url();
+
+    let out = magic_sync(&url, &["overview", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let mut v = json_of(&out);
+    without_ack_times(&mut v, "worst");
+    assert_eq!(
+        v,
+        json!({
+            "replicas": 3,
+            "states": {"caught_up": 2, "on_its_way": 1, "provisioning": 0,
+                       "out_of_reach": 0, "waiting_on_fix": 0},
+            "worst": [summary("b", "north", "on_its_way", 7, 5, 1)],
+            "tables": [{"table": "items", "replicas": 1, "rows_on_their_way": 1,
+                        "rows_outdated": 0, "rows_refused": 0}],
+            "pending_notes": 0,
+        })
+    );
+
+    let out = magic_sync(&url, &["replicas", "--limit", "2", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let mut v = json_of(&out);
+    without_ack_times(&mut v, "replicas");
+    assert_eq!(
+        v,
+        json!({
+            "replicas": [summary("a", "north", "caught_up", 5, 5, 0),
+                         summary("b", "north", "on_its_way", 7, 5, 1)],
+            "next": "b",
+        })
+    );
+    let out = magic_sync(&url, &["replicas", "--after", "b", "--json"]);
+    let v = json_of(&out);
+    assert_eq!(v["replicas"][0]["id"], "c");
+    assert_eq!(v["next"], Value::Null);
+
+    let out = magic_sync(&url, &["progress", "b", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let v = json_of(&out);
+    assert_eq!(
+        v["tables"],
+        json!([{"table": "items", "should": 2, "holds": 1, "outdated": 0,
+                "on_its_way": 1, "set_aside": 0, "up": null}])
+    );
+    assert_eq!(v["backlog_at"], Value::Null);
+
+    let out = magic_sync(&url, &["row", "items", "2", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let v = json_of(&out);
+    let states: Vec<(&str, &str)> = v["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["replica"].as_str().unwrap(), r["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        states,
+        [("a", "holds"), ("b", "on_its_way"), ("c", "holds")]
+    );
+    assert_eq!(v["key"], "[2]");
+
+    // The tables for people name what they show.
+    let out = magic_sync(&url, &["progress", "b"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("replica b (on its way)"), "{text}");
+    assert!(text.contains("1 of 2"), "{text}");
+}
+
+#[tokio::test]
+async fn a_refused_upload_exits_with_2_and_says_deploy_a_fix() {
+    let db = fleet().await;
+    let url = db.url();
+    let out = magic_sync(&url, &["health", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        json_of(&out),
+        json!({"healthy": true, "pending": {"notes": 0, "rows": 0}, "items": []})
+    );
+
+    let client = db.connect().await;
+    client
+        .batch_execute(
+            "INSERT INTO sync.inbox (replica, table_name, key, data, reason, at)
+             VALUES ('c', 'sales', '[\"s1\"]', NULL, 'a record of another replica', '2026-01-02T03:04:05Z');
+             UPDATE sync.replicas SET last_error = 'sending message 8: unreachable' WHERE id = 'a';",
+        )
+        .await
+        .unwrap();
+    let out = magic_sync(&url, &["health", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(
+        json_of(&out),
+        json!({
+            "healthy": false,
+            "pending": {"notes": 0, "rows": 0},
+            "items": [
+                {"action": "deploy_fix", "kind": "refused", "table": "sales",
+                 "reason": "a record of another replica", "rows": 1, "replicas": 1,
+                 "since": "2026-01-02T03:04:05Z"},
+                {"action": "wait", "kind": "send_failing", "replica": "a",
+                 "error": "sending message 8: unreachable", "outbox": 0},
+            ],
+        })
+    );
+    let out = magic_sync(&url, &["overview"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("1 waiting on a fix"), "{text}");
+    // The north has nothing to fix.
+    let out = magic_sync(&url, &["health", "--partition", "north"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = magic_sync(&url, &["row", "sales", "s1", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(json_of(&out)["replicas"][2]["state"], "set_aside");
+}
+
+#[tokio::test]
+async fn errors_exit_with_1_and_name_the_thing() {
+    let db = fleet().await;
+    let url = db.url();
+    let out = magic_sync(&url, &["progress", "zz"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap(),
+        "magic-sync: the server knows no replica `zz`\n"
+    );
+    let out = magic_sync(&url, &["row", "items", "1", "2"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8(out.stderr)
+        .unwrap()
+        .contains("keyed by 1 values"));
+
+    let bare = magic_sync_testdb::database().await;
+    let out = magic_sync(&bare.url(), &["overview"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8(out.stderr)
+        .unwrap()
+        .contains("no sync schema"));
+}
+
+#[test]
+fn a_password_in_database_url_is_never_printed() {
+    // Nothing listens on port 1.
+    let url = "postgres://someone:s3cret-pw@127.0.0.1:1/nowhere";
+    let out = magic_sync(url, &["health"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(all.contains("connecting to the database"), "{all}");
+    assert!(!all.contains("s3cret"), "{all}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_magic-sync"))
+        .arg("health")
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+}
