@@ -91,12 +91,16 @@ impl SessionSettings {
         config
     }
 
-    /// The statements that set the session up, sent as one batch.
+    /// The statements that set the session up, sent as one batch. JIT is
+    /// off: the engine's statements run once over temporary tables whose
+    /// estimates are often large, and compiling them cost more than it
+    /// saved (0.5-0.7 s per statement recording a 1,000-row snapshot).
     fn setup(&self) -> String {
         let millis = |d: Option<Duration>| d.map_or(0, |d| d.as_millis());
         let seconds = |d: Duration| d.as_secs().max(1);
         format!(
             "SET TIME ZONE 'UTC';
+             SET jit = off;
              SET client_connection_check_interval = '{}ms';
              SET idle_in_transaction_session_timeout = '{}ms';
              SET statement_timeout = '{}ms';
@@ -213,5 +217,6 @@ mod tests {
         );
         assert!(sql.contains("statement_timeout = '1500ms'"), "{sql}");
         assert!(sql.contains("tcp_keepalives_count = 3"), "{sql}");
+        assert!(sql.contains("SET jit = off"), "{sql}");
     }
 }
