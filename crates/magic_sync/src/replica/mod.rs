@@ -47,6 +47,7 @@ mod uplink;
 
 pub use digest::fingerprint;
 pub use key::{canonical as canonical_key, KeyProblem};
+pub use state::Status;
 pub use up::{mark, written, Mark, Pending, Written};
 pub use uplink::{SentUp, Uplink, UplinkError};
 
@@ -348,6 +349,13 @@ impl<'e> Replica<'e> {
         self.patience.after(floor)
     }
 
+    /// Where the replica stands: ready (a snapshot ended, none under way),
+    /// the last message applied, a gap it waits in, the rows it refused.
+    /// A host on a connection of its own asks [`status`](fn@status).
+    pub fn status(&self) -> Result<Status> {
+        state::status(&self.conn)
+    }
+
     /// The mark of everything the host has written here so far: ask
     /// [`written`](Self::written) how far it went. A host writing on a
     /// connection of its own asks [`mark`] and [`written`](fn@written) there.
@@ -485,4 +493,11 @@ fn side(engine: &Engine, table: &str, columns: &[String], problems: &mut Vec<Mis
         });
     }
     missing.is_empty()
+}
+
+/// Where the replica whose file `conn` opens stands (see
+/// [`Replica::status`]); for a host reading on a connection of its own.
+/// The file must have been opened as a replica once.
+pub fn status(conn: &Connection) -> Result<Status> {
+    state::status(conn)
 }

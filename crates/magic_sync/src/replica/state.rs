@@ -377,3 +377,40 @@ pub(crate) fn refused_rows(conn: &Connection) -> Result<Vec<RefusedRow>> {
     let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
+
+/// Where a replica stands, for its host: read from its file alone, so any
+/// connection to the file may ask (see [`super::status`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Status {
+    /// It holds a whole, consistent set: a snapshot ended, and none is
+    /// under way. A replica that never finished its first snapshot is not
+    /// ready.
+    pub ready: bool,
+    /// The last message it applied.
+    pub applied: Option<u64>,
+    /// The message that began the snapshot under way, if one is.
+    pub snapshot_began: Option<u64>,
+    /// The newest message it could not follow, if it is in a gap: it
+    /// applies nothing more until the server begins a snapshot.
+    pub gap: Option<u64>,
+    /// Rows it could not take, on record until the server sends them again
+    /// (see [`super::Replica::refused`] for which and why).
+    pub refused: u64,
+}
+
+/// Where the replica whose file `conn` opens stands.
+pub(crate) fn status(conn: &Connection) -> Result<Status> {
+    let chain = load_chain(conn)?;
+    let snapshot_began = snapshot_began(conn)?;
+    let refused: i64 = conn
+        .prepare_cached("SELECT count(*) FROM _magic_sync_refused WHERE superseded = 0")?
+        .query_row([], |r| r.get(0))?;
+    let applied = chain.applied.as_ref().map(|a| a.number);
+    Ok(Status {
+        ready: applied.is_some() && snapshot_began.is_none(),
+        applied,
+        snapshot_began,
+        gap: chain.gap.as_ref().map(|g| g.number),
+        refused: u64::try_from(refused).unwrap_or(0),
+    })
+}

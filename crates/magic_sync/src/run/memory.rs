@@ -166,6 +166,12 @@ impl Network {
         }
     }
 
+    /// Messages delivered to `replica` and not taken by its loop yet: how
+    /// far behind what the server sent it is, as this network sees it.
+    pub fn queued(&self, replica: &str) -> usize {
+        self.state().inboxes.get(replica).map_or(0, VecDeque::len)
+    }
+
     /// Tells `replica`'s loop that its host wrote something: it looks for
     /// what to send up now rather than after its quiet spell.
     pub fn nudge(&self, replica: &str) {
@@ -265,5 +271,26 @@ impl super::server::Reports for Network {
 
     async fn wait(&self) {
         self.reported().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Delivery, Network};
+    use std::time::Duration;
+
+    #[test]
+    fn queued_counts_what_was_delivered_and_not_taken() {
+        let network = Network::new(1024);
+        assert_eq!(network.queued("u1"), 0);
+        network.deliver("u1", vec![1]).unwrap();
+        network.deliver("u1", vec![2]).unwrap();
+        network.deliver("u2", vec![3]).unwrap();
+        assert_eq!((network.queued("u1"), network.queued("u2")), (2, 1));
+        assert!(matches!(
+            network.next_for("u1", Duration::ZERO),
+            Delivery::Message(m) if m == [1]
+        ));
+        assert_eq!(network.queued("u1"), 1);
     }
 }

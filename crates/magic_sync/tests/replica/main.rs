@@ -7,5 +7,6 @@ mod digest;
 mod retire;
 mod rows;
 mod snapshot;
+mod status;
 mod support;
 mod up;
