@@ -128,6 +128,9 @@ pub struct Table {
     /// The replica-side column set when a row is retired (kept because a row
     /// of the replica's own points at it). Not a PostgreSQL column.
     pub retired: Option<&'static str>,
+    /// The upload lane the replica sends this table's writes on; `None`:
+    /// the first lane, shared with every table not given one.
+    pub lane: Option<&'static str>,
 }
 
 impl Table {

@@ -117,6 +117,7 @@ fn down_replica_table() {
         version: None,
         origin: None,
         retired: None,
+        lane: None,
     };
     assert_eq!(Order::TABLE, EXPECTED);
     assert_eq!(Order::COLUMNS, EXPECTED.columns);
@@ -140,6 +141,7 @@ fn down_follows_composite_table() {
         version: None,
         origin: None,
         retired: Some("retired"),
+        lane: None,
     };
     assert_eq!(OrderLine::TABLE, EXPECTED);
 }
@@ -163,6 +165,7 @@ fn both_partition_table_with_owned_columns() {
         version: None,
         origin: None,
         retired: None,
+        lane: None,
     };
     assert_eq!(Shelf::TABLE, EXPECTED);
 }
@@ -186,6 +189,7 @@ fn up_table() {
         version: Some("revision"),
         origin: Some("origin_id"),
         retired: None,
+        lane: None,
     };
     assert_eq!(Sale::TABLE, EXPECTED);
 }

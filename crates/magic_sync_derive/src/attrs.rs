@@ -12,7 +12,7 @@ use syn::{Attribute, Error, Ident, LitStr, Path, Result, Token};
 
 /// The struct-level attributes, for error messages.
 pub const STRUCT_WORDS: &str = "table, schema, down, up, both, all, replica, partition, \
-                                referenced, follows, group(...), key(...), codec, retired";
+                                referenced, follows, group(...), key(...), codec, retired, lane";
 /// The field-level attributes, for error messages.
 pub const FIELD_WORDS: &str = "owned, version, origin";
 
@@ -84,6 +84,7 @@ pub struct StructAttrs {
     pub key: Option<Spanned<Vec<Ident>>>,
     pub codec: Option<CodecAttr>,
     pub retired: Option<LitStr>,
+    pub lane: Option<LitStr>,
 }
 
 /// Everything a field's `#[row(...)]` attributes said: where each role was given.
@@ -131,6 +132,7 @@ impl StructAttrs {
             "table" => once(&mut self.table, meta.value()?.parse()?, meta, &on),
             "schema" => once(&mut self.schema, meta.value()?.parse()?, meta, &on),
             "retired" => once(&mut self.retired, meta.value()?.parse()?, meta, &on),
+            "lane" => once(&mut self.lane, meta.value()?.parse()?, meta, &on),
             "codec" => once(&mut self.codec, parse_codec(meta)?, meta, &on),
             "key" => once(&mut self.key, parse_key(meta, owner)?, meta, &on),
             "down" => self.set_direction(Direction::Down, meta, owner),

@@ -39,6 +39,7 @@ pub struct Decl {
     pub version: Option<String>,
     pub origin: Option<String>,
     pub retired: Option<String>,
+    pub lane: Option<String>,
     pub codec: CodecAttr,
 }
 
@@ -104,8 +105,16 @@ pub fn declaration(attrs: StructAttrs, owner: &Ident, fields: &[Marked]) -> Resu
     let version = errors.keep(only_up(&ctx, mirror, "version", |r| r.version));
     let origin = errors.keep(origin(&ctx, mirror));
     let retired = errors.keep(retired(&ctx, &attrs, mirror));
-    let (Some(key), Some(rule), Some(owned), Some(version), Some(origin), Some(retired)) =
-        (key, rule, owned, version, origin, retired)
+    let lane = errors.keep(lane(&ctx, &attrs, mirror, owned.as_deref()));
+    let (
+        Some(key),
+        Some(rule),
+        Some(owned),
+        Some(version),
+        Some(origin),
+        Some(retired),
+        Some(lane),
+    ) = (key, rule, owned, version, origin, retired, lane)
     else {
         return Err(errors.into_error());
     };
@@ -124,6 +133,7 @@ pub fn declaration(attrs: StructAttrs, owner: &Ident, fields: &[Marked]) -> Resu
         version,
         origin,
         retired,
+        lane,
         codec: attrs.codec.unwrap_or(CodecAttr::Json),
     })
 }
@@ -310,6 +320,40 @@ fn origin(ctx: &Ctx, mirror: Direction) -> Result<Option<String>> {
         return Err(Error::new(ctx.owner.span(), message));
     }
     Ok(origin)
+}
+
+/// The upload lane of a table the replica writes: `up`, or `both` with
+/// owned columns. A name, not empty (the unnamed first lane is the default).
+fn lane(
+    ctx: &Ctx,
+    attrs: &StructAttrs,
+    mirror: Direction,
+    owned: Option<&[String]>,
+) -> Result<Option<String>> {
+    let Some(lit) = &attrs.lane else {
+        return Ok(None);
+    };
+    let name = lit.value();
+    let owner = ctx.owner;
+    let written = match mirror {
+        Direction::Up => true,
+        Direction::Both => owned.is_some_and(|o| !o.is_empty()),
+        Direction::Down => false,
+    };
+    if !written {
+        let message = format!(
+            "`lane = {name:?}`: `{owner}` is not written by replicas; a lane carries what a \
+             replica writes (`up` tables, and `both` tables with `owned` columns)"
+        );
+        return Err(Error::new(lit.span(), message));
+    }
+    if name.trim().is_empty() {
+        return Err(Error::new(
+            lit.span(),
+            "`lane = \"\"`: a lane needs a name (tables without one share the first lane)",
+        ));
+    }
+    Ok(Some(name))
 }
 
 fn retired(ctx: &Ctx, attrs: &StructAttrs, mirror: Direction) -> Result<Option<String>> {

@@ -65,6 +65,7 @@ fn table(owner: &Ident, decl: &Decl) -> TokenStream {
     let version = option(decl.version.as_deref());
     let origin = option(decl.origin.as_deref());
     let retired = option(decl.retired.as_deref());
+    let lane = option(decl.lane.as_deref());
     quote! {
         ::magic_sync::row::Table {
             name: #table,
@@ -78,6 +79,7 @@ fn table(owner: &Ident, decl: &Decl) -> TokenStream {
             version: #version,
             origin: #origin,
             retired: #retired,
+            lane: #lane,
         }
     }
 }

@@ -290,10 +290,35 @@ pub(crate) fn due(
         .collect())
 }
 
+/// The lane `table`'s writes go up on: its declared lane, or the first
+/// lane ("").
+pub(crate) fn lane_of<'e>(engine: &'e Engine, table: &str) -> &'e str {
+    engine
+        .tables()
+        .find(|t| t.name == table)
+        .and_then(|t| t.lane)
+        .unwrap_or("")
+}
+
+/// `notes` by the lane their tables go up on, each in order, the first
+/// lane first.
+pub(crate) fn by_lane(engine: &Engine, notes: Vec<Note>) -> BTreeMap<String, Vec<Note>> {
+    let mut lanes: BTreeMap<String, Vec<Note>> = BTreeMap::new();
+    for note in notes {
+        lanes
+            .entry(lane_of(engine, &note.0).to_string())
+            .or_default()
+            .push(note);
+    }
+    lanes
+}
+
 /// Makes one upload of `notes`, in order, of at most about `max_bytes` of
 /// rows (at least one row), reading each row as it is now; `None` when
 /// none of them goes (gone from a table that keeps history, or no longer
-/// noted: such notes are let go of). Nothing is stamped: see [`stamp`].
+/// noted: such notes are let go of). An upload travels on one lane: that
+/// of the first note's table; notes of other lanes are left for their
+/// own. Nothing is stamped: see [`stamp`].
 pub(crate) fn make(
     conn: &mut Connection,
     engine: &Engine,
@@ -306,7 +331,11 @@ pub(crate) fn make(
     let mut tables: BTreeMap<String, UpRows> = BTreeMap::new();
     let mut size = 0;
     let mut carried = Vec::new();
+    let lane = notes.first().map_or("", |n| lane_of(engine, &n.0));
     for (table_name, key, writes) in notes {
+        if lane_of(engine, table_name) != lane {
+            continue;
+        }
         let Some(table) = engine.tables().find(|t| t.name == *table_name && noted(t)) else {
             // A table no longer declared, or no longer written here.
             tx.prepare_cached(FORGET)?
@@ -348,6 +377,7 @@ pub(crate) fn make(
     tx.commit()?;
     Ok(Some(Pending {
         up: Up {
+            lane: lane.to_string(),
             send_id,
             tables: tables.into_values().collect(),
             backlog,

@@ -125,34 +125,43 @@ impl Sender<'_> {
             if due.is_empty() {
                 break;
             }
-            let Some(pending) = up::make(self.conn, self.engine, &due, uplink.max_bytes())? else {
-                continue;
-            };
-            let mut queue = VecDeque::from([pending]);
-            while let Some(pending) = queue.pop_front() {
-                match uplink.send(&pending.up) {
-                    Ok(()) => {
-                        self.sent(&pending)?;
-                        report.uploads += 1;
-                    }
-                    Err(UplinkError::Unreachable(why)) => {
-                        report.waits = Some(why);
-                        break 'sending;
-                    }
-                    Err(UplinkError::Refused(why)) => {
-                        refused.get_or_insert(why);
-                        let notes = pending.notes();
-                        if notes.len() == 1 {
-                            let (t, k, _) = &notes[0];
-                            skip.insert((t.clone(), k.clone()));
-                            suspects.push(notes[0].clone());
-                            continue;
+            // One upload per lane per round: a lane busy with a table
+            // written often never holds back the others.
+            for notes in up::by_lane(self.engine, due).into_values() {
+                if report.uploads >= most {
+                    break 'sending;
+                }
+                let Some(pending) = up::make(self.conn, self.engine, &notes, uplink.max_bytes())?
+                else {
+                    continue;
+                };
+                let mut queue = VecDeque::from([pending]);
+                while let Some(pending) = queue.pop_front() {
+                    match uplink.send(&pending.up) {
+                        Ok(()) => {
+                            self.sent(&pending)?;
+                            report.uploads += 1;
                         }
-                        let (first, second) = notes.split_at(notes.len() / 2);
-                        for half in [first, second] {
-                            // Read again: a row may be gone since.
-                            if let Some(p) = up::make(self.conn, self.engine, half, usize::MAX)? {
-                                queue.push_back(p);
+                        Err(UplinkError::Unreachable(why)) => {
+                            report.waits = Some(why);
+                            break 'sending;
+                        }
+                        Err(UplinkError::Refused(why)) => {
+                            refused.get_or_insert(why);
+                            let notes = pending.notes();
+                            if notes.len() == 1 {
+                                let (t, k, _) = &notes[0];
+                                skip.insert((t.clone(), k.clone()));
+                                suspects.push(notes[0].clone());
+                                continue;
+                            }
+                            let (first, second) = notes.split_at(notes.len() / 2);
+                            for half in [first, second] {
+                                // Read again: a row may be gone since.
+                                if let Some(p) = up::make(self.conn, self.engine, half, usize::MAX)?
+                                {
+                                    queue.push_back(p);
+                                }
                             }
                         }
                     }

@@ -80,6 +80,17 @@ pub struct ShelfCount {
     pub qty: i32,
 }
 
+/// Readings a till takes all the time, on a lane of their own so they
+/// never hold back its sales.
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "readings", up, lane = "telemetry", key(id))]
+pub struct Reading {
+    pub id: String,
+    #[row(origin)]
+    pub unit_id: String,
+    pub value: i64,
+}
+
 /// The engine over the shop, built once.
 pub fn engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
@@ -92,6 +103,7 @@ pub fn engine() -> &'static Engine {
             .table::<Stock>()
             .table::<Sale>()
             .table::<ShelfCount>()
+            .table::<Reading>()
             .build()
             .expect("the shop's declarations agree")
     })

@@ -667,3 +667,61 @@ fn patience_grows_with_the_time_answers_take() {
     );
     assert_eq!(replica.patience(PATIENT), PATIENT, "never below the floor");
 }
+
+/// A table written often goes on a lane of its own: each round of sending
+/// makes one upload per lane, so a till's sale goes up beside a flood of
+/// readings instead of behind it, and each upload names its lane.
+#[test]
+fn a_table_on_a_lane_of_its_own_never_holds_back_the_others() {
+    struct Taking(std::cell::RefCell<Vec<Up>>);
+    impl Uplink for Taking {
+        fn max_bytes(&self) -> usize {
+            400
+        }
+        fn send(&self, up: &Up) -> Result<(), UplinkError> {
+            self.0.borrow_mut().push(up.clone());
+            Ok(())
+        }
+    }
+    let site = Site::new();
+    let mut replica = site.open();
+    for i in 0..100 {
+        write(
+            &replica,
+            &format!("INSERT INTO readings (id, unit_id, value) VALUES ('r{i:03}', 'unit-1', {i})"),
+        );
+    }
+    write(
+        &replica,
+        "INSERT INTO sales (id, unit_id) VALUES ('a', 'unit-1')",
+    );
+    let uplink = Taking(Default::default());
+    // Two uploads at most: without lanes both would be readings
+    // ("readings" sorts before "sales").
+    let sent = replica.send_up(&uplink, PATIENT, 2).unwrap();
+    assert_eq!(sent.uploads, 2);
+    let ups = uplink.0.borrow();
+    let lanes: Vec<(&str, Vec<&str>)> = ups
+        .iter()
+        .map(|u| {
+            (
+                u.lane.as_str(),
+                u.tables.iter().map(|t| t.table.as_str()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        lanes,
+        [("", vec!["sales"]), ("telemetry", vec!["readings"])],
+        "the first lane, then the readings' own"
+    );
+    assert!(
+        ups[1].tables[0].rows.len() < 100,
+        "the readings are split by size"
+    );
+    // A host's own upload goes on one lane too: the first note's.
+    drop(ups);
+    let rest = replica.upload(MAX, PATIENT).unwrap().unwrap();
+    assert_eq!(rest.lane, "telemetry");
+    assert!(rest.tables.iter().all(|t| t.table == "readings"));
+}
