@@ -644,8 +644,21 @@ async fn up_walk(seed: u64, steps: u64) {
             );
         }
     }
+    // Everything each till wrote was filed; once the passes caught up, each
+    // reads its own writes back.
+    let marks: Vec<_> = tills
+        .iter()
+        .map(|t| (*t, fleet.unit(t).replica.mark().unwrap()))
+        .collect();
     fleet.sync().await;
     fleet.check().await;
+    for (till, mark) in marks {
+        assert_eq!(
+            fleet.unit(till).replica.written(mark).unwrap(),
+            magic_sync::replica::Written::Reached,
+            "seed {seed}: {till} does not read its own writes back"
+        );
+    }
 }
 
 /// What the server records of u1's backlog.
