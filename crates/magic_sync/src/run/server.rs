@@ -48,7 +48,20 @@ pub async fn heed<T: Transport>(
             Report::Gap(gap) => {
                 crate::relay::gap(client, &replica, &gap).await?;
             }
-            Report::Upload(up) => uploads.push((replica, up)),
+            Report::Upload(up) => {
+                let bytes = prost::Message::encoded_len(&up);
+                if bytes > transport.max_message_bytes() {
+                    // A replica's uplink keeps within the limit: this one
+                    // did not. Nothing of it is filed, and no answer goes.
+                    eprintln!(
+                        "magic_sync relay: an upload from `{replica}` of {bytes} bytes, more than \
+                         a message may have ({}): refused, nothing filed",
+                        transport.max_message_bytes()
+                    );
+                    continue;
+                }
+                uploads.push((replica, up));
+            }
         }
     }
     if !uploads.is_empty() {

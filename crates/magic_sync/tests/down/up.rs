@@ -419,6 +419,61 @@ async fn an_upload_from_a_replica_the_server_does_not_know_is_an_error() {
     assert!(err.to_string().contains("`stranger`"), "{err}");
 }
 
+/// An upload larger than a message may be (a replica's uplink never sends
+/// one) is refused whole by the runner: nothing of it is filed, nothing is
+/// kept, no answer goes; an upload beside it is filed as usual.
+#[tokio::test]
+async fn an_oversized_upload_is_refused_and_files_nothing() {
+    let mut fleet = shop().await;
+    let max = fleet.network.max_message_bytes();
+    let oversized = Up {
+        send_id: vec![1; 16],
+        tables: vec![UpRows {
+            table: "sales".into(),
+            rows: vec![RowData {
+                key: br#"["big"]"#.to_vec(),
+                data: vec![b' '; max + 1],
+            }],
+            ..UpRows::default()
+        }],
+        ..Up::default()
+    };
+    fleet
+        .network
+        .report("u1", magic_sync::run::Report::Upload(oversized));
+    till_writes(
+        &mut fleet,
+        "u1",
+        "INSERT INTO sales VALUES ('s1', 'u1', 7, '1', 1)",
+    );
+    let up = fleet
+        .unit("u1")
+        .replica
+        .upload(max, Duration::ZERO)
+        .unwrap()
+        .unwrap();
+    fleet
+        .network
+        .report("u1", magic_sync::run::Report::Upload(up.clone()));
+    fleet.heed().await;
+    let ids: Vec<String> = sales(&fleet).await.into_iter().map(|s| s.0).collect();
+    assert_eq!(ids, ["s1"], "only the upload within the limit is filed");
+    let answers: Vec<Vec<u8>> = fleet
+        .network
+        .take_answers("u1")
+        .into_iter()
+        .map(|f| f.send_id)
+        .collect();
+    assert_eq!(answers, [up.send_id], "only it is answered");
+    let kept: i64 = fleet
+        .writer
+        .query_one("SELECT count(*) FROM sync.inbox", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, 0, "nothing of the oversized upload is kept");
+}
+
 /// What a till wrote, as the test remembers it: its sales by id (customer,
 /// total, version) and its counts by product.
 #[derive(Default)]
