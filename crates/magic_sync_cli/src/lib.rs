@@ -10,12 +10,19 @@
 //! Exit codes ([`Outcome::exit_code`]): 0 when nothing waits for a fix; 2
 //! when something waits for a fix to be deployed (a refused upload); 1 on
 //! an error (the database cannot be reached or read, bad input).
+//!
+//! `dashboard` stays running: it serves a page, its JSON and Prometheus
+//! metrics ([`dashboard::serve`]).
 
+pub mod dashboard;
+mod scrape;
 mod show;
 
 use clap::{Args, Parser, Subcommand};
 use magic_sync::ops::{self, Scope};
 use std::io::Write;
+use std::net::SocketAddr;
+use tokio::net::TcpListener;
 use tokio_postgres::Client;
 
 /// The exit code of an error.
@@ -104,6 +111,15 @@ pub enum Command {
         #[command(flatten)]
         scope: ScopeArgs,
     },
+    /// Serves a page that refreshes itself (the fleet, tables, health), its
+    /// JSON under /api/, and Prometheus metrics at /metrics, until Ctrl-C.
+    Dashboard {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// The address to listen on.
+        #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9187")]
+        listen: SocketAddr,
+    },
 }
 
 /// How a command ended, for the exit code.
@@ -142,6 +158,14 @@ pub enum Error {
     /// Writing the output failed.
     #[error("writing the output: {0}")]
     Output(#[from] std::io::Error),
+    /// The dashboard could not listen, or serve.
+    #[error("serving the dashboard on {addr}: {source}")]
+    Serve {
+        /// Where it was to listen.
+        addr: SocketAddr,
+        /// What failed.
+        source: std::io::Error,
+    },
 }
 
 /// Runs `command` on `client`, writing to `out`: JSON when `json`, tables
@@ -187,6 +211,26 @@ pub async fn run(
             let read = ops::health(client, &scope.scope()).await?;
             emit(out, json, &read, show::health)?;
             Ok(Outcome::of(!read.healthy))
+        }
+        Command::Dashboard { scope, listen } => {
+            let serving = |source| Error::Serve {
+                addr: *listen,
+                source,
+            };
+            let listener = TcpListener::bind(listen).await.map_err(serving)?;
+            let addr = listener.local_addr().map_err(serving)?;
+            writeln!(
+                out,
+                "magic-sync dashboard at http://{addr}/ (Ctrl-C stops it)"
+            )?;
+            out.flush()?;
+            let stop = async {
+                let _ = tokio::signal::ctrl_c().await;
+            };
+            dashboard::serve(listener, client, scope.scope(), stop)
+                .await
+                .map_err(serving)?;
+            Ok(Outcome::Fine)
         }
     }
 }
