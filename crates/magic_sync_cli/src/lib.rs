@@ -11,17 +11,20 @@
 //! when something waits for a fix to be deployed (a refused upload); 1 on
 //! an error (the database cannot be reached or read, bad input).
 //!
-//! `dashboard` stays running: it serves a page, its JSON and Prometheus
-//! metrics ([`dashboard::serve`]).
+//! Two commands stay running: `dashboard` serves a page, its JSON and
+//! Prometheus metrics ([`dashboard::serve`]), and `watch` draws a bar per
+//! replica until all are caught up.
 
 pub mod dashboard;
 mod scrape;
 mod show;
+mod watch;
 
 use clap::{Args, Parser, Subcommand};
 use magic_sync::ops::{self, Scope};
 use std::io::Write;
 use std::net::SocketAddr;
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_postgres::Client;
 
@@ -120,6 +123,15 @@ pub enum Command {
         #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9187")]
         listen: SocketAddr,
     },
+    /// A progress bar per replica while it provisions or catches up, read
+    /// again every interval; ends once all are caught up, or on Ctrl-C.
+    Watch {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// Seconds between reads.
+        #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+        every: f64,
+    },
 }
 
 /// How a command ended, for the exit code.
@@ -140,7 +152,7 @@ impl Outcome {
         }
     }
 
-    fn of(waits: bool) -> Outcome {
+    pub(crate) fn of(waits: bool) -> Outcome {
         if waits {
             Outcome::WaitsForFix
         } else {
@@ -166,6 +178,9 @@ pub enum Error {
         /// What failed.
         source: std::io::Error,
     },
+    /// An argument out of its range.
+    #[error("{0}")]
+    Argument(&'static str),
 }
 
 /// Runs `command` on `client`, writing to `out`: JSON when `json`, tables
@@ -231,6 +246,13 @@ pub async fn run(
                 .await
                 .map_err(serving)?;
             Ok(Outcome::Fine)
+        }
+        Command::Watch { scope, every } => {
+            let every = Duration::try_from_secs_f64(*every)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or(Error::Argument("--every takes a number of seconds above 0"))?;
+            watch::watch(client, &scope.scope(), every, out).await
         }
     }
 }

@@ -1,12 +1,12 @@
 //! The dashboard against a real database whose `sync` schema holds a fleet
 //! in a known state: the page in a real headless browser (Debian's
-//! `chromium`), and `/metrics` scraped over a plain socket.
+//! `chromium`), `/metrics` scraped over a plain socket, and `watch`.
 
 use magic_sync::ops::Scope;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::process::Stdio;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -335,4 +335,45 @@ async fn without_the_sync_schema_it_says_so_and_keeps_serving() {
         &format!("The dashboard cannot read the fleet: {message}"),
     );
     dashboard.stop().await;
+}
+
+#[tokio::test]
+async fn watch_ends_once_every_replica_is_caught_up() {
+    let db = magic_sync_testdb::database().await;
+    let client = {
+        let mut client = db.connect().await;
+        magic_sync::schema::migrate(&mut client).await.unwrap();
+        client
+    };
+    client
+        .batch_execute(
+            "INSERT INTO sync.replicas (id, live, partition_id, provision, last_number) VALUES
+                ('a', true, NULL, false, 5), ('b', true, NULL, false, 7);
+             INSERT INTO sync.acks (replica, number, at) VALUES ('a', 5, now()), ('b', 5, now());",
+        )
+        .await
+        .unwrap();
+    let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_magic-sync"))
+        .args(["watch", "--every", "0.05"])
+        .env("DATABASE_URL", db.url())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    // It saw b behind before b caught up.
+    assert_eq!(
+        lines.next_line().await.unwrap().as_deref(),
+        Some("1 of 2 replicas not caught up yet")
+    );
+    client
+        .batch_execute("UPDATE sync.acks SET number = 7 WHERE replica = 'b'")
+        .await
+        .unwrap();
+    assert_eq!(
+        lines.next_line().await.unwrap().as_deref(),
+        Some("all 2 replicas caught up")
+    );
+    let status = watch.wait().await.unwrap();
+    assert_eq!(status.code(), Some(0));
 }
