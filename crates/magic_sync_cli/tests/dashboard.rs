@@ -144,9 +144,10 @@ fn unchunk(mut rest: &str) -> String {
     }
 }
 
-/// The page as Chromium leaves it once its script has read the endpoints.
-async fn browse(url: &str) -> String {
-    let chromium = ["chromium", "chromium-browser"]
+/// Debian's Chromium, or a failure that says how to install it: the test
+/// must not pass without a browser.
+fn chromium() -> &'static str {
+    ["chromium", "chromium-browser"]
         .into_iter()
         .find(|name| {
             std::process::Command::new(name)
@@ -162,7 +163,11 @@ async fn browse(url: &str) -> String {
                  found on PATH: install Debian's package with \
                  `sudo apt-get install -y --no-install-recommends chromium` (.ci/run does)"
             )
-        });
+        })
+}
+
+/// The page as Chromium leaves it once its script has read the endpoints.
+async fn browse(chromium: &str, url: &str) -> String {
     let profile = tempfile::tempdir().unwrap();
     let out = tokio::process::Command::new(chromium)
         .args([
@@ -198,9 +203,10 @@ fn assert_shows(dom: &str, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_in_a_browser_shows_the_engines_figures() {
+    let chromium = chromium();
     let db = fleet().await;
     let dashboard = Dashboard::start(&db).await;
-    let dom = browse(&dashboard.url("/")).await;
+    let dom = browse(chromium, &dashboard.url("/")).await;
 
     // The fleet at a glance: one replica in each state.
     for state in [
@@ -307,6 +313,7 @@ async fn metrics_are_the_records_figures() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_sync_schema_it_says_so_and_keeps_serving() {
+    let chromium = chromium();
     let bare = magic_sync_testdb::database().await;
     let dashboard = Dashboard::start(&bare).await;
     let message = "the database has no sync schema: magic_sync was never installed in it";
@@ -328,7 +335,7 @@ async fn without_the_sync_schema_it_says_so_and_keeps_serving() {
     let (status, _) = dashboard.get("/api/replicas?limit=0").await;
     assert_eq!(status, 400);
 
-    let dom = browse(&dashboard.url("/")).await;
+    let dom = browse(chromium, &dashboard.url("/")).await;
     assert_shows(&dom, r#"<div id="error" role="alert" class="shown">"#);
     assert_shows(
         &dom,
@@ -376,4 +383,58 @@ async fn watch_ends_once_every_replica_is_caught_up() {
     );
     let status = watch.wait().await.unwrap();
     assert_eq!(status.code(), Some(0));
+}
+
+#[tokio::test]
+async fn the_command_says_where_it_listens_and_serves_there() {
+    let db = fleet().await;
+    let mut dashboard = tokio::process::Command::new(env!("CARGO_BIN_EXE_magic-sync"))
+        .args([
+            "dashboard",
+            "--listen",
+            "127.0.0.1:0",
+            "--partition",
+            "north",
+        ])
+        .env("DATABASE_URL", db.url())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(dashboard.stdout.take().unwrap()).lines();
+    let said = lines.next_line().await.unwrap().unwrap();
+    let addr: SocketAddr = said
+        .strip_prefix("magic-sync dashboard at http://")
+        .and_then(|rest| rest.strip_suffix("/ (Ctrl-C stops it)"))
+        .unwrap_or_else(|| panic!("{said}"))
+        .parse()
+        .unwrap();
+    let client = Dashboard {
+        addr,
+        stop: None,
+        served: None,
+    };
+    let (status, body) = client.get("/api/overview").await;
+    assert_eq!(status, 200, "{body}");
+    let overview: serde_json::Value = serde_json::from_str(&body).unwrap();
+    // The north only: a and b.
+    assert_eq!(overview["replicas"], 2, "{overview}");
+    assert_eq!(overview["states"]["on_its_way"], 1, "{overview}");
+    dashboard.kill().await.unwrap();
+
+    // An address it cannot listen on: an error that names it.
+    let taken = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let at = taken.local_addr().unwrap().to_string();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_magic-sync"))
+        .args(["dashboard", "--listen", &at])
+        .env("DATABASE_URL", db.url())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let said = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        said.starts_with(&format!("magic-sync: serving the dashboard on {at}: ")),
+        "{said}"
+    );
 }
