@@ -10,12 +10,22 @@
 //! Exit codes ([`Outcome::exit_code`]): 0 when nothing waits for a fix; 2
 //! when something waits for a fix to be deployed (a refused upload); 1 on
 //! an error (the database cannot be reached or read, bad input).
+//!
+//! Two commands stay running: `dashboard` serves a page, its JSON and
+//! Prometheus metrics ([`dashboard::serve`]), and `watch` draws a bar per
+//! replica until all are caught up.
 
+pub mod dashboard;
+mod scrape;
 mod show;
+mod watch;
 
 use clap::{Args, Parser, Subcommand};
 use magic_sync::ops::{self, Scope};
 use std::io::Write;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::net::TcpListener;
 use tokio_postgres::Client;
 
 /// The exit code of an error.
@@ -104,6 +114,24 @@ pub enum Command {
         #[command(flatten)]
         scope: ScopeArgs,
     },
+    /// Serves a page that refreshes itself (the fleet, tables, health), its
+    /// JSON under /api/, and Prometheus metrics at /metrics, until Ctrl-C.
+    Dashboard {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// The address to listen on.
+        #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9187")]
+        listen: SocketAddr,
+    },
+    /// A progress bar per replica while it provisions or catches up, read
+    /// again every interval; ends once all are caught up, or on Ctrl-C.
+    Watch {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// Seconds between reads.
+        #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+        every: f64,
+    },
 }
 
 /// How a command ended, for the exit code.
@@ -124,7 +152,7 @@ impl Outcome {
         }
     }
 
-    fn of(waits: bool) -> Outcome {
+    pub(crate) fn of(waits: bool) -> Outcome {
         if waits {
             Outcome::WaitsForFix
         } else {
@@ -142,6 +170,17 @@ pub enum Error {
     /// Writing the output failed.
     #[error("writing the output: {0}")]
     Output(#[from] std::io::Error),
+    /// The dashboard could not listen, or serve.
+    #[error("serving the dashboard on {addr}: {source}")]
+    Serve {
+        /// Where it was to listen.
+        addr: SocketAddr,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// An argument out of its range.
+    #[error("{0}")]
+    Argument(&'static str),
 }
 
 /// Runs `command` on `client`, writing to `out`: JSON when `json`, tables
@@ -187,6 +226,33 @@ pub async fn run(
             let read = ops::health(client, &scope.scope()).await?;
             emit(out, json, &read, show::health)?;
             Ok(Outcome::of(!read.healthy))
+        }
+        Command::Dashboard { scope, listen } => {
+            let serving = |source| Error::Serve {
+                addr: *listen,
+                source,
+            };
+            let listener = TcpListener::bind(listen).await.map_err(serving)?;
+            let addr = listener.local_addr().map_err(serving)?;
+            writeln!(
+                out,
+                "magic-sync dashboard at http://{addr}/ (Ctrl-C stops it)"
+            )?;
+            out.flush()?;
+            let stop = async {
+                let _ = tokio::signal::ctrl_c().await;
+            };
+            dashboard::serve(listener, client, scope.scope(), stop)
+                .await
+                .map_err(serving)?;
+            Ok(Outcome::Fine)
+        }
+        Command::Watch { scope, every } => {
+            let every = Duration::try_from_secs_f64(*every)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or(Error::Argument("--every takes a number of seconds above 0"))?;
+            watch::watch(client, &scope.scope(), every, out).await
         }
     }
 }

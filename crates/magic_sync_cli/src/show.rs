@@ -1,7 +1,9 @@
 //! The reads as tables for people.
 
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
-use magic_sync::ops::{Concern, Health, Listing, Overview, Progress, ReplicaSummary, RowProgress};
+use magic_sync::ops::{
+    Action, Concern, Health, Listing, Overview, Progress, ReplicaSummary, RowProgress,
+};
 use std::fmt::Write as _;
 
 fn table(header: &[&str]) -> Table {
@@ -163,17 +165,25 @@ pub fn health(h: &Health) -> String {
     }
     let mut t = table(&["do", "what"]);
     for item in &h.items {
-        let action = match item.action {
-            magic_sync::ops::Action::DeployFix => "deploy a fix",
-            magic_sync::ops::Action::Wait => "wait",
-        };
-        t.add_row(vec![action.to_string(), describe(&item.concern)]);
+        t.add_row(vec![
+            action(item.action).to_string(),
+            describe(&item.concern),
+        ]);
     }
     let _ = writeln!(out, "{t}");
     out
 }
 
-fn describe(c: &Concern) -> String {
+/// What to do about an item, in plain words.
+pub fn action(action: Action) -> &'static str {
+    match action {
+        Action::DeployFix => "deploy a fix",
+        Action::Wait => "wait",
+    }
+}
+
+/// An item in plain words.
+pub fn describe(c: &Concern) -> String {
     match c {
         Concern::NotesPending {
             notes,

@@ -9,6 +9,7 @@
 use super::{begin, check_scope, Result, Scope, IN_SCOPE};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use tokio_postgres::Transaction;
 
 /// What an operator does about an item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -135,35 +136,12 @@ pub async fn health(client: &mut tokio_postgres::Client, scope: &Scope) -> Resul
     check_scope(&tx, scope).await?;
     let (ids, partition) = (scope.ids(), scope.partition());
     let mut concerns = Vec::new();
-    let tracked: bool = tx
-        .query_one(
-            "SELECT current_setting('track_commit_timestamp') = 'on'",
-            &[],
-        )
-        .await?
-        .get(0);
-    let oldest_at = if tracked {
-        "pg_xact_commit_timestamp(xid((SELECT xid FROM sync.notes ORDER BY seq LIMIT 1)))"
-    } else {
-        "NULL::timestamptz"
-    };
-    let notes = tx
-        .query_one(
-            &format!(
-                "SELECT count(*), count(DISTINCT (table_name, key)), {oldest_at} FROM sync.notes"
-            ),
-            &[],
-        )
-        .await?;
-    let pending = PendingNotes {
-        notes: notes.get(0),
-        rows: notes.get(1),
-    };
+    let (pending, oldest_at) = pending_notes(&tx).await?;
     if pending.notes > 0 {
         concerns.push(Concern::NotesPending {
             notes: pending.notes,
             rows: pending.rows,
-            oldest_at: notes.get(2),
+            oldest_at,
         });
     }
     let refused = tx
@@ -237,4 +215,37 @@ pub async fn health(client: &mut tokio_postgres::Client, scope: &Scope) -> Resul
         pending,
         items,
     })
+}
+
+/// Notes pending in the whole database, and when the oldest one's
+/// transaction committed when PostgreSQL tracks commit times
+/// (`track_commit_timestamp`).
+pub(super) async fn pending_notes(
+    tx: &Transaction<'_>,
+) -> Result<(PendingNotes, Option<DateTime<Utc>>)> {
+    let tracked: bool = tx
+        .query_one(
+            "SELECT current_setting('track_commit_timestamp') = 'on'",
+            &[],
+        )
+        .await?
+        .get(0);
+    let oldest_at = if tracked {
+        "pg_xact_commit_timestamp(xid((SELECT xid FROM sync.notes ORDER BY seq LIMIT 1)))"
+    } else {
+        "NULL::timestamptz"
+    };
+    let notes = tx
+        .query_one(
+            &format!(
+                "SELECT count(*), count(DISTINCT (table_name, key)), {oldest_at} FROM sync.notes"
+            ),
+            &[],
+        )
+        .await?;
+    let pending = PendingNotes {
+        notes: notes.get(0),
+        rows: notes.get(1),
+    };
+    Ok((pending, notes.get(2)))
 }

@@ -8,6 +8,7 @@
 //! - [`row_progress`]: where one row is, per replica.
 //! - [`health`]: what the engine waits on, each item saying whether to wait
 //!   or to deploy a fix.
+//! - [`gauges`]: the figures a metrics endpoint exports, of one moment.
 //!
 //! Every read runs in one `REPEATABLE READ READ ONLY` transaction, so its
 //! figures are of one moment, and carries that moment as the server tells
@@ -22,12 +23,14 @@
 //! (`sync.notes`) newer than the version a replica holds is a change it
 //! lacks: it holds an outdated copy.
 
+mod gauges;
 mod health;
 mod overview;
 mod progress;
 mod row;
 mod state;
 
+pub use gauges::{gauges, Gauges, Provisionings, ReplicaGauges};
 pub use health::{health, Action, Concern, Health, Item, PendingNotes};
 pub use overview::{listing, overview, Listing, Overview, StateCounts, TableFigures};
 pub use progress::{progress, Progress, TableProgress, UpBacklog};

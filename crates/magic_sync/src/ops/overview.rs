@@ -34,7 +34,7 @@ pub struct StateCounts {
 }
 
 impl StateCounts {
-    fn add(&mut self, state: ReplicaState) {
+    pub(super) fn add(&mut self, state: ReplicaState) {
         let count = match state {
             ReplicaState::CaughtUp => &mut self.caught_up,
             ReplicaState::OnItsWay => &mut self.on_its_way,

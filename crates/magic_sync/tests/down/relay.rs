@@ -476,6 +476,41 @@ async fn the_runners_carry_a_write_to_a_till() {
     till.join().unwrap().unwrap();
 }
 
+/// The runner reports each pass's duration through the `metrics` facade, to
+/// whatever recorder its host installed: here Prometheus' exporter, as a
+/// host would. (The recorder is the process's: passes of other tests may
+/// count too, never fewer.)
+#[tokio::test]
+async fn the_runner_reports_its_passes_to_the_hosts_recorder() {
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("no other test installs a recorder");
+    let passes = || {
+        prometheus
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix("magic_sync_pass_seconds_count "))
+            .map_or(0, |n| n.parse::<u64>().unwrap())
+    };
+    let (fleet, network) = for_the_runner().await;
+    let (_path, till) = till(&fleet, &network, "u1");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = start_server(
+        &fleet,
+        &network,
+        vec![ReplicaInfo::live("u1", Some("north"))],
+        stopped,
+    );
+    until("no pass was reported to the host's recorder", || async {
+        passes() >= 2
+    })
+    .await;
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+    network.close();
+    till.join().unwrap().unwrap();
+}
+
 /// The runners carry a till's sale up: the host writes on a connection of
 /// its own to the till's file, the till's loop sends it, the relay files it
 /// and answers, and the till lets go of it.

@@ -1,0 +1,440 @@
+//! The dashboard against a real database whose `sync` schema holds a fleet
+//! in a known state: the page in a real headless browser (Debian's
+//! `chromium`), `/metrics` scraped over a plain socket, and `watch`.
+
+use magic_sync::ops::Scope;
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// A replica id a page could mistake for markup.
+const EVIL: &str = r#"<b id="x">evil</b>"#;
+
+/// One replica in each state, written as the engine writes them:
+///
+/// - `a` (north) caught up;
+/// - `b` (north) on its way: message 7 unacknowledged, carrying one row,
+///   two messages in its outbox weighing (10 + 32 + 100) + (10 + 32 + 50)
+///   = 234 bytes, its last acknowledgement two minutes old;
+/// - `c` (south) waiting on a fix: one row of `sales` refused;
+/// - `d` provisioning: its snapshot streams, two changes kept for it;
+/// - the evil one out of reach.
+///
+/// One note is pending, about a row no replica holds.
+fn fleet_sql() -> String {
+    format!(
+        "INSERT INTO sync.replicas (id, live, partition_id, provision, last_number, last_error,
+                                    snapshot_attempt, snapshot_began_at) VALUES
+            ('a', true, 'north', false, 5, NULL, NULL, NULL),
+            ('b', true, 'north', false, 7, NULL, NULL, NULL),
+            ('c', true, 'south', false, 7, NULL, NULL, NULL),
+            ('d', true, 'south', true, 0, NULL, '\\x01', now()),
+            ({evil}, true, NULL, false, 3, 'unreachable <i>x</i>', NULL, NULL),
+            ('gone', false, NULL, true, 0, NULL, NULL, NULL);
+         INSERT INTO sync.acks (replica, number, at) VALUES
+            ('a', 5, now()), ('b', 5, now() - interval '2 minutes'), ('c', 7, now()),
+            ({evil}, 3, now());
+         INSERT INTO sync.held (replica, table_name, key, version, message) VALUES
+            ('a', 'items', '[1]', 0, 5), ('a', 'items', '[2]', 0, 5),
+            ('b', 'items', '[1]', 0, 5), ('b', 'items', '[2]', 0, 7),
+            ('c', 'items', '[1]', 0, 7), ('c', 'items', '[2]', 0, 7),
+            ({evil}, 'items', '[1]', 0, 3);
+         INSERT INTO sync.bodies (hash, bytes) VALUES
+            ('\\x01', decode(repeat('ab', 100), 'hex')), ('\\x02', decode(repeat('cd', 50), 'hex'));
+         INSERT INTO sync.outbox (replica, number, nonce, head, body, seal)
+            SELECT 'b', n, '\\x00', decode(repeat('00', 10), 'hex'), b.id, decode(repeat('00', 32), 'hex')
+            FROM (VALUES (6, '\\x01'::bytea), (7, '\\x02')) v (n, h) JOIN sync.bodies b ON b.hash = v.h;
+         INSERT INTO sync.inbox (replica, table_name, key, data, reason, at) VALUES
+            ('c', 'sales', '[\"s1\"]', NULL, 'a record of another replica', '2026-01-02T03:04:05Z');
+         INSERT INTO sync.deferred (replica, table_name, key, seq, xid) VALUES
+            ('d', 'items', '[1]', 1, pg_current_xact_id()), ('d', 'items', '[3]', 2, pg_current_xact_id());
+         INSERT INTO sync.notes (table_name, source, key) VALUES ('orders', 'orders', '[9]');",
+        evil = quote(EVIL)
+    )
+}
+
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+async fn fleet() -> magic_sync_testdb::TestDb {
+    let db = magic_sync_testdb::database().await;
+    let mut client = db.connect().await;
+    magic_sync::schema::migrate(&mut client).await.unwrap();
+    client.batch_execute(&fleet_sql()).await.unwrap();
+    db
+}
+
+/// A dashboard on an ephemeral port, stopped when dropped.
+struct Dashboard {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    served: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl Dashboard {
+    async fn start(db: &magic_sync_testdb::TestDb) -> Dashboard {
+        let mut client = db.connect().await;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let served = tokio::spawn(async move {
+            let stopped = async {
+                let _ = stopped.await;
+            };
+            magic_sync_cli::dashboard::serve(listener, &mut client, Scope::All, stopped).await
+        });
+        Dashboard {
+            addr,
+            stop: Some(stop),
+            served: Some(served),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Stops it, and says whether it served without an error.
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        let served = self.served.take().unwrap();
+        served.await.unwrap().unwrap();
+    }
+
+    /// A GET over a plain socket: the status and the body.
+    async fn get(&self, path: &str) -> (u16, String) {
+        let mut socket = TcpStream::connect(self.addr).await.unwrap();
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.addr
+        );
+        socket.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        socket.read_to_string(&mut response).await.unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+        // A body of unknown length comes chunked.
+        let body = if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            unchunk(body)
+        } else {
+            body.to_string()
+        };
+        (status, body)
+    }
+}
+
+fn unchunk(mut rest: &str) -> String {
+    let mut body = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n").unwrap();
+        let size = usize::from_str_radix(size.trim(), 16).unwrap();
+        if size == 0 {
+            return body;
+        }
+        body.push_str(&after[..size]);
+        rest = &after[size + 2..];
+    }
+}
+
+/// Debian's Chromium, or a failure that says how to install it: the test
+/// must not pass without a browser.
+fn chromium() -> &'static str {
+    ["chromium", "chromium-browser"]
+        .into_iter()
+        .find(|name| {
+            std::process::Command::new(name)
+                .arg("--version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "the dashboard test loads the page in a real browser, and no `chromium` was \
+                 found on PATH: install Debian's package with \
+                 `sudo apt-get install -y --no-install-recommends chromium` (.ci/run does)"
+            )
+        })
+}
+
+/// The page as Chromium leaves it once its script has read the endpoints.
+async fn browse(chromium: &str, url: &str) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let out = tokio::process::Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-dev-shm-usage",
+            // Virtual time stands still while the page's reads are under
+            // way: the budget runs the script to its first refresh and on.
+            "--virtual-time-budget=3000",
+            "--dump-dom",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(url)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn assert_shows(dom: &str, what: &str) {
+    assert!(
+        dom.contains(what),
+        "the page does not show `{what}`:\n{dom}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_in_a_browser_shows_the_engines_figures() {
+    let chromium = chromium();
+    let db = fleet().await;
+    let dashboard = Dashboard::start(&db).await;
+    let dom = browse(chromium, &dashboard.url("/")).await;
+
+    // The fleet at a glance: one replica in each state.
+    for state in [
+        "caught_up",
+        "on_its_way",
+        "provisioning",
+        "out_of_reach",
+        "waiting_on_fix",
+    ] {
+        assert_shows(&dom, &format!(r#"id="state-{state}">1</span>"#));
+    }
+    assert_shows(&dom, "5 live replicas, 1 notes pending");
+    // A bar per replica: messages acknowledged of those written.
+    assert_shows(
+        &dom,
+        r#"<progress data-replica="b" value="5" max="7"></progress>"#,
+    );
+    assert_shows(
+        &dom,
+        r#"<progress data-replica="a" value="5" max="5"></progress>"#,
+    );
+    // Per-table bars.
+    assert_shows(&dom, r#"<div class="bar" data-table="items">"#);
+    assert_shows(&dom, r#"<div class="bar" data-table="sales">"#);
+    // Health in plain words, each saying what to do.
+    assert_shows(&dom, "Something waits for a fix to be deployed.");
+    assert_shows(
+        &dom,
+        r#"<li class="deploy_fix">deploy a fix: 1 rows of sales from 1 replicas refused since 2026-01-02T03:04:05+00:00: a record of another replica</li>"#,
+    );
+    assert_shows(
+        &dom,
+        r#"<li class="wait">wait: 2 changes kept for d while its snapshot streams</li>"#,
+    );
+    // What the database holds is shown as text, never as markup.
+    assert_shows(&dom, r#"&lt;b id="x"&gt;evil&lt;/b&gt;"#);
+    assert_shows(&dom, "unreachable &lt;i&gt;x&lt;/i&gt;");
+    assert!(!dom.contains(EVIL), "{dom}");
+    assert!(!dom.contains("<i>x</i>"), "{dom}");
+    assert!(
+        !dom.contains(r#"class="shown""#),
+        "an error is shown:\n{dom}"
+    );
+
+    dashboard.stop().await;
+}
+
+#[tokio::test]
+async fn metrics_are_the_records_figures() {
+    let db = fleet().await;
+    let dashboard = Dashboard::start(&db).await;
+    let (status, text) = dashboard.get("/metrics").await;
+    assert_eq!(status, 200, "{text}");
+    let lines: BTreeSet<&str> = text.lines().collect();
+    let evil = r#"<b id=\"x\">evil</b>"#;
+    for line in [
+        "# TYPE magic_sync_replicas gauge".to_string(),
+        r#"magic_sync_replicas{state="caught_up"} 1"#.into(),
+        r#"magic_sync_replicas{state="on_its_way"} 1"#.into(),
+        r#"magic_sync_replicas{state="provisioning"} 1"#.into(),
+        r#"magic_sync_replicas{state="out_of_reach"} 1"#.into(),
+        r#"magic_sync_replicas{state="waiting_on_fix"} 1"#.into(),
+        "magic_sync_notes_pending 1".into(),
+        "magic_sync_notes_pending_rows 1".into(),
+        r#"magic_sync_rows_refused{table="sales"} 1"#.into(),
+        r#"magic_sync_provisionings{snapshot="waiting"} 0"#.into(),
+        r#"magic_sync_provisionings{snapshot="streaming"} 1"#.into(),
+        r#"magic_sync_replica_outbox_messages{replica="b"} 2"#.into(),
+        r#"magic_sync_replica_outbox_bytes{replica="b"} 234"#.into(),
+        r#"magic_sync_replica_outbox_bytes{replica="a"} 0"#.into(),
+        r#"magic_sync_replica_messages_unacknowledged{replica="b"} 2"#.into(),
+        r#"magic_sync_replica_unacknowledged_seconds{replica="a"} 0"#.into(),
+        r#"magic_sync_replica_rows_on_their_way{replica="b"} 1"#.into(),
+        r#"magic_sync_replica_rows_outdated{replica="b"} 0"#.into(),
+        r#"magic_sync_replica_rows_refused{replica="c"} 1"#.into(),
+        r#"magic_sync_replica_changes_kept{replica="d"} 2"#.into(),
+        format!(r#"magic_sync_replica_outbox_messages{{replica="{evil}"}} 0"#),
+    ] {
+        assert!(lines.contains(line.as_str()), "no `{line}` in:\n{text}");
+    }
+    // Since b's last acknowledgement, two minutes before the fleet was
+    // written: at least that, read on the server's clock.
+    let waited: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"magic_sync_replica_unacknowledged_seconds{replica="b"} "#))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(waited >= 120.0, "{waited}");
+    // Not live: not counted.
+    assert!(!text.contains("gone"), "{text}");
+    // PostgreSQL tracks no commit times here: no age is made up.
+    assert!(
+        !text.contains("magic_sync_notes_oldest_pending_seconds "),
+        "{text}"
+    );
+
+    let (status, body) = dashboard.get("/api/overview").await;
+    assert_eq!(status, 200);
+    let overview: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(overview["replicas"], 5);
+    dashboard.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_sync_schema_it_says_so_and_keeps_serving() {
+    let chromium = chromium();
+    let bare = magic_sync_testdb::database().await;
+    let dashboard = Dashboard::start(&bare).await;
+    let message = "the database has no sync schema: magic_sync was never installed in it";
+    for path in ["/api/overview", "/api/replicas", "/api/health"] {
+        let (status, body) = dashboard.get(path).await;
+        assert_eq!(status, 503, "{path}: {body}");
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert!(
+            body["error"].as_str().unwrap().starts_with(message),
+            "{body}"
+        );
+    }
+    let (status, body) = dashboard.get("/metrics").await;
+    assert_eq!(status, 503);
+    assert!(
+        body.starts_with(&format!("magic-sync: {message}")),
+        "{body}"
+    );
+    let (status, _) = dashboard.get("/api/replicas?limit=0").await;
+    assert_eq!(status, 400);
+
+    let dom = browse(chromium, &dashboard.url("/")).await;
+    assert_shows(&dom, r#"<div id="error" role="alert" class="shown">"#);
+    assert_shows(
+        &dom,
+        &format!("The dashboard cannot read the fleet: {message}"),
+    );
+    dashboard.stop().await;
+}
+
+#[tokio::test]
+async fn watch_ends_once_every_replica_is_caught_up() {
+    let db = magic_sync_testdb::database().await;
+    let client = {
+        let mut client = db.connect().await;
+        magic_sync::schema::migrate(&mut client).await.unwrap();
+        client
+    };
+    client
+        .batch_execute(
+            "INSERT INTO sync.replicas (id, live, partition_id, provision, last_number) VALUES
+                ('a', true, NULL, false, 5), ('b', true, NULL, false, 7);
+             INSERT INTO sync.acks (replica, number, at) VALUES ('a', 5, now()), ('b', 5, now());",
+        )
+        .await
+        .unwrap();
+    let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_magic-sync"))
+        .args(["watch", "--every", "0.05"])
+        .env("DATABASE_URL", db.url())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    // It saw b behind before b caught up.
+    assert_eq!(
+        lines.next_line().await.unwrap().as_deref(),
+        Some("1 of 2 replicas not caught up yet")
+    );
+    client
+        .batch_execute("UPDATE sync.acks SET number = 7 WHERE replica = 'b'")
+        .await
+        .unwrap();
+    assert_eq!(
+        lines.next_line().await.unwrap().as_deref(),
+        Some("all 2 replicas caught up")
+    );
+    let status = watch.wait().await.unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+#[tokio::test]
+async fn the_command_says_where_it_listens_and_serves_there() {
+    let db = fleet().await;
+    let mut dashboard = tokio::process::Command::new(env!("CARGO_BIN_EXE_magic-sync"))
+        .args([
+            "dashboard",
+            "--listen",
+            "127.0.0.1:0",
+            "--partition",
+            "north",
+        ])
+        .env("DATABASE_URL", db.url())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(dashboard.stdout.take().unwrap()).lines();
+    let said = lines.next_line().await.unwrap().unwrap();
+    let addr: SocketAddr = said
+        .strip_prefix("magic-sync dashboard at http://")
+        .and_then(|rest| rest.strip_suffix("/ (Ctrl-C stops it)"))
+        .unwrap_or_else(|| panic!("{said}"))
+        .parse()
+        .unwrap();
+    let client = Dashboard {
+        addr,
+        stop: None,
+        served: None,
+    };
+    let (status, body) = client.get("/api/overview").await;
+    assert_eq!(status, 200, "{body}");
+    let overview: serde_json::Value = serde_json::from_str(&body).unwrap();
+    // The north only: a and b.
+    assert_eq!(overview["replicas"], 2, "{overview}");
+    assert_eq!(overview["states"]["on_its_way"], 1, "{overview}");
+    dashboard.kill().await.unwrap();
+
+    // An address it cannot listen on: an error that names it.
+    let taken = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let at = taken.local_addr().unwrap().to_string();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_magic-sync"))
+        .args(["dashboard", "--listen", &at])
+        .env("DATABASE_URL", db.url())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let said = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        said.starts_with(&format!("magic-sync: serving the dashboard on {at}: ")),
+        "{said}"
+    );
+}
