@@ -20,7 +20,7 @@ use super::outbox::Writer;
 use super::pack::Packed;
 use crate::envelope::{to_replica::Body, Reached};
 use crate::error::Result;
-use crate::sql::{escaped, text_array};
+use crate::sql::{int8_array, text_array};
 use std::collections::{BTreeMap, HashMap};
 use tokio_postgres::Transaction;
 
@@ -85,17 +85,17 @@ pub(crate) async fn write(
         .collect();
     writer.write(tx, packed).await?;
     let numbers: HashMap<&str, i64> = writer.last_numbers();
-    let mut sql = String::new();
-    for (replica, send_ids) in &due {
-        let hex: Vec<String> = send_ids.iter().map(|s| super::outbox::hex(s)).collect();
-        sql.push_str(&format!(
-            "UPDATE sync.checkpoints SET message = {number}
-             WHERE replica = {replica} AND encode(send_id, 'hex') = ANY({ids})
-               AND message IS NULL;",
-            number = numbers[replica.as_str()],
-            replica = escaped(replica),
-            ids = text_array(hex.iter().map(String::as_str)),
-        ));
-    }
-    Ok(sql)
+    let (replicas, messages): (Vec<&str>, Vec<i64>) = due
+        .keys()
+        .map(|r| (r.as_str(), numbers[r.as_str()]))
+        .unzip();
+    // The pass's snapshot sees exactly the checkpoints `due` read: one
+    // recorded since is invisible to this update, and waits for the next.
+    Ok(format!(
+        "UPDATE sync.checkpoints c SET message = u.number
+         FROM unnest({}, {}) AS u (replica, number)
+         WHERE c.replica = u.replica AND c.message IS NULL;",
+        text_array(replicas),
+        int8_array(messages)
+    ))
 }
