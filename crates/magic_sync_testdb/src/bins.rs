@@ -7,6 +7,16 @@ use std::process::Command;
 /// Environment variable naming the directory of `initdb`, `pg_ctl`, `psql`, …
 pub(crate) const PG_BIN_ENV: &str = "MAGIC_SYNC_PG_BIN";
 
+/// How to get the PostgreSQL programs, for error messages.
+pub(crate) const INSTALL_HINT: &str = "install PostgreSQL (Debian/Ubuntu: \
+    `apt-get install postgresql`; Fedora: `dnf install postgresql-server`; \
+    macOS: `brew install postgresql`), or set MAGIC_SYNC_PG_BIN to the directory \
+    holding its programs (initdb, pg_ctl, …)";
+
+/// Where [`find_bin_dir`] looks, for error messages.
+pub(crate) const SEARCHED: &str =
+    "$MAGIC_SYNC_PG_BIN, `pg_config --bindir`, /usr/lib/postgresql/*/bin and PATH";
+
 /// The first of: `$MAGIC_SYNC_PG_BIN`, `pg_config --bindir`, the newest
 /// `/usr/lib/postgresql/<version>/bin`, the `PATH` entry holding `initdb`.
 /// Only directories that hold `initdb` count, except for an explicit

@@ -15,7 +15,12 @@
 //!
 //! The PostgreSQL programs are looked up in `MAGIC_SYNC_PG_BIN`, then
 //! `pg_config --bindir`, then the newest `/usr/lib/postgresql/*/bin`, then
-//! `PATH`.
+//! `PATH` (see [`find_bin_dir`]); on Debian and Ubuntu,
+//! `apt-get install postgresql` installs them.
+//!
+//! A program that must find its data again when run anew (a demo, say) can
+//! start a kept cluster in a directory of its choosing with [`Cluster::keep`]:
+//! it is stopped, not deleted, when the program is done.
 //!
 //! ```no_run
 //! # async fn demo() {
@@ -56,6 +61,35 @@ pub struct Server {
     cluster: Option<Cluster>,
 }
 
+/// The directory of the PostgreSQL programs (`initdb`, `pg_ctl`, `psql`, …):
+/// the first of `$MAGIC_SYNC_PG_BIN` (taken as given), `pg_config --bindir`,
+/// the newest `/usr/lib/postgresql/<version>/bin` and the `PATH` entry that
+/// holds `initdb`; `None` when PostgreSQL seems not to be installed.
+pub fn find_bin_dir() -> Option<PathBuf> {
+    bins::find_bin_dir()
+}
+
+/// [`find_bin_dir`], or an error message saying where it looked and how to
+/// install PostgreSQL. For [`Cluster::start`] and [`Cluster::keep`]:
+///
+/// ```no_run
+/// # fn demo() -> Result<(), String> {
+/// let bin_dir = magic_sync_testdb::require_bin_dir()?;
+/// let cluster = magic_sync_testdb::Cluster::keep(&bin_dir, "demo-data".as_ref())?;
+/// println!("postgresql://postgres@127.0.0.1:{}/postgres", cluster.port());
+/// # Ok(())
+/// # }
+/// ```
+pub fn require_bin_dir() -> Result<PathBuf, String> {
+    find_bin_dir().ok_or_else(|| {
+        format!(
+            "no PostgreSQL installation was found (looked at {}): {}",
+            bins::SEARCHED,
+            bins::INSTALL_HINT
+        )
+    })
+}
+
 static SERVER: OnceLock<Result<Server, String>> = OnceLock::new();
 
 /// The server shared by all tests of this process, started on first use.
@@ -78,7 +112,7 @@ pub async fn database() -> TestDb {
 
 impl Server {
     fn from_environment() -> Result<Server, String> {
-        let bin_dir = bins::find_bin_dir();
+        let bin_dir = find_bin_dir();
         match std::env::var(DATABASE_URL_ENV) {
             Ok(url) if !url.trim().is_empty() => {
                 let admin: Config = url
@@ -98,8 +132,9 @@ impl Server {
                 let bin_dir = bin_dir.ok_or_else(|| {
                     format!(
                         "{DATABASE_URL_ENV} is not set and no PostgreSQL installation was found \
-                         (looked at ${}, `pg_config --bindir`, /usr/lib/postgresql/*/bin and PATH)",
-                        bins::PG_BIN_ENV
+                         (looked at {}): {}, or set {DATABASE_URL_ENV} to a server to use",
+                        bins::SEARCHED,
+                        bins::INSTALL_HINT
                     )
                 })?;
                 let cluster = Cluster::start(&bin_dir)?;
@@ -130,8 +165,9 @@ impl Server {
     pub fn bin_dir(&self) -> &Path {
         self.try_bin_dir().unwrap_or_else(|| {
             panic!(
-                "magic_sync_testdb: no PostgreSQL programs found; set {}",
-                bins::PG_BIN_ENV
+                "magic_sync_testdb: no PostgreSQL programs found (looked at {}): {}",
+                bins::SEARCHED,
+                bins::INSTALL_HINT
             )
         })
     }
