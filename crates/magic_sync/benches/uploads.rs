@@ -93,10 +93,14 @@ async fn main() {
         let path = dir.path().join(format!("{}.sqlite", info.id));
         let mut replica =
             magic_sync::replica::Replica::open(&path, &info.id, engine, vec![]).unwrap();
-        let network = network.clone();
+        let (network, id) = (network.clone(), info.id.clone());
         threads.push(std::thread::spawn(move || {
-            magic_sync::run::replica::replica_with(&mut replica, &network, &Uploads::default())
-                .expect("the replica's loop");
+            magic_sync::run::replica::replica_with(
+                &mut replica,
+                &network.link(&id),
+                &Uploads::default(),
+            )
+            .expect("the replica's loop");
         }));
     }
     let (stop_relay, stopped) = tokio::sync::oneshot::channel::<()>();

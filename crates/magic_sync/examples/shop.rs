@@ -118,7 +118,7 @@ async fn main() {
         let thread = std::thread::spawn(move || {
             let mut replica =
                 Replica::open(&thread_path, id, engine, foreign_keys).expect("open the till");
-            magic_sync::run::replica::replica(&mut replica, &network)
+            magic_sync::run::replica::replica(&mut replica, &network.link(id))
         });
         tills.push((id, path, thread));
     }

@@ -113,6 +113,14 @@ pub trait Transport: Send + Sync {
             )))
         }
     }
+    /// `replica` said what it had no business saying: an acknowledgement
+    /// whose seal is not of a message sent to it, or an upload larger than
+    /// a message may be. Nothing of it was recorded or filed. A transport
+    /// that holds connections closes this one, saying `why`; the default
+    /// does nothing.
+    fn misbehaved(&self, replica: &str, why: &str) {
+        let _ = (replica, why);
+    }
 }
 
 /// How the relay works.

@@ -6,25 +6,12 @@
 //! A replica can be cut off ([`Network::cut`]): sends to it fail, as with a
 //! replica out of reach, and its messages wait in the server's outbox.
 
+pub use super::Delivery;
 use super::Report;
 use crate::envelope::Filed;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
-
-/// What reached a replica ([`Network::next_for`]).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Delivery {
-    /// A message from the server.
-    Message(Vec<u8>),
-    /// The answer to an upload.
-    Filed(Filed),
-    /// Nothing came for as long as it waited, or its host wrote
-    /// something ([`Network::nudge`]).
-    Quiet,
-    /// The network is closed.
-    Closed,
-}
 
 #[derive(Debug, Default)]
 struct State {
@@ -239,6 +226,61 @@ impl Network {
         for bell in state.bells.values() {
             bell.notify_all();
         }
+    }
+}
+
+/// One replica's end of the network ([`Network::link`]).
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    network: Network,
+    replica: String,
+}
+
+impl Network {
+    /// `replica`'s end of the network, for its loop
+    /// ([`super::replica::replica`]).
+    pub fn link(&self, replica: &str) -> Endpoint {
+        Endpoint {
+            network: self.clone(),
+            replica: replica.to_string(),
+        }
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl super::replica::Link for Endpoint {
+    fn max_message_bytes(&self) -> usize {
+        self.network.max_message_bytes
+    }
+
+    fn next(&self, timeout: Duration) -> Delivery {
+        self.network.next_for(&self.replica, timeout)
+    }
+
+    fn report(&self, report: Report) {
+        self.network.report(&self.replica, report);
+    }
+
+    /// A replica cut off cannot reach the server; an upload larger than a
+    /// message may be is refused for good.
+    fn upload(&self, up: &crate::envelope::Up) -> Result<(), crate::replica::UplinkError> {
+        use crate::replica::UplinkError;
+        if self.network.is_cut(&self.replica) {
+            return Err(UplinkError::Unreachable(format!(
+                "replica `{}` is out of reach",
+                self.replica
+            )));
+        }
+        let bytes = prost::Message::encoded_len(up);
+        if bytes > self.network.max_message_bytes {
+            return Err(UplinkError::Refused(format!(
+                "an upload of {bytes} bytes, more than a message may have ({})",
+                self.network.max_message_bytes
+            )));
+        }
+        self.network
+            .report(&self.replica, Report::Upload(up.clone()));
+        Ok(())
     }
 }
 

@@ -6,7 +6,7 @@
 //!   what was applied.
 //! - [`memory`]: an in-process network between them, for tests and examples.
 
-use crate::envelope::{Ack, Gap, Up};
+use crate::envelope::{Ack, Filed, Gap, Up};
 
 pub mod memory;
 #[cfg(feature = "sqlite")]
@@ -23,4 +23,18 @@ pub enum Report {
     Gap(Gap),
     /// What it wrote, to be filed ([`crate::replica::Replica::upload`]).
     Upload(Up),
+}
+
+/// What reached a replica through its link.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Delivery {
+    /// A message from the server.
+    Message(Vec<u8>),
+    /// The answer to an upload.
+    Filed(Filed),
+    /// Nothing came for as long as it waited, or its host wrote
+    /// something (a nudge).
+    Quiet,
+    /// The link is closed: the loop ends.
+    Closed,
 }

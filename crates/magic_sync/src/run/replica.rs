@@ -2,11 +2,32 @@
 //! each, and say what was applied; send up what the host wrote, and let go
 //! of it once filed.
 
-use super::memory::{Delivery, Network};
-use super::Report;
+use super::{Delivery, Report};
+use crate::envelope::Up;
 use crate::error::Result;
 use crate::replica::{Outcome, Replica, Uplink, UplinkError};
 use std::time::Duration;
+
+/// A replica's side of its transport: what its loop waits on, and how it
+/// speaks to the server. The in-process network
+/// ([`super::memory::Network::link`]) is one; a socket client is another.
+/// The server knows who speaks from the transport, never from what is said.
+pub trait Link {
+    /// The most bytes one message may have, either way.
+    fn max_message_bytes(&self) -> usize;
+    /// Waits up to `timeout` for what comes next: an answer to an upload,
+    /// a message, a nudge from the host, or the link's end.
+    fn next(&self, timeout: Duration) -> Delivery;
+    /// Tells the server what was applied, or the gap the replica waits in.
+    /// Lost on the way, it is said again: the server sends again what it
+    /// has not heard acknowledged, and the replica answers a duplicate with
+    /// its acknowledgement.
+    fn report(&self, report: Report);
+    /// Hands the server an upload. Out of reach is [`UplinkError::Unreachable`]
+    /// (the rows wait); more than a message may carry is
+    /// [`UplinkError::Refused`].
+    fn upload(&self, up: &Up) -> std::result::Result<(), UplinkError>;
+}
 
 /// Applies one message as the transport delivered it, and returns what to
 /// tell the server: the last message applied (also after a duplicate, so a
@@ -57,14 +78,14 @@ impl Default for Uploads {
     }
 }
 
-/// Applies every message the network brings `replica` until it closes,
+/// Applies every message the link brings `replica` until it closes,
 /// reports what it applied, and sends up what its host wrote, as
 /// [`replica_with`] does with the default [`Uploads`].
-pub fn replica(replica: &mut Replica<'_>, network: &Network) -> Result<()> {
-    replica_with(replica, network, &Uploads::default())
+pub fn replica(replica: &mut Replica<'_>, link: &impl Link) -> Result<()> {
+    replica_with(replica, link, &Uploads::default())
 }
 
-/// Applies every message the network brings `replica` until it closes, and
+/// Applies every message the link brings `replica` until it closes, and
 /// reports what it applied. A message that cannot be applied as it is
 /// (malformed, not a message at all) is skipped: the server's next
 /// comparison covers what it carried. Once what came is applied (or after
@@ -73,8 +94,7 @@ pub fn replica(replica: &mut Replica<'_>, network: &Network) -> Result<()> {
 /// ([`Replica::upload`]), and lets go of what the server says it filed.
 /// Stops on an error of the replica's own database, which the host decides
 /// about.
-pub fn replica_with(replica: &mut Replica<'_>, network: &Network, uploads: &Uploads) -> Result<()> {
-    let id = replica.id().to_string();
+pub fn replica_with(replica: &mut Replica<'_>, link: &impl Link, uploads: &Uploads) -> Result<()> {
     // Deliveries since the loop last looked for writes to send: it looks
     // once what the server sent so far is applied (or after `batch` of
     // them), not after every message, since looking reads the notes.
@@ -85,11 +105,11 @@ pub fn replica_with(replica: &mut Replica<'_>, network: &Network, uploads: &Uplo
         } else {
             Duration::ZERO
         };
-        let delivery = network.next_for(&id, wait);
+        let delivery = link.next(wait);
         let quiet = matches!(delivery, Delivery::Quiet);
         match delivery {
             Delivery::Message(message) => match deliver(replica, &message) {
-                Ok(Some(report)) => network.report(&id, report),
+                Ok(Some(report)) => link.report(report),
                 Ok(None) => {}
                 Err(crate::Error::Envelope(_) | crate::Error::Malformed { .. }) => {}
                 // Not applied (the host held the file): the server sends it
@@ -99,7 +119,7 @@ pub fn replica_with(replica: &mut Replica<'_>, network: &Network, uploads: &Uplo
             },
             Delivery::Filed(filed) => {
                 if replica.filed(&filed)? > 0 {
-                    network.report(&id, progress(replica)?);
+                    link.report(progress(replica)?);
                 }
             }
             Delivery::Quiet => {}
@@ -110,10 +130,7 @@ pub fn replica_with(replica: &mut Replica<'_>, network: &Network, uploads: &Uplo
             continue;
         }
         since = 0;
-        let uplink = Reporting {
-            network,
-            replica: &id,
-        };
+        let uplink = Uploading(link);
         let sent = match replica.send_up(
             &uplink,
             replica.patience(uploads.resend_after),
@@ -127,47 +144,28 @@ pub fn replica_with(replica: &mut Replica<'_>, network: &Network, uploads: &Uplo
         };
         if !sent.set_aside.is_empty() {
             // Counted in its progress as not sent; the server hears it.
-            network.report(&id, progress(replica)?);
+            link.report(progress(replica)?);
         }
     }
 }
 
-/// The in-process network as a replica's uplink: what it reports reaches
-/// the server; an upload larger than a message may be is refused for good,
-/// and a replica cut off cannot reach the server.
-struct Reporting<'a> {
-    network: &'a Network,
-    replica: &'a str,
-}
+/// A link as the replica's uplink, leaving room in each upload for what
+/// it carries beside its rows.
+struct Uploading<'a, L>(&'a L);
 
 /// What an upload needs beyond its rows' bytes: names, ids, the backlog.
 const UPLOAD_HEADROOM: usize = 1024;
 
-impl Uplink for Reporting<'_> {
+impl<L: Link> Uplink for Uploading<'_, L> {
     fn max_bytes(&self) -> usize {
-        self.network
+        self.0
             .max_message_bytes()
             .saturating_sub(UPLOAD_HEADROOM)
             .max(1)
     }
 
-    fn send(&self, up: &crate::envelope::Up) -> std::result::Result<(), UplinkError> {
-        if self.network.is_cut(self.replica) {
-            return Err(UplinkError::Unreachable(format!(
-                "replica `{}` is out of reach",
-                self.replica
-            )));
-        }
-        let bytes = prost::Message::encoded_len(up);
-        if bytes > self.network.max_message_bytes() {
-            return Err(UplinkError::Refused(format!(
-                "an upload of {bytes} bytes, more than a message may have ({})",
-                self.network.max_message_bytes()
-            )));
-        }
-        self.network
-            .report(self.replica, Report::Upload(up.clone()));
-        Ok(())
+    fn send(&self, up: &Up) -> std::result::Result<(), UplinkError> {
+        self.0.upload(up)
     }
 }
 

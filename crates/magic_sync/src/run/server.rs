@@ -53,11 +53,13 @@ pub async fn heed<T: Transport>(
                 if bytes > transport.max_message_bytes() {
                     // A replica's uplink keeps within the limit: this one
                     // did not. Nothing of it is filed, and no answer goes.
-                    eprintln!(
-                        "magic_sync relay: an upload from `{replica}` of {bytes} bytes, more than \
-                         a message may have ({}): refused, nothing filed",
+                    let why = format!(
+                        "an upload of {bytes} bytes, more than a message may have ({}): \
+                         refused, nothing filed",
                         transport.max_message_bytes()
                     );
+                    eprintln!("magic_sync relay: `{replica}` sent {why}");
+                    transport.misbehaved(&replica, &why);
                     continue;
                 }
                 uploads.push((replica, up));
@@ -82,9 +84,11 @@ pub async fn heed<T: Transport>(
             }
         }
     }
-    for outcome in crate::relay::acknowledge_all(client, &acks).await? {
+    let outcomes = crate::relay::acknowledge_all(client, &acks).await?;
+    for ((replica, _), outcome) in acks.iter().zip(outcomes) {
         match outcome {
-            Ok(_) | Err(Error::Forged { .. }) => {}
+            Ok(_) => {}
+            Err(e @ Error::Forged { .. }) => transport.misbehaved(replica, &e.to_string()),
             Err(e) => return Err(e),
         }
     }

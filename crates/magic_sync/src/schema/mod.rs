@@ -20,6 +20,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (11, include_str!("011_backlog.sql")),
     (12, include_str!("012_filed.sql")),
     (13, include_str!("013_checkpoints.sql")),
+    (14, include_str!("014_credentials.sql")),
 ];
 
 /// The version this build brings the schema to.

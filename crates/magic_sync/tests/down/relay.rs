@@ -408,7 +408,7 @@ fn till(
     );
     let thread = std::thread::spawn(move || {
         let mut replica = magic_sync::replica::Replica::open(&file, id, engine, fks).unwrap();
-        magic_sync::run::replica::replica(&mut replica, &network)
+        magic_sync::run::replica::replica(&mut replica, &network.link(id))
     });
     (path, thread)
 }

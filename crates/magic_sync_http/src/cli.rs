@@ -1,0 +1,97 @@
+//! A replica process: the arguments it takes and the loop it runs. A
+//! replica needs its host's declarations (the tables and their types), so
+//! the binary is the host's; this is all of its body:
+//!
+//! ```no_run
+//! # fn engine() -> &'static magic_sync::Engine { unimplemented!() }
+//! use clap::Parser;
+//! fn main() -> std::process::ExitCode {
+//!     let args = magic_sync_http::cli::ReplicaArgs::parse();
+//!     magic_sync_http::cli::run_replica(&args, engine(), Vec::new())
+//! }
+//! ```
+
+use crate::client::{Settings, Socket};
+use magic_sync::replica::{ForeignKey, Replica};
+use magic_sync::Engine;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// A replica process's arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReplicaCommand {
+    /// The server: ws://host:port or wss://host:port.
+    #[arg(long, env = "MAGIC_SYNC_SERVER")]
+    pub server: String,
+    /// The replica's id.
+    #[arg(long, env = "MAGIC_SYNC_REPLICA")]
+    pub id: String,
+    /// A file holding the replica's secret (its first line).
+    #[arg(long, env = "MAGIC_SYNC_SECRET_FILE")]
+    pub secret_file: PathBuf,
+    /// The replica's SQLite file (created if missing).
+    #[arg(long)]
+    pub db: PathBuf,
+    /// PEM certificates to trust for wss:// in place of the usual roots.
+    #[arg(long)]
+    pub trust: Option<PathBuf>,
+}
+
+/// [`ReplicaCommand`] as a program's whole command line.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    about = "A magic_sync replica: applies what the server sends to a SQLite file, and sends up what its host writes"
+)]
+pub struct ReplicaArgs {
+    #[command(flatten)]
+    pub replica: ReplicaCommand,
+}
+
+/// Reads the secret: the first line of the file, without its end.
+pub fn read_secret(path: &std::path::Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read the secret file {}: {e}", path.display()))?;
+    let secret = text.lines().next().unwrap_or("").trim().to_string();
+    if secret.is_empty() {
+        return Err(format!("the secret file {} is empty", path.display()));
+    }
+    Ok(secret)
+}
+
+/// Opens the replica and its socket as `args` say.
+pub fn open<'e>(
+    args: &ReplicaCommand,
+    engine: &'e Engine,
+    foreign_keys: Vec<ForeignKey>,
+) -> Result<(Replica<'e>, Socket), String> {
+    let secret = read_secret(&args.secret_file)?;
+    let replica = Replica::open(&args.db, &args.id, engine, foreign_keys)
+        .map_err(|e| format!("cannot open the replica at {}: {e}", args.db.display()))?;
+    let mut settings = Settings::new(args.server.clone(), args.id.clone(), secret);
+    settings.trust.clone_from(&args.trust);
+    let socket = Socket::connect(settings).map_err(|e| e.to_string())?;
+    Ok((replica, socket))
+}
+
+/// Runs the replica `args` names until its socket closes or its database
+/// fails: what the server sends is applied, what the host writes goes up.
+pub fn run_replica(
+    args: &ReplicaArgs,
+    engine: &'static Engine,
+    foreign_keys: Vec<ForeignKey>,
+) -> ExitCode {
+    let (mut replica, socket) = match open(&args.replica, engine, foreign_keys) {
+        Ok(opened) => opened,
+        Err(e) => {
+            eprintln!("magic-sync-replica: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match magic_sync::run::replica::replica(&mut replica, &socket) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("magic-sync-replica `{}`: {e}", args.replica.id);
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,440 @@
+//! The replica's side: a [`Socket`] holds the replica's connection to the
+//! server, and connects again, with backoff and jitter, whenever it is
+//! lost. The replica's loop ([`magic_sync::run::replica`]) runs over it.
+//!
+//! Nothing needs to be carried over a reconnection: the server sends again,
+//! first, what the replica had not acknowledged, and the replica's chain
+//! skips what it had applied; an upload not answered goes again after a
+//! while. What the replica says while disconnected is dropped, for the same
+//! reasons.
+
+use crate::frame;
+use futures_util::{SinkExt, StreamExt};
+use magic_sync::envelope::{from_server, FromServer, Up};
+use magic_sync::replica::UplinkError;
+use magic_sync::run::replica::Link;
+use magic_sync::run::{Delivery, Report};
+use prost::Message as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc as std_mpsc, Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, Notify};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::Message;
+
+/// Where and as whom a replica connects.
+#[derive(Clone)]
+pub struct Settings {
+    /// The server: `ws://host:port` or `wss://host:port` (the path is added).
+    pub server: String,
+    /// The replica's id.
+    pub replica: String,
+    /// The replica's secret. Never printed.
+    pub secret: String,
+    /// The most bytes one frame may have, either way: as the server's.
+    pub max_message_bytes: usize,
+    /// The first wait before connecting again; it doubles up to `backoff_max`.
+    pub backoff_min: Duration,
+    /// The longest wait before connecting again.
+    pub backoff_max: Duration,
+    /// How long connecting (TCP, TLS, the upgrade) may take.
+    pub connect_timeout: Duration,
+    /// How long the server may say nothing (it pings) before the
+    /// connection counts as lost.
+    pub idle_timeout: Duration,
+    /// PEM certificates to trust for `wss://` in place of the usual roots
+    /// (a private certificate authority, or a self-signed server).
+    pub trust: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("server", &self.server)
+            .field("replica", &self.replica)
+            .field("secret", &"<hidden>")
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("backoff_min", &self.backoff_min)
+            .field("backoff_max", &self.backoff_max)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("trust", &self.trust)
+            .finish()
+    }
+}
+
+impl Settings {
+    /// Settings for `replica` with `secret` at `server`, the rest by default.
+    pub fn new(
+        server: impl Into<String>,
+        replica: impl Into<String>,
+        secret: impl Into<String>,
+    ) -> Self {
+        Settings {
+            server: server.into(),
+            replica: replica.into(),
+            secret: secret.into(),
+            max_message_bytes: crate::server::Settings::default().max_message_bytes,
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(45),
+            trust: None,
+        }
+    }
+}
+
+/// What the socket's thread shares with the replica's loop.
+#[derive(Debug, Default)]
+struct Shared {
+    connected: AtomicBool,
+    /// Connections made so far.
+    connects: AtomicU64,
+    /// Why the last connection ended or the last attempt failed.
+    last_error: Mutex<Option<String>>,
+    stopping: AtomicBool,
+    stop: Notify,
+}
+
+/// A replica's connection to the server, kept open by a thread of its own.
+#[derive(Debug)]
+pub struct Socket {
+    incoming: Mutex<std_mpsc::Receiver<Delivery>>,
+    feed: std_mpsc::Sender<Delivery>,
+    out: mpsc::UnboundedSender<Vec<u8>>,
+    shared: Arc<Shared>,
+    max_message_bytes: usize,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Tells a replica's loop its host wrote something ([`Socket::nudger`]).
+#[derive(Debug, Clone)]
+pub struct Nudger(std_mpsc::Sender<Delivery>);
+
+impl Nudger {
+    /// The loop looks for what to send up now.
+    pub fn nudge(&self) {
+        let _ = self.0.send(Delivery::Quiet);
+    }
+}
+
+impl Socket {
+    /// Starts connecting: returns at once, and connects (again) in the
+    /// background until closed.
+    pub fn connect(settings: Settings) -> crate::Result<Socket> {
+        if !(settings.server.starts_with("ws://") || settings.server.starts_with("wss://")) {
+            return Err(crate::Error::Settings(format!(
+                "the server `{}` is not a ws:// or wss:// address",
+                settings.server
+            )));
+        }
+        if settings.server.starts_with("wss://") && !cfg!(feature = "tls") {
+            return Err(crate::Error::Settings(
+                "wss:// needs magic_sync_http's `tls` feature".into(),
+            ));
+        }
+        let (feed, incoming) = std_mpsc::channel();
+        let (out, out_rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared::default());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let max_message_bytes = settings.max_message_bytes;
+        let thread = {
+            let (feed, shared) = (feed.clone(), shared.clone());
+            std::thread::Builder::new()
+                .name(format!("magic_sync socket {}", settings.replica))
+                .spawn(move || runtime.block_on(run(settings, feed, out_rx, shared)))?
+        };
+        Ok(Socket {
+            incoming: Mutex::new(incoming),
+            feed,
+            out,
+            shared,
+            max_message_bytes,
+            thread: Some(thread),
+        })
+    }
+
+    /// Whether it is connected now.
+    pub fn is_connected(&self) -> bool {
+        self.shared.connected.load(Ordering::Acquire)
+    }
+
+    /// Connections made so far.
+    pub fn connects(&self) -> u64 {
+        self.shared.connects.load(Ordering::Relaxed)
+    }
+
+    /// Why the last connection ended, or the last attempt failed.
+    pub fn last_error(&self) -> Option<String> {
+        self.shared.last_error.lock().expect("not poisoned").clone()
+    }
+
+    /// A handle the host nudges when it wrote something.
+    pub fn nudger(&self) -> Nudger {
+        Nudger(self.feed.clone())
+    }
+
+    /// Closes the connection and stops connecting: the replica's loop
+    /// sees the link end.
+    pub fn close(&self) {
+        self.shared.stopping.store(true, Ordering::Release);
+        self.shared.stop.notify_one();
+    }
+}
+
+impl Drop for Socket {
+    fn drop(&mut self) {
+        self.close();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Link for Socket {
+    fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes
+    }
+
+    fn next(&self, timeout: Duration) -> Delivery {
+        let incoming = self.incoming.lock().expect("not poisoned");
+        match incoming.recv_timeout(timeout) {
+            Ok(delivery) => delivery,
+            Err(std_mpsc::RecvTimeoutError::Timeout) => Delivery::Quiet,
+            Err(std_mpsc::RecvTimeoutError::Disconnected) => Delivery::Closed,
+        }
+    }
+
+    fn report(&self, report: Report) {
+        if self.is_connected() {
+            let _ = self.out.send(frame::up(&report));
+        }
+    }
+
+    fn upload(&self, up: &Up) -> Result<(), UplinkError> {
+        if !self.is_connected() {
+            return Err(UplinkError::Unreachable(
+                self.last_error()
+                    .unwrap_or_else(|| "not connected to the server yet".into()),
+            ));
+        }
+        let bytes = up.encode_to_vec();
+        if bytes.len() > self.max_message_bytes {
+            return Err(UplinkError::Refused(format!(
+                "an upload of {} bytes, more than a message may have ({})",
+                bytes.len(),
+                self.max_message_bytes
+            )));
+        }
+        self.out
+            .send(bytes)
+            .map_err(|_| UplinkError::Unreachable("the socket is closed".into()))
+    }
+}
+
+/// Connects, and connects again, until stopped; then ends the link.
+async fn run(
+    settings: Settings,
+    feed: std_mpsc::Sender<Delivery>,
+    mut out: mpsc::UnboundedReceiver<Vec<u8>>,
+    shared: Arc<Shared>,
+) {
+    let mut backoff = settings.backoff_min;
+    while !shared.stopping.load(Ordering::Acquire) {
+        let ended = session(&settings, &feed, &mut out, &shared).await;
+        shared.connected.store(false, Ordering::Release);
+        let why = match ended {
+            Ended::Stopped => break,
+            Ended::Lost { why, was_connected } => {
+                if was_connected {
+                    backoff = settings.backoff_min;
+                }
+                why
+            }
+        };
+        *shared.last_error.lock().expect("not poisoned") = Some(why);
+        // Jitter: a fleet cut off at once does not come back at once.
+        let wait = backoff.mul_f64(rand::random::<f64>() + 0.5);
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = shared.stop.notified() => break,
+        }
+        backoff = (backoff * 2).min(settings.backoff_max);
+    }
+    let _ = feed.send(Delivery::Closed);
+}
+
+enum Ended {
+    Stopped,
+    Lost { why: String, was_connected: bool },
+}
+
+fn lost(why: impl Into<String>) -> Ended {
+    Ended::Lost {
+        why: why.into(),
+        was_connected: false,
+    }
+}
+
+async fn session(
+    settings: &Settings,
+    feed: &std_mpsc::Sender<Delivery>,
+    out: &mut mpsc::UnboundedReceiver<Vec<u8>>,
+    shared: &Shared,
+) -> Ended {
+    let url = format!("{}{}", settings.server.trim_end_matches('/'), crate::PATH);
+    let mut request = match url.as_str().into_client_request() {
+        Ok(request) => request,
+        Err(e) => return lost(format!("the server address `{url}`: {e}")),
+    };
+    let credentials = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        format!("{}:{}", settings.replica, settings.secret),
+    );
+    let Ok(value) = format!("Basic {credentials}").parse() else {
+        return lost("the replica's id or secret cannot go in a header");
+    };
+    request.headers_mut().insert(
+        tokio_tungstenite::tungstenite::http::header::AUTHORIZATION,
+        value,
+    );
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(settings.max_message_bytes))
+        .max_frame_size(Some(settings.max_message_bytes));
+    let connecting = connect(request, config, settings);
+    let connected = tokio::select! {
+        c = tokio::time::timeout(settings.connect_timeout, connecting) => c,
+        () = shared.stop.notified() => return Ended::Stopped,
+    };
+    let stream = match connected {
+        Err(_) => {
+            return lost(format!(
+                "no connection to {url} in {:?}",
+                settings.connect_timeout
+            ))
+        }
+        Ok(Err(tokio_tungstenite::tungstenite::Error::Http(response))) => {
+            let body = response
+                .body()
+                .as_ref()
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .unwrap_or_default();
+            return lost(format!(
+                "the server refused replica `{}`: {} {body}",
+                settings.replica,
+                response.status()
+            ));
+        }
+        Ok(Err(e)) => return lost(format!("connecting to {url}: {e}")),
+        Ok(Ok(stream)) => stream,
+    };
+    // What was said before this connection was for the last one.
+    while out.try_recv().is_ok() {}
+    shared.connected.store(true, Ordering::Release);
+    shared.connects.fetch_add(1, Ordering::Relaxed);
+    let (mut sink, mut stream) = stream.split();
+    let gone = |why: String| Ended::Lost {
+        why,
+        was_connected: true,
+    };
+    loop {
+        tokio::select! {
+            frame = tokio::time::timeout(settings.idle_timeout, stream.next()) => {
+                let frame = match frame {
+                    Err(_) => return gone(format!("the server said nothing for {:?}", settings.idle_timeout)),
+                    Ok(None) => return gone("the server closed the connection".into()),
+                    Ok(Some(Err(e))) => return gone(format!("the connection failed: {e}")),
+                    Ok(Some(Ok(frame))) => frame,
+                };
+                match frame {
+                    Message::Binary(bytes) => {
+                        let delivery = match FromServer::decode(bytes) {
+                            Ok(FromServer { body: Some(from_server::Body::Message(m)) }) => Delivery::Message(m),
+                            Ok(FromServer { body: Some(from_server::Body::Filed(f)) }) => Delivery::Filed(f),
+                            Ok(FromServer { body: None }) => continue,
+                            Err(e) => return gone(format!("the server sent a frame that does not decode: {e}")),
+                        };
+                        if feed.send(delivery).is_err() {
+                            return Ended::Stopped;
+                        }
+                    }
+                    Message::Close(frame) => {
+                        let why = frame.map_or_else(
+                            || "the server closed the connection".to_string(),
+                            |f| format!("the server closed the connection: {}", f.reason),
+                        );
+                        return gone(why);
+                    }
+                    _ => {}
+                }
+            }
+            bytes = out.recv() => {
+                let Some(bytes) = bytes else { return Ended::Stopped };
+                if let Err(e) = sink.send(Message::Binary(bytes.into())).await {
+                    return gone(format!("sending failed: {e}"));
+                }
+            }
+            () = shared.stop.notified() => {
+                let _ = sink.send(Message::Close(None)).await;
+                return Ended::Stopped;
+            }
+        }
+    }
+}
+
+type Stream =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+#[cfg(not(feature = "tls"))]
+async fn connect(
+    request: tokio_tungstenite::tungstenite::handshake::client::Request,
+    config: WebSocketConfig,
+    _settings: &Settings,
+) -> Result<Stream, tokio_tungstenite::tungstenite::Error> {
+    tokio_tungstenite::connect_async_with_config(request, Some(config), true)
+        .await
+        .map(|(stream, _)| stream)
+}
+
+#[cfg(feature = "tls")]
+async fn connect(
+    request: tokio_tungstenite::tungstenite::handshake::client::Request,
+    config: WebSocketConfig,
+    settings: &Settings,
+) -> Result<Stream, tokio_tungstenite::tungstenite::Error> {
+    let connector = match &settings.trust {
+        None => None,
+        Some(path) => Some(tokio_tungstenite::Connector::Rustls(
+            trusting(path)
+                .map_err(|e| tokio_tungstenite::tungstenite::Error::Io(std::io::Error::other(e)))?,
+        )),
+    };
+    tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, connector)
+        .await
+        .map(|(stream, _)| stream)
+}
+
+/// A TLS client trusting only the certificates in the PEM file at `path`.
+#[cfg(feature = "tls")]
+fn trusting(path: &std::path::Path) -> Result<Arc<tokio_rustls::rustls::ClientConfig>, String> {
+    use tokio_rustls::rustls;
+    let pem = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+        let cert = cert.map_err(|e| format!("{}: {e}", path.display()))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(Arc::new(config))
+}

@@ -1,0 +1,179 @@
+//! Each replica's secret, kept on the server as a password hash
+//! (`sync.credentials`, Argon2id in PHC form): a connecting replica proves
+//! who it is with it, and the secret itself is never stored nor logged.
+
+use crate::{Error, Result};
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::Argon2;
+use base64::Engine as _;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use tokio_postgres::{Client, NoTls};
+
+/// A new random secret: 32 bytes, as URL-safe base64.
+pub fn generate() -> String {
+    let bytes: [u8; 32] = rand::random();
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+/// The hash of `secret` as stored: Argon2id with a random salt.
+pub fn hash(secret: &str) -> Result<String> {
+    let salt = SaltString::generate(&mut rand::rngs::OsRng);
+    Argon2::default()
+        .hash_password(secret.as_bytes(), &salt)
+        .map(|h| h.to_string())
+        .map_err(|e| Error::Hash(e.to_string()))
+}
+
+/// Whether `secret` is the one `hash` was made from. A stored hash that
+/// does not parse proves nothing.
+pub fn verify(hash: &str, secret: &str) -> bool {
+    PasswordHash::new(hash).is_ok_and(|parsed| {
+        Argon2::default()
+            .verify_password(secret.as_bytes(), &parsed)
+            .is_ok()
+    })
+}
+
+/// Gives `replica` a new secret, replacing any it had, and returns it: the
+/// only time it can be read. Its connections made with the old secret
+/// stay until they end; new ones need the new secret.
+pub async fn issue(client: &Client, replica: &str) -> Result<String> {
+    let secret = generate();
+    set(client, replica, &secret).await?;
+    Ok(secret)
+}
+
+/// Sets `replica`'s secret to `secret` (for a host that makes its own).
+pub async fn set(client: &Client, replica: &str, secret: &str) -> Result<()> {
+    if secret.len() < 16 {
+        return Err(Error::Settings(format!(
+            "the secret of replica `{replica}` is {} characters long; at least 16 are needed",
+            secret.len()
+        )));
+    }
+    let secret = secret.to_string();
+    let hashed = tokio::task::spawn_blocking(move || hash(&secret))
+        .await
+        .map_err(|e| Error::Hash(e.to_string()))??;
+    client
+        .execute(
+            "INSERT INTO sync.credentials (replica, hash) VALUES ($1, $2)
+             ON CONFLICT (replica) DO UPDATE SET hash = excluded.hash, set_at = now()",
+            &[&replica, &hashed],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Takes `replica`'s secret away: it can no longer connect. Whether it had one.
+pub async fn revoke(client: &Client, replica: &str) -> Result<bool> {
+    Ok(client
+        .execute(
+            "DELETE FROM sync.credentials WHERE replica = $1",
+            &[&replica],
+        )
+        .await?
+        > 0)
+}
+
+/// Checks connecting replicas' secrets against `sync.credentials`, on a
+/// connection of its own (opened again when lost).
+///
+/// Each check reads the stored hash, so a secret replaced or taken away
+/// counts from the next connection. The slow hash runs once per secret and
+/// stored hash: a replica reconnecting with the secret already proved is
+/// let in on a comparison of digests kept in memory.
+pub struct Credentials {
+    config: tokio_postgres::Config,
+    client: tokio::sync::Mutex<Option<Client>>,
+    /// Per replica: the stored hash a secret was proved against, and the
+    /// SHA-256 of that secret.
+    proved: Mutex<HashMap<String, (String, [u8; 32])>>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials").finish_non_exhaustive()
+    }
+}
+
+impl Credentials {
+    /// Checks against the database at `config`.
+    pub fn new(config: tokio_postgres::Config) -> Self {
+        Credentials {
+            config,
+            client: tokio::sync::Mutex::new(None),
+            proved: Mutex::default(),
+        }
+    }
+
+    async fn stored(&self, replica: &str) -> Result<Option<String>> {
+        let mut client = self.client.lock().await;
+        if client.as_ref().is_none_or(Client::is_closed) {
+            let (c, connection) = self.config.connect(NoTls).await?;
+            tokio::spawn(connection);
+            *client = Some(c);
+        }
+        let c = client.as_ref().expect("connected above");
+        let row = c
+            .query_opt(
+                "SELECT hash FROM sync.credentials WHERE replica = $1",
+                &[&replica],
+            )
+            .await;
+        match row {
+            Ok(row) => Ok(row.map(|r| r.get(0))),
+            Err(e) => {
+                // Connect again next time.
+                *client = None;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Whether `secret` is `replica`'s. An error means the check could not
+    /// be made (the database is out of reach): the replica tries again.
+    pub async fn check(&self, replica: &str, secret: &str) -> Result<bool> {
+        let Some(stored) = self.stored(replica).await? else {
+            return Ok(false);
+        };
+        let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
+        let known = self
+            .proved
+            .lock()
+            .expect("not poisoned")
+            .get(replica)
+            .is_some_and(|(hash, proved)| *hash == stored && *proved == digest);
+        if known {
+            return Ok(true);
+        }
+        let (hash, secret) = (stored.clone(), secret.to_string());
+        let ok = tokio::task::spawn_blocking(move || verify(&hash, &secret))
+            .await
+            .map_err(|e| Error::Hash(e.to_string()))?;
+        if ok {
+            self.proved
+                .lock()
+                .expect("not poisoned")
+                .insert(replica.to_string(), (stored, digest));
+        }
+        Ok(ok)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hash_proves_its_secret_and_no_other() {
+        let secret = generate();
+        let hashed = hash(&secret).unwrap();
+        assert!(!hashed.contains(&secret));
+        assert!(verify(&hashed, &secret));
+        assert!(!verify(&hashed, &generate()));
+        assert!(!verify("not a hash", &secret));
+    }
+}

@@ -1,0 +1,691 @@
+//! The server's side: a [`Hub`] that the relay publishes through and hears
+//! replicas from, and [`serve`], which accepts their connections.
+//!
+//! A replica's messages go down its one connection in order. Those it has
+//! not acknowledged yet stay with the hub (up to
+//! [`Settings::max_unacked_bytes`]) and go again, first, when it connects
+//! next: a connection lost mid-stream loses nothing, and the replica's
+//! chain skips what it had applied. Beyond that bound, or while the replica
+//! is not connected, a send fails and the rest waits in the outbox.
+
+use crate::credentials::Credentials;
+use crate::frame;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use base64::Engine as _;
+use futures_util::{SinkExt, StreamExt};
+use magic_sync::envelope::{Filed, Up};
+use magic_sync::relay::{SendError, Transport};
+use magic_sync::run::server::Reports;
+use magic_sync::run::Report;
+use prost::Message as _;
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, Notify};
+
+/// How the server treats its connections.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The most bytes one frame may have, either way. A replica that sends
+    /// a larger one is disconnected.
+    pub max_message_bytes: usize,
+    /// Connections held at most; one more is closed as soon as accepted.
+    pub max_connections: usize,
+    /// Bytes of messages a replica has not acknowledged yet held for it at
+    /// most: past this, sends to it wait in the outbox until it catches up.
+    pub max_unacked_bytes: usize,
+    /// How long a connection may take to become a replica's: TLS, the
+    /// request's headers, and checking its secret.
+    pub handshake_timeout: Duration,
+    /// How often the server pings each replica.
+    pub ping_every: Duration,
+    /// How long a replica may say nothing at all (not even a pong) before
+    /// its connection is closed.
+    pub idle_timeout: Duration,
+    /// How long a frame may take to be taken by a replica before its
+    /// connection is closed: a replica that stops reading holds nothing.
+    /// Also how long a send waits for a replica to make room.
+    pub write_timeout: Duration,
+    /// How long after a replica's connection was lost its messages are
+    /// still taken (within `max_unacked_bytes`), to go when it is back: a
+    /// replica that reconnects at once misses nothing, even mid-snapshot.
+    /// Later, its messages wait in the outbox.
+    pub resume_window: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            max_message_bytes: 16 << 20,
+            max_connections: 10_000,
+            max_unacked_bytes: 16 << 20,
+            handshake_timeout: Duration::from_secs(10),
+            ping_every: Duration::from_secs(15),
+            idle_timeout: Duration::from_secs(45),
+            write_timeout: Duration::from_secs(30),
+            resume_window: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What goes down a connection.
+#[derive(Debug)]
+enum Out {
+    Frame(axum::body::Bytes),
+    /// Close with this code and reason.
+    Close(u16, String),
+}
+
+/// A replica's current connection.
+#[derive(Debug)]
+struct Conn {
+    tx: mpsc::UnboundedSender<Out>,
+    generation: u64,
+}
+
+/// What the hub keeps for one replica.
+#[derive(Debug, Default)]
+struct Peer {
+    conn: Option<Conn>,
+    /// Messages sent and not acknowledged, oldest first, by number.
+    unacked: VecDeque<(u64, axum::body::Bytes)>,
+    unacked_bytes: usize,
+    /// Wakes sends waiting for room, or for the replica's connection to
+    /// change.
+    room: Arc<Notify>,
+    /// When its last connection was lost, if it had one and has none now.
+    lost_at: Option<std::time::Instant>,
+}
+
+impl Peer {
+    /// Forgets what the replica no longer needs: everything up to `number`.
+    fn release(&mut self, number: u64) {
+        while let Some((n, frame)) = self.unacked.front() {
+            if *n > number {
+                break;
+            }
+            self.unacked_bytes -= frame.len();
+            self.unacked.pop_front();
+        }
+        self.room.notify_waiters();
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    settings: Settings,
+    credentials: Credentials,
+    peers: Mutex<HashMap<String, Peer>>,
+    reports: Mutex<VecDeque<(String, Report)>>,
+    reported: Notify,
+    generation: AtomicU64,
+    connections: AtomicUsize,
+}
+
+/// The relay's transport to every replica connected, and where what they
+/// say reaches it. Clones share it.
+#[derive(Debug, Clone)]
+pub struct Hub {
+    inner: Arc<Inner>,
+}
+
+impl Hub {
+    /// A hub checking secrets with `credentials`.
+    pub fn new(settings: Settings, credentials: Credentials) -> Self {
+        Hub {
+            inner: Arc::new(Inner {
+                settings,
+                credentials,
+                peers: Mutex::default(),
+                reports: Mutex::default(),
+                reported: Notify::new(),
+                generation: AtomicU64::new(0),
+                connections: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// Replicas connected now, sorted.
+    pub fn connected(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .inner
+            .peers()
+            .iter()
+            .filter(|(_, p)| p.conn.is_some())
+            .map(|(id, _)| id.clone())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// Connections open now, replicas' or not yet.
+    pub fn connections(&self) -> usize {
+        self.inner.connections.load(Ordering::Relaxed)
+    }
+
+    /// Closes `replica`'s connection, saying `why`.
+    pub fn disconnect(&self, replica: &str, why: &str) {
+        if let Some(conn) = self
+            .inner
+            .peers()
+            .get(replica)
+            .and_then(|p| p.conn.as_ref())
+        {
+            let _ = conn.tx.send(Out::Close(CLOSE_POLICY, why.to_string()));
+        }
+    }
+}
+
+/// Close codes: going away, policy violation, data that is not an `Up`.
+const CLOSE_AWAY: u16 = 1001;
+const CLOSE_POLICY: u16 = 1008;
+const CLOSE_INVALID: u16 = 1007;
+
+impl Inner {
+    fn peers(&self) -> MutexGuard<'_, HashMap<String, Peer>> {
+        self.peers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Makes `tx` `replica`'s connection: a connection it had before is
+    /// closed, and what it has not acknowledged goes first.
+    fn attach(&self, replica: &str, tx: mpsc::UnboundedSender<Out>) -> u64 {
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed);
+        let mut peers = self.peers();
+        let peer = peers.entry(replica.to_string()).or_default();
+        if let Some(old) = peer.conn.take() {
+            let _ = old.tx.send(Out::Close(
+                CLOSE_POLICY,
+                "a newer connection of this replica took over".into(),
+            ));
+        }
+        for (_, frame) in &peer.unacked {
+            let _ = tx.send(Out::Frame(frame.clone()));
+        }
+        peer.conn = Some(Conn { tx, generation });
+        peer.lost_at = None;
+        peer.room.notify_waiters();
+        generation
+    }
+
+    fn detach(&self, replica: &str, generation: u64) {
+        if let Some(peer) = self.peers().get_mut(replica) {
+            if peer
+                .conn
+                .as_ref()
+                .is_some_and(|c| c.generation == generation)
+            {
+                peer.conn = None;
+                peer.lost_at = Some(std::time::Instant::now());
+                peer.room.notify_waiters();
+            }
+        }
+    }
+
+    /// What `replica` said: the messages it acknowledged (or gave up on)
+    /// are let go of, and the report waits for the relay.
+    fn heard(&self, replica: &str, up: Up) {
+        let done = up
+            .applied
+            .as_ref()
+            .map(|a| a.number)
+            .max(up.gap.as_ref().map(|g| g.number));
+        if let Some(number) = done {
+            if let Some(peer) = self.peers().get_mut(replica) {
+                peer.release(number);
+            }
+        }
+        self.reports
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push_back((replica.to_string(), frame::report(up)));
+        self.reported.notify_one();
+    }
+
+    /// Sends `frame` down `replica`'s connection if what it has not
+    /// acknowledged leaves room; else returns what wakes a wait for room.
+    fn offer(
+        &self,
+        replica: &str,
+        number: u64,
+        frame: &axum::body::Bytes,
+    ) -> Result<Option<Arc<Notify>>, SendError> {
+        let mut peers = self.peers();
+        let peer = peers
+            .get_mut(replica)
+            .ok_or_else(|| Inner::not_connected(replica))?;
+        let resumes = peer
+            .lost_at
+            .is_some_and(|at| at.elapsed() < self.settings.resume_window);
+        if peer.conn.is_none() && !resumes {
+            return Err(Inner::not_connected(replica));
+        }
+        let max = self.settings.max_unacked_bytes;
+        if peer.unacked_bytes > 0 && peer.unacked_bytes + frame.len() > max {
+            return Ok(Some(peer.room.clone()));
+        }
+        if let Some(conn) = &peer.conn {
+            if conn.tx.send(Out::Frame(frame.clone())).is_err() {
+                peer.conn = None;
+                return Err(Inner::not_connected(replica));
+            }
+        }
+        peer.unacked_bytes += frame.len();
+        peer.unacked.push_back((number, frame.clone()));
+        Ok(None)
+    }
+
+    fn not_connected(replica: &str) -> SendError {
+        SendError(format!("replica `{replica}` is not connected"))
+    }
+}
+
+impl Transport for Hub {
+    fn max_message_bytes(&self) -> usize {
+        self.inner.settings.max_message_bytes
+    }
+
+    async fn send(&self, replica: &str, id: &str, message: Vec<u8>) -> Result<(), SendError> {
+        // The id is `epoch-number-nonce`: the number is what the replica's
+        // acknowledgements name.
+        let number = id
+            .split('-')
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        let frame = axum::body::Bytes::from(frame::message(message));
+        // A replica slower than the server waits to take more: the send
+        // waits for room, as long as a frame may take to be taken.
+        let deadline = tokio::time::Instant::now() + self.inner.settings.write_timeout;
+        loop {
+            let room = match self.inner.offer(replica, number, &frame)? {
+                None => return Ok(()),
+                Some(room) => room,
+            };
+            let notified = room.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // Room made before the wait was enabled counts.
+            if self.inner.offer(replica, number, &frame)?.is_none() {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                let unacked = self
+                    .inner
+                    .peers()
+                    .get(replica)
+                    .map_or(0, |p| p.unacked_bytes);
+                return Err(SendError(format!(
+                    "replica `{replica}` has {unacked} bytes of messages unacknowledged (at most \
+                     {}) and took none for {:?}; the rest waits",
+                    self.inner.settings.max_unacked_bytes, self.inner.settings.write_timeout
+                )));
+            }
+        }
+    }
+
+    async fn answer(&self, replica: &str, filed: Filed) -> Result<(), SendError> {
+        let frame = axum::body::Bytes::from(frame::filed(filed));
+        let peers = self.inner.peers();
+        let conn = peers
+            .get(replica)
+            .and_then(|p| p.conn.as_ref())
+            .ok_or_else(|| Inner::not_connected(replica))?;
+        conn.tx
+            .send(Out::Frame(frame))
+            .map_err(|_| Inner::not_connected(replica))
+    }
+
+    fn misbehaved(&self, replica: &str, why: &str) {
+        eprintln!("magic_sync_http: replica `{replica}`: {why}; its connection is closed");
+        self.disconnect(replica, why);
+    }
+}
+
+impl Reports for Hub {
+    fn drain(&self) -> Vec<(String, Report)> {
+        self.inner
+            .reports
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain(..)
+            .collect()
+    }
+
+    async fn wait(&self) {
+        let notified = self.inner.reported.notified();
+        if !self
+            .inner
+            .reports
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_empty()
+        {
+            return;
+        }
+        notified.await;
+    }
+}
+
+/// A TLS acceptor for [`serve`].
+#[cfg(feature = "tls")]
+pub type TlsAcceptor = tokio_rustls::TlsAcceptor;
+
+/// A TLS acceptor from a PEM certificate chain and its PEM private key.
+#[cfg(feature = "tls")]
+pub fn tls_acceptor(
+    certificates: &std::path::Path,
+    key: &std::path::Path,
+) -> crate::Result<TlsAcceptor> {
+    use tokio_rustls::rustls;
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| crate::Error::Tls(format!("cannot read {}: {e}", p.display())))
+    };
+    let chain = rustls_pemfile::certs(&mut read(certificates)?.as_slice())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| crate::Error::Tls(format!("{}: {e}", certificates.display())))?;
+    let key = rustls_pemfile::private_key(&mut read(key)?.as_slice())
+        .map_err(|e| crate::Error::Tls(format!("{}: {e}", key.display())))?
+        .ok_or_else(|| crate::Error::Tls(format!("{}: no private key in it", key.display())))?;
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| crate::Error::Tls(e.to_string()))?
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .map_err(|e| crate::Error::Tls(e.to_string()))?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// How [`serve`] secures its connections.
+#[derive(Clone, Default)]
+pub enum Security {
+    /// Plain TCP: for loopback, or behind a proxy that ends TLS.
+    #[default]
+    Plain,
+    /// TLS with this acceptor.
+    #[cfg(feature = "tls")]
+    Tls(TlsAcceptor),
+}
+
+impl std::fmt::Debug for Security {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Security::Plain => f.write_str("Plain"),
+            #[cfg(feature = "tls")]
+            Security::Tls(_) => f.write_str("Tls"),
+        }
+    }
+}
+
+/// Accepts replicas' connections on `listener` for `hub` until `stop`
+/// resolves; then closes every replica's connection, saying the server
+/// stops.
+pub async fn serve(
+    hub: Hub,
+    listener: TcpListener,
+    security: Security,
+    stop: impl Future<Output = ()>,
+) -> crate::Result<()> {
+    let app = Router::new()
+        .route(crate::PATH, get(upgrade))
+        .with_state(hub.inner.clone());
+    tokio::pin!(stop);
+    loop {
+        let (tcp, addr) = tokio::select! {
+            () = &mut stop => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                // Out of descriptors, a connection reset before it was
+                // taken: the next one may do.
+                Err(e) => {
+                    eprintln!("magic_sync_http: accepting a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let inner = &hub.inner;
+        let open = inner.connections.fetch_add(1, Ordering::Relaxed);
+        let counted = Counted(inner.clone());
+        if open >= inner.settings.max_connections {
+            eprintln!(
+                "magic_sync_http: {addr}: closed at once, {open} connections are open (at most {})",
+                inner.settings.max_connections
+            );
+            continue;
+        }
+        let _ = tcp.set_nodelay(true);
+        let (app, security) = (app.clone(), security.clone());
+        let handshake = inner.settings.handshake_timeout;
+        tokio::spawn(async move {
+            let _counted = counted;
+            match security {
+                Security::Plain => connection(tcp, addr, app, handshake).await,
+                #[cfg(feature = "tls")]
+                Security::Tls(acceptor) => {
+                    match tokio::time::timeout(handshake, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => connection(tls, addr, app, handshake).await,
+                        Ok(Err(e)) => eprintln!("magic_sync_http: {addr}: TLS: {e}"),
+                        Err(_) => {
+                            eprintln!("magic_sync_http: {addr}: no TLS handshake in {handshake:?}")
+                        }
+                    }
+                }
+            }
+        });
+    }
+    let peers = hub.inner.peers();
+    for conn in peers.values().filter_map(|p| p.conn.as_ref()) {
+        let _ = conn
+            .tx
+            .send(Out::Close(CLOSE_AWAY, "the server stops".into()));
+    }
+    Ok(())
+}
+
+/// Counts a connection open while it lives.
+struct Counted(Arc<Inner>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Serves one connection's HTTP: its headers must come within `handshake`.
+async fn connection<I>(io: I, addr: SocketAddr, app: Router, handshake: Duration)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper_util::service::TowerToHyperService::new(
+        app.layer(axum::Extension(ConnectInfo(addr))),
+    );
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(handshake);
+    let served = http
+        .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+        .with_upgrades()
+        .await;
+    if let Err(e) = served {
+        eprintln!("magic_sync_http: {addr}: {e}");
+    }
+}
+
+/// The id and secret of HTTP Basic credentials.
+fn basic(headers: &HeaderMap) -> Result<(String, String), &'static str> {
+    let value = headers
+        .get(header::AUTHORIZATION)
+        .ok_or("no credentials: send the replica's id and secret as HTTP Basic credentials")?;
+    let encoded = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Basic "))
+        .ok_or("credentials that are not HTTP Basic")?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .ok()
+        .and_then(|d| String::from_utf8(d).ok())
+        .ok_or("HTTP Basic credentials that do not decode")?;
+    let (id, secret) = decoded
+        .split_once(':')
+        .ok_or("HTTP Basic credentials without a `:`")?;
+    if id.is_empty() {
+        return Err("credentials with an empty replica id");
+    }
+    Ok((id.to_string(), secret.to_string()))
+}
+
+async fn upgrade(
+    State(inner): State<Arc<Inner>>,
+    ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let (replica, secret) = match basic(&headers) {
+        Ok(credentials) => credentials,
+        Err(why) => {
+            eprintln!("magic_sync_http: {addr}: {why}");
+            return (StatusCode::UNAUTHORIZED, why).into_response();
+        }
+    };
+    let checked = tokio::time::timeout(
+        inner.settings.handshake_timeout,
+        inner.credentials.check(&replica, &secret),
+    )
+    .await;
+    match checked {
+        Ok(Ok(true)) => {}
+        Ok(Ok(false)) => {
+            eprintln!("magic_sync_http: {addr}: wrong credentials for replica `{replica}`");
+            return (StatusCode::UNAUTHORIZED, "wrong credentials").into_response();
+        }
+        Ok(Err(e)) => {
+            eprintln!("magic_sync_http: {addr}: cannot check credentials: {e}");
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "cannot check credentials now",
+            )
+                .into_response();
+        }
+        Err(_) => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "checking credentials took too long",
+            )
+                .into_response();
+        }
+    }
+    let max = inner.settings.max_message_bytes;
+    ws.max_message_size(max)
+        .max_frame_size(max)
+        .on_upgrade(move |socket| replica_connection(inner, replica, addr, socket))
+}
+
+/// A close reason fits in a control frame: at most 123 bytes.
+fn reason(why: &str) -> String {
+    let mut end = why.len().min(123);
+    while !why.is_char_boundary(end) {
+        end -= 1;
+    }
+    why[..end].to_string()
+}
+
+/// Runs `replica`'s connection until it ends: what comes in is heard under
+/// its name; what the hub sends it goes out, with pings.
+async fn replica_connection(
+    inner: Arc<Inner>,
+    replica: String,
+    addr: SocketAddr,
+    socket: WebSocket,
+) {
+    let (mut sink, mut stream) = socket.split();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let generation = inner.attach(&replica, tx.clone());
+    let settings = inner.settings.clone();
+    let mut writer = tokio::spawn(async move {
+        let mut ping = tokio::time::interval(settings.ping_every);
+        ping.tick().await;
+        loop {
+            let (message, last) = tokio::select! {
+                out = rx.recv() => match out {
+                    Some(Out::Frame(bytes)) => (Message::Binary(bytes), false),
+                    Some(Out::Close(code, why)) => (
+                        Message::Close(Some(CloseFrame { code, reason: reason(&why).into() })),
+                        true,
+                    ),
+                    None => return Ok(()),
+                },
+                _ = ping.tick() => (Message::Ping(axum::body::Bytes::new()), false),
+            };
+            match tokio::time::timeout(settings.write_timeout, sink.send(message)).await {
+                Ok(Ok(())) if !last => {}
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => return Err(e.to_string()),
+                Err(_) => {
+                    return Err(format!(
+                        "took no frame for {:?}: it does not read",
+                        settings.write_timeout
+                    ))
+                }
+            }
+        }
+    });
+    let idle = inner.settings.idle_timeout;
+    let reader = async {
+        loop {
+            let frame = match tokio::time::timeout(idle, stream.next()).await {
+                Err(_) => return Err((CLOSE_POLICY, format!("said nothing for {idle:?}"))),
+                Ok(None) => return Ok(()),
+                Ok(Some(Err(e))) => return Err((CLOSE_POLICY, e.to_string())),
+                Ok(Some(Ok(frame))) => frame,
+            };
+            match frame {
+                Message::Binary(bytes) => match Up::decode(bytes) {
+                    Ok(up) => inner.heard(&replica, up),
+                    Err(e) => {
+                        return Err((CLOSE_INVALID, format!("a frame that is not an Up: {e}")))
+                    }
+                },
+                Message::Text(_) => {
+                    return Err((
+                        CLOSE_POLICY,
+                        "a text frame: only binary frames are spoken".into(),
+                    ))
+                }
+                Message::Close(_) => return Ok(()),
+                Message::Ping(_) | Message::Pong(_) => {}
+            }
+        }
+    };
+    let ended = tokio::select! {
+        read = reader => Some(read),
+        _ = &mut writer => None,
+    };
+    match ended {
+        Some(Err((code, why))) => {
+            eprintln!(
+                "magic_sync_http: replica `{replica}` ({addr}): {why}; its connection is closed"
+            );
+            let _ = tx.send(Out::Close(code, why));
+            let _ = tokio::time::timeout(Duration::from_secs(1), &mut writer).await;
+            writer.abort();
+        }
+        Some(Ok(())) => writer.abort(),
+        None => {}
+    }
+    inner.detach(&replica, generation);
+}

@@ -1,0 +1,633 @@
+//! The transport end to end: a relay, its hub on a loopback socket, and
+//! replicas on SQLite files of their own, each over a real WebSocket.
+
+use futures_util::{SinkExt, StreamExt};
+use magic_sync::envelope::{from_server, Ack, FromServer, ToReplica, Up};
+use magic_sync::relay::{ReplicaInfo, Replicas, Settings as RelaySettings};
+use magic_sync::replica::Replica;
+use magic_sync::{Engine, Numeric, Row};
+use magic_sync_http::client::{Settings as ClientSettings, Socket};
+use magic_sync_http::server::{serve, Hub, Security, Settings};
+use magic_sync_http::{credentials, credentials::Credentials};
+use prost::Message as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "products", down, all, key(id))]
+struct Product {
+    id: i64,
+    name: String,
+    price: Numeric,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "orders", down, replica = "till", key(id))]
+struct Order {
+    id: i64,
+    till: String,
+    note: String,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "sales", up, key(id))]
+struct Sale {
+    id: String,
+    #[row(origin)]
+    till: String,
+    total: Numeric,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE products (id bigint PRIMARY KEY, name text NOT NULL, price numeric(10, 2) NOT NULL);
+CREATE TABLE orders (id bigint PRIMARY KEY, till text NOT NULL, note text NOT NULL);
+CREATE TABLE sales (id text PRIMARY KEY, till text NOT NULL, total numeric(10, 2) NOT NULL);
+INSERT INTO products SELECT i, 'product ' || i, i % 100 FROM generate_series(1, 20000) i;
+";
+
+fn engine() -> &'static Engine {
+    static ENGINE: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
+    ENGINE.get_or_init(|| {
+        Engine::builder()
+            .table::<Product>()
+            .table::<Order>()
+            .table::<Sale>()
+            .build()
+            .expect("declarations")
+    })
+}
+
+struct Tills(Vec<String>);
+
+impl Replicas for Tills {
+    async fn replicas(&self) -> magic_sync::Result<Vec<ReplicaInfo>> {
+        Ok(self
+            .0
+            .iter()
+            .map(|id| ReplicaInfo::live(id.clone(), None))
+            .collect())
+    }
+}
+
+/// A server: database, relay and hub, listening on loopback.
+struct Server {
+    _db: magic_sync_testdb::TestDb,
+    client: tokio_postgres::Client,
+    hub: Hub,
+    url: String,
+    secrets: std::collections::HashMap<String, String>,
+    dir: tempfile::TempDir,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+fn hub_settings() -> Settings {
+    Settings {
+        max_message_bytes: 256 << 10,
+        max_unacked_bytes: 256 << 10,
+        handshake_timeout: Duration::from_secs(2),
+        ping_every: Duration::from_millis(200),
+        idle_timeout: Duration::from_secs(2),
+        write_timeout: Duration::from_secs(1),
+        ..Settings::default()
+    }
+}
+
+async fn server(tills: &[&str]) -> Server {
+    let db = magic_sync_testdb::database().await;
+    let mut client = db.connect().await;
+    client.batch_execute(SCHEMA).await.unwrap();
+    magic_sync::schema::migrate(&mut client).await.unwrap();
+    magic_sync::trigger::ensure(engine(), &mut client, &Default::default())
+        .await
+        .unwrap();
+    let mut secrets = std::collections::HashMap::new();
+    for till in tills {
+        secrets.insert(
+            till.to_string(),
+            credentials::issue(&client, till).await.unwrap(),
+        );
+    }
+    let hub = Hub::new(hub_settings(), Credentials::new(db.config()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stopped = futures_util::FutureExt::shared(async {
+        let _ = stopped.await;
+    });
+    let serving = {
+        let (hub, stopped) = (hub.clone(), stopped.clone());
+        tokio::spawn(async move {
+            serve(hub, listener, Security::Plain, stopped)
+                .await
+                .unwrap();
+        })
+    };
+    let relay = {
+        let (hub, config) = (hub.clone(), db.config());
+        let tills = Tills(tills.iter().map(|t| t.to_string()).collect());
+        let settings = RelaySettings {
+            chunk_rows: 200,
+            ..RelaySettings::default()
+        };
+        tokio::spawn(async move {
+            magic_sync::run::server::server(
+                config,
+                engine().clone(),
+                settings,
+                &tills,
+                &hub,
+                &hub,
+                stopped,
+            )
+            .await
+            .unwrap();
+        })
+    };
+    Server {
+        _db: db,
+        client,
+        hub,
+        url,
+        secrets,
+        dir: tempfile::tempdir().unwrap(),
+        stop: Some(stop),
+        tasks: vec![serving, relay],
+    }
+}
+
+impl Server {
+    fn path(&self, till: &str) -> PathBuf {
+        self.dir.path().join(format!("{till}.sqlite"))
+    }
+
+    /// Starts `till`'s replica loop on a thread over a socket of its own.
+    fn replica(&self, till: &str) -> (std::sync::Arc<Socket>, std::thread::JoinHandle<()>) {
+        let socket = std::sync::Arc::new(
+            Socket::connect(ClientSettings {
+                backoff_min: Duration::from_millis(20),
+                backoff_max: Duration::from_millis(200),
+                max_message_bytes: 256 << 10,
+                ..ClientSettings::new(&self.url, till, &self.secrets[till])
+            })
+            .unwrap(),
+        );
+        let (path, id, link) = (self.path(till), till.to_string(), socket.clone());
+        let thread = std::thread::spawn(move || {
+            let mut replica = Replica::open(&path, &id, engine(), vec![]).unwrap();
+            magic_sync::run::replica::replica(&mut replica, &*link).unwrap();
+        });
+        (socket, thread)
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        for task in self.tasks.drain(..) {
+            task.await.unwrap();
+        }
+    }
+}
+
+fn read(path: &Path, sql: &str) -> Vec<String> {
+    let Ok(conn) = rusqlite::Connection::open(path) else {
+        return Vec::new();
+    };
+    let Ok(mut stmt) = conn.prepare(sql) else {
+        return Vec::new();
+    };
+    stmt.query_map([], |r| r.get::<_, String>(0))
+        .map(|rows| rows.map(Result::unwrap).collect())
+        .unwrap_or_default()
+}
+
+/// What `till` should hold, as the server has it, against what it holds.
+async fn agrees(server: &Server, till: &str) -> bool {
+    let want: Vec<String> = server
+        .client
+        .query(
+            "SELECT id || ':' || note FROM orders WHERE till = $1 ORDER BY id",
+            &[&till],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let path = server.path(till);
+    let orders = read(&path, "SELECT id || ':' || note FROM orders ORDER BY id");
+    let products = read(&path, "SELECT count(*) || '' FROM products");
+    orders == want && products == ["20000"]
+}
+
+async fn until(what: &str, deadline: Duration, mut check: impl AsyncFnMut() -> bool) {
+    let end = Instant::now() + deadline;
+    while !check().await {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn snapshot_number(server: &Server, till: &str) -> i64 {
+    server
+        .client
+        .query_one(
+            "SELECT snapshot_number FROM sync.replicas WHERE id = $1",
+            &[&till],
+        )
+        .await
+        .map(|r| r.get(0))
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_converge_though_their_connections_drop_mid_snapshot_and_mid_stream() {
+    let server = server(&["t1", "t2"]).await;
+    let (s1, r1) = server.replica("t1");
+    let (s2, r2) = server.replica("t2");
+    // Cut t1 off while its snapshot is being applied...
+    let path = server.path("t1");
+    until(
+        "t1's snapshot to begin",
+        Duration::from_secs(30),
+        async || {
+            rusqlite::Connection::open(&path)
+                .ok()
+                .and_then(|c| magic_sync::replica::status(&c).ok())
+                .is_some_and(|s| s.snapshot_began.is_some())
+        },
+    )
+    .await;
+    server
+        .hub
+        .disconnect("t1", "the test cuts it off mid-snapshot");
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    assert!(
+        !magic_sync::replica::status(&conn).unwrap().ready,
+        "cut off mid-snapshot"
+    );
+    let first = snapshot_number(&server, "t1").await;
+    // ...and again and again while the server writes.
+    for round in 0..20i64 {
+        server.hub.disconnect("t1", "the test cuts it off");
+        server
+            .client
+            .execute(
+                "INSERT INTO orders VALUES ($1, $2, format('order %s', $1::bigint))",
+                &[&round, &if round % 2 == 0 { "t1" } else { "t2" }],
+            )
+            .await
+            .unwrap();
+        server
+            .client
+            .execute(
+                "UPDATE products SET price = price + 1 WHERE id = $1",
+                &[&(round + 1)],
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    for till in ["t1", "t2"] {
+        until(till, Duration::from_secs(60), async || {
+            agrees(&server, till).await
+        })
+        .await;
+    }
+    let prices = read(
+        &server.path("t1"),
+        "SELECT price FROM products WHERE id <= 20 ORDER BY id",
+    );
+    let want: Vec<String> = server
+        .client
+        .query(
+            "SELECT price::text FROM products WHERE id <= 20 ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(prices, want);
+    assert!(s1.connects() > 5, "t1 connected {} times", s1.connects());
+    // Every reconnection resumed: no message was lost, so no gap and no
+    // second snapshot.
+    let after = snapshot_number(&server, "t1").await;
+    assert!(
+        first == 0 || after == first,
+        "provisioned again: {first} then {after}"
+    );
+    assert_eq!(magic_sync::replica::status(&conn).unwrap().gap, None);
+    s1.close();
+    s2.close();
+    r1.join().unwrap();
+    r2.join().unwrap();
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sales_written_on_a_till_are_filed_under_the_till_that_sent_them() {
+    let server = server(&["t1"]).await;
+    let (socket, thread) = server.replica("t1");
+    until("t1 ready", Duration::from_secs(30), async || {
+        agrees(&server, "t1").await
+    })
+    .await;
+    // The host writes on a connection of its own, and claims another till.
+    let conn = rusqlite::Connection::open(server.path("t1")).unwrap();
+    conn.execute_batch(
+        "INSERT INTO sales (id, till, total) VALUES ('s1', 't1', '9.50'), ('s2', 'someone else', '1.00')",
+    )
+    .unwrap();
+    socket.nudger().nudge();
+    until("the sales filed", Duration::from_secs(30), async || {
+        server
+            .client
+            .query_one("SELECT count(*) FROM sales", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == 2
+    })
+    .await;
+    let tills: Vec<String> = server
+        .client
+        .query("SELECT till FROM sales ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(tills, ["t1", "t1"], "filed under the authenticated till");
+    socket.close();
+    thread.join().unwrap();
+    server.stop().await;
+}
+
+/// A raw connection speaking frames by hand, as `till` with `secret`.
+async fn raw(
+    url: &str,
+    till: &str,
+    secret: &str,
+) -> Result<
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    tokio_tungstenite::tungstenite::Error,
+> {
+    let mut request = format!("{url}{}", magic_sync_http::PATH)
+        .into_client_request()
+        .unwrap();
+    let basic = base64_basic(till, secret);
+    request
+        .headers_mut()
+        .insert("authorization", basic.parse().unwrap());
+    tokio_tungstenite::connect_async(request)
+        .await
+        .map(|(stream, _)| stream)
+}
+
+fn base64_basic(till: &str, secret: &str) -> String {
+    use base64::Engine as _;
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{till}:{secret}"))
+    )
+}
+
+/// Reads frames until the server closes, returning its close reason.
+async fn closed_with(
+    stream: &mut tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+) -> String {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), stream.next()).await {
+            Ok(Some(Ok(Message::Close(frame)))) => {
+                return frame.map(|f| f.reason.to_string()).unwrap_or_default()
+            }
+            Ok(Some(Ok(_))) => {}
+            Ok(Some(Err(e))) => return format!("error: {e}"),
+            Ok(None) => return "ended".into(),
+            Err(_) => panic!("the server did not close the connection"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_credentials_are_refused_and_nothing_connects() {
+    let server = server(&["t1"]).await;
+    for (till, secret) in [
+        ("t1", "not the secret of t1 at all"),
+        ("nobody", server.secrets["t1"].as_str()),
+    ] {
+        match raw(&server.url, till, secret).await {
+            Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+                assert_eq!(response.status(), 401);
+                let body = String::from_utf8_lossy(response.body().as_deref().unwrap_or_default())
+                    .into_owned();
+                assert_eq!(body, "wrong credentials");
+            }
+            other => panic!("{till} connected: {:?}", other.map(|_| ())),
+        }
+    }
+    // No credentials at all.
+    let request = format!("{}{}", server.url, magic_sync_http::PATH)
+        .into_client_request()
+        .unwrap();
+    match tokio_tungstenite::connect_async(request).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), 401)
+        }
+        other => panic!("connected without credentials: {:?}", other.map(|_| ())),
+    }
+    // The client says why it cannot connect, and keeps trying.
+    let socket = Socket::connect(ClientSettings::new(
+        &server.url,
+        "t1",
+        "wrong secret, sixteen+",
+    ))
+    .unwrap();
+    let started = Instant::now();
+    while socket.last_error().is_none() {
+        assert!(started.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        socket.last_error().unwrap().contains("401"),
+        "{:?}",
+        socket.last_error()
+    );
+    assert!(!socket.is_connected());
+    assert!(server.hub.connected().is_empty());
+    drop(socket);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_gets_only_its_own_messages_and_cannot_acknowledge_another_s() {
+    let server = server(&["t1", "t2"]).await;
+    server
+        .client
+        .batch_execute("INSERT INTO orders VALUES (1, 't1', 'one'), (2, 't2', 'two')")
+        .await
+        .unwrap();
+    let mut t1 = raw(&server.url, "t1", &server.secrets["t1"]).await.unwrap();
+    let mut t2 = raw(&server.url, "t2", &server.secrets["t2"]).await.unwrap();
+    // Each gets its snapshot, every message of it its own.
+    let mut last_of_t1: Option<ToReplica> = None;
+    let mut last = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for (till, stream) in [("t1", &mut t1), ("t2", &mut t2)] {
+        loop {
+            assert!(Instant::now() < deadline, "{till}'s snapshot did not end");
+            let frame = tokio::time::timeout(Duration::from_secs(30), stream.next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            let Message::Binary(bytes) = frame else {
+                continue;
+            };
+            let Some(from_server::Body::Message(bytes)) = FromServer::decode(bytes).unwrap().body
+            else {
+                continue;
+            };
+            let message = ToReplica::decode(bytes.as_slice()).unwrap();
+            assert_eq!(message.replica, till);
+            if till == "t1" {
+                last_of_t1 = Some(message.clone());
+            }
+            // Acknowledged as a replica does, so the server keeps sending.
+            last.push(message.number);
+            {
+                let ack = Up {
+                    applied: Some(Ack {
+                        epoch: message.epoch.clone(),
+                        number: message.number,
+                        nonce: message.nonce.clone(),
+                        seal: message.seal.clone(),
+                    }),
+                    ..Up::default()
+                };
+                stream
+                    .send(Message::Binary(ack.encode_to_vec().into()))
+                    .await
+                    .unwrap();
+            }
+            if matches!(
+                message.body,
+                Some(magic_sync::envelope::to_replica::Body::EndSnapshot(_))
+            ) {
+                break;
+            }
+        }
+    }
+    // t2 acknowledges t1's message under its seal.
+    let stolen = last_of_t1.unwrap();
+    let forged = Up {
+        applied: Some(Ack {
+            epoch: stolen.epoch,
+            number: stolen.number,
+            nonce: stolen.nonce,
+            seal: stolen.seal,
+        }),
+        ..Up::default()
+    };
+    t2.send(Message::Binary(forged.encode_to_vec().into()))
+        .await
+        .unwrap();
+    let why = closed_with(&mut t2).await;
+    assert!(why.contains("seal the server did not make"), "{why}");
+    // Each replica's own acknowledgements count; the forged one does not.
+    let acked = async || -> Vec<i64> {
+        server
+            .client
+            .query("SELECT number FROM sync.acks ORDER BY replica", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+    until(
+        "the acknowledgements recorded",
+        Duration::from_secs(10),
+        async || acked().await.len() == 2,
+    )
+    .await;
+    let t1_last = stolen.number as i64;
+    let t2_last = *last.last().unwrap() as i64;
+    until(
+        "t2's own acknowledgement",
+        Duration::from_secs(10),
+        async || acked().await == [t1_last, t2_last],
+    )
+    .await;
+    let provision: bool = server
+        .client
+        .query_one("SELECT provision FROM sync.replicas WHERE id = 't2'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!provision, "t2 is not provisioned again by what it forged");
+    drop(t1);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_and_stalled_clients_are_closed_while_the_others_are_served() {
+    let server = server(&["t1", "t2", "t3"]).await;
+    let (socket, thread) = server.replica("t1");
+    // Not an Up.
+    let mut t2 = raw(&server.url, "t2", &server.secrets["t2"]).await.unwrap();
+    t2.send(Message::Binary(vec![0xff, 0xff, 0xff].into()))
+        .await
+        .unwrap();
+    assert!(closed_with(&mut t2).await.contains("not an Up"));
+    // Text.
+    let mut t2 = raw(&server.url, "t2", &server.secrets["t2"]).await.unwrap();
+    t2.send(Message::Text("hello".into())).await.unwrap();
+    assert!(closed_with(&mut t2).await.contains("text frame"));
+    // Larger than a message may be.
+    let mut t2 = raw(&server.url, "t2", &server.secrets["t2"]).await.unwrap();
+    let _ = t2.send(Message::Binary(vec![0u8; 300 << 10].into())).await;
+    let why = closed_with(&mut t2).await;
+    assert!(!why.is_empty(), "closed with a reason");
+    // An upload larger than a message may be, through the client: refused
+    // before it leaves.
+    // A connection that never finishes its request is dropped.
+    let mut idle = tokio::net::TcpStream::connect(server.url.trim_start_matches("ws://"))
+        .await
+        .unwrap();
+    // t3 connects and never reads: its frames pile up until it is closed.
+    let t3 = raw(&server.url, "t3", &server.secrets["t3"]).await.unwrap();
+    // Meanwhile t1 is served.
+    server
+        .client
+        .batch_execute("INSERT INTO orders VALUES (10, 't1', 'ten')")
+        .await
+        .unwrap();
+    until("t1 served", Duration::from_secs(30), async || {
+        agrees(&server, "t1").await
+    })
+    .await;
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read(&mut idle, &mut buf),
+    )
+    .await
+    .expect("the half-open connection is closed")
+    .unwrap_or(0);
+    let answer = String::from_utf8_lossy(&buf[..n]);
+    assert!(n == 0 || answer.starts_with("HTTP/1.1 408"), "{answer}");
+    until("t3 closed", Duration::from_secs(10), async || {
+        !server.hub.connected().contains(&"t3".to_string())
+    })
+    .await;
+    drop(t3);
+    socket.close();
+    thread.join().unwrap();
+    server.stop().await;
+}
