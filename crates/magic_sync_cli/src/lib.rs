@@ -17,7 +17,7 @@
 
 pub mod dashboard;
 mod scrape;
-mod show;
+pub mod show;
 mod watch;
 
 use clap::{Args, Parser, Subcommand};

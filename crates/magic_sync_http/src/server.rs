@@ -186,10 +186,12 @@ impl Hub {
     }
 }
 
-/// Close codes: going away, policy violation, data that is not an `Up`.
+/// Close codes: going away, policy violation, data that is not an `Up`,
+/// a frame too large.
 const CLOSE_AWAY: u16 = 1001;
 const CLOSE_POLICY: u16 = 1008;
 const CLOSE_INVALID: u16 = 1007;
+const CLOSE_TOO_BIG: u16 = 1009;
 
 impl Inner {
     fn peers(&self) -> MutexGuard<'_, HashMap<String, Peer>> {
@@ -595,6 +597,24 @@ async fn upgrade(
         .on_upgrade(move |socket| replica_connection(inner, replica, addr, socket))
 }
 
+/// A failed read: the replica went away (code 0: nothing to say to it), or
+/// it sent what is refused (too large, not WebSocket), and is told why.
+fn lost_or_refused(e: axum::Error) -> Result<(), (u16, String)> {
+    use tokio_tungstenite::tungstenite::error::{Error as WsError, ProtocolError};
+    let why = e.to_string();
+    match e.into_inner().downcast::<WsError>() {
+        Ok(ws) => match *ws {
+            WsError::ConnectionClosed
+            | WsError::AlreadyClosed
+            | WsError::Io(_)
+            | WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => Err((0, why)),
+            WsError::Capacity(_) => Err((CLOSE_TOO_BIG, why)),
+            _ => Err((CLOSE_POLICY, why)),
+        },
+        Err(_) => Err((CLOSE_POLICY, why)),
+    }
+}
+
 /// A close reason fits in a control frame: at most 123 bytes.
 fn reason(why: &str) -> String {
     let mut end = why.len().min(123);
@@ -650,7 +670,7 @@ async fn replica_connection(
             let frame = match tokio::time::timeout(idle, stream.next()).await {
                 Err(_) => return Err((CLOSE_POLICY, format!("said nothing for {idle:?}"))),
                 Ok(None) => return Ok(()),
-                Ok(Some(Err(e))) => return Err((CLOSE_POLICY, e.to_string())),
+                Ok(Some(Err(e))) => return lost_or_refused(e),
                 Ok(Some(Ok(frame))) => frame,
             };
             match frame {
@@ -676,6 +696,10 @@ async fn replica_connection(
         _ = &mut writer => None,
     };
     match ended {
+        Some(Err((0, why))) => {
+            eprintln!("magic_sync_http: replica `{replica}` ({addr}): connection lost: {why}");
+            writer.abort();
+        }
         Some(Err((code, why))) => {
             eprintln!(
                 "magic_sync_http: replica `{replica}` ({addr}): {why}; its connection is closed"

@@ -1,0 +1,515 @@
+//! magic_sync's demo: a small shop's server and its tills, each till a
+//! process of its own on a SQLite file, over the network transport on
+//! loopback. The server writes orders and prices while the tills record
+//! sales and count stock; it ends when every till holds what it should and
+//! the server holds every till's sales, and prints the overview.
+//!
+//! cargo run --release -p demo
+//!
+//! With DATABASE_URL set it uses that database; otherwise it keeps a
+//! PostgreSQL cluster of its own under the data folder. Run it again and it
+//! continues from where it was. Ctrl-C stops it cleanly.
+
+use clap::Parser;
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use magic_sync::ops::{self, ReplicaState, Scope};
+use magic_sync::relay::{ReplicaInfo, Replicas, Settings as RelaySettings};
+use magic_sync_http::credentials::{self, Credentials};
+use magic_sync_http::server::{serve, Hub, Security, Settings as HubSettings};
+use rand::Rng;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+use tokio_postgres::NoTls;
+
+#[derive(Debug, Parser)]
+#[command(about = "magic_sync's demo: a shop's server and its tills, over the network")]
+struct Args {
+    /// Where the tills' files (and, without DATABASE_URL, the database) live.
+    #[arg(long, default_value = "demo-data")]
+    data: PathBuf,
+    /// How many tills.
+    #[arg(long, default_value_t = 4)]
+    tills: usize,
+    /// How long the live writes go on, in seconds.
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    /// A short run: three tills, five seconds of writes (what CI runs).
+    #[arg(long)]
+    short: bool,
+    /// How long to wait for every till to converge once writes stop.
+    #[arg(long, default_value_t = 120)]
+    converge_within: u64,
+    /// The PostgreSQL database, as a URL.
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: Option<String>,
+}
+
+/// Every till is live, in one region.
+struct Tills(Vec<String>);
+
+impl Replicas for Tills {
+    async fn replicas(&self) -> magic_sync::Result<Vec<ReplicaInfo>> {
+        Ok(self
+            .0
+            .iter()
+            .map(|t| ReplicaInfo::live(t.clone(), None))
+            .collect())
+    }
+}
+
+fn main() -> ExitCode {
+    let mut args = Args::parse();
+    if args.short {
+        args.tills = 3;
+        args.seconds = 5;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    match runtime.block_on(run(args)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("demo: {}", chain(e.as_ref()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// An error with its causes: a database error's message is its source.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+type Fallible<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// The database: DATABASE_URL's, or a cluster kept under the data folder.
+fn database(args: &Args) -> Fallible<(tokio_postgres::Config, Option<magic_sync_testdb::Cluster>)> {
+    if let Some(url) = &args.database_url {
+        return Ok((url.parse()?, None));
+    }
+    let bin = magic_sync_testdb::require_bin_dir()?;
+    let dir = std::path::absolute(args.data.join("postgres"))?;
+    println!("starting PostgreSQL in {} ...", dir.display());
+    let cluster = magic_sync_testdb::Cluster::keep(&bin, &dir)?;
+    Ok((cluster.admin_config(), Some(cluster)))
+}
+
+async fn connect(config: &tokio_postgres::Config) -> Fallible<tokio_postgres::Client> {
+    let (client, connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            eprintln!("demo: database connection: {}", chain(&e));
+        }
+    });
+    Ok(client)
+}
+
+/// The shop's tables, the sync schema, the triggers, and a first stock of
+/// products, price lists, customers and groups (once).
+async fn install(client: &mut tokio_postgres::Client, tills: &[String]) -> Fallible<()> {
+    client.batch_execute(demo::SCHEMA).await?;
+    magic_sync::schema::migrate(client).await?;
+    magic_sync::trigger::ensure(demo::engine(), client, &Default::default()).await?;
+    client
+        .batch_execute(
+            "INSERT INTO products
+             SELECT i, 'product ' || i, 1 + (i % 50) FROM generate_series(1, 500) i
+             ON CONFLICT DO NOTHING;
+             INSERT INTO customers
+             SELECT i, 'customer ' || i FROM generate_series(1, 200) i
+             ON CONFLICT DO NOTHING;
+             INSERT INTO price_lists
+             SELECT i, 1 + (i % 500), 1 + (i % 40) FROM generate_series(1, 300) i
+             ON CONFLICT DO NOTHING;
+             INSERT INTO price_list_members
+             SELECT i % 3, i FROM generate_series(1, 300) i
+             ON CONFLICT DO NOTHING;",
+        )
+        .await?;
+    for (i, till) in tills.iter().enumerate() {
+        let group = (i % 3) as i64;
+        client
+            .execute(
+                "INSERT INTO till_groups VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                &[till, &group],
+            )
+            .await?;
+        client
+            .execute(
+                "INSERT INTO stock SELECT $1, id, 100 FROM products ON CONFLICT DO NOTHING",
+                &[till],
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// Each till's secret: kept in the data folder, its hash on the server.
+async fn secrets(client: &tokio_postgres::Client, data: &Path, tills: &[String]) -> Fallible<()> {
+    for till in tills {
+        let path = data.join(format!("{till}.secret"));
+        let secret = match std::fs::read_to_string(&path) {
+            Ok(secret) => secret.trim().to_string(),
+            Err(_) => {
+                let secret = credentials::generate();
+                write_private(&path, &secret)?;
+                secret
+            }
+        };
+        credentials::set(client, till, &secret).await?;
+    }
+    Ok(())
+}
+
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    #[cfg(unix)]
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    options.mode(0o600);
+    options.open(path)?.write_all(text.as_bytes())
+}
+
+/// Starts `till`'s process: the replica binary beside this one.
+fn start_till(args: &Args, url: &str, till: &str) -> Fallible<Child> {
+    let exe = std::env::current_exe()?;
+    let binary = exe.with_file_name(format!(
+        "magic-sync-replica{}",
+        std::env::consts::EXE_SUFFIX
+    ));
+    if !binary.exists() {
+        return Err(format!(
+            "{} is missing: build it with `cargo build -p demo --bins` (cargo run -p demo builds it)",
+            binary.display()
+        )
+        .into());
+    }
+    let log = std::fs::File::create(args.data.join(format!("{till}.log")))?;
+    let sales = args.seconds * 1000 / 200;
+    let mut command = Command::new(binary);
+    // Its own process group: Ctrl-C reaches the demo, which stops the
+    // tills itself, each closing its connection.
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    Ok(command
+        .arg("--until-stdin-closes")
+        .arg("--server")
+        .arg(url)
+        .arg("--id")
+        .arg(till)
+        .arg("--secret-file")
+        .arg(args.data.join(format!("{till}.secret")))
+        .arg("--db")
+        .arg(args.data.join(format!("{till}.sqlite")))
+        .arg("--sell-every-ms")
+        .arg("200")
+        .arg("--sales")
+        .arg(sales.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()?)
+}
+
+/// The server's own writes, as any application makes them: an order with
+/// lines for a till, a price change, now and then a price list change.
+async fn write(client: &tokio_postgres::Client, tills: &[String]) -> Fallible<()> {
+    let (till, customer, lines, product, price) = {
+        let mut rng = rand::thread_rng();
+        (
+            tills[rng.gen_range(0..tills.len())].clone(),
+            rng.gen_bool(0.8).then(|| rng.gen_range(1..=200i64)),
+            rng.gen_range(1..=3i32),
+            rng.gen_range(1..=500i64),
+            format!("{}.{:02}", rng.gen_range(1..60), rng.gen_range(0..100)),
+        )
+    };
+    let order: i64 = client
+        .query_one(
+            "INSERT INTO orders (id, till, customer_id)
+             SELECT coalesce(max(id), 0) + 1, $1, $2 FROM orders RETURNING id",
+            &[&till, &customer],
+        )
+        .await?
+        .get(0);
+    client
+        .execute(
+            "INSERT INTO order_lines
+             SELECT $1::bigint, n, 1 + ($1::bigint * 7 + n) % 500, n FROM generate_series(1, $2::int) n",
+            &[&order, &lines],
+        )
+        .await?;
+    client
+        .execute(
+            "UPDATE products SET price = $2::text::numeric WHERE id = $1",
+            &[&product, &price],
+        )
+        .await?;
+    if order % 5 == 0 {
+        client
+            .execute(
+                "UPDATE price_lists SET price = price + 0.10 WHERE id = 1 + $1::bigint % 300",
+                &[&order],
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// What a till should hold that differs from what it holds, in words; or
+/// nothing when it agrees with the server.
+async fn differences(
+    client: &tokio_postgres::Client,
+    data: &Path,
+    till: &str,
+) -> Fallible<Vec<String>> {
+    let checks: [(&str, String, &str); 6] = [
+        (
+            "products",
+            "SELECT count(*)::text || ':' || coalesce(sum(price * 100), 0)::bigint::text FROM products".into(),
+            "SELECT count(*) || ':' || CAST(round(coalesce(sum(price * 100), 0)) AS INTEGER) FROM products",
+        ),
+        (
+            "orders",
+            format!(
+                "SELECT count(*)::text || ':' || coalesce(sum(id), 0)::text FROM orders WHERE till = '{till}'"
+            ),
+            "SELECT count(*) || ':' || coalesce(sum(id), 0) FROM orders",
+        ),
+        (
+            "order lines",
+            format!(
+                "SELECT count(*)::text FROM order_lines l JOIN orders o ON o.id = l.order_id WHERE o.till = '{till}'"
+            ),
+            "SELECT count(*) || '' FROM order_lines",
+        ),
+        (
+            "customers",
+            format!(
+                "SELECT count(DISTINCT customer_id)::text FROM orders WHERE till = '{till}'"
+            ),
+            "SELECT count(*) || '' FROM customers",
+        ),
+        (
+            "price lists",
+            format!(
+                "SELECT count(*)::text || ':' || coalesce(sum(p.price * 100), 0)::bigint::text FROM price_lists p
+                 JOIN price_list_members m ON m.price_list_id = p.id
+                 JOIN till_groups g ON g.group_id = m.group_id AND g.till = '{till}'"
+            ),
+            "SELECT count(*) || ':' || CAST(round(coalesce(sum(price * 100), 0)) AS INTEGER) FROM price_lists",
+        ),
+        (
+            "sales and counts",
+            format!(
+                "SELECT (SELECT count(*) FROM sales WHERE till = '{till}')::text || ':' ||
+                        (SELECT coalesce(sum(counted), 0) FROM stock WHERE till = '{till}')::text"
+            ),
+            "SELECT (SELECT count(*) FROM sales) || ':' || (SELECT coalesce(sum(counted), 0) FROM stock)",
+        ),
+    ];
+    let conn = rusqlite::Connection::open(data.join(format!("{till}.sqlite")))?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    let mut out = Vec::new();
+    for (what, server, local) in checks {
+        let want: String = client.query_one(&server, &[]).await?.get(0);
+        let held: String = conn
+            .query_row(local, [], |r| r.get(0))
+            .unwrap_or_else(|e| format!("unreadable ({e})"));
+        if want != held {
+            out.push(format!("{what}: server {want}, till {held}"));
+        }
+    }
+    Ok(out)
+}
+
+async fn run(args: Args) -> Fallible<ExitCode> {
+    std::fs::create_dir_all(&args.data)?;
+    let tills: Vec<String> = (1..=args.tills).map(|i| format!("till-{i}")).collect();
+    let (config, cluster) = database(&args)?;
+    let mut client = connect(&config).await?;
+    install(&mut client, &tills).await?;
+    secrets(&client, &args.data, &tills).await?;
+
+    let hub = Hub::new(HubSettings::default(), Credentials::new(config.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("ws://{}", listener.local_addr()?);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let serving = tokio::spawn(serve(hub.clone(), listener, Security::Plain, stopped()));
+    let relay = {
+        let (hub, config, tills, stopped) =
+            (hub.clone(), config.clone(), Tills(tills.clone()), stopped());
+        tokio::spawn(async move {
+            magic_sync::run::server::server(
+                config,
+                demo::engine().clone(),
+                RelaySettings::default(),
+                &tills,
+                &hub,
+                &hub,
+                stopped,
+            )
+            .await
+        })
+    };
+    println!("server listening on {url}; starting {} tills", tills.len());
+    let mut children = Vec::new();
+    for till in &tills {
+        children.push(start_till(&args, &url, till)?);
+    }
+
+    let outcome = tokio::select! {
+        outcome = live(&args, &config, &client, &tills) => outcome,
+        _ = tokio::signal::ctrl_c() => Ok(Live::Interrupted),
+    };
+    // Closing their input stops the tills; one that does not stop in
+    // time is killed (its file is safe: every write is a transaction).
+    for child in &mut children {
+        drop(child.stdin.take());
+    }
+    let patience = Instant::now() + Duration::from_secs(5);
+    for child in &mut children {
+        while matches!(child.try_wait(), Ok(None)) && Instant::now() < patience {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if matches!(child.try_wait(), Ok(None)) {
+            let _ = child.kill();
+        }
+        let _ = child.wait();
+    }
+    let _ = stop_tx.send(true);
+    relay.await??;
+    serving.await??;
+    // Every connection closes before the database stops.
+    drop((hub, client));
+    drop(cluster);
+    match outcome? {
+        Live::Converged(overview) => {
+            println!("{overview}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Live::Interrupted => {
+            println!("stopped; run it again to continue from where it was");
+            Ok(ExitCode::SUCCESS)
+        }
+        Live::Diverged(report) => {
+            eprintln!("{report}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+enum Live {
+    Converged(String),
+    Diverged(String),
+    Interrupted,
+}
+
+/// The live part: the server writes while the tills sell, with a bar per
+/// till; then it waits for every till to agree with the server.
+async fn live(
+    args: &Args,
+    config: &tokio_postgres::Config,
+    client: &tokio_postgres::Client,
+    tills: &[String],
+) -> Fallible<Live> {
+    // The operator's reads take transactions: a connection of their own.
+    let mut ops_client = connect(config).await?;
+    let board = MultiProgress::new();
+    let style = ProgressStyle::with_template("{prefix:>8} [{bar:40}] {pos}/{len} messages  {msg}")
+        .expect("a template")
+        .progress_chars("=> ");
+    let bars: Vec<ProgressBar> = tills
+        .iter()
+        .map(|till| {
+            let bar = board.add(ProgressBar::new(0));
+            bar.set_style(style.clone());
+            bar.set_prefix(till.clone());
+            bar
+        })
+        .collect();
+    let began = Instant::now();
+    let writes_end = began + Duration::from_secs(args.seconds);
+    let deadline = writes_end + Duration::from_secs(args.converge_within);
+    let mut writes = 0u64;
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        if now < writes_end {
+            write(client, tills).await?;
+            writes += 1;
+        }
+        let listing = ops::listing(&mut ops_client, &Scope::All, None, tills.len().max(1)).await?;
+        for (till, bar) in tills.iter().zip(&bars) {
+            if let Some(r) = listing.replicas.iter().find(|r| &r.id == till) {
+                bar.set_length(r.last_message.max(0) as u64);
+                bar.set_position(r.acknowledged.max(0) as u64);
+                bar.set_message(r.state.name());
+            }
+        }
+        if now < writes_end {
+            continue;
+        }
+        let caught_up = listing.replicas.len() == tills.len()
+            && listing
+                .replicas
+                .iter()
+                .all(|r| r.state == ReplicaState::CaughtUp);
+        let mut report = Vec::new();
+        if caught_up {
+            for till in tills {
+                for d in differences(client, &args.data, till).await? {
+                    report.push(format!("{till}: {d}"));
+                }
+            }
+        }
+        if caught_up && report.is_empty() {
+            for bar in &bars {
+                bar.finish();
+            }
+            let overview = ops::overview(&mut ops_client, &Scope::All, 10).await?;
+            let sales: i64 = client
+                .query_one("SELECT count(*) FROM sales", &[])
+                .await?
+                .get(0);
+            let orders: i64 = client
+                .query_one("SELECT count(*) FROM orders", &[])
+                .await?
+                .get(0);
+            return Ok(Live::Converged(format!(
+                "{}\nevery till converged in {:.1} s: {} tills, {writes} server writes this run, \
+                 {orders} orders in all, {sales} sales filed",
+                magic_sync_cli::show::overview(&overview),
+                began.elapsed().as_secs_f64(),
+                tills.len(),
+            )));
+        }
+        if now > deadline {
+            let overview = ops::overview(&mut ops_client, &Scope::All, 10).await?;
+            return Ok(Live::Diverged(format!(
+                "not converged within {} s of the writes' end:\n{}\n{}",
+                args.converge_within,
+                report.join("\n"),
+                magic_sync_cli::show::overview(&overview)
+            )));
+        }
+    }
+}

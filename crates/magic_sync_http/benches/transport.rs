@@ -1,0 +1,906 @@
+//! The down path over the WebSocket transport against the in-process
+//! network, in one process, on the same data (issue 13).
+//!
+//! cargo bench -p magic_sync_http --bench transport
+//!
+//! Each scenario runs twice, on a database of its own each time: once with
+//! the relay's runner (`run::server`) publishing into the in-process
+//! `Network`, whose replicas are threads of this process; once publishing
+//! into a `Hub` served on loopback, whose replicas are `Socket` clients,
+//! each running the replica's loop (`run::replica::replica`) over its
+//! socket. The replicas' side is the same code both times: the loop, a
+//! SQLite file per replica, and a link wrapped to see what is applied.
+//!
+//! - Provisioning: the clock starts as the runner starts (socket replicas
+//!   already connected and authenticated; the time that took is printed
+//!   apart) and stops when the last replica has applied its snapshot's end
+//!   (`EndSnapshot`). Two scenarios: MAGIC_SYNC_BENCH_REPLICAS replicas
+//!   (default 20) of MAGIC_SYNC_BENCH_ROWS_EACH rows each (default 5,000),
+//!   each its own partition of one table; and one replica of
+//!   MAGIC_SYNC_BENCH_BULK_ROWS rows (default 200,000).
+//! - Steady state, on the first scenario's replicas once every one is
+//!   caught up: single-row updates at a fixed rate, each wanted by one
+//!   replica and carrying its commit clock; latency from the commit to the
+//!   moment the replica applied the message holding it (taken by the
+//!   replica as it acknowledges). A light load first (20 changes/s for
+//!   10 s: a pass carries a change or two, so the transport's share of the
+//!   latency is largest), then MAGIC_SYNC_BENCH_RATE changes/s (default
+//!   500) for MAGIC_SYNC_BENCH_SECONDS (default 20).
+//!
+//! The socket replicas run in a child process by default, as a fleet of
+//! devices would not share the server's process (both processes share the
+//! machine's cores all the same); MAGIC_SYNC_BENCH_CLIENTS=threads runs them
+//! as threads of this process instead, exactly as the in-process replicas
+//! run. MAGIC_SYNC_BENCH_ROUNDS (default 1) repeats both runs, alternating
+//! which goes first; figures are medians over the rounds.
+//! MAGIC_SYNC_BENCH_SCENARIOS=fleet or =bulk runs one scenario only.
+//!
+//! Both transports carry messages of at most 1 MiB (the in-process
+//! network's size in the engine's benchmarks); the hub's other settings
+//! are its defaults (16 MiB unacknowledged per replica).
+
+#[path = "../../magic_sync/benches/support/mod.rs"]
+mod support;
+
+use magic_sync::envelope::{to_replica::Body, ToReplica, Up};
+use magic_sync::relay::{ReplicaInfo, Replicas, Transport};
+use magic_sync::replica::{Replica, UplinkError};
+use magic_sync::run::memory::Network;
+use magic_sync::run::replica::Link;
+use magic_sync::run::server::Reports;
+use magic_sync::run::{Delivery, Report};
+use magic_sync::{Engine, Row};
+use magic_sync_http::client::{Settings as ClientSettings, Socket};
+use magic_sync_http::credentials::{self, Credentials};
+use magic_sync_http::server::{serve, Hub, Security, Settings as HubSettings};
+use prost::Message as _;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+use support::{env_u64, now_micros, show, Latencies};
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "items", down, partition = "region", key(id))]
+struct Item {
+    id: i64,
+    region: i64,
+    name: String,
+    value: i64,
+    stamp: i64,
+}
+
+/// Both transports' largest message.
+const MAX_MESSAGE: usize = 1 << 20;
+
+fn engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| {
+        Engine::builder()
+            .table::<Item>()
+            .build()
+            .expect("declarations")
+    })
+}
+
+// ---------------------------------------------------------------------------
+// The replicas' side: the same in this process, or in the child.
+
+/// The one field of a `ToReplica` that says a snapshot ends. Decoding only
+/// it skips over the rows, so every message can be looked at.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Peek {
+    #[prost(message, optional, tag = "11")]
+    end_snapshot: Option<Nothing>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct Nothing {}
+
+/// What the replicas applied.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Whether latencies are taken now.
+    measuring: AtomicBool,
+    /// Commit-to-applied, microseconds.
+    latencies: Mutex<Vec<u64>>,
+    /// Per replica, when it applied its (first) snapshot's end.
+    ended: Mutex<HashMap<String, i64>>,
+}
+
+/// A replica's link, watched: the loop acknowledges a message right after
+/// applying it, so the acknowledgement is when it applied.
+struct Watched<'a> {
+    link: &'a dyn Link,
+    id: &'a str,
+    seen: &'a Seen,
+    /// The message being applied: whether it ends a snapshot, and its bytes
+    /// while latencies are taken.
+    applying: Mutex<Option<(bool, Option<Vec<u8>>)>>,
+}
+
+impl Link for Watched<'_> {
+    fn max_message_bytes(&self) -> usize {
+        self.link.max_message_bytes()
+    }
+
+    fn next(&self, timeout: Duration) -> Delivery {
+        let delivery = self.link.next(timeout);
+        if let Delivery::Message(message) = &delivery {
+            let ends = Peek::decode(message.as_slice()).is_ok_and(|p| p.end_snapshot.is_some());
+            let bytes = self
+                .seen
+                .measuring
+                .load(Ordering::Relaxed)
+                .then(|| message.clone());
+            *self.applying.lock().unwrap() = Some((ends, bytes));
+        }
+        delivery
+    }
+
+    fn report(&self, report: Report) {
+        let applied = matches!(report, Report::Applied(_)).then(now_micros);
+        self.link.report(report);
+        let Some(applied) = applied else { return };
+        let Some((ends, bytes)) = self.applying.lock().unwrap().take() else {
+            return;
+        };
+        if ends {
+            self.seen
+                .ended
+                .lock()
+                .unwrap()
+                .entry(self.id.to_string())
+                .or_insert(applied);
+        }
+        if let Some(bytes) = bytes {
+            let latencies: Vec<u64> = stamps(&bytes)
+                .into_iter()
+                .map(|stamp| (applied - stamp).max(0) as u64)
+                .collect();
+            self.seen.latencies.lock().unwrap().extend(latencies);
+        }
+    }
+
+    fn upload(&self, up: &Up) -> Result<(), UplinkError> {
+        self.link.upload(up)
+    }
+}
+
+/// The commit clocks of the rows a message carries (rows never changed
+/// carry 0, and are left out).
+fn stamps(message: &[u8]) -> Vec<i64> {
+    let Ok(ToReplica {
+        body: Some(Body::Down(down)),
+        ..
+    }) = ToReplica::decode(message)
+    else {
+        return Vec::new();
+    };
+    down.tables
+        .iter()
+        .flat_map(|t| &t.upserts)
+        .filter_map(|row| stamp(&row.data))
+        .filter(|&s| s > 0)
+        .collect()
+}
+
+/// The `stamp` of a row in its JSON form.
+fn stamp(json: &[u8]) -> Option<i64> {
+    let text = std::str::from_utf8(json).ok()?;
+    let at = text.find("\"stamp\"")? + "\"stamp\"".len();
+    let rest = text[at..].trim_start().strip_prefix(':')?.trim_start();
+    let end = rest
+        .find(|c: char| !(c.is_ascii_digit() || c == '-'))
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+/// A replica's thread: its loop over `link` until the link closes.
+fn run_replica(id: &str, path: &Path, link: &dyn Link, seen: &Seen) {
+    let mut replica = Replica::open(path, id, engine(), Vec::new()).expect("open the replica");
+    let watched = Watched {
+        link,
+        id,
+        seen,
+        applying: Mutex::new(None),
+    };
+    magic_sync::run::replica::replica(&mut replica, &watched).expect("the replica's loop");
+}
+
+/// Replicas on threads of this process.
+struct Local {
+    seen: Arc<Seen>,
+    network: Option<Network>,
+    sockets: Vec<Arc<Socket>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Local {
+    /// Over the in-process network.
+    fn memory(network: &Network, ids: &[String], dir: &Path) -> Local {
+        let seen = Arc::new(Seen::default());
+        let threads = ids
+            .iter()
+            .map(|id| {
+                let (id, path, link, seen) = (
+                    id.clone(),
+                    dir.join(format!("{id}.sqlite")),
+                    network.link(id),
+                    seen.clone(),
+                );
+                std::thread::spawn(move || run_replica(&id, &path, &link, &seen))
+            })
+            .collect();
+        Local {
+            seen,
+            network: Some(network.clone()),
+            sockets: Vec::new(),
+            threads,
+        }
+    }
+
+    /// Each over a socket of its own to `url`: `(id, secret)`.
+    fn sockets(url: &str, replicas: &[(String, String)], dir: &Path) -> Local {
+        let seen = Arc::new(Seen::default());
+        let mut sockets = Vec::new();
+        let mut threads = Vec::new();
+        for (id, secret) in replicas {
+            let socket = Arc::new(
+                Socket::connect(ClientSettings {
+                    max_message_bytes: MAX_MESSAGE,
+                    ..ClientSettings::new(url, id, secret)
+                })
+                .expect("a socket"),
+            );
+            let (id, path, link, seen) = (
+                id.clone(),
+                dir.join(format!("{id}.sqlite")),
+                socket.clone(),
+                seen.clone(),
+            );
+            threads.push(std::thread::spawn(move || {
+                run_replica(&id, &path, &*link, &seen)
+            }));
+            sockets.push(socket);
+        }
+        Local {
+            seen,
+            network: None,
+            sockets,
+            threads,
+        }
+    }
+
+    /// Replicas that applied their snapshot's end, and when the last did.
+    fn ended(&self) -> (usize, i64) {
+        let ended = self.seen.ended.lock().unwrap();
+        (ended.len(), ended.values().copied().max().unwrap_or(0))
+    }
+
+    fn measure(&self, on: bool) {
+        self.seen.measuring.store(on, Ordering::Relaxed);
+    }
+
+    fn latencies(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.seen.latencies.lock().unwrap())
+    }
+
+    fn stop(self) {
+        if let Some(network) = &self.network {
+            network.close();
+        }
+        for socket in &self.sockets {
+            socket.close();
+        }
+        for thread in self.threads {
+            thread.join().expect("a replica's thread");
+        }
+    }
+}
+
+/// Replicas in a child process (this program, run with
+/// MAGIC_SYNC_BENCH_CHILD set), asked over its standard input and output.
+struct Child {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl Child {
+    fn start(url: &str, replicas: &[(String, String)], dir: &Path) -> Child {
+        let mut child = std::process::Command::new(std::env::current_exe().expect("this program"))
+            .env("MAGIC_SYNC_BENCH_CHILD", "replicas")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the replicas' process");
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let mut side = Child {
+            child,
+            stdin,
+            stdout,
+        };
+        let mut setup = format!("{url} {}\n", dir.display());
+        for (id, secret) in replicas {
+            setup.push_str(&format!("{id} {secret}\n"));
+        }
+        setup.push_str("go");
+        assert_eq!(side.ask(&setup), "started");
+        side
+    }
+
+    /// Sends a command, returns the answer's line.
+    fn ask(&mut self, command: &str) -> String {
+        tokio::task::block_in_place(|| {
+            writeln!(self.stdin, "{command}").expect("the replicas' process reads");
+            self.stdin.flush().expect("flush");
+            let mut line = String::new();
+            self.stdout
+                .read_line(&mut line)
+                .expect("the replicas' process answers");
+            assert!(!line.is_empty(), "the replicas' process ended");
+            line.trim_end().to_string()
+        })
+    }
+
+    fn ended(&mut self) -> (usize, i64) {
+        let answer = self.ask("ended");
+        let mut parts = answer.split_whitespace().map(|p| p.parse::<i64>().unwrap());
+        (parts.next().unwrap() as usize, parts.next().unwrap())
+    }
+
+    fn latencies(&mut self) -> Vec<u64> {
+        self.ask("latencies")
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect()
+    }
+
+    fn stop(mut self) {
+        assert_eq!(self.ask("quit"), "bye");
+        let status = self.child.wait().expect("the replicas' process ends");
+        assert!(status.success(), "the replicas' process: {status}");
+    }
+}
+
+/// The child: replicas over sockets, as the parent asks.
+fn child_main() {
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines().map(|l| l.expect("a line"));
+    let first = lines.next().expect("the server and directory");
+    let (url, dir) = first.split_once(' ').expect("`url dir`");
+    let mut replicas = Vec::new();
+    for line in lines.by_ref() {
+        if line == "go" {
+            break;
+        }
+        let (id, secret) = line.split_once(' ').expect("`id secret`");
+        replicas.push((id.to_string(), secret.to_string()));
+    }
+    let local = Local::sockets(url, &replicas, Path::new(dir));
+    println!("started");
+    for command in lines {
+        match command.as_str() {
+            "ended" => {
+                let (n, last) = local.ended();
+                println!("{n} {last}");
+            }
+            "measure on" | "measure off" => {
+                local.measure(command == "measure on");
+                println!("ok");
+            }
+            "latencies" => {
+                let text: Vec<String> = local.latencies().iter().map(u64::to_string).collect();
+                println!("{}", text.join(" "));
+            }
+            "quit" => {
+                local.stop();
+                println!("bye");
+                return;
+            }
+            other => panic!("unknown command `{other}`"),
+        }
+    }
+}
+
+/// Where the replicas run.
+enum Side {
+    Local(Local),
+    Child(Child),
+}
+
+impl Side {
+    fn ended(&mut self) -> (usize, i64) {
+        match self {
+            Side::Local(l) => l.ended(),
+            Side::Child(c) => c.ended(),
+        }
+    }
+
+    fn measure(&mut self, on: bool) {
+        match self {
+            Side::Local(l) => l.measure(on),
+            Side::Child(c) => {
+                let answer = c.ask(if on { "measure on" } else { "measure off" });
+                assert_eq!(answer, "ok");
+            }
+        }
+    }
+
+    fn latencies(&mut self) -> Vec<u64> {
+        match self {
+            Side::Local(l) => l.latencies(),
+            Side::Child(c) => c.latencies(),
+        }
+    }
+
+    fn stop(self) {
+        match self {
+            Side::Local(l) => tokio::task::block_in_place(|| l.stop()),
+            Side::Child(c) => c.stop(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The server's side.
+
+struct Host(Vec<ReplicaInfo>);
+
+impl Replicas for Host {
+    async fn replicas(&self) -> magic_sync::Result<Vec<ReplicaInfo>> {
+        Ok(self.0.clone())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    Memory,
+    Socket,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Memory => "in-process",
+            Kind::Socket => "socket",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Clients {
+    Process,
+    Threads,
+}
+
+/// One scenario's sizes and what it measures.
+#[derive(Debug, Clone, Copy)]
+struct Scenario {
+    name: &'static str,
+    replicas: usize,
+    rows_each: i64,
+    steady: bool,
+}
+
+/// What the steady phase's loads are.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    rate: u64,
+    seconds: u64,
+}
+
+const LIGHT: Load = Load {
+    rate: 20,
+    seconds: 10,
+};
+
+/// What one run measured.
+#[derive(Debug, Default)]
+struct Figures {
+    /// Socket replicas: from their start until every one is connected.
+    connected_in: Option<Duration>,
+    provision: Duration,
+    light: Option<Latencies>,
+    paced: Option<Latencies>,
+    /// Changes written in the paced load, and per second.
+    paced_rate: f64,
+}
+
+async fn prepared(scenario: &Scenario) -> magic_sync_testdb::TestDb {
+    let db = magic_sync_testdb::database().await;
+    let mut client = db.connect().await;
+    let total = scenario.replicas as i64 * scenario.rows_each;
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE items (id bigint PRIMARY KEY, region bigint NOT NULL, name text NOT NULL,
+                                 value bigint NOT NULL, stamp bigint NOT NULL);
+             INSERT INTO items SELECT i, i % {}, 'item number ' || i, 0, 0 FROM generate_series(1, {total}) i;
+             ANALYZE items;",
+            scenario.replicas
+        ))
+        .await
+        .expect("data");
+    magic_sync::schema::migrate(&mut client)
+        .await
+        .expect("migrate");
+    engine()
+        .install_triggers(&mut client)
+        .await
+        .expect("triggers");
+    db
+}
+
+/// The relay's runner over `transport`, until the sender is used.
+fn start_relay<T>(
+    config: tokio_postgres::Config,
+    infos: Vec<ReplicaInfo>,
+    transport: T,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+)
+where
+    T: Transport + Reports + Send + Sync + 'static,
+{
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let host = Host(infos);
+        magic_sync::run::server::server(
+            config,
+            engine().clone(),
+            magic_sync::relay::Settings::default(),
+            &host,
+            &transport,
+            &transport,
+            async {
+                stopped.await.ok();
+            },
+        )
+        .await
+        .expect("the relay's runner");
+    });
+    (stop, task)
+}
+
+/// Single-row updates of random items, `rate` a second from two
+/// connections for `seconds`, each carrying the clock just before it
+/// commits; returns how many were written.
+async fn write(db: &magic_sync_testdb::TestDb, items: i64, load: Load) -> u64 {
+    let writers = 2;
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let client = db.connect().await;
+        tasks.push(tokio::spawn(async move {
+            let statement = client
+                .prepare("UPDATE items SET value = value + 1, stamp = $2 WHERE id = $1")
+                .await
+                .unwrap();
+            let per_writer = load.rate as f64 / writers as f64;
+            let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ (w as u64 + 1);
+            let started = Instant::now();
+            let mut done = 0u64;
+            while started.elapsed() < Duration::from_secs(load.seconds) {
+                let due = (started.elapsed().as_secs_f64() * per_writer) as u64;
+                if done >= due {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    continue;
+                }
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let id = 1 + (x % items as u64) as i64;
+                client
+                    .execute(&statement, &[&id, &now_micros()])
+                    .await
+                    .unwrap();
+                done += 1;
+            }
+            done
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    total
+}
+
+/// Writes `load`, then waits for it to arrive, and the latencies of every
+/// change against those applied.
+async fn paced(
+    db: &magic_sync_testdb::TestDb,
+    client: &tokio_postgres::Client,
+    side: &mut Side,
+    replicas: usize,
+    items: i64,
+    load: Load,
+) -> (Latencies, u64) {
+    side.latencies();
+    side.measure(true);
+    let changes = write(db, items, load).await;
+    let limit = Duration::from_secs(30);
+    let settled = support::settle(client, replicas, limit).await;
+    // An acknowledgement is sent after the latency is taken.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    side.measure(false);
+    if settled.is_err() {
+        println!(
+            "    {}",
+            support::describe_settle(&settled, limit, replicas)
+        );
+    }
+    let applied = side.latencies();
+    // A pass sends a row once however often it changed since the last:
+    // two changes of one row in one pass are one delivery. Rare here
+    // (thousands of rows a replica), and counted as never applied.
+    let missing = (changes as usize).saturating_sub(applied.len());
+    (Latencies::new(applied, missing), changes)
+}
+
+async fn run(scenario: &Scenario, kind: Kind, clients: Clients, load: Load) -> Figures {
+    let db = prepared(scenario).await;
+    let client = db.connect().await;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let ids: Vec<String> = (0..scenario.replicas).map(|i| format!("r{i:03}")).collect();
+    let infos: Vec<ReplicaInfo> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| ReplicaInfo::live(id, Some(&i.to_string())))
+        .collect();
+    let mut figures = Figures::default();
+    let mut serving = None;
+    let (mut side, relay) = match kind {
+        Kind::Memory => {
+            let network = Network::new(MAX_MESSAGE);
+            let side = Side::Local(Local::memory(&network, &ids, dir.path()));
+            (side, start_relay(db.config(), infos, network))
+        }
+        Kind::Socket => {
+            let mut replicas = Vec::new();
+            for id in &ids {
+                let secret = credentials::issue(&client, id)
+                    .await
+                    .expect("issue a secret");
+                replicas.push((id.clone(), secret));
+            }
+            let hub = Hub::new(
+                HubSettings {
+                    max_message_bytes: MAX_MESSAGE,
+                    ..HubSettings::default()
+                },
+                Credentials::new(db.config()),
+            );
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("a port");
+            let url = format!("ws://{}", listener.local_addr().unwrap());
+            let (stop_serving, stopped) = tokio::sync::oneshot::channel::<()>();
+            let task = {
+                let hub = hub.clone();
+                tokio::spawn(async move {
+                    serve(hub, listener, Security::Plain, async {
+                        stopped.await.ok();
+                    })
+                    .await
+                    .expect("serve");
+                })
+            };
+            serving = Some((stop_serving, task));
+            let started = Instant::now();
+            let side = match clients {
+                Clients::Threads => Side::Local(Local::sockets(&url, &replicas, dir.path())),
+                Clients::Process => Side::Child(Child::start(&url, &replicas, dir.path())),
+            };
+            while hub.connected().len() < ids.len() {
+                assert!(
+                    started.elapsed() < Duration::from_secs(120),
+                    "{} of {} replicas connected in 120 s",
+                    hub.connected().len(),
+                    ids.len()
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            figures.connected_in = Some(started.elapsed());
+            (side, start_relay(db.config(), infos, hub))
+        }
+    };
+    let started = now_micros();
+    let began = Instant::now();
+    loop {
+        let (ended, last) = side.ended();
+        if ended == scenario.replicas {
+            figures.provision = Duration::from_micros((last - started).max(0) as u64);
+            break;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(600),
+            "{ended} of {} replicas provisioned in 600 s",
+            scenario.replicas
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if scenario.steady {
+        let items = scenario.replicas as i64 * scenario.rows_each;
+        let limit = Duration::from_secs(120);
+        let settled = support::settle(&client, scenario.replicas, limit).await;
+        assert!(
+            settled.is_ok(),
+            "{}",
+            support::describe_settle(&settled, limit, scenario.replicas)
+        );
+        let (light, _) = paced(&db, &client, &mut side, scenario.replicas, items, LIGHT).await;
+        figures.light = Some(light);
+        let (latencies, changes) =
+            paced(&db, &client, &mut side, scenario.replicas, items, load).await;
+        figures.paced = Some(latencies);
+        figures.paced_rate = changes as f64 / load.seconds as f64;
+    }
+    let (stop, task) = relay;
+    stop.send(()).ok();
+    task.await.expect("the relay's task");
+    side.stop();
+    if let Some((stop, task)) = serving {
+        stop.send(()).ok();
+        task.await.expect("the server's task");
+    }
+    figures
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values[values.len() / 2]
+}
+
+fn ms(d: Option<Duration>) -> f64 {
+    d.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
+}
+
+fn main() {
+    if std::env::var("MAGIC_SYNC_BENCH_CHILD").as_deref() == Ok("replicas") {
+        child_main();
+        return;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(parent());
+}
+
+async fn parent() {
+    let replicas = env_u64("MAGIC_SYNC_BENCH_REPLICAS", 20) as usize;
+    let rows_each = env_u64("MAGIC_SYNC_BENCH_ROWS_EACH", 5_000) as i64;
+    let bulk_rows = env_u64("MAGIC_SYNC_BENCH_BULK_ROWS", 200_000) as i64;
+    let load = Load {
+        rate: env_u64("MAGIC_SYNC_BENCH_RATE", 500),
+        seconds: env_u64("MAGIC_SYNC_BENCH_SECONDS", 20),
+    };
+    let rounds = env_u64("MAGIC_SYNC_BENCH_ROUNDS", 1).max(1);
+    let clients = match std::env::var("MAGIC_SYNC_BENCH_CLIENTS").as_deref() {
+        Ok("threads") => Clients::Threads,
+        _ => Clients::Process,
+    };
+    let only = std::env::var("MAGIC_SYNC_BENCH_SCENARIOS").unwrap_or_default();
+    let scenarios: Vec<Scenario> = [
+        Scenario {
+            name: "fleet",
+            replicas,
+            rows_each,
+            steady: true,
+        },
+        Scenario {
+            name: "bulk",
+            replicas: 1,
+            rows_each: bulk_rows,
+            steady: false,
+        },
+    ]
+    .into_iter()
+    .filter(|s| only.is_empty() || only.split(',').any(|o| o.trim() == s.name))
+    .collect();
+    println!(
+        "transport: in-process network against WebSocket on loopback; socket replicas {}; {rounds} round(s)",
+        match clients {
+            Clients::Process => "in a child process",
+            Clients::Threads => "on threads of this process",
+        }
+    );
+    // Per scenario and transport, each round's figures.
+    let mut results: HashMap<(&str, Kind), Vec<Figures>> = HashMap::new();
+    for round in 0..rounds {
+        for scenario in &scenarios {
+            let order = if round % 2 == 0 {
+                [Kind::Memory, Kind::Socket]
+            } else {
+                [Kind::Socket, Kind::Memory]
+            };
+            for kind in order {
+                let f = run(scenario, kind, clients, load).await;
+                let mut line = format!(
+                    "round {}: {} ({} x {} rows), {}: provisioned in {}",
+                    round + 1,
+                    scenario.name,
+                    scenario.replicas,
+                    scenario.rows_each,
+                    kind.name(),
+                    show(f.provision)
+                );
+                if let Some(c) = f.connected_in {
+                    line.push_str(&format!(
+                        " (connected and authenticated before, in {})",
+                        show(c)
+                    ));
+                }
+                println!("{line}");
+                if let (Some(light), Some(paced)) = (&f.light, &f.paced) {
+                    println!(
+                        "  light {}/s for {} s: {}",
+                        LIGHT.rate,
+                        LIGHT.seconds,
+                        light.describe()
+                    );
+                    println!(
+                        "  paced {}/s for {} s ({:.0}/s written): {}",
+                        load.rate,
+                        load.seconds,
+                        f.paced_rate,
+                        paced.describe()
+                    );
+                }
+                results.entry((scenario.name, kind)).or_default().push(f);
+            }
+        }
+    }
+    println!();
+    println!("| medians of {rounds} round(s) | in-process | socket | socket / in-process |");
+    println!("| --- | --- | --- | --- |");
+    let row = |scenario: &str, what: String, get: &dyn Fn(&Figures) -> f64| {
+        let [memory, socket] = [Kind::Memory, Kind::Socket].map(|kind| {
+            median(
+                results
+                    .get(&(scenario, kind))
+                    .map(|fs| fs.iter().map(get).collect())
+                    .unwrap_or_default(),
+            )
+        });
+        println!(
+            "| {scenario}: {what} | {memory:.1} ms | {socket:.1} ms | **{:.2}x** |",
+            socket / memory
+        );
+    };
+    for scenario in &scenarios {
+        row(
+            scenario.name,
+            format!(
+                "provisioning {} x {} rows",
+                scenario.replicas, scenario.rows_each
+            ),
+            &|f| f.provision.as_secs_f64() * 1e3,
+        );
+        if scenario.steady {
+            for (name, p) in [("p50", 0.50), ("p99", 0.99)] {
+                row(
+                    scenario.name,
+                    format!("light {}/s, latency {name}", LIGHT.rate),
+                    &|f| ms(f.light.as_ref().and_then(|l| l.quantile(p))),
+                );
+            }
+            for (name, p) in [("p50", 0.50), ("p99", 0.99)] {
+                row(
+                    scenario.name,
+                    format!("paced {}/s, latency {name}", load.rate),
+                    &|f| ms(f.paced.as_ref().and_then(|l| l.quantile(p))),
+                );
+            }
+        }
+    }
+}
