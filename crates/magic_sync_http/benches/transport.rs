@@ -457,7 +457,7 @@ impl Replicas for Host {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Kind {
     Memory,
     Socket,
