@@ -67,7 +67,10 @@ impl Engine {
 
     /// Starts a list of tables: `Engine::builder().table::<Product>().table::<Order>().build()`.
     pub fn builder() -> Builder {
-        Builder { tables: Vec::new() }
+        Builder {
+            tables: Vec::new(),
+            stamps: Vec::new(),
+        }
     }
 
     /// Every declared table, in the order given.
@@ -128,9 +131,19 @@ impl Engine {
 }
 
 /// Builds an [`Engine`] table by table.
-#[derive(Debug)]
 pub struct Builder {
     tables: Vec<wire::Codec>,
+    stamps: Vec<(&'static str, wire::Stamp)>,
+}
+
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let stamped: Vec<&str> = self.stamps.iter().map(|(t, _)| *t).collect();
+        f.debug_struct("Builder")
+            .field("tables", &self.tables)
+            .field("stamped", &stamped)
+            .finish()
+    }
 }
 
 impl Builder {
@@ -141,8 +154,52 @@ impl Builder {
         self
     }
 
-    /// The engine.
-    pub fn build(self) -> Result<Engine> {
+    /// Stamps what the host knows of a sender on every row it uploads to
+    /// `R`'s table (which replicas write: `up`, or the owned columns of
+    /// `both`), before the row is filed: a store the till belongs to, a
+    /// region, a check that refuses a row. See [`wire::Stamp`].
+    ///
+    /// ```ignore
+    /// Engine::builder().table::<Sale>().stamp::<Sale>(move |till, row| {
+    ///     row.insert("store".into(), stores.of(till).into());
+    ///     Ok(())
+    /// })
+    /// ```
+    pub fn stamp<R: Row>(
+        mut self,
+        stamp: impl Fn(&str, &mut serde_json::Map<String, serde_json::Value>) -> std::result::Result<(), String>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Self {
+        self.stamps.push((R::TABLE.name, std::sync::Arc::new(stamp)));
+        self
+    }
+
+    /// The engine. A stamp on a table not declared, or on one replicas do
+    /// not write, is refused.
+    pub fn build(mut self) -> Result<Engine> {
+        let mut problems = Vec::new();
+        for (name, stamp) in self.stamps {
+            match self.tables.iter_mut().find(|c| c.name() == name) {
+                Some(codec) if codec.table().mirror != Mirror::Down => {
+                    codec.set_stamp(stamp);
+                }
+                Some(_) => problems.push(Mismatch {
+                    table: name.to_string(),
+                    column: None,
+                    problem: "has a stamp, but replicas do not write it (a down table)".into(),
+                }),
+                None => problems.push(Mismatch {
+                    table: name.to_string(),
+                    column: None,
+                    problem: "has a stamp, but is not declared".into(),
+                }),
+            }
+        }
+        if !problems.is_empty() {
+            return Err(Error::Declarations(problems));
+        }
         Engine::new(self.tables)
     }
 }

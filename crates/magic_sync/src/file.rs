@@ -368,7 +368,11 @@ fn prepare(
                     canonical_key(&own)
                 ));
             }
-            object(table.columns.iter().map(|c| c.name).zip(values.iter()))
+            let mut json = object(table.columns.iter().map(|c| c.name).zip(values.iter()));
+            if let (Some(stamp), serde_json::Value::Object(map)) = (codec.stamp(), &mut json) {
+                stamp(replica, map).map_err(|e| format!("the host's stamp refused it: {e}"))?;
+            }
+            json
         }
         None => object(table.key.iter().copied().zip(key_values.iter())),
     };

@@ -6,11 +6,23 @@ use crate::value::Value;
 use std::fmt;
 use std::sync::Arc;
 
+/// What a host knows of a sender, set on each row it uploads to one table
+/// before the row is filed: given the sender (as the transport
+/// authenticated it) and the row as column name → JSON value, it sets or
+/// checks columns; an error refuses the row, with the error as the reason.
+/// The origin column is set to the sender after it, whatever it did.
+pub type Stamp = Arc<
+    dyn Fn(&str, &mut serde_json::Map<String, serde_json::Value>) -> Result<(), String>
+        + Send
+        + Sync,
+>;
+
 /// One table as the engine holds it: what it declares and how its rows travel.
 #[derive(Clone)]
 pub struct Codec {
     table: &'static Table,
     inner: Arc<dyn ErasedCodec>,
+    stamp: Option<Stamp>,
 }
 
 impl fmt::Debug for Codec {
@@ -18,6 +30,7 @@ impl fmt::Debug for Codec {
         f.debug_struct("wire::Codec")
             .field("table", &self.table.name)
             .field("format", &self.inner.format())
+            .field("stamped", &self.stamp.is_some())
             .finish()
     }
 }
@@ -28,7 +41,17 @@ impl Codec {
         Codec {
             table: &R::TABLE,
             inner: Arc::new(R::codec()),
+            stamp: None,
         }
+    }
+
+    /// The host's stamp on rows uploaded to this table, if it has one.
+    pub fn stamp(&self) -> Option<&Stamp> {
+        self.stamp.as_ref()
+    }
+
+    pub(crate) fn set_stamp(&mut self, stamp: Stamp) {
+        self.stamp = Some(stamp);
     }
 
     /// The declaration.

@@ -102,6 +102,69 @@ async fn a_tills_sales_are_filed_under_the_till_the_transport_named_and_let_go_o
 }
 
 #[tokio::test]
+async fn the_hosts_stamp_sets_what_it_knows_of_the_sender_and_may_refuse_a_row() {
+    // The host knows each till's house customer, and refuses sales over
+    // 1,000; its stamp also tries to claim another till, in vain.
+    let engine = crate::shop::builder()
+        .stamp::<crate::shop::Sale>(|till, row| {
+            let house = match till {
+                "u1" => 7,
+                _ => 8,
+            };
+            if row["customer_id"].is_null() {
+                row.insert("customer_id".into(), house.into());
+            }
+            row.insert("unit_id".into(), "u2".into());
+            let total = &row["total"];
+            let total = total
+                .as_f64()
+                .or_else(|| total.as_str().and_then(|t| t.parse().ok()))
+                .ok_or("a total that is not a number")?;
+            if total > 1000.0 {
+                return Err(format!("a sale of {total} needs a manager"));
+            }
+            Ok(())
+        })
+        .build()
+        .unwrap();
+    let mut fleet = Fleet::of(&format!("{}{SHOP}", crate::shop::SQL), engine).await;
+    fleet.add("u1", Some("north"));
+    fleet.sync().await;
+    till_writes(
+        &mut fleet,
+        "u1",
+        "INSERT INTO sales VALUES ('s1', 'u1', NULL, '12.50', 1), ('s2', 'u1', 9, '3', 1),
+                                  ('s3', 'u1', NULL, '5000', 1)",
+    );
+    let filing = send(&mut fleet, "u1", "u1").await;
+    assert_eq!(counts(&filing), (2, 0, 1));
+    let refused = refusals(&filing);
+    assert!(
+        refused[0].reason.contains("the host's stamp refused it: a sale of 5000 needs a manager"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        sales(&fleet).await,
+        [
+            ("s1".into(), "u1".into(), Some(7), "12.50".into(), 1),
+            ("s2".into(), "u1".into(), Some(9), "3".into(), 1),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_stamp_on_a_table_replicas_do_not_write_is_refused() {
+    let err = crate::shop::builder()
+        .stamp::<crate::shop::Product>(|_, _| Ok(()))
+        .build()
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("products") && err.to_string().contains("do not write"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
 async fn an_upload_filed_twice_changes_nothing_the_second_time() {
     let mut fleet = shop().await;
     till_writes(

@@ -117,6 +117,13 @@ pub struct Shipment {
 
 /// The engine over every shop table.
 pub fn engine() -> Engine {
+    builder()
+        .build()
+        .expect("the shop's declarations agree with each other")
+}
+
+/// Every shop table, for a test that adds to the engine.
+pub fn builder() -> magic_sync::engine::Builder {
     Engine::builder()
         .table::<Product>()
         .table::<Customer>()
@@ -128,8 +135,6 @@ pub fn engine() -> Engine {
         .table::<Sale>()
         .table::<Event>()
         .table::<Shipment>()
-        .build()
-        .expect("the shop's declarations agree with each other")
 }
 
 /// A fresh database with the shop's tables, the sync schema and the triggers.
