@@ -15,6 +15,7 @@ use axum::extract::{ConnectInfo, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::Extension;
 use axum::Router;
 use base64::Engine as _;
 use futures_util::{SinkExt, StreamExt};
@@ -31,7 +32,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 
 /// How the server treats its connections.
 #[derive(Debug, Clone)]
@@ -441,8 +442,13 @@ pub async fn serve(
     security: Security,
     stop: impl Future<Output = ()>,
 ) -> crate::Result<()> {
+    // Whether this `serve` stopped: a connection it accepted that asks to
+    // become a replica's after is refused, and one that becomes a
+    // replica's as it stops is closed.
+    let (stopping, stopped) = watch::channel(false);
     let app = Router::new()
         .route(crate::PATH, get(upgrade))
+        .layer(Extension(Stopped(stopped)))
         .with_state(hub.inner.clone());
     tokio::pin!(stop);
     loop {
@@ -461,7 +467,8 @@ pub async fn serve(
         };
         let inner = &hub.inner;
         let open = inner.connections.fetch_add(1, Ordering::Relaxed);
-        let counted = Counted(inner.clone());
+        // Held by the connection until it ends, a replica's or not.
+        let counted = Arc::new(Counted(inner.clone()));
         if open >= inner.settings.max_connections {
             eprintln!(
                 "magic_sync_http: {addr}: closed at once, {open} connections are open (at most {})",
@@ -472,14 +479,17 @@ pub async fn serve(
         let _ = tcp.set_nodelay(true);
         let (app, security) = (app.clone(), security.clone());
         let handshake = inner.settings.handshake_timeout;
+        // TLS, requests, and checking a secret: all within the timeout.
+        let deadline = tokio::time::Instant::now() + handshake;
         tokio::spawn(async move {
-            let _counted = counted;
             match security {
-                Security::Plain => connection(tcp, addr, app, handshake).await,
+                Security::Plain => connection(tcp, addr, app, counted, handshake, deadline).await,
                 #[cfg(feature = "tls")]
                 Security::Tls(acceptor) => {
-                    match tokio::time::timeout(handshake, acceptor.accept(tcp)).await {
-                        Ok(Ok(tls)) => connection(tls, addr, app, handshake).await,
+                    match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => {
+                            connection(tls, addr, app, counted, handshake, deadline).await
+                        }
                         Ok(Err(e)) => eprintln!("magic_sync_http: {addr}: TLS: {e}"),
                         Err(_) => {
                             eprintln!("magic_sync_http: {addr}: no TLS handshake in {handshake:?}")
@@ -489,6 +499,7 @@ pub async fn serve(
             }
         });
     }
+    stopping.send_replace(true);
     let peers = hub.inner.peers();
     for conn in peers.values().filter_map(|p| p.conn.as_ref()) {
         let _ = conn
@@ -498,8 +509,26 @@ pub async fn serve(
     Ok(())
 }
 
-/// Counts a connection open while it lives.
+/// Counts a connection open while it lives: from its acceptance to the end
+/// of the replica's connection it became, if it did.
 struct Counted(Arc<Inner>);
+
+/// Whether the [`serve`] that accepted a connection stopped.
+#[derive(Clone)]
+struct Stopped(watch::Receiver<bool>);
+
+impl Stopped {
+    fn now(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves when the `serve` stops (never if it was dropped instead).
+    async fn wait(&mut self) {
+        if self.0.wait_for(|stopped| *stopped).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
 
 impl Drop for Counted {
     fn drop(&mut self) {
@@ -507,23 +536,35 @@ impl Drop for Counted {
     }
 }
 
-/// Serves one connection's HTTP: its headers must come within `handshake`.
-async fn connection<I>(io: I, addr: SocketAddr, app: Router, handshake: Duration)
-where
+/// Serves one connection's HTTP until it becomes a replica's (the
+/// upgrade hands it over) or ends: by `deadline`, else it is closed, however
+/// many requests it made meanwhile.
+async fn connection<I>(
+    io: I,
+    addr: SocketAddr,
+    app: Router,
+    counted: Arc<Counted>,
+    handshake: Duration,
+    deadline: tokio::time::Instant,
+) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let service = hyper_util::service::TowerToHyperService::new(
-        app.layer(axum::Extension(ConnectInfo(addr))),
+        app.layer(Extension(ConnectInfo(addr)))
+            .layer(Extension(counted)),
     );
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(handshake);
     let served = http
         .serve_connection(hyper_util::rt::TokioIo::new(io), service)
-        .with_upgrades()
-        .await;
-    if let Err(e) = served {
-        eprintln!("magic_sync_http: {addr}: {e}");
+        .with_upgrades();
+    match tokio::time::timeout_at(deadline, served).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("magic_sync_http: {addr}: {e}"),
+        Err(_) => eprintln!(
+            "magic_sync_http: {addr}: not a replica's connection after {handshake:?}; closed"
+        ),
     }
 }
 
@@ -554,9 +595,14 @@ fn basic(headers: &HeaderMap) -> Result<(String, String), &'static str> {
 async fn upgrade(
     State(inner): State<Arc<Inner>>,
     ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    Extension(counted): Extension<Arc<Counted>>,
+    Extension(stopped): Extension<Stopped>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
+    if stopped.now() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "the server stops").into_response();
+    }
     let (replica, secret) = match basic(&headers) {
         Ok(credentials) => credentials,
         Err(why) => {
@@ -594,7 +640,10 @@ async fn upgrade(
     let max = inner.settings.max_message_bytes;
     ws.max_message_size(max)
         .max_frame_size(max)
-        .on_upgrade(move |socket| replica_connection(inner, replica, addr, socket))
+        .on_upgrade(move |socket| async move {
+            let _counted = counted;
+            replica_connection(inner, replica, addr, stopped, socket).await;
+        })
 }
 
 /// A failed read: the replica went away (code 0: nothing to say to it), or
@@ -630,6 +679,7 @@ async fn replica_connection(
     inner: Arc<Inner>,
     replica: String,
     addr: SocketAddr,
+    mut stopped: Stopped,
     socket: WebSocket,
 ) {
     let (mut sink, mut stream) = socket.split();
@@ -650,6 +700,14 @@ async fn replica_connection(
                     None => return Ok(()),
                 },
                 _ = ping.tick() => (Message::Ping(axum::body::Bytes::new()), false),
+                // Became a replica's as the server stopped.
+                () = stopped.wait() => (
+                    Message::Close(Some(CloseFrame {
+                        code: CLOSE_AWAY,
+                        reason: "the server stops".into(),
+                    })),
+                    true,
+                ),
             };
             match tokio::time::timeout(settings.write_timeout, sink.send(message)).await {
                 Ok(Ok(())) if !last => {}
