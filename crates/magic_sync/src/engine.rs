@@ -167,12 +167,16 @@ impl Builder {
     /// ```
     pub fn stamp<R: Row>(
         mut self,
-        stamp: impl Fn(&str, &mut serde_json::Map<String, serde_json::Value>) -> std::result::Result<(), String>
+        stamp: impl Fn(
+                &str,
+                &mut serde_json::Map<String, serde_json::Value>,
+            ) -> std::result::Result<(), String>
             + Send
             + Sync
             + 'static,
     ) -> Self {
-        self.stamps.push((R::TABLE.name, std::sync::Arc::new(stamp)));
+        self.stamps
+            .push((R::TABLE.name, std::sync::Arc::new(stamp)));
         self
     }
 

@@ -32,8 +32,16 @@
 //! machine's cores all the same); MAGIC_SYNC_BENCH_CLIENTS=threads runs them
 //! as threads of this process instead, exactly as the in-process replicas
 //! run. MAGIC_SYNC_BENCH_ROUNDS (default 1) repeats both runs, alternating
-//! which goes first; figures are medians over the rounds.
-//! MAGIC_SYNC_BENCH_SCENARIOS=fleet or =bulk runs one scenario only.
+//! which goes first; the summary gives each transport's median and the
+//! median of the rounds' ratios (a round's two runs ran back to back, on
+//! the same machine load). MAGIC_SYNC_BENCH_SCENARIOS=fleet or =bulk runs
+//! one scenario only.
+//!
+//! Beside the times, the CPU time of the server's process and the
+//! replicas' (this process, and the child when there is one; PostgreSQL's
+//! is not counted, the writers' client side is, alike in both runs) while
+//! provisioning and in the paced load: what the transport costs where
+//! latency hides it.
 //!
 //! Both transports carry messages of at most 1 MiB (the in-process
 //! network's size in the engine's benchmarks); the hub's other settings
@@ -57,7 +65,7 @@ use prost::Message as _;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use support::{env_u64, now_micros, show, Latencies};
@@ -106,6 +114,8 @@ struct Seen {
     measuring: AtomicBool,
     /// Commit-to-applied, microseconds.
     latencies: Mutex<Vec<u64>>,
+    /// Messages applied while latencies are taken.
+    messages: AtomicU64,
     /// Per replica, when it applied its (first) snapshot's end.
     ended: Mutex<HashMap<String, i64>>,
 }
@@ -161,6 +171,7 @@ impl Link for Watched<'_> {
                 .map(|stamp| (applied - stamp).max(0) as u64)
                 .collect();
             self.seen.latencies.lock().unwrap().extend(latencies);
+            self.seen.messages.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -284,8 +295,13 @@ impl Local {
         self.seen.measuring.store(on, Ordering::Relaxed);
     }
 
-    fn latencies(&self) -> Vec<u64> {
-        std::mem::take(&mut *self.seen.latencies.lock().unwrap())
+    /// The latencies taken, and the messages they were taken from.
+    fn latencies(&self) -> (Vec<u64>, u64) {
+        let messages = self.seen.messages.swap(0, Ordering::Relaxed);
+        (
+            std::mem::take(&mut *self.seen.latencies.lock().unwrap()),
+            messages,
+        )
     }
 
     fn stop(self) {
@@ -353,11 +369,11 @@ impl Child {
         (parts.next().unwrap() as usize, parts.next().unwrap())
     }
 
-    fn latencies(&mut self) -> Vec<u64> {
-        self.ask("latencies")
-            .split_whitespace()
-            .map(|p| p.parse().unwrap())
-            .collect()
+    fn latencies(&mut self) -> (Vec<u64>, u64) {
+        let answer = self.ask("latencies");
+        let mut numbers = answer.split_whitespace().map(|p| p.parse().unwrap());
+        let messages = numbers.next().expect("the messages");
+        (numbers.collect(), messages)
     }
 
     fn stop(mut self) {
@@ -394,8 +410,9 @@ fn child_main() {
                 println!("ok");
             }
             "latencies" => {
-                let text: Vec<String> = local.latencies().iter().map(u64::to_string).collect();
-                println!("{}", text.join(" "));
+                let (latencies, messages) = local.latencies();
+                let text: Vec<String> = latencies.iter().map(u64::to_string).collect();
+                println!("{messages} {}", text.join(" "));
             }
             "quit" => {
                 local.stop();
@@ -431,10 +448,19 @@ impl Side {
         }
     }
 
-    fn latencies(&mut self) -> Vec<u64> {
+    fn latencies(&mut self) -> (Vec<u64>, u64) {
         match self {
             Side::Local(l) => l.latencies(),
             Side::Child(c) => c.latencies(),
+        }
+    }
+
+    /// CPU time of this process and the replicas' process, if apart.
+    fn cpu(&self) -> Duration {
+        let own = cpu(std::process::id());
+        match self {
+            Side::Local(_) => own,
+            Side::Child(c) => own + cpu(c.child.id()),
         }
     }
 
@@ -444,6 +470,21 @@ impl Side {
             Side::Child(c) => c.stop(),
         }
     }
+}
+
+/// CPU time (user and system) of process `pid` so far.
+fn cpu(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's name, in parentheses: utime and
+    // stime are the line's 14th and 15th, in the kernel's USER_HZ (100).
+    let Some(at) = stat.rfind(')') else {
+        return Duration::ZERO;
+    };
+    let fields: Vec<u64> = stat[at + 2..]
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    Duration::from_millis((fields[11] + fields[12]) * 10)
 }
 
 // ---------------------------------------------------------------------------
@@ -505,10 +546,18 @@ struct Figures {
     /// Socket replicas: from their start until every one is connected.
     connected_in: Option<Duration>,
     provision: Duration,
+    /// CPU time of the relay's and the replicas' processes meanwhile (not
+    /// PostgreSQL's).
+    provision_cpu: Duration,
     light: Option<Latencies>,
     paced: Option<Latencies>,
-    /// Changes written in the paced load, and per second.
+    /// Changes written in the paced load, per second.
     paced_rate: f64,
+    /// CPU time of the relay's and the replicas' processes in the paced
+    /// load (not PostgreSQL's).
+    paced_cpu: Duration,
+    /// Messages the replicas applied in the paced load.
+    paced_messages: u64,
 }
 
 async fn prepared(scenario: &Scenario) -> magic_sync_testdb::TestDb {
@@ -619,7 +668,7 @@ async fn paced(
     replicas: usize,
     items: i64,
     load: Load,
-) -> (Latencies, u64) {
+) -> (Latencies, u64, u64) {
     side.latencies();
     side.measure(true);
     let changes = write(db, items, load).await;
@@ -634,12 +683,12 @@ async fn paced(
             support::describe_settle(&settled, limit, replicas)
         );
     }
-    let applied = side.latencies();
+    let (applied, messages) = side.latencies();
     // A pass sends a row once however often it changed since the last:
     // two changes of one row in one pass are one delivery. Rare here
     // (thousands of rows a replica), and counted as never applied.
     let missing = (changes as usize).saturating_sub(applied.len());
-    (Latencies::new(applied, missing), changes)
+    (Latencies::new(applied, missing), changes, messages)
 }
 
 async fn run(scenario: &Scenario, kind: Kind, clients: Clients, load: Load) -> Figures {
@@ -709,12 +758,14 @@ async fn run(scenario: &Scenario, kind: Kind, clients: Clients, load: Load) -> F
             (side, start_relay(db.config(), infos, hub))
         }
     };
+    let cpu_before = side.cpu();
     let started = now_micros();
     let began = Instant::now();
     loop {
         let (ended, last) = side.ended();
         if ended == scenario.replicas {
             figures.provision = Duration::from_micros((last - started).max(0) as u64);
+            figures.provision_cpu = side.cpu().saturating_sub(cpu_before);
             break;
         }
         assert!(
@@ -733,11 +784,14 @@ async fn run(scenario: &Scenario, kind: Kind, clients: Clients, load: Load) -> F
             "{}",
             support::describe_settle(&settled, limit, scenario.replicas)
         );
-        let (light, _) = paced(&db, &client, &mut side, scenario.replicas, items, LIGHT).await;
+        let (light, _, _) = paced(&db, &client, &mut side, scenario.replicas, items, LIGHT).await;
         figures.light = Some(light);
-        let (latencies, changes) =
+        let cpu_before = side.cpu();
+        let (latencies, changes, messages) =
             paced(&db, &client, &mut side, scenario.replicas, items, load).await;
+        figures.paced_cpu = side.cpu().saturating_sub(cpu_before);
         figures.paced = Some(latencies);
+        figures.paced_messages = messages;
         figures.paced_rate = changes as f64 / load.seconds as f64;
     }
     let (stop, task) = relay;
@@ -826,13 +880,14 @@ async fn parent() {
             for kind in order {
                 let f = run(scenario, kind, clients, load).await;
                 let mut line = format!(
-                    "round {}: {} ({} x {} rows), {}: provisioned in {}",
+                    "round {}: {} ({} x {} rows), {}: provisioned in {} ({} CPU in the server's and replicas' processes)",
                     round + 1,
                     scenario.name,
                     scenario.replicas,
                     scenario.rows_each,
                     kind.name(),
-                    show(f.provision)
+                    show(f.provision),
+                    show(f.provision_cpu)
                 );
                 if let Some(c) = f.connected_in {
                     line.push_str(&format!(
@@ -849,11 +904,14 @@ async fn parent() {
                         light.describe()
                     );
                     println!(
-                        "  paced {}/s for {} s ({:.0}/s written): {}",
+                        "  paced {}/s for {} s ({:.0}/s written): {}; {} messages; {} CPU in the server's and replicas' processes ({:.0} µs a message)",
                         load.rate,
                         load.seconds,
                         f.paced_rate,
-                        paced.describe()
+                        paced.describe(),
+                        f.paced_messages,
+                        show(f.paced_cpu),
+                        f.paced_cpu.as_secs_f64() * 1e6 / f.paced_messages.max(1) as f64
                     );
                 }
                 results.entry((scenario.name, kind)).or_default().push(f);
@@ -861,20 +919,27 @@ async fn parent() {
         }
     }
     println!();
-    println!("| medians of {rounds} round(s) | in-process | socket | socket / in-process |");
+    // Each round's two runs ran back to back: the ratio is taken within a
+    // round, then the median of the rounds' ratios.
+    println!(
+        "| medians of {rounds} round(s) | in-process | socket | socket / in-process (each round's) |"
+    );
     println!("| --- | --- | --- | --- |");
     let row = |scenario: &str, what: String, get: &dyn Fn(&Figures) -> f64| {
-        let [memory, socket] = [Kind::Memory, Kind::Socket].map(|kind| {
-            median(
-                results
-                    .get(&(scenario, kind))
-                    .map(|fs| fs.iter().map(get).collect())
-                    .unwrap_or_default(),
-            )
+        let [memory, socket]: [Vec<f64>; 2] = [Kind::Memory, Kind::Socket].map(|kind| {
+            results
+                .get(&(scenario, kind))
+                .map(|fs| fs.iter().map(get).collect())
+                .unwrap_or_default()
         });
+        let ratios: Vec<f64> = memory.iter().zip(&socket).map(|(m, s)| s / m).collect();
+        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
         println!(
-            "| {scenario}: {what} | {memory:.1} ms | {socket:.1} ms | **{:.2}x** |",
-            socket / memory
+            "| {scenario}: {what} | {:.1} ms | {:.1} ms | **{:.2}x** ({}) |",
+            median(memory),
+            median(socket),
+            median(ratios.clone()),
+            each.join(", ")
         );
     };
     for scenario in &scenarios {
@@ -885,6 +950,11 @@ async fn parent() {
                 scenario.replicas, scenario.rows_each
             ),
             &|f| f.provision.as_secs_f64() * 1e3,
+        );
+        row(
+            scenario.name,
+            "provisioning, CPU time (relay and replicas)".to_string(),
+            &|f| f.provision_cpu.as_secs_f64() * 1e3,
         );
         if scenario.steady {
             for (name, p) in [("p50", 0.50), ("p99", 0.99)] {
@@ -901,6 +971,11 @@ async fn parent() {
                     &|f| ms(f.paced.as_ref().and_then(|l| l.quantile(p))),
                 );
             }
+            row(
+                scenario.name,
+                format!("paced {}/s, CPU time (relay and replicas)", load.rate),
+                &|f| f.paced_cpu.as_secs_f64() * 1e3,
+            );
         }
     }
 }

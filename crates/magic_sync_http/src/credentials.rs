@@ -8,7 +8,7 @@ use argon2::Argon2;
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use tokio_postgres::{Client, NoTls};
 
 /// A new random secret: 32 bytes, as URL-safe base64.
@@ -78,6 +78,10 @@ pub async fn revoke(client: &Client, replica: &str) -> Result<bool> {
         > 0)
 }
 
+/// Per replica: the stored hash a secret was proved against, and the
+/// SHA-256 of that secret.
+type Proved = HashMap<String, (String, [u8; 32])>;
+
 /// Checks connecting replicas' secrets against `sync.credentials`, on a
 /// connection of its own (opened again when lost).
 ///
@@ -90,7 +94,13 @@ pub struct Credentials {
     client: tokio::sync::Mutex<Option<Client>>,
     /// Per replica: the stored hash a secret was proved against, and the
     /// SHA-256 of that secret.
-    proved: Mutex<HashMap<String, (String, [u8; 32])>>,
+    proved: Arc<Mutex<Proved>>,
+    /// Slow hashes run at once at most (each takes Argon2's 19 MiB and a
+    /// thread), so a fleet connecting at once cannot exhaust the server.
+    hashing: Arc<tokio::sync::Semaphore>,
+    /// Checks waiting for a turn now; past [`Credentials::QUEUE`] a check
+    /// is refused at once, to be tried again after the replica's backoff.
+    waiting: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -102,12 +112,18 @@ impl std::fmt::Debug for Credentials {
 impl Credentials {
     /// Checks against the database at `config`.
     pub fn new(config: tokio_postgres::Config) -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, usize::from);
         Credentials {
             config,
             client: tokio::sync::Mutex::new(None),
-            proved: Mutex::default(),
+            proved: Arc::default(),
+            hashing: Arc::new(tokio::sync::Semaphore::new(cores)),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
         }
     }
+
+    /// Checks that may wait for a slow hash at once.
+    const QUEUE: usize = 256;
 
     async fn stored(&self, replica: &str) -> Result<Option<String>> {
         let mut client = self.client.lock().await;
@@ -149,17 +165,33 @@ impl Credentials {
         if known {
             return Ok(true);
         }
-        let (hash, secret) = (stored.clone(), secret.to_string());
-        let ok = tokio::task::spawn_blocking(move || verify(&hash, &secret))
-            .await
-            .map_err(|e| Error::Hash(e.to_string()))?;
-        if ok {
-            self.proved
-                .lock()
-                .expect("not poisoned")
-                .insert(replica.to_string(), (stored, digest));
+        use std::sync::atomic::Ordering;
+        if self.waiting.fetch_add(1, Ordering::AcqRel) >= Self::QUEUE {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::Hash(format!(
+                "{} secrets wait to be checked already",
+                Self::QUEUE
+            )));
         }
-        Ok(ok)
+        let permit = self.hashing.clone().acquire_owned().await;
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        let permit = permit.map_err(|e| Error::Hash(e.to_string()))?;
+        let (proved, replica, secret) =
+            (self.proved.clone(), replica.to_string(), secret.to_string());
+        // A secret proved counts even if the replica gave up waiting.
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let ok = verify(&stored, &secret);
+            if ok {
+                proved
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(replica, (stored, digest));
+            }
+            ok
+        })
+        .await
+        .map_err(|e| Error::Hash(e.to_string()))
     }
 }
 

@@ -194,6 +194,9 @@ const CLOSE_POLICY: u16 = 1008;
 const CLOSE_INVALID: u16 = 1007;
 const CLOSE_TOO_BIG: u16 = 1009;
 
+/// Bytes read from a replica's connection at a time.
+const READ_BUFFER: usize = 8 << 10;
+
 impl Inner {
     fn peers(&self) -> MutexGuard<'_, HashMap<String, Peer>> {
         self.peers
@@ -638,8 +641,12 @@ async fn upgrade(
         }
     }
     let max = inner.settings.max_message_bytes;
+    // A replica mostly acknowledges: a small read buffer (tungstenite
+    // fills the whole buffer on its first read, 128 KiB by default, which
+    // was most of an idle connection's cost).
     ws.max_message_size(max)
         .max_frame_size(max)
+        .read_buffer_size(READ_BUFFER)
         .on_upgrade(move |socket| async move {
             let _counted = counted;
             replica_connection(inner, replica, addr, stopped, socket).await;

@@ -140,7 +140,9 @@ async fn the_hosts_stamp_sets_what_it_knows_of_the_sender_and_may_refuse_a_row()
     assert_eq!(counts(&filing), (2, 0, 1));
     let refused = refusals(&filing);
     assert!(
-        refused[0].reason.contains("the host's stamp refused it: a sale of 5000 needs a manager"),
+        refused[0]
+            .reason
+            .contains("the host's stamp refused it: a sale of 5000 needs a manager"),
         "{refused:?}"
     );
     assert_eq!(
