@@ -770,11 +770,30 @@ async fn replica_connection(
                 "magic_sync_http: replica `{replica}` ({addr}): {why}; its connection is closed"
             );
             let _ = tx.send(Out::Close(code, why));
-            let _ = tokio::time::timeout(Duration::from_secs(1), &mut writer).await;
+            let _ = tokio::time::timeout(CLOSING, &mut writer).await;
             writer.abort();
+            closing(&mut stream).await;
         }
         Some(Ok(())) => writer.abort(),
-        None => {}
+        // The writer said why it closed (or could not write at all).
+        None => closing(&mut stream).await,
     }
     inner.detach(&replica, generation);
+}
+
+/// How long a closed connection is given to read its close frame.
+const CLOSING: Duration = Duration::from_secs(1);
+
+/// Keeps reading, briefly, after the server's close frame went: the
+/// socket stays open until the replica answers it (or goes), so a replica
+/// behind on reading still gets to read why.
+async fn closing(stream: &mut futures_util::stream::SplitStream<WebSocket>) {
+    let _ = tokio::time::timeout(CLOSING, async {
+        while let Some(Ok(frame)) = stream.next().await {
+            if matches!(frame, Message::Close(_)) {
+                break;
+            }
+        }
+    })
+    .await;
 }
