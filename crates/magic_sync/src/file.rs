@@ -335,7 +335,16 @@ async fn file_row(
         }
         Err(Error::Postgres(e)) if refused_by_postgres(&e) => {
             savepoint.rollback().await?;
-            Ok(Outcome::Refused(format!("PostgreSQL refused it: {e}")))
+            // The database's own words (a foreign key, a check), not
+            // the client's "db error".
+            let why = e.as_db_error().map_or_else(
+                || e.to_string(),
+                |db| match db.detail() {
+                    Some(detail) => format!("{} ({detail})", db.message()),
+                    None => db.message().to_string(),
+                },
+            );
+            Ok(Outcome::Refused(format!("PostgreSQL refused it: {why}")))
         }
         Err(e) => Err(e),
     }

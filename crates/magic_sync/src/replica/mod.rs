@@ -284,14 +284,26 @@ impl<'e> Replica<'e> {
     /// The same upload as [`upload`](Self::upload), not yet recorded as
     /// sent: for a host that hands it over first and calls
     /// [`sent`](Self::sent) once its uplink took it. Rows set aside are
-    /// left out.
+    /// left out, and so are rows that cannot be read as their table
+    /// declares them, which are set aside.
     pub fn prepare_upload(
         &mut self,
         max_bytes: usize,
         resend_after: std::time::Duration,
     ) -> Result<Option<Pending>> {
         let due = up::due(&self.conn, resend_after, &self.set_aside)?;
-        up::make(&mut self.conn, self.engine, &due, max_bytes)
+        let mut unreadable = Vec::new();
+        let made = up::make(
+            &mut self.conn,
+            self.engine,
+            &due,
+            max_bytes,
+            &mut unreadable,
+        );
+        for (table, key, _) in unreadable {
+            self.set_aside.insert((table, key));
+        }
+        made
     }
 
     /// Records `pending` as sent. An answer to it that came first lets go of

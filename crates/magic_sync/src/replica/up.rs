@@ -319,11 +319,17 @@ pub(crate) fn by_lane(engine: &Engine, notes: Vec<Note>) -> BTreeMap<String, Vec
 /// noted: such notes are let go of). An upload travels on one lane: that
 /// of the first note's table; notes of other lanes are left for their
 /// own. Nothing is stamped: see [`stamp`].
+///
+/// A row that cannot be read as its table declares it (a value the host
+/// wrote in a form its column's kind does not take) is left out and
+/// pushed to `unreadable` with why, for the caller to set aside: it holds
+/// back no other row.
 pub(crate) fn make(
     conn: &mut Connection,
     engine: &Engine,
     notes: &[Note],
     max_bytes: usize,
+    unreadable: &mut Vec<(String, String, String)>,
 ) -> Result<Option<Pending>> {
     let tx = conn.transaction()?;
     let mut send_id = vec![0u8; 16];
@@ -342,7 +348,15 @@ pub(crate) fn make(
                 .execute(params![table_name, key, writes])?;
             continue;
         };
-        let Some(gathered) = read(&tx, engine, table, key)? else {
+        let gathered = match read(&tx, engine, table, key) {
+            Ok(gathered) => gathered,
+            Err(Error::Invalid(why)) => {
+                unreadable.push((table_name.clone(), key.clone(), why));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let Some(gathered) = gathered else {
             // Gone from a table whose rows are not the replica's to delete.
             tx.prepare_cached(FORGET)?
                 .execute(params![table_name, key, writes])?;
@@ -434,7 +448,13 @@ fn read(
         .prepare_cached(&sql)?
         .query_row([key], |row| Ok(lite::read_row(row, 0, table)))
         .optional()?
-        .transpose()?;
+        .transpose()
+        .map_err(|e| match e {
+            Error::Invalid(why) => {
+                Error::Invalid(format!("table `{}`, row {key}: {why}", table.name))
+            }
+            e => e,
+        })?;
     match values {
         Some(values) => {
             let key_values: Vec<_> = table

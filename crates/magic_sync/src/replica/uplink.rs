@@ -44,6 +44,11 @@ pub struct SentUp {
     pub uploads: usize,
     /// Rows set aside by this call, as (table, key as noted).
     pub set_aside: Vec<(String, String)>,
+    /// Of those, the rows that cannot be read as their table declares
+    /// them (a value the host wrote in a form its column does not take),
+    /// as (table, key as noted, why). They wait for the host to write
+    /// them again, or for the replica to run again.
+    pub unreadable: Vec<(String, String, String)>,
     /// Why sending stopped early, when the uplink could not reach the
     /// server or refused everything: try again after a backoff.
     pub waits: Option<String>,
@@ -109,6 +114,22 @@ impl Sender<'_> {
     }
 
     /// Sends what is due, at most `most` uploads: see the module's comment.
+    /// Sets aside rows that cannot be read, and says so in `report`.
+    fn unreadable(
+        &mut self,
+        skip: &mut HashSet<(String, String)>,
+        report: &mut SentUp,
+        rows: Vec<(String, String, String)>,
+    ) {
+        for (table, key, why) in rows {
+            skip.insert((table.clone(), key.clone()));
+            if self.set_aside.insert((table.clone(), key.clone())) {
+                report.set_aside.push((table.clone(), key.clone()));
+                report.unreadable.push((table, key, why));
+            }
+        }
+    }
+
     pub fn send_up(
         &mut self,
         uplink: &impl Uplink,
@@ -131,8 +152,16 @@ impl Sender<'_> {
                 if report.uploads >= most {
                     break 'sending;
                 }
-                let Some(pending) = up::make(self.conn, self.engine, &notes, uplink.max_bytes())?
-                else {
+                let mut unreadable = Vec::new();
+                let made = up::make(
+                    self.conn,
+                    self.engine,
+                    &notes,
+                    uplink.max_bytes(),
+                    &mut unreadable,
+                );
+                self.unreadable(&mut skip, &mut report, unreadable);
+                let Some(pending) = made? else {
                     continue;
                 };
                 let mut queue = VecDeque::from([pending]);
@@ -158,8 +187,16 @@ impl Sender<'_> {
                             let (first, second) = notes.split_at(notes.len() / 2);
                             for half in [first, second] {
                                 // Read again: a row may be gone since.
-                                if let Some(p) = up::make(self.conn, self.engine, half, usize::MAX)?
-                                {
+                                let mut unreadable = Vec::new();
+                                let made = up::make(
+                                    self.conn,
+                                    self.engine,
+                                    half,
+                                    usize::MAX,
+                                    &mut unreadable,
+                                );
+                                self.unreadable(&mut skip, &mut report, unreadable);
+                                if let Some(p) = made? {
                                     queue.push_back(p);
                                 }
                             }

@@ -142,6 +142,13 @@ pub fn replica_with(replica: &mut Replica<'_>, link: &impl Link, uploads: &Uploa
             Err(e) if e.is_transient() => continue,
             Err(e) => return Err(e),
         };
+        for (table, key, why) in &sent.unreadable {
+            // The host's to fix: it holds back no other row.
+            eprintln!(
+                "magic_sync replica `{}`: set aside a row of `{table}` ({key}) that cannot be sent: {why}",
+                replica.id()
+            );
+        }
         if !sent.set_aside.is_empty() {
             // Counted in its progress as not sent; the server hears it.
             link.report(progress(replica)?);

@@ -467,8 +467,13 @@ async fn a_row_postgresql_refuses_is_refused_alone_and_the_rest_is_filed() {
     assert_eq!(counts(&filing), (1, 0, 1));
     let refused = refusals(&filing);
     assert_eq!(refused[0].key, "[\"s1\"]");
+    // In the database's own words: which constraint, and the missing key.
     assert!(
-        refused[0].reason.contains("PostgreSQL refused"),
+        refused[0]
+            .reason
+            .contains("PostgreSQL refused it: insert or update on table \"sales\"")
+            && refused[0].reason.contains("foreign key")
+            && refused[0].reason.contains("(customer_id)=(404)"),
         "{refused:?}"
     );
     assert_eq!(sales(&fleet).await.len(), 1);

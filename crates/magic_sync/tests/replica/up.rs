@@ -521,6 +521,35 @@ fn a_row_too_large_for_any_upload_is_set_aside() {
 }
 
 #[test]
+fn a_row_written_in_a_form_its_table_does_not_take_is_set_aside_with_why_and_holds_back_no_other() {
+    let site = Site::new();
+    let mut replica = site.open();
+    twenty_sales(&replica);
+    // SQLite takes any 64-bit integer; the declaration's column is 32-bit.
+    write(
+        &replica,
+        "INSERT INTO shelf_counts (unit_id, n, product_id, qty) VALUES ('unit-1', 1, 1, 5000000000)",
+    );
+    let uplink = Picky::new(MAX);
+    let sent = replica.send_up(&uplink, PATIENT, 100).unwrap();
+    let bad = "[\"unit-1\",1]";
+    assert_eq!(sent.set_aside, [("shelf_counts".into(), bad.into())]);
+    let (table, key, why) = &sent.unreadable[0];
+    assert_eq!((table.as_str(), key.as_str()), ("shelf_counts", bad));
+    assert!(why.contains("table `shelf_counts`, row"), "{why}");
+    assert_eq!(uplink.keys().len(), 20, "every other row went");
+    assert_eq!(unsent(&replica), 1);
+    // Once the host writes it right, it goes (after the replica runs
+    // again, as any row set aside).
+    write(&replica, "UPDATE shelf_counts SET qty = 5 WHERE n = 1");
+    drop(replica);
+    let mut replica = site.open();
+    let sent = replica.send_up(&uplink, PATIENT, 100).unwrap();
+    assert!(sent.unreadable.is_empty());
+    assert_eq!(uplink.keys().last().map(String::as_str), Some(bad));
+}
+
+#[test]
 fn an_uplink_that_refuses_everything_sets_nothing_aside() {
     let site = Site::new();
     let mut replica = site.open();
