@@ -7,6 +7,8 @@
 //! - sales are the tills' own records, sent up;
 //! - stock is two-way: the server keeps `on_hand`, the till owns `counted`.
 
+pub mod till;
+
 use magic_sync::replica::ForeignKey;
 use magic_sync::{Engine, Numeric, Row};
 

@@ -59,6 +59,12 @@ impl Replicas for Tills {
 }
 
 fn main() -> ExitCode {
+    // The demo starts its tills as this same program, so that they are
+    // always of the same build: `demo till ...` is `magic-sync-replica ...`.
+    if std::env::args().nth(1).as_deref() == Some("till") {
+        let args = demo::till::Args::parse_from(std::env::args().skip(1));
+        return demo::till::run(args);
+    }
     let mut args = Args::parse();
     if args.short {
         args.tills = 3;
@@ -181,23 +187,13 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     options.open(path)?.write_all(text.as_bytes())
 }
 
-/// Starts `till`'s process: the replica binary beside this one.
+/// Starts `till`'s process: this program again, as a till.
 fn start_till(args: &Args, url: &str, till: &str) -> Fallible<Child> {
     let exe = std::env::current_exe()?;
-    let binary = exe.with_file_name(format!(
-        "magic-sync-replica{}",
-        std::env::consts::EXE_SUFFIX
-    ));
-    if !binary.exists() {
-        return Err(format!(
-            "{} is missing: build it with `cargo build -p demo --bins` (cargo run -p demo builds it)",
-            binary.display()
-        )
-        .into());
-    }
     let log = std::fs::File::create(args.data.join(format!("{till}.log")))?;
     let sales = args.seconds * 1000 / 200;
-    let mut command = Command::new(binary);
+    let mut command = Command::new(exe);
+    command.arg("till");
     // Its own process group: Ctrl-C reaches the demo, which stops the
     // tills itself, each closing its connection.
     #[cfg(unix)]

@@ -87,11 +87,49 @@ pub fn run_replica(
             return ExitCode::FAILURE;
         }
     };
-    match magic_sync::run::replica::replica(&mut replica, &socket) {
+    let socket = std::sync::Arc::new(socket);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let telling = {
+        let (socket, done, args) = (socket.clone(), done.clone(), args.replica.clone());
+        std::thread::spawn(move || tell(&socket, &done, &args))
+    };
+    let ran = magic_sync::run::replica::replica(&mut replica, &*socket);
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let _ = telling.join();
+    match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("magic-sync-replica `{}`: {e}", args.replica.id);
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Says on standard error when the replica connects, and why it cannot
+/// (wrong credentials, no server), each time that changes: a replica that
+/// keeps trying is never silent about why.
+pub fn tell(socket: &Socket, done: &std::sync::atomic::AtomicBool, args: &ReplicaCommand) {
+    let (mut connects, mut told) = (0, None::<String>);
+    while !done.load(std::sync::atomic::Ordering::Acquire) {
+        let now = socket.connects();
+        if now != connects && socket.is_connected() {
+            connects = now;
+            told = None;
+            eprintln!(
+                "magic-sync-replica `{}`: connected to {}",
+                args.id, args.server
+            );
+        } else if !socket.is_connected() {
+            let error = socket.last_error();
+            if error.is_some() && error != told {
+                eprintln!(
+                    "magic-sync-replica `{}`: {}; trying again",
+                    args.id,
+                    error.as_deref().unwrap_or_default()
+                );
+                told = error;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }

@@ -79,6 +79,15 @@ pub trait Replicas: Send + Sync {
     fn replicas(&self) -> impl Future<Output = Result<Vec<ReplicaInfo>>> + Send;
 }
 
+/// A fixed fleet: the host's list as it was when the relay started, for a
+/// host whose replicas do not change while it runs.
+impl Replicas for Vec<ReplicaInfo> {
+    fn replicas(&self) -> impl Future<Output = Result<Vec<ReplicaInfo>>> + Send {
+        let list = self.clone();
+        async move { Ok(list) }
+    }
+}
+
 /// A send the transport could not make; the message stays in the outbox.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
