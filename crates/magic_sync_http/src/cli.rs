@@ -5,9 +5,15 @@
 //! ```no_run
 //! # fn engine() -> &'static magic_sync::Engine { unimplemented!() }
 //! use clap::Parser;
+//! use magic_sync::replica::ForeignKey;
 //! fn main() -> std::process::ExitCode {
 //!     let args = magic_sync_http::cli::ReplicaArgs::parse();
-//!     magic_sync_http::cli::run_replica(&args, engine(), Vec::new())
+//!     // The foreign keys among the declared tables, as the server's
+//!     // catalogue has them: they decide which rows a replica lets go of
+//!     // when nothing points at them any more.
+//!     let foreign_keys = vec![ForeignKey::new("orders", &["customer_id"], "customers", &["id"])];
+//!     // The engine lives as long as the program (a `OnceLock`, or leaked).
+//!     magic_sync_http::cli::run_replica(&args, engine(), foreign_keys)
 //! }
 //! ```
 
