@@ -1,234 +1,28 @@
 //! The transport end to end: a relay, its hub on a loopback socket, and
 //! replicas on SQLite files of their own, each over a real WebSocket.
 
+use crate::support::{agrees, hub_settings, read, server_of, until, Server};
 use futures_util::{SinkExt, StreamExt};
 use magic_sync::envelope::{from_server, Ack, FromServer, ToReplica, Up};
-use magic_sync::relay::{ReplicaInfo, Replicas, Settings as RelaySettings};
-use magic_sync::replica::Replica;
-use magic_sync::{Engine, Numeric, Row};
 use magic_sync_http::client::{Settings as ClientSettings, Socket};
-use magic_sync_http::server::{serve, Hub, Security, Settings};
-use magic_sync_http::{credentials, credentials::Credentials};
+use magic_sync_http::server::{Security, Settings};
 use prost::Message as _;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
-#[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "products", down, all, key(id))]
-struct Product {
-    id: i64,
-    name: String,
-    price: Numeric,
-}
-
-#[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "orders", down, replica = "till", key(id))]
-struct Order {
-    id: i64,
-    till: String,
-    note: String,
-}
-
-#[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "sales", up, key(id))]
-struct Sale {
-    id: String,
-    #[row(origin)]
-    till: String,
-    total: Numeric,
-}
-
-const SCHEMA: &str = "
-CREATE TABLE products (id bigint PRIMARY KEY, name text NOT NULL, price numeric(10, 2) NOT NULL);
-CREATE TABLE orders (id bigint PRIMARY KEY, till text NOT NULL, note text NOT NULL);
-CREATE TABLE sales (id text PRIMARY KEY, till text NOT NULL, total numeric(10, 2) NOT NULL);
-INSERT INTO products SELECT i, 'product ' || i, i % 100 FROM generate_series(1, 20000) i;
-";
-
-fn engine() -> &'static Engine {
-    static ENGINE: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
-    ENGINE.get_or_init(|| {
-        Engine::builder()
-            .table::<Product>()
-            .table::<Order>()
-            .table::<Sale>()
-            .build()
-            .expect("declarations")
-    })
-}
-
-struct Tills(Vec<String>);
-
-impl Replicas for Tills {
-    async fn replicas(&self) -> magic_sync::Result<Vec<ReplicaInfo>> {
-        Ok(self
-            .0
-            .iter()
-            .map(|id| ReplicaInfo::live(id.clone(), None))
-            .collect())
-    }
-}
-
-/// A server: database, relay and hub, listening on loopback.
-struct Server {
-    _db: magic_sync_testdb::TestDb,
-    client: tokio_postgres::Client,
-    hub: Hub,
-    url: String,
-    secrets: std::collections::HashMap<String, String>,
-    dir: tempfile::TempDir,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-fn hub_settings() -> Settings {
+/// The hub's settings here: short, but long enough for a reconnection on a
+/// loaded machine (a snapshot waits this long for its replica to be back).
+fn settings() -> Settings {
     Settings {
-        max_message_bytes: 256 << 10,
-        max_unacked_bytes: 256 << 10,
-        handshake_timeout: Duration::from_secs(2),
-        ping_every: Duration::from_millis(200),
-        idle_timeout: Duration::from_secs(2),
-        // Longer than a reconnection takes on a loaded machine: a snapshot
-        // waits this long for its replica to be back.
         write_timeout: Duration::from_secs(10),
-        ..Settings::default()
+        ..hub_settings()
     }
 }
 
+/// A server for `tills` whose snapshots take many messages.
 async fn server(tills: &[&str]) -> Server {
-    let db = magic_sync_testdb::database().await;
-    let mut client = db.connect().await;
-    client.batch_execute(SCHEMA).await.unwrap();
-    magic_sync::schema::migrate(&mut client).await.unwrap();
-    magic_sync::trigger::ensure(engine(), &mut client, &Default::default())
-        .await
-        .unwrap();
-    let mut secrets = std::collections::HashMap::new();
-    for till in tills {
-        secrets.insert(
-            till.to_string(),
-            credentials::issue(&client, till).await.unwrap(),
-        );
-    }
-    let hub = Hub::new(hub_settings(), Credentials::new(db.config()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("ws://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let stopped = futures_util::FutureExt::shared(async {
-        let _ = stopped.await;
-    });
-    let serving = {
-        let (hub, stopped) = (hub.clone(), stopped.clone());
-        tokio::spawn(async move {
-            serve(hub, listener, Security::Plain, stopped)
-                .await
-                .unwrap();
-        })
-    };
-    let relay = {
-        let (hub, config) = (hub.clone(), db.config());
-        let tills = Tills(tills.iter().map(|t| t.to_string()).collect());
-        let settings = RelaySettings {
-            chunk_rows: 200,
-            ..RelaySettings::default()
-        };
-        tokio::spawn(async move {
-            magic_sync::run::server::server(
-                config,
-                engine().clone(),
-                settings,
-                &tills,
-                &hub,
-                &hub,
-                stopped,
-            )
-            .await
-            .unwrap();
-        })
-    };
-    Server {
-        _db: db,
-        client,
-        hub,
-        url,
-        secrets,
-        dir: tempfile::tempdir().unwrap(),
-        stop: Some(stop),
-        tasks: vec![serving, relay],
-    }
-}
-
-impl Server {
-    fn path(&self, till: &str) -> PathBuf {
-        self.dir.path().join(format!("{till}.sqlite"))
-    }
-
-    /// Starts `till`'s replica loop on a thread over a socket of its own.
-    fn replica(&self, till: &str) -> (std::sync::Arc<Socket>, std::thread::JoinHandle<()>) {
-        let socket = std::sync::Arc::new(
-            Socket::connect(ClientSettings {
-                backoff_min: Duration::from_millis(20),
-                backoff_max: Duration::from_millis(200),
-                max_message_bytes: 256 << 10,
-                ..ClientSettings::new(&self.url, till, &self.secrets[till])
-            })
-            .unwrap(),
-        );
-        let (path, id, link) = (self.path(till), till.to_string(), socket.clone());
-        let thread = std::thread::spawn(move || {
-            let mut replica = Replica::open(&path, &id, engine(), vec![]).unwrap();
-            magic_sync::run::replica::replica(&mut replica, &*link).unwrap();
-        });
-        (socket, thread)
-    }
-
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        for task in self.tasks.drain(..) {
-            task.await.unwrap();
-        }
-    }
-}
-
-fn read(path: &Path, sql: &str) -> Vec<String> {
-    let Ok(conn) = rusqlite::Connection::open(path) else {
-        return Vec::new();
-    };
-    let Ok(mut stmt) = conn.prepare(sql) else {
-        return Vec::new();
-    };
-    stmt.query_map([], |r| r.get::<_, String>(0))
-        .map(|rows| rows.map(Result::unwrap).collect())
-        .unwrap_or_default()
-}
-
-/// What `till` should hold, as the server has it, against what it holds.
-async fn agrees(server: &Server, till: &str) -> bool {
-    let want: Vec<String> = server
-        .client
-        .query(
-            "SELECT id || ':' || note FROM orders WHERE till = $1 ORDER BY id",
-            &[&till],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let path = server.path(till);
-    let orders = read(&path, "SELECT id || ':' || note FROM orders ORDER BY id");
-    let products = read(&path, "SELECT count(*) || '' FROM products");
-    orders == want && products == ["20000"]
-}
-
-async fn until(what: &str, deadline: Duration, mut check: impl AsyncFnMut() -> bool) {
-    let end = Instant::now() + deadline;
-    while !check().await {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    server_of(20_000, tills, settings(), Security::Plain).await
 }
 
 async fn snapshot_number(server: &Server, till: &str) -> i64 {
@@ -245,7 +39,7 @@ async fn snapshot_number(server: &Server, till: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_converge_though_their_connections_drop_mid_snapshot_and_mid_stream() {
-    let server = server(&["t1", "t2"]).await;
+    let mut server = server(&["t1", "t2"]).await;
     let (s1, r1) = server.replica("t1");
     let (s2, r2) = server.replica("t2");
     // Cut t1 off while its snapshot is being applied...
@@ -331,7 +125,7 @@ async fn replicas_converge_though_their_connections_drop_mid_snapshot_and_mid_st
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sales_written_on_a_till_are_filed_under_the_till_that_sent_them() {
-    let server = server(&["t1"]).await;
+    let mut server = server(&["t1"]).await;
     let (socket, thread) = server.replica("t1");
     until("t1 ready", Duration::from_secs(30), async || {
         agrees(&server, "t1").await
@@ -418,7 +212,7 @@ async fn closed_with(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_are_refused_and_nothing_connects() {
-    let server = server(&["t1"]).await;
+    let mut server = server(&["t1"]).await;
     for (till, secret) in [
         ("t1", "not the secret of t1 at all"),
         ("nobody", server.secrets["t1"].as_str()),
@@ -518,7 +312,7 @@ async fn snapshot_of(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_gets_only_its_own_messages_and_cannot_acknowledge_another_s() {
-    let server = server(&["t1", "t2"]).await;
+    let mut server = server(&["t1", "t2"]).await;
     server
         .client
         .batch_execute("INSERT INTO orders VALUES (1, 't1', 'one'), (2, 't2', 'two')")
@@ -585,7 +379,7 @@ async fn a_replica_gets_only_its_own_messages_and_cannot_acknowledge_another_s()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_and_stalled_clients_are_closed_while_the_others_are_served() {
-    let server = server(&["t1", "t2", "t3"]).await;
+    let mut server = server(&["t1", "t2", "t3"]).await;
     let (socket, thread) = server.replica("t1");
     // Not an Up.
     let mut t2 = raw(&server.url, "t2", &server.secrets["t2"]).await.unwrap();
