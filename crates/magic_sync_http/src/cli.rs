@@ -3,7 +3,9 @@
 //! the binary is the host's; this is all of its body:
 //!
 //! ```no_run
-//! # fn engine() -> &'static magic_sync::Engine { unimplemented!() }
+//! # fn engine() -> &'static magic_sync::Engine {
+//! #     Box::leak(Box::new(magic_sync::Engine::builder().build().unwrap()))
+//! # }
 //! use clap::Parser;
 //! use magic_sync::replica::ForeignKey;
 //! fn main() -> std::process::ExitCode {

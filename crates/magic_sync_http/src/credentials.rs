@@ -91,7 +91,9 @@ type Proved = HashMap<String, (String, [u8; 32])>;
 /// let in on a comparison of digests kept in memory.
 pub struct Credentials {
     config: tokio_postgres::Config,
-    client: tokio::sync::Mutex<Option<Client>>,
+    /// The connection, shared: lookups run at once on it (the lock is
+    /// held only to take or replace it).
+    client: tokio::sync::Mutex<Option<Arc<Client>>>,
     /// Per replica: the stored hash a secret was proved against, and the
     /// SHA-256 of that secret.
     proved: Arc<Mutex<Proved>>,
@@ -126,14 +128,18 @@ impl Credentials {
     const QUEUE: usize = 256;
 
     async fn stored(&self, replica: &str) -> Result<Option<String>> {
-        let mut client = self.client.lock().await;
-        if client.as_ref().is_none_or(Client::is_closed) {
-            let (c, connection) = self.config.connect(NoTls).await?;
-            tokio::spawn(connection);
-            *client = Some(c);
-        }
-        let c = client.as_ref().expect("connected above");
-        let row = c
+        let client = {
+            let mut client = self.client.lock().await;
+            match &*client {
+                Some(c) if !c.is_closed() => c.clone(),
+                _ => {
+                    let (c, connection) = self.config.connect(NoTls).await?;
+                    tokio::spawn(connection);
+                    client.insert(Arc::new(c)).clone()
+                }
+            }
+        };
+        let row = client
             .query_opt(
                 "SELECT hash FROM sync.credentials WHERE replica = $1",
                 &[&replica],
@@ -143,7 +149,7 @@ impl Credentials {
             Ok(row) => Ok(row.map(|r| r.get(0))),
             Err(e) => {
                 // Connect again next time.
-                *client = None;
+                *self.client.lock().await = None;
                 Err(e.into())
             }
         }

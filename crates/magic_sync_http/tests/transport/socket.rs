@@ -1,7 +1,7 @@
 //! The transport end to end: a relay, its hub on a loopback socket, and
 //! replicas on SQLite files of their own, each over a real WebSocket.
 
-use crate::support::{agrees, hub_settings, read, server_of, until, Server};
+use crate::support::{agrees, hub_settings, raw, read, server_of, until, Server, Ws};
 use futures_util::{SinkExt, StreamExt};
 use magic_sync::envelope::{from_server, Ack, FromServer, ToReplica, Up};
 use magic_sync_http::client::{Settings as ClientSettings, Socket};
@@ -162,41 +162,8 @@ async fn sales_written_on_a_till_are_filed_under_the_till_that_sent_them() {
     server.stop().await;
 }
 
-/// A raw connection speaking frames by hand, as `till` with `secret`.
-async fn raw(
-    url: &str,
-    till: &str,
-    secret: &str,
-) -> Result<
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
-    tokio_tungstenite::tungstenite::Error,
-> {
-    let mut request = format!("{url}{}", magic_sync_http::PATH)
-        .into_client_request()
-        .unwrap();
-    let basic = base64_basic(till, secret);
-    request
-        .headers_mut()
-        .insert("authorization", basic.parse().unwrap());
-    tokio_tungstenite::connect_async(request)
-        .await
-        .map(|(stream, _)| stream)
-}
-
-fn base64_basic(till: &str, secret: &str) -> String {
-    use base64::Engine as _;
-    format!(
-        "Basic {}",
-        base64::engine::general_purpose::STANDARD.encode(format!("{till}:{secret}"))
-    )
-}
-
 /// Reads frames until the server closes, returning its close reason.
-async fn closed_with(
-    stream: &mut tokio_tungstenite::WebSocketStream<
-        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
-    >,
-) -> String {
+async fn closed_with(stream: &mut Ws) -> String {
     loop {
         match tokio::time::timeout(Duration::from_secs(10), stream.next()).await {
             Ok(Some(Ok(Message::Close(frame)))) => {
@@ -263,12 +230,7 @@ async fn wrong_credentials_are_refused_and_nothing_connects() {
 /// Reads `till`'s snapshot on a raw connection, acknowledging each
 /// message as a replica does, until its end: the numbers it got, and its
 /// last message. Every message is `till`'s own.
-async fn snapshot_of(
-    till: &str,
-    stream: &mut tokio_tungstenite::WebSocketStream<
-        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
-    >,
-) -> (Vec<u64>, ToReplica) {
+async fn snapshot_of(till: &str, stream: &mut Ws) -> (Vec<u64>, ToReplica) {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut numbers = Vec::new();
     loop {
