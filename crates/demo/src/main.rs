@@ -105,7 +105,29 @@ fn database(args: &Args) -> Fallible<(tokio_postgres::Config, Option<magic_sync_
     let bin = magic_sync_testdb::require_bin_dir()?;
     let dir = std::path::absolute(args.data.join("postgres"))?;
     println!("starting PostgreSQL in {} ...", dir.display());
-    let cluster = magic_sync_testdb::Cluster::keep(&bin, &dir)?;
+    let cluster = match magic_sync_testdb::Cluster::keep(&bin, &dir) {
+        Ok(cluster) => cluster,
+        // Run as root from a folder the `postgres` user cannot enter (a
+        // clone under /root): the cluster goes under the temporary
+        // folder instead, named after the data folder, so a second run
+        // still finds it.
+        Err(e) if e.contains("cannot enter") => {
+            let name: String = dir
+                .to_string_lossy()
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                .collect();
+            let tail = &name[name.len().saturating_sub(48)..];
+            let elsewhere = std::env::temp_dir().join(format!("magic-sync-demo-{tail}"));
+            println!(
+                "the postgres user cannot reach {}; keeping the cluster in {} instead",
+                dir.display(),
+                elsewhere.display()
+            );
+            magic_sync_testdb::Cluster::keep(&bin, &elsewhere)?
+        }
+        Err(e) => return Err(e.into()),
+    };
     Ok((cluster.admin_config(), Some(cluster)))
 }
 
