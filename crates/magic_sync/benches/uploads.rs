@@ -193,10 +193,16 @@ async fn main() {
                 let tx = conn.unchecked_transaction().unwrap();
                 for _ in 0..per_tick {
                     n += 1;
-                    tx.execute(
+                    tx.prepare_cached(
                         "INSERT INTO readings (id, unit, value, written_at) VALUES (?1, ?2, ?3, ?4)",
-                        rusqlite::params![format!("{id}-{n}"), id, n as i64, now_micros()],
                     )
+                    .unwrap()
+                    .execute(rusqlite::params![
+                        format!("{id}-{n}"),
+                        id,
+                        n as i64,
+                        now_micros()
+                    ])
                     .unwrap();
                 }
                 tx.commit().unwrap();

@@ -40,11 +40,12 @@
 //! conversion, whatever types the host chose.
 
 use crate::engine::Engine;
-use crate::envelope::{Filed, Up, UpRows};
+use crate::envelope::{Filed, RowData, Up, UpRows};
 use crate::error::{Error, Result};
 use crate::row::{Mirror, Table};
 use crate::sql::{ident, literal};
 use crate::value::{canonical_key, Kind, Value};
+use std::collections::{BTreeMap, HashMap};
 use tokio_postgres::{Client, Transaction};
 
 /// What became of an upload.
@@ -92,36 +93,171 @@ enum Outcome {
 /// Files `up`, sent by `replica` (as the transport authenticated it: never
 /// what the upload or its rows say), in one transaction on `client`.
 pub async fn file(client: &mut Client, engine: &Engine, replica: &str, up: &Up) -> Result<Filing> {
-    let mut tx = client.transaction().await?;
-    let filing = file_in(&mut tx, engine, replica, up).await?;
-    tx.commit().await?;
-    Ok(filing)
+    let uploads = [(replica.to_string(), up.clone())];
+    let mut filings = file_all(client, engine, &uploads).await?;
+    filings.pop().expect("one filing per upload")
 }
 
-/// Files several uploads, each as [`file`] would, in one transaction: one
-/// commit for them all, so a fleet's many small uploads cost one round of
-/// commits. Each is filed behind a savepoint of its own, so one that waits
-/// files nothing of its own and leaves the others filed. An upload from a
-/// replica the server does not know is that upload's error. Any other
-/// failure files none of them. Answers go only once this returned.
+/// Slow-path filings (a savepoint each, and one per row) in one
+/// transaction before it commits and the next begins: past 64 written
+/// subtransactions, every other session's snapshot has to look them up
+/// on disk, and a fleet's uploads slowed the passes and the filing alike.
+const SAVEPOINTS_PER_TRANSACTION: usize = 32;
+
+/// Files several uploads, each as [`file`] would. Uploads that carry only
+/// records (the common case: a till's sales) are filed together, a
+/// statement per table for all of them; the others one by one, each behind
+/// a savepoint of its own, so one that waits files nothing of its own and
+/// leaves the others filed. An upload from a replica the server does not
+/// know is that upload's error. A failure of the database itself (the
+/// connection, a deadlock) is returned: what committed before it is filed,
+/// and filing again what comes again changes nothing. Answers go only once
+/// this returned.
 pub async fn file_all(
     client: &mut Client,
     engine: &Engine,
     uploads: &[(String, Up)],
 ) -> Result<Vec<Result<Filing>>> {
+    let mut filings: Vec<Option<Result<Filing>>> = uploads.iter().map(|_| None).collect();
     let mut tx = client.transaction().await?;
-    let mut filings = Vec::with_capacity(uploads.len());
-    for (replica, up) in uploads {
-        // Each is filed behind a savepoint of its own (`file_in`'s), rolled
-        // back when it waits or fails.
-        match file_in(&mut tx, engine, replica, up).await {
-            Ok(filing) => filings.push(Ok(filing)),
-            Err(e) if e.is_transient() => return Err(e),
-            Err(e) => filings.push(Err(e)),
+    let states = replica_states(&tx, uploads).await?;
+    let mut savepoints = 0;
+    let mut i = 0;
+    while i < uploads.len() {
+        let (replica, up) = &uploads[i];
+        let Some(&provisioning) = states.get(replica) else {
+            filings[i] = Some(Err(Error::Invalid(format!(
+                "an upload from replica `{replica}`, which the server does not know"
+            ))));
+            i += 1;
+            continue;
+        };
+        if records_only(engine, up) {
+            // The run of such uploads from here, filed together; in order
+            // with the others, so a record filed and then deleted stays
+            // deleted.
+            let from = i;
+            while i < uploads.len()
+                && states.contains_key(&uploads[i].0)
+                && records_only(engine, &uploads[i].1)
+            {
+                i += 1;
+            }
+            let run = &uploads[from..i];
+            if let Some(filed) = records_all(&mut tx, engine, run).await? {
+                for (slot, filing) in filings[from..i].iter_mut().zip(filed) {
+                    *slot = Some(Ok(filing));
+                }
+                continue;
+            }
+            // PostgreSQL refused a row: each upload alone, so that only
+            // that row is refused.
+            for (j, (replica, up)) in run.iter().enumerate() {
+                filings[from + j] = Some(kept(
+                    file_in(&mut tx, engine, replica, states[replica], up).await,
+                )?);
+                savepoints += 1 + up.tables.iter().map(|t| t.rows.len()).sum::<usize>();
+            }
+        } else {
+            filings[i] = Some(kept(
+                file_in(&mut tx, engine, replica, provisioning, up).await,
+            )?);
+            savepoints += 1 + up
+                .tables
+                .iter()
+                .map(|t| t.rows.len() + t.gone.len())
+                .sum::<usize>();
+            i += 1;
+        }
+        if savepoints >= SAVEPOINTS_PER_TRANSACTION {
+            record_backlogs(&tx, uploads, &filings).await?;
+            tx.commit().await?;
+            tx = client.transaction().await?;
+            savepoints = 0;
         }
     }
+    record_backlogs(&tx, uploads, &filings).await?;
     tx.commit().await?;
-    Ok(filings)
+    Ok(filings
+        .into_iter()
+        .map(|f| f.expect("every upload has its filing"))
+        .collect())
+}
+
+/// A filing as [`file_all`] keeps it: a failure of the database itself
+/// ends the call, any other is that upload's alone.
+fn kept(filing: Result<Filing>) -> Result<Result<Filing>> {
+    match filing {
+        Err(e) if e.is_transient() => Err(e),
+        other => Ok(other),
+    }
+}
+
+/// Per replica the uploads name that the server knows, whether it is being
+/// provisioned.
+async fn replica_states(
+    tx: &Transaction<'_>,
+    uploads: &[(String, Up)],
+) -> Result<std::collections::HashMap<String, bool>> {
+    let ids: Vec<&str> = uploads.iter().map(|(r, _)| r.as_str()).collect();
+    let rows = tx
+        .query(
+            "SELECT id, provision OR snapshot_attempt IS NOT NULL FROM sync.replicas WHERE id = ANY($1)",
+            &[&ids],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// Whether every row `up` carries is a record of a table that names its
+/// origin (no key gone, no two-way row, nothing the server does not
+/// declare): such uploads are filed together.
+fn records_only(engine: &Engine, up: &Up) -> bool {
+    up.tables.iter().all(|rows| {
+        rows.gone.is_empty()
+            && engine.codec(&rows.table).is_some_and(|codec| {
+                let table = codec.table();
+                table.mirror == Mirror::Up && table.origin.is_some()
+            })
+    })
+}
+
+/// Records the backlog each filed upload carried (`sync.backlogs`), the
+/// last one per replica, in one statement; the filings are those so far.
+async fn record_backlogs(
+    tx: &Transaction<'_>,
+    uploads: &[(String, Up)],
+    filings: &[Option<Result<Filing>>],
+) -> Result<()> {
+    let mut last: std::collections::BTreeMap<&str, serde_json::Value> = Default::default();
+    for ((replica, up), filing) in uploads.iter().zip(filings) {
+        let (Some(backlog), Some(Ok(Filing::Filed { .. }))) = (&up.backlog, filing) else {
+            continue;
+        };
+        let tables: serde_json::Map<String, serde_json::Value> = backlog
+            .tables
+            .iter()
+            .map(|t| {
+                (
+                    t.table.clone(),
+                    serde_json::json!({"unsent": t.unsent, "unfiled": t.unfiled}),
+                )
+            })
+            .collect();
+        last.insert(replica, serde_json::Value::Object(tables));
+    }
+    if last.is_empty() {
+        return Ok(());
+    }
+    let (replicas, tables): (Vec<&str>, Vec<serde_json::Value>) = last.into_iter().unzip();
+    tx.execute(
+        "INSERT INTO sync.backlogs (replica, tables)
+         SELECT * FROM unnest($1::text[], $2::jsonb[])
+         ON CONFLICT (replica) DO UPDATE SET tables = EXCLUDED.tables, at = now()",
+        &[&replicas, &tables],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Records, for each upload filed with a send id, that its replica waits
@@ -162,22 +298,10 @@ async fn file_in(
     outer: &mut Transaction<'_>,
     engine: &Engine,
     replica: &str,
+    provisioning: bool,
     up: &Up,
 ) -> Result<Filing> {
     let mut tx = outer.savepoint("magic_sync_filing").await?;
-    let state = tx
-        .query_opt(
-            "SELECT live, provision OR snapshot_attempt IS NOT NULL FROM sync.replicas WHERE id = $1",
-            &[&replica],
-        )
-        .await?;
-    let Some(state) = state else {
-        tx.rollback().await?;
-        return Err(Error::Invalid(format!(
-            "an upload from replica `{replica}`, which the server does not know"
-        )));
-    };
-    let provisioning: bool = state.get(1);
     let sequence = i64::try_from(up.sequence).unwrap_or(i64::MAX);
     let (mut taken, mut unchanged, mut refused) = (0, 0, Vec::new());
     for rows in &up.tables {
@@ -233,24 +357,6 @@ async fn file_in(
                 }
             }
         }
-    }
-    if let Some(backlog) = &up.backlog {
-        let tables: serde_json::Map<String, serde_json::Value> = backlog
-            .tables
-            .iter()
-            .map(|t| {
-                (
-                    t.table.clone(),
-                    serde_json::json!({"unsent": t.unsent, "unfiled": t.unfiled}),
-                )
-            })
-            .collect();
-        tx.execute(
-            "INSERT INTO sync.backlogs (replica, tables) VALUES ($1, $2)
-             ON CONFLICT (replica) DO UPDATE SET tables = EXCLUDED.tables, at = now()",
-            &[&replica, &serde_json::Value::Object(tables)],
-        )
-        .await?;
     }
     tx.commit().await?;
     Ok(Filing::Filed {
@@ -386,6 +492,144 @@ fn prepare(
         None => object(table.key.iter().copied().zip(key_values.iter())),
     };
     Ok(stamp_origin(table, json, replica))
+}
+
+/// Files the records of a run of uploads that carry nothing else
+/// ([`records_only`]): per table, one statement for all of them, behind one
+/// savepoint, that says which rows it took and which keys another replica
+/// wrote first. `None` when PostgreSQL refused a row, or when two replicas
+/// sent the same key: the run is then filed upload by upload, so that the
+/// refusal falls on the right row.
+async fn records_all(
+    tx: &mut Transaction<'_>,
+    engine: &Engine,
+    run: &[(String, Up)],
+) -> Result<Option<Vec<Filing>>> {
+    let mut by_table: BTreeMap<&str, Vec<(usize, &RowData)>> = BTreeMap::new();
+    for (u, (_, up)) in run.iter().enumerate() {
+        for rows in &up.tables {
+            let table = by_table.entry(rows.table.as_str()).or_default();
+            table.extend(rows.rows.iter().map(|row| (u, row)));
+        }
+    }
+    let mut taken = vec![0usize; run.len()];
+    // (upload, refusal, the row as it came), kept once the rows are in.
+    let mut refusals: Vec<(usize, Refusal, &[u8])> = Vec::new();
+    let savepoint = tx.savepoint("magic_sync_records").await?;
+    for (name, rows) in by_table {
+        let codec = engine.codec(name).expect("a declared table: records_only");
+        let table = codec.table();
+        let origin = table
+            .origin
+            .expect("a table naming its origin: records_only");
+        let mut senders: HashMap<&[u8], &str> = HashMap::new();
+        for (u, row) in &rows {
+            let sender = run[*u].0.as_str();
+            if *senders.entry(row.key.as_slice()).or_insert(sender) != sender {
+                savepoint.rollback().await?;
+                return Ok(None);
+            }
+        }
+        let mut docs = Vec::with_capacity(rows.len());
+        let mut kept = Vec::with_capacity(rows.len());
+        for (u, row) in rows {
+            match prepare(codec, &run[u].0, &row.key, Some(&row.data)) {
+                Ok(json) => {
+                    docs.push(json);
+                    kept.push((u, row));
+                }
+                Err(reason) => refusals.push((u, refusal(name, &row.key, reason), &row.data)),
+            }
+        }
+        if docs.is_empty() {
+            continue;
+        }
+        let cols = columns(table).join(", ");
+        let key: Vec<String> = table.key.iter().map(|k| ident(k)).collect();
+        let written = savepoint
+            .query(
+                &format!(
+                    "WITH input AS (
+                         SELECT e.{n}, r.* FROM jsonb_array_elements($1) WITH ORDINALITY AS e (doc, {n})
+                         CROSS JOIN LATERAL jsonb_populate_record(NULL::{rel}, e.doc) r),
+                     others AS (
+                         SELECT input.{n}, t.{o}::text AS owner FROM input JOIN {rel} t ON {on_t}
+                         WHERE t.{o}::text <> input.{o}::text),
+                     written AS (
+                         INSERT INTO {rel} AS t ({cols}) SELECT {cols} FROM input ORDER BY {n}
+                         ON CONFLICT ({key}) {on_conflict} RETURNING {key})
+                     SELECT min(input.{n}), NULL::text FROM written w JOIN input ON {on_w}
+                     GROUP BY {w_key}
+                     UNION ALL SELECT {n}, owner FROM others",
+                    n = ident("magic_sync ordinal"),
+                    rel = table.qualified(),
+                    o = ident(origin),
+                    on_t = key_match(table, "t", "input"),
+                    on_w = key_match(table, "w", "input"),
+                    key = key.join(", "),
+                    w_key = key.iter().map(|k| format!("w.{k}")).collect::<Vec<_>>().join(", "),
+                    on_conflict = on_conflict(table),
+                ),
+                &[&serde_json::Value::Array(docs)],
+            )
+            .await;
+        let written = match written {
+            Ok(rows) => rows,
+            Err(e) if refused_by_postgres(&e) || e.code().is_some_and(|c| c.code() == "21000") => {
+                savepoint.rollback().await?;
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        for row in written {
+            let (i, owner): (i64, Option<String>) = (row.get(0), row.get(1));
+            let (u, data) = kept[usize::try_from(i - 1).unwrap_or(0)];
+            match owner {
+                None => taken[u] += 1,
+                Some(owner) => refusals.push((
+                    u,
+                    refusal(
+                        name,
+                        &data.key,
+                        format!("a record of this key was written by another replica (`{owner}`)"),
+                    ),
+                    &data.data,
+                )),
+            }
+        }
+    }
+    savepoint.commit().await?;
+    let mut refused: Vec<Vec<Refusal>> = run.iter().map(|_| Vec::new()).collect();
+    for (u, refusal, data) in refusals {
+        keep_refused(tx, &run[u].0, &refusal, Some(data)).await?;
+        refused[u].push(refusal);
+    }
+    Ok(Some(
+        run.iter()
+            .zip(taken)
+            .zip(refused)
+            .map(|(((_, up), taken), refused)| {
+                let rows: usize = up.tables.iter().map(|t| t.rows.len()).sum();
+                Filing::Filed {
+                    answer: Filed {
+                        send_id: up.send_id.clone(),
+                    },
+                    taken,
+                    unchanged: rows.saturating_sub(taken + refused.len()),
+                    refused,
+                }
+            })
+            .collect(),
+    ))
+}
+
+/// A refusal of the row of `key` in `table`.
+fn refusal(table: &str, key: &[u8], reason: String) -> Refusal {
+    Refusal {
+        table: table.to_string(),
+        key: String::from_utf8_lossy(key).into_owned(),
+        reason,
+    }
 }
 
 /// What filing a table's records in bulk came to.

@@ -24,7 +24,7 @@ use crate::sql::ident;
 use crate::value::Value;
 use crate::wire;
 use rusqlite::types::Value as Lite;
-use rusqlite::{params_from_iter, Connection, ErrorCode, Statement};
+use rusqlite::{params_from_iter, CachedStatement, Connection, ErrorCode};
 use std::collections::{HashMap, HashSet};
 
 /// Why a row was not taken. Its text is the reason the server is told.
@@ -442,10 +442,12 @@ impl<'a> Pass<'a> {
     }
 }
 
-/// The statements of one table a message has used, prepared on first use.
+/// The statements of one table a message has used, taken from the
+/// connection's cache on first use (parsing them anew for every message cost
+/// a busy replica more than applying it).
 #[derive(Default)]
 struct Prepared<'c> {
-    statements: [Option<Statement<'c>>; SLOTS],
+    statements: [Option<CachedStatement<'c>>; SLOTS],
 }
 
 /// Which of a table's statements.
@@ -470,10 +472,10 @@ impl<'c> Prepared<'c> {
         slot: Slot,
         conn: &'c Connection,
         text: &str,
-    ) -> Result<&mut Statement<'c>> {
+    ) -> Result<&mut CachedStatement<'c>> {
         let entry = &mut self.statements[slot as usize];
         if entry.is_none() {
-            *entry = Some(conn.prepare(text)?);
+            *entry = Some(conn.prepare_cached(text)?);
         }
         Ok(entry.as_mut().expect("prepared just now"))
     }

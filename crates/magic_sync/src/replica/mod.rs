@@ -57,7 +57,7 @@ use crate::envelope::{self, ToReplica};
 use crate::error::{Error, Mismatch, Result};
 use crate::lite;
 use prost::Message;
-use rusqlite::Connection;
+use rusqlite::{Connection, Transaction, TransactionBehavior};
 use std::path::Path;
 use tables::Tables;
 
@@ -165,6 +165,10 @@ impl<'e> Replica<'e> {
         conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get::<_, String>(0))?;
         conn.pragma_update(None, "foreign_keys", "OFF")?;
         let tables = Tables::new(engine.tables(), &foreign_keys);
+        // Every statement the replica runs stays prepared: its own (a few
+        // dozen) and a handful per table. rusqlite keeps 16, fewer than a
+        // message and an upload go through, so each was parsed again.
+        conn.set_prepared_statement_cache_capacity(64 + 8 * engine.tables().count());
         create_tables(&mut conn, engine, &tables, &foreign_keys)?;
         let chain = state::load_chain(&conn)?;
         Ok(Replica {
@@ -211,7 +215,7 @@ impl<'e> Replica<'e> {
     }
 
     fn apply_message(&mut self, message: &ToReplica) -> Result<Outcome> {
-        let tx = self.conn.transaction()?;
+        let tx = write_transaction(&mut self.conn)?;
         let refused = apply::Pass::run(&tx, &self.tables, self.engine, message)?;
         state::save_applied(&tx, &Applied::of(message))?;
         tx.commit()?;
@@ -241,7 +245,7 @@ impl<'e> Replica<'e> {
     /// transaction of its own. [`apply`](Self::apply) runs it after every
     /// message it applies; returns how many rows went.
     pub fn purge(&mut self) -> Result<usize> {
-        let tx = self.conn.transaction()?;
+        let tx = write_transaction(&mut self.conn)?;
         let purged = apply::purge(&tx, &self.tables)?;
         tx.commit()?;
         Ok(purged)
@@ -395,6 +399,15 @@ impl<'e> Replica<'e> {
     }
 }
 
+/// A transaction that takes the write lock as it begins, waiting up to the
+/// busy timeout for a host's write to end. A deferred one that read first
+/// and then writes after a host committed is refused at once ("database is
+/// locked": SQLite cannot wait there without risking a deadlock), which
+/// under a busy host failed one message in a few hundred.
+pub(crate) fn write_transaction(conn: &mut Connection) -> rusqlite::Result<Transaction<'_>> {
+    conn.transaction_with_behavior(TransactionBehavior::Immediate)
+}
+
 /// The message in `bytes`, refused when it cannot be applied as it is.
 fn decode(bytes: &[u8]) -> Result<ToReplica> {
     let message = ToReplica::decode(bytes).map_err(Error::Envelope)?;
@@ -432,7 +445,7 @@ fn create_tables(
     tables: &Tables,
     foreign_keys: &[ForeignKey],
 ) -> Result<()> {
-    let tx = conn.transaction()?;
+    let tx = write_transaction(conn)?;
     for table in engine.tables() {
         tx.execute_batch(&lite::create_table(table))?;
         if let Some(index) = tables::retired_index(table) {

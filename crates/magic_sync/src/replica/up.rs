@@ -331,7 +331,7 @@ pub(crate) fn make(
     max_bytes: usize,
     unreadable: &mut Vec<(String, String, String)>,
 ) -> Result<Option<Pending>> {
-    let tx = conn.transaction()?;
+    let tx = super::write_transaction(conn)?;
     let mut send_id = vec![0u8; 16];
     rand::thread_rng().fill_bytes(&mut send_id);
     let mut tables: BTreeMap<String, UpRows> = BTreeMap::new();
@@ -405,7 +405,7 @@ pub(crate) fn make(
 /// Records that `pending` was handed over: its notes carry its send id and
 /// the write counts it carried, so its answer lets go of them.
 pub(crate) fn stamp(conn: &mut Connection, pending: &Pending) -> Result<()> {
-    let tx = conn.transaction()?;
+    let tx = super::write_transaction(conn)?;
     let now = millis(SystemTime::now());
     for (table_name, key, writes) in &pending.notes {
         tx.prepare_cached(STAMP)?.execute(params![
@@ -576,22 +576,22 @@ pub enum Written {
 /// The mark of everything the host has written on the replica so far.
 /// Any connection to the replica's file may ask, the host's own included.
 pub fn mark(conn: &Connection) -> Result<Mark> {
-    Ok(Mark(conn.query_row(
-        "SELECT last FROM _magic_sync_up_clock WHERE id = 1",
-        [],
-        |r| r.get(0),
-    )?))
+    Ok(Mark(
+        conn.prepare_cached("SELECT last FROM _magic_sync_up_clock WHERE id = 1")?
+            .query_row([], |r| r.get(0))?,
+    ))
 }
 
 /// How far the writes up to `mark` went (see [`Written`]). A row the
 /// server refused counts as filed: it is kept in the server's inbox.
 pub fn written(conn: &Connection, mark: Mark) -> Result<Written> {
-    let (here, reaching): (bool, bool) = conn.query_row(
-        "SELECT EXISTS (SELECT 1 FROM _magic_sync_up WHERE first_clock <= ?1),
-                EXISTS (SELECT 1 FROM _magic_sync_up_reaching WHERE clock <= ?1)",
-        [mark.0],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )?;
+    // Cached: a host may ask every few milliseconds.
+    let (here, reaching): (bool, bool) = conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM _magic_sync_up WHERE first_clock <= ?1),
+                    EXISTS (SELECT 1 FROM _magic_sync_up_reaching WHERE clock <= ?1)",
+        )?
+        .query_row([mark.0], |r| Ok((r.get(0)?, r.get(1)?)))?;
     Ok(match (here, reaching) {
         (true, _) => Written::Here,
         (false, true) => Written::Filed,

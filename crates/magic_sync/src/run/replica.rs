@@ -99,22 +99,28 @@ pub fn replica_with(replica: &mut Replica<'_>, link: &impl Link, uploads: &Uploa
     // once what the server sent so far is applied (or after `batch` of
     // them), not after every message, since looking reads the notes.
     let mut since = 0;
+    // A message not applied because the host held the file past the busy
+    // timeout: applied again before anything else comes. The transport
+    // let go of it once delivered, so dropping it would open a gap, and a
+    // gap costs the replica a snapshot.
+    let mut held: Option<Vec<u8>> = None;
     loop {
         let wait = if since == 0 {
             uploads.every
         } else {
             Duration::ZERO
         };
-        let delivery = link.next(wait);
+        let delivery = match held.take() {
+            Some(message) => Delivery::Message(message),
+            None => link.next(wait),
+        };
         let quiet = matches!(delivery, Delivery::Quiet);
         match delivery {
             Delivery::Message(message) => match deliver(replica, &message) {
                 Ok(Some(report)) => link.report(report),
                 Ok(None) => {}
                 Err(crate::Error::Envelope(_) | crate::Error::Malformed { .. }) => {}
-                // Not applied (the host held the file): the server sends it
-                // again, unacknowledged.
-                Err(e) if e.is_transient() => {}
+                Err(e) if e.is_transient() => held = Some(message),
                 Err(e) => return Err(e),
             },
             Delivery::Filed(filed) => {

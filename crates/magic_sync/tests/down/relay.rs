@@ -735,3 +735,120 @@ async fn only_the_connection_holding_the_lock_records() {
         .settle("UPDATE products SET name = 'green tea' WHERE id = 1")
         .await;
 }
+
+/// Times the busy handler below was asked; the first ask is refused.
+static BUSY_ASKED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Refuses the first wait for the file (as a busy timeout running out
+/// would), then waits as long as it takes.
+fn busy_once(_: i32) -> bool {
+    if BUSY_ASKED.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+        return false;
+    }
+    std::thread::yield_now();
+    true
+}
+
+/// A link handing the loop what the test lined up, and keeping what the
+/// loop says.
+struct Lined {
+    deliveries: std::sync::Mutex<std::collections::VecDeque<magic_sync::run::Delivery>>,
+    reports: std::sync::Mutex<Vec<magic_sync::run::Report>>,
+}
+
+impl magic_sync::run::replica::Link for Lined {
+    fn max_message_bytes(&self) -> usize {
+        1 << 20
+    }
+
+    fn next(&self, _: Duration) -> magic_sync::run::Delivery {
+        let mut deliveries = self.deliveries.lock().unwrap();
+        deliveries
+            .pop_front()
+            .unwrap_or(magic_sync::run::Delivery::Closed)
+    }
+
+    fn report(&self, report: magic_sync::run::Report) {
+        self.reports.lock().unwrap().push(report);
+    }
+
+    fn upload(
+        &self,
+        _: &magic_sync::envelope::Up,
+    ) -> std::result::Result<(), magic_sync::replica::UplinkError> {
+        Ok(())
+    }
+}
+
+/// A message the replica could not apply because its host held the file
+/// longer than the replica waits is applied again once the host lets go:
+/// the transport has let go of it, and dropping it would open a gap (and
+/// cost the till a snapshot).
+#[tokio::test]
+async fn a_message_the_host_held_the_file_against_is_applied_once_it_lets_go() {
+    let mut fleet = shop().await;
+    let mut messages = Vec::new();
+    for name in ["black tea", "white tea"] {
+        fleet
+            .write(&format!("UPDATE products SET name = '{name}' WHERE id = 1"))
+            .await;
+        fleet.record().await;
+        fleet.publish().await;
+        messages.extend(fleet.network.take("u1"));
+    }
+    assert_eq!(messages.len(), 2, "a message for each change");
+    let replica = &mut fleet.unit("u1").replica;
+    let path = replica.connection().path().unwrap().to_string();
+    // The host holds the file for writing.
+    let host = rusqlite::Connection::open(&path).unwrap();
+    host.execute_batch("BEGIN IMMEDIATE").unwrap();
+    replica.connection().busy_handler(Some(busy_once)).unwrap();
+    let letting_go = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while BUSY_ASKED.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the replica never met the host's lock"
+            );
+            std::thread::yield_now();
+        }
+        host.execute_batch("COMMIT").unwrap();
+    });
+    let link = Lined {
+        deliveries: std::sync::Mutex::new(
+            messages
+                .into_iter()
+                .map(magic_sync::run::Delivery::Message)
+                .collect(),
+        ),
+        reports: Default::default(),
+    };
+    magic_sync::run::replica::replica(replica, &link).expect("the loop ends with the link");
+    letting_go.join().unwrap();
+    replica
+        .connection()
+        .busy_timeout(Duration::from_secs(30))
+        .unwrap();
+    let reports = link.reports.into_inner().unwrap();
+    assert_eq!(reports.len(), 2, "{reports:?}");
+    assert!(
+        reports
+            .iter()
+            .all(|r| matches!(r, magic_sync::run::Report::Applied(_))),
+        "both applied, no gap: {reports:?}"
+    );
+    for report in reports {
+        fleet.network.report("u1", report);
+    }
+    fleet.heed().await;
+    fleet.sync().await;
+    fleet.check().await;
+    let names = replica_rows(
+        &fleet.unit("u1").replica,
+        &<crate::shop::Product as magic_sync::Row>::TABLE,
+    );
+    assert!(
+        names.values().any(|row| row.contains("white tea")),
+        "{names:?}"
+    );
+}

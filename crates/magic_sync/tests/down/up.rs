@@ -930,3 +930,101 @@ async fn uploads_filed_together_wait_or_are_refused_each_on_its_own() {
     let ids: Vec<String> = sales(&fleet).await.into_iter().map(|s| s.0).collect();
     assert_eq!(ids, ["s2"], "u1's upload filed nothing of its own");
 }
+
+/// The uploads of one replica each, in one call.
+async fn file_together(fleet: &mut Fleet, tills: &[&str]) -> Vec<Filing> {
+    let mut uploads = Vec::new();
+    for till in tills {
+        let up = fleet
+            .unit(till)
+            .replica
+            .upload(MAX, PATIENT)
+            .unwrap()
+            .expect("something to upload");
+        uploads.push((till.to_string(), up));
+    }
+    let mut client = fleet.db.connect().await;
+    file::file_all(&mut client, fleet.engine, &uploads)
+        .await
+        .expect("filed")
+        .into_iter()
+        .map(|f| f.expect("each filed"))
+        .collect()
+}
+
+/// Uploads of records only are filed a statement per table for them all;
+/// each still gets its own counts, and a key another till wrote first is
+/// refused in the upload that carried it.
+#[tokio::test]
+async fn records_filed_together_are_counted_per_upload() {
+    let mut fleet = shop().await;
+    till_writes(
+        &mut fleet,
+        "u1",
+        "INSERT INTO sales VALUES ('s0', 'u1', 7, '1', 1)",
+    );
+    send(&mut fleet, "u1", "u1").await;
+    till_writes(
+        &mut fleet,
+        "u1",
+        "INSERT INTO sales VALUES ('s1', 'u1', 7, '1', 1), ('s2', 'u1', NULL, '2', 1)",
+    );
+    // u2 names s0, filed from u1 before: refused, whatever its row says.
+    till_writes(
+        &mut fleet,
+        "u2",
+        "INSERT INTO sales VALUES ('s3', 'u2', 8, '3', 1), ('s0', 'u1', 8, '9', 5)",
+    );
+    let filings = file_together(&mut fleet, &["u1", "u2"]).await;
+    assert_eq!(counts(&filings[0]), (2, 0, 0));
+    assert_eq!(counts(&filings[1]), (1, 0, 1));
+    let refused = refusals(&filings[1]);
+    assert_eq!(refused[0].key, "[\"s0\"]");
+    assert!(refused[0].reason.contains("`u1`"), "{refused:?}");
+    let all = sales(&fleet).await;
+    let owners: Vec<(&str, &str, &str)> = all
+        .iter()
+        .map(|s| (s.0.as_str(), s.1.as_str(), s.3.as_str()))
+        .collect();
+    assert_eq!(
+        owners,
+        [
+            ("s0", "u1", "1"),
+            ("s1", "u1", "1"),
+            ("s2", "u1", "2"),
+            ("s3", "u2", "3")
+        ]
+    );
+}
+
+/// Two tills sending the same new key together, or a row PostgreSQL
+/// refuses among the others' rows: the uploads are filed one by one, so
+/// the refusal falls on the row that earned it and the rest is filed.
+#[tokio::test]
+async fn a_refusal_among_records_filed_together_falls_on_its_own_row() {
+    let mut fleet = shop().await;
+    till_writes(
+        &mut fleet,
+        "u1",
+        "INSERT INTO sales VALUES ('s1', 'u1', 7, '1', 1), ('s2', 'u1', 404, '2', 1)",
+    );
+    till_writes(
+        &mut fleet,
+        "u2",
+        "INSERT INTO sales VALUES ('s1', 'u2', 8, '5', 1), ('s3', 'u2', 8, '3', 1)",
+    );
+    let filings = file_together(&mut fleet, &["u1", "u2"]).await;
+    assert_eq!(counts(&filings[0]), (1, 0, 1));
+    assert!(refusals(&filings[0])[0].reason.contains("foreign key"));
+    assert_eq!(counts(&filings[1]), (1, 0, 1));
+    assert!(refusals(&filings[1])[0].reason.contains("`u1`"));
+    let ids: Vec<(String, String)> = sales(&fleet)
+        .await
+        .into_iter()
+        .map(|s| (s.0, s.1))
+        .collect();
+    assert_eq!(
+        ids,
+        [("s1".into(), "u1".into()), ("s3".into(), "u2".into())]
+    );
+}
