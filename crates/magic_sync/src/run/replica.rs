@@ -104,6 +104,11 @@ pub fn replica_with(replica: &mut Replica<'_>, link: &impl Link, uploads: &Uploa
     // let go of it once delivered, so dropping it would open a gap, and a
     // gap costs the replica a snapshot.
     let mut held: Option<Vec<u8>> = None;
+    // An answer let go of rows since the server last heard the backlog:
+    // it hears it at the next look, with the next upload (each carries
+    // it) or, when nothing goes up, in a report of its own. Reporting it
+    // after every answer doubled what a busy server had to file.
+    let mut backlog_owed = false;
     loop {
         let wait = if since == 0 {
             uploads.every
@@ -123,11 +128,7 @@ pub fn replica_with(replica: &mut Replica<'_>, link: &impl Link, uploads: &Uploa
                 Err(e) if e.is_transient() => held = Some(message),
                 Err(e) => return Err(e),
             },
-            Delivery::Filed(filed) => {
-                if replica.filed(&filed)? > 0 {
-                    link.report(progress(replica)?);
-                }
-            }
+            Delivery::Filed(filed) => backlog_owed |= replica.filed(&filed)? > 0,
             Delivery::Quiet => {}
             Delivery::Closed => return Ok(()),
         }
@@ -155,10 +156,12 @@ pub fn replica_with(replica: &mut Replica<'_>, link: &impl Link, uploads: &Uploa
                 replica.id()
             );
         }
-        if !sent.set_aside.is_empty() {
-            // Counted in its progress as not sent; the server hears it.
+        // Rows set aside count in the progress as not sent, whatever the
+        // uploads before them said.
+        if !sent.set_aside.is_empty() || (sent.uploads == 0 && backlog_owed) {
             link.report(progress(replica)?);
         }
+        backlog_owed = false;
     }
 }
 

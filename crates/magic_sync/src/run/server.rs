@@ -68,8 +68,12 @@ pub async fn heed<T: Transport>(
     }
     if !uploads.is_empty() {
         // All in one transaction; answered once it committed.
+        let started = Instant::now();
         let filings = crate::file::file_all(client, engine, &uploads).await?;
+        crate::relay::trace(&format!("heed/file ({} uploads)", uploads.len()), started);
+        let started = Instant::now();
         crate::file::checkpoint(client, &uploads, &filings).await?;
+        crate::relay::trace("heed/checkpoint", started);
         for ((replica, _), filing) in uploads.iter().zip(filings) {
             match filing {
                 Ok(crate::file::Filing::Filed { answer, .. }) => {
@@ -84,7 +88,9 @@ pub async fn heed<T: Transport>(
             }
         }
     }
+    let started = Instant::now();
     let outcomes = crate::relay::acknowledge_all(client, &acks).await?;
+    crate::relay::trace(&format!("heed/acks ({})", acks.len()), started);
     for ((replica, _), outcome) in acks.iter().zip(outcomes) {
         match outcome {
             Ok(_) => {}
