@@ -6,7 +6,8 @@
 //! rows (`sync.replicas`, `sync.acks`), count the messages waiting per
 //! replica (`sync.outbox`), and count rows only where something is on its
 //! way: the held rows of a replica that has not acknowledged its last
-//! message (found through `sync.held`'s index by replica), the held rows a
+//! message (counted per message as `sync.held` is written, in
+//! `sync.held_carried`), the held rows a
 //! pending note changed (found from the notes through `sync.held`'s key),
 //! refused rows and changes kept. A fleet that is caught up costs a few
 //! rows per replica, however much it holds.
@@ -263,8 +264,9 @@ struct Figures {
 /// Per replica of `ids` and table: rows on their way (held, carried by a
 /// message after the one it acknowledged), rows outdated (held and
 /// acknowledged, with a pending note newer than the version held), rows
-/// refused (`sync.inbox`). Rows are counted only for a replica that has
-/// not acknowledged its last message; the rest go from the notes, through
+/// refused (`sync.inbox`). Rows on their way are summed from the counts
+/// kept per message (`sync.held_carried`), only for a replica that has not
+/// acknowledged its last message; rows outdated go from the notes, through
 /// `sync.held`'s key.
 async fn figures(tx: &Transaction<'_>, ids: &[String]) -> Result<Vec<Figures>> {
     if ids.is_empty() {
@@ -280,10 +282,8 @@ async fn figures(tx: &Transaction<'_>, ids: &[String]) -> Result<Vec<Figures>> {
                  SELECT table_name, key::text COLLATE \"C\" AS key, max(seq) AS seq
                  FROM sync.notes WHERE format = 1 GROUP BY 1, 2)
              SELECT replica, table_name, sum(w)::int8, sum(o)::int8, sum(x)::int8 FROM (
-                 SELECT h.replica, h.table_name, count(*) AS w, 0 AS o, 0 AS x
-                 FROM r CROSS JOIN LATERAL (
-                     SELECT h.replica, h.table_name FROM sync.held h
-                     WHERE h.replica = r.id AND h.message > r.acked OFFSET 0) h
+                 SELECT c.replica, c.table_name, sum(c.rows) AS w, 0 AS o, 0 AS x
+                 FROM r JOIN sync.held_carried c ON c.replica = r.id AND c.message > r.acked
                  WHERE r.last_number > r.acked
                  GROUP BY 1, 2
                  UNION ALL

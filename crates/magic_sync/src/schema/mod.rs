@@ -21,6 +21,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (12, include_str!("012_filed.sql")),
     (13, include_str!("013_checkpoints.sql")),
     (14, include_str!("014_credentials.sql")),
+    (15, include_str!("015_held_carried.sql")),
 ];
 
 /// The version this build brings the schema to.

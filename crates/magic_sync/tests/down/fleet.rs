@@ -437,6 +437,29 @@ impl Fleet {
 
     pub async fn check(&self) {
         let mut problems = String::new();
+        // The counts per message the operator's reads sum agree with the
+        // record they count, whatever path wrote it.
+        for row in self
+            .writer
+            .query(
+                "SELECT replica, message, table_name, h.rows, c.rows
+                 FROM (SELECT replica, message, table_name, count(*) AS rows
+                       FROM sync.held GROUP BY 1, 2, 3) h
+                 FULL JOIN sync.held_carried c USING (replica, message, table_name)
+                 WHERE h.rows IS DISTINCT FROM c.rows",
+                &[],
+            )
+            .await
+            .unwrap()
+        {
+            let (replica, message, table): (String, i64, String) =
+                (row.get(0), row.get(1), row.get(2));
+            let (held, counted): (Option<i64>, Option<i64>) = (row.get(3), row.get(4));
+            let _ = writeln!(
+                problems,
+                "  {replica} holds {held:?} rows of {table} from message {message}, counted {counted:?}"
+            );
+        }
         for (id, unit) in &self.units {
             orphans(self, unit, &mut problems);
             if !unit.info.live || unit.cut {
