@@ -12,6 +12,12 @@
 //! - `/metrics`: the figures of [`ops::gauges`] in Prometheus' text format
 //!   ([`crate::scrape`]).
 //!
+//! Given a token, every path wants it: HTTP Basic with the token as the
+//! password (any user name; a browser asks for it once and sends it with
+//! the page's reads), or `Authorization: Bearer` (a Prometheus scrape).
+//! Without one it answers anyone who reaches it, which `magic-sync
+//! dashboard` allows only on a loopback address.
+//!
 //! The reads share one connection: the handlers ask, and one loop that
 //! holds the connection answers, one read at a time. A read that fails
 //! answers 503 (the database cannot be read as the engine's: unreachable,
@@ -19,15 +25,18 @@
 //! (bad input), with the message.
 
 use crate::show;
-use axum::extract::{Query, State};
-use axum::http::{header, StatusCode};
+use axum::extract::{Query, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use magic_sync::ops::{self, Scope};
 use serde::Deserialize;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use std::future::Future;
+use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::Client;
@@ -67,26 +76,99 @@ impl Reader {
     }
 }
 
-/// Serves the dashboard on `listener`, reading `scope` through `client`,
-/// until `shutdown` resolves.
+/// Who may read the dashboard.
+#[derive(Debug, Clone)]
+pub enum Access {
+    /// Anyone who reaches it.
+    Open,
+    /// Whoever presents this token.
+    Token(Token),
+}
+
+/// A token the dashboard asks for, kept as its SHA-256 so that comparing
+/// what a request presents takes the same time however much of it matches.
+#[derive(Clone)]
+pub struct Token(Arc<[u8; 32]>);
+
+impl Token {
+    /// The token `secret`.
+    pub fn new(secret: &str) -> Token {
+        Token(Arc::new(Sha256::digest(secret.as_bytes()).into()))
+    }
+
+    fn admits(&self, presented: &str) -> bool {
+        let presented: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        presented == *self.0
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(..)")
+    }
+}
+
+/// Serves the dashboard on `listener` to whom `access` admits, reading
+/// `scope` through `client`, until `shutdown` resolves.
 pub async fn serve(
     listener: TcpListener,
     client: &mut Client,
     scope: Scope,
+    access: Access,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (tx, rx) = mpsc::channel(16);
-    let app = Router::new()
+    let mut app = Router::new()
         .route("/", get(page))
         .route("/api/overview", get(overview))
         .route("/api/replicas", get(replicas))
         .route("/api/health", get(health))
         .route("/metrics", get(metrics))
         .with_state(Reader(tx));
+    if let Access::Token(token) = access {
+        app = app.layer(axum::middleware::from_fn_with_state(token, admit));
+    }
     let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
     // The loop ends when every handle to it is gone: after the server.
     let (served, ()) = tokio::join!(async { server.await }, answer(rx, client, &scope));
     served
+}
+
+/// Lets a request through when it presents the token; otherwise 401,
+/// asking a browser for it.
+async fn admit(State(token): State<Token>, request: Request, next: Next) -> Response {
+    if presented(request.headers()).is_some_and(|p| token.admits(&p)) {
+        return next.run(request).await;
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        [(
+            header::WWW_AUTHENTICATE,
+            "Basic realm=\"magic-sync dashboard\", charset=\"UTF-8\"",
+        )],
+        "magic-sync: this dashboard wants its token (HTTP Basic, as the password; or Bearer)\n",
+    )
+        .into_response()
+}
+
+/// The token a request presents: the password of HTTP Basic, or a
+/// bearer token.
+fn presented(headers: &HeaderMap) -> Option<String> {
+    use base64::Engine as _;
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, rest) = value.split_once(' ')?;
+    if scheme.eq_ignore_ascii_case("bearer") {
+        return Some(rest.trim().to_string());
+    }
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(rest.trim())
+        .ok()?;
+    let pair = String::from_utf8(decoded).ok()?;
+    let (_user, password) = pair.split_once(':')?;
+    Some(password.to_string())
 }
 
 /// Answers what is asked, one read at a time, on the one connection.

@@ -122,6 +122,11 @@ pub enum Command {
         /// The address to listen on.
         #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9187")]
         listen: SocketAddr,
+        /// A file holding the token every request must present (HTTP
+        /// Basic, as the password; or Bearer). Needed to listen beyond
+        /// this machine: the dashboard shows every replica's state.
+        #[arg(long, value_name = "PATH", env = "MAGIC_SYNC_DASHBOARD_TOKEN_FILE")]
+        token_file: Option<std::path::PathBuf>,
     },
     /// A progress bar per replica while it provisions or catches up, read
     /// again every interval; ends once all are caught up, or on Ctrl-C.
@@ -181,6 +186,14 @@ pub enum Error {
     /// An argument out of its range.
     #[error("{0}")]
     Argument(&'static str),
+    /// The dashboard's token could not be read.
+    #[error("reading the dashboard's token from {path}: {why}")]
+    Token {
+        /// The file named.
+        path: std::path::PathBuf,
+        /// What was wrong.
+        why: String,
+    },
 }
 
 /// Runs `command` on `client`, writing to `out`: JSON when `json`, tables
@@ -227,7 +240,21 @@ pub async fn run(
             emit(out, json, &read, show::health)?;
             Ok(Outcome::of(!read.healthy))
         }
-        Command::Dashboard { scope, listen } => {
+        Command::Dashboard {
+            scope,
+            listen,
+            token_file,
+        } => {
+            let access = match token_file {
+                Some(path) => dashboard::Access::Token(dashboard::Token::new(&read_token(path)?)),
+                None if listen.ip().is_loopback() => dashboard::Access::Open,
+                None => {
+                    return Err(Error::Argument(
+                        "listening beyond this machine needs --token-file: \
+                         the dashboard shows every replica's state",
+                    ))
+                }
+            };
             let serving = |source| Error::Serve {
                 addr: *listen,
                 source,
@@ -242,7 +269,7 @@ pub async fn run(
             let stop = async {
                 let _ = tokio::signal::ctrl_c().await;
             };
-            dashboard::serve(listener, client, scope.scope(), stop)
+            dashboard::serve(listener, client, scope.scope(), access, stop)
                 .await
                 .map_err(serving)?;
             Ok(Outcome::Fine)
@@ -255,6 +282,20 @@ pub async fn run(
             watch::watch(client, &scope.scope(), every, out).await
         }
     }
+}
+
+/// The token in `path`, without the whitespace around it; never empty.
+fn read_token(path: &std::path::Path) -> Result<String, Error> {
+    let failed = |why: String| Error::Token {
+        path: path.to_path_buf(),
+        why,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| failed(e.to_string()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(failed("the file is empty".into()));
+    }
+    Ok(token.to_string())
 }
 
 fn emit<T: serde::Serialize>(

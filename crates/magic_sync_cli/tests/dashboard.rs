@@ -3,6 +3,7 @@
 //! `chromium`), `/metrics` scraped over a plain socket, and `watch`.
 
 use magic_sync::ops::Scope;
+use magic_sync_cli::dashboard::{Access, Token};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -78,6 +79,10 @@ struct Dashboard {
 
 impl Dashboard {
     async fn start(db: &magic_sync_testdb::TestDb) -> Dashboard {
+        Dashboard::start_with(db, Access::Open).await
+    }
+
+    async fn start_with(db: &magic_sync_testdb::TestDb, access: Access) -> Dashboard {
         let mut client = db.connect().await;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -86,7 +91,8 @@ impl Dashboard {
             let stopped = async {
                 let _ = stopped.await;
             };
-            magic_sync_cli::dashboard::serve(listener, &mut client, Scope::All, stopped).await
+            magic_sync_cli::dashboard::serve(listener, &mut client, Scope::All, access, stopped)
+                .await
         });
         Dashboard {
             addr,
@@ -108,9 +114,15 @@ impl Dashboard {
 
     /// A GET over a plain socket: the status and the body.
     async fn get(&self, path: &str) -> (u16, String) {
+        self.get_with(path, "").await
+    }
+
+    /// A GET with `headers` (each line ending in CRLF): the status and the
+    /// body; a 401 also gives what it asks for.
+    async fn get_with(&self, path: &str, headers: &str) -> (u16, String) {
         let mut socket = TcpStream::connect(self.addr).await.unwrap();
         let request = format!(
-            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            "GET {path} HTTP/1.1\r\nHost: {}\r\n{headers}Connection: close\r\n\r\n",
             self.addr
         );
         socket.write_all(request.as_bytes()).await.unwrap();
@@ -118,6 +130,13 @@ impl Dashboard {
         socket.read_to_string(&mut response).await.unwrap();
         let (head, body) = response.split_once("\r\n\r\n").unwrap();
         let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+        if status == 401 {
+            let asks = head
+                .lines()
+                .find(|l| l.to_ascii_lowercase().starts_with("www-authenticate:"))
+                .unwrap_or("");
+            return (status, format!("{asks}\n{body}"));
+        }
         // A body of unknown length comes chunked.
         let body = if head
             .to_ascii_lowercase()
@@ -437,4 +456,173 @@ async fn the_command_says_where_it_listens_and_serves_there() {
         said.starts_with(&format!("magic-sync: serving the dashboard on {at}: ")),
         "{said}"
     );
+}
+
+/// Given a token, every path wants it: the password of HTTP Basic (what a
+/// browser sends once asked) or a bearer token (a Prometheus scrape);
+/// without it, or with another, 401 asking for Basic, and nothing is read.
+#[tokio::test]
+async fn given_a_token_every_path_wants_it() {
+    use base64::Engine as _;
+    let db = fleet().await;
+    let dashboard = Dashboard::start_with(&db, Access::Token(Token::new("s3cret"))).await;
+    let basic = |pair: &str| {
+        format!(
+            "Authorization: Basic {}\r\n",
+            base64::engine::general_purpose::STANDARD.encode(pair)
+        )
+    };
+    for path in [
+        "/",
+        "/api/overview",
+        "/api/replicas",
+        "/api/health",
+        "/metrics",
+    ] {
+        for headers in [
+            String::new(),
+            basic("operator:wrong"),
+            basic("s3cret"),
+            "Authorization: Bearer s3cre\r\n".to_string(),
+            "Authorization: Digest s3cret\r\n".to_string(),
+        ] {
+            let (status, said) = dashboard.get_with(path, &headers).await;
+            assert_eq!(status, 401, "{path} with {headers:?}: {said}");
+            assert!(
+                said.to_ascii_lowercase()
+                    .contains("www-authenticate: basic"),
+                "{said}"
+            );
+            assert!(!said.contains("replicas"), "{said}");
+        }
+        for headers in [
+            basic("operator:s3cret"),
+            basic(":s3cret"),
+            "Authorization: Bearer s3cret\r\n".to_string(),
+        ] {
+            let (status, said) = dashboard.get_with(path, &headers).await;
+            assert_eq!(status, 200, "{path} with {headers:?}: {said}");
+        }
+    }
+    let (_, overview) = dashboard
+        .get_with("/api/overview", &basic("operator:s3cret"))
+        .await;
+    let overview: serde_json::Value = serde_json::from_str(&overview).unwrap();
+    assert_eq!(overview["replicas"], 5, "{overview}");
+    dashboard.stop().await;
+}
+
+/// Beyond a loopback address the command wants a token file; with one, it
+/// serves whoever presents the token. An empty token file is an error that
+/// names it.
+#[tokio::test]
+async fn beyond_this_machine_the_command_wants_a_token() {
+    let db = fleet().await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_magic-sync"))
+        .args(["dashboard", "--listen", "0.0.0.0:0"])
+        .env("DATABASE_URL", db.url())
+        .env_remove("MAGIC_SYNC_DASHBOARD_TOKEN_FILE")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let said = String::from_utf8(out.stderr).unwrap();
+    assert!(said.contains("needs --token-file"), "{said}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "  \n").unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_magic-sync"))
+        .args(["dashboard", "--listen", "0.0.0.0:0", "--token-file"])
+        .arg(&empty)
+        .env("DATABASE_URL", db.url())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let said = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        said.contains("empty") && said.contains(&*empty.to_string_lossy()),
+        "{said}"
+    );
+
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let mut dashboard = tokio::process::Command::new(env!("CARGO_BIN_EXE_magic-sync"))
+        .args(["dashboard", "--listen", "0.0.0.0:0"])
+        .env("MAGIC_SYNC_DASHBOARD_TOKEN_FILE", &token)
+        .env("DATABASE_URL", db.url())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(dashboard.stdout.take().unwrap()).lines();
+    let said = lines.next_line().await.unwrap().unwrap();
+    let port: u16 = said
+        .strip_prefix("magic-sync dashboard at http://0.0.0.0:")
+        .and_then(|rest| rest.strip_suffix("/ (Ctrl-C stops it)"))
+        .unwrap_or_else(|| panic!("{said}"))
+        .parse()
+        .unwrap();
+    let client = Dashboard {
+        addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        stop: None,
+        served: None,
+    };
+    assert_eq!(client.get("/api/overview").await.0, 401);
+    let (status, body) = client
+        .get_with("/api/overview", "Authorization: Bearer s3cret\r\n")
+        .await;
+    assert_eq!(status, 200, "{body}");
+    dashboard.kill().await.unwrap();
+}
+
+/// The replicas' progress bars a page shows, by id as the DOM has it.
+fn bars(dom: &str) -> Vec<String> {
+    dom.split(r#"<progress data-replica=""#)
+        .skip(1)
+        .map(|rest| rest.split('"').next().unwrap().to_string())
+        .collect()
+}
+
+/// The address a link of the page points at, by the link's id.
+fn link(dom: &str, id: &str) -> String {
+    let at = dom
+        .find(&format!(r#"id="{id}""#))
+        .unwrap_or_else(|| panic!("no link `{id}`:\n{dom}"));
+    let before = &dom[..at];
+    let href = &before[before.rfind(r#"href=""#).unwrap() + 6..];
+    href[..href.find('"').unwrap()].replace("&amp;", "&")
+}
+
+/// The page lists the replicas a page at a time, with links to the next
+/// page and back to the first; the figures above stay the fleet's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_lists_the_replicas_a_page_at_a_time() {
+    let chromium = chromium();
+    let db = fleet().await;
+    let dashboard = Dashboard::start(&db).await;
+    let mut seen = Vec::new();
+    let mut dom = browse(chromium, &dashboard.url("/?limit=2")).await;
+    assert!(!dom.contains(r#"id="first-page""#), "{dom}");
+    loop {
+        let shown = bars(&dom);
+        assert!(!shown.is_empty() && shown.len() <= 2, "{shown:?}\n{dom}");
+        assert_shows(&dom, "5 live replicas, 1 notes pending");
+        seen.extend(shown);
+        if !dom.contains(r#"id="next-page""#) {
+            break;
+        }
+        let next = link(&dom, "next-page");
+        assert!(next.contains("limit=2"), "{next}");
+        dom = browse(chromium, &dashboard.url(&format!("/{next}"))).await;
+        assert_eq!(link(&dom, "first-page"), "?limit=2");
+    }
+    // Every replica once, in the listing's order.
+    assert_eq!(seen.len(), 5, "{seen:?}");
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 5, "{seen:?}");
+    dashboard.stop().await;
 }

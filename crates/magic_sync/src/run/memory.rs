@@ -230,12 +230,14 @@ impl Network {
 }
 
 /// One replica's end of the network ([`Network::link`]).
+#[cfg(feature = "sqlite")]
 #[derive(Debug, Clone)]
 pub struct Endpoint {
     network: Network,
     replica: String,
 }
 
+#[cfg(feature = "sqlite")]
 impl Network {
     /// `replica`'s end of the network, for its loop
     /// ([`super::replica::replica`]).
