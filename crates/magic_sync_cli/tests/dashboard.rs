@@ -404,35 +404,56 @@ async fn watch_ends_once_every_replica_is_caught_up() {
     assert_eq!(status.code(), Some(0));
 }
 
-#[tokio::test]
-async fn the_command_says_where_it_listens_and_serves_there() {
-    let db = fleet().await;
-    let mut dashboard = tokio::process::Command::new(env!("CARGO_BIN_EXE_magic-sync"))
-        .args([
-            "dashboard",
-            "--listen",
-            "127.0.0.1:0",
-            "--partition",
-            "north",
-        ])
-        .env("DATABASE_URL", db.url())
+/// `magic-sync dashboard` with `args` (and the token file in the
+/// environment), once it said where it listens: the process, and a client
+/// of the address it named (over loopback when it listens on every one).
+async fn command(
+    db: &magic_sync_testdb::TestDb,
+    args: &[&str],
+    token_file: Option<&std::path::Path>,
+) -> (tokio::process::Child, Dashboard) {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_magic-sync"));
+    command
+        .arg("dashboard")
+        .args(args)
+        .env("DATABASE_URL", db.url());
+    match token_file {
+        Some(path) => command.env("MAGIC_SYNC_DASHBOARD_TOKEN_FILE", path),
+        None => command.env_remove("MAGIC_SYNC_DASHBOARD_TOKEN_FILE"),
+    };
+    let mut dashboard = command
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(dashboard.stdout.take().unwrap()).lines();
     let said = lines.next_line().await.unwrap().unwrap();
-    let addr: SocketAddr = said
+    let mut addr: SocketAddr = said
         .strip_prefix("magic-sync dashboard at http://")
         .and_then(|rest| rest.strip_suffix("/ (Ctrl-C stops it)"))
         .unwrap_or_else(|| panic!("{said}"))
         .parse()
         .unwrap();
+    if addr.ip().is_unspecified() {
+        addr.set_ip([127, 0, 0, 1].into());
+    }
     let client = Dashboard {
         addr,
         stop: None,
         served: None,
     };
+    (dashboard, client)
+}
+
+#[tokio::test]
+async fn the_command_says_where_it_listens_and_serves_there() {
+    let db = fleet().await;
+    let (mut dashboard, client) = command(
+        &db,
+        &["--listen", "127.0.0.1:0", "--partition", "north"],
+        None,
+    )
+    .await;
     let (status, body) = client.get("/api/overview").await;
     assert_eq!(status, 200, "{body}");
     let overview: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -548,27 +569,7 @@ async fn beyond_this_machine_the_command_wants_a_token() {
 
     let token = dir.path().join("token");
     std::fs::write(&token, "s3cret\n").unwrap();
-    let mut dashboard = tokio::process::Command::new(env!("CARGO_BIN_EXE_magic-sync"))
-        .args(["dashboard", "--listen", "0.0.0.0:0"])
-        .env("MAGIC_SYNC_DASHBOARD_TOKEN_FILE", &token)
-        .env("DATABASE_URL", db.url())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(dashboard.stdout.take().unwrap()).lines();
-    let said = lines.next_line().await.unwrap().unwrap();
-    let port: u16 = said
-        .strip_prefix("magic-sync dashboard at http://0.0.0.0:")
-        .and_then(|rest| rest.strip_suffix("/ (Ctrl-C stops it)"))
-        .unwrap_or_else(|| panic!("{said}"))
-        .parse()
-        .unwrap();
-    let client = Dashboard {
-        addr: SocketAddr::from(([127, 0, 0, 1], port)),
-        stop: None,
-        served: None,
-    };
+    let (mut dashboard, client) = command(&db, &["--listen", "0.0.0.0:0"], Some(&token)).await;
     assert_eq!(client.get("/api/overview").await.0, 401);
     let (status, body) = client
         .get_with("/api/overview", "Authorization: Bearer s3cret\r\n")
