@@ -34,7 +34,7 @@ impl fmt::Display for Mismatch {
 pub enum Error {
     /// PostgreSQL failed.
     #[cfg(feature = "postgres")]
-    #[error("postgres: {0}")]
+    #[error("postgres: {}", postgres_said(.0))]
     Postgres(#[from] tokio_postgres::Error),
     /// SQLite failed.
     #[cfg(feature = "sqlite")]
@@ -206,6 +206,19 @@ impl Error {
             Error::InstallGaveWay { .. } => true,
             _ => false,
         }
+    }
+}
+
+/// What PostgreSQL said, in its own words (its message, the detail, the
+/// SQLSTATE), not the client's bare "db error".
+#[cfg(feature = "postgres")]
+fn postgres_said(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => match db.detail() {
+            Some(detail) => format!("{} ({detail}) [{}]", db.message(), db.code().code()),
+            None => format!("{} [{}]", db.message(), db.code().code()),
+        },
+        None => e.to_string(),
     }
 }
 

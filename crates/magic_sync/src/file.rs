@@ -120,25 +120,23 @@ pub async fn file_all(
 ) -> Result<Vec<Result<Filing>>> {
     let mut filings: Vec<Option<Result<Filing>>> = uploads.iter().map(|_| None).collect();
     let mut tx = client.transaction().await?;
-    let states = replica_states(&tx, uploads).await?;
+    let known = known_replicas(&tx, uploads).await?;
     let mut savepoints = 0;
     let mut i = 0;
     while i < uploads.len() {
         let (replica, up) = &uploads[i];
-        let Some(&provisioning) = states.get(replica) else {
-            filings[i] = Some(Err(Error::Invalid(format!(
-                "an upload from replica `{replica}`, which the server does not know"
-            ))));
+        if !known.contains(replica) {
+            filings[i] = Some(Err(unknown(replica)));
             i += 1;
             continue;
-        };
+        }
         if records_only(engine, up) {
             // The run of such uploads from here, filed together; in order
             // with the others, so a record filed and then deleted stays
             // deleted.
             let from = i;
             while i < uploads.len()
-                && states.contains_key(&uploads[i].0)
+                && known.contains(&uploads[i].0)
                 && records_only(engine, &uploads[i].1)
             {
                 i += 1;
@@ -153,15 +151,11 @@ pub async fn file_all(
             // PostgreSQL refused a row: each upload alone, so that only
             // that row is refused.
             for (j, (replica, up)) in run.iter().enumerate() {
-                filings[from + j] = Some(kept(
-                    file_in(&mut tx, engine, replica, states[replica], up).await,
-                )?);
+                filings[from + j] = Some(kept(file_in(&mut tx, engine, replica, up).await)?);
                 savepoints += 1 + up.tables.iter().map(|t| t.rows.len()).sum::<usize>();
             }
         } else {
-            filings[i] = Some(kept(
-                file_in(&mut tx, engine, replica, provisioning, up).await,
-            )?);
+            filings[i] = Some(kept(file_in(&mut tx, engine, replica, up).await)?);
             savepoints += 1 + up
                 .tables
                 .iter()
@@ -193,20 +187,23 @@ fn kept(filing: Result<Filing>) -> Result<Result<Filing>> {
     }
 }
 
-/// Per replica the uploads name that the server knows, whether it is being
-/// provisioned.
-async fn replica_states(
+/// The replicas the uploads name that the server knows.
+async fn known_replicas(
     tx: &Transaction<'_>,
     uploads: &[(String, Up)],
-) -> Result<std::collections::HashMap<String, bool>> {
+) -> Result<std::collections::HashSet<String>> {
     let ids: Vec<&str> = uploads.iter().map(|(r, _)| r.as_str()).collect();
     let rows = tx
-        .query(
-            "SELECT id, provision OR snapshot_attempt IS NOT NULL FROM sync.replicas WHERE id = ANY($1)",
-            &[&ids],
-        )
+        .query("SELECT id FROM sync.replicas WHERE id = ANY($1)", &[&ids])
         .await?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// An upload from a replica the server does not know.
+fn unknown(replica: &str) -> Error {
+    Error::Invalid(format!(
+        "an upload from replica `{replica}`, which the server does not know"
+    ))
 }
 
 /// Whether every row `up` carries is a record of a table that names its
@@ -298,10 +295,24 @@ async fn file_in(
     outer: &mut Transaction<'_>,
     engine: &Engine,
     replica: &str,
-    provisioning: bool,
     up: &Up,
 ) -> Result<Filing> {
     let mut tx = outer.savepoint("magic_sync_filing").await?;
+    // Read here, not with the call's first statement: a call commits
+    // every few savepoints, and a snapshot may have begun since.
+    let provisioning: bool = match tx
+        .query_opt(
+            "SELECT provision OR snapshot_attempt IS NOT NULL FROM sync.replicas WHERE id = $1",
+            &[&replica],
+        )
+        .await?
+    {
+        Some(row) => row.get(0),
+        None => {
+            tx.rollback().await?;
+            return Err(unknown(replica));
+        }
+    };
     let sequence = i64::try_from(up.sequence).unwrap_or(i64::MAX);
     let (mut taken, mut unchanged, mut refused) = (0, 0, Vec::new());
     for rows in &up.tables {
@@ -573,13 +584,16 @@ async fn records_all(
                 &[&serde_json::Value::Array(docs)],
             )
             .await;
-        let written = match written {
+        let written = match written.map_err(Error::from) {
             Ok(rows) => rows,
-            Err(e) if refused_by_postgres(&e) || e.code().is_some_and(|c| c.code() == "21000") => {
+            Err(e) if e.is_transient() => return Err(e),
+            // PostgreSQL refused a row (a constraint, a value, a key twice
+            // in a versioned table), or a host's trigger did: upload by
+            // upload, the error lands on its own.
+            Err(_) => {
                 savepoint.rollback().await?;
                 return Ok(None);
             }
-            Err(e) => return Err(e.into()),
         };
         for row in written {
             let (i, owner): (i64, Option<String>) = (row.get(0), row.get(1));
@@ -598,12 +612,20 @@ async fn records_all(
             }
         }
     }
-    savepoint.commit().await?;
+    // Kept within the savepoint: a refusal the inbox cannot take (a key
+    // text cannot hold) sends the run upload by upload too.
     let mut refused: Vec<Vec<Refusal>> = run.iter().map(|_| Vec::new()).collect();
     for (u, refusal, data) in refusals {
-        keep_refused(tx, &run[u].0, &refusal, Some(data)).await?;
-        refused[u].push(refusal);
+        match keep_refused(&savepoint, &run[u].0, &refusal, Some(data)).await {
+            Ok(()) => refused[u].push(refusal),
+            Err(e) if e.is_transient() => return Err(e),
+            Err(_) => {
+                savepoint.rollback().await?;
+                return Ok(None);
+            }
+        }
     }
+    savepoint.commit().await?;
     Ok(Some(
         run.iter()
             .zip(taken)

@@ -345,7 +345,11 @@ impl<'e> Replica<'e> {
     /// remembered a while, and counts once it is).
     pub fn filed(&mut self, filed: &envelope::Filed) -> Result<usize> {
         self.patience.answered(&filed.send_id);
-        let released = up::filed(&self.conn, &filed.send_id)?;
+        // One transaction: one commit, and the host's writes wait for it
+        // rather than interleave.
+        let tx = write_transaction(&mut self.conn)?;
+        let released = up::filed(&tx, &filed.send_id)?;
+        tx.commit()?;
         if released == 0 && !up::knows(&self.conn, &filed.send_id)? {
             if self.early.len() >= EARLY_ANSWERS {
                 self.early.clear();

@@ -104,6 +104,8 @@ pub fn replica_with(replica: &mut Replica<'_>, link: &impl Link, uploads: &Uploa
     // let go of it once delivered, so dropping it would open a gap, and a
     // gap costs the replica a snapshot.
     let mut held: Option<Vec<u8>> = None;
+    // What came while a held message waited, in the order it came.
+    let mut queued: std::collections::VecDeque<Delivery> = Default::default();
     // An answer let go of rows since the server last heard the backlog:
     // it hears it at the next look, with the next upload (each carries
     // it) or, when nothing goes up, in a report of its own. Reporting it
@@ -116,8 +118,17 @@ pub fn replica_with(replica: &mut Replica<'_>, link: &impl Link, uploads: &Uploa
             Duration::ZERO
         };
         let delivery = match held.take() {
-            Some(message) => Delivery::Message(message),
-            None => link.next(wait),
+            Some(message) => {
+                // Still heeding the link while the host holds the file:
+                // its end ends the loop, anything else waits its turn.
+                match link.next(Duration::ZERO) {
+                    Delivery::Closed => return Ok(()),
+                    Delivery::Quiet => {}
+                    other => queued.push_back(other),
+                }
+                Delivery::Message(message)
+            }
+            None => queued.pop_front().unwrap_or_else(|| link.next(wait)),
         };
         let quiet = matches!(delivery, Delivery::Quiet);
         match delivery {
@@ -128,7 +139,13 @@ pub fn replica_with(replica: &mut Replica<'_>, link: &impl Link, uploads: &Uploa
                 Err(e) if e.is_transient() => held = Some(message),
                 Err(e) => return Err(e),
             },
-            Delivery::Filed(filed) => backlog_owed |= replica.filed(&filed)? > 0,
+            Delivery::Filed(filed) => match replica.filed(&filed) {
+                Ok(released) => backlog_owed |= released > 0,
+                // The answer is lost: the upload goes again after a while,
+                // and filing it again changes nothing.
+                Err(e) if e.is_transient() => {}
+                Err(e) => return Err(e),
+            },
             Delivery::Quiet => {}
             Delivery::Closed => return Ok(()),
         }
@@ -161,7 +178,10 @@ pub fn replica_with(replica: &mut Replica<'_>, link: &impl Link, uploads: &Uploa
         if !sent.set_aside.is_empty() || (sent.uploads == 0 && backlog_owed) {
             link.report(progress(replica)?);
         }
-        backlog_owed = false;
+        // Out of reach, the figure is owed still.
+        if sent.waits.is_none() {
+            backlog_owed = false;
+        }
     }
 }
 

@@ -852,3 +852,46 @@ async fn a_message_the_host_held_the_file_against_is_applied_once_it_lets_go() {
         "{names:?}"
     );
 }
+
+/// Refuses every wait for the file.
+fn never_wait(_: i32) -> bool {
+    false
+}
+
+/// While the host holds the file and a message waits to be applied, the
+/// loop still heeds its link: when the link ends, the loop ends.
+#[tokio::test]
+async fn a_loop_holding_a_message_ends_with_its_link() {
+    let mut fleet = shop().await;
+    fleet
+        .write("UPDATE products SET name = 'black tea' WHERE id = 1")
+        .await;
+    fleet.record().await;
+    fleet.publish().await;
+    let messages = fleet.network.take("u1");
+    assert_eq!(messages.len(), 1);
+    let replica = &mut fleet.unit("u1").replica;
+    let path = replica.connection().path().unwrap().to_string();
+    let host = rusqlite::Connection::open(&path).unwrap();
+    host.execute_batch("BEGIN IMMEDIATE").unwrap();
+    replica.connection().busy_handler(Some(never_wait)).unwrap();
+    let link = Lined {
+        deliveries: std::sync::Mutex::new(
+            messages
+                .into_iter()
+                .map(magic_sync::run::Delivery::Message)
+                .collect(),
+        ),
+        reports: Default::default(),
+    };
+    magic_sync::run::replica::replica(replica, &link).expect("the loop ends with the link");
+    host.execute_batch("ROLLBACK").unwrap();
+    replica
+        .connection()
+        .busy_timeout(Duration::from_secs(30))
+        .unwrap();
+    assert!(
+        link.reports.into_inner().unwrap().is_empty(),
+        "nothing applied, nothing said"
+    );
+}

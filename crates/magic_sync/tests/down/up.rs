@@ -1028,3 +1028,52 @@ async fn a_refusal_among_records_filed_together_falls_on_its_own_row() {
         [("s1".into(), "u1".into()), ("s3".into(), "u2".into())]
     );
 }
+
+/// A host's own trigger refusing one till's sale among records filed
+/// together: that upload fails alone (unanswered, it comes again), the
+/// others are filed.
+#[tokio::test]
+async fn a_hosts_trigger_failing_one_upload_files_the_others() {
+    let mut fleet = shop().await;
+    fleet
+        .writer
+        .batch_execute(
+            "CREATE FUNCTION no_666() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF NEW.total = 666 THEN RAISE EXCEPTION 'not this total'; END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER no_666 BEFORE INSERT ON sales FOR EACH ROW EXECUTE FUNCTION no_666();",
+        )
+        .await
+        .unwrap();
+    till_writes(
+        &mut fleet,
+        "u1",
+        "INSERT INTO sales VALUES ('s1', 'u1', 7, '666', 1), ('s2', 'u1', 7, '2', 1)",
+    );
+    till_writes(
+        &mut fleet,
+        "u2",
+        "INSERT INTO sales VALUES ('s3', 'u2', 8, '3', 1), ('s4', 'u2', 8, '4', 1)",
+    );
+    let mut uploads = Vec::new();
+    for till in ["u1", "u2"] {
+        let up = fleet
+            .unit(till)
+            .replica
+            .upload(MAX, PATIENT)
+            .unwrap()
+            .unwrap();
+        uploads.push((till.to_string(), up));
+    }
+    let mut client = fleet.db.connect().await;
+    let filings = file::file_all(&mut client, fleet.engine, &uploads)
+        .await
+        .expect("the call itself succeeds");
+    let err = filings[0].as_ref().expect_err("u1's upload fails");
+    assert!(err.to_string().contains("not this total"), "{err}");
+    assert_eq!(counts(filings[1].as_ref().unwrap()), (2, 0, 0));
+    let ids: Vec<String> = sales(&fleet).await.into_iter().map(|s| s.0).collect();
+    assert_eq!(ids, ["s3", "s4"]);
+}
