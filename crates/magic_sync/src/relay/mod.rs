@@ -201,6 +201,15 @@ pub struct Recorded {
     pub dropped: Vec<String>,
     /// Messages written to the outbox.
     pub messages: u64,
+    /// Per replica the pass wrote to, the number of the last message it
+    /// wrote: an acknowledgement of it covers everything the pass planned
+    /// for that replica.
+    pub written: Vec<(String, i64)>,
+    /// When the oldest change the pass planned was committed, with
+    /// PostgreSQL's `track_commit_timestamp` on; otherwise when the pass
+    /// began (a change committed before it). `None` when it planned no
+    /// change.
+    pub oldest_change: Option<std::time::SystemTime>,
 }
 
 /// What one [`publish`] did.
@@ -241,6 +250,8 @@ pub struct Relay {
     statements: Option<outbox::Statements>,
     /// When a pass last measured the outboxes against their bound.
     outbox_checked: Option<std::time::Instant>,
+    /// Whether PostgreSQL records commit times, read with the first pass.
+    commit_times: Option<bool>,
 }
 
 impl Relay {
@@ -289,6 +300,7 @@ impl Relay {
             leftovers: plan::Leftovers::default(),
             statements: None,
             outbox_checked: None,
+            commit_times: None,
         })
     }
 
@@ -325,11 +337,21 @@ impl Relay {
         max_message_bytes: usize,
     ) -> Result<Recorded> {
         let context = self.context.clone();
+        let began = std::time::SystemTime::now();
         let tx = client
             .build_transaction()
             .isolation_level(IsolationLevel::RepeatableRead)
             .start()
             .await?;
+        if self.commit_times.is_none() {
+            let row = tx
+                .query_one(
+                    "SELECT current_setting('track_commit_timestamp') = 'on'",
+                    &[],
+                )
+                .await?;
+            self.commit_times = Some(row.get(0));
+        }
         if !self.prepared {
             plan::prepare(&tx).await?;
             self.statements = Some(outbox::Statements::prepare(&tx).await?);
@@ -407,7 +429,24 @@ impl Relay {
             forgotten: observed.forgotten.clone(),
             dropped,
             messages: 0,
+            written: Vec::new(),
+            oldest_change: None,
         };
+        if planned.notes > 0 {
+            recorded.oldest_change = Some(began);
+            if self.commit_times == Some(true) {
+                let oldest: Option<chrono::DateTime<chrono::Utc>> = tx
+                    .query_one(
+                        "SELECT min(pg_xact_commit_timestamp(xid(xid))) FROM _ms_notes",
+                        &[],
+                    )
+                    .await?
+                    .get(0);
+                if let Some(oldest) = oldest {
+                    recorded.oldest_change = Some(oldest.into());
+                }
+            }
+        }
         let reached = reached::due(&tx, &observed).await?;
         let mut closing = String::new();
         if planned.sends > 0 || planned.deletes > 0 || !reached.is_empty() {
@@ -451,6 +490,11 @@ impl Relay {
                 .collect();
             closing.push_str(&reached::write(&tx, &mut writer, reached).await?);
             recorded.messages = writer.written();
+            recorded.written = writer
+                .last_numbers()
+                .into_iter()
+                .map(|(r, n)| (r.to_string(), n))
+                .collect();
             let (_, chains) = writer.finish();
             closing.push_str(&chains);
             if planned_any {

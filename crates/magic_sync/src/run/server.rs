@@ -39,7 +39,7 @@ pub async fn heed<T: Transport>(
     engine: &Engine,
     transport: &T,
     reports: Vec<(String, Report)>,
-) -> Result<()> {
+) -> Result<Heeded> {
     let mut acks = Vec::new();
     let mut uploads = Vec::new();
     for (replica, report) in reports {
@@ -91,14 +91,71 @@ pub async fn heed<T: Transport>(
     let started = Instant::now();
     let outcomes = crate::relay::acknowledge_all(client, &acks).await?;
     crate::relay::trace(&format!("heed/acks ({})", acks.len()), started);
-    for ((replica, _), outcome) in acks.iter().zip(outcomes) {
+    let mut heeded = Heeded::default();
+    for ((replica, ack), outcome) in acks.iter().zip(outcomes) {
         match outcome {
+            Ok(crate::relay::Acknowledged::Recorded) => heeded.acknowledged.push((
+                replica.clone(),
+                i64::try_from(ack.number).unwrap_or(i64::MAX),
+            )),
             Ok(_) => {}
             Err(e @ Error::Forged { .. }) => transport.misbehaved(replica, &e.to_string()),
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Ok(heeded)
+}
+
+/// What [`heed`] recorded.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Heeded {
+    /// Acknowledgements recorded, as (replica, message number), in the
+    /// order they came.
+    pub acknowledged: Vec<(String, i64)>,
+}
+
+/// Per replica, the messages passes wrote it and when the oldest change
+/// each carried was committed, until an acknowledgement covers them: how
+/// long a change took from its commit to the replica saying it applied it
+/// (`magic_sync_commit_to_acknowledged_seconds`).
+#[derive(Debug, Default)]
+struct Lags(HashMap<String, std::collections::VecDeque<(i64, std::time::SystemTime)>>);
+
+/// Messages remembered per replica at most; past it the two oldest merge,
+/// keeping the older change, so a replica out of reach for long costs a
+/// bounded book and its lag is never understated.
+const LAGS_PER_REPLICA: usize = 1024;
+
+impl Lags {
+    fn written(&mut self, recorded: &crate::relay::Recorded) {
+        for replica in &recorded.forgotten {
+            self.0.remove(replica);
+        }
+        let Some(oldest) = recorded.oldest_change else {
+            return;
+        };
+        for (replica, number) in &recorded.written {
+            let book = self.0.entry(replica.clone()).or_default();
+            if book.len() >= LAGS_PER_REPLICA {
+                if let (Some((_, a)), Some((n, b))) = (book.pop_front(), book.pop_front()) {
+                    book.push_front((n, a.min(b)));
+                }
+            }
+            book.push_back((*number, oldest));
+        }
+    }
+
+    /// The acknowledgement of `number` by `replica`: how long ago the
+    /// oldest change it covers was committed, if it covers one.
+    fn acknowledged(&mut self, replica: &str, number: i64) -> Option<Duration> {
+        let book = self.0.get_mut(replica)?;
+        let mut oldest = None::<std::time::SystemTime>;
+        while book.front().is_some_and(|(n, _)| *n <= number) {
+            let (_, at) = book.pop_front().expect("just seen");
+            oldest = Some(oldest.map_or(at, |o| o.min(at)));
+        }
+        oldest.map(|at| at.elapsed().unwrap_or_default())
+    }
 }
 
 /// Runs the relay for `engine` over the database at `config` until `stop`
@@ -227,6 +284,7 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
         .publisher
         .insert(Session::open(config, &settings.session, "publish").await?);
     let written = tokio::sync::Notify::new();
+    let lags = Mutex::new(Lags::default());
     let workers = Workers {
         config,
         session: &settings.session,
@@ -240,7 +298,8 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
             host,
             &workers,
             backoff,
-            &written
+            &written,
+            &lags
         ),
         publish_forever(
             publisher.client_mut(),
@@ -248,7 +307,8 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
             transport,
             reports,
             settings,
-            &written
+            &written,
+            &lags
         )
     )?;
     Ok(())
@@ -348,6 +408,7 @@ async fn record_forever<H: Replicas, T: Transport>(
     workers: &Workers<'_, T>,
     backoff: &mut Duration,
     written: &tokio::sync::Notify,
+    lags: &Mutex<Lags>,
 ) -> Result<()> {
     let settings = relay.settings().clone();
     let mut streaming = FuturesUnordered::new();
@@ -371,6 +432,7 @@ async fn record_forever<H: Replicas, T: Transport>(
         // For a host that installs a `metrics` recorder (an exporter).
         metrics::histogram!("magic_sync_pass_seconds").record(started.elapsed().as_secs_f64());
         *backoff = settings.backoff_min;
+        lags.lock().expect("not poisoned").written(&recorded);
         if recorded.messages > 0 {
             written.notify_one();
         }
@@ -415,11 +477,22 @@ async fn publish_forever<T: Transport, R: Reports>(
     reports: &R,
     settings: &Settings,
     written: &tokio::sync::Notify,
+    lags: &Mutex<Lags>,
 ) -> Result<()> {
     loop {
         let started = std::time::Instant::now();
-        heed(publisher, engine, transport, reports.drain()).await?;
+        let heeded = heed(publisher, engine, transport, reports.drain()).await?;
         crate::relay::trace("heed", started);
+        {
+            let mut lags = lags.lock().expect("not poisoned");
+            for (replica, number) in &heeded.acknowledged {
+                if let Some(lag) = lags.acknowledged(replica, *number) {
+                    // For a host that installs a `metrics` recorder.
+                    metrics::histogram!("magic_sync_commit_to_acknowledged_seconds")
+                        .record(lag.as_secs_f64());
+                }
+            }
+        }
         let started = std::time::Instant::now();
         crate::relay::publish(publisher, transport, settings.concurrency).await?;
         crate::relay::trace("publish", started);
@@ -428,5 +501,64 @@ async fn publish_forever<T: Transport, R: Reports>(
             () = reports.wait() => {}
             () = tokio::time::sleep(settings.backoff_min) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Lags, LAGS_PER_REPLICA};
+    use crate::relay::Recorded;
+    use std::time::{Duration, SystemTime};
+
+    fn pass(written: &[(&str, i64)], oldest: Option<SystemTime>) -> Recorded {
+        Recorded {
+            written: written.iter().map(|(r, n)| (r.to_string(), *n)).collect(),
+            oldest_change: oldest,
+            ..Recorded::default()
+        }
+    }
+
+    #[test]
+    fn an_acknowledgement_counts_from_the_oldest_change_it_covers() {
+        let now = SystemTime::now();
+        let mut lags = Lags::default();
+        lags.written(&pass(
+            &[("a", 3), ("b", 4)],
+            Some(now - Duration::from_secs(10)),
+        ));
+        lags.written(&pass(&[("a", 5)], Some(now - Duration::from_secs(2))));
+        // A pass that planned no change (a `Reached` only) counts nothing.
+        lags.written(&pass(&[("a", 6)], None));
+        assert_eq!(lags.acknowledged("a", 2), None, "before any change");
+        let lag = lags.acknowledged("a", 5).expect("covers both passes");
+        assert!(lag >= Duration::from_secs(10), "{lag:?}");
+        assert_eq!(lags.acknowledged("a", 6), None, "covered already");
+        assert!(lags.acknowledged("b", 4).unwrap() >= Duration::from_secs(10));
+        assert_eq!(lags.acknowledged("c", 9), None, "never written to");
+    }
+
+    #[test]
+    fn a_long_book_merges_its_oldest_and_a_forgotten_replica_has_none() {
+        let now = SystemTime::now();
+        let mut lags = Lags::default();
+        for n in 0..(LAGS_PER_REPLICA as i64 + 10) {
+            let at = now - Duration::from_secs(10_000) + Duration::from_secs(n as u64);
+            lags.written(&pass(&[("a", n), ("b", n)], Some(at)));
+        }
+        assert!(lags.0["a"].len() <= LAGS_PER_REPLICA);
+        // The first messages merged: their acknowledgement counts from the
+        // first message's change, the oldest the book keeps.
+        let merged = lags.0["a"][0].0;
+        assert!(merged > 0 && merged <= 11, "{merged}");
+        let lag = lags
+            .acknowledged("a", merged)
+            .expect("the oldest merged in");
+        assert!(lag >= Duration::from_secs(9_999), "{lag:?}");
+        let forget = Recorded {
+            forgotten: vec!["b".into()],
+            ..Recorded::default()
+        };
+        lags.written(&forget);
+        assert_eq!(lags.acknowledged("b", i64::MAX), None);
     }
 }

@@ -895,3 +895,34 @@ async fn a_loop_holding_a_message_ends_with_its_link() {
         "nothing applied, nothing said"
     );
 }
+
+/// A pass says, per replica it wrote to, the last message it wrote, and
+/// since when its oldest change waits (here, PostgreSQL not keeping
+/// commit times: the pass's beginning); a pass with nothing to plan says
+/// no change.
+#[tokio::test]
+async fn a_pass_says_what_it_wrote_and_since_when() {
+    let mut fleet = shop().await;
+    let before = std::time::SystemTime::now();
+    fleet
+        .write("UPDATE products SET name = 'black tea' WHERE id = 1")
+        .await;
+    let step = fleet.record().await;
+    let oldest = step.oldest_change.expect("a change planned");
+    assert!(oldest >= before && oldest <= std::time::SystemTime::now());
+    let last: BTreeMap<String, i64> = fleet
+        .writer
+        .query("SELECT id, last_number FROM sync.replicas", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert!(!step.written.is_empty());
+    for (replica, number) in &step.written {
+        assert_eq!(last[replica], *number, "{replica}");
+    }
+    fleet.deliver().await;
+    let quiet = fleet.record().await;
+    assert_eq!(quiet.oldest_change, None);
+}
