@@ -756,6 +756,21 @@ struct Lined {
     reports: std::sync::Mutex<Vec<magic_sync::run::Report>>,
 }
 
+impl Lined {
+    /// A link bringing `messages`, then its end.
+    fn messages(messages: Vec<Vec<u8>>) -> Lined {
+        Lined {
+            deliveries: std::sync::Mutex::new(
+                messages
+                    .into_iter()
+                    .map(magic_sync::run::Delivery::Message)
+                    .collect(),
+            ),
+            reports: Default::default(),
+        }
+    }
+}
+
 impl magic_sync::run::replica::Link for Lined {
     fn max_message_bytes(&self) -> usize {
         1 << 20
@@ -814,15 +829,7 @@ async fn a_message_the_host_held_the_file_against_is_applied_once_it_lets_go() {
         }
         host.execute_batch("COMMIT").unwrap();
     });
-    let link = Lined {
-        deliveries: std::sync::Mutex::new(
-            messages
-                .into_iter()
-                .map(magic_sync::run::Delivery::Message)
-                .collect(),
-        ),
-        reports: Default::default(),
-    };
+    let link = Lined::messages(messages);
     magic_sync::run::replica::replica(replica, &link).expect("the loop ends with the link");
     letting_go.join().unwrap();
     replica
@@ -875,15 +882,7 @@ async fn a_loop_holding_a_message_ends_with_its_link() {
     let host = rusqlite::Connection::open(&path).unwrap();
     host.execute_batch("BEGIN IMMEDIATE").unwrap();
     replica.connection().busy_handler(Some(never_wait)).unwrap();
-    let link = Lined {
-        deliveries: std::sync::Mutex::new(
-            messages
-                .into_iter()
-                .map(magic_sync::run::Delivery::Message)
-                .collect(),
-        ),
-        reports: Default::default(),
-    };
+    let link = Lined::messages(messages);
     magic_sync::run::replica::replica(replica, &link).expect("the loop ends with the link");
     host.execute_batch("ROLLBACK").unwrap();
     replica

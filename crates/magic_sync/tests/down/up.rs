@@ -931,8 +931,8 @@ async fn uploads_filed_together_wait_or_are_refused_each_on_its_own() {
     assert_eq!(ids, ["s2"], "u1's upload filed nothing of its own");
 }
 
-/// The uploads of one replica each, in one call.
-async fn file_together(fleet: &mut Fleet, tills: &[&str]) -> Vec<Filing> {
+/// The uploads of one replica each, in one call: each one's filing.
+async fn file_each(fleet: &mut Fleet, tills: &[&str]) -> Vec<magic_sync::Result<Filing>> {
     let mut uploads = Vec::new();
     for till in tills {
         let up = fleet
@@ -946,7 +946,13 @@ async fn file_together(fleet: &mut Fleet, tills: &[&str]) -> Vec<Filing> {
     let mut client = fleet.db.connect().await;
     file::file_all(&mut client, fleet.engine, &uploads)
         .await
-        .expect("filed")
+        .expect("the call itself succeeds")
+}
+
+/// The uploads of one replica each, in one call, each filed.
+async fn file_together(fleet: &mut Fleet, tills: &[&str]) -> Vec<Filing> {
+    file_each(fleet, tills)
+        .await
         .into_iter()
         .map(|f| f.expect("each filed"))
         .collect()
@@ -1057,20 +1063,7 @@ async fn a_hosts_trigger_failing_one_upload_files_the_others() {
         "u2",
         "INSERT INTO sales VALUES ('s3', 'u2', 8, '3', 1), ('s4', 'u2', 8, '4', 1)",
     );
-    let mut uploads = Vec::new();
-    for till in ["u1", "u2"] {
-        let up = fleet
-            .unit(till)
-            .replica
-            .upload(MAX, PATIENT)
-            .unwrap()
-            .unwrap();
-        uploads.push((till.to_string(), up));
-    }
-    let mut client = fleet.db.connect().await;
-    let filings = file::file_all(&mut client, fleet.engine, &uploads)
-        .await
-        .expect("the call itself succeeds");
+    let filings = file_each(&mut fleet, &["u1", "u2"]).await;
     let err = filings[0].as_ref().expect_err("u1's upload fails");
     assert!(err.to_string().contains("not this total"), "{err}");
     assert_eq!(counts(filings[1].as_ref().unwrap()), (2, 0, 0));
