@@ -12,6 +12,9 @@
 //! transaction, a moment before it commits). Meanwhile a writer updates
 //! 100 rows a second of a table that goes down to every replica.
 //!
+//! Each host waits for its commits to read back with
+//! `replica::wait_written` between its ticks.
+//!
 //! Reported: rows filed per second while the load runs, against the rate
 //! written; rows written and not yet filed when it stops, and how long
 //! they take to drain; the time from a replica's commit to the server's,
@@ -178,15 +181,28 @@ async fn main() {
             type Waiting = std::collections::VecDeque<(magic_sync::replica::Mark, Instant)>;
             let mut waiting = Waiting::new();
             let mut waited: Vec<Duration> = Vec::new();
-            let check = |waiting: &mut Waiting, waited: &mut Vec<Duration>| {
+            // Waits up to `wait` for the oldest commit to read back, as a
+            // host showing "everyone sees it" would (`wait_written`: woken
+            // by its replica's loop in this process), then takes every
+            // commit that reads back by then.
+            let check = |waiting: &mut Waiting, waited: &mut Vec<Duration>, wait: Duration| {
+                let mut wait = wait;
                 while let Some(&(mark, at)) = waiting.front() {
-                    let now = magic_sync::replica::written(&conn, mark).unwrap();
+                    let now = magic_sync::replica::wait_written(
+                        &conn,
+                        mark,
+                        magic_sync::replica::Written::Reached,
+                        wait,
+                    )
+                    .unwrap();
                     if now != magic_sync::replica::Written::Reached {
-                        break;
+                        return;
                     }
                     waited.push(at.elapsed());
                     waiting.pop_front();
+                    wait = Duration::ZERO;
                 }
+                std::thread::sleep(wait);
             };
             while !stop.load(Ordering::Relaxed) {
                 tick += 1;
@@ -210,19 +226,17 @@ async fn main() {
                 waiting.push_back((magic_sync::replica::mark(&conn).unwrap(), committed));
                 written.fetch_add(per_tick, Ordering::Relaxed);
                 network.nudge(&id);
-                // Until the next tick, look every 5 ms for marks read back.
+                // Until the next tick, wait for marks to read back.
                 let due = Duration::from_millis(100 * tick);
                 while let Some(wait) = due.checked_sub(begun.elapsed()) {
-                    check(&mut waiting, &mut waited);
-                    std::thread::sleep(wait.min(Duration::from_millis(5)));
+                    check(&mut waiting, &mut waited, wait);
                 }
             }
             done_writing.fetch_add(1, Ordering::Relaxed);
             // The load stopped: wait for the rest to read back.
             let since = Instant::now();
             while !waiting.is_empty() && since.elapsed() < Duration::from_secs(600) {
-                check(&mut waiting, &mut waited);
-                std::thread::sleep(Duration::from_millis(5));
+                check(&mut waiting, &mut waited, Duration::from_secs(1));
             }
             reached.lock().unwrap().extend(waited);
         }));

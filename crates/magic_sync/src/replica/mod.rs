@@ -48,7 +48,7 @@ mod uplink;
 pub use digest::fingerprint;
 pub use key::{canonical as canonical_key, KeyProblem};
 pub use state::Status;
-pub use up::{mark, written, Mark, Pending, Written};
+pub use up::{mark, wait_written, written, Mark, Pending, Written};
 pub use uplink::{SentUp, Uplink, UplinkError};
 
 use crate::chain::{Applied, Break, Chain, Decision};
@@ -219,6 +219,7 @@ impl<'e> Replica<'e> {
         let refused = apply::Pass::run(&tx, &self.tables, self.engine, message)?;
         state::save_applied(&tx, &Applied::of(message))?;
         tx.commit()?;
+        self.ring();
         self.chain = self.chain.applied(message);
         let purged = self.purge().map_err(|e| Error::Purge {
             number: message.number,
@@ -339,6 +340,14 @@ impl<'e> Replica<'e> {
         }
     }
 
+    /// Wakes the hosts in this process waiting on this file
+    /// ([`wait_written`]): what they wait for may have moved.
+    fn ring(&self) {
+        if let Some(path) = self.conn.path().filter(|p| !p.is_empty()) {
+            up::bell(path).ring();
+        }
+    }
+
     /// The server filed an upload: lets go of what that send carried and
     /// was not written since. Returns how many rows were let go of; none for
     /// a send this replica does not know (one not recorded as sent yet is
@@ -350,6 +359,7 @@ impl<'e> Replica<'e> {
         let tx = write_transaction(&mut self.conn)?;
         let released = up::filed(&tx, &filed.send_id)?;
         tx.commit()?;
+        self.ring();
         if released == 0 && !up::knows(&self.conn, &filed.send_id)? {
             if self.early.len() >= EARLY_ANSWERS {
                 self.early.clear();

@@ -44,7 +44,7 @@ use crate::value::{canonical_key, Kind};
 use rand::RngCore;
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::{BTreeMap, HashSet};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const CREATE: &str = "
 CREATE TABLE IF NOT EXISTS _magic_sync_up (
@@ -580,6 +580,73 @@ pub fn mark(conn: &Connection) -> Result<Mark> {
         conn.prepare_cached("SELECT last FROM _magic_sync_up_clock WHERE id = 1")?
             .query_row([], |r| r.get(0))?,
     ))
+}
+
+/// Waits up to `timeout` for the writes up to `mark` to go at least as far
+/// as `until` ([`Written::Filed`]: "saved on the server";
+/// [`Written::Reached`]: "everyone sees it", this replica included), and
+/// returns how far they went: `until` or beyond, or less when the time ran
+/// out.
+///
+/// A replica applying messages in this process wakes its waiters when an
+/// answer or a message may have moved them; one in another process is
+/// asked again every 100 ms.
+pub fn wait_written(
+    conn: &Connection,
+    mark: Mark,
+    until: Written,
+    timeout: Duration,
+) -> Result<Written> {
+    let deadline = Instant::now() + timeout;
+    let bell = conn.path().filter(|p| !p.is_empty()).map(bell);
+    loop {
+        let rung = bell.as_ref().map(|b| *b.rung.lock().expect("not poisoned"));
+        let now = written(conn, mark)?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        if now >= until || left.is_zero() {
+            return Ok(now);
+        }
+        let wait = left.min(Duration::from_millis(100));
+        match (&bell, rung) {
+            (Some(bell), Some(seen)) => {
+                let guard = bell.rung.lock().expect("not poisoned");
+                let _ = bell
+                    .ring
+                    .wait_timeout_while(guard, wait, |rung| *rung == seen)
+                    .expect("not poisoned");
+            }
+            _ => std::thread::sleep(wait),
+        }
+    }
+}
+
+/// What wakes the hosts waiting on one replica file in this process.
+#[derive(Debug, Default)]
+pub(crate) struct Bell {
+    rung: std::sync::Mutex<u64>,
+    ring: std::sync::Condvar,
+}
+
+impl Bell {
+    /// Wakes every waiter: what they wait for may have moved.
+    pub(crate) fn ring(&self) {
+        *self.rung.lock().expect("not poisoned") += 1;
+        self.ring.notify_all();
+    }
+}
+
+/// The bell of the replica file at `path`, shared in this process.
+pub(crate) fn bell(path: &str) -> std::sync::Arc<Bell> {
+    static BELLS: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<Bell>>>,
+    > = std::sync::OnceLock::new();
+    BELLS
+        .get_or_init(Default::default)
+        .lock()
+        .expect("not poisoned")
+        .entry(path.to_string())
+        .or_default()
+        .clone()
 }
 
 /// How far the writes up to `mark` went (see [`Written`]). A row the

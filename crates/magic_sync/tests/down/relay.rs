@@ -597,10 +597,20 @@ async fn a_till_reads_its_own_writes_once_the_server_says_they_reached_it() {
         written() >= magic_sync::replica::Written::Filed
     })
     .await;
-    until("the sale never reached the till", || async {
-        written() == magic_sync::replica::Written::Reached
+    // Waiting, as a host showing "everyone sees it" would: the till's loop
+    // in this process wakes it.
+    let reached = tokio::task::spawn_blocking(move || {
+        magic_sync::replica::wait_written(
+            &host,
+            mark,
+            magic_sync::replica::Written::Reached,
+            Duration::from_secs(60),
+        )
+        .unwrap()
     })
-    .await;
+    .await
+    .unwrap();
+    assert_eq!(reached, magic_sync::replica::Written::Reached);
     assert_eq!(
         product_name(&path).as_deref(),
         Some("sold as s1"),

@@ -666,6 +666,31 @@ fn a_host_reads_its_own_writes_once_the_server_reached_every_send_that_carried_t
     );
 }
 
+/// A host waits for its writes to go far enough: until the time runs out
+/// (it says how far they went), or until the replica's loop, applying the
+/// answer and then the server's `Reached`, moves them there.
+#[test]
+fn a_host_waits_for_its_writes_to_go_far_enough() {
+    let (_site, mut replica, mut server) = provisioned_with_tea();
+    let path = replica.connection().path().unwrap().to_string();
+    let host = rusqlite::Connection::open(&path).unwrap();
+    host.execute_batch("INSERT INTO sales (id, unit_id) VALUES ('a', 'unit-1')")
+        .unwrap();
+    let mark = magic_sync::replica::mark(&host).unwrap();
+    let waited =
+        magic_sync::replica::wait_written(&host, mark, Written::Filed, Duration::from_millis(30))
+            .unwrap();
+    assert_eq!(waited, Written::Here, "nothing sent: the time ran out");
+    let up = replica.upload(MAX, PATIENT).unwrap().unwrap();
+    let waiting = std::thread::spawn(move || {
+        magic_sync::replica::wait_written(&host, mark, Written::Reached, Duration::from_secs(60))
+            .unwrap()
+    });
+    replica.filed(&filed(&up)).unwrap();
+    apply_all(&mut replica, &[server.reached(&[&up.send_id])]);
+    assert_eq!(waiting.join().unwrap(), Written::Reached);
+}
+
 /// A replica waits longer than its floor before sending again once answers
 /// take time: four times their smoothed round trip. Before any answer, and
 /// for a host's own calls, the floor is what counts.
