@@ -530,9 +530,6 @@ async fn records_all(
     for (name, rows) in by_table {
         let codec = engine.codec(name).expect("a declared table: records_only");
         let table = codec.table();
-        let origin = table
-            .origin
-            .expect("a table naming its origin: records_only");
         let mut senders: HashMap<&[u8], &str> = HashMap::new();
         for (u, row) in &rows {
             let sender = run[*u].0.as_str();
@@ -555,35 +552,7 @@ async fn records_all(
         if docs.is_empty() {
             continue;
         }
-        let cols = columns(table).join(", ");
-        let key: Vec<String> = table.key.iter().map(|k| ident(k)).collect();
-        let written = savepoint
-            .query(
-                &format!(
-                    "WITH input AS (
-                         SELECT e.{n}, r.* FROM jsonb_array_elements($1) WITH ORDINALITY AS e (doc, {n})
-                         CROSS JOIN LATERAL jsonb_populate_record(NULL::{rel}, e.doc) r),
-                     others AS (
-                         SELECT input.{n}, t.{o}::text AS owner FROM input JOIN {rel} t ON {on_t}
-                         WHERE t.{o}::text <> input.{o}::text),
-                     written AS (
-                         INSERT INTO {rel} AS t ({cols}) SELECT {cols} FROM input ORDER BY {n}
-                         ON CONFLICT ({key}) {on_conflict} RETURNING {key})
-                     SELECT min(input.{n}), NULL::text FROM written w JOIN input ON {on_w}
-                     GROUP BY {w_key}
-                     UNION ALL SELECT {n}, owner FROM others",
-                    n = ident("magic_sync ordinal"),
-                    rel = table.qualified(),
-                    o = ident(origin),
-                    on_t = key_match(table, "t", "input"),
-                    on_w = key_match(table, "w", "input"),
-                    key = key.join(", "),
-                    w_key = key.iter().map(|k| format!("w.{k}")).collect::<Vec<_>>().join(", "),
-                    on_conflict = on_conflict(table),
-                ),
-                &[&serde_json::Value::Array(docs)],
-            )
-            .await;
+        let written = insert_records(&savepoint, table, docs).await;
         let written = match written.map_err(Error::from) {
             Ok(rows) => rows,
             Err(e) if e.is_transient() => return Err(e),
@@ -595,9 +564,8 @@ async fn records_all(
                 return Ok(None);
             }
         };
-        for row in written {
-            let (i, owner): (i64, Option<String>) = (row.get(0), row.get(1));
-            let (u, data) = kept[usize::try_from(i - 1).unwrap_or(0)];
+        for (i, owner) in written {
+            let (u, data) = kept[i];
             match owner {
                 None => taken[u] += 1,
                 Some(owner) => refusals.push((
@@ -662,9 +630,8 @@ struct Bulk {
     refused: Vec<(Vec<u8>, Vec<u8>, String)>,
 }
 
-/// Files the records of `rows` (not its keys gone) in two statements: who
-/// holds their keys already, then one insert of them all, behind a
-/// savepoint. `None` when they are not records, or when PostgreSQL refused
+/// Files the records of `rows` (not its keys gone) in one statement
+/// ([`insert_records`]), behind a savepoint. `None` when they are not records, or when PostgreSQL refused
 /// the insert (a row it cannot take, or a key twice): they are then filed
 /// row by row, so that only the row it refuses is refused.
 async fn records_in_bulk(
@@ -677,7 +644,7 @@ async fn records_in_bulk(
         return Ok(None);
     };
     let table = codec.table();
-    let (Mirror::Up, Some(origin), true) = (table.mirror, table.origin, rows.rows.len() > 1) else {
+    let (Mirror::Up, Some(_), true) = (table.mirror, table.origin, rows.rows.len() > 1) else {
         return Ok(None);
     };
     let mut bulk = Bulk {
@@ -701,52 +668,25 @@ async fn records_in_bulk(
     if docs.is_empty() {
         return Ok(Some(bulk));
     }
-    let input = serde_json::Value::Array(docs);
-    let rel = table.qualified();
+    let refused_before = bulk.refused.len();
     let savepoint = tx.savepoint("magic_sync_records").await?;
-    let others = savepoint
-        .query(
-            &format!(
-                "SELECT e.i, t.{o}::text
-                 FROM jsonb_array_elements($1) WITH ORDINALITY AS e (doc, i)
-                 CROSS JOIN LATERAL jsonb_populate_record(NULL::{rel}, e.doc) r
-                 JOIN {rel} t ON {m}
-                 WHERE t.{o}::text <> $2",
-                o = ident(origin),
-                m = key_match(table, "t", "r"),
-            ),
-            &[&input, &replica],
-        )
-        .await?;
-    let cols = columns(table);
-    let key: Vec<String> = table.key.iter().map(|k| ident(k)).collect();
-    let written = savepoint
-        .execute(
-            &format!(
-                "INSERT INTO {rel} AS t ({list})
-                 SELECT {list} FROM jsonb_populate_recordset(NULL::{rel}, $1)
-                 ON CONFLICT ({key}) {on_conflict}",
-                list = cols.join(", "),
-                key = key.join(", "),
-                on_conflict = on_conflict(table),
-            ),
-            &[&input],
-        )
-        .await;
-    match written {
-        Ok(n) => {
+    match insert_records(&savepoint, table, docs).await {
+        Ok(written) => {
             savepoint.commit().await?;
-            for other in &others {
-                let (i, owner): (i64, String) = (other.get(0), other.get(1));
-                let row = kept[usize::try_from(i - 1).unwrap_or(0)];
+            for (i, owner) in written {
+                let Some(owner) = owner else {
+                    bulk.taken += 1;
+                    continue;
+                };
+                let row = kept[i];
                 bulk.refused.push((
                     row.key.clone(),
                     row.data.clone(),
                     format!("a record of this key was written by another replica (`{owner}`)"),
                 ));
             }
-            bulk.taken = usize::try_from(n).unwrap_or(0);
-            bulk.unchanged = kept.len().saturating_sub(bulk.taken + others.len());
+            let others = bulk.refused.len() - refused_before;
+            bulk.unchanged = kept.len().saturating_sub(bulk.taken + others);
             Ok(Some(bulk))
         }
         Err(e) if refused_by_postgres(&e) || e.code().is_some_and(|c| c.code() == "21000") => {
@@ -755,6 +695,60 @@ async fn records_in_bulk(
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// Inserts the records `docs` (JSON objects of `table`'s columns, origin
+/// stamped) in one statement, which says, by each doc's index: taken
+/// (`None`; a key sent twice counts for its first doc), or refused because
+/// another replica wrote the key first (`Some(owner)`, read in the
+/// statement's own snapshot, before its insert). A doc in neither was
+/// filed before, or is an older version.
+async fn insert_records(
+    tx: &Transaction<'_>,
+    table: &Table,
+    docs: Vec<serde_json::Value>,
+) -> std::result::Result<Vec<(usize, Option<String>)>, tokio_postgres::Error> {
+    let origin = table.origin.expect("records name their origin");
+    let cols = columns(table).join(", ");
+    let key: Vec<String> = table.key.iter().map(|k| ident(k)).collect();
+    let rows = tx
+        .query(
+            &format!(
+                "WITH input AS (
+                     SELECT e.{n}, r.* FROM jsonb_array_elements($1) WITH ORDINALITY AS e (doc, {n})
+                     CROSS JOIN LATERAL jsonb_populate_record(NULL::{rel}, e.doc) r),
+                 others AS (
+                     SELECT input.{n}, t.{o}::text AS owner FROM input JOIN {rel} t ON {on_t}
+                     WHERE t.{o}::text <> input.{o}::text),
+                 written AS (
+                     INSERT INTO {rel} AS t ({cols}) SELECT {cols} FROM input ORDER BY {n}
+                     ON CONFLICT ({key}) {on_conflict} RETURNING {key})
+                 SELECT min(input.{n}), NULL::text FROM written w JOIN input ON {on_w}
+                 GROUP BY {w_key}
+                 UNION ALL SELECT {n}, owner FROM others",
+                n = ident("magic_sync ordinal"),
+                rel = table.qualified(),
+                o = ident(origin),
+                on_t = key_match(table, "t", "input"),
+                on_w = key_match(table, "w", "input"),
+                key = key.join(", "),
+                w_key = key
+                    .iter()
+                    .map(|k| format!("w.{k}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                on_conflict = on_conflict(table),
+            ),
+            &[&serde_json::Value::Array(docs)],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let ordinal: i64 = row.get(0);
+            (usize::try_from(ordinal - 1).unwrap_or(0), row.get(1))
+        })
+        .collect())
 }
 
 /// What a record's insert does when its key is there already: nothing, or,
