@@ -814,10 +814,7 @@ fn object<'v>(values: impl Iterator<Item = (&'static str, &'v Value)>) -> serde_
     for (name, value) in values {
         let json = match value {
             // bytea's input takes hex.
-            Value::Bytes(b) => {
-                let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-                serde_json::Value::String(format!("\\x{hex}"))
-            }
+            Value::Bytes(b) => serde_json::Value::String(format!("\\x{}", hex::encode(b))),
             v => v.to_json(),
         };
         map.insert(name.to_string(), json);

@@ -5,19 +5,12 @@
 
 extern crate self as magic_sync;
 
-pub mod base64;
-pub mod chain;
-pub mod codec;
-pub mod digest;
 pub mod engine;
-pub mod envelope;
 pub mod error;
-pub mod row;
 pub mod run;
-pub mod seal;
-pub mod sql;
-pub mod value;
-pub mod wire;
+
+// The protocol core, under the names hosts have always used.
+pub use magic_sync_core::{chain, codec, digest, envelope, ids, row, seal, sql, value, wire};
 
 #[cfg(feature = "postgres")]
 pub mod catalog;
@@ -46,6 +39,5 @@ pub mod replica;
 pub use codec::Codec;
 pub use engine::Engine;
 pub use error::{Error, Result};
-pub use magic_sync_derive::{Columns, Row};
-pub use row::{Columns, Mirror, Row, Rule, Table};
-pub use value::{Kind, Numeric, Value};
+pub use ids::MessageNo;
+pub use magic_sync_core::{Columns, Kind, Mirror, Numeric, Row, Rule, Table, Value};

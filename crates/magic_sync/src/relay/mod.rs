@@ -23,7 +23,7 @@ mod held;
 mod load;
 mod observe;
 mod outbox;
-mod pack;
+use magic_sync_core::pack;
 mod plan;
 mod publish;
 mod reached;

@@ -39,7 +39,7 @@ impl Epoch {
 impl std::fmt::Debug for Epoch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the secret.
-        f.debug_struct("Epoch").field("id", &hex(&self.id)).finish()
+        f.debug_struct("Epoch").field("id", &hex::encode(&self.id)).finish()
     }
 }
 
@@ -282,7 +282,7 @@ pub(crate) fn whole(head: Vec<u8>, body: &[u8], seal: Vec<u8>) -> Vec<u8> {
 /// The id a transport de-duplicates a message by: the same however often it
 /// goes.
 pub(crate) fn message_id(epoch: &Epoch, number: i64, nonce: &[u8]) -> String {
-    format!("{}-{number}-{}", hex(&epoch.id), hex(nonce))
+    format!("{}-{number}-{}", hex::encode(&epoch.id), hex::encode(nonce))
 }
 
 /// Measures every live replica's outbox beyond the snapshot it begins with
@@ -323,9 +323,4 @@ struct Rows {
     head: Vec<Vec<u8>>,
     hash: Vec<Vec<u8>>,
     seal: Vec<Vec<u8>>,
-}
-
-/// Lower-case hex.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

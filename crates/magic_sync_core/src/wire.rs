@@ -50,7 +50,8 @@ impl Codec {
         self.stamp.as_ref()
     }
 
-    pub(crate) fn set_stamp(&mut self, stamp: Stamp) {
+    #[doc(hidden)]
+    pub fn set_stamp(&mut self, stamp: Stamp) {
         self.stamp = Some(stamp);
     }
 

@@ -3,6 +3,8 @@
 //! A field of a declared struct is any type implementing [`Field`]: it says
 //! which [`Kind`] of column it maps to and converts to and from a [`Value`].
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, SecondsFormat, Utc};
 use std::fmt;
 
@@ -197,7 +199,7 @@ impl Value {
                 .map(J::Number)
                 .unwrap_or_else(|| J::String(f.to_string())),
             Value::Text(s) | Value::Numeric(s) => J::String(s.clone()),
-            Value::Bytes(b) => J::String(crate::base64::encode(b)),
+            Value::Bytes(b) => J::String(BASE64.encode(b)),
             Value::Timestamptz(t) => J::String(format_timestamptz(t)),
             Value::Timestamp(t) => J::String(t.format(TIMESTAMP_FORMAT).to_string()),
             Value::Date(d) => J::String(d.format(DATE_FORMAT).to_string()),
@@ -230,9 +232,9 @@ impl Value {
             },
             (Kind::Text, J::String(s)) => Value::Text(s),
             (Kind::Numeric, J::String(s)) => Value::Numeric(s),
-            (Kind::Bytes, J::String(s)) => match crate::base64::decode(&s) {
-                Some(b) => Value::Bytes(b),
-                None => return Err(wrong(&J::String(s))),
+            (Kind::Bytes, J::String(s)) => match BASE64.decode(&s) {
+                Ok(b) => Value::Bytes(b),
+                Err(_) => return Err(wrong(&J::String(s))),
             },
             (Kind::Timestamptz, J::String(s)) => match DateTime::parse_from_rfc3339(&s) {
                 Ok(t) => Value::Timestamptz(t.with_timezone(&Utc)),

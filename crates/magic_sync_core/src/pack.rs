@@ -20,8 +20,10 @@ use std::collections::{HashMap, HashSet};
 
 /// A message body ready to be numbered and sealed.
 #[derive(Debug)]
-pub(crate) struct Packed {
+pub struct Packed {
+    /// The replica it is for.
     pub replica: String,
+    /// The encoded `Down` or `EndSnapshot` it carries.
     pub body: Vec<u8>,
 }
 
@@ -38,7 +40,7 @@ struct Open {
 
 /// The messages being filled, one per replica.
 #[derive(Debug)]
-pub(crate) struct Packer {
+pub struct Packer {
     limit: usize,
     open: HashMap<String, Open>,
     /// (replica, table) pairs with both upserts and deletes in this plan.

@@ -143,7 +143,8 @@ impl<R: Columns> Codec<R> {
 
 /// A table's codec with the row type erased, so the engine holds every table
 /// in one list and dispatches on the table's name.
-pub(crate) trait ErasedCodec: Send + Sync {
+#[doc(hidden)]
+pub trait ErasedCodec: Send + Sync {
     fn encode_values(&self, values: Vec<Value>) -> Result<Vec<u8>, CodecError>;
     fn decode_values(&self, bytes: &[u8]) -> Result<Vec<Value>, CodecError>;
     fn format(&self) -> &'static str;

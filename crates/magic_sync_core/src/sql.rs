@@ -33,8 +33,7 @@ pub fn int8_array(items: impl IntoIterator<Item = i64>) -> String {
 /// `E'\\x..'::bytea`, hex, read the same under either setting of
 /// `standard_conforming_strings`.
 pub fn bytea(bytes: &[u8]) -> String {
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("E'\\\\x{hex}'::bytea")
+    format!("E'\\\\x{}'::bytea", hex::encode(bytes))
 }
 
 /// `"schema"."name"`.
