@@ -109,8 +109,7 @@ async fn setup(db: &TestDb, engine: &Engine, replicas: u64, per_replica: u64) {
     magic_sync::schema::migrate(&mut client)
         .await
         .expect("migrate");
-    engine
-        .install_triggers(&mut client)
+    magic_sync::trigger::install(engine, &mut client)
         .await
         .expect("install the triggers");
 }

@@ -173,7 +173,9 @@ async fn main() {
         .await
         .unwrap();
     magic_sync::schema::migrate(&mut client).await.unwrap();
-    engine.install_triggers(&mut client).await.unwrap();
+    magic_sync::trigger::install(engine, &mut client)
+        .await
+        .unwrap();
 
     let mut replicas: Vec<ReplicaInfo> = (0..REPLICAS)
         .map(|i| ReplicaInfo::live(format!("r{i:03}"), Some(&(i as i64 % REGIONS).to_string())))

@@ -18,7 +18,7 @@
 //!
 //! - (a) transactions per second without the triggers (a second database of
 //!   the same shape, no engine), with the triggers only (the same database
-//!   after `Engine::install_triggers`, no relay), and with the triggers and
+//!   after `trigger::install`, no relay), and with the triggers and
 //!   the relay running, as ratios of the first;
 //! - (b) the highest paced rate (`pgbench -R`, a ladder of rates) at which
 //!   pending notes stay bounded: sampled every second, bounded when the
@@ -201,8 +201,7 @@ async fn install(db: &TestDb, engine: &Engine) -> Client {
     magic_sync::schema::migrate(&mut client)
         .await
         .expect("migrate");
-    engine
-        .install_triggers(&mut client)
+    magic_sync::trigger::install(engine, &mut client)
         .await
         .expect("install the triggers");
     client

@@ -281,7 +281,9 @@ async fn main() {
         .await
         .unwrap();
     magic_sync::schema::migrate(&mut client).await.unwrap();
-    engine.install_triggers(&mut client).await.unwrap();
+    magic_sync::trigger::install(engine, &mut client)
+        .await
+        .unwrap();
 
     let dir = tempfile::tempdir().unwrap();
     let network = Network::new(1 << 20);

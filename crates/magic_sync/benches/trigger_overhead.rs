@@ -85,8 +85,7 @@ async fn main() {
         .table::<Account>()
         .build()
         .expect("engine");
-    engine
-        .install_triggers(&mut client)
+    magic_sync::trigger::install(&engine, &mut client)
         .await
         .expect("triggers");
 

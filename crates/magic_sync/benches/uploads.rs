@@ -85,7 +85,9 @@ async fn main() {
         .await
         .unwrap();
     magic_sync::schema::migrate(&mut client).await.unwrap();
-    engine.install_triggers(&mut client).await.unwrap();
+    magic_sync::trigger::install(engine, &mut client)
+        .await
+        .unwrap();
     let infos: Vec<ReplicaInfo> = (0..replicas)
         .map(|i| ReplicaInfo::live(format!("r{i:03}"), None))
         .collect();

@@ -31,6 +31,9 @@ mod tests {
 
     #[test]
     fn extending_is_hashing_the_concatenation() {
-        assert_eq!(super::extend(super::fnv1a(b"foo"), b"bar"), super::fnv1a(b"foobar"));
+        assert_eq!(
+            super::extend(super::fnv1a(b"foo"), b"bar"),
+            super::fnv1a(b"foobar")
+        );
     }
 }

@@ -67,7 +67,10 @@ mod tests {
             MessageNo::from_wire(max + 1),
             Err(BeyondAnyMessage(max + 1))
         );
-        assert_eq!(MessageNo::from_wire(u64::MAX), Err(BeyondAnyMessage(u64::MAX)));
+        assert_eq!(
+            MessageNo::from_wire(u64::MAX),
+            Err(BeyondAnyMessage(u64::MAX))
+        );
         assert_eq!(MessageNo::from_store(12).wire(), 12);
     }
 

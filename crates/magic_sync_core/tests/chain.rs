@@ -148,7 +148,10 @@ fn check(steps: &[Step], arrivals: &[usize]) -> Result<(), TestCaseError> {
                         );
                     }
                 } else {
-                    prop_assert!(message.begins_snapshot, "the first applied begins a snapshot");
+                    prop_assert!(
+                        message.begins_snapshot,
+                        "the first applied begins a snapshot"
+                    );
                 }
                 applied.push(i);
                 chain = chain.applied(message);
@@ -178,11 +181,10 @@ fn seeded(cases: u32) -> TestRunner {
 #[test]
 fn any_delivery_applies_each_message_at_most_once_and_in_order() {
     let mut runner = seeded(2_000);
-    let case = proptest::collection::vec(step(), 1..24)
-        .prop_flat_map(|steps| {
-            let arrivals = deliveries(&sent(&steps));
-            (Just(steps), arrivals)
-        });
+    let case = proptest::collection::vec(step(), 1..24).prop_flat_map(|steps| {
+        let arrivals = deliveries(&sent(&steps));
+        (Just(steps), arrivals)
+    });
     runner
         .run(&case, |(steps, arrivals)| check(&steps, &arrivals))
         .unwrap();

@@ -577,8 +577,7 @@ async fn prepared(scenario: &Scenario) -> magic_sync_testdb::TestDb {
     magic_sync::schema::migrate(&mut client)
         .await
         .expect("migrate");
-    engine()
-        .install_triggers(&mut client)
+    magic_sync::trigger::install(engine(), &mut client)
         .await
         .expect("triggers");
     db

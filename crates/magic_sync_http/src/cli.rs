@@ -67,11 +67,11 @@ pub fn read_secret(path: &std::path::Path) -> Result<String, String> {
 }
 
 /// Opens the replica and its socket as `args` say.
-pub fn open<'e>(
+pub fn open(
     args: &ReplicaCommand,
-    engine: &'e Engine,
+    engine: &Engine,
     foreign_keys: Vec<ForeignKey>,
-) -> Result<(Replica<'e>, Socket), String> {
+) -> Result<(Replica, Socket), String> {
     let secret = read_secret(&args.secret_file)?;
     let replica = Replica::open(&args.db, &args.id, engine, foreign_keys)
         .map_err(|e| format!("cannot open the replica at {}: {e}", args.db.display()))?;

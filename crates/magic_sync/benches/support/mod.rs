@@ -249,7 +249,7 @@ impl Fleet {
 
 /// A replica's thread: apply each message, say so, and show the watcher
 /// every row it carried.
-fn apply_loop(mut replica: Replica<'_>, network: &Network, stopping: &AtomicBool, watch: &Watch) {
+fn apply_loop(mut replica: Replica, network: &Network, stopping: &AtomicBool, watch: &Watch) {
     let id = replica.id().to_string();
     while let Some(message) = network.next(&id) {
         if stopping.load(Ordering::Relaxed) {

@@ -265,8 +265,8 @@ impl super::replica::Link for Endpoint {
 
     /// A replica cut off cannot reach the server; an upload larger than a
     /// message may be is refused for good.
-    fn upload(&self, up: &crate::envelope::Up) -> Result<(), crate::replica::UplinkError> {
-        use crate::replica::UplinkError;
+    fn upload(&self, up: &crate::envelope::Up) -> Result<(), magic_sync_replica::UplinkError> {
+        use magic_sync_replica::UplinkError;
         if self.network.is_cut(&self.replica) {
             return Err(UplinkError::Unreachable(format!(
                 "replica `{}` is out of reach",
@@ -287,7 +287,7 @@ impl super::replica::Link for Endpoint {
 }
 
 #[cfg(feature = "postgres")]
-impl crate::relay::Transport for Network {
+impl magic_sync_server::relay::Transport for Network {
     fn max_message_bytes(&self) -> usize {
         self.max_message_bytes
     }
@@ -297,13 +297,17 @@ impl crate::relay::Transport for Network {
         replica: &str,
         _id: &str,
         message: Vec<u8>,
-    ) -> Result<(), crate::relay::SendError> {
+    ) -> Result<(), magic_sync_server::relay::SendError> {
         self.deliver(replica, message)
-            .map_err(crate::relay::SendError)
+            .map_err(magic_sync_server::relay::SendError)
     }
 
-    async fn answer(&self, replica: &str, filed: Filed) -> Result<(), crate::relay::SendError> {
-        Network::answer(self, replica, filed).map_err(crate::relay::SendError)
+    async fn answer(
+        &self,
+        replica: &str,
+        filed: Filed,
+    ) -> Result<(), magic_sync_server::relay::SendError> {
+        Network::answer(self, replica, filed).map_err(magic_sync_server::relay::SendError)
     }
 }
 

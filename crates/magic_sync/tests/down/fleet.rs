@@ -18,7 +18,7 @@ use tokio_postgres::Client;
 /// A replica of the fleet.
 pub struct Unit {
     pub info: ReplicaInfo,
-    pub replica: Replica<'static>,
+    pub replica: Replica,
     /// Cut off by the network: sends fail, its messages wait in the outbox.
     pub cut: bool,
 }
@@ -85,8 +85,7 @@ impl Fleet {
         magic_sync::schema::migrate(&mut writer)
             .await
             .expect("migrate");
-        engine
-            .install_triggers(&mut writer)
+        magic_sync::trigger::install(&engine, &mut writer)
             .await
             .expect("install triggers");
         Self::on(db, writer, engine, MAX_MESSAGE).await
@@ -547,7 +546,7 @@ pub async fn server_rows(client: &Client, table: &magic_sync::Table) -> BTreeMap
 }
 
 /// Every live (not retired) row of `table` a replica holds, by key.
-pub fn replica_rows(replica: &Replica<'_>, table: &magic_sync::Table) -> BTreeMap<String, String> {
+pub fn replica_rows(replica: &Replica, table: &magic_sync::Table) -> BTreeMap<String, String> {
     let cols: Vec<String> = table.columns.iter().map(|c| ident(c.name)).collect();
     let live = table
         .retired

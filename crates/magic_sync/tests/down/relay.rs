@@ -397,7 +397,7 @@ fn till(
     id: &'static str,
 ) -> (
     std::path::PathBuf,
-    std::thread::JoinHandle<magic_sync::Result<()>>,
+    std::thread::JoinHandle<magic_sync::replica::Result<()>>,
 ) {
     let path = fleet.dir.path().join(format!("runner-{id}.sqlite"));
     let (network, file, engine, fks) = (

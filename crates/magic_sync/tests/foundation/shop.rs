@@ -145,8 +145,7 @@ pub async fn installed() -> (magic_sync_testdb::TestDb, tokio_postgres::Client) 
     magic_sync::schema::migrate(&mut client)
         .await
         .expect("migrate");
-    engine()
-        .install_triggers(&mut client)
+    magic_sync::trigger::install(&engine(), &mut client)
         .await
         .expect("install triggers");
     (db, client)

@@ -48,7 +48,9 @@ async fn a_missing_truncate_trigger_on_a_new_partition_refuses_start_up() {
     );
     // Reinstalling covers the new partition.
     let mut client = client;
-    shop::engine().install_triggers(&mut client).await.unwrap();
+    magic_sync::trigger::install(&shop::engine(), &mut client)
+        .await
+        .unwrap();
     check::startup(&shop::engine(), &client)
         .await
         .expect("starts after reinstall");

@@ -4,8 +4,8 @@
 use crate::support::*;
 use magic_sync::chain::Break;
 use magic_sync::envelope::{Ack, Gap, ToReplica};
+use magic_sync::replica::Error;
 use magic_sync::replica::Outcome;
-use magic_sync::Error;
 
 #[test]
 fn a_message_applies_and_is_acknowledged_as_it_came() {

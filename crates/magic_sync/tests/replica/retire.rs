@@ -5,7 +5,7 @@ use crate::support::*;
 use magic_sync::replica::Outcome;
 
 /// A replica holding customers 1 and 2, and a sale of its own for customer 1.
-fn with_a_sale(site: &Site, server: &mut Server) -> magic_sync::replica::Replica<'static> {
+fn with_a_sale(site: &Site, server: &mut Server) -> magic_sync::replica::Replica {
     let mut replica = site.open();
     let first = server.snapshot(vec![upserts(&[customer(1, "Ada"), customer(2, "Bob")])]);
     apply_all(&mut replica, &[first]);

@@ -14,7 +14,7 @@ fn stock(product_id: i64, on_hand: i32, counted: Option<i32>) -> Stock {
     }
 }
 
-fn stock_rows(replica: &magic_sync::replica::Replica<'_>) -> Vec<(i64, i64, Option<i64>)> {
+fn stock_rows(replica: &magic_sync::replica::Replica) -> Vec<(i64, i64, Option<i64>)> {
     let mut stmt = replica
         .connection()
         .prepare("SELECT product_id, on_hand, counted FROM stock ORDER BY product_id")
@@ -200,7 +200,7 @@ fn rows_of_a_table_the_replica_does_not_hold_are_refused() {
     );
 }
 
-fn barcodes(replica: &magic_sync::replica::Replica<'_>) -> Vec<(i64, Option<String>)> {
+fn barcodes(replica: &magic_sync::replica::Replica) -> Vec<(i64, Option<String>)> {
     let mut stmt = replica
         .connection()
         .prepare("SELECT id, barcode FROM products ORDER BY id")
@@ -220,7 +220,7 @@ fn with_barcode(id: i64, barcode: Option<&str>) -> Product {
 }
 
 /// A replica whose products have unique barcodes, holding 1 with `X` and 2 without.
-fn unique_barcodes(site: &Site, server: &mut Server) -> magic_sync::replica::Replica<'static> {
+fn unique_barcodes(site: &Site, server: &mut Server) -> magic_sync::replica::Replica {
     let mut replica = site.open();
     replica
         .connection()

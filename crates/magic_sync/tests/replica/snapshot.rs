@@ -4,7 +4,7 @@
 use crate::support::*;
 use magic_sync::envelope::TableRows;
 
-fn count(replica: &magic_sync::replica::Replica<'_>, table: &str) -> i64 {
+fn count(replica: &magic_sync::replica::Replica, table: &str) -> i64 {
     replica
         .connection()
         .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
@@ -118,7 +118,7 @@ fn a_snapshot_supersedes_the_refusals_before_it() {
 }
 
 /// The indexes on a table's foreign keys, by name.
-fn foreign_key_indexes(replica: &magic_sync::replica::Replica<'_>, table: &str) -> Vec<String> {
+fn foreign_key_indexes(replica: &magic_sync::replica::Replica, table: &str) -> Vec<String> {
     let mut stmt = replica
         .connection()
         .prepare(
@@ -200,7 +200,7 @@ fn a_replica_reopened_in_the_middle_of_a_snapshot_has_its_indexes_back() {
 }
 
 /// Every index of `table` by name, the replica's own and the host's.
-fn indexes(replica: &magic_sync::replica::Replica<'_>, table: &str) -> Vec<String> {
+fn indexes(replica: &magic_sync::replica::Replica, table: &str) -> Vec<String> {
     let mut stmt = replica
         .connection()
         .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?1 AND sql IS NOT NULL ORDER BY name")
@@ -214,7 +214,7 @@ fn indexes(replica: &magic_sync::replica::Replica<'_>, table: &str) -> Vec<Strin
 }
 
 /// `(order_id, line_no, qty)` of every order line.
-fn lines(replica: &magic_sync::replica::Replica<'_>) -> Vec<(i64, i64, i64)> {
+fn lines(replica: &magic_sync::replica::Replica) -> Vec<(i64, i64, i64)> {
     let mut stmt = replica
         .connection()
         .prepare("SELECT order_id, line_no, qty FROM order_lines ORDER BY order_id, line_no")

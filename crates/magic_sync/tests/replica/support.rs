@@ -132,7 +132,7 @@ impl Site {
         }
     }
 
-    pub fn open(&self) -> Replica<'static> {
+    pub fn open(&self) -> Replica {
         Replica::open(
             self.dir.path().join("replica.sqlite3"),
             UNIT,
@@ -286,7 +286,7 @@ pub fn customer(id: i64, name: &str) -> Customer {
 }
 
 /// Applies each message, expecting each to apply.
-pub fn apply_all(replica: &mut Replica<'_>, messages: &[ToReplica]) {
+pub fn apply_all(replica: &mut Replica, messages: &[ToReplica]) {
     for m in messages {
         let outcome = replica.apply(&bytes(m)).expect("the message applies");
         assert!(
@@ -298,7 +298,7 @@ pub fn apply_all(replica: &mut Replica<'_>, messages: &[ToReplica]) {
 }
 
 /// `(id, name, retired)` of every product, by id.
-pub fn products(replica: &Replica<'_>) -> Vec<(i64, String, Option<i64>)> {
+pub fn products(replica: &Replica) -> Vec<(i64, String, Option<i64>)> {
     rows3(
         replica,
         "SELECT id, name, retired FROM products ORDER BY id",
@@ -306,14 +306,14 @@ pub fn products(replica: &Replica<'_>) -> Vec<(i64, String, Option<i64>)> {
 }
 
 /// `(id, name, retired)` of every customer, by id.
-pub fn customers(replica: &Replica<'_>) -> Vec<(i64, String, Option<i64>)> {
+pub fn customers(replica: &Replica) -> Vec<(i64, String, Option<i64>)> {
     rows3(
         replica,
         "SELECT id, name, retired FROM customers ORDER BY id",
     )
 }
 
-fn rows3(replica: &Replica<'_>, sql: &str) -> Vec<(i64, String, Option<i64>)> {
+fn rows3(replica: &Replica, sql: &str) -> Vec<(i64, String, Option<i64>)> {
     let mut stmt = replica.connection().prepare(sql).expect("prepares");
     let rows = stmt
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
@@ -322,7 +322,7 @@ fn rows3(replica: &Replica<'_>, sql: &str) -> Vec<(i64, String, Option<i64>)> {
 }
 
 /// The ids of the live products.
-pub fn live_products(replica: &Replica<'_>) -> Vec<i64> {
+pub fn live_products(replica: &Replica) -> Vec<i64> {
     products(replica)
         .into_iter()
         .filter(|(_, _, retired)| retired.is_none())
@@ -331,7 +331,7 @@ pub fn live_products(replica: &Replica<'_>) -> Vec<i64> {
 }
 
 /// The replica's own record of a sale.
-pub fn record_sale(replica: &Replica<'_>, id: &str, customer_id: i64) {
+pub fn record_sale(replica: &Replica, id: &str, customer_id: i64) {
     replica
         .connection()
         .execute(
@@ -343,7 +343,7 @@ pub fn record_sale(replica: &Replica<'_>, id: &str, customer_id: i64) {
 
 /// A replica in a fresh file, provisioned by a snapshot holding product 1, "tea".
 /// Keep the `Site` alive: it owns the file's folder.
-pub fn provisioned_with_tea() -> (Site, Replica<'static>, Server) {
+pub fn provisioned_with_tea() -> (Site, Replica, Server) {
     let site = Site::new();
     let mut replica = site.open();
     let mut server = Server::new();

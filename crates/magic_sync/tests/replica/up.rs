@@ -10,14 +10,14 @@ const MAX: usize = 1 << 20;
 /// Long enough that nothing is sent again within a test.
 const PATIENT: Duration = Duration::from_secs(3600);
 
-fn write(replica: &Replica<'_>, sql: &str) {
+fn write(replica: &Replica, sql: &str) {
     replica
         .connection()
         .execute_batch(sql)
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
-fn notes(replica: &Replica<'_>) -> Vec<(String, String, i64)> {
+fn notes(replica: &Replica) -> Vec<(String, String, i64)> {
     replica
         .connection()
         .prepare("SELECT table_name, key, writes FROM _magic_sync_up ORDER BY 1, 2")
@@ -316,7 +316,7 @@ fn the_backlog_counts_rows_not_sent_and_rows_not_filed() {
         "UPDATE sales SET customer_id = 2 WHERE id = 'a';
          INSERT INTO sales (id, unit_id) VALUES ('c', 'unit-1');",
     );
-    let backlog = |replica: &Replica<'_>| replica.progress().unwrap().tables;
+    let backlog = |replica: &Replica| replica.progress().unwrap().tables;
     assert_eq!(
         backlog(&replica),
         [
@@ -442,7 +442,7 @@ impl Uplink for Picky {
     }
 }
 
-fn twenty_sales(replica: &Replica<'_>) {
+fn twenty_sales(replica: &Replica) {
     let values: Vec<String> = (0..20)
         .map(|i| format!("('sale-{i:02}', 'unit-1', {i})"))
         .collect();
@@ -455,7 +455,7 @@ fn twenty_sales(replica: &Replica<'_>) {
     );
 }
 
-fn unsent(replica: &Replica<'_>) -> u64 {
+fn unsent(replica: &Replica) -> u64 {
     replica
         .progress()
         .unwrap()

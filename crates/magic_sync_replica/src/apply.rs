@@ -604,7 +604,7 @@ fn is_key_clash(e: &rusqlite::Error) -> bool {
 
 /// The positions of the columns a unique clash names (SQLite says
 /// "UNIQUE constraint failed: products.barcode, products.shelf").
-fn clash_columns(table: &crate::row::Table, clash: &rusqlite::Error) -> Vec<usize> {
+fn clash_columns(table: &magic_sync_core::row::Table, clash: &rusqlite::Error) -> Vec<usize> {
     let text = clash.to_string();
     let Some((_, list)) = text.split_once("UNIQUE constraint failed: ") else {
         return Vec::new();

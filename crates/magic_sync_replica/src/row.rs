@@ -21,9 +21,9 @@
 
 use crate::codec::CodecError;
 use crate::lite;
-use crate::row::{Column, Table};
 use crate::value::{Kind, Value};
 use crate::wire;
+use magic_sync_core::row::{Column, Table};
 use rusqlite::types::{ToSqlOutput, Value as Lite, ValueRef};
 use rusqlite::ToSql;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
@@ -352,8 +352,8 @@ impl<'de> Visitor<'de> for ValueSeed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Numeric, Row};
     use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
+    use magic_sync_core::{Numeric, Row};
 
     #[derive(Row, Debug, Clone, PartialEq)]
     #[row(table = "every_kind", down, all, key(id, code, day))]

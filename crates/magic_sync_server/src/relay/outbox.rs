@@ -39,7 +39,9 @@ impl Epoch {
 impl std::fmt::Debug for Epoch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the secret.
-        f.debug_struct("Epoch").field("id", &hex::encode(&self.id)).finish()
+        f.debug_struct("Epoch")
+            .field("id", &hex::encode(&self.id))
+            .finish()
     }
 }
 

@@ -264,14 +264,13 @@ impl Catalog {
     }
 }
 
-#[cfg(feature = "sqlite")]
 impl Catalog {
     /// The foreign keys between declared tables, as a replica is told them
-    /// when it opens ([`crate::replica::Replica::open`]).
-    pub fn replica_foreign_keys(&self) -> Vec<crate::replica::ForeignKey> {
+    /// when it opens (`magic_sync::replica::Replica::open`).
+    pub fn replica_foreign_keys(&self) -> Vec<magic_sync_core::schema::ForeignKey> {
         self.foreign_keys
             .iter()
-            .map(|fk| crate::replica::ForeignKey {
+            .map(|fk| magic_sync_core::schema::ForeignKey {
                 child: fk.child.to_string(),
                 child_columns: fk.child_columns.clone(),
                 parent: fk.parent.to_string(),

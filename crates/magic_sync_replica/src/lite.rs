@@ -4,9 +4,9 @@
 //! REAL, bytes as BLOB, and everything else (numeric, timestamps, dates, JSON,
 //! arrays) as the text [`Value::to_json`] gives them.
 
-use crate::row::Table;
 use crate::sql::ident;
 use crate::value::{Kind, Value, ValueError};
+use magic_sync_core::row::Table;
 use rusqlite::types::{Value as Lite, ValueRef};
 
 /// The SQLite storage type of a kind.
@@ -102,8 +102,11 @@ pub fn read_row(
     for (i, c) in table.columns.iter().enumerate() {
         let v = row.get_ref(first + i)?;
         values.push(
-            from_sqlite(c.kind, v)
-                .map_err(|e| crate::Error::Invalid(e.in_column(c.name).to_string()))?,
+            from_sqlite(c.kind, v).map_err(|e| crate::Error::Unreadable {
+                table: table.name.to_string(),
+                key: None,
+                problem: e.in_column(c.name).to_string(),
+            })?,
         );
     }
     Ok(values)

@@ -159,29 +159,7 @@ impl Builder {
     /// `both`), before the row is filed: a store the till belongs to, a
     /// region, a check that refuses a row. See [`wire::Stamp`].
     ///
-    /// ```
-    /// use magic_sync::{Engine, Row};
-    ///
-    /// #[derive(Row, Debug, Clone, PartialEq)]
-    /// #[row(table = "sales", up, key(id))]
-    /// struct Sale {
-    ///     id: String,
-    ///     #[row(origin)]
-    ///     till: String,
-    ///     store: Option<i64>,
-    /// }
-    ///
-    /// // The host knows which store each till is in.
-    /// let engine = Engine::builder()
-    ///     .table::<Sale>()
-    ///     .stamp::<Sale>(|till, row| {
-    ///         let store = if till.starts_with("north-") { 1 } else { 2 };
-    ///         row.insert("store".into(), store.into());
-    ///         Ok(())
-    ///     })
-    ///     .build()?;
-    /// # Ok::<(), magic_sync::Error>(())
-    /// ```
+    /// `magic_sync::Engine`'s documentation shows one.
     pub fn stamp<R: Row>(
         mut self,
         stamp: impl Fn(

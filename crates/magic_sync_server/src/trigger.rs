@@ -237,21 +237,19 @@ pub fn noted(engine: &Engine, catalog: &Catalog) -> Vec<Noted> {
     out
 }
 
-impl Engine {
-    /// The SQL that installs every trigger the engine needs, as it writes them.
-    pub fn triggers(&self, catalog: &Catalog) -> String {
-        let mut sql = refuse_truncate_sql();
-        for n in noted(self, catalog) {
-            sql.push_str(&n.install_sql());
-        }
-        sql
+/// The SQL that installs every trigger `engine` needs, as it writes them.
+pub fn sql(engine: &Engine, catalog: &Catalog) -> String {
+    let mut sql = refuse_truncate_sql();
+    for n in noted(engine, catalog) {
+        sql.push_str(&n.install_sql());
     }
+    sql
+}
 
-    /// Installs or repairs the triggers: [`ensure`] with the default
-    /// [`InstallSettings`]. The `sync` schema must be current.
-    pub async fn install_triggers(&self, client: &mut Client) -> Result<Ensured> {
-        ensure(self, client, &InstallSettings::default()).await
-    }
+/// Installs or repairs the triggers: [`ensure`] with the default
+/// [`InstallSettings`]. The `sync` schema must be current.
+pub async fn install(engine: &Engine, client: &mut Client) -> Result<Ensured> {
+    ensure(engine, client, &InstallSettings::default()).await
 }
 
 /// The SQL that installs the function every TRUNCATE trigger calls.

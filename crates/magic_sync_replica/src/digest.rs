@@ -5,7 +5,7 @@
 //!
 //! - `rows`: how many rows the replica holds, leaving out rows it retired and
 //!   rows whose latest version it refused;
-//! - `fingerprint`: FNV-1a (64 bits, [`crate::digest`]) over the canonical key
+//! - `fingerprint`: FNV-1a (64 bits, [`magic_sync_core::digest`]) over the canonical key
 //!   texts of those rows ([`canonical_key`](super::canonical_key): the compact
 //!   JSON array of the key's values, in declared key order, as
 //!   [`Value::to_json`](crate::Value::to_json) writes them), sorted bytewise
@@ -19,9 +19,9 @@
 use super::key;
 use super::state;
 use super::tables::{TableSql, Tables};
-use crate::digest::{extend, fnv1a};
 use crate::envelope::{Digest, TableDigest};
 use crate::error::Result;
+use magic_sync_core::digest::{extend, fnv1a};
 use rusqlite::Connection;
 
 /// FNV-1a over `keys` (canonical key texts) sorted bytewise, each followed by
@@ -63,7 +63,7 @@ fn table_digest(conn: &Connection, sql: &TableSql) -> Result<TableDigest> {
 #[cfg(test)]
 mod tests {
     use super::fingerprint;
-    use crate::digest::fnv1a;
+    use magic_sync_core::digest::fnv1a;
 
     #[test]
     fn the_fingerprint_is_over_sorted_keys_each_ended_by_a_zero() {

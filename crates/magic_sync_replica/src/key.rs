@@ -7,8 +7,8 @@
 //! them: the keys a snapshot named, the rows it refused, the digest.
 
 use crate::lite;
-use crate::row::Table;
 use crate::value::{Kind, Value, ValueError};
+use magic_sync_core::row::Table;
 use rusqlite::types::Value as Lite;
 
 /// The canonical text of a key: the JSON array of its values as
@@ -95,12 +95,18 @@ pub(crate) fn params(values: &[Value]) -> Vec<Lite> {
 pub(crate) fn read(table: &Table, row: &rusqlite::Row<'_>) -> crate::Result<Vec<Value>> {
     let mut values = Vec::with_capacity(table.key.len());
     for (i, name) in table.key.iter().enumerate() {
-        let kind = table.column(name).map(|c| c.kind).ok_or_else(|| {
-            crate::Error::Invalid(format!("`{}` has no column `{name}`", table.name))
-        })?;
-        let value = lite::from_sqlite(kind, row.get_ref(i)?).map_err(|e| {
-            crate::Error::Invalid(format!("table `{}`: {}", table.name, e.in_column(name)))
-        })?;
+        let kind = table
+            .column(name)
+            .map(|c| c.kind)
+            .ok_or_else(|| crate::Error::NoCodec {
+                table: table.name.to_string(),
+            })?;
+        let value =
+            lite::from_sqlite(kind, row.get_ref(i)?).map_err(|e| crate::Error::Unreadable {
+                table: table.name.to_string(),
+                key: None,
+                problem: e.in_column(name).to_string(),
+            })?;
         values.push(value);
     }
     Ok(values)

@@ -37,56 +37,40 @@
 
 mod apply;
 mod digest;
+pub mod error;
 mod key;
+pub mod lite;
 mod row;
+pub mod run;
 mod snapshot;
 mod state;
 mod tables;
 mod up;
 mod uplink;
 
+// The derive names the runtime crate as `::magic_sync`; in this crate's own
+// tests that is the protocol core.
+#[cfg(test)]
+extern crate magic_sync_core as magic_sync;
+
+use magic_sync_core::{chain, codec, engine, envelope, sql, value, wire};
+
 pub use digest::fingerprint;
+pub use error::{Error, Handling, Result};
 pub use key::{canonical as canonical_key, KeyProblem};
+pub use magic_sync_core::schema::ForeignKey;
 pub use state::Status;
 pub use up::{mark, wait_written, written, Mark, Pending, Written};
 pub use uplink::{SentUp, Uplink, UplinkError};
 
 use crate::chain::{Applied, Break, Chain, Decision};
 use crate::engine::Engine;
-use crate::envelope::{self, ToReplica};
-use crate::error::{Error, Mismatch, Result};
-use crate::lite;
+use crate::envelope::ToReplica;
+use crate::error::Mismatch;
 use prost::Message;
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 use std::path::Path;
 use tables::Tables;
-
-/// A foreign key among the replica's tables: the `child_columns` of `child`
-/// point at the `parent_columns` of `parent`, pairwise. The server reads them
-/// from its catalogue; the replica is told them when it opens.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ForeignKey {
-    /// The table that points.
-    pub child: String,
-    /// Its columns that point, in the constraint's order.
-    pub child_columns: Vec<String>,
-    /// The table pointed at.
-    pub parent: String,
-    /// The columns pointed at, in the constraint's order.
-    pub parent_columns: Vec<String>,
-}
-
-impl ForeignKey {
-    /// `child(child_columns) → parent(parent_columns)`.
-    pub fn new(child: &str, child_columns: &[&str], parent: &str, parent_columns: &[&str]) -> Self {
-        ForeignKey {
-            child: child.to_string(),
-            child_columns: child_columns.iter().map(ToString::to_string).collect(),
-            parent: parent.to_string(),
-            parent_columns: parent_columns.iter().map(ToString::to_string).collect(),
-        }
-    }
-}
 
 /// What became of a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,10 +106,10 @@ pub enum Outcome {
 
 /// A replica's database and what it knows of the chain.
 #[derive(Debug)]
-pub struct Replica<'e> {
+pub struct Replica {
     conn: Connection,
     id: String,
-    engine: &'e Engine,
+    engine: Engine,
     tables: Tables,
     chain: Chain,
     /// Rows an uplink refused for good, set aside until the replica is
@@ -144,7 +128,7 @@ const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Answers to unknown sends kept at most.
 const EARLY_ANSWERS: usize = 256;
 
-impl<'e> Replica<'e> {
+impl Replica {
     /// Opens (or creates) the replica database at `path` for the replica
     /// called `replica_id`: WAL mode, SQLite's own foreign keys off, every
     /// table `engine` declares (up tables too: the replica writes them), and
@@ -153,7 +137,7 @@ impl<'e> Replica<'e> {
     pub fn open(
         path: impl AsRef<Path>,
         replica_id: &str,
-        engine: &'e Engine,
+        engine: &Engine,
         foreign_keys: Vec<ForeignKey>,
     ) -> Result<Self> {
         check_foreign_keys(engine, &foreign_keys)?;
@@ -174,7 +158,7 @@ impl<'e> Replica<'e> {
         Ok(Replica {
             conn,
             id: replica_id.to_string(),
-            engine,
+            engine: engine.clone(),
             tables,
             chain,
             set_aside: Default::default(),
@@ -216,7 +200,7 @@ impl<'e> Replica<'e> {
 
     fn apply_message(&mut self, message: &ToReplica) -> Result<Outcome> {
         let tx = write_transaction(&mut self.conn)?;
-        let refused = apply::Pass::run(&tx, &self.tables, self.engine, message)?;
+        let refused = apply::Pass::run(&tx, &self.tables, &self.engine, message)?;
         state::save_applied(&tx, &Applied::of(message))?;
         tx.commit()?;
         self.ring();
@@ -300,7 +284,7 @@ impl<'e> Replica<'e> {
         let mut unreadable = Vec::new();
         let made = up::make(
             &mut self.conn,
-            self.engine,
+            &self.engine,
             &due,
             max_bytes,
             &mut unreadable,
@@ -333,7 +317,7 @@ impl<'e> Replica<'e> {
     fn sender(&mut self) -> uplink::Sender<'_> {
         uplink::Sender {
             conn: &mut self.conn,
-            engine: self.engine,
+            engine: &self.engine,
             set_aside: &mut self.set_aside,
             early: &mut self.early,
             patience: &mut self.patience,

@@ -119,15 +119,12 @@ pub(crate) fn create(conn: &Connection) -> Result<()> {
 /// sequence, so they fit; the envelope's check refuses any that does not.
 pub(crate) fn to_sql(number: u64) -> Result<i64> {
     i64::try_from(number)
-        .map_err(|_| Error::Invalid(format!("message number {number} does not fit SQLite")))
+        .map_err(|_| Error::Bookkeeping(format!("message number {number} does not fit SQLite")))
 }
 
 fn from_sql(number: i64) -> Result<u64> {
-    u64::try_from(number).map_err(|_| {
-        Error::Invalid(format!(
-            "the replica's bookkeeping holds message number {number}, below zero"
-        ))
-    })
+    u64::try_from(number)
+        .map_err(|_| Error::Bookkeeping(format!("it holds message number {number}, below zero")))
 }
 
 /// The chain as the database records it.

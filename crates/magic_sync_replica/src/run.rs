@@ -2,15 +2,15 @@
 //! each, and say what was applied; send up what the host wrote, and let go
 //! of it once filed.
 
-use super::{Delivery, Report};
 use crate::envelope::Up;
 use crate::error::Result;
-use crate::replica::{Outcome, Replica, Uplink, UplinkError};
+use crate::{Outcome, Replica, Uplink, UplinkError};
+pub use magic_sync_core::link::{Delivery, Report};
 use std::time::Duration;
 
 /// A replica's side of its transport: what its loop waits on, and how it
 /// speaks to the server. The in-process network
-/// ([`super::memory::Network::link`]) is one; a socket client is another.
+/// (`magic_sync::run::memory::Network::link`) is one; a socket client is another.
 /// The server knows who speaks from the transport, never from what is said.
 pub trait Link {
     /// The most bytes one message may have, either way.
@@ -33,7 +33,7 @@ pub trait Link {
 /// tell the server: the last message applied (also after a duplicate, so a
 /// lost acknowledgement is given again), or the gap it waits in. A message
 /// for another replica changes nothing and says nothing.
-pub fn deliver(replica: &mut Replica<'_>, message: &[u8]) -> Result<Option<Report>> {
+pub fn deliver(replica: &mut Replica, message: &[u8]) -> Result<Option<Report>> {
     let outcome = match replica.apply(message) {
         Ok(outcome) => outcome,
         // The message applied; only the purge after it failed. The rows wait
@@ -81,7 +81,7 @@ impl Default for Uploads {
 /// Applies every message the link brings `replica` until it closes,
 /// reports what it applied, and sends up what its host wrote, as
 /// [`replica_with`] does with the default [`Uploads`].
-pub fn replica(replica: &mut Replica<'_>, link: &impl Link) -> Result<()> {
+pub fn replica(replica: &mut Replica, link: &impl Link) -> Result<()> {
     replica_with(replica, link, &Uploads::default())
 }
 
@@ -94,7 +94,7 @@ pub fn replica(replica: &mut Replica<'_>, link: &impl Link) -> Result<()> {
 /// ([`Replica::upload`]), and lets go of what the server says it filed.
 /// Stops on an error of the replica's own database, which the host decides
 /// about.
-pub fn replica_with(replica: &mut Replica<'_>, link: &impl Link, uploads: &Uploads) -> Result<()> {
+pub fn replica_with(replica: &mut Replica, link: &impl Link, uploads: &Uploads) -> Result<()> {
     // Deliveries since the loop last looked for writes to send: it looks
     // once what the server sent so far is applied (or after `batch` of
     // them), not after every message, since looking reads the notes.
@@ -207,7 +207,7 @@ impl<L: Link> Uplink for Uploading<'_, L> {
 
 /// An upload that only says the replica's backlog: what it has that the
 /// server has not filed, after an answer let go of some of it.
-pub fn progress(replica: &Replica<'_>) -> Result<Report> {
+pub fn progress(replica: &Replica) -> Result<Report> {
     Ok(Report::Upload(crate::envelope::Up {
         backlog: Some(replica.progress()?),
         ..crate::envelope::Up::default()

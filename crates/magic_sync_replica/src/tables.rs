@@ -2,10 +2,10 @@
 //! the declarations and the foreign keys when the replica opens. Every
 //! identifier goes through [`ident`].
 
-use super::ForeignKey;
 use crate::lite;
-use crate::row::Table;
 use crate::sql::ident;
+use magic_sync_core::row::Table;
+use magic_sync_core::schema::ForeignKey;
 
 /// The statements for one table that goes down. Key parameters are always
 /// `?1..?n`, in declared key order.
@@ -322,7 +322,7 @@ impl Tables {
             .iter()
             .filter(|fk| {
                 all.iter()
-                    .any(|t| t.name == fk.child && t.mirror == crate::row::Mirror::Up)
+                    .any(|t| t.name == fk.child && t.mirror == magic_sync_core::row::Mirror::Up)
             })
             .cloned()
             .collect();

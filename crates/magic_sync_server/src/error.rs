@@ -1,45 +1,37 @@
-//! The engine's one error type. [`Error::is_transient`] is the one
-//! classification the engine trusts: transient failures are retried unchanged,
-//! everything else is set aside and shown.
+//! The server's errors, and what each one's kind makes the server do
+//! ([`Error::handling`]): retry the same work after a backoff, set aside
+//! what it is about and go on with the rest, or stop and tell the operator
+//! what to do.
 
+use magic_sync_core::error::list;
+pub use magic_sync_core::error::Mismatch;
 use std::fmt;
+use tokio_postgres::error::SqlState;
 
-/// A declaration that disagrees with the database, or with itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mismatch {
-    /// The table concerned (as declared).
-    pub table: String,
-    /// The column concerned, when there is one.
-    pub column: Option<String>,
-    /// What is wrong, in a sentence.
-    pub problem: String,
+/// What the server does about a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handling {
+    /// The infrastructure failed (the database, the network, a lock): the
+    /// same work may succeed unchanged, after a backoff with jitter.
+    Retry,
+    /// The data or the code failed: retrying it unchanged fails the same
+    /// way. What it is about is set aside, shown to the operator as "deploy
+    /// a fix", and everything else goes on.
+    SetAside,
+    /// The setup is wrong (declarations that disagree with the database,
+    /// an index or trigger missing, a schema of another build): nothing can
+    /// be done until the operator acts. The runner returns the error, whose
+    /// text says what to do, instead of trying again.
+    Stop,
 }
 
-impl fmt::Display for Mismatch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.column {
-            Some(c) => write!(
-                f,
-                "table `{}`, column `{}`: {}",
-                self.table, c, self.problem
-            ),
-            None => write!(f, "table `{}`: {}", self.table, self.problem),
-        }
-    }
-}
-
-/// Everything that can go wrong in the engine.
+/// Everything that can go wrong on the server.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// PostgreSQL failed.
-    #[cfg(feature = "postgres")]
     #[error("postgres: {}", postgres_said(.0))]
     Postgres(#[from] tokio_postgres::Error),
-    /// SQLite failed.
-    #[cfg(feature = "sqlite")]
-    #[error("sqlite: {0}")]
-    Sqlite(#[from] rusqlite::Error),
     /// The database's `sync` schema is newer than this build knows.
     #[error(
         "the database's sync schema is at version {found}, but this build knows versions up to \
@@ -64,7 +56,6 @@ pub enum Error {
     Declarations(Vec<Mismatch>),
     /// Indexes the relay needs on host tables, missing: each names the
     /// statement that makes it.
-    #[cfg(feature = "postgres")]
     #[error("the relay needs indexes the database lacks; make them with:\n  {}", list(.0))]
     MissingIndexes(Vec<crate::check::MissingIndex>),
     /// A trigger the engine needs is missing, disabled or not as it would write it.
@@ -73,7 +64,6 @@ pub enum Error {
     /// Installing a table's triggers gave way to the application attempt
     /// after attempt: its locks were not granted within the lock timeout, or
     /// it met a deadlock. Nothing of that table was changed.
-    #[cfg(feature = "postgres")]
     #[error(
         "installing the triggers on `{relation}` gave way to the application's transactions \
          {attempts} times (its locks were not granted within the lock timeout, or it met a \
@@ -96,7 +86,7 @@ pub enum Error {
         /// The row's key, as JSON.
         key: String,
         /// Why.
-        source: crate::codec::CodecError,
+        source: magic_sync_core::codec::CodecError,
     },
     /// A row larger than any message the transport takes.
     #[error("table `{table}`, key {key}: the row encodes to {bytes} bytes, more than a message may carry ({limit})")]
@@ -133,29 +123,14 @@ pub enum Error {
     /// The engine was given something it does not know.
     #[error("{0}")]
     Invalid(String),
-    /// Bytes given to a replica that are not a `ToReplica` message.
-    #[error("the bytes given to the replica are not a ToReplica message: {0}")]
-    Envelope(#[source] prost::DecodeError),
-    /// A `ToReplica` message that decodes but cannot be applied as it is.
-    #[error("message {number} to replica `{replica}` is malformed: {problem}")]
-    Malformed {
-        /// The replica it names.
-        replica: String,
-        /// Its number.
-        number: u64,
-        /// What is wrong with it.
-        problem: String,
-    },
-    /// A message was applied and committed, but letting go of the retired rows
-    /// nothing points at any more failed afterwards. The replica holds the
-    /// message; the retired rows wait for the next purge.
-    #[error("message {number} was applied, but purging retired rows afterwards failed: {source}")]
-    Purge {
-        /// The message that was applied.
-        number: u64,
-        /// Why the purge failed.
-        source: Box<Error>,
-    },
+}
+
+impl From<magic_sync_core::error::Error> for Error {
+    fn from(e: magic_sync_core::error::Error) -> Self {
+        match e {
+            magic_sync_core::error::Error::Declarations(m) => Error::Declarations(m),
+        }
+    }
 }
 
 /// A trigger that is not as the engine would write it.
@@ -179,39 +154,33 @@ impl fmt::Display for TriggerProblem {
     }
 }
 
-fn list<T: fmt::Display>(items: &[T]) -> String {
-    items
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("\n  ")
-}
-
 impl Error {
-    /// Whether the infrastructure failed, so the same work may succeed unchanged.
-    /// Anything not listed here is permanent.
-    pub fn is_transient(&self) -> bool {
+    /// What the server does about this failure. The retried kinds are a
+    /// listed few; anything not listed is set aside, so it shows instead of
+    /// being retried for ever.
+    pub fn handling(&self) -> Handling {
         match self {
-            #[cfg(feature = "postgres")]
-            Error::Postgres(e) => postgres_is_transient(e),
-            #[cfg(feature = "sqlite")]
-            Error::Sqlite(e) => matches!(
-                e.sqlite_error_code(),
-                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
-            ),
-            Error::Purge { source, .. } => source.is_transient(),
+            Error::Postgres(e) if postgres_is_transient(e) => Handling::Retry,
             // The transport is the infrastructure.
-            Error::Send { .. } => true,
-            #[cfg(feature = "postgres")]
-            Error::InstallGaveWay { .. } => true,
-            _ => false,
+            Error::Send { .. } | Error::InstallGaveWay { .. } => Handling::Retry,
+            Error::SchemaTooNew { .. }
+            | Error::SchemaBehind { .. }
+            | Error::Declarations(_)
+            | Error::MissingIndexes(_)
+            | Error::Triggers(_) => Handling::Stop,
+            _ => Handling::SetAside,
         }
+    }
+
+    /// Whether the infrastructure failed, so the same work may succeed
+    /// unchanged ([`Handling::Retry`]).
+    pub fn is_transient(&self) -> bool {
+        self.handling() == Handling::Retry
     }
 }
 
 /// What PostgreSQL said, in its own words (its message, the detail, the
 /// SQLSTATE), not the client's bare "db error".
-#[cfg(feature = "postgres")]
 fn postgres_said(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => match db.detail() {
@@ -222,7 +191,33 @@ fn postgres_said(e: &tokio_postgres::Error) -> String {
     }
 }
 
-#[cfg(feature = "postgres")]
+/// The SQLSTATEs that say the infrastructure failed: the connection, the
+/// server's resources, a lock, a serialisation conflict, a shutdown, a
+/// statement cancelled on its timeout.
+const TRANSIENT: &[SqlState] = &[
+    // Class 08: connection exception.
+    SqlState::CONNECTION_EXCEPTION,
+    SqlState::CONNECTION_DOES_NOT_EXIST,
+    SqlState::CONNECTION_FAILURE,
+    SqlState::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+    SqlState::SQLSERVER_REJECTED_ESTABLISHMENT_OF_SQLCONNECTION,
+    SqlState::TRANSACTION_RESOLUTION_UNKNOWN,
+    SqlState::PROTOCOL_VIOLATION,
+    // Class 53: insufficient resources.
+    SqlState::INSUFFICIENT_RESOURCES,
+    SqlState::DISK_FULL,
+    SqlState::OUT_OF_MEMORY,
+    SqlState::TOO_MANY_CONNECTIONS,
+    SqlState::CONFIGURATION_LIMIT_EXCEEDED,
+    SqlState::T_R_SERIALIZATION_FAILURE,
+    SqlState::T_R_DEADLOCK_DETECTED,
+    SqlState::LOCK_NOT_AVAILABLE,
+    SqlState::ADMIN_SHUTDOWN,
+    SqlState::CRASH_SHUTDOWN,
+    SqlState::CANNOT_CONNECT_NOW,
+    SqlState::QUERY_CANCELED,
+];
+
 fn postgres_is_transient(e: &tokio_postgres::Error) -> bool {
     if e.is_closed() {
         return true;
@@ -230,20 +225,9 @@ fn postgres_is_transient(e: &tokio_postgres::Error) -> bool {
     match e.code() {
         // No SQLSTATE: the connection or the socket failed.
         None => true,
-        Some(code) => {
-            let c = code.code();
-            c.starts_with("08") // connection exception
-                || c.starts_with("53") // insufficient resources
-                || c == "40001" // serialization failure
-                || c == "40P01" // deadlock detected
-                || c == "55P03" // lock not available
-                || c == "57P01" // admin shutdown
-                || c == "57P02" // crash shutdown
-                || c == "57P03" // cannot connect now
-                || c == "57014" // query cancelled (statement timeout)
-        }
+        Some(code) => TRANSIENT.contains(code),
     }
 }
 
-/// The engine's result.
+/// The server's result.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -5,12 +5,12 @@
 //! on; beside the passes, on a second connection, publish what they wrote
 //! and heed what replicas said.
 
-use super::Report;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::relay::{Failed, Relay, Replicas, Settings, Snapshot, Streamed, Transport};
 use crate::session::{Session, SessionSettings};
 use futures_util::stream::{FuturesUnordered, StreamExt};
+pub use magic_sync_core::link::Report;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};

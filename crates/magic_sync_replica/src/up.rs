@@ -38,9 +38,9 @@ use crate::engine::Engine;
 use crate::envelope::{Backlog, RowData, TableBacklog, Up, UpRows};
 use crate::error::{Error, Mismatch, Result};
 use crate::lite;
-use crate::row::{Mirror, Table};
 use crate::sql::{ident, literal};
 use crate::value::{canonical_key, Kind};
+use magic_sync_core::row::{Mirror, Table};
 use rand::RngCore;
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::{BTreeMap, HashSet};
@@ -350,8 +350,8 @@ pub(crate) fn make(
         };
         let gathered = match read(&tx, engine, table, key) {
             Ok(gathered) => gathered,
-            Err(Error::Invalid(why)) => {
-                unreadable.push((table_name.clone(), key.clone(), why));
+            Err(e @ Error::Unreadable { .. }) => {
+                unreadable.push((table_name.clone(), key.clone(), e.to_string()));
                 continue;
             }
             Err(e) => return Err(e),
@@ -428,9 +428,9 @@ fn read(
     table: &'static Table,
     key: &str,
 ) -> Result<Option<Gathered>> {
-    let codec = engine
-        .codec(table.name)
-        .ok_or_else(|| Error::Invalid(format!("no codec for table `{}`", table.name)))?;
+    let codec = engine.codec(table.name).ok_or_else(|| Error::NoCodec {
+        table: table.name.to_string(),
+    })?;
     let columns: Vec<String> = table.columns.iter().map(|c| ident(c.name)).collect();
     let matches: Vec<String> = table
         .key
@@ -450,9 +450,11 @@ fn read(
         .optional()?
         .transpose()
         .map_err(|e| match e {
-            Error::Invalid(why) => {
-                Error::Invalid(format!("table `{}`, row {key}: {why}", table.name))
-            }
+            Error::Unreadable { table, problem, .. } => Error::Unreadable {
+                table,
+                key: Some(key.to_string()),
+                problem,
+            },
             e => e,
         })?;
     match values {
@@ -462,9 +464,11 @@ fn read(
                 .into_iter()
                 .map(|i| values[i].clone())
                 .collect();
-            let data = codec
-                .encode(values)
-                .map_err(|e| Error::Invalid(format!("table `{}`, row {key}: {e}", table.name)))?;
+            let data = codec.encode(values).map_err(|e| Error::Unreadable {
+                table: table.name.to_string(),
+                key: Some(key.to_string()),
+                problem: e.to_string(),
+            })?;
             Ok(Some(Gathered {
                 key: canonical_key(&key_values).into_bytes(),
                 data: Some(data),
@@ -489,20 +493,21 @@ fn keyed_by_origin(table: &Table) -> bool {
 fn gone_key(conn: &Connection, table: &Table, key: &str) -> Result<String> {
     let mut values = Vec::with_capacity(table.key.len());
     for (i, k) in table.key.iter().enumerate() {
-        let kind = table.column(k).map(|c| c.kind).ok_or_else(|| {
-            Error::Invalid(format!("table `{}`: no key column `{k}`", table.name))
-        })?;
+        let kind = table
+            .column(k)
+            .map(|c| c.kind)
+            .ok_or_else(|| Error::NoCodec {
+                table: table.name.to_string(),
+            })?;
         let value = conn.query_row(
             &format!("SELECT json_extract(?1, '$[{i}]')"),
             [key],
             |row| Ok(lite::from_sqlite(kind, row.get_ref(0)?)),
         )?;
-        values.push(value.map_err(|e| {
-            Error::Invalid(format!(
-                "table `{}`, noted key {key}: {}",
-                table.name,
-                e.in_column(k)
-            ))
+        values.push(value.map_err(|e| Error::Unreadable {
+            table: table.name.to_string(),
+            key: Some(key.to_string()),
+            problem: e.in_column(k).to_string(),
         })?);
     }
     Ok(canonical_key(&values))

@@ -1,0 +1,112 @@
+//! The replica's errors, and what each one's kind makes the replica do
+//! ([`Error::handling`]).
+
+use magic_sync_core::error::list;
+pub use magic_sync_core::error::Mismatch;
+
+/// What the replica does about a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handling {
+    /// Its database was busy: the same work again, after a backoff.
+    Retry,
+    /// A message or a row it cannot take: set aside, the rest goes on.
+    SetAside,
+    /// The setup is wrong (declarations that disagree with its database,
+    /// a table without a codec, bookkeeping it cannot read): the runner
+    /// returns the error instead of going on.
+    Stop,
+}
+
+/// Everything that can go wrong on a replica.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// SQLite failed.
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// Declarations that disagree with the replica's database or with each other.
+    #[error("declarations disagree with the replica's database:\n  {}", list(.0))]
+    Declarations(Vec<Mismatch>),
+    /// A declared table the engine has no codec for: a bug in how the
+    /// replica was built, not in any row.
+    #[error("table `{table}` has no codec in this build")]
+    NoCodec {
+        /// The table.
+        table: String,
+    },
+    /// A row the replica's database holds in a form its table does not
+    /// take (a host wrote it so): it is set aside, and holds back no other.
+    #[error("table `{table}`{}: {problem}", .key.as_ref().map(|k| format!(", row {k}")).unwrap_or_default())]
+    Unreadable {
+        /// The table.
+        table: String,
+        /// The row's key as noted, when known.
+        key: Option<String>,
+        /// What does not fit, naming the column.
+        problem: String,
+    },
+    /// The replica's own bookkeeping holds what it never writes.
+    #[error("the replica's bookkeeping is damaged: {0}")]
+    Bookkeeping(String),
+    /// Bytes given to the replica that are not a `ToReplica` message.
+    #[error("the bytes given to the replica are not a ToReplica message: {0}")]
+    Envelope(#[source] prost::DecodeError),
+    /// A `ToReplica` message that decodes but cannot be applied as it is.
+    #[error("message {number} to replica `{replica}` is malformed: {problem}")]
+    Malformed {
+        /// The replica it names.
+        replica: String,
+        /// Its number.
+        number: u64,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A message was applied and committed, but letting go of the retired rows
+    /// nothing points at any more failed afterwards. The replica holds the
+    /// message; the retired rows wait for the next purge.
+    #[error("message {number} was applied, but purging retired rows afterwards failed: {source}")]
+    Purge {
+        /// The message that was applied.
+        number: u64,
+        /// Why the purge failed.
+        source: Box<Error>,
+    },
+}
+
+impl From<magic_sync_core::error::Error> for Error {
+    fn from(e: magic_sync_core::error::Error) -> Self {
+        match e {
+            magic_sync_core::error::Error::Declarations(m) => Error::Declarations(m),
+        }
+    }
+}
+
+impl Error {
+    /// What the replica does about this failure.
+    pub fn handling(&self) -> Handling {
+        match self {
+            Error::Sqlite(e)
+                if matches!(
+                    e.sqlite_error_code(),
+                    Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+                ) =>
+            {
+                Handling::Retry
+            }
+            Error::Purge { source, .. } => source.handling(),
+            Error::Declarations(_) | Error::NoCodec { .. } | Error::Bookkeeping(_) => {
+                Handling::Stop
+            }
+            _ => Handling::SetAside,
+        }
+    }
+
+    /// Whether the database was busy, so the same work may succeed
+    /// unchanged ([`Handling::Retry`]).
+    pub fn is_transient(&self) -> bool {
+        self.handling() == Handling::Retry
+    }
+}
+
+/// The replica's result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

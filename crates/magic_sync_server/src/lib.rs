@@ -1,0 +1,23 @@
+//! The server side of magic_sync, on PostgreSQL: the `sync` schema and its
+//! migrations, the start-up checks and the triggers that note every change,
+//! the relay (observe → plan → load → record → publish), filing what
+//! replicas send up, the operator's reads, and the runner that drives them.
+//!
+//! Hosts reach all of it through the `magic_sync` crate (feature
+//! `postgres`), which re-exports these modules under the same names.
+
+pub mod catalog;
+pub mod check;
+pub mod error;
+pub mod file;
+pub mod ops;
+pub mod pg;
+pub mod relay;
+pub mod run;
+pub mod schema;
+pub mod session;
+pub mod trigger;
+
+use magic_sync_core::{digest, engine, envelope, row, seal, sql, value, wire};
+
+pub use error::{Error, Handling, Result};

@@ -1,0 +1,146 @@
+//! `cargo xtask test [ARGS...]`: the README's test command.
+//!
+//! The tests need PostgreSQL's server binaries (they start a throwaway
+//! cluster of their own when `DATABASE_URL` is unset) and, for the
+//! dashboard's page, Debian's Chromium. On a fresh machine neither may be
+//! there; this installs whichever is missing with `apt-get` (through `sudo
+//! -n` when not root), then runs `cargo test --workspace --all-features`
+//! with any further arguments. `.ci/run` calls the same command, so what a
+//! newcomer runs is what CI runs.
+
+use std::path::Path;
+use std::process::{Command, ExitCode};
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    match args.next().as_deref() {
+        Some("test") => match test(args.collect()) {
+            Ok(code) => code,
+            Err(why) => {
+                eprintln!("cargo xtask test: {why}");
+                ExitCode::FAILURE
+            }
+        },
+        _ => {
+            eprintln!(
+                "usage: cargo xtask test [ARGS...]\n\n  test  installs PostgreSQL and Chromium \
+                 when missing, then runs cargo test --workspace --all-features [ARGS...]"
+            );
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn test(extra: Vec<String>) -> Result<ExitCode, String> {
+    let mut apt = Apt::default();
+    if have_initdb() {
+        println!("xtask: PostgreSQL is installed");
+    } else {
+        apt.install("postgresql")?;
+        if !have_initdb() {
+            return Err("installed postgresql, and still no initdb is found".into());
+        }
+    }
+    if have_chromium() {
+        println!("xtask: Chromium is installed");
+    } else {
+        apt.install("chromium")?;
+        if !have_chromium() {
+            return Err("installed chromium, and still no `chromium` is on PATH".into());
+        }
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["test", "--workspace", "--all-features"])
+        .args(&extra)
+        .status()
+        .map_err(|e| format!("cannot run cargo test: {e}"))?;
+    Ok(match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        None => ExitCode::FAILURE,
+    })
+}
+
+/// Where the tests look for PostgreSQL's binaries (magic_sync_testdb's
+/// order): `MAGIC_SYNC_PG_BIN`, `PATH`, `pg_config --bindir`, Debian's
+/// versioned folders.
+fn have_initdb() -> bool {
+    if let Some(dir) = std::env::var_os("MAGIC_SYNC_PG_BIN") {
+        if Path::new(&dir).join("initdb").is_file() {
+            return true;
+        }
+    }
+    if runs("initdb", &["--version"]) {
+        return true;
+    }
+    let bindir = Command::new("pg_config")
+        .arg("--bindir")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    if bindir.is_some_and(|d| Path::new(&d).join("initdb").is_file()) {
+        return true;
+    }
+    std::fs::read_dir("/usr/lib/postgresql").is_ok_and(|versions| {
+        versions
+            .flatten()
+            .any(|v| v.path().join("bin/initdb").is_file())
+    })
+}
+
+fn have_chromium() -> bool {
+    runs("chromium", &["--version"]) || runs("chromium-browser", &["--version"])
+}
+
+fn runs(program: &str, args: &[&str]) -> bool {
+    Command::new(program)
+        .args(args)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Debian's package manager, updated once before the first install.
+#[derive(Debug, Default)]
+struct Apt {
+    updated: bool,
+}
+
+impl Apt {
+    fn install(&mut self, package: &str) -> Result<(), String> {
+        println!("xtask: installing {package} (apt-get)");
+        if !self.updated {
+            self.run(&["update"])?;
+            self.updated = true;
+        }
+        self.run(&["install", "-y", "--no-install-recommends", package])
+    }
+
+    fn run(&self, args: &[&str]) -> Result<(), String> {
+        let root = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+        let mut command = if root {
+            Command::new("apt-get")
+        } else {
+            let mut sudo = Command::new("sudo");
+            sudo.args(["-n", "apt-get"]);
+            sudo
+        };
+        let status = command
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .map_err(|e| format!("cannot run apt-get: {e}"))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "apt-get {} failed ({status}); install it by hand and run again",
+                args.join(" ")
+            ))
+        }
+    }
+}
