@@ -49,7 +49,7 @@ pub mod run;
 pub use magic_sync_core as core;
 // The protocol core, under the names hosts have always used.
 pub use magic_sync_core::{
-    chain, codec, digest, engine, envelope, ids, row, seal, sql, value, wire,
+    backoff, chain, codec, digest, engine, envelope, ids, row, seal, sql, value, wire,
 };
 
 #[cfg(feature = "postgres")]

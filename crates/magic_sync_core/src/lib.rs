@@ -12,6 +12,7 @@
 // own tests that is this crate.
 extern crate self as magic_sync;
 
+pub mod backoff;
 pub mod chain;
 pub mod codec;
 pub mod digest;

@@ -10,6 +10,7 @@
 
 use crate::frame;
 use futures_util::{SinkExt, StreamExt};
+use magic_sync::backoff::Backoff;
 use magic_sync::envelope::{from_server, FromServer, Up};
 use magic_sync::replica::UplinkError;
 use magic_sync::run::replica::Link;
@@ -242,7 +243,8 @@ async fn run(
     mut out: mpsc::UnboundedReceiver<Vec<u8>>,
     shared: Arc<Shared>,
 ) {
-    let mut backoff = settings.backoff_min;
+    // With jitter: a fleet cut off at once does not come back at once.
+    let mut backoff = Backoff::new(settings.backoff_min, settings.backoff_max);
     while !shared.stopping.load(Ordering::Acquire) {
         let ended = session(&settings, &feed, &mut out, &shared).await;
         shared.connected.store(false, Ordering::Release);
@@ -250,19 +252,16 @@ async fn run(
             Ended::Stopped => break,
             Ended::Lost { why, was_connected } => {
                 if was_connected {
-                    backoff = settings.backoff_min;
+                    backoff.reset();
                 }
                 why
             }
         };
         *shared.last_error.lock().expect("not poisoned") = Some(why);
-        // Jitter: a fleet cut off at once does not come back at once.
-        let wait = backoff.mul_f64(rand::random::<f64>() + 0.5);
         tokio::select! {
-            () = tokio::time::sleep(wait) => {}
+            () = tokio::time::sleep(backoff.next_wait()) => {}
             () = shared.stop.notified() => break,
         }
-        backoff = (backoff * 2).min(settings.backoff_max);
     }
     let _ = feed.send(Delivery::Closed);
 }

@@ -168,9 +168,11 @@ pub fn replica_with(replica: &mut Replica, link: &impl Link, uploads: &Uploads) 
         };
         for (table, key, why) in &sent.unreadable {
             // The host's to fix: it holds back no other row.
-            eprintln!(
-                "magic_sync replica `{}`: set aside a row of `{table}` ({key}) that cannot be sent: {why}",
-                replica.id()
+            tracing::warn!(
+                replica = replica.id(),
+                table = %table,
+                key = %key,
+                "set aside a row that cannot be sent: {why}"
             );
         }
         // Rows set aside count in the progress as not sent, whatever the

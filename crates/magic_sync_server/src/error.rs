@@ -172,6 +172,18 @@ impl Error {
         }
     }
 
+    /// Whether a transaction lost a race with another (a serialisation
+    /// failure, a deadlock): it rolled back whole, its session is sound,
+    /// and running the same work again on it is all that is needed.
+    pub fn is_conflict(&self) -> bool {
+        matches!(
+            self,
+            Error::Postgres(e) if e.code().is_some_and(|c| {
+                *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
+            })
+        )
+    }
+
     /// Whether the infrastructure failed, so the same work may succeed
     /// unchanged ([`Handling::Retry`]).
     pub fn is_transient(&self) -> bool {

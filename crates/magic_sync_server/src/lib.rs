@@ -18,6 +18,6 @@ pub mod schema;
 pub mod session;
 pub mod trigger;
 
-use magic_sync_core::{digest, engine, envelope, row, seal, sql, value, wire};
+use magic_sync_core::{backoff, digest, engine, envelope, row, seal, sql, value, wire};
 
 pub use error::{Error, Handling, Result};

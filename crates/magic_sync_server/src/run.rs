@@ -5,12 +5,15 @@
 //! on; beside the passes, on a second connection, publish what they wrote
 //! and heed what replicas said.
 
+use crate::backoff::Backoff;
 use crate::engine::Engine;
-use crate::error::{Error, Result};
+use crate::envelope::Up;
+use crate::error::{Handling, Result};
 use crate::relay::{Failed, Relay, Replicas, Settings, Snapshot, Streamed, Transport};
 use crate::session::{Session, SessionSettings};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 pub use magic_sync_core::link::Report;
+use magic_sync_core::MessageNo;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -28,12 +31,15 @@ pub trait Reports: Send + Sync {
 
 /// Applies what replicas said: acknowledgements all at once, gaps one by
 /// one, uploads all in one transaction ([`crate::file::file_all`]), each
-/// answered through `transport` once that committed. A forged acknowledgement is refused and
-/// changes nothing; the others still count. An upload that cannot be filed
-/// for good (a replica the server does not know) is reported and dropped;
-/// one that waits, or whose answer the transport cannot carry, comes again
-/// from its replica. Needs no lock; the runner heeds on its publishing
-/// connection, beside the passes.
+/// answered through `transport` once that committed. Nothing one replica
+/// says can fail the call or touch another replica's work: an
+/// acknowledgement that does not verify (a forged seal, a number no message
+/// has) is refused, reported to the transport as misbehaviour and changes
+/// nothing; an upload that cannot be filed for good is reported and
+/// dropped; one that waits, or whose answer the transport cannot carry,
+/// comes again from its replica. Only the database failing fails it. Needs
+/// no lock; the runner heeds on its publishing connection, beside the
+/// passes.
 pub async fn heed<T: Transport>(
     client: &mut Client,
     engine: &Engine,
@@ -49,44 +55,14 @@ pub async fn heed<T: Transport>(
                 crate::relay::gap(client, &replica, &gap).await?;
             }
             Report::Upload(up) => {
-                let bytes = prost::Message::encoded_len(&up);
-                if bytes > transport.max_message_bytes() {
-                    // A replica's uplink keeps within the limit: this one
-                    // did not. Nothing of it is filed, and no answer goes.
-                    let why = format!(
-                        "an upload of {bytes} bytes, more than a message may have ({}): \
-                         refused, nothing filed",
-                        transport.max_message_bytes()
-                    );
-                    eprintln!("magic_sync relay: `{replica}` sent {why}");
-                    transport.misbehaved(&replica, &why);
-                    continue;
+                if let Some(up) = within_limit(transport, &replica, up) {
+                    uploads.push((replica, up));
                 }
-                uploads.push((replica, up));
             }
         }
     }
     if !uploads.is_empty() {
-        // All in one transaction; answered once it committed.
-        let started = Instant::now();
-        let filings = crate::file::file_all(client, engine, &uploads).await?;
-        crate::relay::trace(&format!("heed/file ({} uploads)", uploads.len()), started);
-        let started = Instant::now();
-        crate::file::checkpoint(client, &uploads, &filings).await?;
-        crate::relay::trace("heed/checkpoint", started);
-        for ((replica, _), filing) in uploads.iter().zip(filings) {
-            match filing {
-                Ok(crate::file::Filing::Filed { answer, .. }) => {
-                    // Not carried: the replica sends it again. An upload
-                    // that only said its backlog wants no answer.
-                    if !answer.send_id.is_empty() {
-                        let _ = transport.answer(replica, answer).await;
-                    }
-                }
-                Ok(crate::file::Filing::Waits { .. }) => {}
-                Err(e) => eprintln!("magic_sync relay: an upload from `{replica}`: {e}"),
-            }
-        }
+        file_and_answer(client, engine, transport, &uploads).await?;
     }
     let started = Instant::now();
     let outcomes = crate::relay::acknowledge_all(client, &acks).await?;
@@ -94,16 +70,69 @@ pub async fn heed<T: Transport>(
     let mut heeded = Heeded::default();
     for ((replica, ack), outcome) in acks.iter().zip(outcomes) {
         match outcome {
-            Ok(crate::relay::Acknowledged::Recorded) => heeded.acknowledged.push((
-                replica.clone(),
-                i64::try_from(ack.number).unwrap_or(i64::MAX),
-            )),
+            Ok(crate::relay::Acknowledged::Recorded) => {
+                heeded.acknowledged.push((replica.clone(), known(ack)));
+            }
             Ok(_) => {}
-            Err(e @ Error::Forged { .. }) => transport.misbehaved(replica, &e.to_string()),
-            Err(e) => return Err(e),
+            Err(e) => {
+                tracing::warn!(replica = %replica, error = %e, "acknowledgement refused");
+                transport.misbehaved(replica, &e.to_string());
+            }
         }
     }
     Ok(heeded)
+}
+
+/// A recorded acknowledgement's number: one the server sealed, so one it
+/// drew.
+fn known(ack: &crate::envelope::Ack) -> i64 {
+    MessageNo::from_wire(ack.number).map_or(i64::MAX, MessageNo::store)
+}
+
+/// `up`, unless it is larger than a message may be: a replica's uplink
+/// keeps within the limit, so this one misbehaved. Nothing of it is filed,
+/// and no answer goes.
+fn within_limit<T: Transport>(transport: &T, replica: &str, up: Up) -> Option<Up> {
+    let bytes = prost::Message::encoded_len(&up);
+    if bytes <= transport.max_message_bytes() {
+        return Some(up);
+    }
+    let why = format!(
+        "an upload of {bytes} bytes, more than a message may have ({}): refused, nothing filed",
+        transport.max_message_bytes()
+    );
+    tracing::warn!(replica, "{why}");
+    transport.misbehaved(replica, &why);
+    None
+}
+
+/// Files `uploads` in one transaction, then answers each filed one.
+async fn file_and_answer<T: Transport>(
+    client: &mut Client,
+    engine: &Engine,
+    transport: &T,
+    uploads: &[(String, Up)],
+) -> Result<()> {
+    let started = Instant::now();
+    let filings = crate::file::file_all(client, engine, uploads).await?;
+    crate::relay::trace(&format!("heed/file ({} uploads)", uploads.len()), started);
+    let started = Instant::now();
+    crate::file::checkpoint(client, uploads, &filings).await?;
+    crate::relay::trace("heed/checkpoint", started);
+    for ((replica, _), filing) in uploads.iter().zip(filings) {
+        match filing {
+            Ok(crate::file::Filing::Filed { answer, .. }) => {
+                // Not carried: the replica sends it again. An upload
+                // that only said its backlog wants no answer.
+                if !answer.send_id.is_empty() {
+                    let _ = transport.answer(replica, answer).await;
+                }
+            }
+            Ok(crate::file::Filing::Waits { .. }) => {}
+            Err(e) => tracing::warn!(replica = %replica, error = %e, "an upload was not filed"),
+        }
+    }
+    Ok(())
 }
 
 /// What [`heed`] recorded.
@@ -160,8 +189,11 @@ impl Lags {
 
 /// Runs the relay for `engine` over the database at `config` until `stop`
 /// resolves. Waits for the lock while another relay holds it. A failed pass
-/// is retried after a backoff; nothing is lost meanwhile: notes stay pending
-/// and the outbox stays written.
+/// is retried after a backoff with jitter; nothing is lost meanwhile: notes
+/// stay pending and the outbox stays written. A failure only the operator
+/// can end ([`Handling::Stop`]: declarations that disagree with the
+/// database, an index or trigger missing, a schema of another build) is
+/// returned instead, its text saying what to do.
 ///
 /// When `stop` resolves, the statement in flight on either connection is
 /// cancelled, the relay's lock given back and both connections closed
@@ -183,7 +215,7 @@ where
     R: Reports,
 {
     tokio::pin!(stop);
-    let mut backoff = settings.backoff_min;
+    let mut backoff = Backoff::new(settings.backoff_min, settings.backoff_max);
     loop {
         let mut sessions = Sessions::default();
         let outcome = {
@@ -209,14 +241,21 @@ where
             Some(Ok(())) => continue,
             Some(Err(e)) => e,
         };
-        if !e.is_transient() {
-            eprintln!("magic_sync relay: {e}");
+        match e.handling() {
+            // Nothing will change until the operator acts: say what to do.
+            Handling::Stop => {
+                tracing::error!(error = %e, "the relay stops until the operator acts");
+                return Err(e);
+            }
+            Handling::SetAside => {
+                tracing::error!(error = %e, "a relay attempt failed; it goes on, and needs a fix");
+            }
+            Handling::Retry => tracing::warn!(error = %e, "a relay attempt failed; trying again"),
         }
         tokio::select! {
             () = &mut stop => return Ok(()),
-            () = tokio::time::sleep(backoff) => {}
+            () = tokio::time::sleep(backoff.next_wait()) => {}
         }
-        backoff = (backoff * 2).min(settings.backoff_max);
     }
 }
 
@@ -271,7 +310,7 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
     host: &H,
     transport: &T,
     reports: &R,
-    backoff: &mut Duration,
+    backoff: &mut Backoff,
 ) -> Result<()> {
     let recorder = sessions
         .recorder
@@ -362,7 +401,7 @@ impl Book {
             Ok(_) => self.retries.streamed(&replica),
             Err(f) => {
                 if !f.is_transient() {
-                    eprintln!("magic_sync relay: {f}");
+                    tracing::error!(replica = %replica, error = %f, "a snapshot failed");
                 }
                 self.retries.failed(&replica, settings);
                 self.failed.push(f);
@@ -371,18 +410,18 @@ impl Book {
     }
 }
 
-/// When each replica whose snapshot failed may be tried again, and how long
-/// the wait after its next failure is.
+/// When each replica whose snapshot failed may be tried again, and the
+/// waits after its next failures.
 #[derive(Default)]
-struct Retries(HashMap<String, (Instant, Duration)>);
+struct Retries(HashMap<String, (Instant, Backoff)>);
 
 impl Retries {
     fn failed(&mut self, replica: &str, settings: &Settings) {
-        let wait = self.0.get(replica).map_or(settings.backoff_min, |(_, w)| {
-            (*w * 2).min(settings.backoff_max)
+        let (at, backoff) = self.0.entry(replica.to_string()).or_insert_with(|| {
+            let backoff = Backoff::new(settings.backoff_min, settings.backoff_max);
+            (Instant::now(), backoff)
         });
-        self.0
-            .insert(replica.to_string(), (Instant::now() + wait, wait));
+        *at = Instant::now() + backoff.next_wait();
     }
 
     fn streamed(&mut self, replica: &str) {
@@ -406,7 +445,7 @@ async fn record_forever<H: Replicas, T: Transport>(
     relay: &mut Relay,
     host: &H,
     workers: &Workers<'_, T>,
-    backoff: &mut Duration,
+    backoff: &mut Backoff,
     written: &tokio::sync::Notify,
     lags: &Mutex<Lags>,
 ) -> Result<()> {
@@ -421,17 +460,30 @@ async fn record_forever<H: Replicas, T: Transport>(
             tokio::pin!(pass);
             loop {
                 tokio::select! {
-                    recorded = &mut pass => break recorded?,
+                    recorded = &mut pass => break recorded,
                     Some(done) = streaming.next(), if !streaming.is_empty() => {
                         book.finished(done, &settings);
                     }
                 }
             }
         };
+        let recorded = match recorded {
+            Ok(recorded) => recorded,
+            // The pass lost a race with another transaction (what a
+            // replica's report writes, say): it rolled back whole and its
+            // session is sound, so the same pass runs again on it. The
+            // attempt, the publisher and the snapshots under way go on.
+            Err(e) if e.is_conflict() => {
+                tracing::debug!(error = %e, "a pass gave way to another transaction; again");
+                tokio::time::sleep(backoff.next_wait()).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         crate::relay::trace("record", started);
         // For a host that installs a `metrics` recorder (an exporter).
         metrics::histogram!("magic_sync_pass_seconds").record(started.elapsed().as_secs_f64());
-        *backoff = settings.backoff_min;
+        backoff.reset();
         lags.lock().expect("not poisoned").written(&recorded);
         if recorded.messages > 0 {
             written.notify_one();

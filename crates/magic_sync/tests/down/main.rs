@@ -11,6 +11,7 @@ mod wanted;
 
 mod cost;
 mod gate;
+mod isolation;
 mod keys;
 mod relay;
 mod scenarios;

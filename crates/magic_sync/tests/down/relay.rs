@@ -371,7 +371,7 @@ where
 }
 
 /// The name of product 1 in the SQLite file at `path`.
-fn product_name(path: &std::path::Path) -> Option<String> {
+pub fn product_name(path: &std::path::Path) -> Option<String> {
     rusqlite::Connection::open(path)
         .ok()?
         .query_row("SELECT name FROM products WHERE id = 1", [], |r| r.get(0))
@@ -391,7 +391,7 @@ pub async fn for_the_runner() -> (Fleet, Network) {
 }
 
 /// A till on a thread of its own, applying what the network brings it.
-fn till(
+pub fn till(
     fleet: &Fleet,
     network: &Network,
     id: &'static str,
@@ -414,7 +414,7 @@ fn till(
 }
 
 /// `run::server` for `replicas` over the fleet's database, until `stopped`.
-fn start_server(
+pub fn start_server(
     fleet: &Fleet,
     network: &Network,
     replicas: Vec<ReplicaInfo>,

@@ -7,6 +7,7 @@ mod catalog;
 mod codecs;
 mod install;
 mod notes;
+mod policy;
 mod schema;
 mod shop;
 mod startup;

@@ -475,11 +475,6 @@ impl Relay {
                 };
                 loader.load(&tx, source, &kept, &mut writer).await?;
                 trace("load", t0);
-                if tracing() {
-                    for (step, ms) in SUMS.lock().unwrap().drain(..) {
-                        eprintln!("{ms:>8.1} ms  load/{step}");
-                    }
-                }
             }
             // Rows count as held at the last message that carried them,
             // not at the `Reached` that follows.
@@ -562,30 +557,22 @@ impl Relay {
     }
 }
 
-static SUMS: std::sync::Mutex<Vec<(String, f64)>> = std::sync::Mutex::new(Vec::new());
-
-/// Adds to a running total, printed by [`trace`] with the same name.
+/// Says, at trace level (target `magic_sync::load`), how long one chunk's
+/// step of a load took.
 pub(crate) fn trace_sum(step: &str, since: std::time::Instant) {
-    if tracing() {
-        let mut sums = SUMS.lock().unwrap();
-        let ms = since.elapsed().as_secs_f64() * 1e3;
-        match sums.iter_mut().find(|(s, _)| s == step) {
-            Some((_, total)) => *total += ms,
-            None => sums.push((step.to_string(), ms)),
-        }
-    }
+    tracing::trace!(
+        target: "magic_sync::load",
+        step,
+        ms = since.elapsed().as_secs_f64() * 1e3
+    );
 }
 
-/// Whether MAGIC_SYNC_TRACE is set, read once: the planner asks per statement.
-pub(crate) fn tracing() -> bool {
-    static TRACING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *TRACING.get_or_init(|| std::env::var_os("MAGIC_SYNC_TRACE").is_some())
-}
-
-/// With MAGIC_SYNC_TRACE set, says on standard error how long a step of the
-/// pass took.
+/// Says, at debug level (target `magic_sync::pass`), how long a step of the
+/// pass took: `RUST_LOG=magic_sync=debug` under a host's subscriber.
 pub fn trace(step: &str, since: std::time::Instant) {
-    if tracing() {
-        eprintln!("{:>8.1} ms  {step}", since.elapsed().as_secs_f64() * 1e3);
-    }
+    tracing::debug!(
+        target: "magic_sync::pass",
+        step,
+        ms = since.elapsed().as_secs_f64() * 1e3
+    );
 }

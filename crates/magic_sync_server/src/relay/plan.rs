@@ -355,16 +355,13 @@ impl Planner<'_, '_> {
                     .or_default() += n;
             }
         }
-        if super::tracing() {
-            eprintln!(
-                "{:>8.1} ms {n:>8} rows  {}",
-                started.elapsed().as_secs_f64() * 1e3,
-                sql.split_whitespace()
-                    .collect::<Vec<_>>()
-                    .join(" ")
-                    .chars()
-                    .take(150)
-                    .collect::<String>()
+        if tracing::enabled!(target: "magic_sync::plan", tracing::Level::TRACE) {
+            let statement: String = sql.split_whitespace().collect::<Vec<_>>().join(" ");
+            tracing::trace!(
+                target: "magic_sync::plan",
+                ms = started.elapsed().as_secs_f64() * 1e3,
+                rows = n,
+                statement = %statement.chars().take(150).collect::<String>()
             );
         }
         Ok(n)

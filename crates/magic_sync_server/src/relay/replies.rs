@@ -7,13 +7,15 @@ use super::Acknowledged;
 use crate::envelope::{Ack, Gap};
 use crate::error::{Error, Result};
 use crate::seal;
+use magic_sync_core::MessageNo;
 use std::collections::HashMap;
 use tokio_postgres::Client;
 
 /// Acknowledgements, each with the replica that sent it as the transport
 /// authenticated it (never as the message says): one outcome per
-/// acknowledgement, in order. A seal that does not verify is refused with an
-/// error of its own ([`Error::Forged`]), changes nothing and holds back no
+/// acknowledgement, in order. A seal that does not verify, checked before
+/// anything else the acknowledgement says counts, is refused with an error
+/// of its own ([`Error::Forged`]), changes nothing and holds back no
 /// other. An acknowledgement of another epoch, of a message beyond any the
 /// server sent the replica, or behind what it said before (a restore on
 /// either side) has the replica provisioned again.
@@ -57,18 +59,13 @@ pub async fn acknowledge_all(
             outcomes.push(Ok(Acknowledged::Unknown));
             continue;
         };
-        let Ok(number) = i64::try_from(ack.number) else {
-            outcomes.push(Err(Error::Invalid(format!(
-                "replica `{replica}` acknowledged message {}, beyond any number the server gives",
-                ack.number
-            ))));
-            continue;
-        };
         if ack.epoch != epoch.id {
             again.push(replica);
             outcomes.push(Ok(Acknowledged::Provisioning));
             continue;
         }
+        // The seal first: nothing else an acknowledgement says counts
+        // before it is shown to be the server's own.
         if !seal::verify(
             &epoch.secret,
             replica,
@@ -83,6 +80,15 @@ pub async fn acknowledge_all(
             }));
             continue;
         }
+        // A number the server sealed is one it drew, so it fits; one that
+        // does not was never sealed by it.
+        let Ok(number) = MessageNo::from_wire(ack.number).map(MessageNo::store) else {
+            outcomes.push(Err(Error::Forged {
+                replica: replica.clone(),
+                number: ack.number,
+            }));
+            continue;
+        };
         if number > *last || number < *acked {
             // Sealed by this server, but not the chain it records: the
             // server's database or the replica's was restored from an older copy.
@@ -131,7 +137,8 @@ pub async fn acknowledge_all(
 /// that message is already on its way. Returns whether it will be.
 pub async fn gap(client: &Client, replica: &str, gap: &Gap) -> Result<bool> {
     let epoch = Epoch::read(client).await?;
-    let number = i64::try_from(gap.number).unwrap_or(i64::MAX);
+    // Beyond any number drawn: no snapshot began after it.
+    let number = MessageNo::from_wire(gap.number).map_or(i64::MAX, MessageNo::store);
     let same_epoch = gap.epoch == epoch.id;
     let changed = client
         .execute(

@@ -1,0 +1,132 @@
+//! Nothing one replica says can end the relay's attempt or touch another
+//! replica's work: whatever a replica reports (an acknowledgement under a
+//! number no message has, a seal of nobody's, a gap in an epoch that never
+//! was, an upload to a table nobody declared), the runner's sessions stay
+//! as they were and every other replica keeps being served.
+
+use crate::relay::{for_the_runner, product_name, start_server, till, until};
+use magic_sync::envelope::{Ack, Gap, RowData, Up, UpRows};
+use magic_sync::relay::ReplicaInfo;
+use magic_sync::run::Report;
+
+/// The backends of the runner's two sessions (the lock's, and the
+/// publisher's): an attempt that ends closes both, and the next opens new ones.
+async fn runner_sessions(fleet: &crate::fleet::Fleet) -> Vec<(String, i32)> {
+    fleet
+        .writer
+        .query(
+            "SELECT application_name, pid FROM pg_stat_activity
+             WHERE application_name IN ('magic_sync relay: record', 'magic_sync relay: publish')
+             ORDER BY application_name",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// Everything a misbehaving replica might say, none of it anything the
+/// server sent or knows.
+fn nonsense(epoch: &[u8]) -> Vec<Report> {
+    vec![
+        // The server's epoch, a number past any it draws, no real seal.
+        Report::Applied(Ack {
+            epoch: epoch.to_vec(),
+            number: u64::MAX,
+            nonce: vec![7; 16],
+            seal: vec![0; 32],
+        }),
+        // Nothing at all.
+        Report::Applied(Ack::default()),
+        // A number that fits, under a seal of nobody's.
+        Report::Applied(Ack {
+            epoch: epoch.to_vec(),
+            number: 3,
+            nonce: vec![1; 16],
+            seal: vec![9; 32],
+        }),
+        Report::Gap(Gap {
+            epoch: vec![1, 2, 3],
+            number: u64::MAX,
+        }),
+        Report::Upload(Up {
+            send_id: vec![5; 16],
+            tables: vec![UpRows {
+                table: "no_such_table".into(),
+                rows: vec![RowData {
+                    key: b"[1]".to_vec(),
+                    data: b"\xff\xfe not a row".to_vec(),
+                }],
+                ..UpRows::default()
+            }],
+            ..Up::default()
+        }),
+    ]
+}
+
+#[tokio::test]
+async fn a_replica_saying_nonsense_holds_back_no_other_and_ends_no_attempt() {
+    let (fleet, network) = for_the_runner().await;
+    let (near, near_till) = till(&fleet, &network, "u1");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = start_server(
+        &fleet,
+        &network,
+        vec![
+            ReplicaInfo::live("u1", Some("north")),
+            ReplicaInfo::live("u2", Some("north")),
+        ],
+        stopped,
+    );
+    fleet
+        .write("UPDATE products SET name = 'green tea' WHERE id = 1")
+        .await;
+    until("the write did not reach the near till", || async {
+        product_name(&near).as_deref() == Some("green tea")
+    })
+    .await;
+    let sessions = runner_sessions(&fleet).await;
+    assert_eq!(sessions.len(), 2, "the runner's sessions: {sessions:?}");
+    let epoch: Vec<u8> = fleet
+        .writer
+        .query_one("SELECT id FROM sync.epoch", &[])
+        .await
+        .unwrap()
+        .get(0);
+
+    for (i, name) in ["black tea", "white tea", "oolong"].iter().enumerate() {
+        for report in nonsense(&epoch) {
+            network.report("u2", report);
+        }
+        fleet
+            .write(&format!("UPDATE products SET name = '{name}' WHERE id = 1"))
+            .await;
+        until(
+            &format!("write {i} did not reach the near till"),
+            || async { product_name(&near).as_deref() == Some(*name) },
+        )
+        .await;
+    }
+    // What u2 said before each write was heeded by the time a later write
+    // reached u1 (the publisher heeds whenever a report comes, and before
+    // each publish), and the attempt went on through all of it.
+    assert_eq!(
+        runner_sessions(&fleet).await,
+        sessions,
+        "the runner's attempt was ended and begun again"
+    );
+    let acknowledged: i64 = fleet
+        .writer
+        .query_one("SELECT count(*) FROM sync.acks WHERE replica = 'u2'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(acknowledged, 0, "nothing u2 said counted as applied");
+
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+    network.close();
+    near_till.join().unwrap().unwrap();
+}

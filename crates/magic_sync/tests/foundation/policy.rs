@@ -1,0 +1,98 @@
+//! What the server's runner does with a failure only the operator can end
+//! (the error policy): a start whose declarations disagree with the
+//! database, or that lacks an index the relay needs, returns the error with
+//! what to do, instead of trying again for ever.
+
+use crate::shop;
+use magic_sync::relay::{ReplicaInfo, Settings};
+use magic_sync::run::memory::Network;
+use magic_sync::{Engine, Error, Handling, Row};
+use std::time::Duration;
+
+/// Runs the server's runner for `engine` until it returns. A runner that
+/// retried what it cannot fix would never return: after two minutes the
+/// test fails instead of hanging (retrying waits at most seconds between
+/// attempts, so it would have tried dozens of times by then).
+async fn runner_until_it_returns(db: &magic_sync_testdb::TestDb, engine: Engine) -> Error {
+    let network = Network::new(64 * 1024);
+    let replicas = vec![ReplicaInfo::live("u1", Some("north"))];
+    let run = magic_sync::run::server::server(
+        db.config(),
+        engine,
+        Settings::default(),
+        &replicas,
+        &network,
+        &network,
+        std::future::pending(),
+    );
+    tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("the runner kept trying what only the operator can fix")
+        .expect_err("the runner returned without a failure")
+}
+
+#[tokio::test]
+async fn a_missing_index_stops_the_runner_with_the_statement_to_run() {
+    let (db, client) = shop::installed().await;
+    client
+        .batch_execute("DROP INDEX logistics.shipments_event")
+        .await
+        .unwrap();
+    let err = runner_until_it_returns(&db, shop::engine()).await;
+    assert!(matches!(err, Error::MissingIndexes(_)), "{err}");
+    assert_eq!(err.handling(), Handling::Stop);
+    let m = err.to_string();
+    assert!(
+        m.contains(
+            r#"CREATE INDEX CONCURRENTLY IF NOT EXISTS "shipments_region_event_id_idx" ON "logistics"."shipments" ("region", "event_id")"#
+        ),
+        "{m}"
+    );
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "products", down, all, key(id))]
+struct ProductWithColour {
+    id: i64,
+    name: String,
+    colour: String,
+}
+
+#[tokio::test]
+async fn a_declaration_the_table_disagrees_with_stops_the_runner_naming_table_and_column() {
+    let (db, _client) = shop::installed().await;
+    let engine = Engine::builder()
+        .table::<ProductWithColour>()
+        .build()
+        .unwrap();
+    let err = runner_until_it_returns(&db, engine).await;
+    assert!(matches!(err, Error::Declarations(_)), "{err}");
+    assert_eq!(err.handling(), Handling::Stop);
+    let m = err.to_string();
+    assert!(m.contains("table `products`, column `colour`"), "{m}");
+}
+
+#[test]
+fn only_the_listed_kinds_are_retried() {
+    let send = Error::Send {
+        replica: "u1".into(),
+        number: 4,
+        reason: "out of reach".into(),
+    };
+    assert_eq!(send.handling(), Handling::Retry);
+    let too_large = Error::RowTooLarge {
+        table: "products".into(),
+        key: "[1]".into(),
+        bytes: 10,
+        limit: 5,
+    };
+    assert_eq!(too_large.handling(), Handling::SetAside);
+    assert_eq!(
+        Error::SchemaBehind {
+            found: 0,
+            needed: 15
+        }
+        .handling(),
+        Handling::Stop
+    );
+}
