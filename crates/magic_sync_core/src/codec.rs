@@ -4,7 +4,7 @@
 //! the row's columns; protobuf ([`Codec::protobuf`] or [`Codec::new`]) writes a
 //! message of the table's own through a mapping each way.
 
-use crate::row::Columns;
+use crate::columns::Columns;
 use crate::value::{Value, ValueError};
 use std::fmt;
 use std::marker::PhantomData;

@@ -15,6 +15,7 @@ extern crate self as magic_sync;
 pub mod backoff;
 pub mod chain;
 pub mod codec;
+pub mod columns;
 pub mod digest;
 pub mod engine;
 pub mod envelope;

@@ -6,7 +6,7 @@
 //! macro names, so every declaration went through the macro's checks.
 
 use crate::codec::Codec;
-use crate::value::{Kind, Value, ValueError};
+pub use crate::columns::{Column, Columns};
 
 /// Which way a table's rows travel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -88,20 +88,6 @@ impl Rule {
     }
 }
 
-/// One column of a declared table, as the Rust field says it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Column {
-    /// The column's name, in PostgreSQL and SQLite alike.
-    pub name: &'static str,
-    /// What kind of value the field holds.
-    pub kind: Kind,
-    /// Whether the field accepts NULL (`Option<T>`).
-    pub nullable: bool,
-    /// Whether the field's type checks values beyond its kind
-    /// ([`crate::value::Field::CHECKED`]).
-    pub checked: bool,
-}
-
 /// Everything a declaration says about its table, as plain data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Table {
@@ -167,16 +153,6 @@ impl Table {
             })
             .collect()
     }
-}
-
-/// A struct whose fields are columns. `#[derive(Columns)]` implements it; so does `#[derive(Row)]`.
-pub trait Columns: Sized + Send + Sync + 'static {
-    /// The columns, in field order.
-    const COLUMNS: &'static [Column];
-    /// The field values, in field order.
-    fn to_values(&self) -> Vec<Value>;
-    /// Builds the struct from values in field order.
-    fn from_values(values: Vec<Value>) -> Result<Self, ValueError>;
 }
 
 #[doc(hidden)]

@@ -1,14 +1,19 @@
 //! Quoting for SQL written by the engine. Every identifier and literal that
-//! reaches a statement goes through here.
+//! reaches a statement goes through here; identifiers and plain literals
+//! are quoted by `postgres-protocol` (libpq's own rules).
+
+use postgres_protocol::escape::{escape_identifier, escape_literal};
 
 /// A quoted identifier: `"name"`, with inner quotes doubled.
 pub fn ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
+    escape_identifier(name)
 }
 
-/// A quoted string literal: `'text'`, with inner quotes doubled.
+/// A quoted string literal: `'text'`, with inner quotes doubled; text with
+/// a backslash becomes ` E'...'`, read the same under either setting of
+/// `standard_conforming_strings`.
 pub fn literal(text: &str) -> String {
-    format!("'{}'", text.replace('\'', "''"))
+    escape_literal(text)
 }
 
 /// A string literal safe under either setting of
@@ -50,6 +55,7 @@ mod tests {
             r#""a""; DROP TABLE x; --""#
         );
         assert_eq!(super::literal("it's"), "'it''s'");
+        assert_eq!(super::literal(r"a\'b"), r" E'a\\''b'");
         assert_eq!(super::qualified("public", "Order"), r#""public"."Order""#);
         assert_eq!(super::escaped(r"a\'; --"), r"E'a\\''; --'");
         assert_eq!(

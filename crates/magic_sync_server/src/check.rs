@@ -3,9 +3,9 @@
 
 use crate::catalog::{Catalog, Relation};
 use crate::engine::Engine;
+pub use crate::error::MissingIndex;
 use crate::error::{Error, Mismatch, Result};
 use crate::row::{Mirror, Rule, Table};
-use crate::sql::{ident, qualified};
 use tokio_postgres::Client;
 
 /// Everything the server checks before it starts. Returns the catalogue it read.
@@ -19,62 +19,6 @@ pub async fn startup(engine: &Engine, client: &Client) -> Result<Catalog> {
     }
     crate::trigger::verify(engine, client, &catalog).await?;
     Ok(catalog)
-}
-
-/// An index the relay needs on a host table, and the database lacks.
-///
-/// The relay looks rows up by their key, and follows foreign keys from the
-/// child to the parent by the parent's key; both have indexes in any schema.
-/// Two lookups go the other way and need one the host may not have made: the
-/// rows that follow a parent (by the child's following columns), and, for a
-/// group rule, a row's groups and a group's members. Without the index, each
-/// would scan the table for every row it looks at.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MissingIndex {
-    /// The table's schema.
-    pub schema: String,
-    /// The table.
-    pub table: String,
-    /// The columns the index must lead with (in any order).
-    pub columns: Vec<String>,
-    /// Whether the table is partitioned (an index on it cannot be built
-    /// concurrently).
-    pub partitioned: bool,
-    /// What the relay looks up through it.
-    pub why: String,
-}
-
-impl MissingIndex {
-    /// The statement that makes it: without blocking the table's writes
-    /// (`CONCURRENTLY`), but on a partitioned table, where PostgreSQL cannot.
-    pub fn create_sql(&self) -> String {
-        let columns: Vec<String> = self.columns.iter().map(|c| ident(c)).collect();
-        let mut name = format!("{}_{}_idx", self.table, self.columns.join("_"));
-        if name.len() > 63 {
-            let mut cut = 63;
-            while !name.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            name.truncate(cut);
-        }
-        format!(
-            "CREATE INDEX {}IF NOT EXISTS {} ON {} ({})",
-            if self.partitioned {
-                ""
-            } else {
-                "CONCURRENTLY "
-            },
-            ident(&name),
-            qualified(&self.schema, &self.table),
-            columns.join(", ")
-        )
-    }
-}
-
-impl std::fmt::Display for MissingIndex {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}; -- {}", self.create_sql(), self.why)
-    }
 }
 
 /// The indexes the relay needs that the database lacks (see

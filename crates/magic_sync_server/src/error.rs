@@ -5,6 +5,7 @@
 
 use magic_sync_core::error::list;
 pub use magic_sync_core::error::Mismatch;
+use magic_sync_core::sql::{ident, qualified};
 use std::fmt;
 use tokio_postgres::error::SqlState;
 
@@ -57,7 +58,7 @@ pub enum Error {
     /// Indexes the relay needs on host tables, missing: each names the
     /// statement that makes it.
     #[error("the relay needs indexes the database lacks; make them with:\n  {}", list(.0))]
-    MissingIndexes(Vec<crate::check::MissingIndex>),
+    MissingIndexes(Vec<MissingIndex>),
     /// A trigger the engine needs is missing, disabled or not as it would write it.
     #[error("trigger problems, the server will not start:\n  {}", list(.0))]
     Triggers(Vec<TriggerProblem>),
@@ -120,9 +121,38 @@ pub enum Error {
         /// What the transport said.
         reason: String,
     },
-    /// The engine was given something it does not know.
-    #[error("{0}")]
-    Invalid(String),
+    /// An upload from a replica the server does not know (or no longer
+    /// lists as live).
+    #[error("an upload from replica `{replica}`, which the server does not know")]
+    UnknownReplica {
+        /// The replica, as the transport authenticated it.
+        replica: String,
+    },
+    /// The host's list of replicas cannot be a fleet (an empty id, an id
+    /// twice): the host's to fix.
+    #[error("the host's list of replicas: {problem}")]
+    ReplicaList {
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A row PostgreSQL gave back that does not fit its declaration.
+    #[error("table `{table}`: a row read from PostgreSQL does not fit its declaration: {problem}")]
+    RowMismatch {
+        /// The table.
+        table: String,
+        /// What does not fit, naming the column.
+        problem: String,
+    },
+    /// The `sync` schema holds what the engine never writes there.
+    #[error("the sync schema is damaged: {what}")]
+    Damaged {
+        /// What was found, and where.
+        what: String,
+    },
+    /// A pass on a connection that does not hold the relay's lock (it was
+    /// lost with its connection, or never taken).
+    #[error("the relay records only on the connection that holds its lock (Relay::lock)")]
+    NotLocked,
 }
 
 impl From<magic_sync_core::error::Error> for Error {
@@ -154,6 +184,62 @@ impl fmt::Display for TriggerProblem {
     }
 }
 
+/// An index the relay needs on a host table, and the database lacks.
+///
+/// The relay looks rows up by their key, and follows foreign keys from the
+/// child to the parent by the parent's key; both have indexes in any schema.
+/// Two lookups go the other way and need one the host may not have made: the
+/// rows that follow a parent (by the child's following columns), and, for a
+/// group rule, a row's groups and a group's members. Without the index, each
+/// would scan the table for every row it looks at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingIndex {
+    /// The table's schema.
+    pub schema: String,
+    /// The table.
+    pub table: String,
+    /// The columns the index must lead with (in any order).
+    pub columns: Vec<String>,
+    /// Whether the table is partitioned (an index on it cannot be built
+    /// concurrently).
+    pub partitioned: bool,
+    /// What the relay looks up through it.
+    pub why: String,
+}
+
+impl MissingIndex {
+    /// The statement that makes it: without blocking the table's writes
+    /// (`CONCURRENTLY`), but on a partitioned table, where PostgreSQL cannot.
+    pub fn create_sql(&self) -> String {
+        let columns: Vec<String> = self.columns.iter().map(|c| ident(c)).collect();
+        let mut name = format!("{}_{}_idx", self.table, self.columns.join("_"));
+        if name.len() > 63 {
+            let mut cut = 63;
+            while !name.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            name.truncate(cut);
+        }
+        format!(
+            "CREATE INDEX {}IF NOT EXISTS {} ON {} ({})",
+            if self.partitioned {
+                ""
+            } else {
+                "CONCURRENTLY "
+            },
+            ident(&name),
+            qualified(&self.schema, &self.table),
+            columns.join(", ")
+        )
+    }
+}
+
+impl std::fmt::Display for MissingIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}; -- {}", self.create_sql(), self.why)
+    }
+}
+
 impl Error {
     /// What the server does about this failure. The retried kinds are a
     /// listed few; anything not listed is set aside, so it shows instead of
@@ -162,12 +248,13 @@ impl Error {
         match self {
             Error::Postgres(e) if postgres_is_transient(e) => Handling::Retry,
             // The transport is the infrastructure.
-            Error::Send { .. } | Error::InstallGaveWay { .. } => Handling::Retry,
+            Error::Send { .. } | Error::InstallGaveWay { .. } | Error::NotLocked => Handling::Retry,
             Error::SchemaTooNew { .. }
             | Error::SchemaBehind { .. }
             | Error::Declarations(_)
             | Error::MissingIndexes(_)
-            | Error::Triggers(_) => Handling::Stop,
+            | Error::Triggers(_)
+            | Error::Damaged { .. } => Handling::Stop,
             _ => Handling::SetAside,
         }
     }

@@ -201,9 +201,9 @@ async fn known_replicas(
 
 /// An upload from a replica the server does not know.
 fn unknown(replica: &str) -> Error {
-    Error::Invalid(format!(
-        "an upload from replica `{replica}`, which the server does not know"
-    ))
+    Error::UnknownReplica {
+        replica: replica.to_string(),
+    }
 }
 
 /// Whether every row `up` carries is a record of a table that names its
@@ -314,24 +314,65 @@ async fn file_in(
         }
     };
     let sequence = i64::try_from(up.sequence).unwrap_or(i64::MAX);
-    let (mut taken, mut unchanged, mut refused) = (0, 0, Vec::new());
+    let mut tally = Tally::default();
     for rows in &up.tables {
-        let bulk = records_in_bulk(&mut tx, engine, replica, rows).await?;
+        let filing = TableFiling {
+            engine,
+            replica,
+            provisioning,
+            sequence,
+            rows,
+        };
+        if let Some(reason) = filing.file(&mut tx, &mut tally).await? {
+            tx.rollback().await?;
+            return Ok(Filing::Waits { reason });
+        }
+    }
+    tx.commit().await?;
+    Ok(Filing::Filed {
+        answer: Filed {
+            send_id: up.send_id.clone(),
+        },
+        taken: tally.taken,
+        unchanged: tally.unchanged,
+        refused: tally.refused,
+    })
+}
+
+/// What an upload's rows came to so far.
+#[derive(Debug, Default)]
+struct Tally {
+    taken: usize,
+    unchanged: usize,
+    refused: Vec<Refusal>,
+}
+
+/// One table's rows of an upload, and what filing them needs to know.
+struct TableFiling<'a> {
+    engine: &'a Engine,
+    replica: &'a str,
+    /// Whether the replica is being provisioned again.
+    provisioning: bool,
+    /// The upload's sequence.
+    sequence: i64,
+    rows: &'a UpRows,
+}
+
+impl TableFiling<'_> {
+    /// Files the table's rows: in bulk where the table takes them so, else
+    /// one by one. Returns why the upload waits, if a row makes it wait.
+    async fn file(&self, tx: &mut Transaction<'_>, tally: &mut Tally) -> Result<Option<String>> {
+        let rows = self.rows;
+        let bulk = records_in_bulk(tx, self.engine, self.replica, rows).await?;
         let one_by_one = match &bulk {
             Some(_) => &[][..],
             None => &rows.rows[..],
         };
         if let Some(bulk) = bulk {
-            taken += bulk.taken;
-            unchanged += bulk.unchanged;
+            tally.taken += bulk.taken;
+            tally.unchanged += bulk.unchanged;
             for (key, data, reason) in bulk.refused {
-                let refusal = Refusal {
-                    table: rows.table.clone(),
-                    key: String::from_utf8_lossy(&key).into_owned(),
-                    reason,
-                };
-                keep_refused(&tx, replica, &refusal, Some(&data)).await?;
-                refused.push(refusal);
+                self.refuse(tx, tally, &key, Some(&data), reason).await?;
             }
         }
         let items = one_by_one
@@ -340,44 +381,44 @@ async fn file_in(
             .chain(rows.gone.iter().map(|k| (k.as_slice(), None)));
         for (key, data) in items {
             let outcome = file_row(
-                &mut tx,
-                engine,
-                replica,
-                provisioning,
-                sequence,
+                tx,
+                self.engine,
+                self.replica,
+                self.provisioning,
+                self.sequence,
                 rows,
                 key,
                 data,
             )
             .await?;
             match outcome {
-                Outcome::Taken => taken += 1,
-                Outcome::Unchanged => unchanged += 1,
-                Outcome::Refused(reason) => {
-                    let refusal = Refusal {
-                        table: rows.table.clone(),
-                        key: String::from_utf8_lossy(key).into_owned(),
-                        reason,
-                    };
-                    keep_refused(&tx, replica, &refusal, data).await?;
-                    refused.push(refusal);
-                }
-                Outcome::Waits(reason) => {
-                    tx.rollback().await?;
-                    return Ok(Filing::Waits { reason });
-                }
+                Outcome::Taken => tally.taken += 1,
+                Outcome::Unchanged => tally.unchanged += 1,
+                Outcome::Refused(reason) => self.refuse(tx, tally, key, data, reason).await?,
+                Outcome::Waits(reason) => return Ok(Some(reason)),
             }
         }
+        Ok(None)
     }
-    tx.commit().await?;
-    Ok(Filing::Filed {
-        answer: Filed {
-            send_id: up.send_id.clone(),
-        },
-        taken,
-        unchanged,
-        refused,
-    })
+
+    /// Keeps a refused row with why, and counts it.
+    async fn refuse(
+        &self,
+        tx: &Transaction<'_>,
+        tally: &mut Tally,
+        key: &[u8],
+        data: Option<&[u8]>,
+        reason: String,
+    ) -> Result<()> {
+        let refusal = Refusal {
+            table: self.rows.table.clone(),
+            key: String::from_utf8_lossy(key).into_owned(),
+            reason,
+        };
+        keep_refused(tx, self.replica, &refusal, data).await?;
+        tally.refused.push(refusal);
+        Ok(())
+    }
 }
 
 /// Keeps a refused row in `sync.inbox`, as it came, with why.
@@ -523,67 +564,21 @@ async fn records_all(
             table.extend(rows.rows.iter().map(|row| (u, row)));
         }
     }
-    let mut taken = vec![0usize; run.len()];
-    // (upload, refusal, the row as it came), kept once the rows are in.
-    let mut refusals: Vec<(usize, Refusal, &[u8])> = Vec::new();
+    let mut outcome = RunOutcome {
+        taken: vec![0usize; run.len()],
+        refusals: Vec::new(),
+    };
     let savepoint = tx.savepoint("magic_sync_records").await?;
     for (name, rows) in by_table {
-        let codec = engine.codec(name).expect("a declared table: records_only");
-        let table = codec.table();
-        let mut senders: HashMap<&[u8], &str> = HashMap::new();
-        for (u, row) in &rows {
-            let sender = run[*u].0.as_str();
-            if *senders.entry(row.key.as_slice()).or_insert(sender) != sender {
-                savepoint.rollback().await?;
-                return Ok(None);
-            }
-        }
-        let mut docs = Vec::with_capacity(rows.len());
-        let mut kept = Vec::with_capacity(rows.len());
-        for (u, row) in rows {
-            match prepare(codec, &run[u].0, &row.key, Some(&row.data)) {
-                Ok(json) => {
-                    docs.push(json);
-                    kept.push((u, row));
-                }
-                Err(reason) => refusals.push((u, refusal(name, &row.key, reason), &row.data)),
-            }
-        }
-        if docs.is_empty() {
-            continue;
-        }
-        let written = insert_records(&savepoint, table, docs).await;
-        let written = match written.map_err(Error::from) {
-            Ok(rows) => rows,
-            Err(e) if e.is_transient() => return Err(e),
-            // PostgreSQL refused a row (a constraint, a value, a key twice
-            // in a versioned table), or a host's trigger did: upload by
-            // upload, the error lands on its own.
-            Err(_) => {
-                savepoint.rollback().await?;
-                return Ok(None);
-            }
-        };
-        for (i, owner) in written {
-            let (u, data) = kept[i];
-            match owner {
-                None => taken[u] += 1,
-                Some(owner) => refusals.push((
-                    u,
-                    refusal(
-                        name,
-                        &data.key,
-                        format!("a record of this key was written by another replica (`{owner}`)"),
-                    ),
-                    &data.data,
-                )),
-            }
+        if !outcome.table(&savepoint, engine, run, name, rows).await? {
+            savepoint.rollback().await?;
+            return Ok(None);
         }
     }
     // Kept within the savepoint: a refusal the inbox cannot take (a key
     // text cannot hold) sends the run upload by upload too.
     let mut refused: Vec<Vec<Refusal>> = run.iter().map(|_| Vec::new()).collect();
-    for (u, refusal, data) in refusals {
+    for (u, refusal, data) in outcome.refusals {
         match keep_refused(&savepoint, &run[u].0, &refusal, Some(data)).await {
             Ok(()) => refused[u].push(refusal),
             Err(e) if e.is_transient() => return Err(e),
@@ -596,7 +591,7 @@ async fn records_all(
     savepoint.commit().await?;
     Ok(Some(
         run.iter()
-            .zip(taken)
+            .zip(outcome.taken)
             .zip(refused)
             .map(|(((_, up), taken), refused)| {
                 let rows: usize = up.tables.iter().map(|t| t.rows.len()).sum();
@@ -611,6 +606,80 @@ async fn records_all(
             })
             .collect(),
     ))
+}
+
+/// What a run of uploads' records came to: per upload, the rows taken;
+/// and (upload, refusal, the row as it came), kept once the rows are in.
+struct RunOutcome<'r> {
+    taken: Vec<usize>,
+    refusals: Vec<(usize, Refusal, &'r [u8])>,
+}
+
+impl<'r> RunOutcome<'r> {
+    /// Writes the run's records of table `name` in one statement. `false`
+    /// when the run must go upload by upload instead: two replicas wrote
+    /// one key, or PostgreSQL (or a host's trigger) refused a row.
+    async fn table(
+        &mut self,
+        savepoint: &Transaction<'_>,
+        engine: &Engine,
+        run: &'r [(String, Up)],
+        name: &str,
+        rows: Vec<(usize, &'r RowData)>,
+    ) -> Result<bool> {
+        let codec = engine.codec(name).expect("a declared table: records_only");
+        let table = codec.table();
+        let mut senders: HashMap<&[u8], &str> = HashMap::new();
+        for (u, row) in &rows {
+            let sender = run[*u].0.as_str();
+            if *senders.entry(row.key.as_slice()).or_insert(sender) != sender {
+                return Ok(false);
+            }
+        }
+        let mut docs = Vec::with_capacity(rows.len());
+        let mut kept = Vec::with_capacity(rows.len());
+        for (u, row) in rows {
+            match prepare(codec, &run[u].0, &row.key, Some(&row.data)) {
+                Ok(json) => {
+                    docs.push(json);
+                    kept.push((u, row));
+                }
+                Err(reason) => self
+                    .refusals
+                    .push((u, refusal(name, &row.key, reason), &row.data)),
+            }
+        }
+        if docs.is_empty() {
+            return Ok(true);
+        }
+        let written = match insert_records(savepoint, table, docs)
+            .await
+            .map_err(Error::from)
+        {
+            Ok(rows) => rows,
+            Err(e) if e.is_transient() => return Err(e),
+            // PostgreSQL refused a row (a constraint, a value, a key twice
+            // in a versioned table), or a host's trigger did: upload by
+            // upload, the error lands on its own.
+            Err(_) => return Ok(false),
+        };
+        for (i, owner) in written {
+            let (u, data) = kept[i];
+            match owner {
+                None => self.taken[u] += 1,
+                Some(owner) => self.refusals.push((
+                    u,
+                    refusal(
+                        name,
+                        &data.key,
+                        format!("a record of this key was written by another replica (`{owner}`)"),
+                    ),
+                    &data.data,
+                )),
+            }
+        }
+        Ok(true)
+    }
 }
 
 /// A refusal of the row of `key` in `table`.
@@ -947,67 +1016,23 @@ async fn owned(
         .iter()
         .map(|k| format!("r.{}", ident(k)))
         .collect();
+    let held_key = held_key.join(", ");
     let held: bool = tx
         .query_one(
             &format!(
                 "SELECT EXISTS (
                      SELECT 1 FROM sync.held h, jsonb_populate_record(NULL::{rel}, $1) r
-                     WHERE h.table_name = {name} AND h.key = jsonb_build_array({key})::text
+                     WHERE h.table_name = {name} AND h.key = jsonb_build_array({held_key})::text
                        AND h.replica = $2)",
                 rel = table.qualified(),
                 name = literal(table.name),
-                key = held_key.join(", "),
             ),
             &[json, &replica],
         )
         .await?
         .get(0);
     if held {
-        if sequence > 0 {
-            let newer = tx
-                .query_opt(
-                    &format!(
-                        "INSERT INTO sync.filed (replica, table_name, key, sequence)
-                         SELECT $2, {name}, jsonb_build_array({key})::text, $3
-                         FROM jsonb_populate_record(NULL::{rel}, $1) r
-                         ON CONFLICT (table_name, key, replica) DO UPDATE
-                         SET sequence = EXCLUDED.sequence
-                         WHERE sync.filed.sequence < EXCLUDED.sequence
-                         RETURNING 1",
-                        rel = table.qualified(),
-                        name = literal(table.name),
-                        key = held_key.join(", "),
-                    ),
-                    &[json, &replica, &sequence],
-                )
-                .await?;
-            if newer.is_none() {
-                // Filed after a newer upload of the same row.
-                return Ok(Outcome::Unchanged);
-            }
-        }
-        let set: Vec<String> = table
-            .owned
-            .iter()
-            .map(|c| format!("{c} = r.{c}", c = ident(c)))
-            .collect();
-        let updated = tx
-            .execute(
-                &format!(
-                    "UPDATE {rel} t SET {set} FROM jsonb_populate_record(NULL::{rel}, $1) r WHERE {m}",
-                    rel = table.qualified(),
-                    set = set.join(", "),
-                    m = key_match(table, "t", "r"),
-                ),
-                &[json],
-            )
-            .await?;
-        // None updated: deleted on the server, whose change wins.
-        return Ok(if updated > 0 {
-            Outcome::Taken
-        } else {
-            Outcome::Unchanged
-        });
+        return owned_of_held(tx, table, replica, sequence, json, &held_key).await;
     }
     let exists: bool = tx
         .query_one(
@@ -1030,5 +1055,62 @@ async fn owned(
         ))
     } else {
         Outcome::Refused("a row the replica does not hold: never sent to it, or taken back".into())
+    })
+}
+
+/// The owned columns of a row the server records `replica` holding: taken,
+/// unless a newer upload of the row was filed first (by `sequence`), or the
+/// server deleted the row meanwhile (its change wins).
+async fn owned_of_held(
+    tx: &Transaction<'_>,
+    table: &Table,
+    replica: &str,
+    sequence: i64,
+    json: &serde_json::Value,
+    held_key: &str,
+) -> Result<Outcome> {
+    if sequence > 0 {
+        let newer = tx
+            .query_opt(
+                &format!(
+                    "INSERT INTO sync.filed (replica, table_name, key, sequence)
+                     SELECT $2, {name}, jsonb_build_array({held_key})::text, $3
+                     FROM jsonb_populate_record(NULL::{rel}, $1) r
+                     ON CONFLICT (table_name, key, replica) DO UPDATE
+                     SET sequence = EXCLUDED.sequence
+                     WHERE sync.filed.sequence < EXCLUDED.sequence
+                     RETURNING 1",
+                    rel = table.qualified(),
+                    name = literal(table.name),
+                ),
+                &[json, &replica, &sequence],
+            )
+            .await?;
+        if newer.is_none() {
+            // Filed after a newer upload of the same row.
+            return Ok(Outcome::Unchanged);
+        }
+    }
+    let set: Vec<String> = table
+        .owned
+        .iter()
+        .map(|c| format!("{c} = r.{c}", c = ident(c)))
+        .collect();
+    let updated = tx
+        .execute(
+            &format!(
+                "UPDATE {rel} t SET {set} FROM jsonb_populate_record(NULL::{rel}, $1) r WHERE {m}",
+                rel = table.qualified(),
+                set = set.join(", "),
+                m = key_match(table, "t", "r"),
+            ),
+            &[json],
+        )
+        .await?;
+    // None updated: deleted on the server, whose change wins.
+    Ok(if updated > 0 {
+        Outcome::Taken
+    } else {
+        Outcome::Unchanged
     })
 }

@@ -5,7 +5,7 @@
 //! Keys are JSON arrays (`jsonb`) in the planner's tables: the same form the
 //! triggers write into notes, so a note's key and a row's key compare equal.
 
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, ForeignKey};
 use crate::error::{Error, Mismatch, Result};
 use crate::row::{Rule, Table};
 use crate::sql::{ident, literal, qualified};
@@ -50,98 +50,13 @@ pub(crate) struct Graph {
 
 impl Graph {
     pub fn new(tables: &[&'static Table], catalog: &Catalog) -> Result<Graph> {
-        let mut problems = Vec::new();
-        let mut links = Vec::new();
-        for fk in &catalog.foreign_keys {
-            let (Some(child), Some(parent)) = (
-                tables.iter().find(|t| t.name == fk.child),
-                tables.iter().find(|t| t.name == fk.parent),
-            ) else {
-                continue;
-            };
-            // The child's columns in the order of the parent's key.
-            let mut columns = Vec::new();
-            for k in parent.key {
-                match fk.parent_columns.iter().position(|p| p == k) {
-                    Some(i) if fk.parent_columns.len() == parent.key.len() => {
-                        columns.push(fk.child_columns[i].clone())
-                    }
-                    _ => break,
-                }
-            }
-            if columns.len() != parent.key.len() {
-                problems.push(Mismatch {
-                    table: child.name.to_string(),
-                    column: None,
-                    problem: format!(
-                        "foreign key `{}` points at columns ({}) of `{}` that are not its declared key ({}): \
-                         the relay follows foreign keys to a table's declared key only",
-                        fk.name,
-                        fk.parent_columns.join(", "),
-                        parent.name,
-                        parent.key.join(", ")
-                    ),
-                });
-                continue;
-            }
-            let relation = catalog.relation(child.schema, child.name);
-            let types = columns
-                .iter()
-                .map(|c| {
-                    relation
-                        .and_then(|r| r.column(c))
-                        .map(|c| c.type_name.clone())
-                        .unwrap_or_else(|| "text".into())
-                })
-                .collect();
-            let follows = match child.rule {
-                Rule::Follows(cols) => {
-                    cols.len() == fk.child_columns.len()
-                        && cols.iter().all(|c| fk.child_columns.iter().any(|x| x == c))
-                }
-                _ => false,
-            };
-            let mut name = fk.child_columns.join(",");
-            if links
-                .iter()
-                .any(|l: &Link| l.child.name == child.name && l.name == name)
-            {
-                name = format!("{name}>{}", parent.name);
-            }
-            links.push(Link {
-                child,
-                parent,
-                name,
-                columns,
-                types,
-                follows,
-            });
-        }
-        if !problems.is_empty() {
-            return Err(Error::Declarations(problems));
-        }
+        let links = links(tables, catalog)?;
         let mut shapes = Vec::new();
         for t in tables {
-            let relation = catalog.relation(t.schema, t.name);
-            let key_types = t
-                .key
-                .iter()
-                .map(|k| {
-                    relation
-                        .and_then(|r| r.column(k))
-                        .map(|c| c.type_name.clone())
-                        .ok_or_else(|| {
-                            Error::Invalid(format!(
-                                "table `{}`: the catalogue has no key column `{k}`; run the start-up checks first",
-                                t.name
-                            ))
-                        })
-                })
-                .collect::<Result<Vec<_>>>()?;
             shapes.push(Shape {
                 table: t,
                 relation: qualified(t.schema, t.name),
-                key_types,
+                key_types: key_types(t, catalog)?,
                 self_referencing: links
                     .iter()
                     .any(|l| l.child.name == t.name && l.parent.name == t.name),
@@ -222,6 +137,119 @@ impl Graph {
 
 /// Orders tables so every parent comes before its children; tables left in a
 /// cycle keep their declared order at the end.
+/// The foreign keys among `tables`, each followed to its parent's declared
+/// key; one that points at other columns is refused.
+fn links(tables: &[&'static Table], catalog: &Catalog) -> Result<Vec<Link>> {
+    let mut problems = Vec::new();
+    let mut links: Vec<Link> = Vec::new();
+    for fk in &catalog.foreign_keys {
+        let (Some(child), Some(parent)) = (
+            tables.iter().find(|t| t.name == fk.child),
+            tables.iter().find(|t| t.name == fk.parent),
+        ) else {
+            continue;
+        };
+        match link(fk, child, parent, catalog, &links) {
+            Ok(link) => links.push(link),
+            Err(problem) => problems.push(problem),
+        }
+    }
+    if problems.is_empty() {
+        Ok(links)
+    } else {
+        Err(Error::Declarations(problems))
+    }
+}
+
+/// The link `fk` makes from `child` to `parent`, named apart from the
+/// `links` before it.
+fn link(
+    fk: &ForeignKey,
+    child: &'static Table,
+    parent: &'static Table,
+    catalog: &Catalog,
+    links: &[Link],
+) -> std::result::Result<Link, Mismatch> {
+    // The child's columns in the order of the parent's key.
+    let mut columns = Vec::new();
+    for k in parent.key {
+        match fk.parent_columns.iter().position(|p| p == k) {
+            Some(i) if fk.parent_columns.len() == parent.key.len() => {
+                columns.push(fk.child_columns[i].clone())
+            }
+            _ => break,
+        }
+    }
+    if columns.len() != parent.key.len() {
+        return Err(Mismatch {
+            table: child.name.to_string(),
+            column: None,
+            problem: format!(
+                "foreign key `{}` points at columns ({}) of `{}` that are not its declared key ({}): \
+                 the relay follows foreign keys to a table's declared key only",
+                fk.name,
+                fk.parent_columns.join(", "),
+                parent.name,
+                parent.key.join(", ")
+            ),
+        });
+    }
+    let relation = catalog.relation(child.schema, child.name);
+    let types = columns
+        .iter()
+        .map(|c| {
+            relation
+                .and_then(|r| r.column(c))
+                .map(|c| c.type_name.clone())
+                .unwrap_or_else(|| "text".into())
+        })
+        .collect();
+    let follows = match child.rule {
+        Rule::Follows(cols) => {
+            cols.len() == fk.child_columns.len()
+                && cols.iter().all(|c| fk.child_columns.iter().any(|x| x == c))
+        }
+        _ => false,
+    };
+    let mut name = fk.child_columns.join(",");
+    if links
+        .iter()
+        .any(|l| l.child.name == child.name && l.name == name)
+    {
+        name = format!("{name}>{}", parent.name);
+    }
+    Ok(Link {
+        child,
+        parent,
+        name,
+        columns,
+        types,
+        follows,
+    })
+}
+
+/// The PostgreSQL types of `t`'s key columns, as the catalogue has them.
+fn key_types(t: &Table, catalog: &Catalog) -> Result<Vec<String>> {
+    let relation = catalog.relation(t.schema, t.name);
+    t.key
+        .iter()
+        .map(|k| {
+            relation
+                .and_then(|r| r.column(k))
+                .map(|c| c.type_name.clone())
+                .ok_or_else(|| {
+                    Error::Declarations(vec![Mismatch {
+                        table: t.name.to_string(),
+                        column: Some(k.to_string()),
+                        problem: "is a key column the catalogue does not have; run the \
+                                  start-up checks first"
+                            .into(),
+                    }])
+                })
+        })
+        .collect()
+}
+
 fn parents_first(mut left: Vec<Shape>, links: &[Link]) -> Vec<Shape> {
     let mut out: Vec<Shape> = Vec::new();
     loop {

@@ -47,27 +47,7 @@ pub(crate) fn closing(
         )
     });
     if let (true, Some(messages)) = (has("_ms_f"), &messages) {
-        // A replica provisioned from scratch held nothing: its rows go in
-        // plainly, each with how many of its rows point at it. In bulk, so
-        // hashed.
-        let refs = match graph.tracked_values() {
-            Some(links) => format!(
-                "LEFT JOIN (SELECT f.r, l.p AS t, f.ptrs -> l.name AS k, count(*)::int AS n
-                            FROM _ms_f f JOIN {links} ON l.c = f.t
-                            WHERE f.ptrs ? l.name GROUP BY 1, 2, 3) c
-                   ON c.r = f.r AND c.t = f.t AND c.k = f.k"
-            ),
-            None => "LEFT JOIN (SELECT NULL::text AS r, 0 AS n) c ON false".into(),
-        };
-        sql.push_str(&format!(
-            "{HASH_ONLY}
-             INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs, refs)
-             SELECT f.r, f.t, f.k::text, coalesce(ch.last_seq, 0), m.number, f.round = 0, f.ptrs, coalesce(c.n, 0)
-             FROM _ms_f f JOIN {messages} ON m.r = f.r
-             LEFT JOIN _ms_changed ch ON ch.t = f.t AND ch.k = f.k
-             {refs};
-             {JOINS_AS_THEY_WERE}"
-        ));
+        sql.push_str(&provisioned(graph, messages));
     }
     if !has("_ms_del") && !has("_ms_send") {
         return sql;
@@ -80,48 +60,83 @@ pub(crate) fn closing(
         );
     }
     if let (true, Some(messages)) = (has("_ms_send"), &messages) {
-        // Rows the replica held already: a new version, in place; then the
-        // rows it lacked.
-        sql.push_str(&format!(
-            "UPDATE sync.held h SET version = s.version, message = m.number, ruled = s.ruled, ptrs = s.ptrs
-             FROM _ms_send s JOIN {messages} ON m.r = s.r
-             WHERE s.held AND h.table_name = s.t AND h.key = s.k::text AND h.replica = s.r;
-             INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs)
-             SELECT s.r, s.t, s.k::text, s.version, m.number, s.ruled, s.ptrs
-             FROM _ms_send s JOIN {messages} ON m.r = s.r
-             WHERE NOT s.held
-             ON CONFLICT (replica, table_name, key)
-             DO UPDATE SET version = EXCLUDED.version, message = EXCLUDED.message,
-                           ruled = EXCLUDED.ruled, ptrs = EXCLUDED.ptrs;"
-        ));
+        sql.push_str(&sent(messages));
     }
     if let Some(links) = graph.tracked_values() {
-        let mut moves = Vec::new();
-        if has("_ms_send") {
-            moves.push(format!(
-                "SELECT s.r, l.p AS t, s.ptrs -> l.name AS k, 1 AS n
-                 FROM _ms_send s JOIN {links} ON l.c = s.t WHERE s.ptrs ? l.name
-                 UNION ALL
-                 SELECT s.r, l.p, s.hptrs -> l.name, -1
-                 FROM _ms_send s JOIN {links} ON l.c = s.t WHERE s.held AND s.hptrs ? l.name"
-            ));
-        }
-        if has("_ms_del") {
-            moves.push(format!(
-                "SELECT d.r, l.p AS t, d.hptrs -> l.name AS k, -1 AS n
-                 FROM _ms_del d JOIN {links} ON l.c = d.t WHERE d.hptrs ? l.name"
-            ));
-        }
-        sql.push_str(&format!(
-            "UPDATE sync.held h SET refs = h.refs + x.n
-             FROM (SELECT r, t, k, sum(n)::int AS n FROM ({}) a
-                   GROUP BY r, t, k HAVING sum(n) <> 0) x
-             WHERE h.table_name = x.t AND h.key = x.k::text AND h.replica = x.r;",
-            moves.join(" UNION ALL ")
-        ));
+        sql.push_str(&moved_refs(&links, has("_ms_send"), has("_ms_del")));
     }
     sql.push_str("SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT;");
     sql
+}
+
+/// A replica provisioned from scratch held nothing: its rows (`_ms_f`) go
+/// in plainly, each with how many of its rows point at it. In bulk, so
+/// hashed.
+fn provisioned(graph: &Graph, messages: &str) -> String {
+    let refs = match graph.tracked_values() {
+        Some(links) => format!(
+            "LEFT JOIN (SELECT f.r, l.p AS t, f.ptrs -> l.name AS k, count(*)::int AS n
+                        FROM _ms_f f JOIN {links} ON l.c = f.t
+                        WHERE f.ptrs ? l.name GROUP BY 1, 2, 3) c
+               ON c.r = f.r AND c.t = f.t AND c.k = f.k"
+        ),
+        None => "LEFT JOIN (SELECT NULL::text AS r, 0 AS n) c ON false".into(),
+    };
+    format!(
+        "{HASH_ONLY}
+         INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs, refs)
+         SELECT f.r, f.t, f.k::text, coalesce(ch.last_seq, 0), m.number, f.round = 0, f.ptrs, coalesce(c.n, 0)
+         FROM _ms_f f JOIN {messages} ON m.r = f.r
+         LEFT JOIN _ms_changed ch ON ch.t = f.t AND ch.k = f.k
+         {refs};
+         {JOINS_AS_THEY_WERE}"
+    )
+}
+
+/// Rows sent (`_ms_send`) the replica held already: a new version, in
+/// place; then the rows it lacked.
+fn sent(messages: &str) -> String {
+    format!(
+        "UPDATE sync.held h SET version = s.version, message = m.number, ruled = s.ruled, ptrs = s.ptrs
+         FROM _ms_send s JOIN {messages} ON m.r = s.r
+         WHERE s.held AND h.table_name = s.t AND h.key = s.k::text AND h.replica = s.r;
+         INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs)
+         SELECT s.r, s.t, s.k::text, s.version, m.number, s.ruled, s.ptrs
+         FROM _ms_send s JOIN {messages} ON m.r = s.r
+         WHERE NOT s.held
+         ON CONFLICT (replica, table_name, key)
+         DO UPDATE SET version = EXCLUDED.version, message = EXCLUDED.message,
+                       ruled = EXCLUDED.ruled, ptrs = EXCLUDED.ptrs;"
+    )
+}
+
+/// The counts of what points at each parent, moved by the rows sent (to
+/// what they point at now, from what the held version pointed at) and the
+/// rows let go of.
+fn moved_refs(links: &str, sends: bool, deletes: bool) -> String {
+    let mut moves = Vec::new();
+    if sends {
+        moves.push(format!(
+            "SELECT s.r, l.p AS t, s.ptrs -> l.name AS k, 1 AS n
+             FROM _ms_send s JOIN {links} ON l.c = s.t WHERE s.ptrs ? l.name
+             UNION ALL
+             SELECT s.r, l.p, s.hptrs -> l.name, -1
+             FROM _ms_send s JOIN {links} ON l.c = s.t WHERE s.held AND s.hptrs ? l.name"
+        ));
+    }
+    if deletes {
+        moves.push(format!(
+            "SELECT d.r, l.p AS t, d.hptrs -> l.name AS k, -1 AS n
+             FROM _ms_del d JOIN {links} ON l.c = d.t WHERE d.hptrs ? l.name"
+        ));
+    }
+    format!(
+        "UPDATE sync.held h SET refs = h.refs + x.n
+         FROM (SELECT r, t, k, sum(n)::int AS n FROM ({}) a
+               GROUP BY r, t, k HAVING sum(n) <> 0) x
+         WHERE h.table_name = x.t AND h.key = x.k::text AND h.replica = x.r;",
+        moves.join(" UNION ALL ")
+    )
 }
 
 /// The statements that close a pass's notes: every note it planned is

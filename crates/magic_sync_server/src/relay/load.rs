@@ -220,11 +220,9 @@ impl Loader<'_> {
         let key_positions = table.key_positions();
         for row in rows {
             let replicas: Vec<String> = row.get(0);
-            let values = crate::pg::read_row(row, 1, table).map_err(|e| {
-                Error::Invalid(format!(
-                    "table `{}`: a row read from PostgreSQL does not fit its declaration: {e}",
-                    table.name
-                ))
+            let values = crate::pg::read_row(row, 1, table).map_err(|e| Error::RowMismatch {
+                table: table.name.to_string(),
+                problem: e.to_string(),
             })?;
             let key = canonical_key(
                 &key_positions
@@ -299,11 +297,8 @@ impl Loader<'_> {
 
 /// The wire key of a key read back from the planner's tables.
 fn wire_key(table: &Table, json: serde_json::Value) -> Result<String> {
-    let bad = |why: String| {
-        Error::Invalid(format!(
-            "table `{}`: recorded key {json}: {why}",
-            table.name
-        ))
+    let bad = |why: String| Error::Damaged {
+        what: format!("table `{}`: recorded key {json}: {why}", table.name),
     };
     let serde_json::Value::Array(items) = json.clone() else {
         return Err(bad("not an array".into()));

@@ -44,7 +44,7 @@ use graph::Graph;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_postgres::{Client, IsolationLevel};
+use tokio_postgres::{Client, IsolationLevel, Transaction};
 
 /// The advisory lock one relay per database holds while it relays (an
 /// arbitrary constant: "magic_sync relay").
@@ -273,10 +273,11 @@ impl Relay {
                     .and_then(|r| r.column(g.group))
                     .map(|c| c.type_name.clone())
                     .ok_or_else(|| {
-                        Error::Invalid(format!(
-                            "table `{}`: group table `{}` has no column `{}`",
-                            t.name, g.members, g.group
-                        ))
+                        Error::Declarations(vec![crate::error::Mismatch {
+                            table: t.name.to_string(),
+                            column: Some(g.group.to_string()),
+                            problem: format!("its group table `{}` has no such column", g.members),
+                        }])
                     })?;
                 groups.push(plan::Group {
                     table: t,
@@ -336,13 +337,56 @@ impl Relay {
         replicas: &[ReplicaInfo],
         max_message_bytes: usize,
     ) -> Result<Recorded> {
-        let context = self.context.clone();
         let began = std::time::SystemTime::now();
         let tx = client
             .build_transaction()
             .isolation_level(IsolationLevel::RepeatableRead)
             .start()
             .await?;
+        let epoch = self.open_pass(&tx).await?;
+        let t0 = std::time::Instant::now();
+        let dropped = self.bound_outboxes(&tx).await?;
+        let observed = observe::observe(&tx, replicas).await?;
+        trace("observe", t0);
+        let plan = self.plan(&tx, &observed).await?;
+        let mut recorded = Recorded {
+            planned: plan.planned,
+            waiting: observed.waiting.clone(),
+            streaming: observed.streaming.clone(),
+            forgotten: observed.forgotten.clone(),
+            dropped,
+            oldest_change: self.oldest_change(&tx, &plan.planned, began).await?,
+            ..Recorded::default()
+        };
+        let mut closing = self
+            .load_and_write(
+                &tx,
+                &observed,
+                &plan,
+                &epoch,
+                max_message_bytes,
+                &mut recorded,
+            )
+            .await?;
+        closing.push_str(&held::kept_and_done(&observed.streaming, &plan.filled));
+        close(&tx, closing).await?;
+        let t0 = std::time::Instant::now();
+        tx.commit().await?;
+        trace("commit", t0);
+        // Only now, so that a pass that failed leaves the relay as it was
+        // and can run again on the same session.
+        self.prepared = true;
+        self.started = true;
+        self.leftovers.left(plan.filled, plan.analysed);
+        Ok(recorded)
+    }
+
+    /// The pass's first steps, on its transaction: the planner's tables and
+    /// the outbox's statements prepared once, the lock checked, what the
+    /// last pass left in the planner's tables cleared, the epoch read; on
+    /// the first pass, snapshots a relay before this one left under way put
+    /// back to waiting.
+    async fn open_pass(&mut self, tx: &Transaction<'_>) -> Result<outbox::Epoch> {
         if self.commit_times.is_none() {
             let row = tx
                 .query_one(
@@ -353,8 +397,8 @@ impl Relay {
             self.commit_times = Some(row.get(0));
         }
         if !self.prepared {
-            plan::prepare(&tx).await?;
-            self.statements = Some(outbox::Statements::prepare(&tx).await?);
+            plan::prepare(tx).await?;
+            self.statements = Some(outbox::Statements::prepare(tx).await?);
         }
         let t0 = std::time::Instant::now();
         // Three independent statements, sent together: one round trip.
@@ -371,13 +415,11 @@ impl Relay {
         };
         let (holds_lock, (), epoch) = tokio::try_join!(
             holds_lock,
-            self.leftovers.clear(&tx),
-            outbox::Epoch::read(&tx)
+            self.leftovers.clear(tx),
+            outbox::Epoch::read(tx)
         )?;
         if !holds_lock {
-            return Err(Error::Invalid(
-                "the relay records only on the connection that holds its lock (Relay::lock)".into(),
-            ));
+            return Err(Error::NotLocked);
         }
         if !self.started {
             // Snapshots a relay before this one left under way have no
@@ -390,76 +432,110 @@ impl Relay {
             .await?;
         }
         trace("clear", t0);
-        let t0 = std::time::Instant::now();
+        Ok(epoch)
+    }
+
+    /// Every `outbox_check_every`, the replicas whose outbox outgrew its
+    /// bound: dropped, to be provisioned again.
+    async fn bound_outboxes(&mut self, tx: &Transaction<'_>) -> Result<Vec<String>> {
         let due = match self.outbox_checked {
             None => true,
-            Some(at) => at.elapsed() >= context.settings.outbox_check_every,
+            Some(at) => at.elapsed() >= self.context.settings.outbox_check_every,
         };
-        let dropped = if due {
-            let dropped = outbox::bound(&tx, &context.settings).await?;
-            self.outbox_checked = Some(std::time::Instant::now());
-            dropped
-        } else {
-            Vec::new()
-        };
-        let observed = observe::observe(&tx, replicas).await?;
-        trace("observe", t0);
+        if !due {
+            return Ok(Vec::new());
+        }
+        let dropped = outbox::bound(tx, &self.context.settings).await?;
+        self.outbox_checked = Some(std::time::Instant::now());
+        Ok(dropped)
+    }
+
+    /// Plans every pending note for the replicas `observed` kept up, into
+    /// the planner's tables.
+    async fn plan(
+        &mut self,
+        tx: &Transaction<'_>,
+        observed: &observe::Observation,
+    ) -> Result<Plan> {
         let listed: Vec<plan::Listed> = observed
             .kept
             .iter()
             .map(|o| (o.id.clone(), o.partition.clone(), false))
             .collect();
-        self.leftovers.list(&tx, listed).await?;
+        self.leftovers.list(tx, listed).await?;
         let planner = plan::Planner {
-            tx: &tx,
-            graph: &context.graph,
+            tx,
+            graph: &self.context.graph,
             groups: self.groups.clone(),
             filled: Default::default(),
             analysed: Default::default(),
         };
         let t0 = std::time::Instant::now();
         let planned = planner.plan().await?;
-        let filled = planner.filled();
-        let analysed = planner.analysed();
         trace("plan", t0);
-        let mut recorded = Recorded {
+        Ok(Plan {
             planned,
-            waiting: observed.waiting.clone(),
-            streaming: observed.streaming.clone(),
-            forgotten: observed.forgotten.clone(),
-            dropped,
-            messages: 0,
-            written: Vec::new(),
-            oldest_change: None,
-        };
-        if planned.notes > 0 {
-            recorded.oldest_change = Some(began);
-            if self.commit_times == Some(true) {
-                let oldest: Option<chrono::DateTime<chrono::Utc>> = tx
-                    .query_one(
-                        "SELECT min(pg_xact_commit_timestamp(xid(xid))) FROM _ms_notes",
-                        &[],
-                    )
-                    .await?
-                    .get(0);
-                if let Some(oldest) = oldest {
-                    recorded.oldest_change = Some(oldest.into());
-                }
+            filled: planner.filled(),
+            analysed: planner.analysed(),
+        })
+    }
+
+    /// When the oldest change `planned` carries was committed: PostgreSQL's
+    /// commit time where it records them, else when the pass began.
+    async fn oldest_change(
+        &self,
+        tx: &Transaction<'_>,
+        planned: &Planned,
+        began: std::time::SystemTime,
+    ) -> Result<Option<std::time::SystemTime>> {
+        if planned.notes == 0 {
+            return Ok(None);
+        }
+        if self.commit_times == Some(true) {
+            let oldest: Option<chrono::DateTime<chrono::Utc>> = tx
+                .query_one(
+                    "SELECT min(pg_xact_commit_timestamp(xid(xid))) FROM _ms_notes",
+                    &[],
+                )
+                .await?
+                .get(0);
+            if let Some(oldest) = oldest {
+                return Ok(Some(oldest.into()));
             }
         }
-        let reached = reached::due(&tx, &observed).await?;
-        let mut closing = String::new();
-        if planned.sends > 0 || planned.deletes > 0 || !reached.is_empty() {
-            let chains = observed
-                .kept
-                .iter()
-                .map(|o| (o.id.clone(), o.chain()))
-                .collect();
-            let statements = self
-                .statements
-                .as_ref()
-                .expect("prepared with the planner's tables");
-            let mut writer = outbox::Writer::new(statements, &epoch, chains);
+        Ok(Some(began))
+    }
+
+    /// Loads and encodes the rows the plan sends, packs them into each
+    /// replica's messages with the `Reached` answers due, and writes them
+    /// to the outbox. Returns the statements that close the pass: where the
+    /// chains stand and what each replica now holds.
+    async fn load_and_write(
+        &self,
+        tx: &Transaction<'_>,
+        observed: &observe::Observation,
+        plan: &Plan,
+        epoch: &outbox::Epoch,
+        max_message_bytes: usize,
+        recorded: &mut Recorded,
+    ) -> Result<String> {
+        let reached = reached::due(tx, observed).await?;
+        let planned_any = plan.planned.sends > 0 || plan.planned.deletes > 0;
+        if !planned_any && reached.is_empty() {
+            return Ok(String::new());
+        }
+        let context = &self.context;
+        let chains = observed
+            .kept
+            .iter()
+            .map(|o| (o.id.clone(), o.chain()))
+            .collect();
+        let statements = self
+            .statements
+            .as_ref()
+            .expect("prepared with the planner's tables");
+        let mut writer = outbox::Writer::new(statements, epoch, chains);
+        if planned_any {
             let t0 = std::time::Instant::now();
             let loader = load::Loader {
                 graph: &context.graph,
@@ -468,56 +544,32 @@ impl Relay {
                 max_message_bytes,
             };
             let kept: Vec<String> = observed.kept.iter().map(|o| o.id.clone()).collect();
-            let planned_any = planned.sends > 0 || planned.deletes > 0;
-            if planned_any {
-                let source = load::Source::Difference {
-                    deletes: planned.deletes > 0,
-                };
-                loader.load(&tx, source, &kept, &mut writer).await?;
-                trace("load", t0);
-            }
-            // Rows count as held at the last message that carried them,
-            // not at the `Reached` that follows.
-            let carried: std::collections::HashMap<String, i64> = writer
-                .last_numbers()
-                .into_iter()
-                .map(|(r, n)| (r.to_string(), n))
-                .collect();
-            closing.push_str(&reached::write(&tx, &mut writer, reached).await?);
-            recorded.messages = writer.written();
-            recorded.written = writer
-                .last_numbers()
-                .into_iter()
-                .map(|(r, n)| (r.to_string(), n))
-                .collect();
-            let (_, chains) = writer.finish();
-            closing.push_str(&chains);
-            if planned_any {
-                closing.push_str(&held::closing(&context.graph, &carried, &filled));
-            }
+            let source = load::Source::Difference {
+                deletes: plan.planned.deletes > 0,
+            };
+            loader.load(tx, source, &kept, &mut writer).await?;
+            trace("load", t0);
         }
-        closing.push_str(&held::kept_and_done(&observed.streaming, &filled));
-        // Where the chains stand, what each replica now holds, the notes
-        // done: one round trip. Bodies no message carries any more go with
-        // them, here and not where messages are published: publishing runs
-        // beside a pass, and could delete a body the pass is pointing a new
-        // message at, unseen until it commits.
-        if !closing.is_empty() {
-            closing.push_str(
-                "DELETE FROM sync.bodies b
-                 WHERE NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.body = b.id);",
-            );
-            let t0 = std::time::Instant::now();
-            tx.batch_execute(&closing).await?;
-            trace("close (chains, held, notes done)", t0);
+        // Rows count as held at the last message that carried them, not at
+        // the `Reached` that follows.
+        let carried: std::collections::HashMap<String, i64> = writer
+            .last_numbers()
+            .into_iter()
+            .map(|(r, n)| (r.to_string(), n))
+            .collect();
+        let mut closing = reached::write(tx, &mut writer, reached).await?;
+        recorded.messages = writer.written();
+        recorded.written = writer
+            .last_numbers()
+            .into_iter()
+            .map(|(r, n)| (r.to_string(), n))
+            .collect();
+        let (_, chains) = writer.finish();
+        closing.push_str(&chains);
+        if planned_any {
+            closing.push_str(&held::closing(&context.graph, &carried, &plan.filled));
         }
-        let t0 = std::time::Instant::now();
-        tx.commit().await?;
-        trace("commit", t0);
-        self.prepared = true;
-        self.started = true;
-        self.leftovers.left(filled, analysed);
-        Ok(recorded)
+        Ok(closing)
     }
 
     /// The replicas waiting for a snapshot, oldest first.
@@ -555,6 +607,33 @@ impl Relay {
     pub async fn audit(&self, client: &Client) -> Result<Vec<String>> {
         held::audit(client, &self.context.graph).await
     }
+}
+
+/// What a pass planned, and which of the planner's tables it filled.
+#[derive(Debug)]
+struct Plan {
+    planned: Planned,
+    filled: std::collections::BTreeMap<String, u64>,
+    analysed: std::collections::BTreeSet<String>,
+}
+
+/// Where the chains stand, what each replica now holds, the notes done:
+/// one round trip. Bodies no message carries any more go with them, here
+/// and not where messages are published: publishing runs beside a pass,
+/// and could delete a body the pass is pointing a new message at, unseen
+/// until it commits.
+async fn close(tx: &Transaction<'_>, mut closing: String) -> Result<()> {
+    if closing.is_empty() {
+        return Ok(());
+    }
+    closing.push_str(
+        "DELETE FROM sync.bodies b
+         WHERE NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.body = b.id);",
+    );
+    let t0 = std::time::Instant::now();
+    tx.batch_execute(&closing).await?;
+    trace("close (chains, held, notes done)", t0);
+    Ok(())
 }
 
 /// Says, at trace level (target `magic_sync::load`), how long one chunk's

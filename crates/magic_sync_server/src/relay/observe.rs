@@ -59,89 +59,135 @@ pub(crate) struct Observation {
 /// replica that became live or moved partition waits for a snapshot (one of
 /// its that streams is ended); one no longer live, or gone, is forgotten.
 pub(crate) async fn observe(tx: &Transaction<'_>, replicas: &[ReplicaInfo]) -> Result<Observation> {
-    let mut seen = HashSet::new();
-    for r in replicas {
-        if r.id.is_empty() {
-            return Err(Error::Invalid(
-                "the host lists a replica with an empty id".into(),
-            ));
-        }
-        if !seen.insert(r.id.as_str()) {
-            return Err(Error::Invalid(format!(
-                "the host lists replica `{}` twice",
-                r.id
-            )));
-        }
-    }
+    let listed = listed(replicas)?;
     let known: HashMap<String, (bool, Option<String>)> = tx
         .query("SELECT id, live, partition_id FROM sync.replicas", &[])
         .await?
         .iter()
         .map(|r| (r.get(0), (r.get(1), r.get(2))))
         .collect();
-    let mut forget: Vec<String> = Vec::new();
-    let mut provision: Vec<(&str, Option<&str>)> = Vec::new();
-    let mut quiet: Vec<&str> = Vec::new();
+    let changes = Changes::between(replicas, &listed, &known);
+    changes.write(tx).await?;
+    read(tx, changes.forget).await
+}
+
+/// The ids the host lists, refusing a list that cannot be a fleet.
+fn listed(replicas: &[ReplicaInfo]) -> Result<HashSet<&str>> {
+    let mut seen = HashSet::new();
     for r in replicas {
-        let before = known.get(&r.id);
-        match (r.live, before) {
-            (true, Some((true, part))) if *part == r.partition => {}
-            (true, _) => provision.push((r.id.as_str(), r.partition.as_deref())),
-            (false, Some((true, _))) => {
-                forget.push(r.id.clone());
-                quiet.push(&r.id);
-            }
-            (false, Some((false, _))) => {}
-            (false, None) => quiet.push(&r.id),
+        if r.id.is_empty() {
+            return Err(Error::ReplicaList {
+                problem: "a replica with an empty id".into(),
+            });
+        }
+        if !seen.insert(r.id.as_str()) {
+            return Err(Error::ReplicaList {
+                problem: format!("replica `{}` twice", r.id),
+            });
         }
     }
-    let gone: Vec<String> = known
-        .keys()
-        .filter(|id| !seen.contains(id.as_str()))
-        .cloned()
-        .collect();
-    forget.extend(gone.iter().cloned());
-    // Waiting now; a snapshot of the replica that streams (for a partition
-    // it left) is ended: its worker will find its attempt gone.
-    for (id, part) in &provision {
-        tx.execute(
-            "INSERT INTO sync.replicas (id, live, partition_id, provision) VALUES ($1, true, $2, true)
-             ON CONFLICT (id) DO UPDATE SET live = true, partition_id = $2, provision = true,
-                 snapshot = NULL, snapshot_attempt = NULL, snapshot_began_at = NULL,
-                 observed_at = now()",
-            &[id, part],
-        )
-        .await?;
+    Ok(seen)
+}
+
+/// What became of the replicas since the relay saw them last.
+struct Changes<'r> {
+    /// No longer live, or gone: nothing held, nothing owed.
+    forget: Vec<String>,
+    /// Live anew, or moved partition: waiting for a snapshot.
+    provision: Vec<(&'r str, Option<&'r str>)>,
+    /// Listed, not live.
+    quiet: Vec<&'r str>,
+    /// Not listed any more.
+    gone: Vec<String>,
+}
+
+impl<'r> Changes<'r> {
+    fn between(
+        replicas: &'r [ReplicaInfo],
+        listed: &HashSet<&str>,
+        known: &HashMap<String, (bool, Option<String>)>,
+    ) -> Changes<'r> {
+        let mut changes = Changes {
+            forget: Vec::new(),
+            provision: Vec::new(),
+            quiet: Vec::new(),
+            gone: Vec::new(),
+        };
+        for r in replicas {
+            match (r.live, known.get(&r.id)) {
+                (true, Some((true, part))) if *part == r.partition => {}
+                (true, _) => changes
+                    .provision
+                    .push((r.id.as_str(), r.partition.as_deref())),
+                (false, Some((true, _))) => {
+                    changes.forget.push(r.id.clone());
+                    changes.quiet.push(&r.id);
+                }
+                (false, Some((false, _))) => {}
+                (false, None) => changes.quiet.push(&r.id),
+            }
+        }
+        changes.gone = known
+            .keys()
+            .filter(|id| !listed.contains(id.as_str()))
+            .cloned()
+            .collect();
+        changes.forget.extend(changes.gone.iter().cloned());
+        changes
     }
-    for id in &quiet {
-        tx.execute(
-            "INSERT INTO sync.replicas (id, live, provision) VALUES ($1, false, true)
-             ON CONFLICT (id) DO UPDATE SET live = false, provision = true,
-                 snapshot = NULL, snapshot_attempt = NULL, snapshot_began_at = NULL,
-                 observed_at = now()",
-            &[id],
-        )
-        .await?;
-    }
-    if !gone.is_empty() {
-        tx.execute("DELETE FROM sync.replicas WHERE id = ANY($1)", &[&gone])
+
+    async fn write(&self, tx: &Transaction<'_>) -> Result<()> {
+        // Waiting now; a snapshot of the replica that streams (for a
+        // partition it left) is ended: its worker will find its attempt gone.
+        for (id, part) in &self.provision {
+            tx.execute(
+                "INSERT INTO sync.replicas (id, live, partition_id, provision) VALUES ($1, true, $2, true)
+                 ON CONFLICT (id) DO UPDATE SET live = true, partition_id = $2, provision = true,
+                     snapshot = NULL, snapshot_attempt = NULL, snapshot_began_at = NULL,
+                     observed_at = now()",
+                &[id, part],
+            )
             .await?;
+        }
+        for id in &self.quiet {
+            tx.execute(
+                "INSERT INTO sync.replicas (id, live, provision) VALUES ($1, false, true)
+                 ON CONFLICT (id) DO UPDATE SET live = false, provision = true,
+                     snapshot = NULL, snapshot_attempt = NULL, snapshot_began_at = NULL,
+                     observed_at = now()",
+                &[id],
+            )
+            .await?;
+        }
+        if !self.gone.is_empty() {
+            tx.execute(
+                "DELETE FROM sync.replicas WHERE id = ANY($1)",
+                &[&self.gone],
+            )
+            .await?;
+        }
+        if !self.forget.is_empty() {
+            // Nothing recorded as held by it, nothing owed to it.
+            tx.batch_execute(&format!(
+                "DELETE FROM sync.held WHERE replica = ANY({ids});
+                 DELETE FROM sync.outbox WHERE replica = ANY({ids});
+                 DELETE FROM sync.deferred WHERE replica = ANY({ids});
+                 DELETE FROM sync.backlogs WHERE replica = ANY({ids});
+                 DELETE FROM sync.filed WHERE replica = ANY({ids});
+                 DELETE FROM sync.checkpoints WHERE replica = ANY({ids});",
+                ids = crate::sql::text_array(self.forget.iter().map(String::as_str))
+            ))
+            .await?;
+        }
+        Ok(())
     }
-    if !forget.is_empty() {
-        // Nothing recorded as held by it, nothing owed to it.
-        tx.batch_execute(&format!(
-            "DELETE FROM sync.held WHERE replica = ANY({ids});
-             DELETE FROM sync.outbox WHERE replica = ANY({ids});
-             DELETE FROM sync.deferred WHERE replica = ANY({ids});
-             DELETE FROM sync.backlogs WHERE replica = ANY({ids});
-             DELETE FROM sync.filed WHERE replica = ANY({ids});
-             DELETE FROM sync.checkpoints WHERE replica = ANY({ids});",
-            ids = crate::sql::text_array(forget.iter().map(String::as_str))
-        ))
-        .await?;
-    }
+}
+
+/// The live replicas as they stand now: kept up, waiting for a snapshot,
+/// or streaming one.
+async fn read(tx: &Transaction<'_>, forgotten: Vec<String>) -> Result<Observation> {
     let mut observation = Observation {
-        forgotten: forget,
+        forgotten,
         ..Observation::default()
     };
     for row in tx

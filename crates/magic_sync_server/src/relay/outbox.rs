@@ -26,8 +26,8 @@ impl Epoch {
         let row = client
             .query_opt("SELECT id, secret FROM sync.epoch", &[])
             .await?
-            .ok_or_else(|| {
-                Error::Invalid("sync.epoch is empty: the migrations did not run whole".into())
+            .ok_or_else(|| Error::Damaged {
+                what: "sync.epoch is empty: the migrations did not run whole".into(),
             })?;
         Ok(Epoch {
             id: row.get(0),
@@ -222,7 +222,9 @@ pub(crate) async fn draw(tx: &Transaction<'_>, n: usize) -> Result<Vec<i64>> {
             let number = row
                 .get(0)
                 .and_then(|n| n.parse().ok())
-                .ok_or_else(|| Error::Invalid("sync.message_seq gave no number".into()))?;
+                .ok_or_else(|| Error::Damaged {
+                    what: "sync.message_seq gave no number".into(),
+                })?;
             numbers.push(number);
         }
     }

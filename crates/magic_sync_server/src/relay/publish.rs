@@ -47,59 +47,17 @@ pub async fn publish<T: Transport>(
     let mut after = (String::new(), 0i64);
     let mut epoch: Option<Epoch> = None;
     loop {
-        // A page is at most PAGE messages and about PAGE_BYTES: whole
-        // messages until their bytes pass the bound, and at least one.
-        let params: [&(dyn ToSql + Sync); 4] = [&after.0, &after.1, &PAGE, &PAGE_BYTES];
-        let page = client.query(
-            "SELECT replica, number, nonce, head, bytes, seal FROM (
-                 SELECT o.replica, o.number, o.nonce, o.head, b.bytes, o.seal,
-                        sum(length(b.bytes)) OVER (ORDER BY o.replica, o.number) - length(b.bytes) AS before
-                 FROM sync.outbox o JOIN sync.bodies b ON b.id = o.body
-                 WHERE (o.replica, o.number) > ($1, $2)
-                 ORDER BY o.replica, o.number LIMIT $3) page
-             WHERE before < $4",
-            &params,
-        );
-        // The epoch is read with the first page, in the same round trip.
-        let rows = match &epoch {
-            Some(_) => page.await?,
-            None => {
-                let (rows, read) = tokio::try_join!(
-                    async { page.await.map_err(Error::from) },
-                    Epoch::read(client)
-                )?;
-                epoch = Some(read);
-                rows
-            }
-        };
-        let Some(last) = rows.last() else {
+        let page = read_page(client, &after, &mut epoch).await?;
+        let Some(last) = page.last() else {
             break;
         };
-        after = (last.get(0), last.get(1));
+        after = (last.replica.clone(), last.number);
         // A page short of both bounds is the last: no query to hear so.
-        let bytes: usize = rows.iter().map(|r| r.get::<_, &[u8]>(4).len()).sum();
-        let last_page = rows.len() < PAGE as usize && (bytes as i64) < PAGE_BYTES;
+        let bytes: usize = page.iter().map(|m| m.body.len()).sum();
+        let last_page = page.len() < PAGE as usize && (bytes as i64) < PAGE_BYTES;
         let epoch = epoch.as_ref().expect("read with the first page");
-        // Per replica, its messages of this page, in order.
-        let mut queues: Vec<Vec<Waiting>> = Vec::new();
-        for row in &rows {
-            let message = Waiting {
-                replica: row.get(0),
-                number: row.get(1),
-                nonce: row.get(2),
-                head: row.get(3),
-                body: row.get(4),
-                seal: row.get(5),
-            };
-            if failed.contains_key(&message.replica) {
-                continue;
-            }
-            match queues.last_mut() {
-                Some(q) if q[0].replica == message.replica => q.push(message),
-                _ => queues.push(vec![message]),
-            }
-        }
-        let results: Vec<(String, Option<i64>, u64, Option<String>)> = stream::iter(queues)
+        let queues = queues(page, &failed);
+        let results: Vec<Sent> = stream::iter(queues)
             .map(|queue| send_in_order(transport, epoch, queue))
             .buffer_unordered(concurrency.max(1))
             .collect()
@@ -130,42 +88,116 @@ pub async fn publish<T: Transport>(
         }
     }
     if published.sent > 0 || !failed.is_empty() {
-        let (ids, errors): (Vec<String>, Vec<String>) = failed.into_iter().unzip();
-        let failed_ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-        // Independent statements, sent together: one round trip. A replica
-        // still failing for the same reason keeps its row as it is: the
-        // relay may be recording on another connection, and a row rewritten
-        // under its snapshot would make that pass fail.
-        let mark = async {
-            if !ids.is_empty() {
-                client
-                    .execute(
-                        "UPDATE sync.replicas r SET last_error = f.error
-                         FROM unnest($1::text[], $2::text[]) AS f (id, error)
-                         WHERE r.id = f.id AND r.last_error IS DISTINCT FROM f.error",
-                        &[&ids, &errors],
-                    )
-                    .await?;
-            }
-            Ok::<(), Error>(())
-        };
-        let clear = async {
-            client
-                .execute(
-                    "UPDATE sync.replicas SET last_error = NULL
-                     WHERE last_error IS NOT NULL AND NOT (id = ANY($1))
-                       AND NOT provision AND snapshot_attempt IS NULL
-                       AND NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.replica = id)",
-                    &[&failed_ids],
-                )
-                .await?;
-            Ok::<(), Error>(())
-        };
-        tokio::try_join!(mark, clear)?;
-        published.failed = ids.into_iter().zip(errors).collect();
-        published.failed.sort();
+        published.failed = record_failures(client, failed).await?;
     }
     Ok(published)
+}
+
+/// What sending one replica's queue came to: the replica, the last number
+/// the transport took, how many it took, and why it stopped.
+type Sent = (String, Option<i64>, u64, Option<String>);
+
+/// The next page of the outbox after `after`, in order: at most PAGE
+/// messages and about PAGE_BYTES (whole messages until their bytes pass the
+/// bound, and at least one). The epoch is read with the first page, in the
+/// same round trip.
+async fn read_page(
+    client: &Client,
+    after: &(String, i64),
+    epoch: &mut Option<Epoch>,
+) -> Result<Vec<Waiting>> {
+    let params: [&(dyn ToSql + Sync); 4] = [&after.0, &after.1, &PAGE, &PAGE_BYTES];
+    let page = client.query(
+        "SELECT replica, number, nonce, head, bytes, seal FROM (
+             SELECT o.replica, o.number, o.nonce, o.head, b.bytes, o.seal,
+                    sum(length(b.bytes)) OVER (ORDER BY o.replica, o.number) - length(b.bytes) AS before
+             FROM sync.outbox o JOIN sync.bodies b ON b.id = o.body
+             WHERE (o.replica, o.number) > ($1, $2)
+             ORDER BY o.replica, o.number LIMIT $3) page
+         WHERE before < $4",
+        &params,
+    );
+    let rows = match epoch {
+        Some(_) => page.await?,
+        None => {
+            let (rows, read) = tokio::try_join!(
+                async { page.await.map_err(Error::from) },
+                Epoch::read(client)
+            )?;
+            *epoch = Some(read);
+            rows
+        }
+    };
+    Ok(rows
+        .iter()
+        .map(|row| Waiting {
+            replica: row.get(0),
+            number: row.get(1),
+            nonce: row.get(2),
+            head: row.get(3),
+            body: row.get(4),
+            seal: row.get(5),
+        })
+        .collect())
+}
+
+/// Per replica, its messages of the page, in order; none for a replica a
+/// send already failed to in this round.
+fn queues(page: Vec<Waiting>, failed: &HashMap<String, String>) -> Vec<Vec<Waiting>> {
+    let mut queues: Vec<Vec<Waiting>> = Vec::new();
+    for message in page {
+        if failed.contains_key(&message.replica) {
+            continue;
+        }
+        match queues.last_mut() {
+            Some(q) if q[0].replica == message.replica => q.push(message),
+            _ => queues.push(vec![message]),
+        }
+    }
+    queues
+}
+
+/// Records why sends failed in `sync.replicas.last_error`, and clears it
+/// for replicas sent to whole again. Returns the failures, sorted.
+async fn record_failures(
+    client: &Client,
+    failed: HashMap<String, String>,
+) -> Result<Vec<(String, String)>> {
+    let (ids, errors): (Vec<String>, Vec<String>) = failed.into_iter().unzip();
+    let failed_ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    // Independent statements, sent together: one round trip. A replica
+    // still failing for the same reason keeps its row as it is: the relay
+    // may be recording on another connection, and a row rewritten under
+    // its snapshot would make that pass fail.
+    let mark = async {
+        if !ids.is_empty() {
+            client
+                .execute(
+                    "UPDATE sync.replicas r SET last_error = f.error
+                     FROM unnest($1::text[], $2::text[]) AS f (id, error)
+                     WHERE r.id = f.id AND r.last_error IS DISTINCT FROM f.error",
+                    &[&ids, &errors],
+                )
+                .await?;
+        }
+        Ok::<(), Error>(())
+    };
+    let clear = async {
+        client
+            .execute(
+                "UPDATE sync.replicas SET last_error = NULL
+                 WHERE last_error IS NOT NULL AND NOT (id = ANY($1))
+                   AND NOT provision AND snapshot_attempt IS NULL
+                   AND NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.replica = id)",
+                &[&failed_ids],
+            )
+            .await?;
+        Ok::<(), Error>(())
+    };
+    tokio::try_join!(mark, clear)?;
+    let mut failed: Vec<(String, String)> = ids.into_iter().zip(errors).collect();
+    failed.sort();
+    Ok(failed)
 }
 
 /// Sends one replica's messages in order until one fails; returns the last

@@ -32,8 +32,37 @@ pub async fn acknowledge_all(
     if acks.is_empty() {
         return Ok(Vec::new());
     }
+    let (epoch, mut known) = chains(client, acks).await?;
+    let mut again: Vec<&str> = Vec::new();
+    let mut outcomes = Vec::with_capacity(acks.len());
+    for (replica, ack) in acks {
+        let outcome = match known.get_mut(replica) {
+            None => Ok(Acknowledged::Unknown),
+            Some(chain) => judge(&epoch, replica, ack, chain),
+        };
+        if matches!(outcome, Ok(Acknowledged::Provisioning)) {
+            again.push(replica);
+        }
+        outcomes.push(outcome);
+    }
+    let (recorded, numbers): (Vec<&str>, Vec<i64>) = acks
+        .iter()
+        .zip(&outcomes)
+        .filter(|(_, o)| matches!(o, Ok(Acknowledged::Recorded)))
+        .map(|((r, _), _)| (r.as_str(), known[r].1))
+        .unzip();
+    record(client, &recorded, &numbers, &again).await?;
+    Ok(outcomes)
+}
+
+/// Per live replica among those acknowledging: the last number the server
+/// sent it (any number drawn, while its snapshot streams) and the last it
+/// acknowledged; with the epoch, in one round trip.
+async fn chains(
+    client: &Client,
+    acks: &[(String, Ack)],
+) -> Result<(Epoch, HashMap<String, (i64, i64)>)> {
     let ids: Vec<&str> = acks.iter().map(|(r, _)| r.as_str()).collect();
-    // Both read in one round trip.
     let (epoch, rows) = tokio::try_join!(Epoch::read(client), async {
         client
             .query(
@@ -48,63 +77,57 @@ pub async fn acknowledge_all(
             .await
             .map_err(Error::from)
     })?;
-    let mut known: HashMap<String, (i64, i64)> = rows
+    let known = rows
         .iter()
         .map(|r| (r.get(0), (r.get(1), r.get(2))))
         .collect();
-    let mut outcomes = Vec::with_capacity(acks.len());
-    let mut again: Vec<&str> = Vec::new();
-    for (replica, ack) in acks {
-        let Some((last, acked)) = known.get_mut(replica) else {
-            outcomes.push(Ok(Acknowledged::Unknown));
-            continue;
-        };
-        if ack.epoch != epoch.id {
-            again.push(replica);
-            outcomes.push(Ok(Acknowledged::Provisioning));
-            continue;
-        }
-        // The seal first: nothing else an acknowledgement says counts
-        // before it is shown to be the server's own.
-        if !seal::verify(
-            &epoch.secret,
-            replica,
-            &epoch.id,
-            ack.number,
-            &ack.nonce,
-            &ack.seal,
-        ) {
-            outcomes.push(Err(Error::Forged {
-                replica: replica.clone(),
-                number: ack.number,
-            }));
-            continue;
-        }
-        // A number the server sealed is one it drew, so it fits; one that
-        // does not was never sealed by it.
-        let Ok(number) = MessageNo::from_wire(ack.number).map(MessageNo::store) else {
-            outcomes.push(Err(Error::Forged {
-                replica: replica.clone(),
-                number: ack.number,
-            }));
-            continue;
-        };
-        if number > *last || number < *acked {
-            // Sealed by this server, but not the chain it records: the
-            // server's database or the replica's was restored from an older copy.
-            again.push(replica);
-            outcomes.push(Ok(Acknowledged::Provisioning));
-            continue;
-        }
-        *acked = number;
-        outcomes.push(Ok(Acknowledged::Recorded));
+    Ok((epoch, known))
+}
+
+/// What one acknowledgement by `replica` comes to, against its chain (the
+/// last number sent, the last acknowledged), which a recorded one moves.
+fn judge(
+    epoch: &Epoch,
+    replica: &str,
+    ack: &Ack,
+    (last, acked): &mut (i64, i64),
+) -> Result<Acknowledged> {
+    if ack.epoch != epoch.id {
+        return Ok(Acknowledged::Provisioning);
     }
-    let (recorded, numbers): (Vec<&str>, Vec<i64>) = acks
-        .iter()
-        .zip(&outcomes)
-        .filter(|(_, o)| matches!(o, Ok(Acknowledged::Recorded)))
-        .map(|((r, _), _)| (r.as_str(), known[r].1))
-        .unzip();
+    let forged = || Error::Forged {
+        replica: replica.to_string(),
+        number: ack.number,
+    };
+    // The seal first: nothing else an acknowledgement says counts before it
+    // is shown to be the server's own.
+    if !seal::verify(
+        &epoch.secret,
+        replica,
+        &epoch.id,
+        ack.number,
+        &ack.nonce,
+        &ack.seal,
+    ) {
+        return Err(forged());
+    }
+    // A number the server sealed is one it drew, so it fits; one that does
+    // not was never sealed by it.
+    let number = MessageNo::from_wire(ack.number)
+        .map_err(|_| forged())?
+        .store();
+    if number > *last || number < *acked {
+        // Sealed by this server, but not the chain it records: the server's
+        // database or the replica's was restored from an older copy.
+        return Ok(Acknowledged::Provisioning);
+    }
+    *acked = number;
+    Ok(Acknowledged::Recorded)
+}
+
+/// Records the acknowledgements that counted, and has the replicas in
+/// `again` provisioned again.
+async fn record(client: &Client, recorded: &[&str], numbers: &[i64], again: &[&str]) -> Result<()> {
     if !recorded.is_empty() {
         client
             .execute(
@@ -129,7 +152,7 @@ pub async fn acknowledge_all(
             )
             .await?;
     }
-    Ok(outcomes)
+    Ok(())
 }
 
 /// The replica `replica` could not follow a message and waits for a
