@@ -27,7 +27,7 @@
 //! 100), MAGIC_SYNC_BENCH_ITEMS: items per replica (default 100).
 //! MAGIC_SYNC_BENCH_SETTLE_SECONDS: the settling limit (default 60).
 
-mod support;
+use magic_sync_testkit::bench as support;
 
 use magic_sync::relay::ReplicaInfo;
 use magic_sync::{Engine, Row};

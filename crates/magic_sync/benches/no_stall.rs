@@ -26,7 +26,7 @@
 //! soon as they appear, which needs the bench to run on the database's
 //! machine with the right to renice them.
 
-mod support;
+use magic_sync_testkit::bench as support;
 
 use magic_sync::relay::ReplicaInfo;
 use magic_sync::{Engine, Row};

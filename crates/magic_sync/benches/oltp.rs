@@ -50,7 +50,7 @@
 //! MAGIC_SYNC_BENCH_LATENCY_RATE: the rate of (c), instead of half the
 //! ladder's best (an empty MAGIC_SYNC_BENCH_RATES skips the ladder).
 
-mod support;
+use magic_sync_testkit::bench as support;
 
 use chrono::NaiveDateTime;
 use magic_sync::relay::ReplicaInfo;

@@ -25,7 +25,7 @@
 //! MAGIC_SYNC_BENCH_REPLICAS (default 100), MAGIC_SYNC_BENCH_RATE rows a
 //! second per replica (default 100), MAGIC_SYNC_BENCH_SECONDS (default 20).
 
-mod support;
+use magic_sync_testkit::bench as support;
 
 use magic_sync::relay::{ReplicaInfo, Settings};
 use magic_sync::run::memory::Network;

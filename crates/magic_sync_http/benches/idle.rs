@@ -47,8 +47,7 @@
 //! The limit of open files is raised towards its hard limit when below what
 //! the connections need (each side needs one descriptor a connection).
 
-#[path = "../../magic_sync/benches/support/mod.rs"]
-mod support;
+use magic_sync_testkit::bench as support;
 
 use futures_util::{SinkExt, StreamExt};
 use magic_sync_http::credentials::{self, Credentials};

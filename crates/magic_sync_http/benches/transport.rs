@@ -47,8 +47,7 @@
 //! network's size in the engine's benchmarks); the hub's other settings
 //! are its defaults (16 MiB unacknowledged per replica).
 
-#[path = "../../magic_sync/benches/support/mod.rs"]
-mod support;
+use magic_sync_testkit::bench as support;
 
 use magic_sync::envelope::{to_replica::Body, ToReplica, Up};
 use magic_sync::relay::{ReplicaInfo, Replicas, Transport};

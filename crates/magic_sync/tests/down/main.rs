@@ -2,15 +2,11 @@
 //! in-process network, and replicas on real SQLite files. One binary, so the
 //! throwaway cluster starts once.
 
+use magic_sync_testkit::{fleet, gate, shop};
+
 mod deploy;
-mod fleet;
-#[path = "../foundation/shop.rs"]
-mod shop;
-#[path = "../foundation/wanted.rs"]
-mod wanted;
 
 mod cost;
-mod gate;
 mod isolation;
 mod keys;
 mod relay;

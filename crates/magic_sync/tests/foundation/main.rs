@@ -3,12 +3,12 @@
 //! round trips through real PostgreSQL and SQLite rows. One binary, so the
 //! throwaway cluster starts once.
 
+use magic_sync_testkit::shop;
+
 mod catalog;
 mod codecs;
 mod install;
 mod notes;
 mod policy;
 mod schema;
-mod shop;
 mod startup;
-mod wanted;

@@ -2,19 +2,7 @@
 //! known state: every figure exact. One binary, so the throwaway cluster
 //! starts once.
 
-// The down path's fleet, shared as the down tests share the shop: this
-// binary uses part of it.
-#[path = "../down/fleet.rs"]
-#[allow(dead_code)]
-mod fleet;
-#[path = "../down/gate.rs"]
-#[allow(dead_code)]
-mod gate;
-#[path = "../foundation/shop.rs"]
-#[allow(dead_code)]
-mod shop;
-#[path = "../foundation/wanted.rs"]
-mod wanted;
+use magic_sync_testkit::fleet;
 
 mod errors;
 mod known;

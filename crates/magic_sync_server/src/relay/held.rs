@@ -14,9 +14,10 @@
 
 use super::graph::Graph;
 use super::plan::{HASH_ONLY, JOINS_AS_THEY_WERE};
+use super::scratch::{Filled, Scratch};
 use crate::error::Result;
 use crate::sql::{int8_array, literal, text_array};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use tokio_postgres::Client;
 
 /// The statements recording what each replica holds after the plan: rows
@@ -29,12 +30,8 @@ use tokio_postgres::Client;
 /// with `sync.held` goes through its key, row by row from the planner's
 /// side, whatever PostgreSQL's statistics of either say: hash and merge
 /// joins are off for those statements.
-pub(crate) fn closing(
-    graph: &Graph,
-    last: &HashMap<String, i64>,
-    filled: &BTreeMap<String, u64>,
-) -> String {
-    let has = |table: &str| filled.contains_key(table);
+pub(crate) fn closing(graph: &Graph, last: &HashMap<String, i64>, filled: &Filled) -> String {
+    let has = |table: Scratch| filled.has(table);
     let mut sql = String::new();
     // Each replica written to, with its last message of the pass.
     let messages = (!last.is_empty()).then(|| {
@@ -46,24 +43,28 @@ pub(crate) fn closing(
             int8_array(numbers)
         )
     });
-    if let (true, Some(messages)) = (has("_ms_f"), &messages) {
+    if let (true, Some(messages)) = (has(Scratch::Fresh), &messages) {
         sql.push_str(&provisioned(graph, messages));
     }
-    if !has("_ms_del") && !has("_ms_send") {
+    if !has(Scratch::Delete) && !has(Scratch::Send) {
         return sql;
     }
     sql.push_str("SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;");
-    if has("_ms_del") {
+    if has(Scratch::Delete) {
         sql.push_str(
             "DELETE FROM sync.held h USING _ms_del d
              WHERE h.table_name = d.t AND h.key = d.k::text AND h.replica = d.r;",
         );
     }
-    if let (true, Some(messages)) = (has("_ms_send"), &messages) {
+    if let (true, Some(messages)) = (has(Scratch::Send), &messages) {
         sql.push_str(&sent(messages));
     }
     if let Some(links) = graph.tracked_values() {
-        sql.push_str(&moved_refs(&links, has("_ms_send"), has("_ms_del")));
+        sql.push_str(&moved_refs(
+            &links,
+            has(Scratch::Send),
+            has(Scratch::Delete),
+        ));
     }
     sql.push_str("SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT;");
     sql
@@ -145,10 +146,10 @@ fn moved_refs(links: &str, sends: bool, deletes: bool) -> String {
 /// (`sync.deferred`), since the snapshot may not see them; the changes kept
 /// for replicas this pass planned are done too. A statement over a planner
 /// table this pass left empty is left out.
-pub(crate) fn kept_and_done(streaming: &[String], filled: &BTreeMap<String, u64>) -> String {
-    let has = |table: &str| filled.contains_key(table);
+pub(crate) fn kept_and_done(streaming: &[String], filled: &Filled) -> String {
+    let has = |table: Scratch| filled.has(table);
     let mut sql = String::new();
-    if has("_ms_notes") {
+    if has(Scratch::Notes) {
         if !streaming.is_empty() {
             sql.push_str(&format!(
                 "INSERT INTO sync.deferred (replica, table_name, key, seq, xid)
@@ -163,7 +164,7 @@ pub(crate) fn kept_and_done(streaming: &[String], filled: &BTreeMap<String, u64>
         }
         sql.push_str("DELETE FROM sync.notes WHERE ctid = ANY (ARRAY (SELECT at FROM _ms_notes));");
     }
-    if has("_ms_deferred") {
+    if has(Scratch::Deferred) {
         sql.push_str(
             "DELETE FROM sync.deferred WHERE ctid = ANY (ARRAY (SELECT at FROM _ms_deferred));",
         );

@@ -28,6 +28,7 @@ mod plan;
 mod publish;
 mod reached;
 mod replies;
+mod scratch;
 mod snapshot;
 
 pub use plan::Planned;
@@ -41,6 +42,7 @@ use crate::error::{Error, Result};
 use crate::row::{Rule, Table};
 use crate::sql::qualified;
 use graph::Graph;
+use scratch::Plan;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -607,14 +609,6 @@ impl Relay {
     pub async fn audit(&self, client: &Client) -> Result<Vec<String>> {
         held::audit(client, &self.context.graph).await
     }
-}
-
-/// What a pass planned, and which of the planner's tables it filled.
-#[derive(Debug)]
-struct Plan {
-    planned: Planned,
-    filled: std::collections::BTreeMap<String, u64>,
-    analysed: std::collections::BTreeSet<String>,
 }
 
 /// Where the chains stand, what each replica now holds, the notes done:

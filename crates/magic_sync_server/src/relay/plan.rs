@@ -45,65 +45,12 @@
 //! backlog run for minutes.
 
 use super::graph::{key_json, key_match, row_by_key, rule, Graph, Link, Shape};
+use super::scratch::{Filled, Scratch};
 use crate::error::Result;
 use crate::row::Rule;
 use crate::sql::literal;
 use std::collections::{BTreeMap, BTreeSet};
 use tokio_postgres::{SimpleQueryMessage, Transaction};
-
-/// The planner's tables, each with how it is made.
-const TABLES: [(&str, &str); 11] = [
-    (
-        "_ms_r",
-        "CREATE TEMP TABLE IF NOT EXISTS _ms_r (r text PRIMARY KEY, part text, fresh boolean NOT NULL)",
-    ),
-    (
-        "_ms_notes",
-        "CREATE TEMP TABLE IF NOT EXISTS _ms_notes (at tid, seq bigint, t text, k jsonb, xid xid8)",
-    ),
-    (
-        "_ms_deferred",
-        "CREATE TEMP TABLE IF NOT EXISTS _ms_deferred (at tid, r text, t text, k jsonb, seq bigint, unseen boolean NOT NULL)",
-    ),
-    (
-        "_ms_changed",
-        "CREATE TEMP TABLE IF NOT EXISTS _ms_changed (t text, k jsonb, last_seq bigint NOT NULL, PRIMARY KEY (t, k))",
-    ),
-    (
-        "_ms_touched",
-        "CREATE TEMP TABLE IF NOT EXISTS _ms_touched (t text, k jsonb, PRIMARY KEY (t, k))",
-    ),
-    (
-        "_ms_grant",
-        "CREATE TEMP TABLE IF NOT EXISTS _ms_grant (r text, t text, k jsonb, seq bigint NOT NULL DEFAULT 0, PRIMARY KEY (r, t, k))",
-    ),
-    (
-        "_ms_q",
-        "CREATE TEMP TABLE IF NOT EXISTS _ms_q (r text, t text, k jsonb, round int NOT NULL,
-             ruled boolean NOT NULL, questioned boolean NOT NULL, present boolean NOT NULL,
-             version bigint NOT NULL, hruled boolean NOT NULL, hptrs jsonb, cptrs jsonb,
-             refs int NOT NULL, PRIMARY KEY (r, t, k))",
-    ),
-    (
-        "_ms_k",
-        "CREATE TEMP TABLE IF NOT EXISTS _ms_k (r text, t text, k jsonb, round int NOT NULL,
-             held boolean NOT NULL, questioned boolean NOT NULL, ruled boolean NOT NULL,
-             ptrs jsonb, hptrs jsonb, hruled boolean, version bigint, PRIMARY KEY (r, t, k))",
-    ),
-    (
-        "_ms_send",
-        "CREATE TEMP TABLE IF NOT EXISTS _ms_send (r text, t text, k jsonb, version bigint NOT NULL,
-             held boolean NOT NULL, ruled boolean NOT NULL, ptrs jsonb, hptrs jsonb)",
-    ),
-    (
-        "_ms_del",
-        "CREATE TEMP TABLE IF NOT EXISTS _ms_del (r text, t text, k jsonb, hptrs jsonb)",
-    ),
-    (
-        "_ms_f",
-        "CREATE TEMP TABLE IF NOT EXISTS _ms_f (r text, t text, k jsonb, round int NOT NULL, ptrs jsonb, via int NOT NULL DEFAULT -1)",
-    ),
-];
 
 /// The columns of a row in question, in the order the statements below
 /// write them.
@@ -149,7 +96,7 @@ pub(crate) struct Leftovers {
     /// Rows each table was given by the last committed pass, and the tables
     /// it analysed; `None` when not known (no pass yet, or the last one
     /// failed).
-    filled: Option<(BTreeMap<String, u64>, BTreeSet<String>)>,
+    filled: Option<(Filled, BTreeSet<Scratch>)>,
     /// The replica list as the last committed pass left it; `None` when not
     /// known.
     list: Option<Vec<Listed>>,
@@ -163,19 +110,19 @@ impl Leftovers {
     /// Empties what the last pass left but the replica list.
     pub async fn clear(&mut self, tx: &Transaction<'_>) -> Result<()> {
         self.pending = self.list.take();
-        let (truncate, remake): (Vec<&str>, Vec<&str>) = match self.filled.take() {
+        let (truncate, remake): (Vec<&str>, Vec<Scratch>) = match self.filled.take() {
             None => {
                 self.pending = None;
-                (Vec::new(), TABLES.iter().map(|(t, _)| *t).collect())
+                (Vec::new(), Scratch::ALL.to_vec())
             }
             Some((filled, analysed)) => {
                 let mut truncate = Vec::new();
                 let mut remake = Vec::new();
-                for (t, _) in TABLES.iter().filter(|(t, _)| *t != "_ms_r") {
-                    if analysed.contains(*t) {
-                        remake.push(*t);
-                    } else if filled.contains_key(*t) {
-                        truncate.push(*t);
+                for t in Scratch::ALL.into_iter().filter(|t| *t != Scratch::Replicas) {
+                    if analysed.contains(&t) {
+                        remake.push(t);
+                    } else if filled.has(t) {
+                        truncate.push(t.name());
                     }
                 }
                 (truncate, remake)
@@ -186,7 +133,7 @@ impl Leftovers {
             sql.push_str(&format!("TRUNCATE {};", truncate.join(", ")));
         }
         for t in remake {
-            sql.push_str(&format!("DROP TABLE IF EXISTS {t};{};", make(t)));
+            sql.push_str(&format!("DROP TABLE IF EXISTS {t};{};", t.create()));
         }
         if !sql.is_empty() {
             tx.batch_execute(&sql).await?;
@@ -203,7 +150,10 @@ impl Leftovers {
         let mut sql = String::new();
         if self.pending.is_none() || self.list_analysed {
             // Unknown, or carrying the statistics of another list.
-            sql.push_str(&format!("DROP TABLE IF EXISTS _ms_r;{};", make("_ms_r")));
+            sql.push_str(&format!(
+                "DROP TABLE IF EXISTS _ms_r;{};",
+                Scratch::Replicas.create()
+            ));
         } else {
             sql.push_str("TRUNCATE _ms_r;");
         }
@@ -235,19 +185,10 @@ impl Leftovers {
     }
 
     /// What a committed pass left in the planner's tables.
-    pub fn left(&mut self, filled: BTreeMap<String, u64>, analysed: BTreeSet<String>) {
+    pub fn left(&mut self, filled: Filled, analysed: BTreeSet<Scratch>) {
         self.filled = Some((filled, analysed));
         self.list = self.pending.take();
     }
-}
-
-/// The statement that makes the planner table `table`.
-fn make(table: &str) -> &'static str {
-    TABLES
-        .iter()
-        .find(|(t, _)| *t == table)
-        .map(|(_, sql)| *sql)
-        .expect("a planner table")
 }
 
 /// How large a temporary table grows before the planner has it analysed, so
@@ -268,7 +209,7 @@ pub struct Planned {
 
 /// Creates the planner's temporary tables on this connection (once).
 pub(crate) async fn prepare(tx: &Transaction<'_>) -> Result<()> {
-    let sql: Vec<&str> = TABLES.iter().map(|(_, sql)| *sql).collect();
+    let sql: Vec<&str> = Scratch::ALL.iter().map(|t| t.create()).collect();
     tx.batch_execute(&sql.join(";")).await?;
     Ok(())
 }
@@ -280,9 +221,9 @@ pub(crate) struct Planner<'a, 't> {
     /// Every group rule's tables: (declared table, members, grants).
     pub groups: Vec<Group>,
     /// The planner's tables a statement put rows in.
-    pub filled: std::sync::Mutex<BTreeMap<String, u64>>,
+    pub filled: std::sync::Mutex<Filled>,
     /// The planner's tables this plan analysed.
-    pub analysed: std::sync::Mutex<BTreeSet<String>>,
+    pub analysed: std::sync::Mutex<BTreeSet<Scratch>>,
 }
 
 /// A table given through groups.
@@ -337,24 +278,24 @@ fn questioned_row(r: &str, t: &str, k: &str) -> String {
 }
 
 impl Planner<'_, '_> {
+    /// Runs a statement that fills the planner's table `table`, which the
+    /// next pass then empties.
+    async fn fill(&self, table: Scratch, sql: &str) -> Result<u64> {
+        debug_assert!(
+            sql.trim_start()
+                .strip_prefix("INSERT INTO ")
+                .is_some_and(|rest| rest.starts_with(table.name())),
+            "a statement said to fill {table}: {sql}"
+        );
+        let n = self.run(sql).await?;
+        self.filled.lock().expect("not poisoned").add(table, n);
+        Ok(n)
+    }
+
+    /// Runs a statement, tracing how long it took.
     async fn run(&self, sql: &str) -> Result<u64> {
         let started = std::time::Instant::now();
         let n = simple(self.tx, sql).await?.1;
-        if n > 0 {
-            // "INSERT INTO _ms_x (...": the next pass empties `_ms_x`.
-            if let Some(table) = sql
-                .trim_start()
-                .strip_prefix("INSERT INTO ")
-                .and_then(|rest| rest.split([' ', '(']).next())
-            {
-                *self
-                    .filled
-                    .lock()
-                    .expect("not poisoned")
-                    .entry(table.to_string())
-                    .or_default() += n;
-            }
-        }
         if tracing::enabled!(target: "magic_sync::plan", tracing::Level::TRACE) {
             let statement: String = sql.split_whitespace().collect::<Vec<_>>().join(" ");
             tracing::trace!(
@@ -378,21 +319,18 @@ impl Planner<'_, '_> {
     /// 400,000-note backlog, 0.4 s hashed). Lookups that must stay per row
     /// are written as fenced lateral subqueries, which no setting turns into
     /// joins.
-    async fn bulk(&self, sql: &str) -> Result<u64> {
+    async fn bulk(&self, table: Scratch, sql: &str) -> Result<u64> {
         self.tx.batch_execute(HASH_ONLY).await?;
-        let n = self.run(sql).await;
+        let n = self.fill(table, sql).await;
         self.tx.batch_execute(JOINS_AS_THEY_WERE).await?;
         n
     }
 
     /// Analyses the planner table `temp`, which the next pass then makes
     /// again rather than keep its statistics.
-    async fn analyse(&self, temp: &str) -> Result<()> {
+    async fn analyse(&self, temp: Scratch) -> Result<()> {
         self.run(&format!("ANALYZE {temp}")).await?;
-        self.analysed
-            .lock()
-            .expect("not poisoned")
-            .insert(temp.to_string());
+        self.analysed.lock().expect("not poisoned").insert(temp);
         Ok(())
     }
 
@@ -407,8 +345,8 @@ impl Planner<'_, '_> {
         }
         self.groups_touched().await?;
         // Which tables changes and grants touched, read once for both steps.
-        let touched = self.present("_ms_touched").await?;
-        let granted = self.present("_ms_grant").await?;
+        let touched = self.present(Scratch::Touched).await?;
+        let granted = self.present(Scratch::Grant).await?;
         self.in_question(&touched, &granted).await?;
         let questioned = self.questioned_tables().await?;
         self.keep(&touched, &granted, &questioned).await?;
@@ -422,22 +360,22 @@ impl Planner<'_, '_> {
 
     /// Whether a statement of this plan put rows in the planner table `temp`:
     /// a statement reading only an empty one is skipped.
-    fn has(&self, temp: &str) -> bool {
-        self.filled.lock().expect("not poisoned").contains_key(temp)
+    fn has(&self, temp: Scratch) -> bool {
+        self.filled.lock().expect("not poisoned").has(temp)
     }
 
     /// The planner's tables this plan put rows in, with how many.
-    pub fn filled(&self) -> BTreeMap<String, u64> {
+    pub fn filled(&self) -> Filled {
         self.filled.lock().expect("not poisoned").clone()
     }
 
     /// The planner's tables this plan analysed.
-    pub fn analysed(&self) -> BTreeSet<String> {
+    pub fn analysed(&self) -> BTreeSet<Scratch> {
         self.analysed.lock().expect("not poisoned").clone()
     }
 
     /// The tables with rows in `temp`.
-    async fn present(&self, temp: &str) -> Result<BTreeSet<String>> {
+    async fn present(&self, temp: Scratch) -> Result<BTreeSet<String>> {
         if !self.has(temp) {
             return Ok(BTreeSet::new());
         }
@@ -446,14 +384,14 @@ impl Planner<'_, '_> {
     }
 
     /// The tables with rows in round `round` of `temp`.
-    async fn tables_in(&self, temp: &str, round: i32) -> Result<BTreeSet<String>> {
+    async fn tables_in(&self, temp: Scratch, round: i32) -> Result<BTreeSet<String>> {
         let sql = format!("SELECT DISTINCT t FROM {temp} WHERE round = {round}");
         Ok(simple(self.tx, &sql).await?.0.into_iter().collect())
     }
 
     /// The tables with questioned rows its rule does not keep.
     async fn questioned_tables(&self) -> Result<BTreeSet<String>> {
-        if !self.has("_ms_q") {
+        if !self.has(Scratch::Questioned) {
             return Ok(BTreeSet::new());
         }
         let sql = "SELECT DISTINCT t FROM _ms_q WHERE questioned AND NOT ruled";
@@ -466,7 +404,8 @@ impl Planner<'_, '_> {
     /// newest note.
     async fn read_notes(&self) -> Result<u64> {
         let notes = self
-            .run(
+            .fill(
+                Scratch::Notes,
                 "INSERT INTO _ms_notes SELECT ctid, seq, table_name, key, xid
                  FROM sync.notes WHERE format = 1",
             )
@@ -474,18 +413,24 @@ impl Planner<'_, '_> {
         if notes == 0 {
             return Ok(0);
         }
-        self.run(&format!(
-            "INSERT INTO _ms_changed (t, k, last_seq)
+        self.fill(
+            Scratch::Changed,
+            &format!(
+                "INSERT INTO _ms_changed (t, k, last_seq)
              SELECT t, k, max(seq) FROM _ms_notes WHERE t IN ({}) GROUP BY t, k",
-            self.declared()
-        ))
+                self.declared()
+            ),
+        )
         .await?;
         let changed = self
-            .run("INSERT INTO _ms_touched (t, k) SELECT t, k FROM _ms_changed")
+            .fill(
+                Scratch::Touched,
+                "INSERT INTO _ms_touched (t, k) SELECT t, k FROM _ms_changed",
+            )
             .await?;
         if changed > ANALYSE_ABOVE {
-            self.analyse("_ms_changed").await?;
-            self.analyse("_ms_touched").await?;
+            self.analyse(Scratch::Changed).await?;
+            self.analyse(Scratch::Touched).await?;
         }
         Ok(notes)
     }
@@ -508,7 +453,8 @@ impl Planner<'_, '_> {
     /// snapshot, and only go. Returns how many are planned.
     async fn read_deferred(&self) -> Result<u64> {
         let read = self
-            .run(
+            .fill(
+                Scratch::Deferred,
                 "INSERT INTO _ms_deferred (at, r, t, k, seq, unseen)
                  SELECT d.ctid, d.replica, d.table_name, d.key, d.seq,
                         x.snapshot IS NULL OR NOT pg_visible_in_snapshot(d.xid, x.snapshot)
@@ -520,12 +466,15 @@ impl Planner<'_, '_> {
         if read == 0 {
             return Ok(0);
         }
-        self.run(&format!(
-            "INSERT INTO _ms_grant (r, t, k, seq)
+        self.fill(
+            Scratch::Grant,
+            &format!(
+                "INSERT INTO _ms_grant (r, t, k, seq)
              SELECT r, t, k, seq FROM _ms_deferred WHERE unseen AND t IN ({})
              ON CONFLICT (r, t, k) DO UPDATE SET seq = greatest(_ms_grant.seq, EXCLUDED.seq)",
-            self.declared()
-        ))
+                self.declared()
+            ),
+        )
         .await
     }
 
@@ -534,22 +483,25 @@ impl Planner<'_, '_> {
     /// was kept for that replica alone); a group given or taken touches the
     /// group's members for that replica.
     async fn groups_touched(&self) -> Result<()> {
-        let notes = self.has("_ms_notes");
-        let deferred = self.has("_ms_deferred");
+        let notes = self.has(Scratch::Notes);
+        let deferred = self.has(Scratch::Deferred);
         for g in &self.groups {
             let t = literal(g.table.name);
             let members_table = literal(g.members_name);
             let grants_table = literal(g.grants_name);
             if notes {
-                self.run(&format!(
-                    "INSERT INTO _ms_touched (t, k)
+                self.fill(
+                    Scratch::Touched,
+                    &format!(
+                        "INSERT INTO _ms_touched (t, k)
                      SELECT DISTINCT {t}, n.k - 0 FROM _ms_notes n WHERE n.t = {members_table}
                      ON CONFLICT DO NOTHING"
-                ))
+                    ),
+                )
                 .await?;
             }
             if deferred {
-                self.run(&format!(
+                self.fill(Scratch::Grant, &format!(
                     "INSERT INTO _ms_grant (r, t, k, seq)
                      SELECT d.r, {t}, d.k - 0, max(d.seq) FROM _ms_deferred d
                      WHERE d.unseen AND d.t = {members_table} GROUP BY d.r, d.k - 0
@@ -584,12 +536,15 @@ impl Planner<'_, '_> {
                 )
             };
             if notes {
-                self.run(&granted("_ms_notes", "")).await?;
+                self.fill(Scratch::Grant, &granted("_ms_notes", "")).await?;
             }
             if deferred {
                 // A grant kept for a replica is its own only.
-                self.run(&granted("_ms_deferred", "AND n.unseen AND n.r = r.r"))
-                    .await?;
+                self.fill(
+                    Scratch::Grant,
+                    &granted("_ms_deferred", "AND n.unseen AND n.r = r.r"),
+                )
+                .await?;
             }
         }
         Ok(())
@@ -638,14 +593,14 @@ impl Planner<'_, '_> {
             }
         }
         if first > ANALYSE_ABOVE {
-            self.analyse("_ms_q").await?;
+            self.analyse(Scratch::Questioned).await?;
         }
         if first == 0 || self.graph.links.is_empty() {
             return Ok(());
         }
         let mut round = 0;
         loop {
-            let tables = self.tables_in("_ms_q", round).await?;
+            let tables = self.tables_in(Scratch::Questioned, round).await?;
             if tables.is_empty() {
                 return Ok(());
             }
@@ -682,7 +637,7 @@ impl Planner<'_, '_> {
     /// Every holder's record of each changed row of `shape`: the row is read
     /// once, its holders looked up by `sync.held`'s key.
     async fn question_changed(&self, shape: &Shape) -> Result<u64> {
-        self.run(&format!(
+        self.fill(Scratch::Questioned, &format!(
             "INSERT INTO {Q_COLUMNS}
              SELECT h.replica, c.t, c.k, 0, n.ruled, {moved}, cur.present,
                     h.version, h.ruled, h.ptrs, cur.ptrs, h.refs
@@ -706,8 +661,10 @@ impl Planner<'_, '_> {
     /// The record of each row whose group was given to or taken from its
     /// replica, when the replica holds it.
     async fn question_granted(&self, shape: &Shape) -> Result<u64> {
-        self.run(&format!(
-            "INSERT INTO {Q_COLUMNS}
+        self.fill(
+            Scratch::Questioned,
+            &format!(
+                "INSERT INTO {Q_COLUMNS}
              SELECT c.r, c.t, c.k, 0, n.ruled, {moved}, cur.present,
                     h.version, h.ruled, h.ptrs, cur.ptrs, h.refs
              FROM _ms_grant c
@@ -717,13 +674,14 @@ impl Planner<'_, '_> {
              CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
              WHERE c.t = {t} AND NOT r.fresh
              ON CONFLICT DO NOTHING",
-            moved = self.moved(shape),
-            replica = replica_of("c.r"),
-            held = held_by("c.t", "c.k", "c.r"),
-            current = self.current(shape, "c.k"),
-            ruled = Self::ruled(shape, "r"),
-            t = literal(shape.table.name),
-        ))
+                moved = self.moved(shape),
+                replica = replica_of("c.r"),
+                held = held_by("c.t", "c.k", "c.r"),
+                current = self.current(shape, "c.k"),
+                ruled = Self::ruled(shape, "r"),
+                t = literal(shape.table.name),
+            ),
+        )
         .await
     }
 
@@ -733,8 +691,10 @@ impl Planner<'_, '_> {
     async fn question_parents(&self, link: &Link, round: i32) -> Result<u64> {
         let parent = self.graph.shape(link.parent.name);
         let name = literal(&link.name);
-        self.run(&format!(
-            "INSERT INTO {Q_COLUMNS}
+        self.fill(
+            Scratch::Questioned,
+            &format!(
+                "INSERT INTO {Q_COLUMNS}
              SELECT d.r, {p}, d.k, {next}, n.ruled, true, cur.present,
                     h.version, h.ruled, h.ptrs, cur.ptrs, h.refs
              FROM (SELECT DISTINCT q.r, q.hptrs -> {name} AS k FROM _ms_q q
@@ -746,14 +706,15 @@ impl Planner<'_, '_> {
              {current}
              CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
              {QUESTION_AGAIN}",
-            p = literal(link.parent.name),
-            c = literal(link.child.name),
-            next = round + 1,
-            replica = replica_of("d.r"),
-            held = held_by(&literal(link.parent.name), "d.k", "d.r"),
-            current = self.current(parent, "d.k"),
-            ruled = Self::ruled(parent, "r"),
-        ))
+                p = literal(link.parent.name),
+                c = literal(link.child.name),
+                next = round + 1,
+                replica = replica_of("d.r"),
+                held = held_by(&literal(link.parent.name), "d.k", "d.r"),
+                current = self.current(parent, "d.k"),
+                ruled = Self::ruled(parent, "r"),
+            ),
+        )
         .await
     }
 
@@ -764,8 +725,10 @@ impl Planner<'_, '_> {
     async fn question_followers(&self, link: &Link, round: i32) -> Result<u64> {
         let child = self.graph.shape(link.child.name);
         let c = literal(link.child.name);
-        self.run(&format!(
-            "INSERT INTO {Q_COLUMNS}
+        self.fill(
+            Scratch::Questioned,
+            &format!(
+                "INSERT INTO {Q_COLUMNS}
              SELECT DISTINCT ON (q.r, a.k) q.r, {c}, a.k, {next}, false, true, true,
                     h.version, h.ruled, h.ptrs, a.ptrs, h.refs
              FROM _ms_q q
@@ -774,14 +737,15 @@ impl Planner<'_, '_> {
              CROSS JOIN {held}
              WHERE q.t = {p} AND q.round = {round} AND q.questioned AND NOT q.ruled
              {QUESTION_AGAIN}",
-            p = literal(link.parent.name),
-            next = round + 1,
-            ck = key_json("a", link.child),
-            ptrs = self.graph.pointers("a", link.child.name),
-            rel = child.relation,
-            points = link.points_at("a", "q.k"),
-            held = held_by(&c, "a.k", "q.r"),
-        ))
+                p = literal(link.parent.name),
+                next = round + 1,
+                ck = key_json("a", link.child),
+                ptrs = self.graph.pointers("a", link.child.name),
+                rel = child.relation,
+                points = link.points_at("a", "q.k"),
+                held = held_by(&c, "a.k", "q.r"),
+            ),
+        )
         .await
     }
 
@@ -795,16 +759,16 @@ impl Planner<'_, '_> {
         questioned: &BTreeSet<String>,
     ) -> Result<()> {
         let mut first = 0;
-        if self.has("_ms_q") {
+        if self.has(Scratch::Questioned) {
             first += self.keep_repointed().await?;
         }
         for shape in &self.graph.shapes {
             let name = shape.table.name;
             if touched.contains(name) {
-                first += self.keep_by_rule(shape, "_ms_touched").await?;
+                first += self.keep_by_rule(shape, Scratch::Touched).await?;
             }
             if granted.contains(name) {
-                first += self.keep_by_rule(shape, "_ms_grant").await?;
+                first += self.keep_by_rule(shape, Scratch::Grant).await?;
             }
         }
         if !questioned.is_empty() {
@@ -815,21 +779,21 @@ impl Planner<'_, '_> {
                 first += self.keep_following_questioned(link).await?;
             }
             if touched.contains(link.child.name) {
-                first += self.keep_following_changed(link, "_ms_touched").await?;
+                first += self.keep_following_changed(link, Scratch::Touched).await?;
             }
             if granted.contains(link.child.name) {
-                first += self.keep_following_changed(link, "_ms_grant").await?;
+                first += self.keep_following_changed(link, Scratch::Grant).await?;
             }
         }
         if first > ANALYSE_ABOVE {
-            self.analyse("_ms_k").await?;
+            self.analyse(Scratch::Kept).await?;
         }
         if first == 0 || self.graph.links.is_empty() {
             return Ok(());
         }
         let mut round = 0;
         loop {
-            let tables = self.tables_in("_ms_k", round).await?;
+            let tables = self.tables_in(Scratch::Kept, round).await?;
             if tables.is_empty() {
                 return Ok(());
             }
@@ -853,29 +817,34 @@ impl Planner<'_, '_> {
     /// Held rows that stay but point elsewhere now: their new parents are
     /// looked at in the rounds.
     async fn keep_repointed(&self) -> Result<u64> {
-        self.run(&format!(
-            "INSERT INTO {K_COLUMNS}
+        self.fill(
+            Scratch::Kept,
+            &format!(
+                "INSERT INTO {K_COLUMNS}
              SELECT r, t, k, 0, true, false, ruled, cptrs, hptrs, hruled, version FROM _ms_q
              WHERE (ruled OR NOT questioned) AND cptrs IS DISTINCT FROM hptrs
              ON CONFLICT DO NOTHING"
-        ))
+            ),
+        )
         .await
     }
 
     /// Rows a replica lacks that its rules send it, among the rows that
     /// changed (for every replica) or whose group moved (for that replica).
-    async fn keep_by_rule(&self, shape: &Shape, from: &str) -> Result<u64> {
+    async fn keep_by_rule(&self, shape: &Shape, from: Scratch) -> Result<u64> {
         let Some(cond) = rule(shape.table, "a", "r") else {
             return Ok(0);
         };
         let t = literal(shape.table.name);
-        let replicas = if from == "_ms_grant" {
+        let replicas = if from == Scratch::Grant {
             format!("CROSS JOIN {}", replica_of("c.r"))
         } else {
             "CROSS JOIN _ms_r r".to_string()
         };
-        self.run(&format!(
-            "INSERT INTO {K_COLUMNS}
+        self.fill(
+            Scratch::Kept,
+            &format!(
+                "INSERT INTO {K_COLUMNS}
              SELECT r.r, {t}, c.k, 0, false, false, true, {ptrs}, NULL, NULL, NULL
              FROM {from} c
              CROSS JOIN {row}
@@ -883,10 +852,11 @@ impl Planner<'_, '_> {
              WHERE c.t = {t} AND NOT r.fresh AND {cond}
                AND NOT {held}
              ON CONFLICT DO NOTHING",
-            held = in_question("r.r", &t, "c.k", ""),
-            ptrs = self.graph.pointers("a", shape.table.name),
-            row = row_by_key("a", shape, "c.k"),
-        ))
+                held = in_question("r.r", &t, "c.k", ""),
+                ptrs = self.graph.pointers("a", shape.table.name),
+                row = row_by_key("a", shape, "c.k"),
+            ),
+        )
         .await
     }
 
@@ -899,8 +869,10 @@ impl Planner<'_, '_> {
         let Some(links) = self.graph.tracked_values() else {
             return Ok(0);
         };
-        self.bulk(&format!(
-            "INSERT INTO {K_COLUMNS}
+        self.bulk(
+            Scratch::Kept,
+            &format!(
+                "INSERT INTO {K_COLUMNS}
              SELECT q.r, q.t, q.k, 0, true, true, q.ruled, q.cptrs, q.hptrs, q.hruled, q.version
              FROM _ms_q q
              LEFT JOIN (
@@ -919,7 +891,8 @@ impl Planner<'_, '_> {
              ) x ON x.r = q.r AND x.t = q.t AND x.k = q.k
              WHERE q.questioned AND NOT q.ruled AND q.present AND q.refs + coalesce(x.n, 0) > 0
              ON CONFLICT DO NOTHING"
-        ))
+            ),
+        )
         .await
     }
 
@@ -928,23 +901,26 @@ impl Planner<'_, '_> {
     async fn keep_following_questioned(&self, link: &Link) -> Result<u64> {
         let p = literal(link.parent.name);
         let name = literal(&link.name);
-        self.run(&format!(
-            "INSERT INTO {K_COLUMNS}
+        self.fill(
+            Scratch::Kept,
+            &format!(
+                "INSERT INTO {K_COLUMNS}
              SELECT q.r, q.t, q.k, 0, true, true, q.ruled, q.cptrs, q.hptrs, q.hruled, q.version
              FROM _ms_q q
              WHERE q.t = {c} AND q.questioned AND NOT q.ruled AND q.present AND q.cptrs ? {name}
                AND {held}
                AND NOT {questioned}
              ON CONFLICT DO NOTHING",
-            c = literal(link.child.name),
-            held = is_held(&p, &format!("q.cptrs -> {name}"), "q.r"),
-            questioned = in_question(
-                "q.r",
-                &p,
-                &format!("q.cptrs -> {name}"),
-                " AND q2.questioned AND NOT q2.ruled"
+                c = literal(link.child.name),
+                held = is_held(&p, &format!("q.cptrs -> {name}"), "q.r"),
+                questioned = in_question(
+                    "q.r",
+                    &p,
+                    &format!("q.cptrs -> {name}"),
+                    " AND q2.questioned AND NOT q2.ruled"
+                ),
             ),
-        ))
+        )
         .await
     }
 
@@ -952,12 +928,12 @@ impl Planner<'_, '_> {
     /// holds and keeps without question: from the rows changed for every
     /// replica (`_ms_touched`), the parent's holders, looked up; from the
     /// rows changed for one (`_ms_grant`), whether it holds the parent.
-    async fn keep_following_changed(&self, link: &Link, from: &str) -> Result<u64> {
+    async fn keep_following_changed(&self, link: &Link, from: Scratch) -> Result<u64> {
         let child = self.graph.shape(link.child.name);
         let c = literal(link.child.name);
         let p = literal(link.parent.name);
         let ptr = link.pointer("a");
-        let holders = if from == "_ms_grant" {
+        let holders = if from == Scratch::Grant {
             format!(
                 "CROSS JOIN LATERAL (SELECT c.r AS replica WHERE {}) h",
                 is_held(&p, &ptr, "c.r")
@@ -968,8 +944,10 @@ impl Planner<'_, '_> {
                                      WHERE h.table_name = {p} AND h.key = ({ptr})::text OFFSET 0) h"
             )
         };
-        self.run(&format!(
-            "INSERT INTO {K_COLUMNS}
+        self.fill(
+            Scratch::Kept,
+            &format!(
+                "INSERT INTO {K_COLUMNS}
              SELECT h.replica, {c}, c.k, 0, false, false, false, {ptrs}, NULL, NULL, NULL
              FROM {from} c
              CROSS JOIN {row}
@@ -979,12 +957,14 @@ impl Planner<'_, '_> {
                AND NOT {held}
                AND NOT {questioned}
              ON CONFLICT DO NOTHING",
-            replica = replica_of("h.replica"),
-            held = in_question("h.replica", &c, "c.k", ""),
-            questioned = in_question("h.replica", &p, &ptr, " AND q2.questioned AND NOT q2.ruled"),
-            ptrs = self.graph.pointers("a", link.child.name),
-            row = row_by_key("a", child, "c.k"),
-        ))
+                replica = replica_of("h.replica"),
+                held = in_question("h.replica", &c, "c.k", ""),
+                questioned =
+                    in_question("h.replica", &p, &ptr, " AND q2.questioned AND NOT q2.ruled"),
+                ptrs = self.graph.pointers("a", link.child.name),
+                row = row_by_key("a", child, "c.k"),
+            ),
+        )
         .await
     }
 
@@ -1006,24 +986,27 @@ impl Planner<'_, '_> {
         );
         let next = round + 1;
         let mut added = self
-            .run(&format!(
-                "INSERT INTO {K_COLUMNS}
+            .fill(
+                Scratch::Kept,
+                &format!(
+                    "INSERT INTO {K_COLUMNS}
                  SELECT d.r, {p}, d.k, {next}, false, false, {ruled}, {ptrs}, NULL, NULL, NULL
                  FROM {pointed}
                  CROSS JOIN {replica}
                  CROSS JOIN {row}
                  WHERE NOT {held}
                  ON CONFLICT DO NOTHING",
-                replica = replica_of("d.r"),
-                ruled = Self::ruled(parent, "r"),
-                ptrs = self.graph.pointers("x", link.parent.name),
-                row = row_by_key("x", parent, "d.k"),
-                held = is_held(&p, "d.k", "d.r"),
-            ))
+                    replica = replica_of("d.r"),
+                    ruled = Self::ruled(parent, "r"),
+                    ptrs = self.graph.pointers("x", link.parent.name),
+                    row = row_by_key("x", parent, "d.k"),
+                    held = is_held(&p, "d.k", "d.r"),
+                ),
+            )
             .await?;
         if questioned.contains(link.parent.name) {
             added += self
-                .run(&format!(
+                .fill(Scratch::Kept, &format!(
                     "INSERT INTO {K_COLUMNS}
                      SELECT q.r, q.t, q.k, {next}, true, true, q.ruled, q.cptrs, q.hptrs, q.hruled, q.version
                      FROM {pointed}
@@ -1060,20 +1043,23 @@ impl Planner<'_, '_> {
             points = link.points_at("a", "n.k"),
         );
         let mut added = self
-            .run(&format!(
-                "INSERT INTO {K_COLUMNS}
+            .fill(
+                Scratch::Kept,
+                &format!(
+                    "INSERT INTO {K_COLUMNS}
                  SELECT n.r, {c}, a.k, {next}, false, false, false, a.ptrs, NULL, NULL, NULL
                  FROM _ms_k n
                  {followers}
                  WHERE n.t = {p} AND n.round = {round} AND (NOT n.held OR n.questioned)
                    AND NOT {held}
                  ON CONFLICT DO NOTHING",
-                held = is_held(&c, "a.k", "n.r"),
-            ))
+                    held = is_held(&c, "a.k", "n.r"),
+                ),
+            )
             .await?;
         if questioned.contains(link.child.name) {
             added += self
-                .run(&format!(
+                .fill(Scratch::Kept, &format!(
                     "INSERT INTO {K_COLUMNS}
                      SELECT q.r, q.t, q.k, {next}, true, true, q.ruled, q.cptrs, q.hptrs, q.hruled, q.version
                      FROM _ms_k n
@@ -1105,24 +1091,27 @@ impl Planner<'_, '_> {
             )
         };
         let mut sends = 0;
-        if self.has("_ms_k") {
+        if self.has(Scratch::Kept) {
             sends += self
-                .bulk(&format!(
-                    "INSERT INTO _ms_send (r, t, k, version, held, ruled, ptrs, hptrs)
+                .bulk(
+                    Scratch::Send,
+                    &format!(
+                        "INSERT INTO _ms_send (r, t, k, version, held, ruled, ptrs, hptrs)
                      SELECT k.r, k.t, k.k, greatest(coalesce(k.version, 0), v.seq),
                             k.held, k.ruled, k.ptrs, k.hptrs
                      FROM _ms_k k
                      {}
                      WHERE NOT k.held OR k.version < v.seq
                         OR k.ptrs IS DISTINCT FROM k.hptrs OR k.ruled IS DISTINCT FROM k.hruled",
-                    newest("k")
-                ))
+                        newest("k")
+                    ),
+                )
                 .await?;
         }
         let mut deletes = 0;
-        if self.has("_ms_q") {
+        if self.has(Scratch::Questioned) {
             sends += self
-                .bulk(&format!(
+                .bulk(Scratch::Send, &format!(
                     "INSERT INTO _ms_send (r, t, k, version, held, ruled, ptrs, hptrs)
                      SELECT q.r, q.t, q.k, greatest(q.version, v.seq), true, q.ruled, q.cptrs, q.hptrs
                      FROM _ms_q q
@@ -1135,6 +1124,7 @@ impl Planner<'_, '_> {
                 .await?;
             deletes = self
                 .bulk(
+                    Scratch::Delete,
                     "INSERT INTO _ms_del (r, t, k, hptrs)
                      SELECT q.r, q.t, q.k, q.hptrs FROM _ms_q q
                      WHERE q.questioned AND NOT q.ruled
@@ -1143,7 +1133,7 @@ impl Planner<'_, '_> {
                 .await?;
         }
         if sends > ANALYSE_ABOVE {
-            self.analyse("_ms_send").await?;
+            self.analyse(Scratch::Send).await?;
         }
         Ok((sends, deletes))
     }
@@ -1173,15 +1163,18 @@ impl Planner<'_, '_> {
             };
             filled.insert(shape.table.name);
             let n = self
-                .bulk(&format!(
-                    "INSERT INTO _ms_f (r, t, k, round, ptrs)
+                .bulk(
+                    Scratch::Fresh,
+                    &format!(
+                        "INSERT INTO _ms_f (r, t, k, round, ptrs)
                      SELECT r.r, {t}, {key}, 0, {ptrs}
                      FROM {rel} a JOIN _ms_r r ON r.fresh AND {cond}",
-                    t = literal(shape.table.name),
-                    key = key_json("a", shape.table),
-                    ptrs = self.graph.pointers("a", shape.table.name),
-                    rel = shape.relation,
-                ))
+                        t = literal(shape.table.name),
+                        key = key_json("a", shape.table),
+                        ptrs = self.graph.pointers("a", shape.table.name),
+                        rel = shape.relation,
+                    ),
+                )
                 .await?;
             if n > 0 {
                 current.entry(shape.table.name).or_default().insert(None);
@@ -1192,7 +1185,7 @@ impl Planner<'_, '_> {
         let mut added = total;
         loop {
             if added > ANALYSE_ABOVE {
-                self.analyse("_ms_f").await?;
+                self.analyse(Scratch::Fresh).await?;
             }
             if added == 0 {
                 return Ok(total);
@@ -1239,7 +1232,7 @@ impl Planner<'_, '_> {
         let p = literal(link.parent.name);
         let name = literal(&link.name);
         // Each parent is read by its key; what is there already is hashed.
-        self.bulk(&format!(
+        self.bulk(Scratch::Fresh, &format!(
             "INSERT INTO _ms_f (r, t, k, round, ptrs)
              SELECT x.r, {p}, x.ptr, {next}, a.ptrs
              FROM (SELECT DISTINCT n.r, n.ptrs -> {name} AS ptr FROM _ms_f n
@@ -1274,17 +1267,20 @@ impl Planner<'_, '_> {
         } else {
             format!("AND NOT EXISTS (SELECT 1 FROM _ms_f f WHERE f.r = n.r AND f.t = {c} AND f.k = {ck})")
         };
-        self.bulk(&format!(
-            "INSERT INTO _ms_f (r, t, k, round, ptrs, via)
+        self.bulk(
+            Scratch::Fresh,
+            &format!(
+                "INSERT INTO _ms_f (r, t, k, round, ptrs, via)
              SELECT n.r, {c}, {ck}, {next}, {ptrs}, {index}
              FROM _ms_f n JOIN {rel} a ON {points}
              WHERE n.t = {p} AND n.round = {round} {new}",
-            p = literal(link.parent.name),
-            next = round + 1,
-            ptrs = self.graph.pointers("a", link.child.name),
-            rel = child.relation,
-            points = link.points_at("a", "n.k"),
-        ))
+                p = literal(link.parent.name),
+                next = round + 1,
+                ptrs = self.graph.pointers("a", link.child.name),
+                rel = child.relation,
+                points = link.points_at("a", "n.k"),
+            ),
+        )
         .await
     }
 }

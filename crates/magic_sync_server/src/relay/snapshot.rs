@@ -37,11 +37,12 @@ use super::load::{Loader, Sink, Source};
 use super::outbox::{draw, message_id, stamp, whole, Chain, Epoch};
 use super::pack::Packed;
 use super::plan::{self, Planner};
+use super::scratch::{Filled, Scratch};
 use super::{held, Settings, Transport, RELAY_LOCK};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use rand::RngCore;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use tokio_postgres::{Client, IsolationLevel, Transaction};
 
@@ -239,7 +240,7 @@ impl Snapshot {
         // them in one batch (a snapshot of a million rows takes about 70 MB
         // at its peak, in the worker's backend only).
         let mut setup = String::from("SET TIME ZONE 'UTC'; SET work_mem = '64MB';");
-        for table in ["_ms_r", "_ms_changed", "_ms_f"] {
+        for table in [Scratch::Replicas, Scratch::Changed, Scratch::Fresh] {
             setup.push_str(&format!("DROP TABLE IF EXISTS {table};"));
         }
         worker.batch_execute(&setup).await?;
@@ -320,7 +321,7 @@ impl Snapshot {
             return Ok(false);
         }
         let last = HashMap::from([(self.replica.clone(), chain.last_number)]);
-        let filled = BTreeMap::from([("_ms_f".to_string(), 1)]);
+        let filled = Filled::only([Scratch::Fresh]);
         // Counting what points at each row groups a million pointers whose
         // number the planner cannot guess: hashed, never sorted on disk.
         tx.batch_execute("SET LOCAL enable_sort = off").await?;

@@ -1,0 +1,133 @@
+//! The planner's scratch tables: temporary tables of the relay's
+//! connection in which a pass works out its plan set by set, and from which
+//! loading and recording read it. A plan is a [`Plan`]: what it came to,
+//! and which of these tables it filled; every statement that fills one says
+//! which ([`Scratch`]), so what reads the plan asks by name, not by text.
+
+use super::plan::Planned;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+/// One of the planner's tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Scratch {
+    /// The replicas the pass plans for (`_ms_r`): id, partition, whether provisioned from scratch.
+    Replicas,
+    /// The pending notes the pass read (`_ms_notes`).
+    Notes,
+    /// Changes kept for replicas while their snapshots streamed (`_ms_deferred`).
+    Deferred,
+    /// Each changed row once, with its newest note (`_ms_changed`).
+    Changed,
+    /// Rows changed for every replica (`_ms_touched`).
+    Touched,
+    /// Rows changed for one replica: a group given or taken, a change kept for it (`_ms_grant`).
+    Grant,
+    /// Rows in question, per holder (`_ms_q`).
+    Questioned,
+    /// Rows each replica keeps (`_ms_k`).
+    Kept,
+    /// The difference: rows to send (`_ms_send`).
+    Send,
+    /// The difference: rows to take back (`_ms_del`).
+    Delete,
+    /// The whole set of a replica provisioned from scratch (`_ms_f`).
+    Fresh,
+}
+
+impl Scratch {
+    /// Every one, in the order they are made.
+    pub const ALL: [Scratch; 11] = [
+        Scratch::Replicas,
+        Scratch::Notes,
+        Scratch::Deferred,
+        Scratch::Changed,
+        Scratch::Touched,
+        Scratch::Grant,
+        Scratch::Questioned,
+        Scratch::Kept,
+        Scratch::Send,
+        Scratch::Delete,
+        Scratch::Fresh,
+    ];
+
+    /// Its name in SQL.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scratch::Replicas => "_ms_r",
+            Scratch::Notes => "_ms_notes",
+            Scratch::Deferred => "_ms_deferred",
+            Scratch::Changed => "_ms_changed",
+            Scratch::Touched => "_ms_touched",
+            Scratch::Grant => "_ms_grant",
+            Scratch::Questioned => "_ms_q",
+            Scratch::Kept => "_ms_k",
+            Scratch::Send => "_ms_send",
+            Scratch::Delete => "_ms_del",
+            Scratch::Fresh => "_ms_f",
+        }
+    }
+
+    /// The statement that makes it.
+    pub fn create(self) -> &'static str {
+        match self {
+            Scratch::Replicas => "CREATE TEMP TABLE IF NOT EXISTS _ms_r (r text PRIMARY KEY, part text, fresh boolean NOT NULL)",
+            Scratch::Notes => "CREATE TEMP TABLE IF NOT EXISTS _ms_notes (at tid, seq bigint, t text, k jsonb, xid xid8)",
+            Scratch::Deferred => "CREATE TEMP TABLE IF NOT EXISTS _ms_deferred (at tid, r text, t text, k jsonb, seq bigint, unseen boolean NOT NULL)",
+            Scratch::Changed => "CREATE TEMP TABLE IF NOT EXISTS _ms_changed (t text, k jsonb, last_seq bigint NOT NULL, PRIMARY KEY (t, k))",
+            Scratch::Touched => "CREATE TEMP TABLE IF NOT EXISTS _ms_touched (t text, k jsonb, PRIMARY KEY (t, k))",
+            Scratch::Grant => "CREATE TEMP TABLE IF NOT EXISTS _ms_grant (r text, t text, k jsonb, seq bigint NOT NULL DEFAULT 0, PRIMARY KEY (r, t, k))",
+            Scratch::Questioned => "CREATE TEMP TABLE IF NOT EXISTS _ms_q (r text, t text, k jsonb, round int NOT NULL,
+             ruled boolean NOT NULL, questioned boolean NOT NULL, present boolean NOT NULL,
+             version bigint NOT NULL, hruled boolean NOT NULL, hptrs jsonb, cptrs jsonb,
+             refs int NOT NULL, PRIMARY KEY (r, t, k))",
+            Scratch::Kept => "CREATE TEMP TABLE IF NOT EXISTS _ms_k (r text, t text, k jsonb, round int NOT NULL,
+             held boolean NOT NULL, questioned boolean NOT NULL, ruled boolean NOT NULL,
+             ptrs jsonb, hptrs jsonb, hruled boolean, version bigint, PRIMARY KEY (r, t, k))",
+            Scratch::Send => "CREATE TEMP TABLE IF NOT EXISTS _ms_send (r text, t text, k jsonb, version bigint NOT NULL,
+             held boolean NOT NULL, ruled boolean NOT NULL, ptrs jsonb, hptrs jsonb)",
+            Scratch::Delete => "CREATE TEMP TABLE IF NOT EXISTS _ms_del (r text, t text, k jsonb, hptrs jsonb)",
+            Scratch::Fresh => "CREATE TEMP TABLE IF NOT EXISTS _ms_f (r text, t text, k jsonb, round int NOT NULL, ptrs jsonb, via int NOT NULL DEFAULT -1)",
+        }
+    }
+}
+
+impl fmt::Display for Scratch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How many rows a plan put in each of the planner's tables (none listed:
+/// left empty).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Filled(BTreeMap<Scratch, u64>);
+
+impl Filled {
+    /// Only `tables`, each as holding rows.
+    pub fn only(tables: impl IntoIterator<Item = Scratch>) -> Filled {
+        Filled(tables.into_iter().map(|t| (t, 1)).collect())
+    }
+
+    /// `n` more rows in `table`.
+    pub fn add(&mut self, table: Scratch, n: u64) {
+        if n > 0 {
+            *self.0.entry(table).or_default() += n;
+        }
+    }
+
+    /// Whether `table` holds rows.
+    pub fn has(&self, table: Scratch) -> bool {
+        self.0.contains_key(&table)
+    }
+}
+
+/// A pass's plan: what it came to, the tables it filled, and the tables it
+/// analysed (which the next pass makes again rather than keep their
+/// statistics).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Plan {
+    pub planned: Planned,
+    pub filled: Filled,
+    pub analysed: BTreeSet<Scratch>,
+}
