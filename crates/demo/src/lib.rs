@@ -9,6 +9,13 @@
 
 pub mod till;
 
+/// What the engine and the transport log goes to standard error: warnings
+/// and worse, or as `RUST_LOG` says (`RUST_LOG=magic_sync=debug` times
+/// every step of a pass).
+pub fn logs() {
+    magic_sync_cli::logs();
+}
+
 use magic_sync::replica::ForeignKey;
 use magic_sync::{Engine, Numeric, Row};
 

@@ -65,6 +65,7 @@ fn main() -> ExitCode {
         let args = demo::till::Args::parse_from(std::env::args().skip(1));
         return demo::till::run(args);
     }
+    demo::logs();
     let mut args = Args::parse();
     if args.short {
         args.tills = 3;

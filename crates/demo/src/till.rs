@@ -27,6 +27,7 @@ pub struct Args {
 /// Runs the till `args` name until its input closes (with
 /// `--until-stdin-closes`) or its database fails.
 pub fn run(args: Args) -> ExitCode {
+    crate::logs();
     let (mut replica, socket) = match open(&args.replica, crate::engine(), crate::foreign_keys()) {
         Ok(opened) => opened,
         Err(e) => {

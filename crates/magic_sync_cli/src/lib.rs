@@ -312,3 +312,16 @@ fn emit<T: serde::Serialize>(
     }
     Ok(())
 }
+
+/// Sends what the engine and the transport log to standard error: warnings
+/// and worse, or as `RUST_LOG` says (`RUST_LOG=magic_sync=debug` times every
+/// step of a pass). For the command's binary and a host's own; a host with
+/// a subscriber of its own does not call it.
+pub fn logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    magic_sync_cli::logs();
     match main_with(&cli).await {
         Ok(code) => ExitCode::from(code),
         Err(message) => {

@@ -6,6 +6,7 @@ use crate::{Error, Result};
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
 use base64::Engine as _;
+use magic_sync::store::credentials as store;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -57,25 +58,13 @@ pub async fn set(client: &Client, replica: &str, secret: &str) -> Result<()> {
     let hashed = tokio::task::spawn_blocking(move || hash(&secret))
         .await
         .map_err(|e| Error::Hash(e.to_string()))??;
-    client
-        .execute(
-            "INSERT INTO sync.credentials (replica, hash) VALUES ($1, $2)
-             ON CONFLICT (replica) DO UPDATE SET hash = excluded.hash, set_at = now()",
-            &[&replica, &hashed],
-        )
-        .await?;
+    store::set(client, replica, &hashed).await?;
     Ok(())
 }
 
 /// Takes `replica`'s secret away: it can no longer connect. Whether it had one.
 pub async fn revoke(client: &Client, replica: &str) -> Result<bool> {
-    Ok(client
-        .execute(
-            "DELETE FROM sync.credentials WHERE replica = $1",
-            &[&replica],
-        )
-        .await?
-        > 0)
+    Ok(store::revoke(client, replica).await?)
 }
 
 /// Per replica: the stored hash a secret was proved against, and the
@@ -139,14 +128,8 @@ impl Credentials {
                 }
             }
         };
-        let row = client
-            .query_opt(
-                "SELECT hash FROM sync.credentials WHERE replica = $1",
-                &[&replica],
-            )
-            .await;
-        match row {
-            Ok(row) => Ok(row.map(|r| r.get(0))),
+        match store::hash(&client, replica).await {
+            Ok(hash) => Ok(hash),
             Err(e) => {
                 // Connect again next time.
                 *self.client.lock().await = None;

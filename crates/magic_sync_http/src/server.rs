@@ -354,7 +354,7 @@ impl Transport for Hub {
     }
 
     fn misbehaved(&self, replica: &str, why: &str) {
-        eprintln!("magic_sync_http: replica `{replica}`: {why}; its connection is closed");
+        tracing::warn!(replica, "{why}; its connection is closed");
         self.disconnect(replica, why);
     }
 }
@@ -462,7 +462,7 @@ pub async fn serve(
                 // Out of descriptors, a connection reset before it was
                 // taken: the next one may do.
                 Err(e) => {
-                    eprintln!("magic_sync_http: accepting a connection: {e}");
+                    tracing::warn!(error = %e, "accepting a connection");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
@@ -473,8 +473,9 @@ pub async fn serve(
         // Held by the connection until it ends, a replica's or not.
         let counted = Arc::new(Counted(inner.clone()));
         if open >= inner.settings.max_connections {
-            eprintln!(
-                "magic_sync_http: {addr}: closed at once, {open} connections are open (at most {})",
+            tracing::warn!(
+                %addr,
+                "closed at once, {open} connections are open (at most {})",
                 inner.settings.max_connections
             );
             continue;
@@ -493,9 +494,9 @@ pub async fn serve(
                         Ok(Ok(tls)) => {
                             connection(tls, addr, app, counted, handshake, deadline).await
                         }
-                        Ok(Err(e)) => eprintln!("magic_sync_http: {addr}: TLS: {e}"),
+                        Ok(Err(e)) => tracing::warn!(%addr, error = %e, "TLS"),
                         Err(_) => {
-                            eprintln!("magic_sync_http: {addr}: no TLS handshake in {handshake:?}")
+                            tracing::warn!(%addr, "no TLS handshake in {handshake:?}")
                         }
                     }
                 }
@@ -564,9 +565,10 @@ async fn connection<I>(
         .with_upgrades();
     match tokio::time::timeout_at(deadline, served).await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => eprintln!("magic_sync_http: {addr}: {e}"),
-        Err(_) => eprintln!(
-            "magic_sync_http: {addr}: not a replica's connection after {handshake:?}; closed"
+        Ok(Err(e)) => tracing::warn!(%addr, error = %e, "serving a connection"),
+        Err(_) => tracing::warn!(
+            %addr,
+            "not a replica's connection after {handshake:?}; closed"
         ),
     }
 }
@@ -609,7 +611,7 @@ async fn upgrade(
     let (replica, secret) = match basic(&headers) {
         Ok(credentials) => credentials,
         Err(why) => {
-            eprintln!("magic_sync_http: {addr}: {why}");
+            tracing::warn!(%addr, "{why}");
             return (StatusCode::UNAUTHORIZED, why).into_response();
         }
     };
@@ -621,11 +623,11 @@ async fn upgrade(
     match checked {
         Ok(Ok(true)) => {}
         Ok(Ok(false)) => {
-            eprintln!("magic_sync_http: {addr}: wrong credentials for replica `{replica}`");
+            tracing::warn!(%addr, replica = %replica, "wrong credentials");
             return (StatusCode::UNAUTHORIZED, "wrong credentials").into_response();
         }
         Ok(Err(e)) => {
-            eprintln!("magic_sync_http: {addr}: cannot check credentials: {e}");
+            tracing::warn!(%addr, error = %e, "cannot check credentials");
             return (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "cannot check credentials now",
@@ -762,13 +764,11 @@ async fn replica_connection(
     };
     match ended {
         Some(Err((0, why))) => {
-            eprintln!("magic_sync_http: replica `{replica}` ({addr}): connection lost: {why}");
+            tracing::info!(replica = %replica, %addr, "connection lost: {why}");
             writer.abort();
         }
         Some(Err((code, why))) => {
-            eprintln!(
-                "magic_sync_http: replica `{replica}` ({addr}): {why}; its connection is closed"
-            );
+            tracing::warn!(replica = %replica, %addr, "{why}; its connection is closed");
             let _ = tx.send(Out::Close(code, why));
             let _ = tokio::time::timeout(CLOSING, &mut writer).await;
             writer.abort();

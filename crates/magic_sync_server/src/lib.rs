@@ -14,10 +14,12 @@ pub mod ops;
 pub mod pg;
 pub mod relay;
 pub mod run;
-pub mod schema;
 pub mod session;
+pub mod store;
 pub mod trigger;
 
 use magic_sync_core::{backoff, digest, engine, envelope, row, seal, sql, value, wire};
 
 pub use error::{Error, Handling, Result};
+/// The `sync` schema's migrations, under the name hosts have always used.
+pub use store::migrations as schema;
