@@ -58,7 +58,7 @@ use magic_sync_core::{chain, codec, engine, envelope, sql, value, wire};
 pub use digest::fingerprint;
 pub use error::{Error, Handling, Result};
 pub use key::{canonical as canonical_key, KeyProblem};
-pub use magic_sync_core::schema::ForeignKey;
+pub use magic_sync_core::schema::{ForeignKey, Schema};
 pub use state::Status;
 pub use up::{mark, wait_written, written, Mark, Pending, Written};
 pub use uplink::{SentUp, Uplink, UplinkError};
@@ -110,6 +110,8 @@ pub struct Replica {
     conn: Connection,
     id: String,
     engine: Engine,
+    /// Its tables as the engine declares them, with the foreign keys among them.
+    schema: Schema,
     tables: Tables,
     chain: Chain,
     /// Rows an uplink refused for good, set aside until the replica is
@@ -159,6 +161,7 @@ impl Replica {
             conn,
             id: replica_id.to_string(),
             engine: engine.clone(),
+            schema: Schema::new(engine, &foreign_keys),
             tables,
             chain,
             set_aside: Default::default(),
@@ -170,6 +173,12 @@ impl Replica {
     /// The replica's id.
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// What its database is made of: the declared tables, with the foreign
+    /// keys among them it was opened with.
+    pub fn schema(&self) -> &Schema {
+        &self.schema
     }
 
     /// The database, for the host to read what the replica holds and write

@@ -265,6 +265,12 @@ impl Catalog {
 }
 
 impl Catalog {
+    /// What replicas' databases are made of: `engine`'s tables with the
+    /// foreign keys among them, as this catalogue has them.
+    pub fn schema(&self, engine: &Engine) -> magic_sync_core::schema::Schema {
+        magic_sync_core::schema::Schema::new(engine, &self.replica_foreign_keys())
+    }
+
     /// The foreign keys between declared tables, as a replica is told them
     /// when it opens (`magic_sync::replica::Replica::open`).
     pub fn replica_foreign_keys(&self) -> Vec<magic_sync_core::schema::ForeignKey> {

@@ -758,7 +758,10 @@ async fn records_in_bulk(
             bulk.unchanged = kept.len().saturating_sub(bulk.taken + others);
             Ok(Some(bulk))
         }
-        Err(e) if refused_by_postgres(&e) || e.code().is_some_and(|c| c.code() == "21000") => {
+        Err(e)
+            if refused_by_postgres(&e)
+                || e.code() == Some(&tokio_postgres::error::SqlState::CARDINALITY_VIOLATION) =>
+        {
             savepoint.rollback().await?;
             Ok(None)
         }
@@ -844,9 +847,13 @@ fn on_conflict(table: &Table) -> String {
 /// constraint, a type it cannot convert. Anything else is the
 /// infrastructure's, and files nothing.
 fn refused_by_postgres(e: &tokio_postgres::Error) -> bool {
+    // SQLSTATE classes: 22 data exception, 23 integrity constraint violation.
+    const REFUSING_CLASSES: [&str; 2] = ["22", "23"];
     e.code().is_some_and(|c| {
-        let c = c.code();
-        c.starts_with("22") || c.starts_with("23") || c == "42804"
+        REFUSING_CLASSES
+            .iter()
+            .any(|class| c.code().starts_with(class))
+            || *c == tokio_postgres::error::SqlState::DATATYPE_MISMATCH
     })
 }
 

@@ -87,3 +87,47 @@ async fn partitions_columns_and_unique_keys_are_read() {
         ]
     );
 }
+
+/// The schema a replica's database is made of, as the server builds it from
+/// its catalogue, is the one a replica opened with the catalogue's foreign
+/// keys has: same tables, same foreign keys, same fingerprints.
+#[tokio::test]
+async fn the_servers_schema_and_a_replicas_agree() {
+    let (_db, client) = shop::installed().await;
+    let engine = shop::engine();
+    let catalog = Catalog::read(&client, &engine).await.unwrap();
+    let schema = catalog.schema(&engine);
+    assert_eq!(schema.tables().len(), engine.tables().count());
+    let orders = schema.table("orders").unwrap();
+    assert_eq!(
+        orders.foreign_keys,
+        vec![magic_sync::replica::ForeignKey::new(
+            "orders",
+            &["customer_id"],
+            "customers",
+            &["id"]
+        )]
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let replica = magic_sync::replica::Replica::open(
+        dir.path().join("u1.sqlite"),
+        "u1",
+        &engine,
+        catalog.replica_foreign_keys(),
+    )
+    .unwrap();
+    assert_eq!(replica.schema(), &schema);
+    assert_eq!(replica.schema().fingerprint(), schema.fingerprint());
+    // Without its foreign keys, `orders` is another table to a replica
+    // (what it retires rather than deletes depends on them); the others
+    // that point at nothing are not.
+    let bare = magic_sync::core::schema::Schema::new(&engine, &[]);
+    assert_ne!(
+        bare.table("orders").unwrap().fingerprint(),
+        orders.fingerprint()
+    );
+    assert_eq!(
+        bare.table("products").unwrap().fingerprint(),
+        schema.table("products").unwrap().fingerprint()
+    );
+}
