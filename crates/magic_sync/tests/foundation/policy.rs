@@ -4,9 +4,10 @@
 //! what to do, instead of trying again for ever.
 
 use crate::shop;
+use crate::startup::ProductWithColour;
 use magic_sync::relay::{ReplicaInfo, Settings};
 use magic_sync::run::memory::Network;
-use magic_sync::{Engine, Error, Handling, Row};
+use magic_sync::{Engine, Error, Handling};
 use std::time::Duration;
 
 /// Runs the server's runner for `engine` until it returns. A runner that
@@ -48,14 +49,6 @@ async fn a_missing_index_stops_the_runner_with_the_statement_to_run() {
         ),
         "{m}"
     );
-}
-
-#[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "products", down, all, key(id))]
-struct ProductWithColour {
-    id: i64,
-    name: String,
-    colour: String,
 }
 
 #[tokio::test]

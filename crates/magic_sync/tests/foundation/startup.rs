@@ -154,7 +154,7 @@ async fn a_schema_behind_the_build_refuses_start_up() {
 
 #[derive(Row, Debug, Clone, PartialEq)]
 #[row(table = "products", down, all, key(id))]
-struct ProductWithColour {
+pub(crate) struct ProductWithColour {
     id: i64,
     name: String,
     colour: String,
