@@ -475,7 +475,17 @@ async fn record_forever<H: Replicas, T: Transport>(
             // attempt, the publisher and the snapshots under way go on.
             Err(e) if e.is_conflict() => {
                 tracing::debug!(error = %e, "a pass gave way to another transaction; again");
-                tokio::time::sleep(backoff.next_wait()).await;
+                // Snapshots under way keep streaming meanwhile.
+                let wait = tokio::time::sleep(backoff.next_wait());
+                tokio::pin!(wait);
+                loop {
+                    tokio::select! {
+                        () = &mut wait => break,
+                        Some(done) = streaming.next(), if !streaming.is_empty() => {
+                            book.finished(done, &settings);
+                        }
+                    }
+                }
                 continue;
             }
             Err(e) => return Err(e),

@@ -145,7 +145,8 @@ pub struct Settings {
     pub flush_bytes: usize,
     /// How long the runner waits between passes when there was nothing to do.
     pub idle: Duration,
-    /// The first wait after a failed pass; doubled up to `backoff_max`.
+    /// The least wait after a failed pass; the waits double from it, with
+    /// jitter, up to `backoff_max`.
     pub backoff_min: Duration,
     /// The longest wait after failed passes.
     pub backoff_max: Duration,
@@ -347,7 +348,7 @@ impl Relay {
             .await?;
         let epoch = self.open_pass(&tx).await?;
         let t0 = std::time::Instant::now();
-        let dropped = self.bound_outboxes(&tx).await?;
+        let (dropped, bounded) = self.bound_outboxes(&tx).await?;
         let observed = observe::observe(&tx, replicas).await?;
         trace("observe", t0);
         let plan = self.plan(&tx, &observed).await?;
@@ -377,6 +378,9 @@ impl Relay {
         trace("commit", t0);
         // Only now, so that a pass that failed leaves the relay as it was
         // and can run again on the same session.
+        if bounded {
+            self.outbox_checked = Some(std::time::Instant::now());
+        }
         self.prepared = true;
         self.started = true;
         self.leftovers.left(plan.filled, plan.analysed);
@@ -438,18 +442,17 @@ impl Relay {
     }
 
     /// Every `outbox_check_every`, the replicas whose outbox outgrew its
-    /// bound: dropped, to be provisioned again.
-    async fn bound_outboxes(&mut self, tx: &Transaction<'_>) -> Result<Vec<String>> {
+    /// bound: dropped, to be provisioned again. Whether it checked: the
+    /// check counts once the pass commits.
+    async fn bound_outboxes(&self, tx: &Transaction<'_>) -> Result<(Vec<String>, bool)> {
         let due = match self.outbox_checked {
             None => true,
             Some(at) => at.elapsed() >= self.context.settings.outbox_check_every,
         };
         if !due {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), false));
         }
-        let dropped = outbox::bound(tx, &self.context.settings).await?;
-        self.outbox_checked = Some(std::time::Instant::now());
-        Ok(dropped)
+        Ok((outbox::bound(tx, &self.context.settings).await?, true))
     }
 
     /// Plans every pending note for the replicas `observed` kept up, into
