@@ -283,8 +283,12 @@ impl Inner {
         }
         if let Some(conn) = &peer.conn {
             if conn.tx.send(Out::Frame(frame.clone())).is_err() {
+                // The connection ended and is not detached yet: lost just
+                // now, so the message waits for the replica to be back, as
+                // it would a moment later (sending it as not connected
+                // failed a snapshot whose replica was only reconnecting).
                 peer.conn = None;
-                return Err(Inner::not_connected(replica));
+                peer.lost_at = Some(std::time::Instant::now());
             }
         }
         peer.unacked_bytes += frame.len();
