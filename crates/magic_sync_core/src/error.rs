@@ -27,6 +27,25 @@ impl fmt::Display for Mismatch {
     }
 }
 
+/// What a side does about a failure: each side's `Error::handling` says
+/// which, by the error's kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handling {
+    /// The infrastructure failed (the database, the network, a lock, a busy
+    /// file): the same work may succeed unchanged, after a backoff with
+    /// jitter.
+    Retry,
+    /// The data or the code failed: retrying it unchanged fails the same
+    /// way. What it is about is set aside, shown as "deploy a fix", and
+    /// everything else goes on.
+    SetAside,
+    /// The setup is wrong (declarations that disagree with the database,
+    /// an index or trigger missing, a schema of another build): nothing can
+    /// be done until the operator acts. The runner returns the error, whose
+    /// text says what to do, instead of trying again.
+    Stop,
+}
+
 /// The core's one error: declarations that cannot make an engine. The
 /// server's and the replica's errors take it in as their own
 /// `Declarations`.

@@ -2,20 +2,7 @@
 //! ([`Error::handling`]).
 
 use magic_sync_core::error::list;
-pub use magic_sync_core::error::Mismatch;
-
-/// What the replica does about a failure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Handling {
-    /// Its database was busy: the same work again, after a backoff.
-    Retry,
-    /// A message or a row it cannot take: set aside, the rest goes on.
-    SetAside,
-    /// The setup is wrong (declarations that disagree with its database,
-    /// a table without a codec, bookkeeping it cannot read): the runner
-    /// returns the error instead of going on.
-    Stop,
-}
+pub use magic_sync_core::error::{Handling, Mismatch};
 
 /// Everything that can go wrong on a replica.
 #[derive(Debug, thiserror::Error)]

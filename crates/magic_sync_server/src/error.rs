@@ -4,27 +4,10 @@
 //! what to do.
 
 use magic_sync_core::error::list;
-pub use magic_sync_core::error::Mismatch;
+pub use magic_sync_core::error::{Handling, Mismatch};
 use magic_sync_core::sql::{ident, qualified};
 use std::fmt;
 use tokio_postgres::error::SqlState;
-
-/// What the server does about a failure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Handling {
-    /// The infrastructure failed (the database, the network, a lock): the
-    /// same work may succeed unchanged, after a backoff with jitter.
-    Retry,
-    /// The data or the code failed: retrying it unchanged fails the same
-    /// way. What it is about is set aside, shown to the operator as "deploy
-    /// a fix", and everything else goes on.
-    SetAside,
-    /// The setup is wrong (declarations that disagree with the database,
-    /// an index or trigger missing, a schema of another build): nothing can
-    /// be done until the operator acts. The runner returns the error, whose
-    /// text says what to do, instead of trying again.
-    Stop,
-}
 
 /// Everything that can go wrong on the server.
 #[derive(Debug, thiserror::Error)]

@@ -71,7 +71,9 @@ pub async fn heed<T: Transport>(
     for ((replica, ack), outcome) in acks.iter().zip(outcomes) {
         match outcome {
             Ok(crate::relay::Acknowledged::Recorded) => {
-                heeded.acknowledged.push((replica.clone(), known(ack)));
+                // A recorded number is one the server sealed, so drew: it fits.
+                let number = MessageNo::from_wire(ack.number).map_or(i64::MAX, MessageNo::store);
+                heeded.acknowledged.push((replica.clone(), number));
             }
             Ok(_) => {}
             Err(e) => {
@@ -81,12 +83,6 @@ pub async fn heed<T: Transport>(
         }
     }
     Ok(heeded)
-}
-
-/// A recorded acknowledgement's number: one the server sealed, so one it
-/// drew.
-fn known(ack: &crate::envelope::Ack) -> i64 {
-    MessageNo::from_wire(ack.number).map_or(i64::MAX, MessageNo::store)
 }
 
 /// `up`, unless it is larger than a message may be: a replica's uplink
@@ -455,18 +451,8 @@ async fn record_forever<H: Replicas, T: Transport>(
     loop {
         let replicas = host.replicas().await?;
         let started = std::time::Instant::now();
-        let recorded = {
-            let pass = relay.record(client, &replicas, workers.transport.max_message_bytes());
-            tokio::pin!(pass);
-            loop {
-                tokio::select! {
-                    recorded = &mut pass => break recorded,
-                    Some(done) = streaming.next(), if !streaming.is_empty() => {
-                        book.finished(done, &settings);
-                    }
-                }
-            }
-        };
+        let pass = relay.record(client, &replicas, workers.transport.max_message_bytes());
+        let recorded = beside_snapshots(pass, &mut streaming, &mut book, &settings).await;
         let recorded = match recorded {
             Ok(recorded) => recorded,
             // The pass lost a race with another transaction (what a
@@ -475,17 +461,8 @@ async fn record_forever<H: Replicas, T: Transport>(
             // attempt, the publisher and the snapshots under way go on.
             Err(e) if e.is_conflict() => {
                 tracing::debug!(error = %e, "a pass gave way to another transaction; again");
-                // Snapshots under way keep streaming meanwhile.
                 let wait = tokio::time::sleep(backoff.next_wait());
-                tokio::pin!(wait);
-                loop {
-                    tokio::select! {
-                        () = &mut wait => break,
-                        Some(done) = streaming.next(), if !streaming.is_empty() => {
-                            book.finished(done, &settings);
-                        }
-                    }
-                }
+                beside_snapshots(wait, &mut streaming, &mut book, &settings).await;
                 continue;
             }
             Err(e) => return Err(e),
@@ -516,14 +493,29 @@ async fn record_forever<H: Replicas, T: Transport>(
         }
         if recorded.messages == 0 && recorded.planned.notes == 0 {
             let idle = tokio::time::sleep(settings.idle);
-            tokio::pin!(idle);
-            loop {
-                tokio::select! {
-                    () = &mut idle => break,
-                    Some(done) = streaming.next(), if !streaming.is_empty() => {
-                        book.finished(done, &settings);
-                    }
-                }
+            beside_snapshots(idle, &mut streaming, &mut book, &settings).await;
+        }
+    }
+}
+
+/// Drives `work` to its end while the snapshots under way stream, filing
+/// each that ends in `book`.
+async fn beside_snapshots<W, S>(
+    work: W,
+    streaming: &mut FuturesUnordered<S>,
+    book: &mut Book,
+    settings: &Settings,
+) -> W::Output
+where
+    W: Future,
+    S: Future<Output = (String, Result<Streamed, Failed>)>,
+{
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            done = &mut work => return done,
+            Some(done) = streaming.next(), if !streaming.is_empty() => {
+                book.finished(done, settings);
             }
         }
     }
