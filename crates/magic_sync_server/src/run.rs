@@ -244,7 +244,12 @@ where
                 return Err(e);
             }
             Handling::SetAside => {
-                tracing::error!(error = %e, "a relay attempt failed; it goes on, and needs a fix");
+                // Not narrowed to what it is about yet: the whole attempt
+                // fails the same way until a fix is deployed.
+                tracing::error!(
+                    error = %e,
+                    "a relay pass failed on what only a fix can change (deploy one); trying again after a backoff"
+                );
             }
             Handling::Retry => tracing::warn!(error = %e, "a relay attempt failed; trying again"),
         }
