@@ -24,16 +24,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// A number from the environment, or `default`.
-/// What the engine logs, to standard error: warnings and worse, or as
-/// `RUST_LOG` says (`RUST_LOG=magic_sync::pass=debug` times every step of
-/// a pass, as `MAGIC_SYNC_TRACE=1` did).
+/// What the engine logs, to standard error, as the `magic-sync` command
+/// has it: warnings and worse, or as `RUST_LOG` says
+/// (`RUST_LOG=magic_sync::pass=debug` times every step of a pass, as
+/// `MAGIC_SYNC_TRACE=1` did).
 pub fn logs() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    magic_sync_cli::logs();
 }
 
 pub fn env_u64(name: &str, default: u64) -> u64 {
