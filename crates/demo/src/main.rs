@@ -14,6 +14,7 @@ use clap::Parser;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use magic_sync::ops::{self, ReplicaState, Scope};
 use magic_sync::relay::{ReplicaInfo, Replicas, Settings as RelaySettings};
+use magic_sync::sign::ServerKey;
 use magic_sync_http::credentials::{self, Credentials};
 use magic_sync_http::server::{serve, Hub, Security, Settings as HubSettings};
 use rand::Rng;
@@ -211,7 +212,7 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
 }
 
 /// Starts `till`'s process: this program again, as a till.
-fn start_till(args: &Args, url: &str, till: &str) -> Fallible<Child> {
+fn start_till(args: &Args, url: &str, key: &ServerKey, till: &str) -> Fallible<Child> {
     let exe = std::env::current_exe()?;
     let log = std::fs::File::create(args.data.join(format!("{till}.log")))?;
     let sales = args.seconds * 1000 / 200;
@@ -229,6 +230,8 @@ fn start_till(args: &Args, url: &str, till: &str) -> Fallible<Child> {
         .arg(till)
         .arg("--secret-file")
         .arg(args.data.join(format!("{till}.secret")))
+        .arg("--server-key")
+        .arg(key.to_string())
         .arg("--db")
         .arg(args.data.join(format!("{till}.sqlite")))
         .arg("--sell-every-ms")
@@ -360,6 +363,9 @@ async fn run(args: Args) -> Fallible<ExitCode> {
     let mut client = connect(&config).await?;
     install(&mut client, &tills).await?;
     secrets(&client, &args.data, &tills).await?;
+    // Each till is given the server's key with its secret, and applies
+    // only what that key signed.
+    let key = magic_sync::store::keys::public(&client).await?;
 
     let hub = Hub::new(HubSettings::default(), Credentials::new(config.clone()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -391,7 +397,7 @@ async fn run(args: Args) -> Fallible<ExitCode> {
     println!("server listening on {url}; starting {} tills", tills.len());
     let mut children = Vec::new();
     for till in &tills {
-        children.push(start_till(&args, &url, till)?);
+        children.push(start_till(&args, &url, &key, till)?);
     }
 
     let outcome = tokio::select! {

@@ -218,11 +218,13 @@ async fn engine_run(db: &magic_sync_testdb::TestDb, dir: &std::path::Path) -> Ti
     assert_eq!(pass.waiting, ["r1"]);
 
     let path = dir.join("r1.sqlite");
+    let key = magic_sync::store::keys::public(&client).await.unwrap();
     let applier = {
         let (network, engine) = (network.clone(), engine.clone());
         std::thread::spawn(move || {
             let engine: &'static Engine = Box::leak(Box::new(engine));
             let mut replica = Replica::open(path, "r1", engine, fks).unwrap();
+            replica.trust(&key).unwrap();
             while let Some(message) = network.next("r1") {
                 replica.apply(&message).unwrap();
                 if ends_snapshot(&message) {

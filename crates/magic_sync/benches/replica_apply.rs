@@ -242,6 +242,11 @@ struct Chain {
     last: Option<(u64, Vec<u8>)>,
 }
 
+/// The key the bench's stand-in server signs with.
+fn signer() -> magic_sync::sign::Signer {
+    magic_sync::sign::Signer::new(&[0x42; 32], Vec::new())
+}
+
 impl Chain {
     fn new(epoch: u8) -> Self {
         Chain {
@@ -259,7 +264,7 @@ impl Chain {
         let (previous, previous_nonce) = self.last.take().unwrap_or((0, Vec::new()));
         let seal = magic_sync::seal::seal(SECRET, REPLICA, &self.epoch, number, &nonce);
         self.last = Some((number, nonce.clone()));
-        ToReplica {
+        let message = ToReplica {
             replica: REPLICA.into(),
             epoch: self.epoch.clone(),
             number,
@@ -269,8 +274,10 @@ impl Chain {
             begins_snapshot,
             body: Some(body),
             seal: seal.to_vec(),
-        }
-        .encode_to_vec()
+            ..ToReplica::default()
+        };
+        // Signed as the server signs: verifying is part of applying.
+        signer().to_replica(&message)
     }
 }
 
@@ -431,6 +438,7 @@ fn baseline_stale(
 /// Applies `messages` to the replica at `path`; returns the time it took.
 fn apply(engine: &Engine, path: &Path, messages: &[Vec<u8>]) -> Took {
     let mut replica = Replica::open(path, REPLICA, engine, foreign_keys()).expect("opens");
+    replica.trust(&signer().public()).expect("pins the key");
     replica
         .connection()
         .execute_batch(&HOST_INDEX.replace("INDEX", "INDEX IF NOT EXISTS"))

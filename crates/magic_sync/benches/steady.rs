@@ -85,8 +85,10 @@ fn replica_loop(
     engine: &'static Engine,
     network: Network,
     seen: Arc<Seen>,
+    key: magic_sync::sign::ServerKey,
 ) {
     let mut replica = Replica::open(&path, &id, engine, Vec::new()).expect("open");
+    replica.trust(&key).expect("pins the server's key");
     if std::env::var("MAGIC_SYNC_BENCH_REPLICA_SYNC").as_deref() == Ok("normal") {
         // A hundred replicas on one disk queue behind each other's fsync; in
         // a fleet each has a disk of its own. This setting takes that queue
@@ -288,6 +290,7 @@ async fn main() {
     let dir = tempfile::tempdir().unwrap();
     let network = Network::new(1 << 20);
     let seen = Arc::new(Seen::default());
+    let key = magic_sync::store::keys::public(&client).await.unwrap();
     let mut infos = Vec::new();
     let mut threads = Vec::new();
     for i in 0..REPLICAS {
@@ -300,7 +303,7 @@ async fn main() {
             dir.path().join(format!("{id}.sqlite")),
         );
         threads.push(std::thread::spawn(move || {
-            replica_loop(id, path, engine, network, seen)
+            replica_loop(id, path, engine, network, seen, key)
         }));
     }
     let (stop_relay, stopped) = tokio::sync::oneshot::channel::<()>();

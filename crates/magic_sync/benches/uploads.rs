@@ -94,10 +94,12 @@ async fn main() {
     let network = Network::new(1 << 20);
     let dir = tempfile::tempdir().unwrap();
     let mut threads = Vec::new();
+    let key = magic_sync::store::keys::public(&client).await.unwrap();
     for info in &infos {
         let path = dir.path().join(format!("{}.sqlite", info.id));
         let mut replica =
             magic_sync::replica::Replica::open(&path, &info.id, engine, vec![]).unwrap();
+        replica.trust(&key).unwrap();
         let (network, id) = (network.clone(), info.id.clone());
         threads.push(std::thread::spawn(move || {
             magic_sync::run::replica::replica_with(

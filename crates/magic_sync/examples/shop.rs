@@ -104,6 +104,11 @@ async fn main() {
 
     let network = Network::new(1 << 20);
     let dir = tempfile::tempdir().expect("a temporary directory");
+    // The server's public key: a till is given it with its credentials
+    // when it is enrolled, and applies only what that key signed.
+    let key = magic_sync::store::keys::public(&client)
+        .await
+        .expect("the server's key");
     let mut tills = Vec::new();
     for id in ["till-1", "till-2"] {
         let path = dir.path().join(format!("{id}.sqlite"));
@@ -118,6 +123,7 @@ async fn main() {
         let thread = std::thread::spawn(move || {
             let mut replica =
                 Replica::open(&thread_path, id, engine, foreign_keys).expect("open the till");
+            replica.trust(&key).expect("pin the server's key");
             magic_sync::run::replica::replica(&mut replica, &network.link(id))
         });
         tills.push((id, path, thread));

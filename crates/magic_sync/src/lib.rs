@@ -5,7 +5,7 @@
 //! under the names hosts use:
 //!
 //! - `magic_sync_core` (always): values, rows, codecs, the wire contract,
-//!   the chain, seals, packing, the [`Engine`]: no I/O;
+//!   the chain, seals and signatures, packing, the [`Engine`]: no I/O;
 //! - `magic_sync_server` (feature `postgres`): the `sync` schema, checks and
 //!   triggers, the relay, filing, [`ops`], the server's runner;
 //! - `magic_sync_replica` (feature `sqlite`): [`replica`], the replica's runner.
@@ -49,7 +49,7 @@ pub mod run;
 pub use magic_sync_core as core;
 // The protocol core, under the names hosts have always used.
 pub use magic_sync_core::{
-    backoff, chain, codec, digest, engine, envelope, ids, row, seal, sql, value, wire,
+    backoff, chain, codec, digest, engine, envelope, ids, row, seal, sign, sql, value, wire,
 };
 
 #[cfg(feature = "postgres")]

@@ -137,6 +137,16 @@ pub enum Command {
         #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
         every: f64,
     },
+    /// The server's public key, which a replica is given with its secret
+    /// when it is enrolled, and pins: it applies only what that key (or a
+    /// newer key it endorsed) signed.
+    Key {
+        /// Replace the key the server signs with by a new one, endorsed by
+        /// the old: replicas that pinned the old key follow to the new one.
+        /// Prints the new key, for replicas enrolled from now on.
+        #[arg(long)]
+        rotate: bool,
+    },
 }
 
 /// How a command ended, for the exit code.
@@ -172,6 +182,9 @@ pub enum Error {
     /// The read failed.
     #[error(transparent)]
     Read(#[from] ops::Error),
+    /// Reading or replacing the server's key failed.
+    #[error("the server's key: {0}")]
+    Key(#[from] magic_sync::Error),
     /// Writing the output failed.
     #[error("writing the output: {0}")]
     Output(#[from] std::io::Error),
@@ -280,6 +293,18 @@ pub async fn run(
                 .filter(|d| !d.is_zero())
                 .ok_or(Error::Argument("--every takes a number of seconds above 0"))?;
             watch::watch(client, &scope.scope(), every, out).await
+        }
+        Command::Key { rotate } => {
+            let key = if *rotate {
+                magic_sync::store::keys::rotate(client).await?
+            } else {
+                magic_sync::store::keys::public(&*client).await?
+            };
+            let read = serde_json::json!({ "key": key.to_string() });
+            emit(out, json, &read, |read| {
+                format!("{}\n", read["key"].as_str().unwrap_or(""))
+            })?;
+            Ok(Outcome::Fine)
         }
     }
 }

@@ -207,8 +207,8 @@ mod tests {
                 nonce(previous)
             },
             begins_snapshot: false,
-            body: None,
             seal: vec![number as u8; 32],
+            ..ToReplica::default()
         }
     }
 

@@ -26,6 +26,7 @@ pub mod pack;
 pub mod row;
 pub mod schema;
 pub mod seal;
+pub mod sign;
 pub mod sql;
 pub mod value;
 pub mod wire;

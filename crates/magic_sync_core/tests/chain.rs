@@ -95,8 +95,7 @@ fn sent(steps: &[Step]) -> Vec<Sent> {
                 previous: prev,
                 previous_nonce: prev_nonce,
                 begins_snapshot: snapshot,
-                body: None,
-                seal: vec![],
+                ..ToReplica::default()
             },
             follows: previous,
             generation,

@@ -118,6 +118,7 @@ pub fn declaration(attrs: StructAttrs, owner: &Ident, fields: &[Marked]) -> Resu
     else {
         return Err(errors.into_error());
     };
+    errors.keep(owned_beside_rule(&ctx, mirror, &rule, &owned));
     errors.check()?;
     Ok(Decl {
         table: attrs
@@ -262,6 +263,50 @@ fn owned(ctx: &Ctx, mirror: Direction, key: &[String]) -> Result<Vec<String>> {
         }
     }
     errors.check().map(|()| owned)
+}
+
+/// A replica may not own what decides which replicas hold a row (it could
+/// move a row to replicas whose rules do not give it them), and a `both`
+/// table must give the replica something to write: with no owned column it
+/// is a `down` table whose uploads could never be filed.
+fn owned_beside_rule(
+    ctx: &Ctx,
+    mirror: Direction,
+    rule: &CheckedRule,
+    owned: &[String],
+) -> Result<()> {
+    if mirror != Direction::Both {
+        return Ok(());
+    }
+    if owned.is_empty() {
+        let message = format!(
+            "`both` table `{}` has no `#[row(owned)]` column: mark the columns the replica \
+             writes `#[row(owned)]`, or declare the table `down`",
+            ctx.owner
+        );
+        return Err(Error::new(ctx.owner.span(), message));
+    }
+    let (attr, decides): (&str, Vec<&String>) = match rule {
+        CheckedRule::Replica(c) => ("replica", vec![c]),
+        CheckedRule::Partition(c) => ("partition", vec![c]),
+        CheckedRule::Follows(cs) => ("follows", cs.iter().collect()),
+        _ => return Ok(()),
+    };
+    let mut errors = Errors::default();
+    for field in ctx.fields {
+        let (Some(span), name) = (field.roles.owned, &field.column.name) else {
+            continue;
+        };
+        if decides.contains(&name) {
+            let message = format!(
+                "`#[row(owned)]` on field `{name}`: `{name}` is the `{attr}` column of `{}`, \
+                 which decides which replicas hold a row, and a replica never owns it",
+                ctx.owner
+            );
+            errors.push(Error::new(span, message));
+        }
+    }
+    errors.check()
 }
 
 fn owned_error(span: Span, name: &str, owner: &Ident, mirror: Direction) -> Error {

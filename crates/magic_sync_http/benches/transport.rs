@@ -56,6 +56,7 @@ use magic_sync::run::memory::Network;
 use magic_sync::run::replica::Link;
 use magic_sync::run::server::Reports;
 use magic_sync::run::{Delivery, Report};
+use magic_sync::sign::ServerKey;
 use magic_sync::{Engine, Row};
 use magic_sync_http::client::{Settings as ClientSettings, Socket};
 use magic_sync_http::credentials::{self, Credentials};
@@ -209,8 +210,9 @@ fn stamp(json: &[u8]) -> Option<i64> {
 }
 
 /// A replica's thread: its loop over `link` until the link closes.
-fn run_replica(id: &str, path: &Path, link: &dyn Link, seen: &Seen) {
+fn run_replica(id: &str, path: &Path, link: &dyn Link, seen: &Seen, key: ServerKey) {
     let mut replica = Replica::open(path, id, engine(), Vec::new()).expect("open the replica");
+    replica.trust(&key).expect("pin the server's key");
     let watched = Watched {
         link,
         id,
@@ -230,7 +232,7 @@ struct Local {
 
 impl Local {
     /// Over the in-process network.
-    fn memory(network: &Network, ids: &[String], dir: &Path) -> Local {
+    fn memory(network: &Network, ids: &[String], dir: &Path, key: ServerKey) -> Local {
         let seen = Arc::new(Seen::default());
         let threads = ids
             .iter()
@@ -241,7 +243,7 @@ impl Local {
                     network.link(id),
                     seen.clone(),
                 );
-                std::thread::spawn(move || run_replica(&id, &path, &link, &seen))
+                std::thread::spawn(move || run_replica(&id, &path, &link, &seen, key))
             })
             .collect();
         Local {
@@ -253,7 +255,7 @@ impl Local {
     }
 
     /// Each over a socket of its own to `url`: `(id, secret)`.
-    fn sockets(url: &str, replicas: &[(String, String)], dir: &Path) -> Local {
+    fn sockets(url: &str, replicas: &[(String, String)], dir: &Path, key: ServerKey) -> Local {
         let seen = Arc::new(Seen::default());
         let mut sockets = Vec::new();
         let mut threads = Vec::new();
@@ -272,7 +274,7 @@ impl Local {
                 seen.clone(),
             );
             threads.push(std::thread::spawn(move || {
-                run_replica(&id, &path, &*link, &seen)
+                run_replica(&id, &path, &*link, &seen, key)
             }));
             sockets.push(socket);
         }
@@ -325,7 +327,7 @@ struct Child {
 }
 
 impl Child {
-    fn start(url: &str, replicas: &[(String, String)], dir: &Path) -> Child {
+    fn start(url: &str, replicas: &[(String, String)], dir: &Path, key: ServerKey) -> Child {
         let mut child = std::process::Command::new(std::env::current_exe().expect("this program"))
             .env("MAGIC_SYNC_BENCH_CHILD", "replicas")
             .stdin(std::process::Stdio::piped())
@@ -339,7 +341,7 @@ impl Child {
             stdin,
             stdout,
         };
-        let mut setup = format!("{url} {}\n", dir.display());
+        let mut setup = format!("{url} {key} {}\n", dir.display());
         for (id, secret) in replicas {
             setup.push_str(&format!("{id} {secret}\n"));
         }
@@ -387,7 +389,9 @@ fn child_main() {
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines().map(|l| l.expect("a line"));
     let first = lines.next().expect("the server and directory");
-    let (url, dir) = first.split_once(' ').expect("`url dir`");
+    let (url, rest) = first.split_once(' ').expect("`url key dir`");
+    let (key, dir) = rest.split_once(' ').expect("`url key dir`");
+    let key: ServerKey = key.parse().expect("the server's key");
     let mut replicas = Vec::new();
     for line in lines.by_ref() {
         if line == "go" {
@@ -396,7 +400,7 @@ fn child_main() {
         let (id, secret) = line.split_once(' ').expect("`id secret`");
         replicas.push((id.to_string(), secret.to_string()));
     }
-    let local = Local::sockets(url, &replicas, Path::new(dir));
+    let local = Local::sockets(url, &replicas, Path::new(dir), key);
     println!("started");
     for command in lines {
         match command.as_str() {
@@ -700,11 +704,14 @@ async fn run(scenario: &Scenario, kind: Kind, clients: Clients, load: Load) -> F
         .map(|(i, id)| ReplicaInfo::live(id, Some(&i.to_string())))
         .collect();
     let mut figures = Figures::default();
+    let key = magic_sync::store::keys::public(&client)
+        .await
+        .expect("the server's key");
     let mut serving = None;
     let (mut side, relay) = match kind {
         Kind::Memory => {
             let network = Network::new(MAX_MESSAGE);
-            let side = Side::Local(Local::memory(&network, &ids, dir.path()));
+            let side = Side::Local(Local::memory(&network, &ids, dir.path(), key));
             (side, start_relay(db.config(), infos, network))
         }
         Kind::Socket => {
@@ -740,8 +747,8 @@ async fn run(scenario: &Scenario, kind: Kind, clients: Clients, load: Load) -> F
             serving = Some((stop_serving, task));
             let started = Instant::now();
             let side = match clients {
-                Clients::Threads => Side::Local(Local::sockets(&url, &replicas, dir.path())),
-                Clients::Process => Side::Child(Child::start(&url, &replicas, dir.path())),
+                Clients::Threads => Side::Local(Local::sockets(&url, &replicas, dir.path(), key)),
+                Clients::Process => Side::Child(Child::start(&url, &replicas, dir.path(), key)),
             };
             while hub.connected().len() < ids.len() {
                 assert!(

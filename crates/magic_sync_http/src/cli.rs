@@ -20,7 +20,7 @@
 //! ```
 
 use crate::client::{Settings, Socket};
-use magic_sync::replica::{ForeignKey, Replica};
+use magic_sync::replica::{ForeignKey, Replica, ServerKey};
 use magic_sync::Engine;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,12 +37,22 @@ pub struct ReplicaCommand {
     /// A file holding the replica's secret (its first line).
     #[arg(long, env = "MAGIC_SYNC_SECRET_FILE")]
     pub secret_file: PathBuf,
+    /// The server's public key, as it was given with the secret when the
+    /// replica was enrolled (`magic-sync key`): the replica applies only
+    /// what this key, or a newer key it endorsed, signed.
+    #[arg(long, env = "MAGIC_SYNC_SERVER_KEY")]
+    pub server_key: ServerKey,
     /// The replica's SQLite file (created if missing).
     #[arg(long)]
     pub db: PathBuf,
     /// PEM certificates to trust for wss:// in place of the usual roots.
     #[arg(long)]
     pub trust: Option<PathBuf>,
+    /// Allow ws:// (no TLS) to a server on another machine, where a proxy
+    /// beside the replica ends TLS. Without it, only wss:// leaves this
+    /// machine: the secret would otherwise cross the network in the clear.
+    #[arg(long)]
+    pub allow_plain: bool,
 }
 
 /// [`ReplicaCommand`] as a program's whole command line.
@@ -73,10 +83,14 @@ pub fn open(
     foreign_keys: Vec<ForeignKey>,
 ) -> Result<(Replica, Socket), String> {
     let secret = read_secret(&args.secret_file)?;
-    let replica = Replica::open(&args.db, &args.id, engine, foreign_keys)
+    let mut replica = Replica::open(&args.db, &args.id, engine, foreign_keys)
         .map_err(|e| format!("cannot open the replica at {}: {e}", args.db.display()))?;
+    replica
+        .trust(&args.server_key)
+        .map_err(|e| format!("the replica at {}: {e}", args.db.display()))?;
     let mut settings = Settings::new(args.server.clone(), args.id.clone(), secret);
     settings.trust.clone_from(&args.trust);
+    settings.allow_plain = args.allow_plain;
     let socket = Socket::connect(settings).map_err(|e| e.to_string())?;
     Ok((replica, socket))
 }

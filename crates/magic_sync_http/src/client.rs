@@ -47,6 +47,12 @@ pub struct Settings {
     /// PEM certificates to trust for `wss://` in place of the usual roots
     /// (a private certificate authority, or a self-signed server).
     pub trust: Option<std::path::PathBuf>,
+    /// Allow `ws://` (no TLS) to a server that is not on this machine. Off
+    /// by default: the secret would cross the network in the clear. Messages
+    /// are signed either way, so nobody between can change what the replica
+    /// holds; but whoever reads the secret can connect as the replica. For
+    /// a network where a proxy beside the replica ends TLS.
+    pub allow_plain: bool,
 }
 
 impl std::fmt::Debug for Settings {
@@ -61,6 +67,7 @@ impl std::fmt::Debug for Settings {
             .field("connect_timeout", &self.connect_timeout)
             .field("idle_timeout", &self.idle_timeout)
             .field("trust", &self.trust)
+            .field("allow_plain", &self.allow_plain)
             .finish()
     }
 }
@@ -82,8 +89,28 @@ impl Settings {
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(45),
             trust: None,
+            allow_plain: false,
         }
     }
+}
+
+/// The host of an address without its scheme: `host`, `host:port`,
+/// `[v6]:port`, with any path after.
+fn host_of(rest: &str) -> &str {
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    if let Some(v6) = authority.strip_prefix('[') {
+        return v6.split(']').next().unwrap_or(v6);
+    }
+    authority.split(':').next().unwrap_or(authority)
+}
+
+/// Whether `host` names this machine.
+fn is_loopback(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// What the socket's thread shares with the replica's loop.
@@ -129,6 +156,16 @@ impl Socket {
                 "the server `{}` is not a ws:// or wss:// address",
                 settings.server
             )));
+        }
+        if let Some(host) = settings.server.strip_prefix("ws://").map(host_of) {
+            if !settings.allow_plain && !is_loopback(host) {
+                return Err(crate::Error::Settings(format!(
+                    "the server `{}` is ws:// to another machine: the replica's secret would \
+                     cross the network in the clear; use wss://, or allow plain ws:// \
+                     (`allow_plain`, --allow-plain) where a proxy beside the replica ends TLS",
+                    settings.server
+                )));
+            }
         }
         if settings.server.starts_with("wss://") && !cfg!(feature = "tls") {
             return Err(crate::Error::Settings(
@@ -436,4 +473,33 @@ fn trusting(path: &std::path::Path) -> Result<Arc<tokio_rustls::rustls::ClientCo
     .with_root_certificates(roots)
     .with_no_client_auth();
     Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{host_of, is_loopback, Settings, Socket};
+
+    #[test]
+    fn plain_ws_is_for_this_machine_unless_allowed() {
+        for (address, host) in [
+            ("127.0.0.1:7000", "127.0.0.1"),
+            ("localhost:7000/x", "localhost"),
+            ("[::1]:7000", "::1"),
+            ("till:pw@server.example:7000", "server.example"),
+            ("10.0.0.5", "10.0.0.5"),
+        ] {
+            assert_eq!(host_of(address), host, "{address}");
+        }
+        assert!(is_loopback("127.0.0.9") && is_loopback("::1") && is_loopback("LOCALHOST"));
+        assert!(!is_loopback("10.0.0.5") && !is_loopback("localhost.example.com"));
+        let remote = Settings::new("ws://10.0.0.5:7000", "till-1", "a secret of sixteen");
+        let err = Socket::connect(remote.clone()).expect_err("plain to another machine");
+        assert!(err.to_string().contains("wss://"), "{err}");
+        let allowed = Settings {
+            allow_plain: true,
+            connect_timeout: std::time::Duration::from_millis(50),
+            ..remote
+        };
+        Socket::connect(allowed).expect("allowed").close();
+    }
 }

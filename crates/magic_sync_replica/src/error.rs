@@ -48,6 +48,28 @@ pub enum Error {
         /// What is wrong with it.
         problem: String,
     },
+    /// The replica pins no server key, so it can believe nothing it is
+    /// sent: its host has not given it the key (see `Replica::trust`).
+    #[error("the replica pins no server key: give it the key the server printed when the replica was enrolled (Replica::trust, or --server-key)")]
+    NoServerKey,
+    /// The host gave a key other than the one the replica pins: the replica
+    /// belongs to another server (or the key was mistyped).
+    #[error("the replica pins server key {pinned}, and was given {given}: it belongs to another server, or the key is mistyped")]
+    OtherServer {
+        /// The key the replica was enrolled with.
+        pinned: String,
+        /// The key it was given.
+        given: String,
+    },
+    /// An answer that is not its server's: refused, counted, and nothing
+    /// changed.
+    #[error("refused {what}: {why}")]
+    Forged {
+        /// What was refused.
+        what: String,
+        /// Why.
+        why: magic_sync_core::sign::Forgery,
+    },
     /// A message was applied and committed, but letting go of the retired rows
     /// nothing points at any more failed afterwards. The replica holds the
     /// message; the retired rows wait for the next purge.
@@ -81,9 +103,11 @@ impl Error {
                 Handling::Retry
             }
             Error::Purge { source, .. } => source.handling(),
-            Error::Declarations(_) | Error::NoCodec { .. } | Error::Bookkeeping(_) => {
-                Handling::Stop
-            }
+            Error::Declarations(_)
+            | Error::NoCodec { .. }
+            | Error::Bookkeeping(_)
+            | Error::NoServerKey
+            | Error::OtherServer { .. } => Handling::Stop,
             _ => Handling::SetAside,
         }
     }

@@ -45,6 +45,7 @@ pub mod run;
 mod snapshot;
 mod state;
 mod tables;
+mod trust;
 mod up;
 mod uplink;
 
@@ -53,12 +54,13 @@ mod uplink;
 #[cfg(test)]
 extern crate magic_sync_core as magic_sync;
 
-use magic_sync_core::{chain, codec, engine, envelope, sql, value, wire};
+use magic_sync_core::{chain, codec, engine, envelope, sign, sql, value, wire};
 
 pub use digest::fingerprint;
 pub use error::{Error, Handling, Result};
 pub use key::{canonical as canonical_key, KeyProblem};
 pub use magic_sync_core::schema::{ForeignKey, Schema};
+pub use magic_sync_core::sign::{Forgery, ServerKey};
 pub use state::Status;
 pub use up::{mark, wait_written, written, Mark, Pending, Written};
 pub use uplink::{SentUp, Uplink, UplinkError};
@@ -102,6 +104,14 @@ pub enum Outcome {
         /// The replica it names.
         replica: String,
     },
+    /// The message is not the server's: unsigned, altered on the way, or
+    /// signed by a key the replica does not trust. Nothing changed, and it
+    /// is counted ([`Status::forged`]). Judged before anything in it is
+    /// believed, its number included.
+    Forged {
+        /// Why it was refused.
+        why: Forgery,
+    },
 }
 
 /// A replica's database and what it knows of the chain.
@@ -114,6 +124,8 @@ pub struct Replica {
     schema: Schema,
     tables: Tables,
     chain: Chain,
+    /// The server key it follows now, once one is pinned.
+    trusted: Option<ServerKey>,
     /// Rows an uplink refused for good, set aside until the replica is
     /// opened again, as (table, key as noted).
     set_aside: std::collections::HashSet<(String, String)>,
@@ -157,6 +169,7 @@ impl Replica {
         conn.set_prepared_statement_cache_capacity(64 + 8 * engine.tables().count());
         create_tables(&mut conn, engine, &tables, &foreign_keys)?;
         let chain = state::load_chain(&conn)?;
+        let trusted = trust::load(&conn)?.current;
         Ok(Replica {
             conn,
             id: replica_id.to_string(),
@@ -164,10 +177,29 @@ impl Replica {
             schema: Schema::new(engine, &foreign_keys),
             tables,
             chain,
+            trusted,
             set_aside: Default::default(),
             early: Default::default(),
             patience: Default::default(),
         })
+    }
+
+    /// Pins `key`, the server's public key as it was handed over with the
+    /// replica's secret when the replica was enrolled: from then on the
+    /// replica applies only what that key (or a newer key it endorsed)
+    /// signed. A replica that pins a key already takes that key again, or
+    /// the newer one it follows, and refuses any other
+    /// ([`Error::OtherServer`]), so a host may give the enrolment key on
+    /// every start. Until a key is pinned, [`apply`](Self::apply) is
+    /// [`Error::NoServerKey`].
+    pub fn trust(&mut self, key: &ServerKey) -> Result<()> {
+        self.trusted = Some(trust::pin(&self.conn, key)?);
+        Ok(())
+    }
+
+    /// The server key the replica follows now, if one is pinned.
+    pub fn server_key(&self) -> Option<ServerKey> {
+        self.trusted
     }
 
     /// The replica's id.
@@ -194,8 +226,17 @@ impl Replica {
     /// change nothing. A message applied but whose purge failed afterwards is
     /// [`Error::Purge`]: it is applied all the same.
     pub fn apply(&mut self, bytes: &[u8]) -> Result<Outcome> {
+        let trusted = self.trusted.ok_or(Error::NoServerKey)?;
+        let signer = match sign::verify_message(&trusted, bytes) {
+            Ok(signer) => signer,
+            Err(why) => {
+                trust::forged(&self.conn, &why.to_string())?;
+                tracing::warn!(replica = %self.id, "refused a message: {why}");
+                return Ok(Outcome::Forged { why });
+            }
+        };
         let message = decode(bytes)?;
-        match self.chain.decide(&self.id, &message) {
+        let outcome = match self.chain.decide(&self.id, &message) {
             Decision::Apply => self.apply_message(&message),
             Decision::Duplicate => Ok(Outcome::Duplicate {
                 number: message.number,
@@ -204,7 +245,19 @@ impl Replica {
             Decision::WrongReplica => Ok(Outcome::WrongReplica {
                 replica: message.replica,
             }),
+        };
+        self.follow(trusted, signer)?;
+        outcome
+    }
+
+    /// Follows the server from `trusted` to the newer key `signer` it just
+    /// verified something of: an older key's messages are refused from now on.
+    fn follow(&mut self, trusted: ServerKey, signer: ServerKey) -> Result<()> {
+        if signer != trusted {
+            trust::advance(&self.conn, &signer)?;
+            self.trusted = Some(signer);
         }
+        Ok(())
     }
 
     fn apply_message(&mut self, message: &ToReplica) -> Result<Outcome> {
@@ -345,7 +398,23 @@ impl Replica {
     /// was not written since. Returns how many rows were let go of; none for
     /// a send this replica does not know (one not recorded as sent yet is
     /// remembered a while, and counts once it is).
+    ///
+    /// An answer that is not the server's (see [`Outcome::Forged`]) is
+    /// [`Error::Forged`], counted, and lets go of nothing.
     pub fn filed(&mut self, filed: &envelope::Filed) -> Result<usize> {
+        let trusted = self.trusted.ok_or(Error::NoServerKey)?;
+        let signer = match sign::verify_filed(&trusted, &self.id, filed) {
+            Ok(signer) => signer,
+            Err(why) => {
+                trust::forged(&self.conn, &why.to_string())?;
+                tracing::warn!(replica = %self.id, "refused an answer to an upload: {why}");
+                return Err(Error::Forged {
+                    what: "an answer to an upload".into(),
+                    why,
+                });
+            }
+        };
+        self.follow(trusted, signer)?;
         self.patience.answered(&filed.send_id);
         // One transaction: one commit, and the host's writes wait for it
         // rather than interleave.

@@ -48,7 +48,7 @@ pub fn deliver(replica: &mut Replica, message: &[u8]) -> Result<Option<Report>> 
     Ok(match outcome {
         Outcome::Applied { .. } | Outcome::Duplicate { .. } => replica.ack().map(Report::Applied),
         Outcome::Gap { .. } => replica.gap().map(Report::Gap),
-        Outcome::WrongReplica { .. } => None,
+        Outcome::WrongReplica { .. } | Outcome::Forged { .. } => None,
     })
 }
 
@@ -141,6 +141,8 @@ pub fn replica_with(replica: &mut Replica, link: &impl Link, uploads: &Uploads) 
             },
             Delivery::Filed(filed) => match replica.filed(&filed) {
                 Ok(released) => backlog_owed |= released > 0,
+                // Not the server's: counted, and nothing let go of.
+                Err(crate::Error::Forged { .. }) => {}
                 // The answer is lost: the upload goes again after a while,
                 // and filing it again changes nothing.
                 Err(e) if e.is_transient() => {}

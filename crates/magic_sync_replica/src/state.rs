@@ -112,6 +112,7 @@ const REFUSED_KEYS: &str =
 /// Creates the bookkeeping tables.
 pub(crate) fn create(conn: &Connection) -> Result<()> {
     conn.execute_batch(CREATE)?;
+    conn.execute_batch(crate::trust::CREATE)?;
     Ok(())
 }
 
@@ -393,6 +394,11 @@ pub struct Status {
     /// Rows it could not take, on record until the server sends them again
     /// (see [`super::Replica::refused`] for which and why).
     pub refused: u64,
+    /// Messages and answers refused as not its server's (unsigned, or
+    /// signed by a key it does not trust): none applied anything.
+    pub forged: u64,
+    /// Why the last of those was refused.
+    pub last_forgery: Option<String>,
 }
 
 /// Where the replica whose file `conn` opens stands.
@@ -403,11 +409,14 @@ pub(crate) fn status(conn: &Connection) -> Result<Status> {
         .prepare_cached("SELECT count(*) FROM _magic_sync_refused WHERE superseded = 0")?
         .query_row([], |r| r.get(0))?;
     let applied = chain.applied.as_ref().map(|a| a.number);
+    let trust = crate::trust::load(conn)?;
     Ok(Status {
         ready: applied.is_some() && snapshot_began.is_none(),
         applied,
         snapshot_began,
         gap: chain.gap.as_ref().map(|g| g.number),
         refused: u64::try_from(refused).unwrap_or(0),
+        forged: trust.forged,
+        last_forgery: trust.last_forgery,
     })
 }

@@ -122,6 +122,7 @@ pub fn declarations(engine: &Engine, catalog: &Catalog) -> Result<()> {
         }
     }
     foreign_key_types(engine, catalog, &mut problems);
+    owned_pointers(engine, catalog, &mut problems);
     if problems.is_empty() {
         Ok(())
     } else {
@@ -170,7 +171,67 @@ fn foreign_key_types(engine: &Engine, catalog: &Catalog, problems: &mut Vec<Mism
     }
 }
 
+/// Owned columns that are part of a foreign key among the declared tables.
+/// A replica that owned one could point its row at a parent its rules do not
+/// give it (and, for a table that follows its parent, move the row to the
+/// replicas of another): what a row points at is the server's to say.
+fn owned_pointers(engine: &Engine, catalog: &Catalog, problems: &mut Vec<Mismatch>) {
+    for fk in &catalog.foreign_keys {
+        let Some(child) = engine.tables().find(|t| t.name == fk.child) else {
+            continue;
+        };
+        for c in fk
+            .child_columns
+            .iter()
+            .filter(|c| child.owned.contains(&c.as_str()))
+        {
+            problems.push(Mismatch {
+                table: fk.child.to_string(),
+                column: Some(c.clone()),
+                problem: format!(
+                    "is owned by the replica (`#[row(owned)]`), but it is part of foreign key \
+                     `{}` to `{}`: a replica could point its row at a parent its rules do not \
+                     give it; remove `#[row(owned)]` from it",
+                    fk.name, fk.parent
+                ),
+            });
+        }
+    }
+}
+
+/// What the derive refuses, checked again for a table declared by hand:
+/// a `both` table needs an owned column, and none may be its rule's.
+fn owned_columns(table: &Table, problems: &mut Vec<Mismatch>) {
+    if table.mirror != Mirror::Both {
+        return;
+    }
+    if table.owned.is_empty() {
+        problems.push(Mismatch {
+            table: table.name.to_string(),
+            column: None,
+            problem: "is `both` but has no owned column: the replica would write nothing \
+                      the server can file; mark what it writes `#[row(owned)]`, or declare it `down`"
+                .into(),
+        });
+    }
+    let decides: &[&str] = match &table.rule {
+        Rule::Replica(c) | Rule::Partition(c) => std::slice::from_ref(c),
+        Rule::Follows(cs) => cs,
+        _ => &[],
+    };
+    for c in table.owned.iter().filter(|c| decides.contains(c)) {
+        problems.push(Mismatch {
+            table: table.name.to_string(),
+            column: Some(c.to_string()),
+            problem: "is owned by the replica, but the table's rule reads it to decide which \
+                      replicas hold a row; a replica never owns it"
+                .into(),
+        });
+    }
+}
+
 fn check_table(table: &Table, catalog: &Catalog, problems: &mut Vec<Mismatch>) {
+    owned_columns(table, problems);
     let mismatch = |column: Option<&str>, problem: String| Mismatch {
         table: table.name.to_string(),
         column: column.map(str::to_string),

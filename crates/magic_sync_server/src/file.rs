@@ -53,7 +53,7 @@ use tokio_postgres::{Client, Transaction};
 pub enum Filing {
     /// Filed and committed: the answer to send back.
     Filed {
-        /// The answer for the replica.
+        /// The answer for the replica, signed by the server.
         answer: Filed,
         /// Rows written or deleted as the upload asked.
         taken: usize,
@@ -120,7 +120,10 @@ pub async fn file_all(
 ) -> Result<Vec<Result<Filing>>> {
     let mut filings: Vec<Option<Result<Filing>>> = uploads.iter().map(|_| None).collect();
     let mut tx = client.transaction().await?;
-    let known = known_replicas(&tx, uploads).await?;
+    let (known, signer) = tokio::try_join!(
+        known_replicas(&tx, uploads),
+        crate::store::keys::current(&tx)
+    )?;
     let mut savepoints = 0;
     let mut i = 0;
     while i < uploads.len() {
@@ -174,8 +177,32 @@ pub async fn file_all(
     tx.commit().await?;
     Ok(filings
         .into_iter()
-        .map(|f| f.expect("every upload has its filing"))
+        .zip(uploads)
+        .map(|(f, (replica, _))| {
+            f.expect("every upload has its filing")
+                .map(|filing| signed(filing, &signer, replica))
+        })
         .collect())
+}
+
+/// The filing with its answer signed for `replica`, as the replica checks
+/// it: the key read in the filing's first transaction, so a key rotated
+/// since the last batch signs this one.
+fn signed(filing: Filing, signer: &magic_sync_core::sign::Signer, replica: &str) -> Filing {
+    match filing {
+        Filing::Filed {
+            answer,
+            taken,
+            unchanged,
+            refused,
+        } => Filing::Filed {
+            answer: signer.filed(replica, answer.send_id),
+            taken,
+            unchanged,
+            refused,
+        },
+        waits => waits,
+    }
 }
 
 /// A filing as [`file_all`] keeps it: a failure of the database itself
@@ -332,6 +359,7 @@ async fn file_in(
     Ok(Filing::Filed {
         answer: Filed {
             send_id: up.send_id.clone(),
+            ..Filed::default()
         },
         taken: tally.taken,
         unchanged: tally.unchanged,
@@ -598,6 +626,7 @@ async fn records_all(
                 Filing::Filed {
                     answer: Filed {
                         send_id: up.send_id.clone(),
+                        ..Filed::default()
                     },
                     taken,
                     unchanged: rows.saturating_sub(taken + refused.len()),

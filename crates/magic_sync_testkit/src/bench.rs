@@ -169,19 +169,23 @@ impl Fleet {
             .await
             .expect("read the catalogue");
         let foreign_keys = catalog.replica_foreign_keys();
+        let key = magic_sync::store::keys::public(&client)
+            .await
+            .expect("read the server's key");
         let dir = tempfile::tempdir().expect("a temporary directory");
         let network = Network::new(1 << 20);
         let stopping = Arc::new(AtomicBool::new(false));
         let threads = replicas
             .iter()
             .map(|info| {
-                let replica = Replica::open(
+                let mut replica = Replica::open(
                     dir.path().join(format!("{}.sqlite", info.id)),
                     &info.id,
                     engine,
                     foreign_keys.clone(),
                 )
                 .expect("open the replica");
+                replica.trust(&key).expect("pin the server's key");
                 let (network, stopping, watcher) =
                     (network.clone(), stopping.clone(), watcher.clone());
                 std::thread::spawn(move || apply_loop(replica, &network, &stopping, &*watcher))

@@ -50,6 +50,8 @@ pub struct Fleet {
     pub engine: &'static Engine,
     pub catalog: Catalog,
     pub relay: Relay,
+    /// The server's key, as a replica is given it when it is enrolled.
+    pub key: magic_sync::sign::ServerKey,
     pub network: Network,
     pub dir: tempfile::TempDir,
     pub units: BTreeMap<String, Unit>,
@@ -117,6 +119,7 @@ impl Fleet {
         );
         let catalog = Catalog::read(&client, engine).await.unwrap();
         let snapshots = db.connect().await;
+        let key = magic_sync::store::keys::public(&client).await.unwrap();
         Fleet {
             db,
             client,
@@ -125,6 +128,7 @@ impl Fleet {
             engine,
             catalog,
             relay,
+            key,
             network: Network::new(max_message),
             dir: tempfile::tempdir().unwrap(),
             units: BTreeMap::new(),
@@ -143,7 +147,8 @@ impl Fleet {
     }
 
     pub fn add_at(&mut self, id: &str, partition: Option<&str>, path: std::path::PathBuf) {
-        let replica = Replica::open(&path, id, self.engine, self.foreign_keys()).unwrap();
+        let mut replica = Replica::open(&path, id, self.engine, self.foreign_keys()).unwrap();
+        replica.trust(&self.key).unwrap();
         if self.engine.tables().any(|t| t.name == "products") {
             // As on the server, a barcode belongs to one product at a time.
             replica

@@ -263,6 +263,52 @@ async fn a_foreign_key_that_prints_differently_from_its_key_is_refused() {
     );
 }
 
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "bays", down, all, key(id))]
+struct Bay {
+    id: i64,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "crates", both, all, key(id))]
+struct Crate {
+    id: i64,
+    /// The replica may move a crate to another bay: not its to say.
+    #[row(owned)]
+    bay_id: i64,
+    #[row(owned)]
+    note: String,
+}
+
+#[tokio::test]
+async fn an_owned_column_that_points_at_a_parent_is_refused() {
+    let db = magic_sync_testdb::database().await;
+    let mut client = db.connect().await;
+    client
+        .batch_execute(
+            "CREATE TABLE bays (id bigint PRIMARY KEY);
+             CREATE TABLE crates (id bigint PRIMARY KEY, bay_id bigint NOT NULL REFERENCES bays,
+                                  note text NOT NULL);",
+        )
+        .await
+        .unwrap();
+    magic_sync::schema::migrate(&mut client).await.unwrap();
+    let engine = Engine::builder()
+        .table::<Bay>()
+        .table::<Crate>()
+        .build()
+        .unwrap();
+    let err = check::startup(&engine, &client).await.expect_err("refused");
+    assert!(matches!(err, Error::Declarations(_)), "{err}");
+    let m = err.to_string();
+    assert!(
+        m.contains("table `crates`, column `bay_id`: is owned by the replica")
+            && m.contains("part of foreign key `crates_bay_id_fkey` to `bays`"),
+        "{m}"
+    );
+    assert!(!m.contains("column `note`"), "{m}");
+}
+
 async fn refused<R: Row>() -> String {
     let (_db, client) = shop::installed().await;
     let engine = Engine::builder().table::<R>().build().unwrap();

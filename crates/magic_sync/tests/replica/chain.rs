@@ -5,7 +5,7 @@ use crate::support::*;
 use magic_sync::chain::Break;
 use magic_sync::envelope::{Ack, Gap, ToReplica};
 use magic_sync::replica::Error;
-use magic_sync::replica::Outcome;
+use magic_sync::replica::{Forgery, Outcome};
 
 #[test]
 fn a_message_applies_and_is_acknowledged_as_it_came() {
@@ -217,17 +217,27 @@ fn a_malformed_message_applies_nothing_and_says_what_is_wrong() {
     let (_site, mut replica, mut server) = provisioned_with_tea();
     let ack = replica.ack();
 
+    // Bytes that are no message cannot be the server's: judged by their
+    // signature before anything else, they are refused as forged.
     let garbage = [0xFF, 0xFF, 0xFF, 0xFF];
-    let err = replica.apply(&garbage).expect_err("is not a message");
-    assert!(matches!(err, Error::Envelope(_)), "{err}");
-    assert!(err.to_string().contains("not a ToReplica"), "{err}");
+    let outcome = replica.apply(&garbage).expect("judged");
+    assert!(
+        matches!(
+            &outcome,
+            Outcome::Forged {
+                why: Forgery::Layout { .. }
+            }
+        ),
+        "{outcome:?}"
+    );
 
     let good = server.down(vec![upserts(&[product(1, "coffee")])]);
     let whole = bytes(&good);
-    let err = replica
-        .apply(&whole[..whole.len() - 5])
-        .expect_err("a truncated message does not decode");
-    assert!(matches!(err, Error::Envelope(_)), "{err}");
+    let outcome = replica.apply(&whole[..whole.len() - 5]).expect("judged");
+    assert!(matches!(outcome, Outcome::Forged { .. }), "{outcome:?}");
+    assert_eq!(replica.status().unwrap().forged, 2);
+
+    // Signed by the server but not applicable as it is: what is wrong is said.
 
     let bodiless = ToReplica {
         body: None,

@@ -9,4 +9,5 @@ mod rows;
 mod snapshot;
 mod status;
 mod support;
+mod trust;
 mod up;

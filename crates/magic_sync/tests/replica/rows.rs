@@ -327,6 +327,7 @@ fn a_field_of_the_hosts_own_type_checks_every_row_it_takes() {
     let mut replica =
         magic_sync::replica::Replica::open(site.dir.path().join("b.sqlite3"), UNIT, engine, vec![])
             .unwrap();
+    replica.trust(&signer().public()).unwrap();
     let mut server = Server::new();
     let mut rows = upserts(&[Badge {
         id: 1,

@@ -31,6 +31,8 @@ fn a_replica_is_ready_once_its_first_snapshot_ended_and_says_where_it_stands() {
             snapshot_began: Some(begin.number),
             gap: None,
             refused: 1,
+            forged: 0,
+            last_forgery: None,
         }
     );
     let end = server.end(&["products"]);

@@ -6,11 +6,20 @@ use magic_sync::envelope::{
 };
 use magic_sync::replica::{canonical_key, ForeignKey, Replica};
 use magic_sync::{Engine, Row};
-use prost::Message;
 use std::sync::OnceLock;
 
 pub const UNIT: &str = "unit-1";
 pub const SECRET: &[u8] = b"the test epoch's secret";
+
+/// The key the stand-in server signs with; every replica a test opens pins it.
+pub fn signer() -> magic_sync::sign::Signer {
+    magic_sync::sign::Signer::new(&[0x51; 32], Vec::new())
+}
+
+/// The stand-in server's answer to the upload `send_id`, signed.
+pub fn answer(send_id: &[u8]) -> magic_sync::envelope::Filed {
+    signer().filed(UNIT, send_id.to_vec())
+}
 
 #[derive(Row, Debug, Clone, PartialEq)]
 #[row(table = "products", down, all, key(id), retired = "retired")]
@@ -133,13 +142,17 @@ impl Site {
     }
 
     pub fn open(&self) -> Replica {
-        Replica::open(
+        let mut replica = Replica::open(
             self.dir.path().join("replica.sqlite3"),
             UNIT,
             engine(),
             foreign_keys(),
         )
-        .expect("the replica opens")
+        .expect("the replica opens");
+        replica
+            .trust(&signer().public())
+            .expect("the replica pins the stand-in server's key");
+        replica
     }
 }
 
@@ -187,6 +200,7 @@ impl Server {
             begins_snapshot,
             body: Some(body),
             seal: seal.to_vec(),
+            ..ToReplica::default()
         }
     }
 
@@ -218,8 +232,9 @@ impl Server {
     }
 }
 
+/// The message as the server sends it: signed.
 pub fn bytes(message: &ToReplica) -> Vec<u8> {
-    message.encode_to_vec()
+    signer().to_replica(message)
 }
 
 /// The wire key of a row.

@@ -52,9 +52,7 @@ fn shown(up: &Up) -> Vec<(String, String, String)> {
 }
 
 fn filed(up: &Up) -> Filed {
-    Filed {
-        send_id: up.send_id.clone(),
-    }
+    answer(&up.send_id)
 }
 
 #[test]
@@ -170,9 +168,7 @@ fn filed_lets_go_of_exactly_what_its_send_carried() {
     assert_eq!(replica.filed(&filed(&first)).unwrap(), 2);
     assert_eq!(notes(&replica), [("sales".into(), "[\"b\"]".into(), 2)]);
     // An answer to a send the replica never made lets go of nothing.
-    let stranger = Filed {
-        send_id: vec![7; 16],
-    };
+    let stranger = answer(&[7; 16]);
     assert_eq!(replica.filed(&stranger).unwrap(), 0);
     // Answered twice: the second time, nothing is left to let go of.
     assert_eq!(replica.filed(&filed(&second)).unwrap(), 1);
@@ -706,11 +702,7 @@ fn patience_grows_with_the_time_answers_take() {
     let sent_at = std::time::Instant::now();
     let up = replica.upload(MAX, PATIENT).unwrap().unwrap();
     // An answer to a send never made times nothing.
-    replica
-        .filed(&Filed {
-            send_id: vec![3; 16],
-        })
-        .unwrap();
+    replica.filed(&answer(&[3; 16])).unwrap();
     assert_eq!(replica.patience(Duration::ZERO), Duration::ZERO);
     replica.filed(&filed(&up)).unwrap();
     let round_trip = sent_at.elapsed();

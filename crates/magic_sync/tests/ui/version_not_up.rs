@@ -4,6 +4,8 @@ struct Order {
     id: i64,
     #[row(version)]
     revision: i64,
+    #[row(owned)]
+    note: String,
 }
 
 fn main() {}

@@ -3,5 +3,6 @@
 //! binary, so the throwaway cluster starts once.
 
 mod edges;
+mod mitm;
 mod socket;
 mod support;

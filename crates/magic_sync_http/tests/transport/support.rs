@@ -98,6 +98,8 @@ pub struct Server {
     pub addr: SocketAddr,
     pub url: String,
     pub secrets: std::collections::HashMap<String, String>,
+    /// The server's key, which every till is given with its secret.
+    pub key: magic_sync::sign::ServerKey,
     pub dir: tempfile::TempDir,
     pub stop: Option<tokio::sync::oneshot::Sender<()>>,
     pub tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -137,6 +139,7 @@ pub async fn server_of(
             credentials::issue(&client, till).await.unwrap(),
         );
     }
+    let key = magic_sync::store::keys::public(&client).await.unwrap();
     let hub = Hub::new(settings, Credentials::new(db.config()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -183,6 +186,7 @@ pub async fn server_of(
         addr,
         url,
         secrets,
+        key,
         dir: tempfile::tempdir().unwrap(),
         stop: Some(stop),
         tasks: vec![serving, relay],
@@ -211,9 +215,10 @@ impl Server {
     pub fn replica_with(&self, settings: ClientSettings) -> Running {
         let till = settings.replica.clone();
         let socket = Arc::new(Socket::connect(settings).unwrap());
-        let (path, link) = (self.path(&till), socket.clone());
+        let (path, link, key) = (self.path(&till), socket.clone(), self.key);
         let thread = std::thread::spawn(move || {
             let mut replica = Replica::open(&path, &till, engine(), vec![]).unwrap();
+            replica.trust(&key).unwrap();
             magic_sync::run::replica::replica(&mut replica, &*link).unwrap();
         });
         (socket, thread)

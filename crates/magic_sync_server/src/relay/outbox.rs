@@ -8,6 +8,7 @@ use crate::envelope::ToReplica;
 use crate::error::{Error, Result};
 use crate::seal;
 use crate::sql;
+use magic_sync_core::sign::Signer;
 use prost::Message;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
@@ -15,23 +16,35 @@ use std::collections::HashMap;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{SimpleQueryMessage, Statement, Transaction};
 
-/// The installation's epoch.
+/// The installation's epoch, and the key its messages are signed with.
 pub(crate) struct Epoch {
     pub id: Vec<u8>,
     pub(crate) secret: Vec<u8>,
+    pub(crate) signer: Signer,
 }
 
 impl Epoch {
+    /// The epoch and the server's newest key, in one round trip.
     pub async fn read(client: &impl tokio_postgres::GenericClient) -> Result<Epoch> {
+        let sql = format!(
+            "SELECT e.id, e.secret, k.* FROM sync.epoch e CROSS JOIN LATERAL ({}) k",
+            crate::store::keys::READ
+        );
         let row = client
-            .query_opt("SELECT id, secret FROM sync.epoch", &[])
+            .query_opt(&sql, &[])
             .await?
             .ok_or_else(|| Error::Damaged {
                 what: "sync.epoch is empty: the migrations did not run whole".into(),
             })?;
+        let seeds: Option<Vec<Vec<u8>>> = row.get(2);
+        let endorsements: Option<Vec<Option<Vec<u8>>>> = row.get(3);
         Ok(Epoch {
             id: row.get(0),
             secret: row.get(1),
+            signer: crate::store::keys::signer(
+                &seeds.unwrap_or_default(),
+                &endorsements.unwrap_or_default(),
+            )?,
         })
     }
 }
@@ -41,6 +54,7 @@ impl std::fmt::Debug for Epoch {
         // Never the secret.
         f.debug_struct("Epoch")
             .field("id", &hex::encode(&self.id))
+            .field("key", &self.signer.public())
             .finish()
     }
 }
@@ -259,8 +273,7 @@ pub(crate) fn stamp(epoch: &Epoch, chain: &mut Chain, replica: &str, number: i64
         previous: u64::try_from(chain.last_number).unwrap_or(0),
         previous_nonce: chain.last_nonce.clone(),
         begins_snapshot: begins,
-        body: None,
-        seal: Vec::new(),
+        ..ToReplica::default()
     }
     .encode_to_vec();
     let seal = seal::seal(&epoch.secret, replica, &epoch.id, number_u, &nonce).to_vec();
@@ -269,18 +282,17 @@ pub(crate) fn stamp(epoch: &Epoch, chain: &mut Chain, replica: &str, number: i64
     Stamped { nonce, head, seal }
 }
 
-/// The bytes the transport is given: head, body and seal, one after the
-/// other, which is the encoding of the whole `ToReplica`.
-pub(crate) fn whole(head: Vec<u8>, body: &[u8], seal: Vec<u8>) -> Vec<u8> {
-    let tail = ToReplica {
-        seal,
-        ..ToReplica::default()
-    }
-    .encode_to_vec();
-    let mut bytes = head;
-    bytes.extend_from_slice(body);
-    bytes.extend_from_slice(&tail);
-    bytes
+/// The bytes the transport is given: head, body and a tail of the seal and
+/// the server's signature, one after the other, which is the encoding of the
+/// whole `ToReplica`. `body_hash` is the body's SHA-256.
+pub(crate) fn whole(
+    epoch: &Epoch,
+    head: &[u8],
+    body: &[u8],
+    body_hash: &[u8],
+    seal: Vec<u8>,
+) -> Vec<u8> {
+    epoch.signer.message(head, body, body_hash, seal)
 }
 
 /// The id a transport de-duplicates a message by: the same however often it

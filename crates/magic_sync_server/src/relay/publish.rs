@@ -21,12 +21,13 @@ struct Waiting {
     nonce: Vec<u8>,
     head: Vec<u8>,
     body: Vec<u8>,
+    hash: Vec<u8>,
     seal: Vec<u8>,
 }
 
 impl Waiting {
-    fn bytes(self) -> Vec<u8> {
-        whole(self.head, &self.body, self.seal)
+    fn bytes(self, epoch: &Epoch) -> Vec<u8> {
+        whole(epoch, &self.head, &self.body, &self.hash, self.seal)
     }
 }
 
@@ -108,8 +109,8 @@ async fn read_page(
 ) -> Result<Vec<Waiting>> {
     let params: [&(dyn ToSql + Sync); 4] = [&after.0, &after.1, &PAGE, &PAGE_BYTES];
     let page = client.query(
-        "SELECT replica, number, nonce, head, bytes, seal FROM (
-             SELECT o.replica, o.number, o.nonce, o.head, b.bytes, o.seal,
+        "SELECT replica, number, nonce, head, bytes, hash, seal FROM (
+             SELECT o.replica, o.number, o.nonce, o.head, b.bytes, b.hash, o.seal,
                     sum(length(b.bytes)) OVER (ORDER BY o.replica, o.number) - length(b.bytes) AS before
              FROM sync.outbox o JOIN sync.bodies b ON b.id = o.body
              WHERE (o.replica, o.number) > ($1, $2)
@@ -136,7 +137,8 @@ async fn read_page(
             nonce: row.get(2),
             head: row.get(3),
             body: row.get(4),
-            seal: row.get(5),
+            hash: row.get(5),
+            seal: row.get(6),
         })
         .collect())
 }
@@ -213,7 +215,7 @@ async fn send_in_order<T: Transport>(
     for message in queue {
         let number = message.number;
         let id = message_id(epoch, number, &message.nonce);
-        match transport.send(&replica, &id, message.bytes()).await {
+        match transport.send(&replica, &id, message.bytes(epoch)).await {
             Ok(()) => {
                 taken = Some(number);
                 sent += 1;

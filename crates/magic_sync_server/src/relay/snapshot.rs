@@ -42,6 +42,7 @@ use super::{held, Settings, Transport, RELAY_LOCK};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use rand::RngCore;
+use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tokio_postgres::{Client, IsolationLevel, Transaction};
@@ -393,7 +394,14 @@ impl<T: Transport> Sink for Sender<'_, T> {
         for (message, number) in packed.into_iter().zip(numbers) {
             let stamped = stamp(self.epoch, &mut self.chain, self.replica, number);
             let id = message_id(self.epoch, number, &stamped.nonce);
-            let bytes = whole(stamped.head, &message.body, stamped.seal);
+            let hash = Sha256::digest(&message.body);
+            let bytes = whole(
+                self.epoch,
+                &stamped.head,
+                &message.body,
+                &hash,
+                stamped.seal,
+            );
             self.transport
                 .send(self.replica, &id, bytes)
                 .await

@@ -22,6 +22,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (13, include_str!("013_checkpoints.sql")),
     (14, include_str!("014_credentials.sql")),
     (15, include_str!("015_held_carried.sql")),
+    (16, include_str!("016_keys.sql")),
 ];
 
 /// The version this build brings the schema to.

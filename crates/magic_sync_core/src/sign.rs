@@ -1,0 +1,572 @@
+//! The server's signature on what it sends a replica: Ed25519 under the
+//! server's key, over every byte that decides what the replica does.
+//!
+//! Two proofs travel on a message, and they protect different things:
+//!
+//! - The **signature** is for the replica. It covers the head (replica,
+//!   epoch, number, nonce, the message it follows, whether it begins a
+//!   snapshot), the body and the seal. A replica pins the server's public key
+//!   when it is enrolled and applies nothing that key (or a key it endorsed)
+//!   did not sign: whoever stands between the two can neither write nor wipe
+//!   rows, forge a `Filed` answer, nor send a high number that would make
+//!   every real message after it look like a duplicate.
+//! - The **seal** (see [`crate::seal`]) is for the server. It is an HMAC under
+//!   the epoch's secret, which no replica sees; the replica hands it back with
+//!   its acknowledgement and the server checks it there.
+//!
+//! What is signed is a statement of fixed shape, never the bytes as they
+//! came, so no framing trick can move a byte from one part to another:
+//!
+//! - a message: `magic_sync/v1 message\0`, the SHA-256 of its head, the
+//!   SHA-256 of its body, the length of its seal (8 bytes, big-endian) and
+//!   the seal. The body's hash is the one the server keys bodies by, so a
+//!   body shared by many replicas is hashed once, and signing a message
+//!   costs one small hash and one signature whatever the body's size.
+//! - a `Filed` answer: `magic_sync/v1 filed\0`, then the replica's id and
+//!   the send id, each behind its length.
+//! - an endorsement of a new key: `magic_sync/v1 key\0` and the new key.
+//!
+//! The head, body and tail are found by walking the message's top-level
+//! fields: a message whose fields are not in the server's order (head 1-7,
+//! body 10-12, tail 15-17) is refused, so what was verified is what applies.
+//!
+//! **Rotation.** The server may replace its key. Every message then carries
+//! the chain of endorsements from its first key on: each newer key signed by
+//! the one before it. A replica follows the chain from the key it pins, and
+//! pins the newest key once a message signed by it verifies: from then on an
+//! older key's message is refused.
+
+use crate::envelope::{Endorsement, Filed, ToReplica};
+use base64::Engine as _;
+use ed25519_dalek::{Signature, Signer as _, SigningKey, Verifier as _, VerifyingKey};
+use prost::Message;
+use sha2::{Digest, Sha256};
+use std::fmt;
+
+/// The length of a signature, in bytes.
+pub const SIGNATURE_LEN: usize = 64;
+
+const MESSAGE: &[u8] = b"magic_sync/v1 message\0";
+const FILED: &[u8] = b"magic_sync/v1 filed\0";
+const KEY: &[u8] = b"magic_sync/v1 key\0";
+
+/// The server's public key: what a replica pins when it is enrolled. As
+/// text it is its 32 bytes in URL-safe base64 without padding.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ServerKey(VerifyingKey);
+
+impl ServerKey {
+    /// The key of these 32 bytes, if they are a valid Ed25519 public key.
+    pub fn from_bytes(bytes: &[u8]) -> Result<ServerKey, Forgery> {
+        let bytes: [u8; 32] = bytes.try_into().map_err(|_| Forgery::BadKey {
+            why: format!("{} bytes where a key has 32", bytes.len()),
+        })?;
+        VerifyingKey::from_bytes(&bytes)
+            .map(ServerKey)
+            .map_err(|e| Forgery::BadKey { why: e.to_string() })
+    }
+
+    /// The key's 32 bytes.
+    pub fn to_bytes(&self) -> [u8; 32] {
+        self.0.to_bytes()
+    }
+
+    fn verify(&self, statement: &[u8], signature: &[u8]) -> bool {
+        Signature::from_slice(signature).is_ok_and(|s| self.0.verify(statement, &s).is_ok())
+    }
+}
+
+impl fmt::Display for ServerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(self.to_bytes()))
+    }
+}
+
+impl fmt::Debug for ServerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ServerKey({self})")
+    }
+}
+
+impl std::str::FromStr for ServerKey {
+    type Err = Forgery;
+
+    fn from_str(text: &str) -> Result<ServerKey, Forgery> {
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(text.trim())
+            .map_err(|e| Forgery::BadKey {
+                why: format!("not URL-safe base64 without padding: {e}"),
+            })?;
+        ServerKey::from_bytes(&bytes)
+    }
+}
+
+/// Why a replica would not take what came as its server's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Forgery {
+    /// No signature at all.
+    #[error("it is not signed")]
+    Unsigned,
+    /// Signed, but not by the key the replica pins nor one it endorsed.
+    #[error("its signature does not verify under the server's key {trusted}")]
+    BadSignature {
+        /// The newest key the replica could follow the endorsements to.
+        trusted: String,
+    },
+    /// Its fields are not where the server writes them, so what is signed
+    /// cannot be told from what would apply.
+    #[error("it is not laid out as the server writes messages: {why}")]
+    Layout {
+        /// What was out of place.
+        why: String,
+    },
+    /// A key that is not an Ed25519 public key.
+    #[error("a server key that is not one: {why}")]
+    BadKey {
+        /// Why.
+        why: String,
+    },
+}
+
+/// The server's signing key, with the endorsements that lead to it from
+/// the server's first key. Its `Debug` never shows the secret half.
+#[derive(Clone)]
+pub struct Signer {
+    key: SigningKey,
+    endorsements: Vec<Endorsement>,
+}
+
+impl fmt::Debug for Signer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Signer")
+            .field("public", &self.public())
+            .field("endorsements", &self.endorsements.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Signer {
+    /// The key of this 32-byte seed, reached from the server's first key
+    /// through `endorsements` (none when it is the first).
+    pub fn new(seed: &[u8; 32], endorsements: Vec<Endorsement>) -> Signer {
+        Signer {
+            key: SigningKey::from_bytes(seed),
+            endorsements,
+        }
+    }
+
+    /// The public half: what replicas pin.
+    pub fn public(&self) -> ServerKey {
+        ServerKey(self.key.verifying_key())
+    }
+
+    /// The endorsements from the first key to this one.
+    pub fn endorsements(&self) -> &[Endorsement] {
+        &self.endorsements
+    }
+
+    /// This key's endorsement of `next`, the key that replaces it.
+    pub fn endorse(&self, next: &ServerKey) -> Endorsement {
+        Endorsement {
+            key: next.to_bytes().to_vec(),
+            signature: self.sign(&key_statement(next)),
+        }
+    }
+
+    fn sign(&self, statement: &[u8]) -> Vec<u8> {
+        self.key.sign(statement).to_bytes().to_vec()
+    }
+
+    /// The whole message, as the transport is given it: `head`, `body` (whose
+    /// SHA-256 is `body_hash`) and the tail, which holds `seal`, the
+    /// signature and the endorsements. `head` holds fields 1 to 7 of a
+    /// `ToReplica` and `body` one of fields 10 to 12, encoded.
+    pub fn message(&self, head: &[u8], body: &[u8], body_hash: &[u8], seal: Vec<u8>) -> Vec<u8> {
+        debug_assert_eq!(body_hash, Sha256::digest(body).as_slice());
+        let signature = self.sign(&message_statement(head, body_hash, &seal));
+        let tail = ToReplica {
+            seal,
+            signature,
+            endorsements: self.endorsements.clone(),
+            ..ToReplica::default()
+        }
+        .encode_to_vec();
+        let mut bytes = Vec::with_capacity(head.len() + body.len() + tail.len());
+        bytes.extend_from_slice(head);
+        bytes.extend_from_slice(body);
+        bytes.extend_from_slice(&tail);
+        bytes
+    }
+
+    /// `message`, signed: what a host that builds its own messages (a test
+    /// standing in for the server, say) hands a replica. Its `signature`
+    /// and `endorsements` are replaced.
+    pub fn to_replica(&self, message: &ToReplica) -> Vec<u8> {
+        let head = ToReplica {
+            body: None,
+            seal: Vec::new(),
+            signature: Vec::new(),
+            endorsements: Vec::new(),
+            ..message.clone()
+        }
+        .encode_to_vec();
+        let body = ToReplica {
+            body: message.body.clone(),
+            ..ToReplica::default()
+        }
+        .encode_to_vec();
+        let hash = Sha256::digest(&body);
+        self.message(&head, &body, &hash, message.seal.clone())
+    }
+
+    /// The signed answer to `replica`'s upload `send_id`.
+    pub fn filed(&self, replica: &str, send_id: Vec<u8>) -> Filed {
+        let signature = self.sign(&filed_statement(replica, &send_id));
+        Filed {
+            send_id,
+            signature,
+            endorsements: self.endorsements.clone(),
+        }
+    }
+}
+
+/// The statement a message's signature is over.
+fn message_statement(head: &[u8], body_hash: &[u8], seal: &[u8]) -> Vec<u8> {
+    let mut statement = Vec::with_capacity(MESSAGE.len() + 32 + 8 + body_hash.len() + seal.len());
+    statement.extend_from_slice(MESSAGE);
+    statement.extend_from_slice(&Sha256::digest(head));
+    part(&mut statement, body_hash);
+    part(&mut statement, seal);
+    statement
+}
+
+fn filed_statement(replica: &str, send_id: &[u8]) -> Vec<u8> {
+    let mut statement = FILED.to_vec();
+    part(&mut statement, replica.as_bytes());
+    part(&mut statement, send_id);
+    statement
+}
+
+fn key_statement(key: &ServerKey) -> Vec<u8> {
+    let mut statement = KEY.to_vec();
+    statement.extend_from_slice(&key.to_bytes());
+    statement
+}
+
+fn part(statement: &mut Vec<u8>, bytes: &[u8]) {
+    // usize is at most 64 bits on every platform Rust supports.
+    statement.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
+    statement.extend_from_slice(bytes);
+}
+
+/// Follows `endorsements` from `trusted`: the newest key reached. An
+/// endorsement that `trusted` did not lead to (one of a key older than it)
+/// is passed over; once the chain is followed, every next one must verify.
+fn follow(trusted: &ServerKey, endorsements: &[Endorsement]) -> Result<ServerKey, Forgery> {
+    let mut current = *trusted;
+    let mut following = false;
+    for endorsement in endorsements {
+        let Ok(next) = ServerKey::from_bytes(&endorsement.key) else {
+            return Err(Forgery::BadKey {
+                why: "an endorsement names no key".into(),
+            });
+        };
+        if next == current {
+            // The endorsement of the key pinned: what follows it must verify.
+            following = true;
+            continue;
+        }
+        if current.verify(&key_statement(&next), &endorsement.signature) {
+            current = next;
+            following = true;
+        } else if following {
+            return Err(Forgery::BadSignature {
+                trusted: current.to_string(),
+            });
+        }
+    }
+    Ok(current)
+}
+
+/// Verifies a whole `ToReplica` as it came against the key the replica
+/// pins, before anything in it is believed: the key that signed it
+/// (`trusted`, or a newer one `trusted` endorsed), or why it is refused.
+pub fn verify_message(trusted: &ServerKey, bytes: &[u8]) -> Result<ServerKey, Forgery> {
+    let (head, body, tail) = split(bytes)?;
+    let tail = ToReplica::decode(tail).map_err(|e| Forgery::Layout {
+        why: format!("its tail does not decode: {e}"),
+    })?;
+    if tail.signature.is_empty() {
+        return Err(Forgery::Unsigned);
+    }
+    let signer = follow(trusted, &tail.endorsements)?;
+    let statement = message_statement(head, &Sha256::digest(body), &tail.seal);
+    if signer.verify(&statement, &tail.signature) {
+        Ok(signer)
+    } else {
+        Err(Forgery::BadSignature {
+            trusted: signer.to_string(),
+        })
+    }
+}
+
+/// Verifies an answer to an upload of `replica`'s against the key it pins:
+/// the key that signed it, or why it is refused.
+pub fn verify_filed(
+    trusted: &ServerKey,
+    replica: &str,
+    filed: &Filed,
+) -> Result<ServerKey, Forgery> {
+    if filed.signature.is_empty() {
+        return Err(Forgery::Unsigned);
+    }
+    let signer = follow(trusted, &filed.endorsements)?;
+    if signer.verify(&filed_statement(replica, &filed.send_id), &filed.signature) {
+        Ok(signer)
+    } else {
+        Err(Forgery::BadSignature {
+            trusted: signer.to_string(),
+        })
+    }
+}
+
+/// Which part of a message a top-level field belongs to.
+fn group(field: u32) -> Option<u8> {
+    match field {
+        1..=7 => Some(0),
+        10..=12 => Some(1),
+        15..=17 => Some(2),
+        _ => None,
+    }
+}
+
+/// An encoded `ToReplica`'s head, body and tail.
+type Parts<'a> = (&'a [u8], &'a [u8], &'a [u8]);
+
+/// The head, body and tail of an encoded `ToReplica`, found by walking its
+/// top-level fields, which must come head first, then body, then tail.
+fn split(bytes: &[u8]) -> Result<Parts<'_>, Forgery> {
+    let layout = |why: String| Forgery::Layout { why };
+    let mut at = 0;
+    let mut current = 0u8;
+    // Where the body and the tail begin.
+    let mut starts = [None::<usize>; 2];
+    while at < bytes.len() {
+        let start = at;
+        let key = varint(bytes, &mut at).ok_or_else(|| layout("a field key is cut".into()))?;
+        let field = u32::try_from(key >> 3).unwrap_or(u32::MAX);
+        let Some(g) = group(field) else {
+            return Err(layout(format!("field {field} is none of the server's")));
+        };
+        if g < current {
+            return Err(layout(format!("field {field} comes after a later part")));
+        }
+        for part in current + 1..=g {
+            starts[usize::from(part) - 1].get_or_insert(start);
+        }
+        current = g;
+        let skip = match key & 7 {
+            0 => {
+                varint(bytes, &mut at).ok_or_else(|| layout("a number is cut".into()))?;
+                0
+            }
+            2 => usize::try_from(
+                varint(bytes, &mut at).ok_or_else(|| layout("a length is cut".into()))?,
+            )
+            .unwrap_or(usize::MAX),
+            1 => 8,
+            5 => 4,
+            other => return Err(layout(format!("field {field} has wire type {other}"))),
+        };
+        at = at
+            .checked_add(skip)
+            .filter(|end| *end <= bytes.len())
+            .ok_or_else(|| layout(format!("field {field} runs past the end")))?;
+    }
+    let body = starts[0].unwrap_or(bytes.len());
+    let tail = starts[1].unwrap_or(bytes.len()).max(body);
+    Ok((&bytes[..body], &bytes[body..tail], &bytes[tail..]))
+}
+
+/// Reads a base-128 varint at `at`, moving past it.
+fn varint(bytes: &[u8], at: &mut usize) -> Option<u64> {
+    let mut value = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *bytes.get(*at)?;
+        *at += 1;
+        value |= u64::from(byte & 0x7F) << shift;
+        if byte & 0x80 == 0 {
+            return Some(value);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::envelope::{to_replica::Body, Down, EndSnapshot, RowData, TableRows};
+
+    fn signer(seed: u8) -> Signer {
+        Signer::new(&[seed; 32], Vec::new())
+    }
+
+    fn message(number: u64) -> ToReplica {
+        ToReplica {
+            replica: "till-1".into(),
+            epoch: vec![1; 16],
+            number,
+            nonce: vec![2; 16],
+            previous: number - 1,
+            previous_nonce: vec![3; 16],
+            begins_snapshot: false,
+            body: Some(Body::Down(Down {
+                tables: vec![TableRows {
+                    table: "products".into(),
+                    deletes: vec![b"[7]".to_vec()],
+                    upserts: vec![RowData {
+                        key: b"[1]".to_vec(),
+                        data: b"{\"id\":1}".to_vec(),
+                    }],
+                }],
+            })),
+            seal: vec![4; 32],
+            ..ToReplica::default()
+        }
+    }
+
+    #[test]
+    fn a_signed_message_verifies_and_decodes_as_it_was() {
+        let server = signer(1);
+        let bytes = server.to_replica(&message(5));
+        assert_eq!(
+            verify_message(&server.public(), &bytes),
+            Ok(server.public())
+        );
+        let decoded = ToReplica::decode(bytes.as_slice()).unwrap();
+        assert_eq!(decoded.number, 5);
+        assert_eq!(decoded.body, message(5).body);
+        assert_eq!(decoded.seal, vec![4; 32]);
+        assert_eq!(decoded.signature.len(), SIGNATURE_LEN);
+    }
+
+    #[test]
+    fn another_key_and_no_signature_are_refused() {
+        let bytes = signer(1).to_replica(&message(5));
+        assert!(matches!(
+            verify_message(&signer(2).public(), &bytes),
+            Err(Forgery::BadSignature { .. })
+        ));
+        let unsigned = message(5).encode_to_vec();
+        assert_eq!(
+            verify_message(&signer(1).public(), &unsigned),
+            Err(Forgery::Unsigned)
+        );
+    }
+
+    #[test]
+    fn every_flipped_byte_is_refused() {
+        let server = signer(1);
+        let bytes = server.to_replica(&message(5));
+        for i in 0..bytes.len() {
+            for bit in [0x01, 0x80] {
+                let mut flipped = bytes.clone();
+                flipped[i] ^= bit;
+                assert!(
+                    verify_message(&server.public(), &flipped).is_err(),
+                    "byte {i} flipped by {bit:#x} verified"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_field_moved_after_the_body_is_refused() {
+        // Prost takes the last value of a field: a number appended after a
+        // signed message would decode as the message's number.
+        let server = signer(1);
+        let mut bytes = server.to_replica(&message(5));
+        bytes.extend(
+            ToReplica {
+                number: u64::MAX >> 1,
+                ..ToReplica::default()
+            }
+            .encode_to_vec(),
+        );
+        assert!(matches!(
+            verify_message(&server.public(), &bytes),
+            Err(Forgery::Layout { .. })
+        ));
+    }
+
+    #[test]
+    fn a_message_with_another_body_is_refused() {
+        let server = signer(1);
+        let real = server.to_replica(&message(5));
+        let (head, _, tail) = split(&real).unwrap();
+        let other = ToReplica {
+            body: Some(Body::EndSnapshot(EndSnapshot {
+                tables: vec!["products".into()],
+            })),
+            ..ToReplica::default()
+        }
+        .encode_to_vec();
+        let forged = [head, &other, tail].concat();
+        assert!(verify_message(&server.public(), &forged).is_err());
+    }
+
+    #[test]
+    fn a_rotated_key_is_followed_from_an_endorsement_and_not_otherwise() {
+        let first = signer(1);
+        let second = Signer::new(&[2; 32], vec![first.endorse(&signer(2).public())]);
+        let third = Signer::new(&[3; 32], {
+            let mut chain = second.endorsements().to_vec();
+            chain.push(second.endorse(&signer(3).public()));
+            chain
+        });
+        let bytes = third.to_replica(&message(9));
+        // Pinned at the first key, or at the second: both lead to the third.
+        assert_eq!(verify_message(&first.public(), &bytes), Ok(third.public()));
+        assert_eq!(verify_message(&second.public(), &bytes), Ok(third.public()));
+        assert_eq!(verify_message(&third.public(), &bytes), Ok(third.public()));
+        // A key nobody endorsed, carrying the real chain, leads nowhere.
+        let stranger = Signer::new(&[9; 32], third.endorsements().to_vec());
+        assert!(verify_message(&first.public(), &stranger.to_replica(&message(9))).is_err());
+        // An endorsement signed by a stranger is not followed.
+        let hijack = Signer::new(&[8; 32], vec![signer(9).endorse(&signer(8).public())]);
+        assert!(verify_message(&first.public(), &hijack.to_replica(&message(9))).is_err());
+    }
+
+    #[test]
+    fn a_filed_answer_verifies_for_its_replica_only() {
+        let server = signer(1);
+        let filed = server.filed("till-1", vec![7; 16]);
+        assert_eq!(
+            verify_filed(&server.public(), "till-1", &filed),
+            Ok(server.public())
+        );
+        assert!(verify_filed(&server.public(), "till-2", &filed).is_err());
+        let other = Filed {
+            send_id: vec![8; 16],
+            ..filed.clone()
+        };
+        assert!(verify_filed(&server.public(), "till-1", &other).is_err());
+        let unsigned = Filed {
+            send_id: vec![7; 16],
+            ..Filed::default()
+        };
+        assert_eq!(
+            verify_filed(&server.public(), "till-1", &unsigned),
+            Err(Forgery::Unsigned)
+        );
+    }
+
+    #[test]
+    fn a_key_reads_back_from_its_text() {
+        let key = signer(1).public();
+        assert_eq!(key.to_string().parse::<ServerKey>(), Ok(key));
+        assert!("not a key".parse::<ServerKey>().is_err());
+        assert!("AAAA".parse::<ServerKey>().is_err());
+        assert!(!format!("{:?}", signer(1)).contains(&hex::encode([1u8; 32])));
+    }
+}
