@@ -212,7 +212,26 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
 }
 
 /// Starts `till`'s process: this program again, as a till.
-fn start_till(args: &Args, url: &str, key: &ServerKey, till: &str) -> Fallible<Child> {
+/// The demo server's certificate for `localhost` and its key, as PEM files
+/// in the data folder: made once, self-signed.
+fn certificate(data: &Path) -> Fallible<(std::path::PathBuf, std::path::PathBuf)> {
+    let (cert, key) = (data.join("server.crt"), data.join("server.key"));
+    if !(cert.exists() && key.exists()) {
+        let rcgen::CertifiedKey { cert: made, key_pair } =
+            rcgen::generate_simple_self_signed(vec!["localhost".to_string()])?;
+        std::fs::write(&cert, made.pem())?;
+        write_private(&key, &key_pair.serialize_pem())?;
+    }
+    Ok((cert, key))
+}
+
+fn start_till(
+    args: &Args,
+    url: &str,
+    key: &ServerKey,
+    certificate: &Path,
+    till: &str,
+) -> Fallible<Child> {
     let exe = std::env::current_exe()?;
     let log = std::fs::File::create(args.data.join(format!("{till}.log")))?;
     let sales = args.seconds * 1000 / 200;
@@ -232,6 +251,8 @@ fn start_till(args: &Args, url: &str, key: &ServerKey, till: &str) -> Fallible<C
         .arg(args.data.join(format!("{till}.secret")))
         .arg("--server-key")
         .arg(key.to_string())
+        .arg("--trust")
+        .arg(certificate)
         .arg("--db")
         .arg(args.data.join(format!("{till}.sqlite")))
         .arg("--sell-every-ms")
@@ -369,7 +390,11 @@ async fn run(args: Args) -> Fallible<ExitCode> {
 
     let hub = Hub::new(HubSettings::default(), Credentials::new(config.clone()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("ws://{}", listener.local_addr()?);
+    // TLS, as a fleet runs it: a certificate of the demo's own, which the
+    // tills are told to trust.
+    let certificate = certificate(&args.data)?;
+    let acceptor = magic_sync_http::server::tls_acceptor(&certificate.0, &certificate.1)?;
+    let url = format!("wss://localhost:{}", listener.local_addr()?.port());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -377,7 +402,12 @@ async fn run(args: Args) -> Fallible<ExitCode> {
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let serving = tokio::spawn(serve(hub.clone(), listener, Security::Plain, stopped()));
+    let serving = tokio::spawn(serve(
+        hub.clone(),
+        listener,
+        Security::Tls(acceptor),
+        stopped(),
+    ));
     let relay = {
         let (hub, config, tills, stopped) =
             (hub.clone(), config.clone(), Tills(tills.clone()), stopped());
@@ -397,7 +427,7 @@ async fn run(args: Args) -> Fallible<ExitCode> {
     println!("server listening on {url}; starting {} tills", tills.len());
     let mut children = Vec::new();
     for till in &tills {
-        children.push(start_till(&args, &url, &key, till)?);
+        children.push(start_till(&args, &url, &key, &certificate.0, till)?);
     }
 
     let outcome = tokio::select! {
