@@ -217,8 +217,10 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
 fn certificate(data: &Path) -> Fallible<(std::path::PathBuf, std::path::PathBuf)> {
     let (cert, key) = (data.join("server.crt"), data.join("server.key"));
     if !(cert.exists() && key.exists()) {
-        let rcgen::CertifiedKey { cert: made, key_pair } =
-            rcgen::generate_simple_self_signed(vec!["localhost".to_string()])?;
+        let rcgen::CertifiedKey {
+            cert: made,
+            key_pair,
+        } = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])?;
         std::fs::write(&cert, made.pem())?;
         write_private(&key, &key_pair.serialize_pem())?;
     }

@@ -44,8 +44,12 @@ use tokio_postgres::Client;
 /// The page, served as it is.
 const PAGE: &str = include_str!("page.html");
 
-/// Replicas the page lists at most (the first page of the listing).
+/// Replicas the page lists at most (the first page of the listing), and
+/// the most `/api/replicas?limit=` gives.
 const PAGE_LIMIT: usize = 500;
+
+/// The most `/api/overview?worst=` lists.
+const WORST_LIMIT: usize = 100;
 
 /// What a handler asks the reading loop for.
 #[derive(Debug)]
@@ -109,7 +113,8 @@ impl std::fmt::Debug for Token {
 }
 
 /// Serves the dashboard on `listener` to whom `access` admits, reading
-/// `scope` through `client`, until `shutdown` resolves.
+/// `scope` through `client`, until `shutdown` resolves; answers requests
+/// for this machine's names only (see [`serve_for`]).
 pub async fn serve(
     listener: TcpListener,
     client: &mut Client,
@@ -117,6 +122,25 @@ pub async fn serve(
     access: Access,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_for(listener, client, scope, access, Vec::new(), shutdown).await
+}
+
+/// [`serve`], answering requests whose `Host` is a loopback name
+/// (`localhost`, `127.0.0.1`, `[::1]`) or one of `hosts`. A page another
+/// site's name points at this machine (DNS rebinding) cannot read it. With a
+/// token and no `hosts`, any name is answered: the token is what protects.
+pub async fn serve_for(
+    listener: TcpListener,
+    client: &mut Client,
+    scope: Scope,
+    access: Access,
+    hosts: Vec<String>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let hosts = Hosts {
+        any: hosts.is_empty() && matches!(access, Access::Token(_)),
+        names: Arc::new(hosts.iter().map(|h| h.to_ascii_lowercase()).collect()),
+    };
     let (tx, rx) = mpsc::channel(16);
     let mut app = Router::new()
         .route("/", get(page))
@@ -128,10 +152,63 @@ pub async fn serve(
     if let Access::Token(token) = access {
         app = app.layer(axum::middleware::from_fn_with_state(token, admit));
     }
+    // Outermost: a request for another name learns nothing, not even
+    // whether a token is wanted.
+    app = app.layer(axum::middleware::from_fn_with_state(hosts, named));
     let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
     // The loop ends when every handle to it is gone: after the server.
     let (served, ()) = tokio::join!(async { server.await }, answer(rx, client, &scope));
     served
+}
+
+/// The names the dashboard answers to.
+#[derive(Debug, Clone)]
+struct Hosts {
+    /// Any name (a token protects it).
+    any: bool,
+    /// Names besides the loopback ones, lowercase.
+    names: Arc<Vec<String>>,
+}
+
+impl Hosts {
+    fn admit(&self, host: &str) -> bool {
+        let name = host_name(host).to_ascii_lowercase();
+        self.any
+            || name == "localhost"
+            || name
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+            || self.names.contains(&name)
+    }
+}
+
+/// The name of a `Host` header: without its port, an IPv6 address without
+/// its brackets.
+fn host_name(host: &str) -> &str {
+    if let Some(v6) = host.strip_prefix('[') {
+        return v6.split(']').next().unwrap_or(v6);
+    }
+    host.rsplit_once(':')
+        .filter(|(_, port)| port.chars().all(|c| c.is_ascii_digit()))
+        .map_or(host, |(name, _)| name)
+}
+
+/// Lets a request through when its `Host` is one the dashboard answers to;
+/// otherwise 421.
+async fn named(State(hosts): State<Hosts>, request: Request, next: Next) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    if hosts.admit(host) {
+        return next.run(request).await;
+    }
+    (
+        StatusCode::MISDIRECTED_REQUEST,
+        "magic-sync: this dashboard answers to localhost and the names given with --allow-host\n",
+    )
+        .into_response()
 }
 
 /// Lets a request through when it presents the token; otherwise 401,
@@ -268,11 +345,13 @@ async fn page() -> Response {
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (header::CACHE_CONTROL, "no-store"),
             (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-            // Nothing but this page's own script and style, and its reads.
+            (header::X_FRAME_OPTIONS, "DENY"),
+            // Nothing but this page's own script and style, and its reads;
+            // and no page may frame it.
             (
                 header::CONTENT_SECURITY_POLICY,
                 "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
-                 connect-src 'self'",
+                 connect-src 'self'; frame-ancestors 'none'",
             ),
         ],
         PAGE,
@@ -289,7 +368,7 @@ async fn overview(
     State(reader): State<Reader>,
     Query(q): Query<OverviewQuery>,
 ) -> Result<Response, ApiFailure> {
-    let worst = q.worst.unwrap_or(10);
+    let worst = q.worst.unwrap_or(10).min(WORST_LIMIT);
     let answer = reader
         .ask(Ask::Overview { worst })
         .await
@@ -309,7 +388,7 @@ async fn replicas(
 ) -> Result<Response, ApiFailure> {
     let ask = Ask::Replicas {
         after: q.after,
-        limit: q.limit.unwrap_or(PAGE_LIMIT),
+        limit: q.limit.unwrap_or(PAGE_LIMIT).min(PAGE_LIMIT),
     };
     Ok(json_of(reader.ask(ask).await.map_err(ApiFailure)?))
 }

@@ -127,6 +127,12 @@ pub enum Command {
         /// this machine: the dashboard shows every replica's state.
         #[arg(long, value_name = "PATH", env = "MAGIC_SYNC_DASHBOARD_TOKEN_FILE")]
         token_file: Option<std::path::PathBuf>,
+        /// A name the dashboard is reached by, besides localhost (the
+        /// `Host` a browser sends); repeat for more. Requests for any other
+        /// name are refused, so no other site's page can read it. Without
+        /// it, a dashboard with a token answers to any name.
+        #[arg(long = "allow-host", value_name = "NAME")]
+        allow_hosts: Vec<String>,
     },
     /// A progress bar per replica while it provisions or catches up, read
     /// again every interval; ends once all are caught up, or on Ctrl-C.
@@ -257,6 +263,7 @@ pub async fn run(
             scope,
             listen,
             token_file,
+            allow_hosts,
         } => {
             let access = match token_file {
                 Some(path) => dashboard::Access::Token(dashboard::Token::new(&read_token(path)?)),
@@ -282,9 +289,16 @@ pub async fn run(
             let stop = async {
                 let _ = tokio::signal::ctrl_c().await;
             };
-            dashboard::serve(listener, client, scope.scope(), access, stop)
-                .await
-                .map_err(serving)?;
+            dashboard::serve_for(
+                listener,
+                client,
+                scope.scope(),
+                access,
+                allow_hosts.clone(),
+                stop,
+            )
+            .await
+            .map_err(serving)?;
             Ok(Outcome::Fine)
         }
         Command::Watch { scope, every } => {

@@ -627,3 +627,63 @@ async fn the_page_lists_the_replicas_a_page_at_a_time() {
     assert_eq!(sorted.len(), 5, "{seen:?}");
     dashboard.stop().await;
 }
+
+/// The head and body of a GET of `path` sent with `Host: host`.
+async fn raw_get(addr: SocketAddr, host: &str, path: &str) -> (String, String) {
+    let mut socket = TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    socket.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    socket.read_to_string(&mut response).await.unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    (head.to_string(), body.to_string())
+}
+
+#[tokio::test]
+async fn it_answers_only_to_this_machines_names_and_no_page_may_frame_it() {
+    let db = fleet().await;
+    let dashboard = Dashboard::start(&db).await;
+    let port = dashboard.addr.port();
+    // Another site's name pointed at this machine (DNS rebinding) reads nothing.
+    for host in ["evil.example", "evil.example:80", "127.0.0.1.evil.example"] {
+        let (head, body) = raw_get(dashboard.addr, host, "/api/overview").await;
+        assert!(head.starts_with("HTTP/1.1 421"), "{host}: {head}");
+        assert!(!body.contains("replicas"), "{body}");
+    }
+    for host in [
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+    ] {
+        let (head, _) = raw_get(dashboard.addr, &host, "/").await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{host}: {head}");
+        let head = head.to_ascii_lowercase();
+        assert!(head.contains("frame-ancestors 'none'"), "{head}");
+        assert!(head.contains("x-frame-options: deny"), "{head}");
+    }
+    dashboard.stop().await;
+}
+
+#[tokio::test]
+async fn what_a_request_asks_for_is_clamped() {
+    let db = fleet().await;
+    db.connect()
+        .await
+        .batch_execute(
+            "INSERT INTO sync.replicas (id, live, provision, last_number, last_error)
+             SELECT format('r%s', lpad(i::text, 4, '0')), true, false, 0, 'unreachable'
+             FROM generate_series(1, 700) i",
+        )
+        .await
+        .unwrap();
+    let dashboard = Dashboard::start(&db).await;
+    let (status, body) = dashboard.get("/api/replicas?limit=100000").await;
+    assert_eq!(status, 200, "{body}");
+    let listing: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(listing["replicas"].as_array().unwrap().len(), 500);
+    let (status, body) = dashboard.get("/api/overview?worst=100000").await;
+    assert_eq!(status, 200, "{body}");
+    let overview: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(overview["worst"].as_array().unwrap().len(), 100, "{body}");
+    dashboard.stop().await;
+}

@@ -78,6 +78,13 @@ type Proved = HashMap<String, (String, [u8; 32])>;
 /// counts from the next connection. The slow hash runs once per secret and
 /// stored hash: a replica reconnecting with the secret already proved is
 /// let in on a comparison of digests kept in memory.
+///
+/// The slow hashes share the machine's cores. One of them is kept for
+/// replicas that proved their secret in the last day (as recorded in
+/// `sync.credentials`, so it holds across a restart): a flood of wrong
+/// secrets fills the others' queue, not theirs. An id with no secret is
+/// checked against a hash of nothing in particular, so how long a refusal
+/// takes does not tell which ids exist.
 pub struct Credentials {
     config: tokio_postgres::Config,
     /// The connection, shared: lookups run at once on it (the lock is
@@ -86,12 +93,44 @@ pub struct Credentials {
     /// Per replica: the stored hash a secret was proved against, and the
     /// SHA-256 of that secret.
     proved: Arc<Mutex<Proved>>,
-    /// Slow hashes run at once at most (each takes Argon2's 19 MiB and a
-    /// thread), so a fleet connecting at once cannot exhaust the server.
-    hashing: Arc<tokio::sync::Semaphore>,
-    /// Checks waiting for a turn now; past [`Credentials::QUEUE`] a check
-    /// is refused at once, to be tried again after the replica's backoff.
+    /// Slow hashes run at once at most, for anyone (each takes Argon2's
+    /// 19 MiB and a thread), so a fleet connecting at once cannot exhaust
+    /// the server; and the share kept for replicas proved recently.
+    hashing: Share,
+    reserved: Share,
+    /// Compared with when an id has no secret.
+    dummy: Arc<std::sync::OnceLock<String>>,
+}
+
+/// Slow hashes that may run at once, and checks that may wait for one.
+struct Share {
+    permits: Arc<tokio::sync::Semaphore>,
     waiting: std::sync::atomic::AtomicUsize,
+}
+
+impl Share {
+    fn new(permits: usize) -> Share {
+        Share {
+            permits: Arc::new(tokio::sync::Semaphore::new(permits.max(1))),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// A turn at hashing; past [`Credentials::QUEUE`] waiting, refused at
+    /// once, to be tried again after the replica's backoff.
+    async fn turn(&self) -> Result<tokio::sync::OwnedSemaphorePermit> {
+        use std::sync::atomic::Ordering;
+        if self.waiting.fetch_add(1, Ordering::AcqRel) >= Credentials::QUEUE {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::Hash(format!(
+                "{} secrets wait to be checked already",
+                Credentials::QUEUE
+            )));
+        }
+        let permit = self.permits.clone().acquire_owned().await;
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        permit.map_err(|e| Error::Hash(e.to_string()))
+    }
 }
 
 impl std::fmt::Debug for Credentials {
@@ -108,26 +147,29 @@ impl Credentials {
             config,
             client: tokio::sync::Mutex::new(None),
             proved: Arc::default(),
-            hashing: Arc::new(tokio::sync::Semaphore::new(cores)),
-            waiting: std::sync::atomic::AtomicUsize::new(0),
+            hashing: Share::new(cores.saturating_sub(1)),
+            reserved: Share::new(1),
+            dummy: Arc::default(),
         }
     }
 
-    /// Checks that may wait for a slow hash at once.
+    /// Checks that may wait for a slow hash at once, per share.
     const QUEUE: usize = 256;
 
-    async fn stored(&self, replica: &str) -> Result<Option<String>> {
-        let client = {
-            let mut client = self.client.lock().await;
-            match &*client {
-                Some(c) if !c.is_closed() => c.clone(),
-                _ => {
-                    let (c, connection) = self.config.connect(NoTls).await?;
-                    tokio::spawn(connection);
-                    client.insert(Arc::new(c)).clone()
-                }
+    async fn connection(&self) -> Result<Arc<Client>> {
+        let mut client = self.client.lock().await;
+        Ok(match &*client {
+            Some(c) if !c.is_closed() => c.clone(),
+            _ => {
+                let (c, connection) = self.config.connect(NoTls).await?;
+                tokio::spawn(connection);
+                client.insert(Arc::new(c)).clone()
             }
-        };
+        })
+    }
+
+    async fn stored(&self, replica: &str) -> Result<Option<(String, bool)>> {
+        let client = self.connection().await?;
         match store::hash(&client, replica).await {
             Ok(hash) => Ok(hash),
             Err(e) => {
@@ -138,49 +180,76 @@ impl Credentials {
         }
     }
 
-    /// Whether `secret` is `replica`'s. An error means the check could not
-    /// be made (the database is out of reach): the replica tries again.
-    pub async fn check(&self, replica: &str, secret: &str) -> Result<bool> {
-        let Some(stored) = self.stored(replica).await? else {
+    /// Whether `secret` is `replica`'s, known without a slow hash: it was
+    /// proved against the hash stored now. `false` says only that it is not
+    /// known, not that it is wrong.
+    pub async fn known(&self, replica: &str, secret: &str) -> Result<bool> {
+        let Some((stored, _)) = self.stored(replica).await? else {
             return Ok(false);
         };
+        Ok(self.cached(replica, &stored, secret))
+    }
+
+    fn cached(&self, replica: &str, stored: &str, secret: &str) -> bool {
         let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
-        let known = self
-            .proved
+        self.proved
             .lock()
             .expect("not poisoned")
             .get(replica)
-            .is_some_and(|(hash, proved)| *hash == stored && *proved == digest);
-        if known {
+            .is_some_and(|(hash, proved)| hash == stored && *proved == digest)
+    }
+
+    /// Whether `secret` is `replica`'s. An error means the check could not
+    /// be made (the database is out of reach, or too many wait): the
+    /// replica tries again.
+    pub async fn check(&self, replica: &str, secret: &str) -> Result<bool> {
+        let Some((stored, recent)) = self.stored(replica).await? else {
+            // As long as a wrong secret for an id that has one.
+            let permit = self.hashing.turn().await?;
+            let (dummy, secret) = (self.dummy.clone(), secret.to_string());
+            tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                let dummy = dummy.get_or_init(|| hash(&generate()).unwrap_or_default());
+                verify(dummy, &secret)
+            })
+            .await
+            .map_err(|e| Error::Hash(e.to_string()))?;
+            return Ok(false);
+        };
+        if self.cached(replica, &stored, secret) {
             return Ok(true);
         }
-        use std::sync::atomic::Ordering;
-        if self.waiting.fetch_add(1, Ordering::AcqRel) >= Self::QUEUE {
-            self.waiting.fetch_sub(1, Ordering::AcqRel);
-            return Err(Error::Hash(format!(
-                "{} secrets wait to be checked already",
-                Self::QUEUE
-            )));
-        }
-        let permit = self.hashing.clone().acquire_owned().await;
-        self.waiting.fetch_sub(1, Ordering::AcqRel);
-        let permit = permit.map_err(|e| Error::Hash(e.to_string()))?;
-        let (proved, replica, secret) =
-            (self.proved.clone(), replica.to_string(), secret.to_string());
+        let permit = if recent {
+            self.reserved.turn().await?
+        } else {
+            self.hashing.turn().await?
+        };
+        let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
+        let (proved, who, secret, kept) = (
+            self.proved.clone(),
+            replica.to_string(),
+            secret.to_string(),
+            stored.clone(),
+        );
         // A secret proved counts even if the replica gave up waiting.
-        tokio::task::spawn_blocking(move || {
+        let ok = tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            let ok = verify(&stored, &secret);
+            let ok = verify(&kept, &secret);
             if ok {
                 proved
                     .lock()
                     .expect("not poisoned")
-                    .insert(replica, (stored, digest));
+                    .insert(who, (kept, digest));
             }
             ok
         })
         .await
-        .map_err(|e| Error::Hash(e.to_string()))
+        .map_err(|e| Error::Hash(e.to_string()))?;
+        if ok {
+            let client = self.connection().await?;
+            store::proved(&client, replica, &stored).await?;
+        }
+        Ok(ok)
     }
 }
 

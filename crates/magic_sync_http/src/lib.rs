@@ -5,7 +5,9 @@
 //!   [`magic_sync::relay::Transport`] and its
 //!   [`magic_sync::run::server::Reports`]; [`server::serve`] accepts
 //!   replicas' connections (TLS optional) and hands each to the hub under the
-//!   replica its secret proved, never a name inside a frame.
+//!   replica its secret proved, never a name inside a frame. Connections
+//!   are bounded per address, and an address that keeps presenting wrong
+//!   secrets waits, longer each time.
 //! - [`client`]: the replica's side. A [`client::Socket`] is a
 //!   [`magic_sync::run::replica::Link`]: the replica's loop runs over it as
 //!   over the in-process network, and it reconnects by itself.
@@ -15,7 +17,7 @@
 //!   binary.
 //!
 //! On the wire, every frame is binary: the server sends one `FromServer`
-//! (a sealed `ToReplica`, or the answer to an upload), the replica one `Up`
+//! (a sealed and signed `ToReplica`, or the signed answer to an upload), the replica one `Up`
 //! (see `proto/magic_sync.proto`). A replica authenticates its upgrade
 //! request with HTTP Basic credentials: its id and its secret.
 
@@ -23,6 +25,7 @@ pub mod cli;
 pub mod client;
 pub mod credentials;
 mod frame;
+mod guard;
 pub mod server;
 
 /// The path replicas connect to.

@@ -10,6 +10,7 @@
 
 use crate::credentials::Credentials;
 use crate::frame;
+use crate::guard::{self, Guard};
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{ConnectInfo, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -42,6 +43,9 @@ pub struct Settings {
     pub max_message_bytes: usize,
     /// Connections held at most; one more is closed as soon as accepted.
     pub max_connections: usize,
+    /// Connections held at most from one address (a shop's tills behind
+    /// one router share theirs); one more is closed as soon as accepted.
+    pub max_connections_per_address: usize,
     /// Bytes of messages a replica has not acknowledged yet held for it at
     /// most: past this, sends to it wait in the outbox until it catches up.
     pub max_unacked_bytes: usize,
@@ -62,6 +66,20 @@ pub struct Settings {
     /// replica that reconnects at once misses nothing, even mid-snapshot.
     /// Later, its messages wait in the outbox.
     pub resume_window: Duration,
+    /// How long after a replica's connection was lost the hub keeps what it
+    /// sent it and did not hear acknowledged (at least `resume_window`).
+    /// Past it that is let go of, so replicas that went away cost nothing
+    /// here; one that comes back later misses those messages and is
+    /// provisioned again.
+    pub forget_after: Duration,
+    /// Bytes of one replica's frames read and not yet taken by the relay, at
+    /// most (one frame is always let in): past this the hub stops reading
+    /// that replica's connection until the relay takes what it said. A
+    /// replica that floods only slows itself.
+    pub max_queued_bytes: usize,
+    /// Bytes of every replica's frames read and not yet taken by the relay,
+    /// at most: past this every connection waits before its next frame.
+    pub max_queued_total: usize,
 }
 
 impl Default for Settings {
@@ -69,12 +87,16 @@ impl Default for Settings {
         Settings {
             max_message_bytes: 16 << 20,
             max_connections: 10_000,
+            max_connections_per_address: 1_000,
             max_unacked_bytes: 16 << 20,
             handshake_timeout: Duration::from_secs(10),
             ping_every: Duration::from_secs(15),
             idle_timeout: Duration::from_secs(45),
             write_timeout: Duration::from_secs(30),
             resume_window: Duration::from_secs(30),
+            forget_after: Duration::from_secs(600),
+            max_queued_bytes: 16 << 20,
+            max_queued_total: 256 << 20,
         }
     }
 }
@@ -122,13 +144,25 @@ impl Peer {
     }
 }
 
+/// What replicas said that the relay has not taken yet, and its bytes.
+#[derive(Debug, Default)]
+struct Queue {
+    reports: VecDeque<(String, Report)>,
+    /// Per replica, the bytes of its frames queued.
+    bytes: HashMap<String, usize>,
+    total: usize,
+}
+
 #[derive(Debug)]
 struct Inner {
     settings: Settings,
     credentials: Credentials,
+    guard: Guard,
     peers: Mutex<HashMap<String, Peer>>,
-    reports: Mutex<VecDeque<(String, Report)>>,
+    reports: Mutex<Queue>,
     reported: Notify,
+    /// Wakes readers waiting for room in the queue once the relay took it.
+    taken: Notify,
     generation: AtomicU64,
     connections: AtomicUsize,
 }
@@ -145,11 +179,13 @@ impl Hub {
     pub fn new(settings: Settings, credentials: Credentials) -> Self {
         Hub {
             inner: Arc::new(Inner {
+                guard: Guard::new(settings.max_connections_per_address),
                 settings,
                 credentials,
                 peers: Mutex::default(),
                 reports: Mutex::default(),
                 reported: Notify::new(),
+                taken: Notify::new(),
                 generation: AtomicU64::new(0),
                 connections: AtomicUsize::new(0),
             }),
@@ -167,6 +203,17 @@ impl Hub {
             .collect();
         ids.sort();
         ids
+    }
+
+    /// Bytes of what replicas said that the relay has not taken yet: all of
+    /// them, and `replica`'s.
+    pub fn queued(&self, replica: &str) -> (usize, usize) {
+        let queue = self
+            .inner
+            .reports
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (queue.total, queue.bytes.get(replica).copied().unwrap_or(0))
     }
 
     /// Connections open now, replicas' or not yet.
@@ -225,7 +272,7 @@ impl Inner {
         generation
     }
 
-    fn detach(&self, replica: &str, generation: u64) {
+    fn detach(self: &Arc<Self>, replica: &str, generation: u64) {
         if let Some(peer) = self.peers().get_mut(replica) {
             if peer
                 .conn
@@ -235,13 +282,20 @@ impl Inner {
                 peer.conn = None;
                 peer.lost_at = Some(std::time::Instant::now());
                 peer.room.notify_waiters();
+                let (inner, replica) = (self.clone(), replica.to_string());
+                let window = self.settings.forget_after.max(self.settings.resume_window);
+                tokio::spawn(async move {
+                    tokio::time::sleep(window).await;
+                    inner.forget(&replica);
+                });
             }
         }
     }
 
-    /// What `replica` said: the messages it acknowledged (or gave up on)
-    /// are let go of, and the report waits for the relay.
-    fn heard(&self, replica: &str, up: Up) {
+    /// What `replica` said, `size` bytes of it: the messages it
+    /// acknowledged (or gave up on) are let go of, and the report waits for
+    /// the relay, if the queue has room for it; if not, it is given back.
+    fn heard(&self, replica: &str, up: Up, size: usize) -> Option<Up> {
         let done = up
             .applied
             .as_ref()
@@ -252,11 +306,55 @@ impl Inner {
                 peer.release(number);
             }
         }
-        self.reports
+        let mut queue = self
+            .reports
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mine = queue.bytes.get(replica).copied().unwrap_or(0);
+        let full = (mine > 0 && mine + size > self.settings.max_queued_bytes)
+            || (queue.total > 0 && queue.total + size > self.settings.max_queued_total);
+        if full {
+            return Some(up);
+        }
+        *queue.bytes.entry(replica.to_string()).or_default() += size;
+        queue.total += size;
+        queue
+            .reports
             .push_back((replica.to_string(), frame::report(up)));
+        drop(queue);
         self.reported.notify_one();
+        None
+    }
+
+    /// [`Inner::heard`], waiting while the queue has no room: the
+    /// connection is not read meanwhile.
+    async fn hear(&self, replica: &str, up: Up, size: usize) {
+        let mut up = up;
+        loop {
+            // Made before looking, so a take in between is not missed.
+            let taken = self.taken.notified();
+            match self.heard(replica, up, size) {
+                None => return,
+                Some(back) => up = back,
+            }
+            taken.await;
+        }
+    }
+
+    /// Lets go of what `replica` was sent and did not acknowledge, if its
+    /// connection is still lost `forget_after` on: it is provisioned again
+    /// if it comes back.
+    fn forget(&self, replica: &str) {
+        let window = self.settings.forget_after.max(self.settings.resume_window);
+        let mut peers = self.peers();
+        let gone = peers.get(replica).is_some_and(|p| {
+            p.conn.is_none() && p.lost_at.is_some_and(|at| at.elapsed() >= window)
+        });
+        if gone {
+            if let Some(peer) = peers.remove(replica) {
+                peer.room.notify_waiters();
+            }
+        }
     }
 
     /// Sends `frame` down `replica`'s connection if what it has not
@@ -365,12 +463,18 @@ impl Transport for Hub {
 
 impl Reports for Hub {
     fn drain(&self) -> Vec<(String, Report)> {
-        self.inner
-            .reports
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .drain(..)
-            .collect()
+        let taken = {
+            let mut queue = self
+                .inner
+                .reports
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            queue.bytes.clear();
+            queue.total = 0;
+            queue.reports.drain(..).collect()
+        };
+        self.inner.taken.notify_waiters();
+        taken
     }
 
     async fn wait(&self) {
@@ -380,6 +484,7 @@ impl Reports for Hub {
             .reports
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .reports
             .is_empty()
         {
             return;
@@ -475,7 +580,7 @@ pub async fn serve(
         let inner = &hub.inner;
         let open = inner.connections.fetch_add(1, Ordering::Relaxed);
         // Held by the connection until it ends, a replica's or not.
-        let counted = Arc::new(Counted(inner.clone()));
+        let mut counted = Counted(inner.clone(), None);
         if open >= inner.settings.max_connections {
             tracing::warn!(
                 %addr,
@@ -484,6 +589,16 @@ pub async fn serve(
             );
             continue;
         }
+        let Some(from) = inner.guard.open(addr.ip()) else {
+            tracing::debug!(
+                %addr,
+                "closed at once, its address has {} connections open",
+                inner.settings.max_connections_per_address
+            );
+            continue;
+        };
+        counted.1 = Some(from);
+        let counted = Arc::new(counted);
         let _ = tcp.set_nodelay(true);
         let (app, security) = (app.clone(), security.clone());
         let handshake = inner.settings.handshake_timeout;
@@ -517,9 +632,10 @@ pub async fn serve(
     Ok(())
 }
 
-/// Counts a connection open while it lives: from its acceptance to the end
-/// of the replica's connection it became, if it did.
-struct Counted(Arc<Inner>);
+/// Counts a connection open while it lives, in all and against its address:
+/// from its acceptance to the end of the replica's connection it became, if
+/// it did.
+struct Counted(Arc<Inner>, Option<crate::guard::Open>);
 
 /// Whether the [`serve`] that accepted a connection stopped.
 #[derive(Clone)]
@@ -621,13 +737,28 @@ async fn upgrade(
     };
     let checked = tokio::time::timeout(
         inner.settings.handshake_timeout,
-        inner.credentials.check(&replica, &secret),
+        admitted(&inner, addr, &replica, &secret),
     )
     .await;
     match checked {
-        Ok(Ok(true)) => {}
-        Ok(Ok(false)) => {
-            tracing::warn!(%addr, replica = %replica, "wrong credentials");
+        Ok(Ok(Admitted::Yes)) => inner.guard.proved(addr.ip(), &replica),
+        Ok(Ok(Admitted::Barred(wait))) => {
+            let seconds = wait.as_secs().max(1);
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, seconds.to_string())],
+                format!("too many wrong secrets from this address: try again in {seconds} s"),
+            )
+                .into_response();
+        }
+        Ok(Ok(Admitted::No)) => {
+            if let Some(unlogged) = inner.guard.failed(addr.ip(), &replica) {
+                tracing::warn!(
+                    %addr,
+                    replica = %guard::logged(&replica),
+                    "wrong credentials ({unlogged} more from this address since the last line)"
+                );
+            }
             return (StatusCode::UNAUTHORIZED, "wrong credentials").into_response();
         }
         Ok(Err(e)) => {
@@ -657,6 +788,35 @@ async fn upgrade(
             let _counted = counted;
             replica_connection(inner, replica, addr, stopped, socket).await;
         })
+}
+
+/// Whether a connection is let in.
+enum Admitted {
+    Yes,
+    No,
+    /// Its address failed too often: it may try again after this long.
+    Barred(Duration),
+}
+
+/// Checks `secret` for `replica` from `addr`: a secret already proved is
+/// let in at once, whatever the address did; otherwise an address that
+/// failed too often waits, and the rest take a slow hash.
+async fn admitted(
+    inner: &Inner,
+    addr: SocketAddr,
+    replica: &str,
+    secret: &str,
+) -> crate::Result<Admitted> {
+    if inner.credentials.known(replica, secret).await? {
+        return Ok(Admitted::Yes);
+    }
+    if let Some(wait) = inner.guard.barred(addr.ip(), replica) {
+        return Ok(Admitted::Barred(wait));
+    }
+    Ok(match inner.credentials.check(replica, secret).await? {
+        true => Admitted::Yes,
+        false => Admitted::No,
+    })
 }
 
 /// A failed read: the replica went away (code 0: nothing to say to it), or
@@ -745,8 +905,8 @@ async fn replica_connection(
                 Ok(Some(Ok(frame))) => frame,
             };
             match frame {
-                Message::Binary(bytes) => match Up::decode(bytes) {
-                    Ok(up) => inner.heard(&replica, up),
+                Message::Binary(bytes) => match Up::decode(bytes.clone()) {
+                    Ok(up) => inner.hear(&replica, up, bytes.len()).await,
                     Err(e) => {
                         return Err((CLOSE_INVALID, format!("a frame that is not an Up: {e}")))
                     }

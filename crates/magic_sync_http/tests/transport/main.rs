@@ -3,6 +3,8 @@
 //! binary, so the throwaway cluster starts once.
 
 mod edges;
+mod floods;
+mod intake;
 mod mitm;
 mod socket;
 mod support;

@@ -28,13 +28,26 @@ pub async fn revoke(client: &Client, replica: &str) -> Result<bool> {
         > 0)
 }
 
-/// `replica`'s hash, if it has one.
-pub async fn hash(client: &Client, replica: &str) -> Result<Option<String>> {
+/// `replica`'s hash, if it has one, and whether it proved its secret with
+/// it in the last day.
+pub async fn hash(client: &Client, replica: &str) -> Result<Option<(String, bool)>> {
     Ok(client
         .query_opt(
-            "SELECT hash FROM sync.credentials WHERE replica = $1",
+            "SELECT hash, coalesce(proved_at > now() - interval '1 day', false)
+             FROM sync.credentials WHERE replica = $1",
             &[&replica],
         )
         .await?
-        .map(|r| r.get(0)))
+        .map(|r| (r.get(0), r.get(1))))
+}
+
+/// Notes that `replica` proved its secret against `hash` just now.
+pub async fn proved(client: &Client, replica: &str, hash: &str) -> Result<()> {
+    client
+        .execute(
+            "UPDATE sync.credentials SET proved_at = now() WHERE replica = $1 AND hash = $2",
+            &[&replica, &hash],
+        )
+        .await?;
+    Ok(())
 }

@@ -23,6 +23,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (14, include_str!("014_credentials.sql")),
     (15, include_str!("015_held_carried.sql")),
     (16, include_str!("016_keys.sql")),
+    (17, include_str!("017_credentials_proved.sql")),
 ];
 
 /// The version this build brings the schema to.

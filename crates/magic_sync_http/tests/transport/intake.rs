@@ -1,0 +1,134 @@
+//! What a replica sends is read only as fast as the relay takes it: a
+//! replica that floods fills its own share of the hub's queue, and then the
+//! hub stops reading it, while the others are still heard.
+
+use crate::support::{hub_settings, raw, until, SCHEMA};
+use futures_util::SinkExt;
+use magic_sync::envelope::{Backlog, TableBacklog, Up};
+use magic_sync::run::server::Reports;
+use magic_sync_http::credentials::{self, Credentials};
+use magic_sync_http::server::{serve, Hub, Security, Settings};
+use prost::Message as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_tungstenite::tungstenite::Message;
+
+/// An upload of about `bytes` bytes (a backlog naming a long table).
+fn up_of(bytes: usize) -> Vec<u8> {
+    Up {
+        backlog: Some(Backlog {
+            tables: vec![TableBacklog {
+                table: "x".repeat(bytes),
+                unsent: 1,
+                unfiled: 0,
+            }],
+        }),
+        ..Up::default()
+    }
+    .encode_to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_floods_is_read_only_as_fast_as_the_relay_takes_it() {
+    let db = magic_sync_testdb::database().await;
+    let mut client = db.connect().await;
+    client.batch_execute(SCHEMA).await.unwrap();
+    magic_sync::schema::migrate(&mut client).await.unwrap();
+    let flooder = credentials::issue(&client, "t1").await.unwrap();
+    let other = credentials::issue(&client, "t2").await.unwrap();
+    const SHARE: usize = 256 << 10;
+    // No relay: nothing takes what is queued until the test does.
+    let hub = Hub::new(
+        Settings {
+            max_queued_bytes: SHARE,
+            max_queued_total: 4 * SHARE,
+            idle_timeout: Duration::from_secs(30),
+            ..hub_settings()
+        },
+        Credentials::new(db.config()),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(serve(hub.clone(), listener, Security::Plain, async {
+        let _ = stopped.await;
+    }));
+
+    let frame = up_of(100 << 10);
+    let sent = Arc::new(AtomicUsize::new(0));
+    let mut t1 = raw(&url, "t1", &flooder).await.unwrap();
+    let flood = {
+        let (frame, sent) = (frame.clone(), sent.clone());
+        tokio::spawn(async move {
+            // 64 MiB, far past what the hub and the sockets between hold.
+            for _ in 0..640 {
+                if t1
+                    .send(Message::Binary(frame.clone().into()))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+                sent.fetch_add(1, Ordering::Relaxed);
+            }
+            t1
+        })
+    };
+    until("t1's share to fill", Duration::from_secs(30), async || {
+        hub.queued("t1").1 + frame.len() > SHARE
+    })
+    .await;
+    // The flood stalls: what t1 got off is what the hub holds plus what
+    // the sockets' buffers hold, a small part of the flood.
+    let stalled = async || {
+        let before = sent.load(Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sent.load(Ordering::Relaxed) == before
+    };
+    until("the flood to stall", Duration::from_secs(30), stalled).await;
+    assert!(
+        sent.load(Ordering::Relaxed) < 200,
+        "{} frames got off",
+        sent.load(Ordering::Relaxed)
+    );
+    assert!(hub.queued("t1").1 <= SHARE, "{:?}", hub.queued("t1"));
+
+    // Another replica is heard meanwhile.
+    let mut t2 = raw(&url, "t2", &other).await.unwrap();
+    t2.send(Message::Binary(up_of(10).into())).await.unwrap();
+    until("t2 heard", Duration::from_secs(10), async || {
+        hub.queued("t2").1 > 0
+    })
+    .await;
+    let taken = hub.drain();
+    assert!(taken.iter().any(|(r, _)| r == "t2"));
+    assert!(taken.iter().filter(|(r, _)| r == "t1").count() * frame.len() <= SHARE + frame.len());
+
+    // Once the relay takes what waits, t1 is read again, as far as its
+    // share allows each time.
+    let before = sent.load(Ordering::Relaxed);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !flood.is_finished() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the flood never got through"
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(200), hub.wait()).await;
+        let taken = hub.drain();
+        let of_t1 = taken.iter().filter(|(r, _)| r == "t1").count();
+        assert!(
+            of_t1 * frame.len() <= SHARE + frame.len(),
+            "{of_t1} frames queued"
+        );
+    }
+    assert_eq!(
+        sent.load(Ordering::Relaxed),
+        640,
+        "from {before}, every frame went"
+    );
+    let _ = stop.send(());
+    drop(t2);
+    drop(flood.await.unwrap());
+    serving.await.unwrap().unwrap();
+}
