@@ -1,5 +1,6 @@
 //! `magic-sync`: see the library's documentation. Connects with
-//! `DATABASE_URL` (without TLS), which is never printed.
+//! `DATABASE_URL` (TLS as its `sslmode` says; `PGSSLROOTCERT` names root
+//! certificates to verify the server against), which is never printed.
 
 use clap::Parser;
 use magic_sync_cli::{run, Cli, EXIT_ERROR};
@@ -25,8 +26,9 @@ async fn main_with(cli: &Cli) -> Result<u8, String> {
     let config: tokio_postgres::Config = url
         .parse()
         .map_err(|_| "DATABASE_URL is not a connection string PostgreSQL reads".to_string())?;
+    let tls = magic_sync::tls::tls().map_err(|e| e.to_string())?;
     let (mut client, connection) = config
-        .connect(tokio_postgres::NoTls)
+        .connect(tls)
         .await
         .map_err(|e| format!("connecting to the database: {e}"))?;
     let connection = tokio::spawn(connection);

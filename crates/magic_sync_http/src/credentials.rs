@@ -10,7 +10,7 @@ use magic_sync::store::credentials as store;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 /// A new random secret: 32 bytes, as URL-safe base64.
 pub fn generate() -> String {
@@ -161,8 +161,7 @@ impl Credentials {
         Ok(match &*client {
             Some(c) if !c.is_closed() => c.clone(),
             _ => {
-                let (c, connection) = self.config.connect(NoTls).await?;
-                tokio::spawn(connection);
+                let c = magic_sync::tls::connect(&self.config).await?;
                 client.insert(Arc::new(c)).clone()
             }
         })

@@ -126,6 +126,13 @@ pub enum Error {
         /// What does not fit, naming the column.
         problem: String,
     },
+    /// TLS to PostgreSQL cannot be set up as asked (root certificates that
+    /// do not read, say).
+    #[error("TLS to PostgreSQL: {why}")]
+    Tls {
+        /// What is wrong.
+        why: String,
+    },
     /// The `sync` schema holds what the engine never writes there.
     #[error("the sync schema is damaged: {what}")]
     Damaged {
@@ -237,6 +244,7 @@ impl Error {
             | Error::Declarations(_)
             | Error::MissingIndexes(_)
             | Error::Triggers(_)
+            | Error::Tls { .. }
             | Error::Damaged { .. } => Handling::Stop,
             _ => Handling::SetAside,
         }

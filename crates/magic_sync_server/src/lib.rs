@@ -16,6 +16,7 @@ pub mod relay;
 pub mod run;
 pub mod session;
 pub mod store;
+pub mod tls;
 pub mod trigger;
 
 use magic_sync_core::{backoff, digest, engine, envelope, row, seal, sql, value, wire};

@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio_postgres::{CancelToken, Client, NoTls};
+use tokio_postgres::{CancelToken, Client};
 
 /// Where what replicas say reaches the server.
 pub trait Reports: Send + Sync {
@@ -288,7 +288,9 @@ impl Sessions {
             .collect();
         let cancel = async {
             for c in cancels {
-                let _ = tokio::time::timeout(timeout, c.cancel_query(NoTls)).await;
+                if let Ok(tls) = crate::tls::tls() {
+                    let _ = tokio::time::timeout(timeout, c.cancel_query(tls)).await;
+                }
             }
         };
         tokio::join!(close(self.recorder), close(self.publisher), cancel);

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 use tokio::task::JoinHandle;
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::{Client, Config};
 
 /// How the runner's sessions are set up. Each is set on the session itself,
 /// whatever the role or database defaults say: the relay's statements are
@@ -132,7 +132,10 @@ impl Session {
         settings: &SessionSettings,
         role: &str,
     ) -> crate::Result<Session> {
-        let (client, connection) = settings.config(config, role).connect(NoTls).await?;
+        let (client, connection) = settings
+            .config(config, role)
+            .connect(crate::tls::tls()?)
+            .await?;
         let connection = tokio::spawn(async move {
             // Errors surface on the client; the connection only ends.
             let _ = connection.await;
@@ -163,7 +166,9 @@ impl Session {
         let abort = connection.abort_handle();
         let ended = async {
             // A cancel that comes while nothing runs is ignored by the server.
-            let _ = cancel.cancel_query(NoTls).await;
+            if let Ok(tls) = crate::tls::tls() {
+                let _ = cancel.cancel_query(tls).await;
+            }
             release(&client).await;
             // With its client gone, the connection finishes what it was
             // sent, says goodbye (Terminate) and closes.

@@ -12,3 +12,4 @@ mod notes;
 mod policy;
 mod schema;
 mod startup;
+mod tls;
