@@ -75,7 +75,7 @@ pub struct OrderLine {
 }
 
 #[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "sales", up, key(id))]
+#[row(table = "sales", up, key(id), key_without_origin)]
 pub struct Sale {
     pub id: String,
     #[row(origin)]

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use support::{env_u64, now_micros, show};
 
 #[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "readings", up, key(id))]
+#[row(table = "readings", up, key(id), key_without_origin)]
 struct Reading {
     id: String,
     #[row(origin)]

@@ -20,7 +20,7 @@
 //! use magic_sync::{Engine, Row};
 //!
 //! #[derive(Row, Debug, Clone, PartialEq)]
-//! #[row(table = "sales", up, key(id))]
+//! #[row(table = "sales", up, key(id), key_without_origin)]
 //! struct Sale {
 //!     id: String,
 //!     #[row(origin)]

@@ -12,7 +12,8 @@ use syn::{Attribute, Error, Ident, LitStr, Path, Result, Token};
 
 /// The struct-level attributes, for error messages.
 pub const STRUCT_WORDS: &str = "table, schema, down, up, both, all, replica, partition, \
-                                referenced, follows, group(...), key(...), codec, retired, lane";
+                                referenced, follows, group(...), key(...), codec, retired, lane, \
+                                key_without_origin";
 /// The field-level attributes, for error messages.
 pub const FIELD_WORDS: &str = "owned, version, origin";
 
@@ -85,6 +86,8 @@ pub struct StructAttrs {
     pub codec: Option<CodecAttr>,
     pub retired: Option<LitStr>,
     pub lane: Option<LitStr>,
+    /// An `up` table whose key leaves out its origin, on purpose.
+    pub key_without_origin: Option<Span>,
 }
 
 /// Everything a field's `#[row(...)]` attributes said: where each role was given.
@@ -133,6 +136,7 @@ impl StructAttrs {
             "schema" => once(&mut self.schema, meta.value()?.parse()?, meta, &on),
             "retired" => once(&mut self.retired, meta.value()?.parse()?, meta, &on),
             "lane" => once(&mut self.lane, meta.value()?.parse()?, meta, &on),
+            "key_without_origin" => once(&mut self.key_without_origin, meta.path.span(), meta, &on),
             "codec" => once(&mut self.codec, parse_codec(meta)?, meta, &on),
             "key" => once(&mut self.key, parse_key(meta, owner)?, meta, &on),
             "down" => self.set_direction(Direction::Down, meta, owner),

@@ -103,7 +103,7 @@ pub fn declaration(attrs: StructAttrs, owner: &Ident, fields: &[Marked]) -> Resu
     let rule = errors.keep(rule(&ctx, &attrs, mirror, key.as_deref()));
     let owned = errors.keep(owned(&ctx, mirror, key.as_deref().unwrap_or_default()));
     let version = errors.keep(only_up(&ctx, mirror, "version", |r| r.version));
-    let origin = errors.keep(origin(&ctx, mirror));
+    let origin = errors.keep(origin(&ctx, &attrs, mirror, key.as_deref()));
     let retired = errors.keep(retired(&ctx, &attrs, mirror));
     let lane = errors.keep(lane(&ctx, &attrs, mirror, owned.as_deref()));
     let (
@@ -354,13 +354,41 @@ fn only_up(
     errors.check().map(|()| found.map(str::to_string))
 }
 
-fn origin(ctx: &Ctx, mirror: Direction) -> Result<Option<String>> {
+fn origin(
+    ctx: &Ctx,
+    attrs: &StructAttrs,
+    mirror: Direction,
+    key: Option<&[String]>,
+) -> Result<Option<String>> {
     let origin = only_up(ctx, mirror, "origin", |r| r.origin)?;
-    if mirror == Direction::Up && origin.is_none() {
+    if let (Some(span), false) = (attrs.key_without_origin, mirror == Direction::Up) {
+        let message = format!(
+            "`#[row(key_without_origin)]`: `{}` is not an `up` table; only records have an origin",
+            ctx.owner
+        );
+        return Err(Error::new(span, message));
+    }
+    if mirror != Direction::Up {
+        return Ok(origin);
+    }
+    let Some(column) = &origin else {
         let message = format!(
             "`up` table `{}` has no origin field: mark the field naming the replica \
              that wrote the record with `#[row(origin)]`",
             ctx.owner
+        );
+        return Err(Error::new(ctx.owner.span(), message));
+    };
+    let key = key.unwrap_or_default();
+    if !key.is_empty() && !key.contains(column) && attrs.key_without_origin.is_none() {
+        let message = format!(
+            "`up` table `{owner}`: its key ({keys}) leaves out its origin `{column}`, so a \
+             record one replica files first under a key is that replica's, and another's \
+             under the same key is refused. Put the origin in the key \
+             (`key({column}, {keys})`), or, when keys are drawn so that replicas never share \
+             one (random ids), say so with `#[row(key_without_origin)]`",
+            owner = ctx.owner,
+            keys = key.join(", "),
         );
         return Err(Error::new(ctx.owner.span(), message));
     }

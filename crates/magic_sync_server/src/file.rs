@@ -120,9 +120,10 @@ pub async fn file_all(
 ) -> Result<Vec<Result<Filing>>> {
     let mut filings: Vec<Option<Result<Filing>>> = uploads.iter().map(|_| None).collect();
     let mut tx = client.transaction().await?;
-    let (known, signer) = tokio::try_join!(
+    let (known, signer, full) = tokio::try_join!(
         known_replicas(&tx, uploads),
-        crate::store::keys::current(&tx)
+        crate::store::keys::current(&tx),
+        full_inboxes(&tx, uploads)
     )?;
     let mut savepoints = 0;
     let mut i = 0;
@@ -130,6 +131,13 @@ pub async fn file_all(
         let (replica, up) = &uploads[i];
         if !known.contains(replica) {
             filings[i] = Some(Err(unknown(replica)));
+            i += 1;
+            continue;
+        }
+        if let Some(reason) = full.get(replica).filter(|_| carries_rows(up)) {
+            filings[i] = Some(Ok(Filing::Waits {
+                reason: reason.clone(),
+            }));
             i += 1;
             continue;
         }
@@ -212,6 +220,54 @@ fn kept(filing: Result<Filing>) -> Result<Result<Filing>> {
         Err(e) if e.is_transient() => Err(e),
         other => Ok(other),
     }
+}
+
+/// Rows of refused uploads one replica's inbox holds at most. Past this,
+/// or past [`INBOX_BYTES`], its uploads wait, unanswered (it keeps their
+/// rows and sends them again), until a fix files what the inbox holds: a
+/// replica sending what cannot be filed holds back only itself, and costs
+/// the server a bounded amount.
+pub const INBOX_ROWS: i64 = 10_000;
+
+/// Bytes (keys, rows and reasons) one replica's inbox holds at most.
+pub const INBOX_BYTES: i64 = 16 << 20;
+
+/// Whether an upload carries rows (or keys gone) to file.
+fn carries_rows(up: &Up) -> bool {
+    up.tables
+        .iter()
+        .any(|t| !t.rows.is_empty() || !t.gone.is_empty())
+}
+
+/// The replicas among the uploads' whose inbox is full, each with why its
+/// uploads wait.
+async fn full_inboxes(
+    tx: &Transaction<'_>,
+    uploads: &[(String, Up)],
+) -> Result<std::collections::HashMap<String, String>> {
+    let ids: Vec<&str> = uploads.iter().map(|(r, _)| r.as_str()).collect();
+    let rows = tx
+        .query(
+            "SELECT replica, count(*),
+                    sum(octet_length(key) + coalesce(octet_length(data), 0) + octet_length(reason))::int8
+             FROM sync.inbox WHERE replica = ANY($1) GROUP BY replica
+             HAVING count(*) >= $2
+                 OR sum(octet_length(key) + coalesce(octet_length(data), 0) + octet_length(reason)) >= $3",
+            &[&ids, &INBOX_ROWS, &INBOX_BYTES],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let (replica, rows, bytes): (String, i64, i64) = (row.get(0), row.get(1), row.get(2));
+            let reason = format!(
+                "the inbox of replica `{replica}` is full ({rows} refused rows, {bytes} bytes; \
+                 at most {INBOX_ROWS} rows, {INBOX_BYTES} bytes): its uploads wait until a fix \
+                 files what is there"
+            );
+            (replica, reason)
+        })
+        .collect())
 }
 
 /// The replicas the uploads name that the server knows.

@@ -124,6 +124,27 @@ async fn a_replica_saying_nonsense_holds_back_no_other_and_ends_no_attempt() {
         .unwrap()
         .get(0);
     assert_eq!(acknowledged, 0, "nothing u2 said counted as applied");
+    // The table it made up is named in no read: the operator sees rows of an
+    // undeclared table, not a name a replica chose.
+    let health =
+        magic_sync::ops::health(&mut fleet.db.connect().await, &magic_sync::ops::Scope::All)
+            .await
+            .unwrap();
+    let refused: Vec<String> = health
+        .items
+        .iter()
+        .filter_map(|i| match &i.concern {
+            magic_sync::ops::Concern::Refused { table, reason, .. } => {
+                Some(format!("{table}: {reason}"))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        refused,
+        ["(undeclared): the server declares no such table"],
+        "{health:?}"
+    );
 
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();

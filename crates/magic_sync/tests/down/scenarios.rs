@@ -302,6 +302,55 @@ async fn twice_is_once_and_a_gap_brings_a_snapshot() {
     fleet.provisions("u1").await;
 }
 
+/// A replica provisioned again at its own request is so at most once a
+/// `provision_asked_every`: a gap reported again at once waits, and is
+/// honoured once the interval has passed.
+#[tokio::test]
+async fn a_replica_asking_again_and_again_is_provisioned_once_an_interval() {
+    let mut fleet = shop().await;
+    let gap = |epoch: Vec<u8>| {
+        magic_sync::run::Report::Gap(magic_sync::envelope::Gap {
+            epoch,
+            number: u64::MAX >> 2,
+        })
+    };
+    let epoch: Vec<u8> = fleet
+        .writer
+        .query_one("SELECT id FROM sync.epoch", &[])
+        .await
+        .unwrap()
+        .get(0);
+    fleet.network.report("u1", gap(epoch.clone()));
+    fleet.heed().await;
+    fleet.provisions("u1").await;
+    // At once again: it waits, and the others are served meanwhile.
+    fleet.network.report("u1", gap(epoch.clone()));
+    fleet.heed().await;
+    let step = fleet.record().await;
+    assert!(step.provisioned.is_empty(), "{:?}", step.provisioned);
+    fleet
+        .write("UPDATE products SET name = 'oolong' WHERE id = 1")
+        .await;
+    fleet.sync().await;
+    let name: String = fleet
+        .unit("u2")
+        .replica
+        .connection()
+        .query_row("SELECT name FROM products WHERE id = 1", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(name, "oolong");
+    // The interval passes (the last snapshot it asked for began long ago).
+    fleet
+        .writer
+        .execute(
+            "UPDATE sync.replicas SET asked_at = now() - interval '1 hour' WHERE id = 'u1'",
+            &[],
+        )
+        .await
+        .unwrap();
+    fleet.provisions("u1").await;
+}
+
 /// 13. A barcode moving from one product to another applies on a till that
 /// keeps barcodes unique.
 #[tokio::test]

@@ -1079,3 +1079,62 @@ async fn a_hosts_trigger_failing_one_upload_files_the_others() {
     let ids: Vec<String> = sales(&fleet).await.into_iter().map(|s| s.0).collect();
     assert_eq!(ids, ["s3", "s4"]);
 }
+
+#[tokio::test]
+async fn a_till_whose_inbox_is_full_has_its_uploads_wait_and_loses_nothing() {
+    let mut fleet = shop().await;
+    // What u1 sent before and the server could not file fills its inbox.
+    fleet
+        .writer
+        .execute(
+            "INSERT INTO sync.inbox (replica, table_name, key, data, reason)
+             SELECT 'u1', 'sales', format('[\"old-%s\"]', i), NULL, 'a fix is on its way'
+             FROM generate_series(1, $1::int8) i",
+            &[&magic_sync::file::INBOX_ROWS],
+        )
+        .await
+        .unwrap();
+    till_writes(
+        &mut fleet,
+        "u1",
+        "INSERT INTO sales VALUES ('s1', 'u1', NULL, '3', 1)",
+    );
+    let up = fleet
+        .unit("u1")
+        .replica
+        .upload(MAX, PATIENT)
+        .unwrap()
+        .expect("the sale goes up");
+    let filing = file_as(&fleet, "u1", &up).await;
+    let Filing::Waits { reason } = &filing else {
+        panic!("filed into a full inbox: {filing:?}");
+    };
+    assert!(
+        reason.contains("inbox of replica `u1` is full") && reason.contains("10000 refused rows"),
+        "{reason}"
+    );
+    assert!(sales(&fleet).await.is_empty());
+    // Unanswered, the till keeps the sale; another till is filed as ever.
+    assert!(!fleet
+        .unit("u1")
+        .replica
+        .progress()
+        .unwrap()
+        .tables
+        .is_empty());
+    till_writes(
+        &mut fleet,
+        "u2",
+        "INSERT INTO sales VALUES ('s2', 'u2', NULL, '4', 1)",
+    );
+    assert_eq!(counts(&send(&mut fleet, "u2", "u2").await), (1, 0, 0));
+    // A fix files what the inbox held: u1's sale goes in as it comes again.
+    fleet
+        .writer
+        .execute("DELETE FROM sync.inbox WHERE replica = 'u1'", &[])
+        .await
+        .unwrap();
+    let filing = file_as(&fleet, "u1", &up).await;
+    assert_eq!(counts(&filing), (1, 0, 0));
+    assert_eq!(sales(&fleet).await.len(), 2);
+}

@@ -39,7 +39,7 @@ pub struct Task {
 }
 
 #[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "sales", up, key(id))]
+#[row(table = "sales", up, key(id), key_without_origin)]
 pub struct Sale {
     pub id: String,
     #[row(origin)]

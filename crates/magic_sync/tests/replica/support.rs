@@ -69,7 +69,7 @@ pub struct Stock {
 }
 
 #[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "sales", up, key(id))]
+#[row(table = "sales", up, key(id), key_without_origin)]
 pub struct Sale {
     pub id: String,
     #[row(origin)]
@@ -92,7 +92,13 @@ pub struct ShelfCount {
 /// Readings a till takes all the time, on a lane of their own so they
 /// never hold back its sales.
 #[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "readings", up, lane = "telemetry", key(id))]
+#[row(
+    table = "readings",
+    up,
+    lane = "telemetry",
+    key(id),
+    key_without_origin
+)]
 pub struct Reading {
     pub id: String,
     #[row(origin)]

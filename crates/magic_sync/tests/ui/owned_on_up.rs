@@ -1,5 +1,5 @@
 #[derive(magic_sync::Row)]
-#[row(up, key(id))]
+#[row(up, key(id), key_without_origin)]
 struct Sale {
     id: i64,
     #[row(origin)]

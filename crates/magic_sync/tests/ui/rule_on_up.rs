@@ -1,5 +1,5 @@
 #[derive(magic_sync::Row)]
-#[row(up, replica = "origin_id", key(id))]
+#[row(up, replica = "origin_id", key(id), key_without_origin)]
 struct Sale {
     id: i64,
     #[row(origin)]

@@ -147,9 +147,12 @@ pub async fn health(client: &mut tokio_postgres::Client, scope: &Scope) -> Resul
     let refused = tx
         .query(
             &format!(
-                "SELECT i.table_name, i.reason, count(*), count(DISTINCT i.replica), min(i.at)
+                "SELECT {}, CASE WHEN {} THEN i.reason ELSE 'the server declares no such table' END,
+                        count(*), count(DISTINCT i.replica), min(i.at)
                  FROM sync.inbox i JOIN sync.replicas r ON r.id = i.replica
-                 WHERE {IN_SCOPE} GROUP BY 1, 2 ORDER BY 1, 2"
+                 WHERE {IN_SCOPE} GROUP BY 1, 2 ORDER BY 1, 2",
+                crate::store::tables::shown("i.table_name"),
+                crate::store::tables::declared("i.table_name")
             ),
             &[&ids, &partition],
         )

@@ -274,7 +274,8 @@ async fn figures(tx: &Transaction<'_>, ids: &[String]) -> Result<Vec<Figures>> {
     }
     let rows = tx
         .query(
-            "WITH r AS (
+            &format!(
+                "WITH r AS (
                  SELECT r.id, r.last_number, coalesce(a.number, 0) AS acked
                  FROM sync.replicas r LEFT JOIN sync.acks a ON a.replica = r.id
                  WHERE r.id = ANY ($1)),
@@ -293,10 +294,12 @@ async fn figures(tx: &Transaction<'_>, ids: &[String]) -> Result<Vec<Figures>> {
                  WHERE h.message <= r.acked AND h.version < n.seq
                  GROUP BY 1, 2
                  UNION ALL
-                 SELECT i.replica, i.table_name, 0, 0, count(*)
+                 SELECT i.replica, {}, 0, 0, count(*)
                  FROM sync.inbox i JOIN r ON r.id = i.replica
                  GROUP BY 1, 2) f
              GROUP BY 1, 2 ORDER BY 1, 2",
+                crate::store::tables::shown("i.table_name")
+            ),
             &[&ids],
         )
         .await?;

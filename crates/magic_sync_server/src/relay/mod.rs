@@ -166,6 +166,11 @@ pub struct Settings {
     /// Snapshots the runner streams at once, each on a connection of its
     /// own.
     pub snapshots: usize,
+    /// A replica is provisioned again at its own request (a gap it
+    /// reports, an acknowledgement the server did not expect) at most once
+    /// this often: one that asks again sooner waits, so a replica cannot
+    /// make the server read its whole share over and over.
+    pub provision_asked_every: Duration,
 }
 
 impl Default for Settings {
@@ -182,6 +187,7 @@ impl Default for Settings {
             outbox_check_every: Duration::from_secs(10),
             session: crate::session::SessionSettings::default(),
             snapshots: 2,
+            provision_asked_every: Duration::from_secs(10),
         }
     }
 }
@@ -262,6 +268,15 @@ impl Relay {
     /// Runs the start-up checks: schema, declarations, indexes, triggers.
     pub async fn new(client: &Client, engine: Engine, settings: Settings) -> Result<Relay> {
         let catalog = crate::check::startup(&engine, client).await?;
+        let declared = crate::store::tables::declare(client, &catalog.schema(&engine)).await?;
+        if declared != crate::store::tables::Declared::default() {
+            tracing::info!(
+                added = ?declared.added,
+                changed = ?declared.changed,
+                removed = ?declared.removed,
+                "the declarations differ from the last build's"
+            );
+        }
         Self::with_catalog(&catalog, engine, settings)
     }
 

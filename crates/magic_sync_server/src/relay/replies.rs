@@ -147,7 +147,7 @@ async fn record(client: &Client, recorded: &[&str], numbers: &[i64], again: &[&s
     if !again.is_empty() {
         client
             .execute(
-                "UPDATE sync.replicas SET provision = true WHERE id = ANY($1)",
+                "UPDATE sync.replicas SET provision = true, provision_asked = true WHERE id = ANY($1)",
                 &[&again],
             )
             .await?;
@@ -165,7 +165,7 @@ pub async fn gap(client: &Client, replica: &str, gap: &Gap) -> Result<bool> {
     let same_epoch = gap.epoch == epoch.id;
     let changed = client
         .execute(
-            "UPDATE sync.replicas SET provision = true
+            "UPDATE sync.replicas SET provision = true, provision_asked = true
              WHERE id = $1 AND live AND NOT ($2 AND snapshot_number > $3)",
             &[&replica, &same_epoch, &number],
         )

@@ -136,13 +136,21 @@ pub(crate) async fn begin(
         .query_opt(
             "UPDATE sync.replicas SET provision = false, snapshot = NULL,
                  snapshot_attempt = $2, snapshot_began_at = now(),
-                 snapshot_number = nextval('sync.message_seq')
+                 snapshot_number = nextval('sync.message_seq'),
+                 asked_at = CASE WHEN provision_asked THEN now() ELSE asked_at END,
+                 provision_asked = false
              WHERE id = $1 AND live AND provision AND snapshot_attempt IS NULL
+               AND NOT (provision_asked AND coalesce(asked_at > now() - $4::float8 * interval '1 second', false))
                AND EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
                            AND pid = pg_backend_pid() AND granted
                            AND ((classid::int8 << 32) | objid::int8) = $3)
              RETURNING partition_id, last_number, last_nonce, snapshot_number",
-            &[&replica, &attempt, &RELAY_LOCK],
+            &[
+                &replica,
+                &attempt,
+                &RELAY_LOCK,
+                &context.settings.provision_asked_every.as_secs_f64(),
+            ],
         )
         .await?;
     let Some(row) = row else {

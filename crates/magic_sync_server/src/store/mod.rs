@@ -7,3 +7,4 @@
 pub mod credentials;
 pub mod keys;
 pub mod migrations;
+pub mod tables;

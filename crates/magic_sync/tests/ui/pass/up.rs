@@ -14,7 +14,7 @@ struct Sale {
 
 /// An up table without a version column.
 #[derive(magic_sync::Row)]
-#[row(up, key(id))]
+#[row(up, key(id), key_without_origin)]
 struct Note {
     id: i64,
     #[row(origin)]

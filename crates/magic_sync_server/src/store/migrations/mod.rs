@@ -24,6 +24,8 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (15, include_str!("015_held_carried.sql")),
     (16, include_str!("016_keys.sql")),
     (17, include_str!("017_credentials_proved.sql")),
+    (18, include_str!("018_tables.sql")),
+    (19, include_str!("019_provision_asked.sql")),
 ];
 
 /// The version this build brings the schema to.
