@@ -3,6 +3,18 @@
 
 use crate::envelope::{Ack, Filed, Gap, Up};
 
+/// Rows (and keys gone) one upload carries at most. A replica's uplink
+/// keeps within it; the server refuses a larger upload unfiled, as it
+/// refuses one larger than a message, so that no upload of many small rows
+/// keeps filing (and the publishing beside it) from the rest of the fleet
+/// for long.
+pub const MAX_UPLOAD_ROWS: usize = 5_000;
+
+/// The rows (and keys gone) `up` carries.
+pub fn upload_rows(up: &Up) -> usize {
+    up.tables.iter().map(|t| t.rows.len() + t.gone.len()).sum()
+}
+
 /// What a replica tells the server.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Report {

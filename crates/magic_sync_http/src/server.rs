@@ -80,6 +80,11 @@ pub struct Settings {
     /// Bytes of every replica's frames read and not yet taken by the relay,
     /// at most: past this every connection waits before its next frame.
     pub max_queued_total: usize,
+    /// Bytes a second read from one replica at most, after a first burst of
+    /// `max_message_bytes`: the hub reads a replica that sends faster only
+    /// at this pace, so what one replica sends costs the server a bounded
+    /// share of its time, whatever it sends.
+    pub max_bytes_per_second: usize,
 }
 
 impl Default for Settings {
@@ -97,6 +102,7 @@ impl Default for Settings {
             forget_after: Duration::from_secs(600),
             max_queued_bytes: 16 << 20,
             max_queued_total: 256 << 20,
+            max_bytes_per_second: 8 << 20,
         }
     }
 }
@@ -896,6 +902,10 @@ async fn replica_connection(
         }
     });
     let idle = inner.settings.idle_timeout;
+    let mut pace = Pace::new(
+        inner.settings.max_bytes_per_second,
+        inner.settings.max_message_bytes,
+    );
     let reader = async {
         loop {
             let frame = match tokio::time::timeout(idle, stream.next()).await {
@@ -906,7 +916,10 @@ async fn replica_connection(
             };
             match frame {
                 Message::Binary(bytes) => match Up::decode(bytes.clone()) {
-                    Ok(up) => inner.hear(&replica, up, bytes.len()).await,
+                    Ok(up) => {
+                        inner.hear(&replica, up, bytes.len()).await;
+                        pace.after(bytes.len()).await;
+                    }
                     Err(e) => {
                         return Err((CLOSE_INVALID, format!("a frame that is not an Up: {e}")))
                     }
@@ -943,6 +956,40 @@ async fn replica_connection(
         None => closing(&mut stream).await,
     }
     inner.detach(&replica, generation);
+}
+
+/// Reading at most so many bytes a second, after a first burst: a token
+/// bucket kept as the moment its debt is paid.
+struct Pace {
+    /// When what was read so far is paid for.
+    paid_at: tokio::time::Instant,
+    /// Seconds a byte costs.
+    per_byte: f64,
+    /// How far ahead of its pace a replica may be.
+    burst: Duration,
+}
+
+impl Pace {
+    fn new(bytes_per_second: usize, burst_bytes: usize) -> Pace {
+        let per_byte = 1.0 / bytes_per_second.max(1) as f64;
+        Pace {
+            paid_at: tokio::time::Instant::now(),
+            per_byte,
+            burst: Duration::from_secs_f64(burst_bytes as f64 * per_byte),
+        }
+    }
+
+    /// Counts `bytes` read, and waits while the replica is ahead of its
+    /// pace by more than the burst.
+    async fn after(&mut self, bytes: usize) {
+        let now = tokio::time::Instant::now();
+        let floor = now.checked_sub(self.burst).unwrap_or(now);
+        self.paid_at =
+            self.paid_at.max(floor) + Duration::from_secs_f64(bytes as f64 * self.per_byte);
+        if self.paid_at > now {
+            tokio::time::sleep_until(self.paid_at).await;
+        }
+    }
 }
 
 /// How long a closed connection is given to read its close frame.

@@ -363,7 +363,9 @@ pub(crate) fn make(
             continue;
         };
         let bytes = gathered.key.len() + gathered.data.as_ref().map_or(0, Vec::len) + 8;
-        if !carried.is_empty() && size + bytes > max_bytes {
+        if !carried.is_empty()
+            && (size + bytes > max_bytes || carried.len() >= magic_sync_core::link::MAX_UPLOAD_ROWS)
+        {
             break;
         }
         size += bytes;

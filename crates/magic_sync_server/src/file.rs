@@ -447,6 +447,13 @@ impl TableFiling<'_> {
     /// one by one. Returns why the upload waits, if a row makes it wait.
     async fn file(&self, tx: &mut Transaction<'_>, tally: &mut Tally) -> Result<Option<String>> {
         let rows = self.rows;
+        if self.engine.codec(&rows.table).is_none() {
+            // Nothing of it can be filed: every row is refused, in one
+            // statement rather than one a row.
+            let reason = format!("the server declares no table `{}`", rows.table);
+            self.refuse_all(tx, tally, reason).await?;
+            return Ok(None);
+        }
         let bulk = records_in_bulk(tx, self.engine, self.replica, rows).await?;
         let one_by_one = match &bulk {
             Some(_) => &[][..],
@@ -483,6 +490,41 @@ impl TableFiling<'_> {
             }
         }
         Ok(None)
+    }
+
+    /// Keeps every row (and key gone) of the table refused with `reason`,
+    /// and counts them: one statement, a key's last row kept.
+    async fn refuse_all(
+        &self,
+        tx: &Transaction<'_>,
+        tally: &mut Tally,
+        reason: String,
+    ) -> Result<()> {
+        let mut last: std::collections::BTreeMap<String, Option<&[u8]>> = Default::default();
+        for row in &self.rows.rows {
+            last.insert(
+                String::from_utf8_lossy(&row.key).into_owned(),
+                Some(row.data.as_slice()),
+            );
+        }
+        for key in &self.rows.gone {
+            last.insert(String::from_utf8_lossy(key).into_owned(), None);
+        }
+        let (keys, data): (Vec<String>, Vec<Option<&[u8]>>) = last.into_iter().unzip();
+        tx.execute(
+            "INSERT INTO sync.inbox (replica, table_name, key, data, reason)
+             SELECT $1, $2, k, d, $5 FROM unnest($3::text[], $4::bytea[]) AS u (k, d)
+             ON CONFLICT (replica, table_name, key) DO UPDATE
+             SET data = EXCLUDED.data, reason = EXCLUDED.reason, at = now()",
+            &[&self.replica, &self.rows.table, &keys, &data, &reason],
+        )
+        .await?;
+        tally.refused.extend(keys.into_iter().map(|key| Refusal {
+            table: self.rows.table.clone(),
+            key,
+            reason: reason.clone(),
+        }));
+        Ok(())
     }
 
     /// Keeps a refused row with why, and counts it.

@@ -89,14 +89,20 @@ pub async fn heed<T: Transport>(
 /// keeps within the limit, so this one misbehaved. Nothing of it is filed,
 /// and no answer goes.
 fn within_limit<T: Transport>(transport: &T, replica: &str, up: Up) -> Option<Up> {
+    use magic_sync_core::link::{upload_rows, MAX_UPLOAD_ROWS};
     let bytes = prost::Message::encoded_len(&up);
-    if bytes <= transport.max_message_bytes() {
+    let rows = upload_rows(&up);
+    if bytes <= transport.max_message_bytes() && rows <= MAX_UPLOAD_ROWS {
         return Some(up);
     }
-    let why = format!(
-        "an upload of {bytes} bytes, more than a message may have ({}): refused, nothing filed",
-        transport.max_message_bytes()
-    );
+    let why = if rows > MAX_UPLOAD_ROWS {
+        format!("an upload of {rows} rows, more than one may carry ({MAX_UPLOAD_ROWS}): refused, nothing filed")
+    } else {
+        format!(
+            "an upload of {bytes} bytes, more than a message may have ({}): refused, nothing filed",
+            transport.max_message_bytes()
+        )
+    };
     tracing::warn!(replica, "{why}");
     transport.misbehaved(replica, &why);
     None

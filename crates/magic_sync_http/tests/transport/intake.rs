@@ -43,6 +43,8 @@ async fn a_replica_that_floods_is_read_only_as_fast_as_the_relay_takes_it() {
         Settings {
             max_queued_bytes: SHARE,
             max_queued_total: 4 * SHARE,
+            // Not paced: this is about the queue.
+            max_bytes_per_second: 1 << 30,
             idle_timeout: Duration::from_secs(30),
             ..hub_settings()
         },
@@ -130,5 +132,54 @@ async fn a_replica_that_floods_is_read_only_as_fast_as_the_relay_takes_it() {
     let _ = stop.send(());
     drop(t2);
     drop(flood.await.unwrap());
+    serving.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_is_read_no_faster_than_its_pace_after_a_burst() {
+    let db = magic_sync_testdb::database().await;
+    let mut client = db.connect().await;
+    client.batch_execute(SCHEMA).await.unwrap();
+    magic_sync::schema::migrate(&mut client).await.unwrap();
+    let secret = credentials::issue(&client, "t1").await.unwrap();
+    const PACE: usize = 1 << 20;
+    let hub = Hub::new(
+        Settings {
+            max_bytes_per_second: PACE,
+            max_message_bytes: 256 << 10,
+            idle_timeout: Duration::from_secs(30),
+            ..hub_settings()
+        },
+        Credentials::new(db.config()),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(serve(hub.clone(), listener, Security::Plain, async {
+        let _ = stopped.await;
+    }));
+    let taker = {
+        let hub = hub.clone();
+        tokio::spawn(async move {
+            let mut frames = 0usize;
+            while frames < 30 {
+                hub.wait().await;
+                frames += hub.drain().len();
+            }
+        })
+    };
+    let mut t1 = raw(&url, "t1", &secret).await.unwrap();
+    let started = std::time::Instant::now();
+    // 3 MB: a burst of 256 KiB, then a MiB a second.
+    for _ in 0..30 {
+        t1.send(Message::Binary(up_of(100 << 10).into()))
+            .await
+            .unwrap();
+    }
+    taker.await.unwrap();
+    let took = started.elapsed();
+    assert!(took >= Duration::from_secs(2), "3 MB read in {took:?}");
+    let _ = stop.send(());
+    drop(t1);
     serving.await.unwrap().unwrap();
 }
