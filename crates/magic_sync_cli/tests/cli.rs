@@ -232,3 +232,30 @@ fn a_password_in_database_url_is_never_printed() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
 }
+
+#[tokio::test]
+async fn key_prints_the_servers_key_and_rotate_replaces_it() {
+    let db = fleet().await;
+    let client = db.connect().await;
+    let stored = magic_sync::store::keys::public(&client).await.unwrap();
+    let out = magic_sync(&db.url(), &["key"]);
+    assert!(out.status.success(), "{out:?}");
+    let printed = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(printed.trim(), stored.to_string());
+    let out = magic_sync(&db.url(), &["--json", "key"]);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json, json!({ "key": stored.to_string() }));
+
+    let out = magic_sync(&db.url(), &["key", "--rotate"]);
+    assert!(out.status.success(), "{out:?}");
+    let rotated: magic_sync::sign::ServerKey = String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_ne!(rotated, stored);
+    assert_eq!(
+        magic_sync::store::keys::public(&client).await.unwrap(),
+        rotated
+    );
+}

@@ -11,6 +11,7 @@ mod isolation;
 mod keys;
 mod relay;
 mod scenarios;
+mod signing;
 mod snapshot;
 mod up;
 mod walk;
