@@ -61,7 +61,7 @@ pub use error::{Error, Handling, Result};
 pub use key::{canonical as canonical_key, KeyProblem};
 pub use magic_sync_core::schema::{ForeignKey, Schema};
 pub use magic_sync_core::sign::{Forgery, ServerKey};
-pub use state::Status;
+pub use state::{Status, MAX_REFUSED};
 pub use up::{mark, wait_written, written, Mark, Pending, Written};
 pub use uplink::{SentUp, Uplink, UplinkError};
 
@@ -263,6 +263,9 @@ impl Replica {
     fn apply_message(&mut self, message: &ToReplica) -> Result<Outcome> {
         let tx = write_transaction(&mut self.conn)?;
         let refused = apply::Pass::run(&tx, &self.tables, &self.engine, message)?;
+        if refused > 0 {
+            state::trim_refused(&tx)?;
+        }
         state::save_applied(&tx, &Applied::of(message))?;
         tx.commit()?;
         self.ring();

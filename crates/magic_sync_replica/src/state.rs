@@ -35,6 +35,10 @@ CREATE TABLE IF NOT EXISTS _magic_sync_refused (
 ) STRICT;
 CREATE INDEX IF NOT EXISTS _magic_sync_refused_canonical
     ON _magic_sync_refused (table_name, canonical);
+CREATE TABLE IF NOT EXISTS _magic_sync_refused_dropped (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    n INTEGER NOT NULL
+) STRICT;
 CREATE TABLE IF NOT EXISTS _magic_sync_snapshot (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     began INTEGER NOT NULL
@@ -290,6 +294,20 @@ pub(crate) struct Refusal<'a> {
     pub reason: String,
 }
 
+/// Refusals kept on record at most: past it the oldest are dropped, and
+/// counted ([`Status::refused_dropped`]). Every message the replica applies
+/// reads them, so their number is bounded; the server's comparison of
+/// digests still finds what a dropped refusal was about.
+pub const MAX_REFUSED: i64 = 10_000;
+
+const DROP_OLDEST_REFUSED: &str = "
+DELETE FROM _magic_sync_refused WHERE rowid IN (
+    SELECT rowid FROM _magic_sync_refused ORDER BY number, rowid
+    LIMIT max(0, (SELECT count(*) FROM _magic_sync_refused) - ?1))";
+const COUNT_DROPPED: &str = "
+INSERT INTO _magic_sync_refused_dropped (id, n) VALUES (1, ?1)
+ON CONFLICT (id) DO UPDATE SET n = n + excluded.n";
+
 /// Records a refusal, replacing an earlier one of the same row.
 pub(crate) fn refuse(conn: &Connection, refusal: &Refusal<'_>) -> Result<()> {
     conn.prepare_cached(REFUSE)?.execute(params![
@@ -299,6 +317,19 @@ pub(crate) fn refuse(conn: &Connection, refusal: &Refusal<'_>) -> Result<()> {
         to_sql(refusal.number)?,
         refusal.reason
     ])?;
+    Ok(())
+}
+
+/// Past [`MAX_REFUSED`] refusals on record, drops the oldest and counts
+/// them: once a message that refused rows is applied, in its transaction.
+pub(crate) fn trim_refused(conn: &Connection) -> Result<()> {
+    let dropped = conn
+        .prepare_cached(DROP_OLDEST_REFUSED)?
+        .execute([MAX_REFUSED])?;
+    if dropped > 0 {
+        conn.prepare_cached(COUNT_DROPPED)?
+            .execute([i64::try_from(dropped).unwrap_or(i64::MAX)])?;
+    }
     Ok(())
 }
 
@@ -399,6 +430,9 @@ pub struct Status {
     pub forged: u64,
     /// Why the last of those was refused.
     pub last_forgery: Option<String>,
+    /// Refusals dropped from the record, oldest first, to keep it within
+    /// [`MAX_REFUSED`].
+    pub refused_dropped: u64,
 }
 
 /// Where the replica whose file `conn` opens stands.
@@ -410,6 +444,9 @@ pub(crate) fn status(conn: &Connection) -> Result<Status> {
         .query_row([], |r| r.get(0))?;
     let applied = chain.applied.as_ref().map(|a| a.number);
     let trust = crate::trust::load(conn)?;
+    let dropped: i64 = conn
+        .prepare_cached("SELECT coalesce((SELECT n FROM _magic_sync_refused_dropped), 0)")?
+        .query_row([], |r| r.get(0))?;
     Ok(Status {
         ready: applied.is_some() && snapshot_began.is_none(),
         applied,
@@ -418,5 +455,6 @@ pub(crate) fn status(conn: &Connection) -> Result<Status> {
         refused: u64::try_from(refused).unwrap_or(0),
         forged: trust.forged,
         last_forgery: trust.last_forgery,
+        refused_dropped: u64::try_from(dropped).unwrap_or(0),
     })
 }

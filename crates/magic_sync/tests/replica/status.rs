@@ -33,6 +33,7 @@ fn a_replica_is_ready_once_its_first_snapshot_ended_and_says_where_it_stands() {
             refused: 1,
             forged: 0,
             last_forgery: None,
+            refused_dropped: 0,
         }
     );
     let end = server.end(&["products"]);
@@ -58,4 +59,29 @@ fn a_replica_is_ready_once_its_first_snapshot_ended_and_says_where_it_stands() {
     // A host on a connection of its own reads the same.
     let host = rusqlite::Connection::open(replica.connection().path().unwrap()).unwrap();
     assert_eq!(magic_sync::replica::status(&host).unwrap(), waiting);
+}
+
+#[test]
+fn refusals_on_record_are_bounded_and_the_dropped_counted() {
+    let (_site, mut replica, mut server) = provisioned_with_tea();
+    let past = magic_sync::replica::MAX_REFUSED as usize + 5;
+    let ghosts = TableRows {
+        table: "ghosts".into(),
+        upserts: (0..past)
+            .map(|i| RowData {
+                key: format!("[{i}]").into_bytes(),
+                data: b"{}".to_vec(),
+            })
+            .collect(),
+        ..TableRows::default()
+    };
+    let message = server.down(vec![ghosts]);
+    apply_all(&mut replica, std::slice::from_ref(&message));
+    let status = replica.status().unwrap();
+    assert_eq!(status.refused, magic_sync::replica::MAX_REFUSED as u64);
+    assert_eq!(status.refused_dropped, 5);
+    assert_eq!(
+        replica.refused().unwrap().len(),
+        magic_sync::replica::MAX_REFUSED as usize
+    );
 }
