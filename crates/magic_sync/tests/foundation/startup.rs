@@ -236,26 +236,31 @@ struct Tab {
     rate: Numeric,
 }
 
-#[tokio::test]
-async fn a_foreign_key_that_prints_differently_from_its_key_is_refused() {
+/// What the start-up check says refusing `engine` over a database of its
+/// own holding `schema`.
+async fn refused_over(schema: &str, engine: Engine) -> String {
     let db = magic_sync_testdb::database().await;
     let mut client = db.connect().await;
-    client
-        .batch_execute(
-            "CREATE TABLE rates (code numeric(12, 4) PRIMARY KEY);
-             CREATE TABLE tabs (id bigint PRIMARY KEY, rate numeric(10, 2) NOT NULL REFERENCES rates);",
-        )
-        .await
-        .unwrap();
+    client.batch_execute(schema).await.unwrap();
     magic_sync::schema::migrate(&mut client).await.unwrap();
+    let err = check::startup(&engine, &client).await.expect_err("refused");
+    assert!(matches!(err, Error::Declarations(_)), "{err}");
+    err.to_string()
+}
+
+#[tokio::test]
+async fn a_foreign_key_that_prints_differently_from_its_key_is_refused() {
     let engine = Engine::builder()
         .table::<Rate>()
         .table::<Tab>()
         .build()
         .unwrap();
-    let err = check::startup(&engine, &client).await.expect_err("refused");
-    assert!(matches!(err, Error::Declarations(_)), "{err}");
-    let m = err.to_string();
+    let m = refused_over(
+        "CREATE TABLE rates (code numeric(12, 4) PRIMARY KEY);
+         CREATE TABLE tabs (id bigint PRIMARY KEY, rate numeric(10, 2) NOT NULL REFERENCES rates);",
+        engine,
+    )
+    .await;
     assert!(
         m.contains("table `tabs`, column `rate`")
             && m.contains("numeric(10,2) but points at `rates.code`, which is numeric(12,4)"),
@@ -282,25 +287,18 @@ struct Crate {
 
 #[tokio::test]
 async fn an_owned_column_that_points_at_a_parent_is_refused() {
-    let db = magic_sync_testdb::database().await;
-    let mut client = db.connect().await;
-    client
-        .batch_execute(
-            "CREATE TABLE bays (id bigint PRIMARY KEY);
-             CREATE TABLE crates (id bigint PRIMARY KEY, bay_id bigint NOT NULL REFERENCES bays,
-                                  note text NOT NULL);",
-        )
-        .await
-        .unwrap();
-    magic_sync::schema::migrate(&mut client).await.unwrap();
     let engine = Engine::builder()
         .table::<Bay>()
         .table::<Crate>()
         .build()
         .unwrap();
-    let err = check::startup(&engine, &client).await.expect_err("refused");
-    assert!(matches!(err, Error::Declarations(_)), "{err}");
-    let m = err.to_string();
+    let m = refused_over(
+        "CREATE TABLE bays (id bigint PRIMARY KEY);
+         CREATE TABLE crates (id bigint PRIMARY KEY, bay_id bigint NOT NULL REFERENCES bays,
+                              note text NOT NULL);",
+        engine,
+    )
+    .await;
     assert!(
         m.contains("table `crates`, column `bay_id`: is owned by the replica")
             && m.contains("part of foreign key `crates_bay_id_fkey` to `bays`"),

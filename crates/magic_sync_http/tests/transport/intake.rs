@@ -29,17 +29,54 @@ fn up_of(bytes: usize) -> Vec<u8> {
     .encode_to_vec()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_that_floods_is_read_only_as_fast_as_the_relay_takes_it() {
+/// A hub alone, without a relay (nothing takes what is queued until the
+/// test does), with `settings`, and a secret for each of `tills`.
+struct Alone {
+    _db: magic_sync_testdb::TestDb,
+    hub: Hub,
+    url: String,
+    secrets: Vec<String>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    serving: tokio::task::JoinHandle<magic_sync_http::Result<()>>,
+}
+
+async fn alone(settings: Settings, tills: &[&str]) -> Alone {
     let db = magic_sync_testdb::database().await;
     let mut client = db.connect().await;
     client.batch_execute(SCHEMA).await.unwrap();
     magic_sync::schema::migrate(&mut client).await.unwrap();
-    let flooder = credentials::issue(&client, "t1").await.unwrap();
-    let other = credentials::issue(&client, "t2").await.unwrap();
+    let mut secrets = Vec::new();
+    for till in tills {
+        secrets.push(credentials::issue(&client, till).await.unwrap());
+    }
+    let hub = Hub::new(settings, Credentials::new(db.config()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(serve(hub.clone(), listener, Security::Plain, async {
+        let _ = stopped.await;
+    }));
+    Alone {
+        _db: db,
+        hub,
+        url,
+        secrets,
+        stop,
+        serving,
+    }
+}
+
+impl Alone {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.serving.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_floods_is_read_only_as_fast_as_the_relay_takes_it() {
     const SHARE: usize = 256 << 10;
-    // No relay: nothing takes what is queued until the test does.
-    let hub = Hub::new(
+    let server = alone(
         Settings {
             max_queued_bytes: SHARE,
             max_queued_total: 4 * SHARE,
@@ -48,14 +85,11 @@ async fn a_replica_that_floods_is_read_only_as_fast_as_the_relay_takes_it() {
             idle_timeout: Duration::from_secs(30),
             ..hub_settings()
         },
-        Credentials::new(db.config()),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("ws://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(serve(hub.clone(), listener, Security::Plain, async {
-        let _ = stopped.await;
-    }));
+        &["t1", "t2"],
+    )
+    .await;
+    let (hub, url) = (server.hub.clone(), server.url.clone());
+    let (flooder, other) = (server.secrets[0].clone(), server.secrets[1].clone());
 
     let frame = up_of(100 << 10);
     let sent = Arc::new(AtomicUsize::new(0));
@@ -129,35 +163,29 @@ async fn a_replica_that_floods_is_read_only_as_fast_as_the_relay_takes_it() {
         640,
         "from {before}, every frame went"
     );
-    let _ = stop.send(());
     drop(t2);
     drop(flood.await.unwrap());
-    serving.await.unwrap().unwrap();
+    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_is_read_no_faster_than_its_pace_after_a_burst() {
-    let db = magic_sync_testdb::database().await;
-    let mut client = db.connect().await;
-    client.batch_execute(SCHEMA).await.unwrap();
-    magic_sync::schema::migrate(&mut client).await.unwrap();
-    let secret = credentials::issue(&client, "t1").await.unwrap();
     const PACE: usize = 1 << 20;
-    let hub = Hub::new(
+    let server = alone(
         Settings {
             max_bytes_per_second: PACE,
             max_message_bytes: 256 << 10,
             idle_timeout: Duration::from_secs(30),
             ..hub_settings()
         },
-        Credentials::new(db.config()),
+        &["t1"],
+    )
+    .await;
+    let (hub, url, secret) = (
+        server.hub.clone(),
+        server.url.clone(),
+        server.secrets[0].clone(),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("ws://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(serve(hub.clone(), listener, Security::Plain, async {
-        let _ = stopped.await;
-    }));
     let taker = {
         let hub = hub.clone();
         tokio::spawn(async move {
@@ -179,7 +207,6 @@ async fn a_replica_is_read_no_faster_than_its_pace_after_a_burst() {
     taker.await.unwrap();
     let took = started.elapsed();
     assert!(took >= Duration::from_secs(2), "3 MB read in {took:?}");
-    let _ = stop.send(());
     drop(t1);
-    serving.await.unwrap().unwrap();
+    server.stop().await;
 }
