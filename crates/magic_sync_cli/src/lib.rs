@@ -143,6 +143,26 @@ pub enum Command {
         #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
         every: f64,
     },
+    /// Waits until the fleet is settled (every live replica caught up, no
+    /// note pending, nothing waiting for a fix), or with `--caught-up` until
+    /// every live replica is caught up. Exits 0 once it is, 1 when
+    /// `--timeout` passes first, 2 as soon as something waits for a fix.
+    Wait {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// Wait until every live replica is caught up, pending notes aside.
+        #[arg(long, conflicts_with = "settled")]
+        caught_up: bool,
+        /// Wait until the fleet is settled (the default).
+        #[arg(long)]
+        settled: bool,
+        /// Give up after this many seconds.
+        #[arg(long, value_name = "SECONDS")]
+        timeout: Option<f64>,
+        /// Seconds between reads.
+        #[arg(long, value_name = "SECONDS", default_value_t = 0.5)]
+        every: f64,
+    },
     /// The server's public key, which a replica is given with its secret
     /// when it is enrolled, and pins: it applies only what that key (or a
     /// newer key it endorsed) signed.
@@ -162,6 +182,8 @@ pub enum Outcome {
     Fine,
     /// Something read waits for a fix to be deployed.
     WaitsForFix,
+    /// What was waited for did not come in time.
+    TimedOut,
 }
 
 impl Outcome {
@@ -170,6 +192,7 @@ impl Outcome {
         match self {
             Outcome::Fine => 0,
             Outcome::WaitsForFix => EXIT_FIX,
+            Outcome::TimedOut => EXIT_ERROR,
         }
     }
 
@@ -308,6 +331,34 @@ pub async fn run(
                 .ok_or(Error::Argument("--every takes a number of seconds above 0"))?;
             watch::watch(client, &scope.scope(), every, out).await
         }
+        Command::Wait {
+            scope,
+            caught_up,
+            settled: _,
+            timeout,
+            every,
+        } => {
+            let seconds = |s: f64, what: &'static str| {
+                Duration::try_from_secs_f64(s)
+                    .ok()
+                    .filter(|d| !d.is_zero())
+                    .ok_or(Error::Argument(what))
+            };
+            let every = seconds(*every, "--every takes a number of seconds above 0")?;
+            let timeout = timeout
+                .map(|t| seconds(t, "--timeout takes a number of seconds above 0"))
+                .transpose()?;
+            wait(
+                client,
+                &scope.scope(),
+                *caught_up,
+                every,
+                timeout,
+                json,
+                out,
+            )
+            .await
+        }
         Command::Key { rotate } => {
             let key = if *rotate {
                 magic_sync::store::keys::rotate(client).await?
@@ -320,6 +371,42 @@ pub async fn run(
             })?;
             Ok(Outcome::Fine)
         }
+    }
+}
+
+/// Reads whether the fleet is settled (or caught up) every `every` until it
+/// is, something waits for a fix, or `timeout` passes; prints the last read.
+async fn wait(
+    client: &mut Client,
+    scope: &Scope,
+    caught_up: bool,
+    every: Duration,
+    timeout: Option<Duration>,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<Outcome, Error> {
+    let until = timeout.map(|t| tokio::time::Instant::now() + t);
+    loop {
+        let read = ops::settled(client, scope).await?;
+        let reached = if caught_up {
+            read.caught_up
+        } else {
+            read.settled
+        };
+        let outcome = if read.waiting_on_fix > 0 {
+            Some(Outcome::WaitsForFix)
+        } else if reached {
+            Some(Outcome::Fine)
+        } else if until.is_some_and(|u| tokio::time::Instant::now() + every > u) {
+            Some(Outcome::TimedOut)
+        } else {
+            None
+        };
+        if let Some(outcome) = outcome {
+            emit(out, json, &read, |r| format!("{}\n", r.says))?;
+            return Ok(outcome);
+        }
+        tokio::time::sleep(every).await;
     }
 }
 

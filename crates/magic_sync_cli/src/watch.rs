@@ -1,6 +1,6 @@
 //! `magic-sync watch`: a bar per replica that is not caught up, its
 //! messages acknowledged of those written, read again every interval,
-//! until every replica is caught up (or Ctrl-C).
+//! until every replica is caught up and no note is pending (or Ctrl-C).
 //!
 //! The bars are drawn on the terminal (standard error) only; standard
 //! output gets a line each time the number of replicas behind changes, and
@@ -52,8 +52,23 @@ pub async fn watch(
             for bar in bars.values() {
                 bar.finish_and_clear();
             }
-            writeln!(out, "all {} replicas caught up", replicas.len())?;
-            return Ok(Outcome::Fine);
+            // Caught up is not settled while notes wait to be planned:
+            // they may be on their way to any of them.
+            let pending = ops::settled(client, scope).await?.pending_notes;
+            if pending == 0 {
+                writeln!(out, "all {} replicas caught up", replicas.len())?;
+                return Ok(Outcome::Fine);
+            }
+            if told != Some(0) {
+                told = Some(0);
+                writeln!(
+                    out,
+                    "all {} replicas caught up; {pending} notes pending",
+                    replicas.len()
+                )?;
+                out.flush()?;
+            }
+            continue;
         }
         // For a log or a pipe, where no bar is drawn: each change of how
         // many are behind.

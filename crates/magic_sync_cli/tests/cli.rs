@@ -259,3 +259,84 @@ async fn key_prints_the_servers_key_and_rotate_replaces_it() {
         rotated
     );
 }
+
+/// `magic-sync wait` with `args`: its exit code and what it printed.
+fn wait(url: &str, args: &[&str]) -> (i32, String) {
+    let mut all = vec!["wait", "--every", "0.05"];
+    all.extend_from_slice(args);
+    let out = magic_sync(url, &all);
+    (
+        out.status.code().unwrap(),
+        String::from_utf8(out.stdout).unwrap().trim().to_string(),
+    )
+}
+
+#[tokio::test]
+async fn wait_says_when_the_fleet_is_settled_caught_up_or_waiting_for_a_fix() {
+    let db = fleet().await;
+    let client = db.connect().await;
+    let url = db.url();
+    // No relay has started: nothing can be settled yet, and it says why.
+    let (code, said) = wait(&url, &["--timeout", "0.2"]);
+    assert_eq!(
+        (code, said.as_str()),
+        (
+            1,
+            "no relay has started on this database yet: nothing is recorded"
+        )
+    );
+
+    client
+        .batch_execute("INSERT INTO sync.tables (name, mirror, fingerprint) VALUES ('items', 'down', decode(repeat('00', 32), 'hex'))")
+        .await
+        .unwrap();
+    // b has not acknowledged its last message.
+    assert_eq!(
+        wait(&url, &["--caught-up", "--timeout", "0.2"]),
+        (1, "1 of 3 replicas are not caught up".to_string())
+    );
+    client
+        .batch_execute(
+            "UPDATE sync.acks SET number = 7 WHERE replica = 'b';
+             INSERT INTO sync.notes (table_name, source, key) VALUES ('items', 'items', '[9]');",
+        )
+        .await
+        .unwrap();
+    // Caught up, but a note is pending: not settled.
+    assert_eq!(
+        wait(&url, &["--caught-up"]),
+        (0, "all 3 replicas caught up; 1 notes pending".to_string())
+    );
+    assert_eq!(
+        wait(&url, &["--settled", "--timeout", "0.2"]),
+        (1, "all 3 replicas caught up; 1 notes pending".to_string())
+    );
+    client
+        .batch_execute("DELETE FROM sync.notes")
+        .await
+        .unwrap();
+    assert_eq!(
+        wait(&url, &[]),
+        (
+            0,
+            "settled: all 3 replicas caught up, no note pending".to_string()
+        )
+    );
+    let out = magic_sync(&url, &["--json", "wait"]);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["settled"], true);
+    assert_eq!(json["replicas"], 3);
+
+    // Something waits for a fix: it says so at once, with 2.
+    client
+        .batch_execute(
+            "INSERT INTO sync.inbox (replica, table_name, key, data, reason)
+             VALUES ('c', 'items', '[1]', NULL, 'a codec bug')",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        wait(&url, &["--timeout", "30"]),
+        (2, "1 of 3 replicas wait for a fix".to_string())
+    );
+}

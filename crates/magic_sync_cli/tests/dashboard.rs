@@ -364,7 +364,7 @@ async fn without_the_sync_schema_it_says_so_and_keeps_serving() {
 }
 
 #[tokio::test]
-async fn watch_ends_once_every_replica_is_caught_up() {
+async fn watch_ends_once_every_replica_is_caught_up_and_no_note_is_pending() {
     let db = magic_sync_testdb::database().await;
     let client = {
         let mut client = db.connect().await;
@@ -393,9 +393,18 @@ async fn watch_ends_once_every_replica_is_caught_up() {
         Some("1 of 2 replicas not caught up yet")
     );
     client
-        .batch_execute("UPDATE sync.acks SET number = 7 WHERE replica = 'b'")
+        .batch_execute(
+            "INSERT INTO sync.notes (table_name, source, key) VALUES ('items', 'items', '[9]');
+             UPDATE sync.acks SET number = 7 WHERE replica = 'b';",
+        )
         .await
         .unwrap();
+    // Caught up is not the end while a note may still be on its way.
+    assert_eq!(
+        lines.next_line().await.unwrap().as_deref(),
+        Some("all 2 replicas caught up; 1 notes pending")
+    );
+    client.batch_execute("DELETE FROM sync.notes").await.unwrap();
     assert_eq!(
         lines.next_line().await.unwrap().as_deref(),
         Some("all 2 replicas caught up")

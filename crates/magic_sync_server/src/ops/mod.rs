@@ -28,6 +28,7 @@ mod health;
 mod overview;
 mod progress;
 mod row;
+mod settled;
 mod state;
 
 pub use gauges::{gauges, Gauges, Provisionings, ReplicaGauges};
@@ -35,6 +36,7 @@ pub use health::{health, Action, Concern, Health, Item, PendingNotes};
 pub use overview::{listing, overview, Listing, Overview, StateCounts, TableFigures};
 pub use progress::{progress, Progress, TableProgress, UpBacklog};
 pub use row::{row_progress, RowPlace, RowProgress, RowState};
+pub use settled::{settled, Settled};
 pub use state::{ReplicaState, ReplicaSummary};
 
 use chrono::{DateTime, Utc};
