@@ -404,7 +404,10 @@ async fn watch_ends_once_every_replica_is_caught_up_and_no_note_is_pending() {
         lines.next_line().await.unwrap().as_deref(),
         Some("all 2 replicas caught up; 1 notes pending")
     );
-    client.batch_execute("DELETE FROM sync.notes").await.unwrap();
+    client
+        .batch_execute("DELETE FROM sync.notes")
+        .await
+        .unwrap();
     assert_eq!(
         lines.next_line().await.unwrap().as_deref(),
         Some("all 2 replicas caught up")
