@@ -143,7 +143,7 @@ pub fn row(r: &RowProgress) -> String {
     for p in &r.replicas {
         t.add_row(vec![
             p.replica.clone(),
-            format!("{:?}", p.state),
+            p.state.words().to_string(),
             or_dash(p.version),
             or_dash(p.message),
             or_dash(p.refused.as_deref()),

@@ -131,6 +131,14 @@ async fn overview_replicas_progress_and_row_as_json() {
         [("a", "holds"), ("b", "on_its_way"), ("c", "holds")]
     );
     assert_eq!(v["key"], "[2]");
+    // In words, for people.
+    let table = String::from_utf8(magic_sync(&url, &["row", "items", "2"]).stdout).unwrap();
+    assert!(
+        table.contains("on its way") && table.contains("holds") && !table.contains("OnItsWay"),
+        "{table}"
+    );
+    let table = String::from_utf8(magic_sync(&url, &["row", "items", "9"]).stdout).unwrap();
+    assert!(table.contains("does not hold"), "{table}");
 
     // The tables for people name what they show.
     let out = magic_sync(&url, &["progress", "b"]);

@@ -285,10 +285,10 @@ async fn row_progress_says_where_a_row_is_at_each_replica() {
     assert_eq!(
         states(&task),
         [
-            s("a", Lacks),
+            s("a", DoesNotHold),
             s("b", OnItsWay),
-            s("c", Lacks),
-            s("d", Lacks),
+            s("c", DoesNotHold),
+            s("d", DoesNotHold),
             s("e", Provisioning)
         ]
     );
@@ -317,12 +317,12 @@ async fn a_row_taken_back_is_let_go_of_until_its_message_leaves_the_outbox() {
         .await
         .unwrap();
     assert_eq!(task.replicas[0].state, RowState::LettingGo);
-    assert_eq!(task.replicas[1].state, RowState::Lacks);
+    assert_eq!(task.replicas[1].state, RowState::DoesNotHold);
     fleet.deliver().await;
     let task = ops::row_progress(&mut client, "tasks", &["1".into()])
         .await
         .unwrap();
-    assert_eq!(task.replicas[0].state, RowState::Lacks);
+    assert_eq!(task.replicas[0].state, RowState::DoesNotHold);
 }
 
 #[tokio::test]

@@ -1,5 +1,5 @@
 //! Where one row is: per live replica, whether it holds it, holds an older
-//! version, has it on its way, is letting it go, lacks it, is provisioned,
+//! version, has it on its way, is letting it go, does not hold it, is provisioned,
 //! or had its own version of it set aside.
 //!
 //! The row is named by its table and its key's values as text. The record
@@ -37,17 +37,32 @@ pub enum RowState {
     OnItsWay,
     /// Not recorded as held, and a message waiting in its outbox lets go
     /// of it. (Once the transport took that message, the record no longer
-    /// tells it from [`Lacks`](RowState::Lacks).)
+    /// tells it from [`DoesNotHold`](RowState::DoesNotHold).)
     LettingGo,
     /// Held, and the database changed the row since: a pending note is
     /// newer than the version held, or a change was kept for it.
     HoldsOlder,
     /// Held at the version the database has.
     Holds,
-    /// Not recorded as held. Whether its rules want it is not this read's
-    /// to say: a pending note of the row ([`RowProgress::pending_note`])
-    /// means the next pass may send it.
-    Lacks,
+    /// Not recorded as held: most often a row its rules do not give it.
+    /// Whether they do is not this read's to say: a pending note of the row
+    /// ([`RowProgress::pending_note`]) means the next pass may send it.
+    DoesNotHold,
+}
+
+impl RowState {
+    /// The state as an operator reads it.
+    pub fn words(self) -> &'static str {
+        match self {
+            RowState::SetAside => "set aside",
+            RowState::Provisioning => "provisioning",
+            RowState::OnItsWay => "on its way",
+            RowState::LettingGo => "letting go",
+            RowState::HoldsOlder => "holds older",
+            RowState::Holds => "holds",
+            RowState::DoesNotHold => "does not hold",
+        }
+    }
 }
 
 /// The row, at one replica.
@@ -159,7 +174,7 @@ pub async fn row_progress(
             } else if letting_go.contains(&replica) {
                 RowState::LettingGo
             } else {
-                RowState::Lacks
+                RowState::DoesNotHold
             };
             RowPlace {
                 replica,
