@@ -490,7 +490,7 @@ async fn live(
     // The operator's reads take transactions: a connection of their own.
     let mut ops_client = connect(config).await?;
     let board = MultiProgress::new();
-    let style = ProgressStyle::with_template("{prefix:>8} [{bar:40}] {pos}/{len} messages  {msg}")
+    let style = ProgressStyle::with_template("{prefix:>8} [{bar:40}] {pos}/{len} rows held  {msg}")
         .expect("a template")
         .progress_chars("=> ");
     let bars: Vec<ProgressBar> = tills
@@ -517,8 +517,15 @@ async fn live(
         let listing = ops::listing(&mut ops_client, &Scope::All, None, tills.len().max(1)).await?;
         for (till, bar) in tills.iter().zip(&bars) {
             if let Some(r) = listing.replicas.iter().find(|r| &r.id == till) {
-                bar.set_length(r.last_message.max(0) as u64);
-                bar.set_position(r.acknowledged.max(0) as u64);
+                // Rows held as they are now, of the rows it is to hold.
+                let progress = ops::progress(&mut ops_client, till).await?;
+                let (held, wanted) = progress
+                    .tables
+                    .iter()
+                    .map(|t| t.bar())
+                    .fold((0, 0), |(h, w), (th, tw)| (h + th, w + tw));
+                bar.set_length(wanted.max(0) as u64);
+                bar.set_position(held.clamp(0, wanted.max(0)) as u64);
                 bar.set_message(r.state.name());
             }
         }
