@@ -179,16 +179,6 @@ impl Credentials {
         }
     }
 
-    /// Whether `secret` is `replica`'s, known without a slow hash: it was
-    /// proved against the hash stored now. `false` says only that it is not
-    /// known, not that it is wrong.
-    pub async fn known(&self, replica: &str, secret: &str) -> Result<bool> {
-        let Some((stored, _)) = self.stored(replica).await? else {
-            return Ok(false);
-        };
-        Ok(self.cached(replica, &stored, secret))
-    }
-
     fn cached(&self, replica: &str, stored: &str, secret: &str) -> bool {
         let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
         self.proved
@@ -202,7 +192,29 @@ impl Credentials {
     /// be made (the database is out of reach, or too many wait): the
     /// replica tries again.
     pub async fn check(&self, replica: &str, secret: &str) -> Result<bool> {
-        let Some((stored, recent)) = self.stored(replica).await? else {
+        Ok(self.check_unless(replica, secret, || None).await? == Checked::Yes)
+    }
+
+    /// [`check`](Self::check), reading the stored hash once: a secret
+    /// already proved against it is let in at once; otherwise, when
+    /// `barred` says the caller must wait (its address failed too often),
+    /// no slow hash runs and that wait is returned.
+    pub async fn check_unless(
+        &self,
+        replica: &str,
+        secret: &str,
+        barred: impl FnOnce() -> Option<std::time::Duration>,
+    ) -> Result<Checked> {
+        let stored = self.stored(replica).await?;
+        if let Some((hash, _)) = &stored {
+            if self.cached(replica, hash, secret) {
+                return Ok(Checked::Yes);
+            }
+        }
+        if let Some(wait) = barred() {
+            return Ok(Checked::Barred(wait));
+        }
+        let Some((stored, recent)) = stored else {
             // As long as a wrong secret for an id that has one.
             let permit = self.hashing.turn().await?;
             let (dummy, secret) = (self.dummy.clone(), secret.to_string());
@@ -213,11 +225,8 @@ impl Credentials {
             })
             .await
             .map_err(|e| Error::Hash(e.to_string()))?;
-            return Ok(false);
+            return Ok(Checked::No);
         };
-        if self.cached(replica, &stored, secret) {
-            return Ok(true);
-        }
         let permit = if recent {
             self.reserved.turn().await?
         } else {
@@ -244,12 +253,24 @@ impl Credentials {
         })
         .await
         .map_err(|e| Error::Hash(e.to_string()))?;
-        if ok {
-            let client = self.connection().await?;
-            store::proved(&client, replica, &stored).await?;
+        if !ok {
+            return Ok(Checked::No);
         }
-        Ok(ok)
+        let client = self.connection().await?;
+        store::proved(&client, replica, &stored).await?;
+        Ok(Checked::Yes)
     }
+}
+
+/// What checking a secret came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checked {
+    /// The replica's secret.
+    Yes,
+    /// Not its secret, or an id with none.
+    No,
+    /// Not checked: the caller must wait this long first.
+    Barred(std::time::Duration),
 }
 
 #[cfg(test)]

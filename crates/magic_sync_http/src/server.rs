@@ -8,7 +8,7 @@
 //! chain skips what it had applied. Beyond that bound, or while the replica
 //! is not connected, a send fails and the rest waits in the outbox.
 
-use crate::credentials::Credentials;
+use crate::credentials::{Checked, Credentials};
 use crate::frame;
 use crate::guard::{self, Guard};
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
@@ -743,12 +743,14 @@ async fn upgrade(
     };
     let checked = tokio::time::timeout(
         inner.settings.handshake_timeout,
-        admitted(&inner, addr, &replica, &secret),
+        inner.credentials.check_unless(&replica, &secret, || {
+            inner.guard.barred(addr.ip(), &replica)
+        }),
     )
     .await;
     match checked {
-        Ok(Ok(Admitted::Yes)) => inner.guard.proved(addr.ip(), &replica),
-        Ok(Ok(Admitted::Barred(wait))) => {
+        Ok(Ok(Checked::Yes)) => inner.guard.proved(addr.ip(), &replica),
+        Ok(Ok(Checked::Barred(wait))) => {
             let seconds = wait.as_secs().max(1);
             return (
                 StatusCode::TOO_MANY_REQUESTS,
@@ -757,7 +759,7 @@ async fn upgrade(
             )
                 .into_response();
         }
-        Ok(Ok(Admitted::No)) => {
+        Ok(Ok(Checked::No)) => {
             if let Some(unlogged) = inner.guard.failed(addr.ip(), &replica) {
                 tracing::warn!(
                     %addr,
@@ -794,35 +796,6 @@ async fn upgrade(
             let _counted = counted;
             replica_connection(inner, replica, addr, stopped, socket).await;
         })
-}
-
-/// Whether a connection is let in.
-enum Admitted {
-    Yes,
-    No,
-    /// Its address failed too often: it may try again after this long.
-    Barred(Duration),
-}
-
-/// Checks `secret` for `replica` from `addr`: a secret already proved is
-/// let in at once, whatever the address did; otherwise an address that
-/// failed too often waits, and the rest take a slow hash.
-async fn admitted(
-    inner: &Inner,
-    addr: SocketAddr,
-    replica: &str,
-    secret: &str,
-) -> crate::Result<Admitted> {
-    if inner.credentials.known(replica, secret).await? {
-        return Ok(Admitted::Yes);
-    }
-    if let Some(wait) = inner.guard.barred(addr.ip(), replica) {
-        return Ok(Admitted::Barred(wait));
-    }
-    Ok(match inner.credentials.check(replica, secret).await? {
-        true => Admitted::Yes,
-        false => Admitted::No,
-    })
 }
 
 /// A failed read: the replica went away (code 0: nothing to say to it), or

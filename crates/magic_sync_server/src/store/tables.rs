@@ -36,22 +36,21 @@ pub async fn declare(client: &impl GenericClient, schema: &Schema) -> Result<Dec
                  SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[]) AS w (name, mirror, fingerprint)),
              before AS (SELECT name, fingerprint FROM sync.tables),
              gone AS (DELETE FROM sync.tables t WHERE NOT (t.name = ANY($1)) RETURNING t.name),
+             -- Run whole whether or not the query reads it, as every
+             -- data-modifying WITH is.
              put AS (
                  INSERT INTO sync.tables (name, mirror, fingerprint)
                  SELECT name, mirror, fingerprint FROM wanted
                  ON CONFLICT (name) DO UPDATE SET mirror = excluded.mirror,
                      fingerprint = excluded.fingerprint,
                      declared_at = CASE WHEN sync.tables.fingerprint = excluded.fingerprint
-                                        THEN sync.tables.declared_at ELSE now() END
-                 RETURNING name)
+                                        THEN sync.tables.declared_at ELSE now() END)
              SELECT 'added', w.name FROM wanted w LEFT JOIN before b USING (name) WHERE b.name IS NULL
              UNION ALL
              SELECT 'changed', w.name FROM wanted w JOIN before b USING (name)
                  WHERE b.fingerprint <> w.fingerprint
              UNION ALL
              SELECT 'removed', name FROM gone
-             UNION ALL
-             SELECT 'put', name FROM put WHERE false
              ORDER BY 1, 2",
             &[&names, &mirrors, &prints],
         )
