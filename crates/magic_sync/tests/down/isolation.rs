@@ -151,3 +151,71 @@ async fn a_replica_saying_nonsense_holds_back_no_other_and_ends_no_attempt() {
     network.close();
     near_till.join().unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn a_relay_whose_sessions_are_killed_between_steps_goes_on_and_loses_nothing() {
+    let (fleet, network) = for_the_runner().await;
+    let (near, near_till) = till(&fleet, &network, "u1");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = start_server(
+        &fleet,
+        &network,
+        vec![ReplicaInfo::live("u1", Some("north"))],
+        stopped,
+    );
+    fleet
+        .write("UPDATE products SET name = 'first' WHERE id = 1")
+        .await;
+    until("the first write", || async {
+        product_name(&near).as_deref() == Some("first")
+    })
+    .await;
+    let provisioned: i64 = fleet
+        .writer
+        .query_one(
+            "SELECT snapshot_number FROM sync.replicas WHERE id = 'u1'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    for (i, name) in ["second", "third", "fourth"].iter().enumerate() {
+        // A write the relay may be recording, publishing or neither, when
+        // both its sessions are killed.
+        fleet
+            .write(&format!("UPDATE products SET name = '{name}' WHERE id = 1"))
+            .await;
+        let killed: i64 = fleet
+            .writer
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                 WHERE application_name LIKE 'magic_sync relay: %'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(killed >= 1, "round {i}: no session of the relay to kill");
+        until(&format!("write {i} after the kill"), || async {
+            product_name(&near).as_deref() == Some(*name)
+        })
+        .await;
+    }
+    // Nothing was lost on the way: no gap, so no second snapshot.
+    let after: i64 = fleet
+        .writer
+        .query_one(
+            "SELECT snapshot_number FROM sync.replicas WHERE id = 'u1'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(after, provisioned, "u1 was provisioned again");
+    let status = magic_sync::replica::status(&rusqlite::Connection::open(&near).unwrap()).unwrap();
+    assert_eq!(status.gap, None);
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+    network.close();
+    near_till.join().unwrap().unwrap();
+}
