@@ -75,6 +75,15 @@ fn describe() {
         "Rows of the replica's uploads the server refused (sync.inbox)."
     );
     describe_gauge!(
+        "magic_sync_rows_quarantined",
+        "Rows that cannot go down (their codec refuses them, or no message could carry them), \
+         set aside until they change or a fix is deployed (sync.quarantine)."
+    );
+    describe_gauge!(
+        "magic_sync_rows_held_back",
+        "Rows not sent to their replica because they point at a row in quarantine (sync.blocked)."
+    );
+    describe_gauge!(
         "magic_sync_replica_changes_kept",
         "Changes kept for the replica while its snapshot streams (sync.deferred)."
     );
@@ -104,6 +113,10 @@ fn record(g: &Gauges) {
     for t in g.tables.iter().filter(|t| t.rows_refused > 0) {
         gauge!("magic_sync_rows_refused", "table" => t.table.clone()).set(value(t.rows_refused));
     }
+    for (table, n) in &g.quarantined {
+        gauge!("magic_sync_rows_quarantined", "table" => table.clone()).set(value(*n));
+    }
+    gauge!("magic_sync_rows_held_back").set(value(g.held_back));
     gauge!("magic_sync_provisionings", "snapshot" => "waiting").set(value(g.provisionings.waiting));
     gauge!("magic_sync_provisionings", "snapshot" => "streaming")
         .set(value(g.provisionings.streaming));

@@ -133,11 +133,14 @@ pub fn progress(p: &Progress) -> String {
 
 pub fn row(r: &RowProgress) -> String {
     let mut out = format!(
-        "{} {} at {}; newest pending note: {}\n",
+        "{} {} at {}; newest pending note: {}{}\n",
         r.table,
         r.key,
         r.now.to_rfc3339(),
-        or_dash(r.pending_note)
+        or_dash(r.pending_note),
+        r.quarantined
+            .as_ref()
+            .map_or(String::new(), |why| format!("; cannot go down: {why}"))
     );
     let mut t = table(&["replica", "state", "version", "message", "refused"]);
     for p in &r.replicas {
@@ -207,6 +210,16 @@ pub fn describe(c: &Concern) -> String {
             since,
         } => format!(
             "{rows} rows of {table} from {replicas} replicas refused since {}: {reason}",
+            since.to_rfc3339()
+        ),
+        Concern::Quarantined {
+            table,
+            key,
+            reason,
+            since,
+            blocked,
+        } => format!(
+            "{table} {key} cannot go down, set aside since {} with {blocked} rows that point at it: {reason}",
             since.to_rfc3339()
         ),
         Concern::SendFailing {

@@ -154,6 +154,13 @@ impl Builder {
         self
     }
 
+    /// Adds the table `R` declares, with `codec` instead of the codec it
+    /// declares: one a host builds at run time, or one under test.
+    pub fn table_with<R: Row>(mut self, codec: crate::codec::Codec<R>) -> Self {
+        self.tables.push(wire::Codec::with(codec));
+        self
+    }
+
     /// Stamps what the host knows of a sender on every row it uploads to
     /// `R`'s table (which replicas write: `up`, or the owned columns of
     /// `both`), before the row is filed: a store the till belongs to, a

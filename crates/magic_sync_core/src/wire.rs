@@ -45,6 +45,16 @@ impl Codec {
         }
     }
 
+    /// The table `R` declares, travelling in `codec` instead of the one
+    /// it declares.
+    pub fn with<R: Row>(codec: crate::codec::Codec<R>) -> Self {
+        Codec {
+            table: &R::TABLE,
+            inner: Arc::new(codec),
+            stamp: None,
+        }
+    }
+
     /// The host's stamp on rows uploaded to this table, if it has one.
     pub fn stamp(&self) -> Option<&Stamp> {
         self.stamp.as_ref()

@@ -62,28 +62,6 @@ pub enum Error {
         /// Why the last one gave way.
         source: tokio_postgres::Error,
     },
-    /// A row that does not fit its codec.
-    #[error("table `{table}`, key {key}: {source}")]
-    Codec {
-        /// The table.
-        table: String,
-        /// The row's key, as JSON.
-        key: String,
-        /// Why.
-        source: magic_sync_core::codec::CodecError,
-    },
-    /// A row larger than any message the transport takes.
-    #[error("table `{table}`, key {key}: the row encodes to {bytes} bytes, more than a message may carry ({limit})")]
-    RowTooLarge {
-        /// The table.
-        table: String,
-        /// The row's key, as JSON.
-        key: String,
-        /// Its encoded size.
-        bytes: usize,
-        /// What a message may carry.
-        limit: usize,
-    },
     /// An acknowledgement whose seal does not verify: the server did not
     /// send that message to that replica.
     #[error("replica `{replica}` acknowledged message {number} under a seal the server did not make: refused")]
@@ -139,6 +117,21 @@ pub enum Error {
         /// What was found, and where.
         what: String,
     },
+    /// Rows a load could not send: each does not encode, or is larger than
+    /// any message. A pass sets them aside (`sync.quarantine`) and plans
+    /// again without them; a snapshot records them and is begun again.
+    #[error("rows that cannot go down:\n  {}", list(.0))]
+    Unsendable(Vec<Unsendable>),
+    /// A pass planned again and again around rows set aside, and found
+    /// more to set aside every time: an engine bug, which a fix ends.
+    #[error(
+        "a pass planned {attempts} times around rows set aside and found more to set aside each \
+         time: a bug in the engine (nothing was recorded; deploy a fix)"
+    )]
+    Unsettled {
+        /// Plans made.
+        attempts: u32,
+    },
     /// A pass on a connection that does not hold the relay's lock (it was
     /// lost with its connection, or never taken).
     #[error("the relay records only on the connection that holds its lock (Relay::lock)")]
@@ -150,6 +143,27 @@ impl From<magic_sync_core::error::Error> for Error {
         match e {
             magic_sync_core::error::Error::Declarations(m) => Error::Declarations(m),
         }
+    }
+}
+
+/// A row that cannot go down, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unsendable {
+    /// The table.
+    pub table: &'static str,
+    /// The row's key, as it travels (a JSON array).
+    pub key: String,
+    /// Why: the codec's refusal, or the row's size against the limit.
+    pub reason: String,
+}
+
+impl fmt::Display for Unsendable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "table `{}`, key {}: {}",
+            self.table, self.key, self.reason
+        )
     }
 }
 

@@ -110,11 +110,25 @@ pub async fn wanted(
     catalog: &Catalog,
     replica: &Replica<'_>,
 ) -> Holding {
+    wanted_around(client, engine, catalog, replica, &BTreeSet::new()).await
+}
+
+/// What `replica` should hold while the rows `set_aside` (table, compact
+/// key) cannot go down: as [`wanted`], but no row that is one of them, or
+/// that points at one (directly or through rows like it), is held.
+pub async fn wanted_around(
+    client: &Client,
+    engine: &Engine,
+    catalog: &Catalog,
+    replica: &Replica<'_>,
+    set_aside: &BTreeSet<(String, String)>,
+) -> Holding {
     let tables: Vec<&Table> = engine.down_tables().collect();
     let mut rows: HashMap<&str, Vec<Row>> = HashMap::new();
     for t in &tables {
         rows.insert(t.name, rows_of(client, t, catalog).await);
     }
+    let blocked = blocked(&tables, &rows, catalog, set_aside);
     let mut holding: Holding = tables
         .iter()
         .map(|t| (t.name.to_string(), BTreeSet::new()))
@@ -132,25 +146,24 @@ pub async fn wanted(
                 Rule::Group(_) => granted.contains(&row.key),
                 Rule::Referenced | Rule::Follows(_) | Rule::Origin => false,
             };
-            if by_rule {
+            if by_rule && !blocked.contains(&(t.name.to_string(), row.key.clone())) {
                 held.insert(row.key.clone());
             }
         }
     }
-    close(&tables, &rows, catalog, &mut holding);
+    close(&tables, &rows, catalog, &blocked, &mut holding);
     holding
 }
 
-/// Adds parents of held rows and followers of held rows until nothing changes.
-fn close(
+/// Per foreign key into a table that goes down, the parent's key by the
+/// values the child points with.
+fn parents_by_values(
     tables: &[&Table],
     rows: &HashMap<&str, Vec<Row>>,
     catalog: &Catalog,
-    holding: &mut Holding,
-) {
+) -> HashMap<String, HashMap<String, String>> {
     let down: HashMap<&str, &Table> = tables.iter().map(|t| (t.name, *t)).collect();
-    // Per foreign key, the parent's key by the values the child points with.
-    let mut lookup: HashMap<String, HashMap<String, String>> = HashMap::new();
+    let mut lookup = HashMap::new();
     for fk in &catalog.foreign_keys {
         if let Some(parent) = down.get(fk.parent) {
             let by_values = rows[fk.parent]
@@ -160,6 +173,59 @@ fn close(
             lookup.insert(fk.name.clone() + "@" + fk.child, by_values);
         }
     }
+    lookup
+}
+
+/// `set_aside`, and every row that points at one of its rows, or at a row
+/// that does, and so on.
+fn blocked(
+    tables: &[&Table],
+    rows: &HashMap<&str, Vec<Row>>,
+    catalog: &Catalog,
+    set_aside: &BTreeSet<(String, String)>,
+) -> BTreeSet<(String, String)> {
+    let mut blocked = set_aside.clone();
+    if blocked.is_empty() {
+        return blocked;
+    }
+    let lookup = parents_by_values(tables, rows, catalog);
+    loop {
+        let mut added = Vec::new();
+        for t in tables {
+            let fks: Vec<_> = catalog.parents_of(t.name).collect();
+            for row in &rows[t.name] {
+                if blocked.contains(&(t.name.to_string(), row.key.clone())) {
+                    continue;
+                }
+                for (i, fk) in fks.iter().enumerate() {
+                    let parent = row.pointers[i].as_ref().and_then(|values| {
+                        lookup.get(&(fk.name.clone() + "@" + fk.child))?.get(values)
+                    });
+                    if parent.is_some_and(|p| blocked.contains(&(fk.parent.to_string(), p.clone())))
+                    {
+                        added.push((t.name.to_string(), row.key.clone()));
+                        break;
+                    }
+                }
+            }
+        }
+        if added.is_empty() {
+            return blocked;
+        }
+        blocked.extend(added);
+    }
+}
+
+/// Adds parents of held rows and followers of held rows until nothing
+/// changes; never a row `blocked` names.
+fn close(
+    tables: &[&Table],
+    rows: &HashMap<&str, Vec<Row>>,
+    catalog: &Catalog,
+    blocked: &BTreeSet<(String, String)>,
+    holding: &mut Holding,
+) {
+    let lookup = parents_by_values(tables, rows, catalog);
     loop {
         let mut added = Vec::new();
         for t in tables {
@@ -186,6 +252,7 @@ fn close(
                 }
             }
         }
+        added.retain(|row| !blocked.contains(row));
         if added.is_empty() {
             return;
         }

@@ -9,6 +9,7 @@ mod deploy;
 mod cost;
 mod isolation;
 mod keys;
+mod quarantine;
 mod relay;
 mod scenarios;
 mod signing;

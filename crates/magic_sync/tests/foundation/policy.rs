@@ -73,12 +73,11 @@ fn only_the_listed_kinds_are_retried() {
         reason: "out of reach".into(),
     };
     assert_eq!(send.handling(), Handling::Retry);
-    let too_large = Error::RowTooLarge {
-        table: "products".into(),
+    let too_large = Error::Unsendable(vec![magic_sync::error::Unsendable {
+        table: "products",
         key: "[1]".into(),
-        bytes: 10,
-        limit: 5,
-    };
+        reason: "the row encodes to 10 bytes, more than a message may carry (5)".into(),
+    }]);
     assert_eq!(too_large.handling(), Handling::SetAside);
     assert_eq!(
         Error::SchemaBehind {

@@ -55,6 +55,10 @@ pub struct Gauges {
     /// When the oldest pending note's transaction committed, when
     /// PostgreSQL tracks commit times (`track_commit_timestamp`).
     pub oldest_pending_at: Option<DateTime<Utc>>,
+    /// Per table, rows in quarantine (the whole database's), by name.
+    pub quarantined: Vec<(String, i64)>,
+    /// Rows of the replicas in scope held back for pointing at one.
+    pub held_back: i64,
 }
 
 /// The figures of `scope` a metrics endpoint exports.
@@ -76,6 +80,25 @@ pub async fn gauges(client: &mut tokio_postgres::Client, scope: &Scope) -> Resul
             &[&ids, &partition],
         )
         .await?;
+    let quarantined = tx
+        .query(
+            "SELECT table_name, count(*) FROM sync.quarantine GROUP BY 1 ORDER BY 1",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let held_back: i64 = tx
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM sync.blocked b JOIN sync.replicas r ON r.id = b.replica
+                 WHERE {IN_SCOPE}"
+            ),
+            &[&ids, &partition],
+        )
+        .await?
+        .get(0);
     let snapshots = tx
         .query_one(
             &format!(
@@ -110,5 +133,7 @@ pub async fn gauges(client: &mut tokio_postgres::Client, scope: &Scope) -> Resul
         },
         pending,
         oldest_pending_at,
+        quarantined,
+        held_back,
     })
 }

@@ -60,6 +60,23 @@ pub enum Concern {
         /// When the first of them was refused.
         since: DateTime<Utc>,
     },
+    /// A row that cannot go down (its codec refuses it, or it is larger
+    /// than any message), set aside: no replica is sent it, or anything
+    /// that points at it, until it changes or a build that can send it
+    /// starts.
+    Quarantined {
+        /// The table.
+        table: String,
+        /// The row's key, as it travels (a JSON array).
+        key: String,
+        /// Why it cannot go.
+        reason: String,
+        /// Since when.
+        since: DateTime<Utc>,
+        /// Rows of the replicas in scope held back because they point at
+        /// it (or at a row that does).
+        blocked: i64,
+    },
     /// A replica the last send (of a message or of its snapshot) failed to.
     SendFailing {
         /// The replica.
@@ -88,7 +105,7 @@ impl Concern {
     /// shows here too, and says so in its error).
     pub fn action(&self) -> Action {
         match self {
-            Concern::Refused { .. } => Action::DeployFix,
+            Concern::Refused { .. } | Concern::Quarantined { .. } => Action::DeployFix,
             Concern::NotesPending { .. }
             | Concern::ChangesKept { .. }
             | Concern::SendFailing { .. }
@@ -157,6 +174,29 @@ pub async fn health(client: &mut tokio_postgres::Client, scope: &Scope) -> Resul
             &[&ids, &partition],
         )
         .await?;
+    let quarantined = tx
+        .query(
+            &format!(
+                "SELECT z.table_name, z.key, z.reason, z.at,
+                        (SELECT count(*) FROM sync.blocked b JOIN sync.replicas r ON r.id = b.replica
+                         WHERE b.root_table = z.table_name AND b.root_key = z.key AND {IN_SCOPE})
+                 FROM sync.quarantine z ORDER BY 1, 2"
+            ),
+            &[&ids, &partition],
+        )
+        .await?;
+    for row in &quarantined {
+        let key: &str = row.get(1);
+        concerns.push(Concern::Quarantined {
+            table: row.get(0),
+            // As it travels: compact.
+            key: serde_json::from_str::<serde_json::Value>(key)
+                .map_or_else(|_| key.to_string(), |k| k.to_string()),
+            reason: row.get(2),
+            since: row.get(3),
+            blocked: row.get(4),
+        });
+    }
     concerns.extend(refused.iter().map(|row| Concern::Refused {
         table: row.get(0),
         reason: row.get(1),

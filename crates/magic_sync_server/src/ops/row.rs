@@ -44,6 +44,12 @@ pub enum RowState {
     HoldsOlder,
     /// Held at the version the database has.
     Holds,
+    /// The row cannot go down (its codec refuses it, or it is larger than
+    /// any message): in quarantine, it waits for a change or a fix.
+    Quarantined,
+    /// Not sent the replica because it points at a row in quarantine
+    /// (directly or through rows like it): it goes once that row does.
+    HeldBack,
     /// Not recorded as held: most often a row its rules do not give it.
     /// Whether they do is not this read's to say: a pending note of the row
     /// ([`RowProgress::pending_note`]) means the next pass may send it.
@@ -60,6 +66,8 @@ impl RowState {
             RowState::LettingGo => "letting go",
             RowState::HoldsOlder => "holds older",
             RowState::Holds => "holds",
+            RowState::Quarantined => "cannot go down",
+            RowState::HeldBack => "held back",
             RowState::DoesNotHold => "does not hold",
         }
     }
@@ -92,6 +100,8 @@ pub struct RowProgress {
     pub key: String,
     /// The newest pending note of the row, if one is pending.
     pub pending_note: Option<i64>,
+    /// Why the row cannot go down, when it is in quarantine.
+    pub quarantined: Option<String>,
     /// Per live replica, by id.
     pub replicas: Vec<RowPlace>,
 }
@@ -99,7 +109,13 @@ pub struct RowProgress {
 impl RowProgress {
     /// Whether some replica's version of the row waits for a fix.
     pub fn waits_for_fix(&self) -> bool {
-        self.replicas.iter().any(|r| r.state == RowState::SetAside)
+        self.quarantined.is_some()
+            || self.replicas.iter().any(|r| {
+                matches!(
+                    r.state,
+                    RowState::SetAside | RowState::Quarantined | RowState::HeldBack
+                )
+            })
     }
 }
 
@@ -127,6 +143,13 @@ pub async fn row_progress(
         .await?
         .get(0);
     let letting_go = letting_go(&tx, table, &wire).await?;
+    let quarantined: Option<String> = tx
+        .query_opt(
+            "SELECT reason FROM sync.quarantine WHERE table_name = $1 AND key = $2",
+            &[&table, &held],
+        )
+        .await?
+        .map(|row| row.get(0));
     let no_scope: Option<Vec<String>> = None;
     let no_partition: Option<String> = None;
     let rows = tx
@@ -134,13 +157,15 @@ pub async fn row_progress(
             &format!(
                 "SELECT r.id, r.provision OR r.snapshot_attempt IS NOT NULL,
                         coalesce(a.number, 0), h.version, h.message,
-                        d.seq IS NOT NULL, i.reason
+                        d.seq IS NOT NULL, i.reason, bl.root_key IS NOT NULL
                  FROM sync.replicas r
                  LEFT JOIN sync.acks a ON a.replica = r.id
                  LEFT JOIN sync.held h ON h.table_name = $3 AND h.key = $4 AND h.replica = r.id
                  LEFT JOIN sync.deferred d
                         ON d.replica = r.id AND d.table_name = $3 AND d.key = $4::text::jsonb
                  LEFT JOIN sync.inbox i ON i.replica = r.id AND i.table_name = $3 AND i.key = $5
+                 LEFT JOIN sync.blocked bl
+                        ON bl.replica = r.id AND bl.table_name = $3 AND bl.key = $4
                  WHERE {IN_SCOPE}
                  ORDER BY r.id"
             ),
@@ -158,6 +183,7 @@ pub async fn row_progress(
             let message: Option<i64> = row.get(4);
             let kept: bool = row.get(5);
             let refused: Option<String> = row.get(6);
+            let held_back: bool = row.get(7);
             let newer = pending_note.zip(version).is_some_and(|(n, v)| n > v) || kept;
             let state = if refused.is_some() {
                 RowState::SetAside
@@ -173,6 +199,10 @@ pub async fn row_progress(
                 }
             } else if letting_go.contains(&replica) {
                 RowState::LettingGo
+            } else if quarantined.is_some() {
+                RowState::Quarantined
+            } else if held_back {
+                RowState::HeldBack
             } else {
                 RowState::DoesNotHold
             };
@@ -190,6 +220,7 @@ pub async fn row_progress(
         table: table.to_string(),
         key: held,
         pending_note,
+        quarantined,
         replicas,
     })
 }

@@ -27,6 +27,9 @@ pub struct Settled {
     pub waiting_on_fix: i64,
     /// Notes not planned by a pass yet, in the whole database.
     pub pending_notes: i64,
+    /// Rows that cannot go down, in quarantine until they change or a fix
+    /// is deployed (the whole database's: no replica is sent them).
+    pub quarantined: i64,
     /// The state in words.
     pub says: String,
 }
@@ -36,16 +39,21 @@ pub async fn settled(client: &mut tokio_postgres::Client, scope: &Scope) -> Resu
     // The overview first: it says plainly when the sync schema is missing
     // or of another version.
     let read = overview(client, scope, 0).await?;
-    let relay_started: bool = client
-        .query_one("SELECT EXISTS (SELECT 1 FROM sync.tables)", &[])
-        .await?
-        .get(0);
+    let row = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM sync.tables), (SELECT count(*) FROM sync.quarantine)",
+            &[],
+        )
+        .await?;
+    let (relay_started, quarantined): (bool, i64) = (row.get(0), row.get(1));
     let behind = read.replicas - read.states.caught_up;
     let waiting_on_fix = read.states.waiting_on_fix;
     let caught_up = relay_started && behind == 0;
-    let settled = caught_up && read.pending_notes == 0 && waiting_on_fix == 0;
+    let settled = caught_up && read.pending_notes == 0 && waiting_on_fix == 0 && quarantined == 0;
     let says = if !relay_started {
         "no relay has started on this database yet: nothing is recorded".to_string()
+    } else if quarantined > 0 {
+        format!("{quarantined} rows cannot go down and wait for a fix (see health)")
     } else if waiting_on_fix > 0 {
         format!(
             "{waiting_on_fix} of {} replicas wait for a fix",
@@ -73,6 +81,7 @@ pub async fn settled(client: &mut tokio_postgres::Client, scope: &Scope) -> Resu
         behind,
         waiting_on_fix,
         pending_notes: read.pending_notes,
+        quarantined,
         says,
     })
 }

@@ -9,7 +9,7 @@ use super::pack::{Packed, Packer};
 use super::{trace_sum, Settings};
 use crate::engine::Engine;
 use crate::envelope::RowData;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Unsendable};
 use crate::row::Table;
 use crate::sql::literal;
 use crate::value::{canonical_key, Kind, Value};
@@ -176,9 +176,16 @@ impl Loader<'_> {
         let portal = tx.bind(sql.as_str(), &[]).await?;
         let chunk = self.settings.chunk_rows.max(1);
         let mut rows = tx.query_portal(&portal, chunk).await?;
+        // Rows of the table that cannot go. Once there is one, nothing more
+        // is handed on (what points at it may follow), but the table is
+        // read to its end, so that one load finds every such row of it.
+        let mut unsendable = Vec::new();
         loop {
             if rows.is_empty() {
-                return Ok(());
+                return match unsendable.is_empty() {
+                    true => Ok(()),
+                    false => Err(Error::Unsendable(unsendable)),
+                };
             }
             // A full chunk may have more behind it: the next one is asked for
             // before this one is encoded, so PostgreSQL reads while the
@@ -186,16 +193,16 @@ impl Loader<'_> {
             let next = if rows.len() == chunk as usize {
                 let t_fetch = std::time::Instant::now();
                 let (next, packed) = tokio::join!(tx.query_portal(&portal, chunk), async {
-                    self.pack_rows(table, &rows, packer, limit)
+                    self.pack_rows(table, &rows, packer, limit, &mut unsendable)
                 });
                 trace_sum("fetch+encode", t_fetch);
                 packed?;
                 next?
             } else {
-                self.pack_rows(table, &rows, packer, limit)?;
+                self.pack_rows(table, &rows, packer, limit, &mut unsendable)?;
                 Vec::new()
             };
-            if packer.pending_bytes() >= self.settings.flush_bytes {
+            if unsendable.is_empty() && packer.pending_bytes() >= self.settings.flush_bytes {
                 let t_write = std::time::Instant::now();
                 sink.take(tx, packer.take()).await?;
                 trace_sum("write", t_write);
@@ -205,13 +212,15 @@ impl Loader<'_> {
     }
 
     /// Encodes each row read once, and hands it to the packer for every
-    /// replica it goes to (the first column).
+    /// replica it goes to (the first column). A row that does not encode,
+    /// or that no message could carry, goes in `unsendable` instead.
     fn pack_rows(
         &self,
         table: &'static Table,
         rows: &[tokio_postgres::Row],
         packer: &mut Packer,
         limit: usize,
+        unsendable: &mut Vec<Unsendable>,
     ) -> Result<()> {
         let codec = self
             .engine
@@ -230,19 +239,28 @@ impl Loader<'_> {
                     .map(|&i| values[i].clone())
                     .collect::<Vec<_>>(),
             );
-            let data = codec.encode(values).map_err(|source| Error::Codec {
-                table: table.name.to_string(),
-                key: key.clone(),
-                source,
-            })?;
-            if data.len() + key.len() + 16 > limit {
-                return Err(Error::RowTooLarge {
-                    table: table.name.to_string(),
-                    key,
-                    bytes: data.len(),
-                    limit,
-                });
-            }
+            let data = match codec.encode(values) {
+                Ok(data) if data.len() + key.len() + 16 <= limit => data,
+                Ok(data) => {
+                    unsendable.push(Unsendable {
+                        table: table.name,
+                        key,
+                        reason: format!(
+                            "the row encodes to {} bytes, more than a message may carry ({limit})",
+                            data.len()
+                        ),
+                    });
+                    continue;
+                }
+                Err(e) => {
+                    unsendable.push(Unsendable {
+                        table: table.name,
+                        key,
+                        reason: format!("its codec refuses it: {e}"),
+                    });
+                    continue;
+                }
+            };
             let key = key.into_bytes();
             for r in &replicas {
                 packer.upsert(
@@ -296,7 +314,7 @@ impl Loader<'_> {
 }
 
 /// The wire key of a key read back from the planner's tables.
-fn wire_key(table: &Table, json: serde_json::Value) -> Result<String> {
+pub(crate) fn wire_key(table: &Table, json: serde_json::Value) -> Result<String> {
     let bad = |why: String| Error::Damaged {
         what: format!("table `{}`: recorded key {json}: {why}", table.name),
     };

@@ -26,6 +26,7 @@ mod outbox;
 use magic_sync_core::pack;
 mod plan;
 mod publish;
+mod quarantine;
 mod reached;
 mod replies;
 mod scratch;
@@ -51,6 +52,12 @@ use tokio_postgres::{Client, IsolationLevel, Transaction};
 /// The advisory lock one relay per database holds while it relays (an
 /// arbitrary constant: "magic_sync relay").
 pub const RELAY_LOCK: i64 = 0x6d73_5f72_656c_6179;
+
+/// Plans one pass makes at most around rows set aside. Each plan after
+/// the first sets aside at least one row more than the one before, and a
+/// chain of rows leaning on one another is set aside a link per plan: far
+/// more than any schema's depth.
+const MAX_PLAN_ATTEMPTS: u32 = 64;
 
 /// A replica as the host describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,6 +217,9 @@ pub struct Recorded {
     pub dropped: Vec<String>,
     /// Messages written to the outbox.
     pub messages: u64,
+    /// Whether rows are set aside (`sync.quarantine`): the pass planned
+    /// around them.
+    pub quarantined: bool,
     /// Per replica the pass wrote to, the number of the last message it
     /// wrote: an acknowledgement of it covers everything the pass planned
     /// for that replica.
@@ -261,6 +271,9 @@ pub struct Relay {
     outbox_checked: Option<std::time::Instant>,
     /// Whether PostgreSQL records commit times, read with the first pass.
     commit_times: Option<bool>,
+    /// Whether this relay noted again the rows set aside by the build before
+    /// it (`store::quarantine::note_again`), once, before its first pass.
+    noted_again: bool,
 }
 
 impl Relay {
@@ -320,6 +333,7 @@ impl Relay {
             statements: None,
             outbox_checked: None,
             commit_times: None,
+            noted_again: false,
         })
     }
 
@@ -355,6 +369,17 @@ impl Relay {
         replicas: &[ReplicaInfo],
         max_message_bytes: usize,
     ) -> Result<Recorded> {
+        if !self.noted_again {
+            // This build may send what the one before it could not.
+            let noted = crate::store::quarantine::note_again(&*client).await?;
+            if noted > 0 {
+                tracing::info!(
+                    rows = noted,
+                    "rows set aside by the last build are tried again"
+                );
+            }
+            self.noted_again = true;
+        }
         let began = std::time::SystemTime::now();
         let tx = client
             .build_transaction()
@@ -366,27 +391,88 @@ impl Relay {
         let (dropped, bounded) = self.bound_outboxes(&tx).await?;
         let observed = observe::observe(&tx, replicas).await?;
         trace("observe", t0);
-        let plan = self.plan(&tx, &observed).await?;
-        let mut recorded = Recorded {
-            planned: plan.planned,
-            waiting: observed.waiting.clone(),
-            streaming: observed.streaming.clone(),
-            forgotten: observed.forgotten.clone(),
-            dropped,
-            oldest_change: self.oldest_change(&tx, &plan.planned, began).await?,
-            ..Recorded::default()
+        self.list(&tx, &observed).await?;
+        // A plan that meets a row it cannot send, or that would leave a row
+        // pointing at one set aside, runs again from here with it set aside.
+        tx.batch_execute("SAVEPOINT plan").await?;
+        let mut blocks = quarantine::Blocks::read(&tx).await?;
+        let mut analysed = std::collections::BTreeSet::new();
+        let mut attempts = 0;
+        let (plan, mut recorded, mut closing) = loop {
+            attempts += 1;
+            if attempts > MAX_PLAN_ATTEMPTS {
+                return Err(Error::Unsettled {
+                    attempts: MAX_PLAN_ATTEMPTS,
+                });
+            }
+            let plan = self.plan(&tx, blocks).await?;
+            analysed.extend(plan.analysed.iter().copied());
+            if let Some(blocked) = plan.blocked.as_ref().filter(|b| !b.is_empty()) {
+                tx.batch_execute("ROLLBACK TO SAVEPOINT plan").await?;
+                quarantine::block(&tx, blocked, false).await?;
+                // What was set aside stays when the next attempt rolls back.
+                tx.batch_execute("RELEASE SAVEPOINT plan; SAVEPOINT plan")
+                    .await?;
+                blocks.added();
+                continue;
+            }
+            let mut recorded = Recorded {
+                planned: plan.planned,
+                waiting: observed.waiting.clone(),
+                streaming: observed.streaming.clone(),
+                forgotten: observed.forgotten.clone(),
+                dropped: dropped.clone(),
+                oldest_change: self.oldest_change(&tx, &plan.planned, began).await?,
+                ..Recorded::default()
+            };
+            let loaded = self
+                .load_and_write(
+                    &tx,
+                    &observed,
+                    &plan,
+                    &epoch,
+                    max_message_bytes,
+                    &mut recorded,
+                )
+                .await;
+            match loaded {
+                Ok(closing) => break (plan, recorded, closing),
+                Err(Error::Unsendable(rows)) => {
+                    let found = quarantine::resolve(
+                        &tx,
+                        &self.context.graph,
+                        quarantine::From::Sends,
+                        &rows,
+                    )
+                    .await?;
+                    tx.batch_execute("ROLLBACK TO SAVEPOINT plan").await?;
+                    for row in &rows {
+                        tracing::error!(
+                            table = row.table,
+                            key = %row.key,
+                            reason = %row.reason,
+                            "a row cannot go down: set aside until it changes or a fix is deployed"
+                        );
+                    }
+                    crate::store::quarantine::set_aside(&tx, &found).await?;
+                    tx.batch_execute("RELEASE SAVEPOINT plan; SAVEPOINT plan")
+                        .await?;
+                    metrics::counter!("magic_sync_rows_quarantined_total")
+                        .increment(rows.len() as u64);
+                    blocks.added();
+                }
+                Err(e) => return Err(e),
+            }
         };
-        let mut closing = self
-            .load_and_write(
-                &tx,
-                &observed,
-                &plan,
-                &epoch,
-                max_message_bytes,
-                &mut recorded,
-            )
-            .await?;
+        recorded.quarantined = blocks.any;
         closing.push_str(&held::kept_and_done(&observed.streaming, &plan.filled));
+        if blocks.unsettled {
+            // Every row set aside is taken back now from wherever it was held.
+            closing.push_str(
+                "UPDATE sync.quarantine SET settled = true WHERE NOT settled;
+                 UPDATE sync.blocked SET settled = true WHERE NOT settled;",
+            );
+        }
         close(&tx, closing).await?;
         let t0 = std::time::Instant::now();
         tx.commit().await?;
@@ -398,7 +484,7 @@ impl Relay {
         }
         self.prepared = true;
         self.started = true;
-        self.leftovers.left(plan.filled, plan.analysed);
+        self.leftovers.left(plan.filled, analysed);
         Ok(recorded)
     }
 
@@ -470,33 +556,41 @@ impl Relay {
         Ok((outbox::bound(tx, &self.context.settings).await?, true))
     }
 
-    /// Plans every pending note for the replicas `observed` kept up, into
-    /// the planner's tables.
-    async fn plan(
-        &mut self,
-        tx: &Transaction<'_>,
-        observed: &observe::Observation,
-    ) -> Result<Plan> {
+    /// The replicas `observed` kept up, as the planner's replica list.
+    async fn list(&mut self, tx: &Transaction<'_>, observed: &observe::Observation) -> Result<()> {
         let listed: Vec<plan::Listed> = observed
             .kept
             .iter()
             .map(|o| (o.id.clone(), o.partition.clone(), false))
             .collect();
-        self.leftovers.list(tx, listed).await?;
+        self.leftovers.list(tx, listed).await
+    }
+
+    /// Plans every pending note for the replicas listed, into the planner's
+    /// tables, around the rows set aside (`blocks`). With rows set aside,
+    /// also what the plan would leave pointing at one of them
+    /// ([`Plan::blocked`]).
+    async fn plan(&self, tx: &Transaction<'_>, blocks: quarantine::Blocks) -> Result<Plan> {
         let planner = plan::Planner {
             tx,
             graph: &self.context.graph,
             groups: self.groups.clone(),
             filled: Default::default(),
             analysed: Default::default(),
+            blocks,
         };
         let t0 = std::time::Instant::now();
         let planned = planner.plan().await?;
         trace("plan", t0);
+        let blocked = match blocks.any {
+            true => Some(planner.newly_blocked().await?),
+            false => None,
+        };
         Ok(Plan {
             planned,
             filled: planner.filled(),
             analysed: planner.analysed(),
+            blocked,
         })
     }
 

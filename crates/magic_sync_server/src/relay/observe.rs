@@ -174,7 +174,8 @@ impl<'r> Changes<'r> {
                  DELETE FROM sync.deferred WHERE replica = ANY({ids});
                  DELETE FROM sync.backlogs WHERE replica = ANY({ids});
                  DELETE FROM sync.filed WHERE replica = ANY({ids});
-                 DELETE FROM sync.checkpoints WHERE replica = ANY({ids});",
+                 DELETE FROM sync.checkpoints WHERE replica = ANY({ids});
+                 DELETE FROM sync.blocked WHERE replica = ANY({ids});",
                 ids = crate::sql::text_array(self.forget.iter().map(String::as_str))
             ))
             .await?;

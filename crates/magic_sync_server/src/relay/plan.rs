@@ -45,6 +45,7 @@
 //! backlog run for minutes.
 
 use super::graph::{key_json, key_match, row_by_key, rule, Graph, Link, Shape};
+use super::quarantine::{is_blocked, Blocks};
 use super::scratch::{Filled, Scratch};
 use crate::error::Result;
 use crate::row::Rule;
@@ -224,6 +225,8 @@ pub(crate) struct Planner<'a, 't> {
     pub filled: std::sync::Mutex<Filled>,
     /// The planner's tables this plan analysed.
     pub analysed: std::sync::Mutex<BTreeSet<Scratch>>,
+    /// The rows set aside, as the pass found them.
+    pub blocks: Blocks,
 }
 
 /// A table given through groups.
@@ -270,17 +273,37 @@ fn in_question(r: &str, t: &str, k: &str, and: &str) -> String {
 
 /// `LATERAL ... q`: the row in question `t`, `k` of the replica `r`,
 /// questioned and not kept by its rule, looked up by `_ms_q`'s key, per row.
-fn questioned_row(r: &str, t: &str, k: &str) -> String {
+fn questioned_row(r: &str, t: &str, k: &str, and: &str) -> String {
     format!(
         "LATERAL (SELECT q.* FROM _ms_q q WHERE q.r = {r} AND q.t = {t} AND q.k = {k}
-                  AND q.questioned AND NOT q.ruled OFFSET 0) q"
+                  AND q.questioned AND NOT q.ruled{and} OFFSET 0) q"
     )
 }
 
 impl Planner<'_, '_> {
+    /// ` AND NOT ...`: the row `t`, `k` is not set aside for the replica
+    /// `r`; nothing while no row is in quarantine.
+    fn unblocked(&self, r: &str, t: &str, k: &str) -> String {
+        if self.blocks.any {
+            format!(" AND NOT {}", is_blocked(r, t, k))
+        } else {
+            String::new()
+        }
+    }
+
+    /// ` AND q.present` while rows are set aside: a held row set aside is
+    /// in question as not present, so no step keeps it.
+    fn present_only(&self) -> &'static str {
+        if self.blocks.any {
+            " AND q.present"
+        } else {
+            ""
+        }
+    }
+
     /// Runs a statement that fills the planner's table `table`, which the
     /// next pass then empties.
-    async fn fill(&self, table: Scratch, sql: &str) -> Result<u64> {
+    pub(crate) async fn fill(&self, table: Scratch, sql: &str) -> Result<u64> {
         debug_assert!(
             sql.trim_start()
                 .strip_prefix("INSERT INTO ")
@@ -293,7 +316,7 @@ impl Planner<'_, '_> {
     }
 
     /// Runs a statement, tracing how long it took.
-    async fn run(&self, sql: &str) -> Result<u64> {
+    pub(crate) async fn run(&self, sql: &str) -> Result<u64> {
         let started = std::time::Instant::now();
         let n = simple(self.tx, sql).await?.1;
         if tracing::enabled!(target: "magic_sync::plan", tracing::Level::TRACE) {
@@ -340,7 +363,10 @@ impl Planner<'_, '_> {
     pub async fn plan(&self) -> Result<Planned> {
         let notes = self.read_notes().await?;
         let deferred = self.read_deferred().await?;
-        if notes == 0 && deferred == 0 {
+        if self.blocks.any && notes > 0 {
+            self.release_changed().await?;
+        }
+        if notes == 0 && deferred == 0 && !self.blocks.unsettled {
             return Ok(Planned::default());
         }
         self.groups_touched().await?;
@@ -360,7 +386,7 @@ impl Planner<'_, '_> {
 
     /// Whether a statement of this plan put rows in the planner table `temp`:
     /// a statement reading only an empty one is skipped.
-    fn has(&self, temp: Scratch) -> bool {
+    pub(crate) fn has(&self, temp: Scratch) -> bool {
         self.filled.lock().expect("not poisoned").has(temp)
     }
 
@@ -418,7 +444,7 @@ impl Planner<'_, '_> {
             &format!(
                 "INSERT INTO _ms_changed (t, k, last_seq)
              SELECT t, k, max(seq) FROM _ms_notes WHERE t IN ({}) GROUP BY t, k",
-                self.declared()
+                self.declared_tables()
             ),
         )
         .await?;
@@ -436,7 +462,7 @@ impl Planner<'_, '_> {
     }
 
     /// The declared tables, as SQL literals.
-    fn declared(&self) -> String {
+    pub(crate) fn declared_tables(&self) -> String {
         let names: Vec<String> = self
             .graph
             .shapes
@@ -472,7 +498,7 @@ impl Planner<'_, '_> {
                 "INSERT INTO _ms_grant (r, t, k, seq)
              SELECT r, t, k, seq FROM _ms_deferred WHERE unseen AND t IN ({})
              ON CONFLICT (r, t, k) DO UPDATE SET seq = greatest(_ms_grant.seq, EXCLUDED.seq)",
-                self.declared()
+                self.declared_tables()
             ),
         )
         .await
@@ -592,6 +618,12 @@ impl Planner<'_, '_> {
                 first += self.question_granted(shape).await?;
             }
         }
+        if self.blocks.unsettled {
+            first += self.question_unsettled().await?;
+        }
+        if self.blocks.any && first > 0 {
+            self.mark_blocked(0).await?;
+        }
         if first > ANALYSE_ABOVE {
             self.analyse(Scratch::Questioned).await?;
         }
@@ -615,6 +647,9 @@ impl Planner<'_, '_> {
             }
             if added == 0 {
                 return Ok(());
+            }
+            if self.blocks.any {
+                self.mark_blocked(round + 1).await?;
             }
             round += 1;
         }
@@ -850,9 +885,10 @@ impl Planner<'_, '_> {
              CROSS JOIN {row}
              {replicas}
              WHERE c.t = {t} AND NOT r.fresh AND {cond}
-               AND NOT {held}
+               AND NOT {held}{unblocked}
              ON CONFLICT DO NOTHING",
                 held = in_question("r.r", &t, "c.k", ""),
+                unblocked = self.unblocked("r.r", &t, "c.k"),
                 ptrs = self.graph.pointers("a", shape.table.name),
                 row = row_by_key("a", shape, "c.k"),
             ),
@@ -955,8 +991,9 @@ impl Planner<'_, '_> {
              CROSS JOIN {replica}
              WHERE c.t = {c} AND NOT r.fresh
                AND NOT {held}
-               AND NOT {questioned}
+               AND NOT {questioned}{unblocked}
              ON CONFLICT DO NOTHING",
+                unblocked = self.unblocked("h.replica", &c, "c.k"),
                 replica = replica_of("h.replica"),
                 held = in_question("h.replica", &c, "c.k", ""),
                 questioned =
@@ -994,8 +1031,9 @@ impl Planner<'_, '_> {
                  FROM {pointed}
                  CROSS JOIN {replica}
                  CROSS JOIN {row}
-                 WHERE NOT {held}
+                 WHERE NOT {held}{unblocked}
                  ON CONFLICT DO NOTHING",
+                    unblocked = self.unblocked("d.r", &p, "d.k"),
                     replica = replica_of("d.r"),
                     ruled = Self::ruled(parent, "r"),
                     ptrs = self.graph.pointers("x", link.parent.name),
@@ -1012,7 +1050,7 @@ impl Planner<'_, '_> {
                      FROM {pointed}
                      CROSS JOIN {q}
                      ON CONFLICT DO NOTHING",
-                    q = questioned_row("d.r", &p, "d.k"),
+                    q = questioned_row("d.r", &p, "d.k", self.present_only()),
                 ))
                 .await?;
         }
@@ -1051,9 +1089,10 @@ impl Planner<'_, '_> {
                  FROM _ms_k n
                  {followers}
                  WHERE n.t = {p} AND n.round = {round} AND (NOT n.held OR n.questioned)
-                   AND NOT {held}
+                   AND NOT {held}{unblocked}
                  ON CONFLICT DO NOTHING",
                     held = is_held(&c, "a.k", "n.r"),
+                    unblocked = self.unblocked("n.r", &c, "a.k"),
                 ),
             )
             .await?;
@@ -1067,7 +1106,7 @@ impl Planner<'_, '_> {
                      CROSS JOIN {q}
                      WHERE n.t = {p} AND n.round = {round} AND n.questioned
                      ON CONFLICT DO NOTHING",
-                    q = questioned_row("n.r", &c, "a.k"),
+                    q = questioned_row("n.r", &c, "a.k", self.present_only()),
                 ))
                 .await?;
         }
@@ -1168,7 +1207,12 @@ impl Planner<'_, '_> {
                     &format!(
                         "INSERT INTO _ms_f (r, t, k, round, ptrs)
                      SELECT r.r, {t}, {key}, 0, {ptrs}
-                     FROM {rel} a JOIN _ms_r r ON r.fresh AND {cond}",
+                     FROM {rel} a JOIN _ms_r r ON r.fresh AND {cond}{unblocked}",
+                        unblocked = self.unblocked(
+                            "r.r",
+                            &literal(shape.table.name),
+                            &key_json("a", shape.table)
+                        ),
                         t = literal(shape.table.name),
                         key = key_json("a", shape.table),
                         ptrs = self.graph.pointers("a", shape.table.name),
@@ -1239,7 +1283,8 @@ impl Planner<'_, '_> {
                    WHERE n.t = {c} AND n.round = {round} AND n.ptrs ? {name}
                      AND n.via <> {index}) x
              CROSS JOIN LATERAL (SELECT {ptrs} AS ptrs FROM {rel} a WHERE {m} OFFSET 0) a
-             WHERE NOT EXISTS (SELECT 1 FROM _ms_f f WHERE f.r = x.r AND f.t = {p} AND f.k = x.ptr)",
+             WHERE NOT EXISTS (SELECT 1 FROM _ms_f f WHERE f.r = x.r AND f.t = {p} AND f.k = x.ptr){unblocked}",
+            unblocked = self.unblocked("x.r", &p, "x.ptr"),
             c = literal(link.child.name),
             next = round + 1,
             ptrs = self.graph.pointers("a", link.parent.name),
@@ -1273,7 +1318,8 @@ impl Planner<'_, '_> {
                 "INSERT INTO _ms_f (r, t, k, round, ptrs, via)
              SELECT n.r, {c}, {ck}, {next}, {ptrs}, {index}
              FROM _ms_f n JOIN {rel} a ON {points}
-             WHERE n.t = {p} AND n.round = {round} {new}",
+             WHERE n.t = {p} AND n.round = {round} {new}{unblocked}",
+                unblocked = self.unblocked("n.r", &c, &ck),
                 p = literal(link.parent.name),
                 next = round + 1,
                 ptrs = self.graph.pointers("a", link.child.name),

@@ -130,4 +130,7 @@ pub(crate) struct Plan {
     pub planned: Planned,
     pub filled: Filled,
     pub analysed: BTreeSet<Scratch>,
+    /// With rows set aside: what the plan would leave pointing at one,
+    /// to be set aside in turn before the plan runs again.
+    pub blocked: Option<Vec<super::quarantine::Blocked>>,
 }

@@ -160,7 +160,8 @@ pub(crate) async fn begin(
     tx.batch_execute(&format!(
         "DELETE FROM sync.held WHERE replica = {r};
          DELETE FROM sync.outbox WHERE replica = {r};
-         DELETE FROM sync.deferred WHERE replica = {r};",
+         DELETE FROM sync.deferred WHERE replica = {r};
+         DELETE FROM sync.blocked WHERE replica = {r};",
         r = crate::sql::escaped(replica)
     ))
     .await?;
@@ -283,14 +284,30 @@ impl Snapshot {
             max_message_bytes: transport.max_message_bytes(),
         };
         let t0 = std::time::Instant::now();
-        loader
+        let loaded = loader
             .load(
                 &tx,
                 Source::Snapshot,
                 std::slice::from_ref(&self.replica),
                 &mut sender,
             )
+            .await;
+        if let Err(Error::Unsendable(rows)) = loaded {
+            // Set aside, so the next attempt plans around them (and the
+            // passes take them back from replicas holding older versions).
+            let found = super::quarantine::resolve(
+                &tx,
+                &context.graph,
+                super::quarantine::From::Fresh,
+                &rows,
+            )
             .await?;
+            tx.rollback().await?;
+            crate::store::quarantine::set_aside(worker, &found).await?;
+            metrics::counter!("magic_sync_rows_quarantined_total").increment(rows.len() as u64);
+            return Err(Error::Unsendable(rows));
+        }
+        loaded?;
         super::trace("snapshot/load and send", t0);
         // Nothing shared was written: the view ends here.
         tx.commit().await?;
@@ -368,14 +385,33 @@ async fn plan_snapshot(
         names.join(", ")
     ))
     .await?;
-    let planner = Planner {
-        tx,
-        graph: &context.graph,
-        groups: Vec::new(),
-        filled: Default::default(),
-        analysed: Default::default(),
-    };
-    planner.provision().await
+    // A set that would hold a row pointing at one set aside is planned
+    // again from here, with that row blocked too.
+    tx.batch_execute("SAVEPOINT fresh").await?;
+    let blocks = super::quarantine::Blocks::read(tx).await?;
+    loop {
+        let planner = Planner {
+            tx,
+            graph: &context.graph,
+            groups: Vec::new(),
+            filled: Default::default(),
+            analysed: Default::default(),
+            blocks,
+        };
+        let rows = planner.provision().await?;
+        if !blocks.any {
+            return Ok(rows);
+        }
+        let blocked = planner.newly_blocked_fresh().await?;
+        if blocked.is_empty() {
+            return Ok(rows);
+        }
+        tx.batch_execute("ROLLBACK TO SAVEPOINT fresh").await?;
+        // Never sent this replica, so never held by it.
+        super::quarantine::block(tx, &blocked, true).await?;
+        tx.batch_execute("RELEASE SAVEPOINT fresh; SAVEPOINT fresh")
+            .await?;
+    }
 }
 
 /// Where a snapshot's messages go: numbered, chained and sealed, then

@@ -7,4 +7,5 @@
 pub mod credentials;
 pub mod keys;
 pub mod migrations;
+pub mod quarantine;
 pub mod tables;

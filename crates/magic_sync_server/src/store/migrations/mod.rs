@@ -26,6 +26,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (17, include_str!("017_credentials_proved.sql")),
     (18, include_str!("018_tables.sql")),
     (19, include_str!("019_provision_asked.sql")),
+    (20, include_str!("020_quarantine.sql")),
 ];
 
 /// The version this build brings the schema to.

@@ -1,0 +1,443 @@
+//! Rows that cannot go down, planned around.
+//!
+//! A row whose codec refuses it, or that no message could carry, is found
+//! when a load encodes it. The pass then puts it in quarantine
+//! (`sync.quarantine`, with why) and plans again: nothing it plans after
+//! that sends the row, or anything that points at it, to any replica, and a
+//! replica holding an older version of it has that version taken back, with
+//! whatever it holds that points at it. Those rows are *blocked* for that
+//! replica (`sync.blocked`, naming the row in quarantine they lean on).
+//!
+//! The planner treats a blocked row as one its replica may not keep: no
+//! step adds it to what a replica keeps, and a held one is questioned and
+//! not kept by its rule, so it is taken back and its parents are weighed
+//! again as for any row that goes. What points at a blocked row is found
+//! after the plan ([`Planner::newly_blocked`]): a row the plan sends that
+//! points at one, and a row a replica holds that points at one it takes
+//! back. Those are blocked in turn and the plan runs again, until a plan
+//! blocks nothing new. A plan never sends a row without its parents, so the
+//! closure ends with every row that leans on the quarantine set aside.
+//!
+//! A row in quarantine is tried again once it changes (a note newer than
+//! the one it failed at), and a blocked row once it changes itself or its
+//! row in quarantine is let go. A relay starting notes every one of them
+//! again, so a fix deployed lets them through by itself.
+
+use super::graph::{key_json, Graph, Link};
+use super::load::wire_key;
+use super::plan::Planner;
+use crate::error::{Error, Result, Unsendable};
+use crate::sql::literal;
+use crate::store::quarantine::SetAside;
+use tokio_postgres::{GenericClient, Transaction};
+
+/// What a pass knows of the rows set aside, read as it opens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Blocks {
+    /// Some row is in quarantine: every row a plan adds is checked.
+    pub any: bool,
+    /// Some row in quarantine or blocked may still be held by a replica:
+    /// the plan takes it back.
+    pub unsettled: bool,
+}
+
+impl Blocks {
+    /// As the database records them.
+    pub async fn read(client: &impl GenericClient) -> Result<Blocks> {
+        let row = client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM sync.quarantine),
+                        EXISTS (SELECT 1 FROM sync.quarantine WHERE NOT settled)
+                        OR EXISTS (SELECT 1 FROM sync.blocked WHERE NOT settled)",
+                &[],
+            )
+            .await?;
+        Ok(Blocks {
+            any: row.get(0),
+            unsettled: row.get(1),
+        })
+    }
+
+    /// After rows were set aside in this pass.
+    pub fn added(&mut self) {
+        self.any = true;
+        self.unsettled = true;
+    }
+}
+
+/// A row blocked for one replica, and the row in quarantine it leans on.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Blocked {
+    pub replica: String,
+    pub table: String,
+    /// The key, as the record keeps it (the text of its `jsonb` array).
+    pub key: String,
+    pub root_table: String,
+    pub root_key: String,
+}
+
+/// SQL: the row `t`, `k` (a `jsonb` key) is set aside for the replica `r`:
+/// in quarantine, or blocked for it. Looked up per row by the tables' keys.
+pub(crate) fn is_blocked(r: &str, t: &str, k: &str) -> String {
+    format!(
+        "(EXISTS (SELECT 1 FROM sync.quarantine z WHERE z.table_name = {t} AND z.key = ({k})::text OFFSET 0)
+          OR EXISTS (SELECT 1 FROM sync.blocked z WHERE z.replica = {r} AND z.table_name = {t}
+                     AND z.key = ({k})::text OFFSET 0))"
+    )
+}
+
+/// `LEFT JOIN LATERAL ... root ON true`: the row in quarantine that the
+/// row `t`, `k` is, or leans on for the replica `r` (NULL columns when it
+/// is not set aside).
+fn root_of(r: &str, t: &str, k: &str) -> String {
+    format!(
+        "LEFT JOIN LATERAL (
+             SELECT z.table_name AS t, z.key AS k FROM sync.quarantine z
+             WHERE z.table_name = {t} AND z.key = ({k})::text
+             UNION ALL
+             SELECT z.root_table, z.root_key FROM sync.blocked z
+             WHERE z.replica = {r} AND z.table_name = {t} AND z.key = ({k})::text
+             LIMIT 1) root ON true"
+    )
+}
+
+/// The rows of `blocked` that are new: not blocked for their replica
+/// already, nor in quarantine themselves.
+fn new_only(r: &str, t: &str, k: &str) -> String {
+    format!("NOT {}", is_blocked(r, t, k))
+}
+
+impl Planner<'_, '_> {
+    /// Held rows set aside that a pass has not taken back yet (in
+    /// quarantine, or blocked for their replica), in question: questioned,
+    /// not kept by their rule, and not present, so no step keeps them.
+    pub(crate) async fn question_unsettled(&self) -> Result<u64> {
+        let q_columns =
+            "_ms_q (r, t, k, round, ruled, questioned, present, version, hruled, hptrs, cptrs, refs)";
+        let set_aside = "ON CONFLICT (r, t, k) DO UPDATE
+                         SET questioned = true, ruled = false, present = false, round = 0";
+        let mut n = self
+            .fill(
+                super::scratch::Scratch::Questioned,
+                &format!(
+                    "INSERT INTO {q_columns}
+                     SELECT h.replica, h.table_name, h.key::jsonb, 0, false, true, false,
+                            h.version, h.ruled, h.ptrs, NULL, h.refs
+                     FROM sync.quarantine z
+                     JOIN sync.held h ON h.table_name = z.table_name AND h.key = z.key
+                     JOIN _ms_r r ON r.r = h.replica AND NOT r.fresh
+                     WHERE NOT z.settled
+                     {set_aside}"
+                ),
+            )
+            .await?;
+        n += self
+            .fill(
+                super::scratch::Scratch::Questioned,
+                &format!(
+                    "INSERT INTO {q_columns}
+                     SELECT h.replica, h.table_name, h.key::jsonb, 0, false, true, false,
+                            h.version, h.ruled, h.ptrs, NULL, h.refs
+                     FROM sync.blocked b
+                     JOIN sync.held h ON h.table_name = b.table_name AND h.key = b.key
+                                     AND h.replica = b.replica
+                     JOIN _ms_r r ON r.r = h.replica AND NOT r.fresh
+                     WHERE NOT b.settled
+                     {set_aside}"
+                ),
+            )
+            .await?;
+        Ok(n)
+    }
+
+    /// The rows in question of round `round` that are set aside for their
+    /// replica: questioned, not kept by their rule, not present.
+    pub(crate) async fn mark_blocked(&self, round: i32) -> Result<()> {
+        self.run(&format!(
+            "UPDATE _ms_q q SET questioned = true, ruled = false, present = false
+             WHERE q.round = {round} AND (NOT q.questioned OR q.ruled OR q.present)
+               AND {}",
+            is_blocked("q.r", "q.t", "q.k")
+        ))
+        .await?;
+        Ok(())
+    }
+
+    /// Rows in quarantine that changed since they failed, and the rows
+    /// blocked by them, let go: the plan tries them again. Blocked rows that
+    /// changed themselves are let go too (they are among the changed rows
+    /// already). Returns the rows added to what changed.
+    pub(crate) async fn release_changed(&self) -> Result<u64> {
+        let roots = "SELECT z.table_name, z.key FROM sync.quarantine z
+                     JOIN _ms_changed c ON c.t = z.table_name AND c.k::text = z.key
+                     WHERE c.last_seq > z.version";
+        let added = self
+            .fill(
+                super::scratch::Scratch::Touched,
+                &format!(
+                    "INSERT INTO _ms_touched (t, k)
+                     SELECT DISTINCT b.table_name, b.key::jsonb FROM sync.blocked b
+                     JOIN ({roots}) z (t, k) ON b.root_table = z.t AND b.root_key = z.k
+                     WHERE b.table_name IN ({})
+                     ON CONFLICT DO NOTHING",
+                    self.declared_tables()
+                ),
+            )
+            .await?;
+        self.run(&format!(
+            "DELETE FROM sync.blocked b USING ({roots}) z (t, k)
+             WHERE b.root_table = z.t AND b.root_key = z.k"
+        ))
+        .await?;
+        // Only what an earlier pass blocked (and settled): this pass's own
+        // blocks are of the very changes it plans.
+        self.run(
+            "DELETE FROM sync.blocked b USING _ms_changed c
+             WHERE b.table_name = c.t AND b.key = c.k::text AND b.settled",
+        )
+        .await?;
+        self.run(
+            "DELETE FROM sync.quarantine z USING _ms_changed c
+             WHERE z.table_name = c.t AND z.key = c.k::text AND c.last_seq > z.version",
+        )
+        .await?;
+        Ok(added)
+    }
+
+    /// What the plan would leave pointing at a row set aside: rows it sends
+    /// that point at one, and rows a replica holds that point at one it
+    /// takes back. Each is to be blocked, and the plan made again.
+    pub(crate) async fn newly_blocked(&self) -> Result<Vec<Blocked>> {
+        let mut parts = Vec::new();
+        for link in &self.graph.links {
+            let tracked = self.graph.tracked().any(|l| std::ptr::eq(l, link));
+            if self.has(super::scratch::Scratch::Send) {
+                parts.push(self.sent_pointing(link, tracked));
+            }
+            if self.has(super::scratch::Scratch::Questioned) {
+                parts.push(self.held_pointing(link, tracked));
+            }
+        }
+        if parts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "SELECT DISTINCT ON (r, t, k) r, t, k, rt, rk FROM ({}) x ORDER BY r, t, k",
+            parts.join(" UNION ALL ")
+        );
+        let rows = self.tx.query(&sql, &[]).await?;
+        Ok(rows
+            .iter()
+            .map(|row| Blocked {
+                replica: row.get(0),
+                table: row.get(1),
+                key: row.get(2),
+                root_table: row.get(3),
+                root_key: row.get(4),
+            })
+            .collect())
+    }
+
+    /// Rows of `link`'s child the plan sends that point through it at a
+    /// row set aside for their replica: through what the plan recorded the
+    /// row pointing at, or, for a link into an `all` table (not recorded),
+    /// through the row itself.
+    fn sent_pointing(&self, link: &Link, tracked: bool) -> String {
+        let c = literal(link.child.name);
+        let p = literal(link.parent.name);
+        let (from, ptr) = if tracked {
+            (String::new(), format!("s.ptrs -> {}", literal(&link.name)))
+        } else {
+            let child = self.graph.shape(link.child.name);
+            (
+                format!(
+                    "CROSS JOIN LATERAL (SELECT {} AS ptr FROM {} a WHERE {} OFFSET 0) a",
+                    link.pointer("a"),
+                    child.relation,
+                    super::graph::key_match("a", child, "s.k")
+                ),
+                "a.ptr".to_string(),
+            )
+        };
+        format!(
+            "SELECT s.r, s.t, s.k::text AS k, root.t AS rt, root.k AS rk
+             FROM _ms_send s {from}
+             {root}
+             WHERE s.t = {c} AND root.t IS NOT NULL AND {new}",
+            root = root_of("s.r", &p, &ptr),
+            new = new_only("s.r", "s.t", "s.k"),
+        )
+    }
+
+    /// Rows of `link`'s child a replica holds pointing through it at a row
+    /// set aside that the plan takes back from it (and that the plan does
+    /// not send again pointing elsewhere): found in the record by the
+    /// replica, or, for a link into an `all` table, in the child table.
+    fn held_pointing(&self, link: &Link, tracked: bool) -> String {
+        let c = literal(link.child.name);
+        let p = literal(link.parent.name);
+        let children = if tracked {
+            format!(
+                "SELECT h.key FROM sync.held h
+                 WHERE h.replica = q.r AND h.table_name = {c} AND h.ptrs -> {name} = q.k OFFSET 0",
+                name = literal(&link.name)
+            )
+        } else {
+            let child = self.graph.shape(link.child.name);
+            format!(
+                "SELECT h.key FROM {rel} a
+                 CROSS JOIN LATERAL (SELECT h.key FROM sync.held h
+                                     WHERE h.table_name = {c} AND h.key = ({ck})::text
+                                       AND h.replica = q.r OFFSET 0) h
+                 WHERE {points} OFFSET 0",
+                rel = child.relation,
+                ck = key_json("a", link.child),
+                points = link.points_at("a", "q.k"),
+            )
+        };
+        format!(
+            "SELECT q.r, {c} AS t, h.key AS k, root.t AS rt, root.k AS rk
+             FROM _ms_q q
+             {root}
+             CROSS JOIN LATERAL ({children}) h
+             WHERE q.t = {p} AND q.questioned AND NOT q.ruled AND NOT q.present
+               AND ({tracked_refs}) AND root.t IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM _ms_send s WHERE s.r = q.r AND s.t = {c}
+                               AND s.k = h.key::jsonb AND s.ptrs -> {name} IS DISTINCT FROM q.k)
+               AND {new}",
+            root = root_of("q.r", "q.t", "q.k"),
+            tracked_refs = if tracked { "q.refs > 0" } else { "true" },
+            name = literal(&link.name),
+            new = new_only("q.r", &c, "h.key::jsonb"),
+        )
+    }
+
+    /// For a snapshot: the rows of its whole set (`_ms_f`) that point at a
+    /// row set aside for their replica. Each is to be blocked, and the set
+    /// planned again.
+    pub(crate) async fn newly_blocked_fresh(&self) -> Result<Vec<Blocked>> {
+        let mut parts = Vec::new();
+        for link in &self.graph.links {
+            let c = literal(link.child.name);
+            let p = literal(link.parent.name);
+            let tracked = self.graph.tracked().any(|l| std::ptr::eq(l, link));
+            let (from, ptr) = if tracked {
+                (String::new(), format!("f.ptrs -> {}", literal(&link.name)))
+            } else {
+                let child = self.graph.shape(link.child.name);
+                (
+                    format!(
+                        "CROSS JOIN LATERAL (SELECT {} AS ptr FROM {} a WHERE {} OFFSET 0) a",
+                        link.pointer("a"),
+                        child.relation,
+                        super::graph::key_match("a", child, "f.k")
+                    ),
+                    "a.ptr".to_string(),
+                )
+            };
+            parts.push(format!(
+                "SELECT f.r, f.t, f.k::text AS k, root.t AS rt, root.k AS rk
+                 FROM _ms_f f {from}
+                 {root}
+                 WHERE f.t = {c} AND root.t IS NOT NULL AND {new}",
+                root = root_of("f.r", &p, &ptr),
+                new = new_only("f.r", "f.t", "f.k"),
+            ));
+        }
+        if parts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "SELECT DISTINCT ON (r, t, k) r, t, k, rt, rk FROM ({}) x ORDER BY r, t, k",
+            parts.join(" UNION ALL ")
+        );
+        let rows = self.tx.query(&sql, &[]).await?;
+        Ok(rows
+            .iter()
+            .map(|row| Blocked {
+                replica: row.get(0),
+                table: row.get(1),
+                key: row.get(2),
+                root_table: row.get(3),
+                root_key: row.get(4),
+            })
+            .collect())
+    }
+}
+
+/// Where a load's rows were planned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum From {
+    /// A pass's difference (`_ms_send`).
+    Sends,
+    /// A snapshot's whole set (`_ms_f`).
+    Fresh,
+}
+
+/// The rows `unsendable` names, as the planner's table `from` has them:
+/// their keys as the record keeps them, and the versions planned. Read
+/// before the plan is rolled back.
+pub(crate) async fn resolve(
+    tx: &Transaction<'_>,
+    graph: &Graph,
+    from: From,
+    unsendable: &[Unsendable],
+) -> Result<Vec<SetAside>> {
+    let mut found = Vec::with_capacity(unsendable.len());
+    let mut tables: Vec<&str> = unsendable.iter().map(|u| u.table).collect();
+    tables.sort_unstable();
+    tables.dedup();
+    for table in tables {
+        let sql = match from {
+            From::Sends => "SELECT k::text, k, max(version) FROM _ms_send WHERE t = $1 GROUP BY k",
+            From::Fresh => {
+                "SELECT f.k::text, f.k, coalesce(max(ch.last_seq), 0) FROM _ms_f f
+                 LEFT JOIN _ms_changed ch ON ch.t = f.t AND ch.k = f.k
+                 WHERE f.t = $1 GROUP BY f.k"
+            }
+        };
+        let mut planned = std::collections::HashMap::new();
+        for row in tx.query(sql, &[&table]).await? {
+            let wire = wire_key(graph.shape(table).table, row.get(1))?;
+            planned.insert(wire, (row.get::<_, String>(0), row.get::<_, i64>(2)));
+        }
+        for u in unsendable.iter().filter(|u| u.table == table) {
+            let (key, version) = planned.get(&u.key).cloned().ok_or_else(|| Error::Damaged {
+                what: format!(
+                    "table `{table}`: the row keyed {} was loaded but is not in the plan",
+                    u.key
+                ),
+            })?;
+            found.push(SetAside {
+                table: table.to_string(),
+                key,
+                version,
+                reason: u.reason.clone(),
+            });
+        }
+    }
+    Ok(found)
+}
+
+/// Records `blocked`; `settled` when no replica holds them (a snapshot's).
+pub(crate) async fn block(tx: &Transaction<'_>, blocked: &[Blocked], settled: bool) -> Result<()> {
+    if blocked.is_empty() {
+        return Ok(());
+    }
+    let column = |f: fn(&Blocked) -> &str| blocked.iter().map(f).collect::<Vec<&str>>();
+    tx.execute(
+        "INSERT INTO sync.blocked (replica, table_name, key, root_table, root_key, settled)
+         SELECT *, $6 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+         ON CONFLICT DO NOTHING",
+        &[
+            &column(|b| &b.replica),
+            &column(|b| &b.table),
+            &column(|b| &b.key),
+            &column(|b| &b.root_table),
+            &column(|b| &b.root_key),
+            &settled,
+        ],
+    )
+    .await?;
+    Ok(())
+}
