@@ -94,10 +94,16 @@ CREATE TABLE IF NOT EXISTS _magic_sync_up_sequence (
 ) STRICT;
 ";
 /// The next upload's sequence number, counted in the transaction that
-/// makes it.
+/// makes it: one more than the last, but never behind the clock (`?1`,
+/// microseconds since 1970). A replica restored from an older copy counts
+/// on from where its copy left off; were it to count from there alone, its
+/// next uploads would carry numbers the server already took edits under,
+/// and be filed as older than those: acknowledged writes dropped. With the
+/// clock, they are newer than anything it sent before the restore, unless
+/// the clock was set back by more than the copy's age.
 const NEXT_SEQUENCE: &str = "
-INSERT INTO _magic_sync_up_sequence (id, last) VALUES (1, 1)
-ON CONFLICT (id) DO UPDATE SET last = last + 1
+INSERT INTO _magic_sync_up_sequence (id, last) VALUES (1, max(1, ?1))
+ON CONFLICT (id) DO UPDATE SET last = max(last + 1, ?1)
 RETURNING last";
 
 /// Notes to send: never sent, written since they were, or sent at or before
@@ -387,9 +393,12 @@ pub(crate) fn make(
         return Ok(None);
     }
     let backlog = Some(backlog(&tx)?);
+    let clock = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
     let sequence: i64 = tx
         .prepare_cached(NEXT_SEQUENCE)?
-        .query_row([], |r| r.get(0))?;
+        .query_row([clock], |r| r.get(0))?;
     tx.commit()?;
     Ok(Some(Pending {
         up: Up {

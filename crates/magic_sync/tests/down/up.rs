@@ -1138,3 +1138,95 @@ async fn a_till_whose_inbox_is_full_has_its_uploads_wait_and_loses_nothing() {
     assert_eq!(counts(&filing), (1, 0, 0));
     assert_eq!(sales(&fleet).await.len(), 2);
 }
+
+/// The till's SQLite file, closed and copied to `to` (its journal
+/// checkpointed into it as the last connection closes), then opened again.
+fn copy_till(fleet: &mut Fleet, till: &str, partition: &str, to: &std::path::Path) {
+    let from = fleet.dir.path().join(format!("{till}.sqlite"));
+    drop(fleet.units.remove(till));
+    std::fs::copy(&from, to).unwrap();
+    fleet.add_at(till, Some(partition), from);
+}
+
+/// The till's SQLite file replaced by the copy at `from`, as a restore
+/// from an older backup leaves it, then opened again.
+fn restore_till(fleet: &mut Fleet, till: &str, partition: &str, from: &std::path::Path) {
+    let path = fleet.dir.path().join(format!("{till}.sqlite"));
+    drop(fleet.units.remove(till));
+    for suffix in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    std::fs::copy(from, &path).unwrap();
+    fleet.add_at(till, Some(partition), path);
+}
+
+async fn counted(fleet: &Fleet) -> Option<i32> {
+    fleet
+        .writer
+        .query_one(
+            "SELECT counted FROM stock WHERE unit_id = 'u1' AND product_id = 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A till restored from a backup older than its last filed edits counts its
+/// uploads on from its copy: the edits it makes after the restore are filed
+/// all the same, none dropped as older than what it sent before. The server
+/// hears of the restore from its acknowledgements, and provisions it again.
+#[tokio::test]
+async fn a_till_restored_from_an_older_copy_has_its_next_edits_filed() {
+    let mut fleet = shop().await;
+    let backup = fleet.dir.path().join("u1-backup.sqlite");
+    copy_till(&mut fleet, "u1", "north", &backup);
+    for count in [4, 5, 6] {
+        till_writes(
+            &mut fleet,
+            "u1",
+            &format!("UPDATE stock SET counted = {count} WHERE product_id = 1"),
+        );
+        assert_eq!(counts(&send(&mut fleet, "u1", "u1").await), (1, 0, 0));
+    }
+    fleet
+        .settle("UPDATE products SET price = 3 WHERE id = 1")
+        .await;
+    assert_eq!(counted(&fleet).await, Some(6));
+
+    restore_till(&mut fleet, "u1", "north", &backup);
+    till_writes(
+        &mut fleet,
+        "u1",
+        "UPDATE stock SET counted = 2 WHERE product_id = 1",
+    );
+    assert_eq!(
+        counts(&send(&mut fleet, "u1", "u1").await),
+        (1, 0, 0),
+        "filed, not dropped as older"
+    );
+    assert_eq!(counted(&fleet).await, Some(2));
+    // It says what it applied, as it does when it connects: behind what it
+    // said before. It is provisioned again, its filing state started
+    // afresh, and the fleet converges with its edit.
+    let ack = fleet.unit("u1").replica.ack().expect("it applied messages");
+    fleet
+        .network
+        .report("u1", magic_sync::run::Report::Applied(ack));
+    fleet.heed().await;
+    let row = fleet
+        .writer
+        .query_one(
+            "SELECT (SELECT count(*) FROM sync.filed WHERE replica = 'u1'),
+                    (SELECT provision FROM sync.replicas WHERE id = 'u1')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (filed, provision): (i64, bool) = (row.get(0), row.get(1));
+    assert_eq!(filed, 0, "its filing state started afresh");
+    assert!(provision, "it is provisioned again");
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(counted(&fleet).await, Some(2));
+}

@@ -245,10 +245,13 @@ pub struct Published {
 pub enum Acknowledged {
     /// Recorded: rows carried by this message and before count as held.
     Recorded,
-    /// Of an earlier message than the replica said before, or of one the
-    /// server has no record of sending, or of another epoch: the replica is
-    /// provisioned again.
+    /// Of a message the server has no record of sending, or of another
+    /// epoch: the replica is provisioned again.
     Provisioning,
+    /// Of an earlier message than the replica said before: it was restored
+    /// from an older copy, and is provisioned again with its filing state
+    /// (`sync.filed`) started afresh.
+    Restored,
     /// The replica is unknown or not live: nothing recorded.
     Unknown,
 }

@@ -34,14 +34,21 @@ pub async fn acknowledge_all(
     }
     let (epoch, mut known) = chains(client, acks).await?;
     let mut again: Vec<&str> = Vec::new();
+    let mut restored: Vec<&str> = Vec::new();
     let mut outcomes = Vec::with_capacity(acks.len());
     for (replica, ack) in acks {
         let outcome = match known.get_mut(replica) {
             None => Ok(Acknowledged::Unknown),
             Some(chain) => judge(&epoch, replica, ack, chain),
         };
-        if matches!(outcome, Ok(Acknowledged::Provisioning)) {
+        if matches!(
+            outcome,
+            Ok(Acknowledged::Provisioning | Acknowledged::Restored)
+        ) {
             again.push(replica);
+        }
+        if matches!(outcome, Ok(Acknowledged::Restored)) {
+            restored.push(replica);
         }
         outcomes.push(outcome);
     }
@@ -51,7 +58,7 @@ pub async fn acknowledge_all(
         .filter(|(_, o)| matches!(o, Ok(Acknowledged::Recorded)))
         .map(|((r, _), _)| (r.as_str(), known[r].1))
         .unzip();
-    record(client, &recorded, &numbers, &again).await?;
+    record(client, &recorded, &numbers, &again, &restored).await?;
     Ok(outcomes)
 }
 
@@ -116,9 +123,14 @@ fn judge(
     let number = MessageNo::from_wire(ack.number)
         .map_err(|_| forged())?
         .store();
-    if number > *last || number < *acked {
-        // Sealed by this server, but not the chain it records: the server's
-        // database or the replica's was restored from an older copy.
+    if number < *acked {
+        // Sealed by this server, but behind what the replica said before:
+        // the replica was restored from an older copy.
+        return Ok(Acknowledged::Restored);
+    }
+    if number > *last {
+        // Sealed by this server, but beyond the chain it records: the
+        // server's database was restored from an older copy.
         return Ok(Acknowledged::Provisioning);
     }
     *acked = number;
@@ -126,8 +138,24 @@ fn judge(
 }
 
 /// Records the acknowledgements that counted, and has the replicas in
-/// `again` provisioned again.
-async fn record(client: &Client, recorded: &[&str], numbers: &[i64], again: &[&str]) -> Result<()> {
+/// `again` provisioned again. The filing state of those `restored` from an
+/// older copy starts afresh: what the server took of their own columns
+/// before was under upload numbers they may count through again.
+async fn record(
+    client: &Client,
+    recorded: &[&str],
+    numbers: &[i64],
+    again: &[&str],
+    restored: &[&str],
+) -> Result<()> {
+    if !restored.is_empty() {
+        client
+            .execute(
+                "DELETE FROM sync.filed WHERE replica = ANY($1)",
+                &[&restored],
+            )
+            .await?;
+    }
     if !recorded.is_empty() {
         client
             .execute(
