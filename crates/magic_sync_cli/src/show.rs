@@ -222,6 +222,15 @@ pub fn describe(c: &Concern) -> String {
             "{table} {key} cannot go down, set aside since {} with {blocked} rows that point at it: {reason}",
             since.to_rfc3339()
         ),
+        Concern::DigestDiffered {
+            replica,
+            said,
+            at,
+            times,
+        } => format!(
+            "{replica}'s digest differed from the record at {} ({times} times in all), so it was provisioned again: {said}",
+            at.to_rfc3339()
+        ),
         Concern::SendFailing {
             replica,
             error,

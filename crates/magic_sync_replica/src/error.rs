@@ -8,6 +8,10 @@ pub use magic_sync_core::error::{Handling, Mismatch};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// A named fault point armed by a test: the process "died" there.
+    #[cfg(feature = "failpoints")]
+    #[error("the fault point `{0}` was armed")]
+    Injected(&'static str),
     /// SQLite failed.
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
@@ -103,6 +107,9 @@ impl Error {
                 Handling::Retry
             }
             Error::Purge { source, .. } => source.handling(),
+            // As the process dying there would: the next attempt goes on.
+            #[cfg(feature = "failpoints")]
+            Error::Injected(_) => Handling::Retry,
             Error::Declarations(_)
             | Error::NoCodec { .. }
             | Error::Bookkeeping(_)

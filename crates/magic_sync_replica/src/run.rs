@@ -45,6 +45,11 @@ pub fn deliver(replica: &mut Replica, message: &[u8]) -> Result<Option<Report>> 
         },
         Err(e) => return Err(e),
     };
+    // Applied, not acknowledged: the server hears of it from the next
+    // acknowledgement, or sends it again and hears it as a duplicate.
+    fail::fail_point!("replica-after-apply", |_| Err(crate::Error::Injected(
+        "replica-after-apply"
+    )));
     Ok(match outcome {
         Outcome::Applied { .. } | Outcome::Duplicate { .. } => replica.ack().map(Report::Applied),
         Outcome::Gap { .. } => replica.gap().map(Report::Gap),
@@ -66,6 +71,10 @@ pub struct Uploads {
     /// Uploads sent at most per look, so a large backlog never keeps the
     /// loop from applying what the server sends.
     pub batch: usize,
+    /// How often the loop tells the server a digest of what it holds
+    /// ([`digest`]): the backstop that finds a replica that drifted from
+    /// what the server records, however it happened.
+    pub digest_every: Duration,
 }
 
 impl Default for Uploads {
@@ -74,6 +83,7 @@ impl Default for Uploads {
             every: Duration::from_millis(100),
             resend_after: Duration::from_secs(5),
             batch: 64,
+            digest_every: Duration::from_secs(3600),
         }
     }
 }
@@ -111,7 +121,12 @@ pub fn replica_with(replica: &mut Replica, link: &impl Link, uploads: &Uploads) 
     // it) or, when nothing goes up, in a report of its own. Reporting it
     // after every answer doubled what a busy server had to file.
     let mut backlog_owed = false;
+    let mut digested = std::time::Instant::now();
     loop {
+        if digested.elapsed() >= uploads.digest_every {
+            digested = std::time::Instant::now();
+            link.report(digest(replica)?);
+        }
         let wait = if since == 0 {
             uploads.every
         } else {
@@ -207,6 +222,19 @@ impl<L: Link> Uplink for Uploading<'_, L> {
     fn send(&self, up: &Up) -> std::result::Result<(), UplinkError> {
         self.0.upload(up)
     }
+}
+
+/// What the replica holds, in a few numbers per table, for the server to
+/// compare with what it records the replica holding: the digest, with the
+/// last message applied (the server compares only when it sent nothing
+/// after it) and the rows it could not take (left out on both sides).
+pub fn digest(replica: &Replica) -> Result<Report> {
+    Ok(Report::Upload(crate::envelope::Up {
+        digest: Some(replica.digest()?),
+        applied: replica.ack(),
+        refused: replica.refused()?,
+        ..crate::envelope::Up::default()
+    }))
 }
 
 /// An upload that only says the replica's backlog: what it has that the

@@ -132,6 +132,10 @@ pub enum Error {
         /// Plans made.
         attempts: u32,
     },
+    /// A named fault point armed by a test: the process "died" there.
+    #[cfg(feature = "failpoints")]
+    #[error("the fault point `{0}` was armed")]
+    Injected(&'static str),
     /// A pass on a connection that does not hold the relay's lock (it was
     /// lost with its connection, or never taken).
     #[error("the relay records only on the connection that holds its lock (Relay::lock)")]
@@ -253,6 +257,9 @@ impl Error {
             Error::Postgres(e) if postgres_is_transient(e) => Handling::Retry,
             // The transport is the infrastructure.
             Error::Send { .. } | Error::InstallGaveWay { .. } | Error::NotLocked => Handling::Retry,
+            // As the process dying there would: the next attempt goes on.
+            #[cfg(feature = "failpoints")]
+            Error::Injected(_) => Handling::Retry,
             Error::SchemaTooNew { .. }
             | Error::SchemaBehind { .. }
             | Error::Declarations(_)

@@ -48,13 +48,36 @@ pub async fn heed<T: Transport>(
 ) -> Result<Heeded> {
     let mut acks = Vec::new();
     let mut uploads = Vec::new();
+    let mut heeded = Heeded::default();
     for (replica, report) in reports {
         match report {
             Report::Applied(ack) => acks.push((replica, ack)),
             Report::Gap(gap) => {
                 crate::relay::gap(client, &replica, &gap).await?;
             }
-            Report::Upload(up) => {
+            Report::Upload(mut up) => {
+                if let Some(digest) = up.digest.take() {
+                    // The backstop: compared with the record, and the
+                    // replica provisioned again if it drifted.
+                    let compared = crate::relay::compare_digest(
+                        client,
+                        engine,
+                        &replica,
+                        &digest,
+                        up.applied.as_ref(),
+                        &up.refused,
+                    )
+                    .await?;
+                    tracing::debug!(replica = %replica, ?compared, "a digest");
+                    heeded.digests.push((replica.clone(), compared));
+                    up.refused.clear();
+                    up.applied = None;
+                }
+                let nothing_to_file =
+                    up.send_id.is_empty() && up.tables.is_empty() && up.backlog.is_none();
+                if nothing_to_file {
+                    continue;
+                }
                 if let Some(up) = within_limit(transport, &replica, up) {
                     uploads.push((replica, up));
                 }
@@ -67,7 +90,6 @@ pub async fn heed<T: Transport>(
     let started = Instant::now();
     let outcomes = crate::relay::acknowledge_all(client, &acks).await?;
     crate::relay::trace(&format!("heed/acks ({})", acks.len()), started);
-    let mut heeded = Heeded::default();
     for ((replica, ack), outcome) in acks.iter().zip(outcomes) {
         match outcome {
             Ok(crate::relay::Acknowledged::Recorded) => {
@@ -121,6 +143,11 @@ async fn file_and_answer<T: Transport>(
     let started = Instant::now();
     crate::file::checkpoint(client, uploads, &filings).await?;
     crate::relay::trace("heed/checkpoint", started);
+    // Filed, not answered: the replica sends it again, and filing it again
+    // changes nothing.
+    fail::fail_point!("file-after-filing", |_| Err(crate::error::Error::Injected(
+        "file-after-filing"
+    )));
     for ((replica, _), filing) in uploads.iter().zip(filings) {
         match filing {
             Ok(crate::file::Filing::Filed { answer, .. }) => {
@@ -143,6 +170,8 @@ pub struct Heeded {
     /// Acknowledgements recorded, as (replica, message number), in the
     /// order they came.
     pub acknowledged: Vec<(String, i64)>,
+    /// Digests heard, and what became of each.
+    pub digests: Vec<(String, crate::relay::Compared)>,
 }
 
 /// Per replica, the messages passes wrote it and when the oldest change

@@ -7,6 +7,7 @@ use magic_sync_testkit::{fleet, gate, shop};
 mod deploy;
 
 mod cost;
+mod digests;
 mod isolation;
 mod keys;
 mod quarantine;

@@ -77,6 +77,20 @@ pub enum Concern {
         /// it (or at a row that does).
         blocked: i64,
     },
+    /// A replica whose digest of what it holds differed from what the
+    /// server records it holding, in the last day: it was provisioned again
+    /// (and holds what it should once that ends), but something let it
+    /// drift.
+    DigestDiffered {
+        /// The replica.
+        replica: String,
+        /// How the last one differed, per table.
+        said: String,
+        /// When.
+        at: DateTime<Utc>,
+        /// How many of its digests have differed, ever.
+        times: i32,
+    },
     /// A replica the last send (of a message or of its snapshot) failed to.
     SendFailing {
         /// The replica.
@@ -108,6 +122,7 @@ impl Concern {
             Concern::Refused { .. } | Concern::Quarantined { .. } => Action::DeployFix,
             Concern::NotesPending { .. }
             | Concern::ChangesKept { .. }
+            | Concern::DigestDiffered { .. }
             | Concern::SendFailing { .. }
             | Concern::OutboxDropped { .. } => Action::Wait,
         }
@@ -209,9 +224,11 @@ pub async fn health(client: &mut tokio_postgres::Client, scope: &Scope) -> Resul
             &format!(
                 "SELECT r.id, r.last_error, r.alarm, r.alarm_at,
                         (SELECT count(*) FROM sync.outbox o WHERE o.replica = r.id),
-                        (SELECT count(*) FROM sync.deferred d WHERE d.replica = r.id)
+                        (SELECT count(*) FROM sync.deferred d WHERE d.replica = r.id),
+                        r.digest_said, r.digest_differed_at, r.digest_mismatches
                  FROM sync.replicas r
                  WHERE {IN_SCOPE} AND (r.last_error IS NOT NULL OR r.alarm IS NOT NULL
+                       OR r.digest_differed_at > now() - interval '1 day'
                        OR EXISTS (SELECT 1 FROM sync.deferred d WHERE d.replica = r.id))
                  ORDER BY r.id"
             ),
@@ -234,6 +251,17 @@ pub async fn health(client: &mut tokio_postgres::Client, scope: &Scope) -> Resul
                 alarm,
                 at: row.get(3),
             });
+        }
+        let differed_at: Option<DateTime<Utc>> = row.get(7);
+        if let (Some(said), Some(at)) = (row.get::<_, Option<String>>(6), differed_at) {
+            if at > now - chrono::Duration::days(1) {
+                concerns.push(Concern::DigestDiffered {
+                    replica: replica.clone(),
+                    said,
+                    at,
+                    times: row.get(8),
+                });
+            }
         }
         let kept: i64 = row.get(5);
         if kept > 0 {

@@ -18,6 +18,7 @@
 //! What replicas say back comes in through [`acknowledge_all`] and [`gap`],
 //! with the replica named by whoever authenticated it.
 
+mod digests;
 mod graph;
 mod held;
 mod load;
@@ -32,6 +33,7 @@ mod replies;
 mod scratch;
 mod snapshot;
 
+pub use digests::{compare_digest, Compared};
 pub use plan::Planned;
 pub use publish::publish;
 pub use replies::{acknowledge_all, gap};
@@ -397,8 +399,11 @@ impl Relay {
         self.list(&tx, &observed).await?;
         // A plan that meets a row it cannot send, or that would leave a row
         // pointing at one set aside, runs again from here with it set aside.
-        tx.batch_execute("SAVEPOINT plan").await?;
-        let mut blocks = quarantine::Blocks::read(&tx).await?;
+        // Sent together: one round trip.
+        let ((), mut blocks) = tokio::try_join!(
+            async { Ok(tx.batch_execute("SAVEPOINT plan").await?) },
+            quarantine::Blocks::read(&tx)
+        )?;
         let mut analysed = std::collections::BTreeSet::new();
         let mut attempts = 0;
         let (plan, mut recorded, mut closing) = loop {
@@ -480,6 +485,10 @@ impl Relay {
         let t0 = std::time::Instant::now();
         tx.commit().await?;
         trace("commit", t0);
+        // Recorded, not published: whoever relays next publishes it.
+        fail::fail_point!("relay-after-commit", |_| Err(Error::Injected(
+            "relay-after-commit"
+        )));
         // Only now, so that a pass that failed leaves the relay as it was
         // and can run again on the same session.
         if bounded {

@@ -75,6 +75,11 @@ pub async fn publish<T: Transport>(
                 failed.insert(replica, why);
             }
         }
+        // Taken by the transport, still in the outbox: sent again, and
+        // applied once.
+        fail::fail_point!("publish-after-send", |_| Err(
+            crate::error::Error::Injected("publish-after-send")
+        ));
         if !taken_replicas.is_empty() {
             client
                 .execute(

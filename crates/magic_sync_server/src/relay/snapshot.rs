@@ -455,6 +455,10 @@ impl<T: Transport> Sink for Sender<'_, T> {
                     reason: e.0,
                 })?;
             self.sent += 1;
+            // Part of a snapshot sent: it is begun again from the start.
+            fail::fail_point!("snapshot-mid-stream", |_| Err(Error::Injected(
+                "snapshot-mid-stream"
+            )));
         }
         Ok(())
     }

@@ -27,6 +27,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (18, include_str!("018_tables.sql")),
     (19, include_str!("019_provision_asked.sql")),
     (20, include_str!("020_quarantine.sql")),
+    (21, include_str!("021_digests.sql")),
 ];
 
 /// The version this build brings the schema to.

@@ -1,0 +1,233 @@
+//! The crash-sensitive boundaries, each through a named fault point
+//! (`fail`, compiled in for the tests only): the process "dies" there, and
+//! whatever runs next goes on with nothing lost and nothing applied twice.
+//! Each test ends with the fleet's invariant check. A fault point is armed
+//! for the whole process, so every test holds a `FailScenario`, which runs
+//! them one at a time, and this binary holds no test that does not.
+
+use fail::FailScenario;
+use magic_sync::envelope::Up;
+use magic_sync::relay::ReplicaInfo;
+use magic_sync::run;
+use magic_sync_testkit::fleet::Fleet;
+use std::time::Duration;
+
+const SHOP: &str = "
+    INSERT INTO products VALUES (1, 'tea', 2.5, 'B1'), (2, 'milk', 1, 'B2');
+    INSERT INTO customers VALUES (7, 'Ada'), (8, 'Bob');
+    INSERT INTO orders (id, unit_id, customer_id) VALUES (1, 'u1', 7), (2, 'u2', 8);
+    INSERT INTO order_lines VALUES (1, 1, 1, 2), (2, 1, 2, 1);
+    INSERT INTO stock VALUES ('u1', 1, 5, NULL), ('u2', 2, 3, NULL);
+";
+
+async fn shop() -> Fleet {
+    let mut fleet = Fleet::new(SHOP).await;
+    fleet.add("u1", Some("north"));
+    fleet.add("u2", Some("north"));
+    fleet.sync().await;
+    fleet.check().await;
+    fleet
+}
+
+fn infos(fleet: &Fleet) -> Vec<ReplicaInfo> {
+    fleet.units.values().map(|u| u.info.clone()).collect()
+}
+
+fn injected(e: &magic_sync::Error, at: &str) -> bool {
+    matches!(e, magic_sync::Error::Injected(name) if *name == at)
+}
+
+/// A relay that dies after its pass committed, before publishing: the
+/// relay that runs next publishes what it recorded.
+#[tokio::test]
+async fn a_relay_dying_after_its_pass_committed_loses_nothing() {
+    let scenario = FailScenario::setup();
+    let mut fleet = shop().await;
+    fleet
+        .write("UPDATE products SET price = 3 WHERE id = 1")
+        .await;
+    fail::cfg("relay-after-commit", "1*return").unwrap();
+    let infos = infos(&fleet);
+    let died = fleet
+        .relay
+        .record(&mut fleet.client, &infos, fleet.network.max_message_bytes())
+        .await
+        .unwrap_err();
+    assert!(injected(&died, "relay-after-commit"), "{died}");
+    let pending: i64 = fleet
+        .writer
+        .query_one("SELECT count(*) FROM sync.notes", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(pending, 0, "the pass committed");
+    // The next relay (the same build, started again) publishes it.
+    fleet.deploy(fleet.engine.clone()).await;
+    fleet.sync().await;
+    fleet.check().await;
+    scenario.teardown();
+}
+
+/// A publisher dying after the transport took a message, before the
+/// outbox let go of it: the message goes again, and is applied once.
+#[tokio::test]
+async fn a_message_sent_and_still_in_the_outbox_goes_again_and_applies_once() {
+    let scenario = FailScenario::setup();
+    let mut fleet = shop().await;
+    fleet
+        .write("UPDATE products SET price = 4 WHERE id = 2")
+        .await;
+    fleet.pass().await;
+    fail::cfg("publish-after-send", "1*return").unwrap();
+    let died = magic_sync::relay::publish(&fleet.client, &fleet.network, 16)
+        .await
+        .unwrap_err();
+    assert!(injected(&died, "publish-after-send"), "{died}");
+    let outbox: i64 = fleet
+        .writer
+        .query_one("SELECT count(*) FROM sync.outbox", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(outbox > 0, "still in the outbox");
+    // Delivered once from the first send, once more from the second.
+    let applied = fleet.deliver().await;
+    assert!(applied >= 2 * outbox as usize, "sent twice: {applied}");
+    fleet.sync().await;
+    fleet.check().await;
+    scenario.teardown();
+}
+
+/// A replica dying after it applied a message, before it acknowledged it:
+/// it holds the message once, and the next acknowledgement covers it.
+#[tokio::test]
+async fn a_replica_dying_before_it_acknowledges_is_covered_by_its_next_acknowledgement() {
+    let scenario = FailScenario::setup();
+    let mut fleet = shop().await;
+    fleet
+        .write("UPDATE products SET name = 'green tea' WHERE id = 1")
+        .await;
+    fleet.pass().await;
+    fleet.publish().await;
+    fail::cfg("replica-after-apply", "1*return").unwrap();
+    let messages = fleet.network.take("u1");
+    assert_eq!(messages.len(), 1);
+    let died = run::replica::deliver(&mut fleet.unit("u1").replica, &messages[0]).unwrap_err();
+    assert!(
+        matches!(
+            died,
+            magic_sync::replica::Error::Injected("replica-after-apply")
+        ),
+        "{died}"
+    );
+    // Applied, though nothing said so.
+    assert!(
+        fleet
+            .unit("u1")
+            .replica
+            .connection()
+            .query_row(
+                "SELECT count(*) FROM products WHERE name = 'green tea'",
+                [],
+                |r| r.get::<_, i64>(0)
+            )
+            .unwrap()
+            == 1
+    );
+    fleet.sync().await;
+    fleet
+        .write("UPDATE products SET price = 5 WHERE id = 1")
+        .await;
+    fleet.sync().await;
+    fleet.check().await;
+    let mut client = fleet.db.connect().await;
+    let settled = magic_sync::ops::settled(&mut client, &magic_sync::ops::Scope::All)
+        .await
+        .unwrap();
+    assert!(settled.settled, "{}", settled.says);
+    scenario.teardown();
+}
+
+/// A snapshot dying after part of it was sent: begun again from the start,
+/// it provisions the replica whole.
+#[tokio::test]
+async fn a_snapshot_dying_midway_is_begun_again() {
+    let scenario = FailScenario::setup();
+    let mut fleet = shop().await;
+    fleet.add("u3", Some("north"));
+    let step = fleet.pass().await;
+    assert_eq!(step.waiting, vec!["u3".to_string()]);
+    fail::cfg("snapshot-mid-stream", "1*return").unwrap();
+    let snapshot = fleet.begin_snapshot("u3").await.expect("it waits");
+    let failed = snapshot
+        .stream(&mut fleet.snapshots, &fleet.network)
+        .await
+        .unwrap_err();
+    assert!(injected(&failed.source, "snapshot-mid-stream"), "{failed}");
+    // The part sent arrives; the next attempt sends it all again.
+    fleet.deliver().await;
+    fleet.sync().await;
+    fleet.check().await;
+    scenario.teardown();
+}
+
+/// A server dying after it filed an upload, before it answered: the
+/// replica sends it again, and filing it again changes nothing.
+#[tokio::test]
+async fn an_upload_filed_and_not_answered_is_sent_again_and_filed_once() {
+    let scenario = FailScenario::setup();
+    let mut fleet = shop().await;
+    fleet
+        .unit("u1")
+        .replica
+        .connection()
+        .execute_batch(
+            "INSERT INTO sales (id, unit_id, customer_id, total, version) VALUES ('s1', 'u1', 7, '9.50', 1)",
+        )
+        .unwrap();
+    let up: Up = fleet
+        .unit("u1")
+        .replica
+        .upload(1 << 20, Duration::from_secs(3600))
+        .unwrap()
+        .expect("the sale goes up");
+    fail::cfg("file-after-filing", "1*return").unwrap();
+    let died = run::server::heed(
+        &mut fleet.client,
+        fleet.engine,
+        &fleet.network,
+        vec![("u1".to_string(), run::Report::Upload(up))],
+    )
+    .await
+    .unwrap_err();
+    assert!(injected(&died, "file-after-filing"), "{died}");
+    assert!(
+        fleet.network.take_answers("u1").is_empty(),
+        "no answer went"
+    );
+    // Unanswered, it is due again at once with no patience left.
+    let sent = fleet.upload(Duration::ZERO).await;
+    assert_eq!(sent, 1);
+    let sales: Vec<(String, String)> = fleet
+        .writer
+        .query("SELECT id, total::text FROM sales", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(sales, vec![("s1".to_string(), "9.50".to_string())]);
+    assert!(
+        fleet
+            .unit("u1")
+            .replica
+            .progress()
+            .unwrap()
+            .tables
+            .is_empty(),
+        "filed and let go of"
+    );
+    fleet.sync().await;
+    fleet.check().await;
+    scenario.teardown();
+}

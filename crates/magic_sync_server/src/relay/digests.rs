@@ -1,0 +1,167 @@
+//! The backstop: a replica's digest of what it holds (per table, a row
+//! count and a fingerprint of its sorted keys), compared with what the
+//! server records it holding (`sync.held`). A replica that drifted from
+//! the record, by a bug nobody predicted or a failure misjudged as
+//! harmless, is provisioned again, and the difference counted and shown.
+//!
+//! The comparison is made only when it can be exact: the replica is live,
+//! kept up (not waiting for or streaming a snapshot), has nothing waiting
+//! in its outbox, and applied the last message the server recorded for it
+//! (the digest names it). Rows the replica says it could not take are left
+//! out on both sides. A replica's digests are compared at most once a
+//! minute: each reads its whole record.
+
+use crate::engine::Engine;
+use crate::envelope::{Ack, Digest, Refused};
+use crate::error::Result;
+use magic_sync_core::digest::{extend, fnv1a};
+use magic_sync_core::MessageNo;
+use std::collections::{BTreeMap, HashSet};
+use tokio_postgres::{Client, IsolationLevel};
+
+/// What became of a digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Compared {
+    /// Not compared: the replica is not where an exact comparison can be
+    /// made (why), or its last digest was compared less than a minute ago.
+    Skipped(&'static str),
+    /// It matches the record.
+    Matched,
+    /// It differs: the replica is provisioned again. What differed, per
+    /// table.
+    Differed(Vec<String>),
+}
+
+/// Compares the digest `replica` sent (as the transport authenticated it)
+/// with the record.
+pub async fn compare_digest(
+    client: &mut Client,
+    engine: &Engine,
+    replica: &str,
+    digest: &Digest,
+    applied: Option<&Ack>,
+    refused: &[Refused],
+) -> Result<Compared> {
+    let Some(applied) = applied.and_then(|a| MessageNo::from_wire(a.number).ok()) else {
+        return Ok(Compared::Skipped("it names no message it applied"));
+    };
+    let tx = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .start()
+        .await?;
+    let row = tx
+        .query_opt(
+            "SELECT r.live AND NOT r.provision AND r.snapshot_attempt IS NULL,
+                    r.last_number,
+                    EXISTS (SELECT 1 FROM sync.outbox o WHERE o.replica = r.id),
+                    coalesce(r.digest_compared_at > now() - interval '1 minute', false)
+             FROM sync.replicas r WHERE r.id = $1",
+            &[&replica],
+        )
+        .await?;
+    let Some(row) = row else {
+        return Ok(Compared::Skipped("the server does not know it"));
+    };
+    let (kept_up, last, owed, recent): (bool, i64, bool, bool) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    let skipped = if !kept_up {
+        Some("it is not kept up (not live, or provisioned)")
+    } else if owed || last != applied.store() {
+        Some("messages recorded for it are not applied yet")
+    } else if recent {
+        Some("its last digest was compared less than a minute ago")
+    } else {
+        None
+    };
+    if let Some(why) = skipped {
+        return Ok(Compared::Skipped(why));
+    }
+    let recorded = recorded(&tx, engine, replica, refused).await?;
+    let said: BTreeMap<&str, (u64, u64)> = digest
+        .tables
+        .iter()
+        .map(|t| (t.table.as_str(), (t.rows, t.fingerprint)))
+        .collect();
+    let mut differed = Vec::new();
+    for table in engine.down_tables() {
+        let ours = recorded.get(table.name).copied().unwrap_or((0, fnv1a(b"")));
+        let theirs = said.get(table.name).copied().unwrap_or((0, fnv1a(b"")));
+        if ours != theirs {
+            differed.push(format!(
+                "{}: it holds {} rows, the record {}{}",
+                table.name,
+                theirs.0,
+                ours.0,
+                if ours.0 == theirs.0 {
+                    " (other keys)"
+                } else {
+                    ""
+                }
+            ));
+        }
+    }
+    if differed.is_empty() {
+        tx.execute(
+            "UPDATE sync.replicas SET digest_compared_at = now() WHERE id = $1",
+            &[&replica],
+        )
+        .await?;
+        tx.commit().await?;
+        return Ok(Compared::Matched);
+    }
+    tx.execute(
+        "UPDATE sync.replicas SET digest_compared_at = now(), digest_differed_at = now(),
+             digest_said = $2, digest_mismatches = digest_mismatches + 1,
+             provision = true, provision_asked = true
+         WHERE id = $1 AND live",
+        &[&replica, &differed.join("; ")],
+    )
+    .await?;
+    tx.commit().await?;
+    tracing::error!(
+        replica,
+        differed = %differed.join("; "),
+        "a replica's digest differs from the record: it is provisioned again"
+    );
+    metrics::counter!("magic_sync_digest_mismatches_total").increment(1);
+    Ok(Compared::Differed(differed))
+}
+
+/// Per table, the rows the record says `replica` holds and their
+/// fingerprint, leaving out the rows it says it refused: as the replica
+/// computes its own (`magic_sync_replica::fingerprint`), over the keys as
+/// they travel, sorted bytewise, each followed by a zero byte.
+async fn recorded(
+    tx: &tokio_postgres::Transaction<'_>,
+    engine: &Engine,
+    replica: &str,
+    refused: &[Refused],
+) -> Result<BTreeMap<&'static str, (u64, u64)>> {
+    let refused: HashSet<(&str, &[u8])> = refused
+        .iter()
+        .map(|r| (r.table.as_str(), r.key.as_slice()))
+        .collect();
+    let mut out = BTreeMap::new();
+    for table in engine.down_tables() {
+        let rows = tx
+            .query(
+                "SELECT key::jsonb FROM sync.held WHERE replica = $1 AND table_name = $2",
+                &[&replica, &table.name],
+            )
+            .await?;
+        let mut keys = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let key = super::load::wire_key(table, row.get(0))?;
+            if !refused.contains(&(table.name, key.as_bytes())) {
+                keys.push(key);
+            }
+        }
+        keys.sort_unstable();
+        let fingerprint = keys
+            .iter()
+            .fold(fnv1a(b""), |h, k| extend(extend(h, k.as_bytes()), &[0]));
+        out.insert(table.name, (keys.len() as u64, fingerprint));
+    }
+    Ok(out)
+}
