@@ -15,8 +15,11 @@ async fn runner_sessions(fleet: &crate::fleet::Fleet) -> Vec<(String, i32)> {
     fleet
         .writer
         .query(
+            // This test's database only: tests beside it run runners of
+            // their own on the same cluster.
             "SELECT application_name, pid FROM pg_stat_activity
-             WHERE application_name IN ('magic_sync relay: record', 'magic_sync relay: publish')
+             WHERE datname = current_database()
+               AND application_name IN ('magic_sync relay: record', 'magic_sync relay: publish')
              ORDER BY application_name",
             &[],
         )
@@ -188,8 +191,10 @@ async fn a_relay_whose_sessions_are_killed_between_steps_goes_on_and_loses_nothi
         let killed: i64 = fleet
             .writer
             .query_one(
+                // This test's relay only: the tests beside it have their
+                // own on other databases of the same cluster.
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-                 WHERE application_name LIKE 'magic_sync relay: %'",
+                 WHERE datname = current_database() AND application_name LIKE 'magic_sync relay: %'",
                 &[],
             )
             .await

@@ -937,3 +937,51 @@ async fn a_pass_says_what_it_wrote_and_since_when() {
     let quiet = fleet.record().await;
     assert_eq!(quiet.oldest_change, None);
 }
+
+/// A server database restored from an older copy records less than its
+/// replicas applied: the first acknowledgement beyond its record, sealed
+/// by it, begins a new epoch and has every replica provisioned again, and
+/// the fleet converges on the database as it is.
+#[tokio::test]
+async fn a_server_restored_from_an_older_copy_begins_a_new_epoch_and_provisions_every_replica() {
+    let mut fleet = shop().await;
+    fleet
+        .settle("UPDATE products SET price = 3 WHERE id = 1")
+        .await;
+    let before = epoch_of(&fleet).await;
+    // What a restore leaves: the record of what was sent is older than
+    // what the replicas applied.
+    fleet
+        .write(
+            "UPDATE sync.replicas SET last_number = last_number - 1 WHERE id = 'u1';
+             DELETE FROM sync.acks;",
+        )
+        .await;
+    let ack = fleet.unit("u1").replica.ack().expect("it applied messages");
+    fleet
+        .network
+        .report("u1", magic_sync::run::Report::Applied(ack));
+    fleet.heed().await;
+    assert_ne!(epoch_of(&fleet).await, before, "a new epoch");
+    let waiting: i64 = fleet
+        .writer
+        .query_one(
+            "SELECT count(*) FROM sync.replicas WHERE live AND provision",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(waiting, fleet.units.len() as i64, "every replica");
+    fleet.sync().await;
+    fleet.check().await;
+}
+
+async fn epoch_of(fleet: &Fleet) -> Vec<u8> {
+    fleet
+        .writer
+        .query_one("SELECT id FROM sync.epoch", &[])
+        .await
+        .unwrap()
+        .get(0)
+}

@@ -247,9 +247,12 @@ pub struct Published {
 pub enum Acknowledged {
     /// Recorded: rows carried by this message and before count as held.
     Recorded,
-    /// Of a message the server has no record of sending, or of another
-    /// epoch: the replica is provisioned again.
+    /// Of another epoch: the replica is provisioned again.
     Provisioning,
+    /// Of a message the server sealed but has no record of sending: the
+    /// server's database was restored from an older copy. A new epoch
+    /// begins and every replica is provisioned again.
+    ServerRestored,
     /// Of an earlier message than the replica said before: it was restored
     /// from an older copy, and is provisioned again with its filing state
     /// (`sync.filed`) started afresh.

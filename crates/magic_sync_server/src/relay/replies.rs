@@ -16,9 +16,12 @@ use tokio_postgres::Client;
 /// acknowledgement, in order. A seal that does not verify, checked before
 /// anything else the acknowledgement says counts, is refused with an error
 /// of its own ([`Error::Forged`]), changes nothing and holds back no
-/// other. An acknowledgement of another epoch, of a message beyond any the
-/// server sent the replica, or behind what it said before (a restore on
-/// either side) has the replica provisioned again.
+/// other. An acknowledgement of another epoch, or behind what the replica
+/// said before (it was restored from an older copy), has the replica
+/// provisioned again. One of a message beyond any the server records
+/// sending a replica it keeps up means the server's database was restored
+/// from an older copy: a new epoch begins, and every replica is
+/// provisioned again.
 ///
 /// Needs no lock: acknowledgements live in `sync.acks`, which passes write
 /// only to forget a replica the host no longer lists, so they are recorded
@@ -52,6 +55,12 @@ pub async fn acknowledge_all(
         }
         outcomes.push(outcome);
     }
+    if outcomes
+        .iter()
+        .any(|o| matches!(o, Ok(Acknowledged::ServerRestored)))
+    {
+        new_epoch(client).await?;
+    }
     let (recorded, numbers): (Vec<&str>, Vec<i64>) = acks
         .iter()
         .zip(&outcomes)
@@ -68,7 +77,7 @@ pub async fn acknowledge_all(
 async fn chains(
     client: &Client,
     acks: &[(String, Ack)],
-) -> Result<(Epoch, HashMap<String, (i64, i64)>)> {
+) -> Result<(Epoch, HashMap<String, (i64, i64, bool)>)> {
     let ids: Vec<&str> = acks.iter().map(|(r, _)| r.as_str()).collect();
     let (epoch, rows) = tokio::try_join!(Epoch::read(client), async {
         client
@@ -76,7 +85,8 @@ async fn chains(
                 "SELECT r.id,
                         CASE WHEN r.snapshot_attempt IS NULL THEN r.last_number
                              ELSE (SELECT last_value FROM sync.message_seq) END,
-                        coalesce(a.number, 0)
+                        coalesce(a.number, 0),
+                        NOT r.provision AND r.snapshot_attempt IS NULL
                  FROM sync.replicas r LEFT JOIN sync.acks a ON a.replica = r.id
                  WHERE r.id = ANY($1) AND r.live",
                 &[&ids],
@@ -86,7 +96,7 @@ async fn chains(
     })?;
     let known = rows
         .iter()
-        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3))))
         .collect();
     Ok((epoch, known))
 }
@@ -97,7 +107,7 @@ fn judge(
     epoch: &Epoch,
     replica: &str,
     ack: &Ack,
-    (last, acked): &mut (i64, i64),
+    (last, acked, kept_up): &mut (i64, i64, bool),
 ) -> Result<Acknowledged> {
     if ack.epoch != epoch.id {
         return Ok(Acknowledged::Provisioning);
@@ -129,12 +139,42 @@ fn judge(
         return Ok(Acknowledged::Restored);
     }
     if number > *last {
-        // Sealed by this server, but beyond the chain it records: the
-        // server's database was restored from an older copy.
-        return Ok(Acknowledged::Provisioning);
+        // Sealed by this server, but beyond the chain it records. For a
+        // replica waiting for a snapshot, that is one an attempt that
+        // failed sent it; for one kept up, the server's database was
+        // restored from an older copy.
+        return Ok(match kept_up {
+            true => Acknowledged::ServerRestored,
+            false => Acknowledged::Provisioning,
+        });
     }
     *acked = number;
     Ok(Acknowledged::Recorded)
+}
+
+/// The server's database was restored from an older copy: what it records
+/// of every replica is older than what the replicas hold. A new epoch
+/// begins (a new id and secret, so no message sealed before it is believed
+/// again) and every live replica is provisioned again, at once.
+async fn new_epoch(client: &Client) -> Result<()> {
+    client
+        .batch_execute(
+            "BEGIN;
+             UPDATE sync.epoch SET
+                 id = decode(replace(gen_random_uuid()::text, '-', ''), 'hex'),
+                 secret = decode(replace(gen_random_uuid()::text || gen_random_uuid()::text
+                     || gen_random_uuid()::text, '-', ''), 'hex'),
+                 began_at = now();
+             UPDATE sync.replicas SET provision = true WHERE live;
+             COMMIT;",
+        )
+        .await?;
+    tracing::error!(
+        "a replica applied a message this server has no record of sending: its database was \
+         restored from an older copy; a new epoch begins and every replica is provisioned again"
+    );
+    metrics::counter!("magic_sync_server_restores_total").increment(1);
+    Ok(())
 }
 
 /// Records the acknowledgements that counted, and has the replicas in
