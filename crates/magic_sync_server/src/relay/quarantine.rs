@@ -212,12 +212,34 @@ impl Planner<'_, '_> {
         for link in &self.graph.links {
             let tracked = self.graph.tracked().any(|l| std::ptr::eq(l, link));
             if self.has(super::scratch::Scratch::Send) {
-                parts.push(self.sent_pointing(link, tracked));
+                parts.push(self.planned_pointing("_ms_send", link, tracked));
             }
             if self.has(super::scratch::Scratch::Questioned) {
                 parts.push(self.held_pointing(link, tracked));
             }
         }
+        self.blocked_rows(parts).await
+    }
+
+    /// For a snapshot: the rows of its whole set (`_ms_f`) that point at a
+    /// row set aside for their replica. Each is to be blocked, and the set
+    /// planned again.
+    pub(crate) async fn newly_blocked_fresh(&self) -> Result<Vec<Blocked>> {
+        let parts = self
+            .graph
+            .links
+            .iter()
+            .map(|link| {
+                let tracked = self.graph.tracked().any(|l| std::ptr::eq(l, link));
+                self.planned_pointing("_ms_f", link, tracked)
+            })
+            .collect();
+        self.blocked_rows(parts).await
+    }
+
+    /// The rows the statements `parts` name (replica, table, key, and the
+    /// row in quarantine each leans on), each once.
+    async fn blocked_rows(&self, parts: Vec<String>) -> Result<Vec<Blocked>> {
         if parts.is_empty() {
             return Ok(Vec::new());
         }
@@ -238,11 +260,12 @@ impl Planner<'_, '_> {
             .collect())
     }
 
-    /// Rows of `link`'s child the plan sends that point through it at a
-    /// row set aside for their replica: through what the plan recorded the
-    /// row pointing at, or, for a link into an `all` table (not recorded),
-    /// through the row itself.
-    fn sent_pointing(&self, link: &Link, tracked: bool) -> String {
+    /// Rows of `link`'s child in the planner's table `planned` (what a
+    /// pass sends, or a snapshot's whole set: both have `r`, `t`, `k` and
+    /// `ptrs`) that point through it at a row set aside for their replica:
+    /// through what the plan recorded the row pointing at, or, for a link
+    /// into an `all` table (not recorded), through the row itself.
+    fn planned_pointing(&self, planned: &str, link: &Link, tracked: bool) -> String {
         let c = literal(link.child.name);
         let p = literal(link.parent.name);
         let (from, ptr) = if tracked {
@@ -261,7 +284,7 @@ impl Planner<'_, '_> {
         };
         format!(
             "SELECT s.r, s.t, s.k::text AS k, root.t AS rt, root.k AS rk
-             FROM _ms_send s {from}
+             FROM {planned} s {from}
              {root}
              WHERE s.t = {c} AND root.t IS NOT NULL AND {new}",
             root = root_of("s.r", &p, &ptr),
@@ -310,58 +333,6 @@ impl Planner<'_, '_> {
             name = literal(&link.name),
             new = new_only("q.r", &c, "h.key::jsonb"),
         )
-    }
-
-    /// For a snapshot: the rows of its whole set (`_ms_f`) that point at a
-    /// row set aside for their replica. Each is to be blocked, and the set
-    /// planned again.
-    pub(crate) async fn newly_blocked_fresh(&self) -> Result<Vec<Blocked>> {
-        let mut parts = Vec::new();
-        for link in &self.graph.links {
-            let c = literal(link.child.name);
-            let p = literal(link.parent.name);
-            let tracked = self.graph.tracked().any(|l| std::ptr::eq(l, link));
-            let (from, ptr) = if tracked {
-                (String::new(), format!("f.ptrs -> {}", literal(&link.name)))
-            } else {
-                let child = self.graph.shape(link.child.name);
-                (
-                    format!(
-                        "CROSS JOIN LATERAL (SELECT {} AS ptr FROM {} a WHERE {} OFFSET 0) a",
-                        link.pointer("a"),
-                        child.relation,
-                        super::graph::key_match("a", child, "f.k")
-                    ),
-                    "a.ptr".to_string(),
-                )
-            };
-            parts.push(format!(
-                "SELECT f.r, f.t, f.k::text AS k, root.t AS rt, root.k AS rk
-                 FROM _ms_f f {from}
-                 {root}
-                 WHERE f.t = {c} AND root.t IS NOT NULL AND {new}",
-                root = root_of("f.r", &p, &ptr),
-                new = new_only("f.r", "f.t", "f.k"),
-            ));
-        }
-        if parts.is_empty() {
-            return Ok(Vec::new());
-        }
-        let sql = format!(
-            "SELECT DISTINCT ON (r, t, k) r, t, k, rt, rk FROM ({}) x ORDER BY r, t, k",
-            parts.join(" UNION ALL ")
-        );
-        let rows = self.tx.query(&sql, &[]).await?;
-        Ok(rows
-            .iter()
-            .map(|row| Blocked {
-                replica: row.get(0),
-                table: row.get(1),
-                key: row.get(2),
-                root_table: row.get(3),
-                root_key: row.get(4),
-            })
-            .collect())
     }
 }
 
