@@ -219,9 +219,6 @@ pub struct Recorded {
     pub dropped: Vec<String>,
     /// Messages written to the outbox.
     pub messages: u64,
-    /// Whether rows are set aside (`sync.quarantine`): the pass planned
-    /// around them.
-    pub quarantined: bool,
     /// Per replica the pass wrote to, the number of the last message it
     /// wrote: an acknowledgement of it covers everything the pass planned
     /// for that replica.
@@ -409,7 +406,7 @@ impl Relay {
         )?;
         let mut analysed = std::collections::BTreeSet::new();
         let mut attempts = 0;
-        let (plan, mut recorded, mut closing) = loop {
+        let (plan, recorded, mut closing) = loop {
             attempts += 1;
             if attempts > MAX_PLAN_ATTEMPTS {
                 return Err(Error::Unsettled {
@@ -475,7 +472,6 @@ impl Relay {
                 Err(e) => return Err(e),
             }
         };
-        recorded.quarantined = blocks.any;
         closing.push_str(&held::kept_and_done(&observed.streaming, &plan.filled));
         if blocks.unsettled {
             // Every row set aside is taken back now from wherever it was held.
