@@ -173,6 +173,24 @@ async fn a_relay_whose_sessions_are_killed_between_steps_goes_on_and_loses_nothi
         product_name(&near).as_deref() == Some("first")
     })
     .await;
+    // The snapshot's rows reach the till before it ends: a kill while it
+    // still streams would rightly begin it again. The kills below come once
+    // it ended and the till said so.
+    until("u1's snapshot ended and was acknowledged", || async {
+        fleet
+            .writer
+            .query_one(
+                "SELECT NOT r.provision AND r.snapshot_attempt IS NULL
+                        AND coalesce(a.number, 0) >= r.last_number
+                 FROM sync.replicas r LEFT JOIN sync.acks a ON a.replica = r.id
+                 WHERE r.id = 'u1'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    })
+    .await;
     let provisioned: i64 = fleet
         .writer
         .query_one(
