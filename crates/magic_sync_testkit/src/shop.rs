@@ -1,7 +1,8 @@
 //! The test shop's declarations (see shop.sql).
 
 use chrono::{DateTime, Utc};
-use magic_sync::{Engine, Numeric, Row};
+use magic_sync::codec::{Codec, CodecError};
+use magic_sync::{Columns, Engine, Numeric, Row};
 
 pub const SQL: &str = include_str!("shop.sql");
 
@@ -149,4 +150,55 @@ pub async fn installed() -> (magic_sync_testdb::TestDb, tokio_postgres::Client) 
         .await
         .expect("install triggers");
     (db, client)
+}
+
+/// The shop's rows most tests start from: a few of every table, for two
+/// tills of the north and one of the south.
+pub const ROWS: &str = "
+    INSERT INTO products VALUES (1, 'tea', 2.5, 'B1'), (2, 'milk', 1, 'B2'), (3, 'jam', 4, NULL);
+    INSERT INTO customers VALUES (7, 'Ada'), (8, 'Bob'), (9, 'Cy');
+    INSERT INTO orders (id, unit_id, customer_id, placed_at) VALUES
+        (1, 'u1', 7, '2026-11-30 10:00:00+00'), (2, 'u2', 8, '2026-11-30 10:00:00+00'),
+        (3, 'u1', NULL, '2026-11-30 10:00:00+00');
+    INSERT INTO order_lines VALUES (1, 1, 1, 2), (1, 2, 2, 1), (2, 1, 3, 5);
+    INSERT INTO notices VALUES (1, 'north', 'early close'), (2, 'south', 'late open');
+    INSERT INTO promotions VALUES (10, 3, 15), (11, 2, 5);
+    INSERT INTO promotion_members VALUES (100, 10), (200, 11);
+    INSERT INTO unit_groups VALUES ('u1', 100), ('u2', 200);
+    INSERT INTO stock VALUES ('u1', 1, 5, NULL), ('u2', 2, 3, NULL);
+    INSERT INTO events VALUES ('north', 1, 'fair'), ('south', 2, 'market');
+    INSERT INTO logistics.shipments VALUES (1, 'north', 1, NULL), (2, 'north', 1, 1), (3, 'south', 2, NULL);
+";
+
+/// JSON, as the shop declares, but refusing every row `bad` picks: a codec
+/// with a bug.
+pub fn refusing<R: Columns + 'static>(bad: fn(&R) -> bool) -> Codec<R> {
+    let (encoder, decoder) = (Codec::<R>::json(), Codec::<R>::json());
+    Codec::custom(
+        "json",
+        move |row| match bad(row) {
+            true => Err(CodecError::Mapping("a bug in this build's codec".into())),
+            false => encoder.encode(row),
+        },
+        move |bytes| decoder.decode(bytes),
+    )
+}
+
+/// The shop's engine, its products and customers encoded by codecs that
+/// refuse a row whose name says "bug": a build with a bug, which deploying
+/// [`engine`] fixes.
+pub fn buggy_engine() -> Engine {
+    Engine::builder()
+        .table_with::<Product>(refusing(|p: &Product| p.name.contains("bug")))
+        .table_with::<Customer>(refusing(|c: &Customer| c.name.contains("bug")))
+        .table::<Order>()
+        .table::<OrderLine>()
+        .table::<Notice>()
+        .table::<Promotion>()
+        .table::<Stock>()
+        .table::<Sale>()
+        .table::<Event>()
+        .table::<Shipment>()
+        .build()
+        .expect("the shop's declarations")
 }

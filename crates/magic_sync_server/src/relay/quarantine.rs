@@ -360,7 +360,15 @@ pub(crate) async fn resolve(
     tables.dedup();
     for table in tables {
         let sql = match from {
-            From::Sends => "SELECT k::text, k, max(version) FROM _ms_send WHERE t = $1 GROUP BY k",
+            // The newest note of the row counts too: a row noted again
+            // (by a relay starting, say) and failing again is set aside at
+            // that note, or the next attempt would let go of it for it and
+            // meet it again, for ever.
+            From::Sends => {
+                "SELECT s.k::text, s.k, greatest(max(s.version), coalesce(max(ch.last_seq), 0))
+                 FROM _ms_send s LEFT JOIN _ms_changed ch ON ch.t = s.t AND ch.k = s.k
+                 WHERE s.t = $1 GROUP BY s.k"
+            }
             From::Fresh => {
                 "SELECT f.k::text, f.k, coalesce(max(ch.last_seq), 0) FROM _ms_f f
                  LEFT JOIN _ms_changed ch ON ch.t = f.t AND ch.k = f.k
@@ -391,15 +399,20 @@ pub(crate) async fn resolve(
 }
 
 /// Records `blocked`; `settled` when no replica holds them (a snapshot's).
+/// A row blocked before and blocked again is this pass's own block again:
+/// a pass lets go of settled blocks of the rows it plans, and letting go
+/// of it again on the next attempt would meet it again, for ever.
 pub(crate) async fn block(tx: &Transaction<'_>, blocked: &[Blocked], settled: bool) -> Result<()> {
     if blocked.is_empty() {
         return Ok(());
     }
     let column = |f: fn(&Blocked) -> &str| blocked.iter().map(f).collect::<Vec<&str>>();
     tx.execute(
-        "INSERT INTO sync.blocked (replica, table_name, key, root_table, root_key, settled)
+        "INSERT INTO sync.blocked AS b (replica, table_name, key, root_table, root_key, settled)
          SELECT *, $6 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
-         ON CONFLICT DO NOTHING",
+         ON CONFLICT (replica, table_name, key) DO UPDATE
+         SET root_table = excluded.root_table, root_key = excluded.root_key,
+             settled = b.settled AND excluded.settled",
         &[
             &column(|b| &b.replica),
             &column(|b| &b.table),
