@@ -11,6 +11,10 @@ use tokio_postgres::Client;
 
 /// Messages read per round trip, across replicas.
 const PAGE: i64 = 512;
+/// How long a message the transport took may go unacknowledged before it
+/// is sent again: lost on the way, it may be the last one its replica was
+/// sent, whose loss the replica cannot see.
+pub const RESEND_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
 /// About how many bytes of messages are read per round trip.
 const PAGE_BYTES: i64 = 2 << 20;
 
@@ -32,8 +36,10 @@ impl Waiting {
 }
 
 /// Sends every replica's outbox in order, up to `concurrency` replicas at
-/// once, a page of messages at a time. A message leaves the outbox once
-/// the transport took it; a replica a send fails to keeps the rest of its
+/// once, a page of messages at a time: what was never sent, and what the
+/// transport took more than [`RESEND_AFTER`] ago and the replica has not
+/// acknowledged. A message leaves the outbox once its replica acknowledges
+/// it (or one after it); a replica a send fails to keeps the rest of its
 /// outbox, in order, with why in `sync.replicas.last_error`, and holds back
 /// no other. Needs no lock: the outbox holds only what a recording relay
 /// committed, and a replica applies a message once however often it comes,
@@ -75,17 +81,21 @@ pub async fn publish<T: Transport>(
                 failed.insert(replica, why);
             }
         }
-        // Taken by the transport, still in the outbox: sent again, and
+        // Taken by the transport, not marked sent: sent again, and
         // applied once.
         fail::fail_point!("publish-after-send", |_| Err(
             crate::error::Error::Injected("publish-after-send")
         ));
         if !taken_replicas.is_empty() {
+            // It stays until the replica acknowledges it, and goes again
+            // if that takes longer than RESEND_AFTER.
             client
                 .execute(
-                    "DELETE FROM sync.outbox o USING unnest($1::text[], $2::int8[]) AS t (replica, number)
-                     WHERE o.replica = t.replica AND o.number <= t.number",
-                    &[&taken_replicas, &taken_numbers],
+                    "UPDATE sync.outbox o SET sent_at = now()
+                     FROM unnest($1::text[], $2::int8[]) AS t (replica, number)
+                     WHERE o.replica = t.replica AND o.number <= t.number
+                       AND (o.sent_at IS NULL OR o.sent_at < now() - $3::float8 * interval '1 second')",
+                    &[&taken_replicas, &taken_numbers, &RESEND_AFTER.as_secs_f64()],
                 )
                 .await?;
         }
@@ -112,13 +122,16 @@ async fn read_page(
     after: &(String, i64),
     epoch: &mut Option<Epoch>,
 ) -> Result<Vec<Waiting>> {
-    let params: [&(dyn ToSql + Sync); 4] = [&after.0, &after.1, &PAGE, &PAGE_BYTES];
+    let resend = RESEND_AFTER.as_secs_f64();
+    let params: [&(dyn ToSql + Sync); 5] = [&after.0, &after.1, &PAGE, &PAGE_BYTES, &resend];
+    // What was never sent, and what went unacknowledged too long.
     let page = client.query(
         "SELECT replica, number, nonce, head, bytes, hash, seal FROM (
              SELECT o.replica, o.number, o.nonce, o.head, b.bytes, b.hash, o.seal,
                     sum(length(b.bytes)) OVER (ORDER BY o.replica, o.number) - length(b.bytes) AS before
              FROM sync.outbox o JOIN sync.bodies b ON b.id = o.body
              WHERE (o.replica, o.number) > ($1, $2)
+               AND (o.sent_at IS NULL OR o.sent_at < now() - $5::float8 * interval '1 second')
              ORDER BY o.replica, o.number LIMIT $3) page
          WHERE before < $4",
         &params,
@@ -195,7 +208,7 @@ async fn record_failures(
                 "UPDATE sync.replicas SET last_error = NULL
                  WHERE last_error IS NOT NULL AND NOT (id = ANY($1))
                    AND NOT provision AND snapshot_attempt IS NULL
-                   AND NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.replica = id)",
+                   AND NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.replica = id AND o.sent_at IS NULL)",
                 &[&failed_ids],
             )
             .await?;

@@ -197,20 +197,27 @@ async fn record(
             .await?;
     }
     if !recorded.is_empty() {
-        client
-            .execute(
-                // The replica's row is locked against deletion first: a
-                // pass forgetting the replica meanwhile leaves nothing to
-                // insert, rather than a foreign key to break.
-                "INSERT INTO sync.acks AS a (replica, number, at)
-                 SELECT u.id, u.number, now()
-                 FROM (SELECT DISTINCT id, number FROM unnest($1::text[], $2::int8[]) AS u (id, number)) u
-                 JOIN sync.replicas r ON r.id = u.id FOR KEY SHARE OF r
-                 ON CONFLICT (replica) DO UPDATE SET number = excluded.number, at = excluded.at
-                 WHERE a.number < excluded.number",
-                &[&recorded, &numbers],
-            )
-            .await?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&recorded, &numbers];
+        // The replica's row is locked against deletion first: a pass
+        // forgetting the replica meanwhile leaves nothing to insert, rather
+        // than a foreign key to break.
+        let acks = client.execute(
+            "INSERT INTO sync.acks AS a (replica, number, at)
+             SELECT u.id, u.number, now()
+             FROM (SELECT DISTINCT id, number FROM unnest($1::text[], $2::int8[]) AS u (id, number)) u
+             JOIN sync.replicas r ON r.id = u.id FOR KEY SHARE OF r
+             ON CONFLICT (replica) DO UPDATE SET number = excluded.number, at = excluded.at
+             WHERE a.number < excluded.number",
+            &params,
+        );
+        // What they applied needs sending no more. Sent together with the
+        // acknowledgements: one round trip.
+        let sent = client.execute(
+            "DELETE FROM sync.outbox o USING unnest($1::text[], $2::int8[]) AS u (id, number)
+             WHERE o.replica = u.id AND o.number <= u.number",
+            &params,
+        );
+        tokio::try_join!(acks, sent)?;
     }
     if !again.is_empty() {
         client

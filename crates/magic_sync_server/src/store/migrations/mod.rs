@@ -28,6 +28,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (19, include_str!("019_provision_asked.sql")),
     (20, include_str!("020_quarantine.sql")),
     (21, include_str!("021_digests.sql")),
+    (22, include_str!("022_outbox_sent.sql")),
 ];
 
 /// The version this build brings the schema to.
