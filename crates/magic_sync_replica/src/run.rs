@@ -75,6 +75,11 @@ pub struct Uploads {
     /// ([`digest`]): the backstop that finds a replica that drifted from
     /// what the server records, however it happened.
     pub digest_every: Duration,
+    /// How often a quiet loop says again where it stands ([`standing`]):
+    /// the last message applied, or the gap it waits in. What it said last
+    /// may have been lost, and nothing else would make it say it again
+    /// while the server has nothing to send.
+    pub say_again_every: Duration,
 }
 
 impl Default for Uploads {
@@ -84,6 +89,7 @@ impl Default for Uploads {
             resend_after: Duration::from_secs(5),
             batch: 64,
             digest_every: Duration::from_secs(3600),
+            say_again_every: Duration::from_secs(60),
         }
     }
 }
@@ -122,6 +128,7 @@ pub fn replica_with(replica: &mut Replica, link: &impl Link, uploads: &Uploads) 
     // after every answer doubled what a busy server had to file.
     let mut backlog_owed = false;
     let mut digested = std::time::Instant::now();
+    let mut said = std::time::Instant::now();
     loop {
         if digested.elapsed() >= uploads.digest_every {
             digested = std::time::Instant::now();
@@ -146,9 +153,18 @@ pub fn replica_with(replica: &mut Replica, link: &impl Link, uploads: &Uploads) 
             None => queued.pop_front().unwrap_or_else(|| link.next(wait)),
         };
         let quiet = matches!(delivery, Delivery::Quiet);
+        if quiet && said.elapsed() >= uploads.say_again_every {
+            if let Some(report) = standing(replica) {
+                link.report(report);
+            }
+            said = std::time::Instant::now();
+        }
         match delivery {
             Delivery::Message(message) => match deliver(replica, &message) {
-                Ok(Some(report)) => link.report(report),
+                Ok(Some(report)) => {
+                    said = std::time::Instant::now();
+                    link.report(report);
+                }
                 Ok(None) => {}
                 Err(crate::Error::Envelope(_) | crate::Error::Malformed { .. }) => {}
                 Err(e) if e.is_transient() => held = Some(message),
@@ -221,6 +237,18 @@ impl<L: Link> Uplink for Uploading<'_, L> {
 
     fn send(&self, up: &Up) -> std::result::Result<(), UplinkError> {
         self.0.upload(up)
+    }
+}
+
+/// Where the replica stands, to be said again: the gap it waits in, or
+/// else the last message it applied; `None` before the first. Said once,
+/// it may have been lost on the way: a gap the server never heard leaves
+/// the replica waiting for a snapshot nobody begins, and a lost
+/// acknowledgement leaves the server counting it behind.
+pub fn standing(replica: &Replica) -> Option<Report> {
+    match replica.gap() {
+        Some(gap) => Some(Report::Gap(gap)),
+        None => replica.ack().map(Report::Applied),
     }
 }
 

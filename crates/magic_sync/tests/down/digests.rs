@@ -183,3 +183,45 @@ async fn the_replicas_loop_tells_its_digest_when_due() {
         "it names the last message it applied, so the server compares"
     );
 }
+
+/// A gap whose report was lost on the way is said again once the link is
+/// quiet: the till is not left waiting for a snapshot nobody begins.
+#[tokio::test]
+async fn a_gap_whose_report_was_lost_is_said_again_and_brings_a_snapshot() {
+    let mut fleet = shop().await;
+    fleet
+        .write("UPDATE products SET name = 'black tea' WHERE id = 1")
+        .await;
+    fleet.record().await;
+    fleet.publish().await;
+    assert_eq!(fleet.network.take("u1").len(), 1, "lost on the way");
+    fleet
+        .write("UPDATE products SET name = 'white tea' WHERE id = 1")
+        .await;
+    fleet.record().await;
+    fleet.publish().await;
+    let next = fleet.network.take("u1").pop().unwrap();
+    let said = run::replica::deliver(&mut fleet.unit("u1").replica, &next).unwrap();
+    assert!(matches!(said, Some(run::Report::Gap(_))), "{said:?}");
+    // What it said is lost too; the server has nothing more to send it.
+    let link = Quiet {
+        left: std::sync::Mutex::new(1),
+        reports: Default::default(),
+    };
+    let uploads = run::replica::Uploads {
+        say_again_every: std::time::Duration::ZERO,
+        ..run::replica::Uploads::default()
+    };
+    run::replica::replica_with(&mut fleet.unit("u1").replica, &link, &uploads).unwrap();
+    let reports = link.reports.into_inner().unwrap();
+    let gaps: Vec<_> = reports
+        .into_iter()
+        .filter(|r| matches!(r, run::Report::Gap(_)))
+        .collect();
+    assert_eq!(gaps.len(), 1, "said again, once");
+    for gap in gaps {
+        fleet.network.report("u1", gap);
+    }
+    fleet.heed().await;
+    fleet.provisions("u1").await;
+}
