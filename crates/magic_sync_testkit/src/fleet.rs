@@ -55,6 +55,9 @@ pub struct Fleet {
     pub network: Network,
     pub dir: tempfile::TempDir,
     pub units: BTreeMap<String, Unit>,
+    /// Snapshots recorded so far, over every step: how often a replica
+    /// was provisioned from scratch.
+    pub provisionings: usize,
 }
 
 /// Messages of at most this many bytes: small, so plans span several messages.
@@ -93,6 +96,50 @@ impl Fleet {
         self.relay = Relay::new(&self.client, engine, settings)
             .await
             .expect("the relay starts");
+    }
+
+    /// A relay whose session was lost (and its lock with it) replaced by
+    /// one on a new session: it takes the lock as a relay starting does,
+    /// and the snapshots' session is new too.
+    pub async fn reconnect(&mut self) {
+        let engine = self.relay.engine().clone();
+        let settings = self.relay.settings().clone();
+        // A session still alive is ended first, and waited for: its lock
+        // goes with it.
+        if let Ok(row) = self.client.query_one("SELECT pg_backend_pid()", &[]).await {
+            let pid: i32 = row.get(0);
+            self.writer
+                .execute("SELECT pg_terminate_backend($1, 10000)", &[&pid])
+                .await
+                .unwrap();
+        }
+        self.client = self.db.connect().await;
+        self.client
+            .batch_execute("SET TIME ZONE 'UTC'")
+            .await
+            .unwrap();
+        assert!(
+            Relay::lock(&self.client).await.unwrap(),
+            "the new relay takes the lock"
+        );
+        self.relay = Relay::new(&self.client, engine, settings)
+            .await
+            .expect("the relay starts");
+        self.snapshots = self.db.connect().await;
+    }
+
+    /// `id`'s SQLite file replaced by the copy at `path`, as a till restored
+    /// from a backup starts.
+    pub fn restore(&mut self, id: &str, path: std::path::PathBuf) {
+        let (info, cut) = {
+            let unit = self.unit(id);
+            (unit.info.clone(), unit.cut)
+        };
+        self.units.remove(id);
+        self.add_at(id, info.partition.as_deref(), path);
+        let unit = self.unit(id);
+        unit.info = info;
+        unit.cut = cut;
     }
 
     /// A fleet on a database of another schema than the shop's: `schema`
@@ -150,6 +197,7 @@ impl Fleet {
             network: Network::new(max_message),
             dir: tempfile::tempdir().unwrap(),
             units: BTreeMap::new(),
+            provisionings: 0,
         }
     }
 
@@ -251,6 +299,7 @@ impl Fleet {
                 provisioned.push(streamed);
             }
         }
+        self.provisionings += provisioned.len();
         Step {
             recorded,
             provisioned,
@@ -307,6 +356,7 @@ impl Fleet {
                 ),
             }
         }
+        self.provisionings += provisioned.len();
         Step {
             recorded,
             provisioned,
@@ -339,9 +389,13 @@ impl Fleet {
             Err(failed) => {
                 // A row it met that cannot go is set aside; the next
                 // attempt goes around it.
+                // One a test made die midway is begun again too.
                 assert!(
                     self.network.is_cut(replica)
-                        || matches!(failed.source, magic_sync::Error::Unsendable(_)),
+                        || matches!(
+                            failed.source,
+                            magic_sync::Error::Unsendable(_) | magic_sync::Error::Injected(_)
+                        ),
                     "a snapshot failed with its replica in reach: {failed}"
                 );
                 None

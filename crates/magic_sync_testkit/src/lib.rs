@@ -12,4 +12,5 @@ pub mod bench;
 pub mod fleet;
 pub mod gate;
 pub mod shop;
+pub mod walk;
 pub mod wanted;

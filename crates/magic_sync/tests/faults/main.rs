@@ -5,6 +5,8 @@
 //! for the whole process, so every test holds a `FailScenario`, which runs
 //! them one at a time, and this binary holds no test that does not.
 
+mod storm;
+
 use fail::FailScenario;
 use magic_sync::envelope::Up;
 use magic_sync::relay::ReplicaInfo;
@@ -63,6 +65,80 @@ async fn a_relay_dying_after_its_pass_committed_loses_nothing() {
     assert_eq!(pending, 0, "the pass committed");
     // The next relay (the same build, started again) publishes it.
     fleet.deploy(fleet.engine.clone()).await;
+    fleet.sync().await;
+    fleet.check().await;
+    scenario.teardown();
+}
+
+/// Ends the session `pid` from a session of its own, and waits until it
+/// ended: what a fault point's callback, which cannot wait on the runtime
+/// it interrupts, does on a thread of its own.
+fn end_session(config: tokio_postgres::Config, pid: i32) {
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+            tokio::spawn(connection);
+            let ended: bool = client
+                .query_one("SELECT pg_terminate_backend($1, 10000)", &[&pid])
+                .await
+                .unwrap()
+                .get(0);
+            assert!(ended, "the relay's session ended");
+        });
+    })
+    .join()
+    .unwrap();
+}
+
+/// A relay whose lock is taken away mid-pass (its session ended, as an
+/// operator or a network partition does) commits nothing of that pass; the
+/// relay that takes the lock next records the same notes, and every till
+/// applies them once.
+#[tokio::test]
+async fn a_relay_losing_its_lock_mid_pass_commits_nothing_over_the_next() {
+    let scenario = FailScenario::setup();
+    let mut fleet = shop().await;
+    fleet
+        .write("UPDATE products SET price = 7 WHERE id = 1; UPDATE customers SET name = 'Ada L' WHERE id = 7")
+        .await;
+    let pid: i32 = fleet
+        .client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let config = fleet.db.config();
+    fail::cfg_callback("relay-before-commit", move || {
+        end_session(config.clone(), pid)
+    })
+    .unwrap();
+    let infos = infos(&fleet);
+    let lost = fleet
+        .relay
+        .record(&mut fleet.client, &infos, fleet.network.max_message_bytes())
+        .await
+        .unwrap_err();
+    fail::remove("relay-before-commit");
+    assert!(lost.is_transient(), "the session went: {lost}");
+    let (pending, outbox): (i64, i64) = {
+        let row = fleet
+            .writer
+            .query_one(
+                "SELECT (SELECT count(*) FROM sync.notes), (SELECT count(*) FROM sync.outbox)",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert!(pending > 0, "the notes wait for the next relay");
+    assert_eq!(outbox, 0, "nothing the lost pass planned was kept");
+    // The next relay takes the lock and records them.
+    fleet.reconnect().await;
     fleet.sync().await;
     fleet.check().await;
     scenario.teardown();

@@ -35,7 +35,7 @@ mod snapshot;
 
 pub use digests::{compare_digest, Compared};
 pub use plan::Planned;
-pub use publish::publish;
+pub use publish::{publish, RESEND_AFTER};
 pub use replies::{acknowledge_all, gap};
 pub use snapshot::{Failed, Snapshot, Streamed};
 
@@ -481,6 +481,11 @@ impl Relay {
             );
         }
         close(&tx, closing).await?;
+        // Where a test takes the lock away mid-pass. The lock is the
+        // session's, checked at the pass's start: it is lost only with the
+        // session, and the transaction dies with it, so a relay that lost
+        // it never commits over the one that took it.
+        fail::fail_point!("relay-before-commit");
         let t0 = std::time::Instant::now();
         tx.commit().await?;
         trace("commit", t0);
