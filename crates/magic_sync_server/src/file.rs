@@ -175,13 +175,13 @@ pub async fn file_all(
             i += 1;
         }
         if savepoints >= SAVEPOINTS_PER_TRANSACTION {
-            record_backlogs(&tx, uploads, &filings).await?;
+            record_backlogs(&tx, engine, uploads, &filings).await?;
             tx.commit().await?;
             tx = client.transaction().await?;
             savepoints = 0;
         }
     }
-    record_backlogs(&tx, uploads, &filings).await?;
+    record_backlogs(&tx, engine, uploads, &filings).await?;
     tx.commit().await?;
     Ok(filings
         .into_iter()
@@ -304,8 +304,12 @@ fn records_only(engine: &Engine, up: &Up) -> bool {
 
 /// Records the backlog each filed upload carried (`sync.backlogs`), the
 /// last one per replica, in one statement; the filings are those so far.
+/// Only tables the engine declares count: a name the replica made up (one
+/// with a NUL in it, which no PostgreSQL text may hold, say) would fail
+/// the statement for every upload in it.
 async fn record_backlogs(
     tx: &Transaction<'_>,
+    engine: &Engine,
     uploads: &[(String, Up)],
     filings: &[Option<Result<Filing>>],
 ) -> Result<()> {
@@ -317,6 +321,7 @@ async fn record_backlogs(
         let tables: serde_json::Map<String, serde_json::Value> = backlog
             .tables
             .iter()
+            .filter(|t| engine.codec(&t.table).is_some())
             .map(|t| {
                 (
                     t.table.clone(),
