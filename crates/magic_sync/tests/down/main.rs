@@ -8,6 +8,7 @@ mod deploy;
 
 mod cost;
 mod digests;
+mod hostile;
 mod isolation;
 mod keys;
 mod quarantine;
