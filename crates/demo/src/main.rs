@@ -434,7 +434,7 @@ async fn run(args: Args) -> Fallible<ExitCode> {
 
     let outcome = tokio::select! {
         outcome = live(&args, &config, &client, &tills) => outcome,
-        _ = tokio::signal::ctrl_c() => Ok(Live::Interrupted),
+        () = magic_sync::run::server::stop_signal() => Ok(Live::Interrupted),
     };
     // Closing their input stops the tills; one that does not stop in
     // time is killed (its file is safe: every write is a transaction).

@@ -95,8 +95,9 @@ pub fn open(
     Ok((replica, socket))
 }
 
-/// Runs the replica `args` names until its socket closes or its database
-/// fails: what the server sends is applied, what the host writes goes up.
+/// Runs the replica `args` names until its socket closes, its database
+/// fails, or the process gets SIGTERM or Ctrl-C: what the server sends is
+/// applied, what the host writes goes up.
 pub fn run_replica(
     args: &ReplicaArgs,
     engine: &'static Engine,
@@ -115,6 +116,22 @@ pub fn run_replica(
         let (socket, done, args) = (socket.clone(), done.clone(), args.replica.clone());
         std::thread::spawn(move || tell(&socket, &done, &args))
     };
+    // SIGTERM or Ctrl-C closes the link: the loop finishes the message it
+    // applies (a transaction of its own) and ends, and the process exits
+    // as it does when the server goes away.
+    {
+        let socket = socket.clone();
+        std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(magic_sync::run::server::stop_signal());
+            socket.close();
+        });
+    }
     let ran = magic_sync::run::replica::replica(&mut replica, &*socket);
     done.store(true, std::sync::atomic::Ordering::Release);
     let _ = telling.join();

@@ -218,6 +218,29 @@ impl Lags {
     }
 }
 
+/// Resolves once the process is asked to stop: SIGTERM (what a service
+/// manager or a container runtime sends) or SIGINT (Ctrl-C). It listens
+/// from the moment it is called, so a signal that comes before the first
+/// poll is not missed. Given to [`server`] as its `stop`: the step under
+/// way ends where it is (a pass not committed is rolled back whole, one
+/// committed is published by whoever relays next), the relay's sessions
+/// close and its lock goes back, and `server` returns `Ok`.
+pub fn stop_signal() -> impl Future<Output = ()> {
+    #[cfg(unix)]
+    let terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    async move {
+        #[cfg(unix)]
+        if let Ok(mut terminate) = terminate {
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            return;
+        }
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
 /// Runs the relay for `engine` over the database at `config` until `stop`
 /// resolves. Waits for the lock while another relay holds it. A failed pass
 /// is retried after a backoff with jitter; nothing is lost meanwhile: notes

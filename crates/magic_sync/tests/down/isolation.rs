@@ -4,7 +4,7 @@
 //! was, an upload to a table nobody declared), the runner's sessions stay
 //! as they were and every other replica keeps being served.
 
-use crate::relay::{for_the_runner, product_name, start_server, till, until};
+use crate::relay::{for_the_runner, product_name, start_server, start_server_until, till, until};
 use magic_sync::envelope::{Ack, Gap, RowData, Up, UpRows};
 use magic_sync::relay::ReplicaInfo;
 use magic_sync::run::Report;
@@ -173,24 +173,8 @@ async fn a_relay_whose_sessions_are_killed_between_steps_goes_on_and_loses_nothi
         product_name(&near).as_deref() == Some("first")
     })
     .await;
-    // The snapshot's rows reach the till before it ends: a kill while it
-    // still streams would rightly begin it again. The kills below come once
-    // it ended and the till said so.
-    until("u1's snapshot ended and was acknowledged", || async {
-        fleet
-            .writer
-            .query_one(
-                "SELECT NOT r.provision AND r.snapshot_attempt IS NULL
-                        AND coalesce(a.number, 0) >= r.last_number
-                 FROM sync.replicas r LEFT JOIN sync.acks a ON a.replica = r.id
-                 WHERE r.id = 'u1'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0)
-    })
-    .await;
+    // The kills below come once u1's snapshot ended.
+    kept_up(&fleet, "u1").await;
     let provisioned: i64 = fleet
         .writer
         .query_one(
@@ -237,6 +221,108 @@ async fn a_relay_whose_sessions_are_killed_between_steps_goes_on_and_loses_nothi
     assert_eq!(after, provisioned, "u1 was provisioned again");
     let status = magic_sync::replica::status(&rusqlite::Connection::open(&near).unwrap()).unwrap();
     assert_eq!(status.gap, None);
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+    network.close();
+    near_till.join().unwrap().unwrap();
+}
+
+/// Waits until `replica`'s snapshot ended and the till acknowledged all it
+/// was sent. A snapshot's rows reach the till before it ends, so seeing
+/// them is not enough: stopping the relay while it still streams would
+/// rightly begin it again.
+async fn kept_up(fleet: &crate::fleet::Fleet, replica: &str) {
+    until(
+        &format!("{replica}'s snapshot ended and was acknowledged"),
+        || async {
+            fleet
+                .writer
+                .query_one(
+                    "SELECT NOT r.provision AND r.snapshot_attempt IS NULL
+                        AND coalesce(a.number, 0) >= r.last_number
+                 FROM sync.replicas r LEFT JOIN sync.acks a ON a.replica = r.id
+                 WHERE r.id = $1",
+                    &[&replica],
+                )
+                .await
+                .unwrap()
+                .get(0)
+        },
+    )
+    .await;
+}
+
+/// The relay's sessions on this test's database.
+async fn relay_sessions(fleet: &crate::fleet::Fleet) -> i64 {
+    fleet
+        .writer
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name LIKE 'magic_sync relay: %'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// SIGTERM, as a service manager sends it, stops the runner where it is:
+/// it returns `Ok`, leaves no session behind, and a relay started again
+/// carries what was written before the signal without provisioning anyone.
+#[tokio::test]
+async fn sigterm_stops_the_relay_between_steps_and_the_next_one_loses_nothing() {
+    let (fleet, network) = for_the_runner().await;
+    let (near, near_till) = till(&fleet, &network, "u1");
+    let replicas = vec![ReplicaInfo::live("u1", Some("north"))];
+    // Listening from here on: the signal below is this one's, and does
+    // not end the test process.
+    let terminated = magic_sync::run::server::stop_signal();
+    let server = start_server_until(&fleet, &network, replicas.clone(), terminated);
+    fleet
+        .write("UPDATE products SET name = 'first' WHERE id = 1")
+        .await;
+    until("the first write", || async {
+        product_name(&near).as_deref() == Some("first")
+    })
+    .await;
+    kept_up(&fleet, "u1").await;
+    let provisioned: i64 = fleet
+        .writer
+        .query_one(
+            "SELECT snapshot_number FROM sync.replicas WHERE id = 'u1'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // A write the relay may be planning, publishing or not yet have seen.
+    fleet
+        .write("UPDATE products SET name = 'second' WHERE id = 1")
+        .await;
+    let killed = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("kill -TERM {}", std::process::id()))
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    server.await.unwrap().expect("stopped, not failed");
+    assert_eq!(relay_sessions(&fleet).await, 0, "nothing left running");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = start_server(&fleet, &network, replicas, stopped);
+    until("the write made before the signal", || async {
+        product_name(&near).as_deref() == Some("second")
+    })
+    .await;
+    let after: i64 = fleet
+        .writer
+        .query_one(
+            "SELECT snapshot_number FROM sync.replicas WHERE id = 'u1'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(after, provisioned, "no one provisioned again");
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();
     network.close();

@@ -422,6 +422,19 @@ pub fn start_server(
     replicas: Vec<ReplicaInfo>,
     stopped: tokio::sync::oneshot::Receiver<()>,
 ) -> tokio::task::JoinHandle<magic_sync::Result<()>> {
+    start_server_until(fleet, network, replicas, async {
+        stopped.await.ok();
+    })
+}
+
+/// `run::server` for `replicas` over the fleet's database, until `stop`
+/// resolves.
+pub fn start_server_until(
+    fleet: &Fleet,
+    network: &Network,
+    replicas: Vec<ReplicaInfo>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> tokio::task::JoinHandle<magic_sync::Result<()>> {
     let (config, network, engine) = (fleet.db.config(), network.clone(), fleet.engine);
     tokio::spawn(async move {
         let host = Host(replicas);
@@ -432,9 +445,7 @@ pub fn start_server(
             &host,
             &network,
             &network,
-            async {
-                stopped.await.ok();
-            },
+            stop,
         )
         .await
     })
