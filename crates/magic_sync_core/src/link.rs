@@ -26,6 +26,30 @@ pub enum Report {
     Upload(Up),
 }
 
+impl Report {
+    /// An `Up` as it came over a transport that carries every report as
+    /// one: one that only acknowledges, or only says a gap, is that;
+    /// anything else is an upload, as the replica's loop sent it.
+    pub fn from_up(mut up: Up) -> Report {
+        let nothing_else = up.send_id.is_empty()
+            && up.tables.is_empty()
+            && up.refused.is_empty()
+            && up.digest.is_none()
+            && up.backlog.is_none();
+        if nothing_else {
+            match (up.applied.take(), up.gap.take()) {
+                (Some(ack), None) => return Report::Applied(ack),
+                (None, Some(gap)) => return Report::Gap(gap),
+                (applied, gap) => {
+                    up.applied = applied;
+                    up.gap = gap;
+                }
+            }
+        }
+        Report::Upload(up)
+    }
+}
+
 /// What reached a replica through its link.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Delivery {

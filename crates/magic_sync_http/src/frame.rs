@@ -37,28 +37,6 @@ pub(crate) fn up(report: &Report) -> Vec<u8> {
     }
 }
 
-/// An `Up` as the report the relay heeds: one that only acknowledges, or
-/// only says a gap, is that; anything else is an upload, as the replica's
-/// loop sent it.
-pub(crate) fn report(mut up: Up) -> Report {
-    let nothing_else = up.send_id.is_empty()
-        && up.tables.is_empty()
-        && up.refused.is_empty()
-        && up.digest.is_none()
-        && up.backlog.is_none();
-    if nothing_else {
-        match (up.applied.take(), up.gap.take()) {
-            (Some(ack), None) => return Report::Applied(ack),
-            (None, Some(gap)) => return Report::Gap(gap),
-            (applied, gap) => {
-                up.applied = applied;
-                up.gap = gap;
-            }
-        }
-    }
-    Report::Upload(up)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,7 +65,7 @@ mod tests {
             Report::Gap(gap),
             Report::Upload(upload),
         ] {
-            let heard = report(Up::decode(up(&said).as_slice()).unwrap());
+            let heard = Report::from_up(Up::decode(up(&said).as_slice()).unwrap());
             assert_eq!(heard, said);
         }
     }

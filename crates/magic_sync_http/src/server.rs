@@ -326,7 +326,7 @@ impl Inner {
         queue.total += size;
         queue
             .reports
-            .push_back((replica.to_string(), frame::report(up)));
+            .push_back((replica.to_string(), Report::from_up(up)));
         drop(queue);
         self.reported.notify_one();
         None

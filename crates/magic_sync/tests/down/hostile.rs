@@ -221,27 +221,6 @@ async fn what_u1_says(fleet: &mut Fleet) -> Vec<Vec<u8>> {
     said
 }
 
-/// An `Up` as the relay hears it, as the transport's frames make it: only
-/// an acknowledgement or only a gap is that; anything else an upload.
-fn heard(mut up: Up) -> Report {
-    let nothing_else = up.send_id.is_empty()
-        && up.tables.is_empty()
-        && up.refused.is_empty()
-        && up.digest.is_none()
-        && up.backlog.is_none();
-    if nothing_else {
-        match (up.applied.take(), up.gap.take()) {
-            (Some(ack), None) => return Report::Applied(ack),
-            (None, Some(gap)) => return Report::Gap(gap),
-            (applied, gap) => {
-                up.applied = applied;
-                up.gap = gap;
-            }
-        }
-    }
-    Report::Upload(up)
-}
-
 /// Everything the server records of the replicas but u1, and their rows
 /// the host's tables hold for them.
 async fn the_others(fleet: &Fleet) -> Vec<String> {
@@ -285,7 +264,7 @@ async fn the_server_hears_anything_a_replica_sends_and_it_changes_only_that_repl
         match Up::decode(input.as_slice()) {
             Ok(up) => {
                 decoded += 1;
-                batch.push(("u1".to_string(), heard(up)));
+                batch.push(("u1".to_string(), Report::from_up(up)));
             }
             Err(_) => undecodable += 1,
         }

@@ -175,15 +175,7 @@ async fn a_relay_whose_sessions_are_killed_between_steps_goes_on_and_loses_nothi
     .await;
     // The kills below come once u1's snapshot ended.
     kept_up(&fleet, "u1").await;
-    let provisioned: i64 = fleet
-        .writer
-        .query_one(
-            "SELECT snapshot_number FROM sync.replicas WHERE id = 'u1'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let provisioned = snapshot_number(&fleet, "u1").await;
     for (i, name) in ["second", "third", "fourth"].iter().enumerate() {
         // A write the relay may be recording, publishing or neither, when
         // both its sessions are killed.
@@ -209,15 +201,7 @@ async fn a_relay_whose_sessions_are_killed_between_steps_goes_on_and_loses_nothi
         .await;
     }
     // Nothing was lost on the way: no gap, so no second snapshot.
-    let after: i64 = fleet
-        .writer
-        .query_one(
-            "SELECT snapshot_number FROM sync.replicas WHERE id = 'u1'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let after = snapshot_number(&fleet, "u1").await;
     assert_eq!(after, provisioned, "u1 was provisioned again");
     let status = magic_sync::replica::status(&rusqlite::Connection::open(&near).unwrap()).unwrap();
     assert_eq!(status.gap, None);
@@ -250,6 +234,19 @@ async fn kept_up(fleet: &crate::fleet::Fleet, replica: &str) {
         },
     )
     .await;
+}
+
+/// The number of the snapshot `replica` was last provisioned with.
+async fn snapshot_number(fleet: &crate::fleet::Fleet, replica: &str) -> i64 {
+    fleet
+        .writer
+        .query_one(
+            "SELECT snapshot_number FROM sync.replicas WHERE id = $1",
+            &[&replica],
+        )
+        .await
+        .unwrap()
+        .get(0)
 }
 
 /// The relay's sessions on this test's database.
@@ -286,15 +283,7 @@ async fn sigterm_stops_the_relay_between_steps_and_the_next_one_loses_nothing() 
     })
     .await;
     kept_up(&fleet, "u1").await;
-    let provisioned: i64 = fleet
-        .writer
-        .query_one(
-            "SELECT snapshot_number FROM sync.replicas WHERE id = 'u1'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let provisioned = snapshot_number(&fleet, "u1").await;
     // A write the relay may be planning, publishing or not yet have seen.
     fleet
         .write("UPDATE products SET name = 'second' WHERE id = 1")
@@ -313,15 +302,7 @@ async fn sigterm_stops_the_relay_between_steps_and_the_next_one_loses_nothing() 
         product_name(&near).as_deref() == Some("second")
     })
     .await;
-    let after: i64 = fleet
-        .writer
-        .query_one(
-            "SELECT snapshot_number FROM sync.replicas WHERE id = 'u1'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let after = snapshot_number(&fleet, "u1").await;
     assert_eq!(after, provisioned, "no one provisioned again");
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();

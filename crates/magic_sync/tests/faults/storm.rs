@@ -369,16 +369,7 @@ impl Storm {
         match death {
             Some(point @ "relay-after-commit") => {
                 fail::cfg(point, "1*return").unwrap();
-                let infos = infos(&self.fleet);
-                let died = self
-                    .fleet
-                    .relay
-                    .record(
-                        &mut self.fleet.client,
-                        &infos,
-                        self.fleet.network.max_message_bytes(),
-                    )
-                    .await;
+                let died = self.pass().await;
                 fail::remove(point);
                 if let Err(e) = died {
                     assert!(injected(&e, point), "{e}");
@@ -398,16 +389,7 @@ impl Storm {
                     .get(0);
                 let config = self.fleet.db.config();
                 fail::cfg_callback(point, move || super::end_session(config.clone(), pid)).unwrap();
-                let infos = infos(&self.fleet);
-                let lost = self
-                    .fleet
-                    .relay
-                    .record(
-                        &mut self.fleet.client,
-                        &infos,
-                        self.fleet.network.max_message_bytes(),
-                    )
-                    .await;
+                let lost = self.pass().await;
                 fail::remove(point);
                 // A pass with nothing to commit never gets there.
                 if let Err(e) = lost {
@@ -432,6 +414,16 @@ impl Storm {
                 }
             }
         }
+    }
+
+    /// One pass, whatever it comes to.
+    async fn pass(&mut self) -> magic_sync::Result<magic_sync::relay::Recorded> {
+        let infos = infos(&self.fleet);
+        let max = self.fleet.network.max_message_bytes();
+        self.fleet
+            .relay
+            .record(&mut self.fleet.client, &infos, max)
+            .await
     }
 
     fn died(&mut self, point: &'static str, did: &mut Vec<String>) {
