@@ -45,6 +45,7 @@ use crate::error::{Error, Result};
 use crate::row::{Mirror, Table};
 use crate::sql::{ident, literal};
 use crate::value::{canonical_key, Kind, Value};
+use magic_sync_core::link::upload_rows;
 use std::collections::{BTreeMap, HashMap};
 use tokio_postgres::{Client, Transaction};
 
@@ -118,13 +119,27 @@ pub async fn file_all(
     engine: &Engine,
     uploads: &[(String, Up)],
 ) -> Result<Vec<Result<Filing>>> {
+    file_with(client, engine, uploads, true).await
+}
+
+/// [`file_all`], with a full inbox making an upload wait when `bounded`:
+/// what is filed again out of the inbox itself is not held back by it.
+async fn file_with(
+    client: &mut Client,
+    engine: &Engine,
+    uploads: &[(String, Up)],
+    bounded: bool,
+) -> Result<Vec<Result<Filing>>> {
     let mut filings: Vec<Option<Result<Filing>>> = uploads.iter().map(|_| None).collect();
     let mut tx = client.transaction().await?;
-    let (known, signer, full) = tokio::try_join!(
+    let (known, signer, mut full) = tokio::try_join!(
         known_replicas(&tx, uploads),
         crate::store::keys::current(&tx),
         full_inboxes(&tx, uploads)
     )?;
+    if !bounded {
+        full.clear();
+    }
     let mut savepoints = 0;
     let mut i = 0;
     while i < uploads.len() {
@@ -220,6 +235,120 @@ fn kept(filing: Result<Filing>) -> Result<Result<Filing>> {
         Err(e) if e.is_transient() => Err(e),
         other => Ok(other),
     }
+}
+
+/// Rows filed again from the inbox per upload made of them: well within
+/// what one upload may carry.
+const REFILE_ROWS: usize = 1_000;
+
+/// What [`refile`] came to.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Refiled {
+    /// Rows filed (or found to change nothing) and let go of.
+    pub filed: usize,
+    /// Rows refused again, kept with the reason they were refused for now.
+    pub refused: usize,
+    /// Rows whose filing waits (their replica is being provisioned): kept
+    /// as they were, for the next relay to start.
+    pub waiting: usize,
+}
+
+/// Files again every row the inbox holds, as the upload it came in would
+/// be filed now: a relay starting does this once, so that a fix deployed
+/// (a constraint dropped, a table declared, a trigger mended) takes what
+/// the build before it refused, with no one replaying anything by hand.
+/// Each row keeps the sequence of the upload it came in, so a two-way
+/// row's owned columns never go back to a value older than one filed
+/// since. A row filed leaves the inbox; one refused again stays, with the
+/// reason it was refused for now. A full inbox holds back its replica's
+/// uploads, not this.
+pub async fn refile(client: &mut Client, engine: &Engine) -> Result<Refiled> {
+    // Entries refused again are written at this filing's time, later than
+    // this: they stay, and only those filed go.
+    let (began, rows) = {
+        let began: chrono::DateTime<chrono::Utc> = client
+            .query_one("SELECT clock_timestamp()", &[])
+            .await?
+            .get(0);
+        let rows = client
+            .query(
+                "SELECT replica, table_name, key, data, sequence FROM sync.inbox
+                 ORDER BY replica, sequence, table_name, key",
+                &[],
+            )
+            .await?;
+        (began, rows)
+    };
+    let mut refiled = Refiled::default();
+    if rows.is_empty() {
+        return Ok(refiled);
+    }
+    // One upload per replica and sequence (a chunk of them at a time),
+    // each naming the rows it carries.
+    let mut uploads: Vec<(String, Up)> = Vec::new();
+    let mut carried: Vec<Vec<(String, String)>> = Vec::new();
+    for row in &rows {
+        let (replica, table, key, data, sequence): (String, String, String, Option<Vec<u8>>, i64) =
+            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+        let sequence = u64::try_from(sequence).unwrap_or(0);
+        let fits = uploads.last().is_some_and(|(r, up)| {
+            *r == replica && up.sequence == sequence && upload_rows(up) < REFILE_ROWS
+        });
+        if !fits {
+            uploads.push((
+                replica.clone(),
+                Up {
+                    sequence,
+                    ..Up::default()
+                },
+            ));
+            carried.push(Vec::new());
+        }
+        let (_, up) = uploads.last_mut().expect("just pushed");
+        let at = match up.tables.iter().position(|t| t.table == table) {
+            Some(at) => at,
+            None => {
+                up.tables.push(UpRows {
+                    table: table.clone(),
+                    ..UpRows::default()
+                });
+                up.tables.len() - 1
+            }
+        };
+        let rows = &mut up.tables[at];
+        match data {
+            Some(data) => rows.rows.push(RowData {
+                key: key.clone().into_bytes(),
+                data,
+            }),
+            None => rows.gone.push(key.clone().into_bytes()),
+        }
+        carried.last_mut().expect("just pushed").push((table, key));
+    }
+    let filings = file_with(client, engine, &uploads, false).await?;
+    let (mut replicas, mut tables, mut keys) = (Vec::new(), Vec::new(), Vec::new());
+    for (((replica, up), rows), filing) in uploads.iter().zip(&carried).zip(filings) {
+        match filing {
+            Ok(Filing::Filed { refused, .. }) => {
+                refiled.refused += refused.len();
+                refiled.filed += upload_rows(up).saturating_sub(refused.len());
+                for (table, key) in rows {
+                    replicas.push(replica.as_str());
+                    tables.push(table.as_str());
+                    keys.push(key.as_str());
+                }
+            }
+            Ok(Filing::Waits { .. }) | Err(_) => refiled.waiting += upload_rows(up),
+        }
+    }
+    client
+        .execute(
+            "DELETE FROM sync.inbox i USING unnest($1::text[], $2::text[], $3::text[]) AS u (r, t, k)
+             WHERE i.replica = u.r AND i.table_name = u.t AND i.key = u.k AND i.at < $4",
+            &[&replicas, &tables, &keys, &began],
+        )
+        .await?;
+    Ok(refiled)
 }
 
 /// Rows of refused uploads one replica's inbox holds at most. Past this,
@@ -517,11 +646,19 @@ impl TableFiling<'_> {
         }
         let (keys, data): (Vec<String>, Vec<Option<&[u8]>>) = last.into_iter().unzip();
         tx.execute(
-            "INSERT INTO sync.inbox (replica, table_name, key, data, reason)
-             SELECT $1, $2, k, d, $5 FROM unnest($3::text[], $4::bytea[]) AS u (k, d)
+            "INSERT INTO sync.inbox (replica, table_name, key, data, reason, sequence)
+             SELECT $1, $2, k, d, $5, $6 FROM unnest($3::text[], $4::bytea[]) AS u (k, d)
              ON CONFLICT (replica, table_name, key) DO UPDATE
-             SET data = EXCLUDED.data, reason = EXCLUDED.reason, at = now()",
-            &[&self.replica, &self.rows.table, &keys, &data, &reason],
+             SET data = EXCLUDED.data, reason = EXCLUDED.reason, sequence = EXCLUDED.sequence,
+                 at = now()",
+            &[
+                &self.replica,
+                &self.rows.table,
+                &keys,
+                &data,
+                &reason,
+                &self.sequence,
+            ],
         )
         .await?;
         tally.refused.extend(keys.into_iter().map(|key| Refusal {
@@ -546,30 +683,34 @@ impl TableFiling<'_> {
             key: String::from_utf8_lossy(key).into_owned(),
             reason,
         };
-        keep_refused(tx, self.replica, &refusal, data).await?;
+        keep_refused(tx, self.replica, self.sequence, &refusal, data).await?;
         tally.refused.push(refusal);
         Ok(())
     }
 }
 
-/// Keeps a refused row in `sync.inbox`, as it came, with why.
+/// Keeps a refused row in `sync.inbox`, as it came in the upload of
+/// `sequence`, with why.
 async fn keep_refused(
     tx: &Transaction<'_>,
     replica: &str,
+    sequence: i64,
     refusal: &Refusal,
     data: Option<&[u8]>,
 ) -> Result<()> {
     tx.execute(
-        "INSERT INTO sync.inbox (replica, table_name, key, data, reason)
-         VALUES ($1, $2, $3, $4, $5)
+        "INSERT INTO sync.inbox (replica, table_name, key, data, reason, sequence)
+         VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (replica, table_name, key) DO UPDATE
-         SET data = EXCLUDED.data, reason = EXCLUDED.reason, at = now()",
+         SET data = EXCLUDED.data, reason = EXCLUDED.reason, sequence = EXCLUDED.sequence,
+             at = now()",
         &[
             &replica,
             &refusal.table,
             &refusal.key,
             &data,
             &refusal.reason,
+            &sequence,
         ],
     )
     .await?;
@@ -710,7 +851,8 @@ async fn records_all(
     // text cannot hold) sends the run upload by upload too.
     let mut refused: Vec<Vec<Refusal>> = run.iter().map(|_| Vec::new()).collect();
     for (u, refusal, data) in outcome.refusals {
-        match keep_refused(&savepoint, &run[u].0, &refusal, Some(data)).await {
+        let sequence = i64::try_from(run[u].1.sequence).unwrap_or(i64::MAX);
+        match keep_refused(&savepoint, &run[u].0, sequence, &refusal, Some(data)).await {
             Ok(()) => refused[u].push(refusal),
             Err(e) if e.is_transient() => return Err(e),
             Err(_) => {

@@ -1088,7 +1088,9 @@ async fn a_till_whose_inbox_is_full_has_its_uploads_wait_and_loses_nothing() {
         .writer
         .execute(
             "INSERT INTO sync.inbox (replica, table_name, key, data, reason)
-             SELECT 'u1', 'sales', format('[\"old-%s\"]', i), NULL, 'a fix is on its way'
+             SELECT 'u1', 'sales', format('[\"old-%s\"]', i),
+                    convert_to(format('{\"customer_id\":null,\"id\":\"old-%s\",\"total\":\"1\",\"unit_id\":\"u1\",\"version\":1}', i), 'UTF8'),
+                    'a trigger of the host refused it (fixed in the next build)'
              FROM generate_series(1, $1::int8) i",
             &[&magic_sync::file::INBOX_ROWS],
         )
@@ -1128,15 +1130,23 @@ async fn a_till_whose_inbox_is_full_has_its_uploads_wait_and_loses_nothing() {
         "INSERT INTO sales VALUES ('s2', 'u2', NULL, '4', 1)",
     );
     assert_eq!(counts(&send(&mut fleet, "u2", "u2").await), (1, 0, 0));
-    // A fix files what the inbox held: u1's sale goes in as it comes again.
-    fleet
+    // The next build files what the inbox held by itself: the inbox
+    // empties, and u1's sale goes in as it comes again.
+    fleet.deploy(crate::shop::engine()).await;
+    fleet.pass().await;
+    let held: i64 = fleet
         .writer
-        .execute("DELETE FROM sync.inbox WHERE replica = 'u1'", &[])
+        .query_one("SELECT count(*) FROM sync.inbox", &[])
         .await
-        .unwrap();
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 0);
     let filing = file_as(&fleet, "u1", &up).await;
     assert_eq!(counts(&filing), (1, 0, 0));
-    assert_eq!(sales(&fleet).await.len(), 2);
+    assert_eq!(
+        sales(&fleet).await.len(),
+        2 + magic_sync::file::INBOX_ROWS as usize
+    );
 }
 
 /// The till's SQLite file, closed and copied to `to` (its journal
@@ -1229,4 +1239,80 @@ async fn a_till_restored_from_an_older_copy_has_its_next_edits_filed() {
     fleet.sync().await;
     fleet.check().await;
     assert_eq!(counted(&fleet).await, Some(2));
+}
+
+/// Rows the server refused (constraints the host has since dropped) are
+/// filed by themselves once the next build starts: nobody replays them by
+/// hand. A till's count refused and then written again keeps the newer
+/// value: the refused one, filed late, does not come back over it.
+#[tokio::test]
+async fn rows_the_server_refused_are_filed_again_once_a_fix_is_deployed() {
+    let mut fleet = shop().await;
+    fleet
+        .write(
+            "ALTER TABLE sales ADD CONSTRAINT positive CHECK (total > 0);
+             ALTER TABLE stock ADD CONSTRAINT counted_positive CHECK (counted >= 0)",
+        )
+        .await;
+    till_writes(
+        &mut fleet,
+        "u1",
+        "INSERT INTO sales VALUES ('s1', 'u1', NULL, '-3', 1);
+         UPDATE stock SET counted = -1 WHERE unit_id = 'u1'",
+    );
+    assert_eq!(refusals(&send(&mut fleet, "u1", "u1").await).len(), 2);
+    till_writes(
+        &mut fleet,
+        "u2",
+        "UPDATE stock SET counted = -5 WHERE unit_id = 'u2'",
+    );
+    assert_eq!(counts(&send(&mut fleet, "u2", "u2").await), (0, 0, 1));
+    till_writes(
+        &mut fleet,
+        "u2",
+        "UPDATE stock SET counted = 7 WHERE unit_id = 'u2'",
+    );
+    assert_eq!(counts(&send(&mut fleet, "u2", "u2").await), (1, 0, 0));
+    // The same build starting again files nothing of u1's: refused again,
+    // kept. u2's refused count is let go of: a newer one was filed since.
+    fleet.deploy(crate::shop::engine()).await;
+    fleet.pass().await;
+    assert!(sales(&fleet).await.is_empty());
+    assert_eq!(inbox_rows(&fleet).await, 2);
+    // The fix: the constraints go, and a build starts.
+    fleet
+        .write(
+            "ALTER TABLE sales DROP CONSTRAINT positive;
+             ALTER TABLE stock DROP CONSTRAINT counted_positive",
+        )
+        .await;
+    fleet.deploy(crate::shop::engine()).await;
+    fleet.sync().await;
+    assert_eq!(
+        sales(&fleet).await,
+        [("s1".into(), "u1".into(), None, "-3".into(), 1)]
+    );
+    let counted: Vec<(String, Option<i32>)> = fleet
+        .writer
+        .query("SELECT unit_id, counted FROM stock ORDER BY unit_id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        counted,
+        [("u1".to_string(), Some(-1)), ("u2".to_string(), Some(7))]
+    );
+    assert_eq!(inbox_rows(&fleet).await, 0);
+    fleet.check().await;
+}
+
+async fn inbox_rows(fleet: &Fleet) -> i64 {
+    fleet
+        .writer
+        .query_one("SELECT count(*) FROM sync.inbox", &[])
+        .await
+        .unwrap()
+        .get(0)
 }

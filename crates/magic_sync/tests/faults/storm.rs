@@ -9,7 +9,8 @@
 //! - replicas take only part of what waits for them, die after applying
 //!   before they acknowledge, and go unheard;
 //! - the server's database and tills' files are restored from older copies;
-//! - the build's codec has a bug that sets rows aside, and a deploy fixes it.
+//! - the build's codec has a bug that sets rows aside, and the host's
+//!   database refuses large sales, until a deploy fixes both.
 //!
 //! Each time the storm lets the fleet settle, every replica holds exactly
 //! what it should given the rows set aside, and its digest matches what the
@@ -77,6 +78,8 @@ struct Tally {
     settles: u64,
     digests_differed: u64,
     sales: u64,
+    /// Sales the host refuses until the fix.
+    sales_refused: u64,
     /// Provisionings after the fleet's first, and the most the faults
     /// above could call for.
     provisionings: u64,
@@ -101,6 +104,7 @@ impl Tally {
         self.settles += other.settles;
         self.digests_differed += other.digests_differed;
         self.sales += other.sales;
+        self.sales_refused += other.sales_refused;
         self.provisionings += other.provisionings;
         self.bound += other.bound;
     }
@@ -113,7 +117,7 @@ impl std::fmt::Display for Tally {
             "sends refused {}, out of reach for long {}, messages lost {}, taken in part {}, \
              reports unheard {}, uploads lost {}, answers lost {}, deaths {:?}, \
              server restores {}, till restores {}, rows set aside {}, settles {}, \
-             digests differed {}, sales {}; provisionings {} (bound {})",
+             digests differed {}, sales {} ({} refused until the fix); provisionings {} (bound {})",
             self.sends_refused,
             self.out_for_long,
             self.lost,
@@ -128,6 +132,7 @@ impl std::fmt::Display for Tally {
             self.settles,
             self.digests_differed,
             self.sales,
+            self.sales_refused,
             self.provisionings,
             self.bound,
         )
@@ -153,6 +158,10 @@ struct Storm {
 
 async fn storm(seed: u64, steps: u64) -> Tally {
     let mut fleet = Fleet::with_relay_engine(shop::ROWS, shop::buggy_engine()).await;
+    // The host refuses large sales until the fix: those wait in the inbox.
+    fleet
+        .write("ALTER TABLE sales ADD CONSTRAINT storm_small CHECK (total < 90)")
+        .await;
     for (unit, partition) in UNITS.iter().zip(PARTITIONS) {
         fleet.add(unit, Some(partition));
     }
@@ -175,9 +184,9 @@ async fn storm(seed: u64, steps: u64) -> Tally {
         let did = storm.blow().await;
         println!("seed {seed} step {step}: {}", did.join(" | "));
         if step + 1 == steps * 2 / 3 {
-            // The fix: a build whose codecs encode every row.
-            storm.fleet.deploy(shop::engine()).await;
-            storm.fixed = true;
+            // The fix: a build whose codecs encode every row, and the
+            // host's constraint gone.
+            storm.fix().await;
             println!("seed {seed} step {step}: the fix is deployed");
         }
         if storm.rng.gen_bool(0.15) && storm.server_copy.is_none() {
@@ -185,7 +194,7 @@ async fn storm(seed: u64, steps: u64) -> Tally {
         }
     }
     if !storm.fixed {
-        storm.fleet.deploy(shop::engine()).await;
+        storm.fix().await;
     }
     storm.settle().await;
     assert_eq!(
@@ -212,6 +221,16 @@ async fn storm(seed: u64, steps: u64) -> Tally {
 }
 
 impl Storm {
+    /// The fix deployed: the host lets large sales in, and a build whose
+    /// codecs encode every row starts.
+    async fn fix(&mut self) {
+        self.fleet
+            .write("ALTER TABLE sales DROP CONSTRAINT storm_small")
+            .await;
+        self.fleet.deploy(shop::engine()).await;
+        self.fixed = true;
+    }
+
     fn chance(&mut self, p: f64) -> bool {
         self.rng.gen_bool(p)
     }
@@ -278,6 +297,9 @@ impl Storm {
         self.tally.sales += 1;
         let id = format!("{unit}-s{}", self.tally.sales);
         let total = self.rng.gen_range(1..100);
+        if total >= 90 {
+            self.tally.sales_refused += 1;
+        }
         self.fleet
             .unit(unit)
             .replica

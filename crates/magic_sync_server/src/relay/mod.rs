@@ -277,7 +277,8 @@ pub struct Relay {
     /// Whether PostgreSQL records commit times, read with the first pass.
     commit_times: Option<bool>,
     /// Whether this relay noted again the rows set aside by the build before
-    /// it (`store::quarantine::note_again`), once, before its first pass.
+    /// it (`store::quarantine::note_again`) and filed again what its inbox
+    /// holds (`file::refile`), once, before its first pass.
     noted_again: bool,
 }
 
@@ -375,12 +376,22 @@ impl Relay {
         max_message_bytes: usize,
     ) -> Result<Recorded> {
         if !self.noted_again {
-            // This build may send what the one before it could not.
+            // This build may send what the one before it could not, and
+            // file what it refused.
             let noted = crate::store::quarantine::note_again(&*client).await?;
             if noted > 0 {
                 tracing::info!(
                     rows = noted,
                     "rows set aside by the last build are tried again"
+                );
+            }
+            let refiled = crate::file::refile(client, &self.context.engine).await?;
+            if refiled != crate::file::Refiled::default() {
+                tracing::info!(
+                    filed = refiled.filed,
+                    refused = refiled.refused,
+                    waiting = refiled.waiting,
+                    "rows the inbox held are filed again"
                 );
             }
             self.noted_again = true;

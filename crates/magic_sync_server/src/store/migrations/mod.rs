@@ -29,6 +29,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (20, include_str!("020_quarantine.sql")),
     (21, include_str!("021_digests.sql")),
     (22, include_str!("022_outbox_sent.sql")),
+    (23, include_str!("023_inbox_sequence.sql")),
 ];
 
 /// The version this build brings the schema to.
