@@ -393,7 +393,7 @@ async fn wait(
         } else {
             read.settled
         };
-        let outcome = if read.waiting_on_fix > 0 || read.quarantined > 0 {
+        let outcome = if read.waiting_on_fix > 0 || read.quarantined > 0 || read.parked > 0 {
             Some(Outcome::WaitsForFix)
         } else if reached {
             Some(Outcome::Fine)

@@ -222,6 +222,15 @@ pub fn describe(c: &Concern) -> String {
             "{table} {key} cannot go down, set aside since {} with {blocked} rows that point at it: {reason}",
             since.to_rfc3339()
         ),
+        Concern::Parked {
+            table,
+            notes,
+            reason,
+            since,
+        } => format!(
+            "{notes} notes of {table} parked since {}, the changes they are about sent nowhere: {reason}",
+            since.to_rfc3339()
+        ),
         Concern::DigestDiffered {
             replica,
             said,

@@ -257,3 +257,64 @@ async fn a_row_too_large_for_any_message_waits_until_it_shrinks() {
     assert!(fleet.quarantined().await.is_empty());
     assert_eq!(keys(&mut fleet, "u1", &Order::TABLE), set(&["[1]", "[3]"]));
 }
+
+/// A note the planner cannot plan (its key no longer fits the table, as
+/// one a trigger wrote before the key's type changed would not, or the
+/// parents it names do not) is parked: every other change goes on, health
+/// and `settled` say so, and a relay starting tries it again.
+#[tokio::test]
+async fn a_note_the_planner_cannot_plan_is_parked_and_holds_back_nothing_else() {
+    let mut fleet = crate::scenarios::shop().await;
+    fleet
+        .settle(
+            "INSERT INTO sync.notes (table_name, source, key)
+                 VALUES ('products', 'products', '[\"P-1\"]');
+             INSERT INTO sync.notes (table_name, source, key, parents)
+                 VALUES ('orders', 'orders', '[1]', '{\"customer_id\": \"seven\"}');
+             UPDATE products SET name = 'green tea' WHERE id = 1;",
+        )
+        .await;
+    let count = parked_notes(&fleet).await;
+    assert_eq!(count, 2);
+    let mut client = fleet.db.connect().await;
+    let health = ops::health(&mut client, &Scope::All).await.unwrap();
+    let items: Vec<(String, i64)> = health
+        .items
+        .iter()
+        .filter_map(|item| match &item.concern {
+            Concern::Parked { table, notes, .. } => {
+                assert_eq!(item.action, Action::DeployFix);
+                Some((table.clone(), *notes))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        items,
+        [("orders".to_string(), 1), ("products".to_string(), 1)]
+    );
+    let settled = ops::settled(&mut client, &Scope::All).await.unwrap();
+    assert!(!settled.settled);
+    assert_eq!(settled.parked, 2);
+    assert!(
+        settled.says.contains("cannot be planned"),
+        "{}",
+        settled.says
+    );
+    // A relay starting tries them again; still unplannable, they are
+    // parked again, and nothing else waits for them.
+    fleet.deploy(shop::engine()).await;
+    fleet
+        .settle("UPDATE products SET price = 9 WHERE id = 1")
+        .await;
+    assert_eq!(parked_notes(&fleet).await, 2);
+}
+
+async fn parked_notes(fleet: &Fleet) -> i64 {
+    fleet
+        .writer
+        .query_one("SELECT count(*) FROM sync.parked", &[])
+        .await
+        .unwrap()
+        .get(0)
+}

@@ -77,6 +77,19 @@ pub enum Concern {
         /// it (or at a row that does).
         blocked: i64,
     },
+    /// Notes the planner cannot plan (their key no longer fits the
+    /// table's columns), parked: the changes they are about go nowhere
+    /// until a build that can plan them starts.
+    Parked {
+        /// The table.
+        table: String,
+        /// Notes parked.
+        notes: i64,
+        /// Why.
+        reason: String,
+        /// When the first was parked.
+        since: DateTime<Utc>,
+    },
     /// A replica whose digest of what it holds differed from what the
     /// server records it holding, in the last day: it was provisioned again
     /// (and holds what it should once that ends), but something let it
@@ -119,7 +132,9 @@ impl Concern {
     /// shows here too, and says so in its error).
     pub fn action(&self) -> Action {
         match self {
-            Concern::Refused { .. } | Concern::Quarantined { .. } => Action::DeployFix,
+            Concern::Refused { .. } | Concern::Quarantined { .. } | Concern::Parked { .. } => {
+                Action::DeployFix
+            }
             Concern::NotesPending { .. }
             | Concern::ChangesKept { .. }
             | Concern::DigestDiffered { .. }
@@ -212,6 +227,19 @@ pub async fn health(client: &mut tokio_postgres::Client, scope: &Scope) -> Resul
             blocked: row.get(4),
         });
     }
+    let parked = tx
+        .query(
+            "SELECT table_name, count(*), min(reason), min(at) FROM sync.parked
+             GROUP BY 1 ORDER BY 1",
+            &[],
+        )
+        .await?;
+    concerns.extend(parked.iter().map(|row| Concern::Parked {
+        table: row.get(0),
+        notes: row.get(1),
+        reason: row.get(2),
+        since: row.get(3),
+    }));
     concerns.extend(refused.iter().map(|row| Concern::Refused {
         table: row.get(0),
         reason: row.get(1),

@@ -30,6 +30,8 @@ pub struct Settled {
     /// Rows that cannot go down, in quarantine until they change or a fix
     /// is deployed (the whole database's: no replica is sent them).
     pub quarantined: i64,
+    /// Notes the planner cannot plan, parked until a fix is deployed.
+    pub parked: i64,
     /// The state in words.
     pub says: String,
 }
@@ -41,17 +43,25 @@ pub async fn settled(client: &mut tokio_postgres::Client, scope: &Scope) -> Resu
     let read = overview(client, scope, 0).await?;
     let row = client
         .query_one(
-            "SELECT EXISTS (SELECT 1 FROM sync.tables), (SELECT count(*) FROM sync.quarantine)",
+            "SELECT EXISTS (SELECT 1 FROM sync.tables), (SELECT count(*) FROM sync.quarantine),
+                    (SELECT count(*) FROM sync.parked)",
             &[],
         )
         .await?;
-    let (relay_started, quarantined): (bool, i64) = (row.get(0), row.get(1));
+    let (relay_started, quarantined, parked): (bool, i64, i64) =
+        (row.get(0), row.get(1), row.get(2));
     let behind = read.replicas - read.states.caught_up;
     let waiting_on_fix = read.states.waiting_on_fix;
     let caught_up = relay_started && behind == 0;
-    let settled = caught_up && read.pending_notes == 0 && waiting_on_fix == 0 && quarantined == 0;
+    let settled = caught_up
+        && read.pending_notes == 0
+        && waiting_on_fix == 0
+        && quarantined == 0
+        && parked == 0;
     let says = if !relay_started {
         "no relay has started on this database yet: nothing is recorded".to_string()
+    } else if parked > 0 {
+        format!("{parked} notes cannot be planned and wait for a fix (see health)")
     } else if quarantined > 0 {
         format!("{quarantined} rows cannot go down and wait for a fix (see health)")
     } else if waiting_on_fix > 0 {
@@ -82,6 +92,7 @@ pub async fn settled(client: &mut tokio_postgres::Client, scope: &Scope) -> Resu
         waiting_on_fix,
         pending_notes: read.pending_notes,
         quarantined,
+        parked,
         says,
     })
 }

@@ -24,6 +24,7 @@ mod held;
 mod load;
 mod observe;
 mod outbox;
+mod parked;
 use magic_sync_core::pack;
 mod plan;
 mod publish;
@@ -368,7 +369,9 @@ impl Relay {
     /// replicas kept up, and writes the outbox, what each replica now holds
     /// and the notes done, in one transaction. Replicas that need a
     /// snapshot are left waiting for one ([`Recorded::waiting`]).
-    /// `max_message_bytes` is the transport's limit.
+    /// `max_message_bytes` is the transport's limit. A pass that fails on a
+    /// note that no longer fits its table parks that note (`sync.parked`)
+    /// and runs again without it.
     pub async fn record(
         &mut self,
         client: &mut Client,
@@ -385,6 +388,13 @@ impl Relay {
                     "rows set aside by the last build are tried again"
                 );
             }
+            let unparked = parked::unpark(&*client).await?;
+            if unparked > 0 {
+                tracing::info!(
+                    notes = unparked,
+                    "notes parked by the last build are planned again"
+                );
+            }
             let refiled = crate::file::refile(client, &self.context.engine).await?;
             if refiled != crate::file::Refiled::default() {
                 tracing::info!(
@@ -396,6 +406,33 @@ impl Relay {
             }
             self.noted_again = true;
         }
+        match self.pass(client, replicas, max_message_bytes).await {
+            Err(e) if parked::is_data_exception(&e) => {
+                // A note that no longer fits its table would fail every
+                // pass: parked, the others are planned without it.
+                let found = parked::park(&*client, &self.context.graph).await?;
+                if found == 0 {
+                    return Err(e);
+                }
+                tracing::error!(
+                    notes = found,
+                    error = %e,
+                    "notes the planner cannot plan are parked until a build that can starts"
+                );
+                metrics::counter!("magic_sync_notes_parked_total").increment(found);
+                self.pass(client, replicas, max_message_bytes).await
+            }
+            recorded => recorded,
+        }
+    }
+
+    /// One pass, as [`record`](Self::record) describes it.
+    async fn pass(
+        &mut self,
+        client: &mut Client,
+        replicas: &[ReplicaInfo],
+        max_message_bytes: usize,
+    ) -> Result<Recorded> {
         let began = std::time::SystemTime::now();
         let tx = client
             .build_transaction()

@@ -30,6 +30,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (21, include_str!("021_digests.sql")),
     (22, include_str!("022_outbox_sent.sql")),
     (23, include_str!("023_inbox_sequence.sql")),
+    (24, include_str!("024_parked.sql")),
 ];
 
 /// The version this build brings the schema to.
