@@ -1316,3 +1316,41 @@ async fn inbox_rows(fleet: &Fleet) -> i64 {
         .unwrap()
         .get(0)
 }
+
+/// What a till's own columns were last taken from is kept while it holds
+/// the row, and let go of once it no longer does: `sync.filed` does not
+/// grow by every row a till ever edited.
+#[tokio::test]
+async fn the_record_of_a_tills_edits_goes_with_the_row_it_no_longer_holds() {
+    let mut fleet = shop().await;
+    fleet
+        .settle("INSERT INTO stock VALUES ('u1', 2, 8, NULL)")
+        .await;
+    till_writes(&mut fleet, "u1", "UPDATE stock SET counted = 4");
+    assert_eq!(counts(&send(&mut fleet, "u1", "u1").await), (2, 0, 0));
+    assert_eq!(
+        filed_keys(&fleet, "u1").await,
+        [r#"["u1", 1]"#, r#"["u1", 2]"#]
+    );
+    // The server deletes one row: taken back from the till, and its record
+    // with it; the other stays.
+    fleet
+        .settle("DELETE FROM stock WHERE unit_id = 'u1' AND product_id = 2")
+        .await;
+    assert_eq!(filed_keys(&fleet, "u1").await, [r#"["u1", 1]"#]);
+}
+
+/// The keys `sync.filed` records `replica`'s edits of.
+async fn filed_keys(fleet: &Fleet, replica: &str) -> Vec<String> {
+    fleet
+        .writer
+        .query(
+            "SELECT key FROM sync.filed WHERE replica = $1 ORDER BY key",
+            &[&replica],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}

@@ -55,6 +55,24 @@ pub(crate) fn closing(graph: &Graph, last: &HashMap<String, i64>, filled: &Fille
             "DELETE FROM sync.held h USING _ms_del d
              WHERE h.table_name = d.t AND h.key = d.k::text AND h.replica = d.r;",
         );
+        // Which upload of the replica's a row's own columns were last taken
+        // from matters only while it holds the row: taken back, it may edit
+        // it no more, and an upload of the row once it holds it again is
+        // newer than any before. Without this, `sync.filed` grew by every
+        // row a replica ever edited.
+        let owning: Vec<String> = graph
+            .shapes
+            .iter()
+            .filter(|s| !s.table.owned.is_empty())
+            .map(|s| crate::sql::literal(s.table.name))
+            .collect();
+        if !owning.is_empty() {
+            sql.push_str(&format!(
+                "DELETE FROM sync.filed f USING _ms_del d
+                 WHERE d.t IN ({}) AND f.table_name = d.t AND f.key = d.k::text AND f.replica = d.r;",
+                owning.join(", ")
+            ));
+        }
     }
     if let (true, Some(messages)) = (has(Scratch::Send), &messages) {
         sql.push_str(&sent(messages));
