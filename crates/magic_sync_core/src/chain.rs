@@ -86,7 +86,8 @@ pub struct Chain {
 pub enum Decision {
     /// It is the next one: apply it.
     Apply,
-    /// At or below the last one applied in this epoch: it changes nothing.
+    /// Applied before (below the last one applied in this epoch, or that
+    /// one itself, nonce and all): it changes nothing.
     Duplicate,
     /// It cannot be followed: apply nothing until a snapshot begins.
     Gap(Break),
@@ -156,10 +157,17 @@ impl Chain {
         }
     }
 
+    /// At or below the last applied, in its epoch; of the last one's own
+    /// number only with its nonce. A message of that number with another
+    /// nonce is not the one applied: a server restored from an older copy
+    /// drew the number again, for other content, and skipping it as a
+    /// duplicate would leave the replica stale without a word.
     fn is_duplicate(&self, message: &ToReplica) -> bool {
-        self.applied
-            .as_ref()
-            .is_some_and(|a| a.epoch == message.epoch && message.number <= a.number)
+        self.applied.as_ref().is_some_and(|a| {
+            a.epoch == message.epoch
+                && (message.number < a.number
+                    || (message.number == a.number && message.nonce == a.nonce))
+        })
     }
 
     fn follows(&self, message: &ToReplica) -> Result<(), Break> {
@@ -239,6 +247,23 @@ mod tests {
         assert_eq!(chain.decide("unit-1", &message(3, 2)), Decision::Duplicate);
         // Even one that begins a snapshot: it was applied already.
         assert_eq!(chain.decide("unit-1", &snapshot(5, 0)), Decision::Duplicate);
+    }
+
+    #[test]
+    fn the_last_number_with_another_nonce_is_no_duplicate() {
+        // What a server restored from an older copy sends: a number it drew
+        // again, for other content. It cannot be followed.
+        let mut again = message(5, 4);
+        again.nonce = vec![9; 16];
+        assert_eq!(
+            after(5).decide("unit-1", &again),
+            Decision::Gap(Break::NotNext)
+        );
+        // The same message delivered again is still a duplicate.
+        assert_eq!(
+            after(5).decide("unit-1", &message(5, 4)),
+            Decision::Duplicate
+        );
     }
 
     #[test]
