@@ -14,10 +14,11 @@
 //! updated in place. PostgreSQL's autovacuum reclaims the dead rows that
 //! leaves; the figure says whether it keeps up.
 
-use magic_sync::relay::{ReplicaInfo, Replicas, Settings};
+use magic_sync::relay::{ReplicaInfo, Settings};
 use magic_sync::replica::Replica;
 use magic_sync::run::memory::Network;
 use magic_sync::{Engine, Row};
+use magic_sync_testkit::bench::{env_u64, Listed};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,14 +34,6 @@ struct Item {
 const REPLICAS: usize = 20;
 const REGIONS: i64 = 10;
 const ITEMS: i64 = 10_000;
-
-struct Host(Vec<ReplicaInfo>);
-
-impl Replicas for Host {
-    async fn replicas(&self) -> magic_sync::Result<Vec<ReplicaInfo>> {
-        Ok(self.0.clone())
-    }
-}
 
 async fn write(client: tokio_postgres::Client, rate: u64, stop: Arc<AtomicBool>) -> u64 {
     let statement = client
@@ -82,14 +75,8 @@ async fn sample(client: &tokio_postgres::Client) -> (i64, [i64; 4]) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let env = |name: &str, default: u64| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let seconds = env("MAGIC_SYNC_BENCH_SECONDS", 600);
-    let rate = env("MAGIC_SYNC_BENCH_RATE", 500);
+    let seconds = env_u64("MAGIC_SYNC_BENCH_SECONDS", 600);
+    let rate = env_u64("MAGIC_SYNC_BENCH_RATE", 500);
     let engine: &'static Engine = Box::leak(Box::new(
         Engine::builder()
             .table::<Item>()
@@ -141,7 +128,7 @@ async fn main() {
                 config,
                 engine.clone(),
                 Settings::default(),
-                &Host(infos),
+                &Listed(infos),
                 &network,
                 &network,
                 async {

@@ -24,14 +24,15 @@
 
 use magic_sync::codec::{Codec, CodecError};
 use magic_sync::envelope::{to_replica::Body, ToReplica};
-use magic_sync::relay::{ReplicaInfo, Replicas, Settings};
+use magic_sync::relay::{ReplicaInfo, Settings};
 use magic_sync::replica::Replica;
 use magic_sync::run::memory::Network;
 use magic_sync::{Engine, Row};
+use magic_sync_testkit::bench::{env_u64, now_micros, Listed};
 use prost::Message;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 #[derive(Row, Debug, Clone, PartialEq)]
 #[row(table = "items", down, partition = "region", key(id))]
@@ -70,21 +71,6 @@ fn relay_engine() -> Engine {
         ))
         .build()
         .expect("declarations")
-}
-
-fn now_micros() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("after 1970")
-        .as_micros() as i64
-}
-
-struct Host(Vec<ReplicaInfo>);
-
-impl Replicas for Host {
-    async fn replicas(&self) -> magic_sync::Result<Vec<ReplicaInfo>> {
-        Ok(self.0.clone())
-    }
 }
 
 #[derive(Default)]
@@ -224,14 +210,8 @@ async fn settled(client: &tokio_postgres::Client) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let env = |name: &str, default: u64| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let seconds = env("MAGIC_SYNC_BENCH_SECONDS", 20);
-    let rate = env("MAGIC_SYNC_BENCH_RATE", 200);
+    let seconds = env_u64("MAGIC_SYNC_BENCH_SECONDS", 20);
+    let rate = env_u64("MAGIC_SYNC_BENCH_RATE", 200);
     let engine = replica_engine();
     let db = magic_sync_testdb::database().await;
     let mut client = db.connect().await;
@@ -271,7 +251,7 @@ async fn main() {
         let config = db.config();
         let network = network.clone();
         tokio::spawn(async move {
-            let host = Host(infos);
+            let host = Listed(infos);
             magic_sync::run::server::server(
                 config,
                 relay_engine(),

@@ -55,6 +55,16 @@ pub type Watch = dyn Fn(&str, &str, &[u8], i64) + Send + Sync;
 /// A [`Watch`] shared by the replicas' threads.
 pub type Watcher = Arc<Watch>;
 
+/// The host at its plainest: the same replicas before every pass.
+#[derive(Debug)]
+pub struct Listed(pub Vec<ReplicaInfo>);
+
+impl Replicas for Listed {
+    async fn replicas(&self) -> magic_sync::Result<Vec<ReplicaInfo>> {
+        Ok(self.0.clone())
+    }
+}
+
 /// The host: the same replicas before every pass, and the moment of each
 /// ask. The runner asks before every pass, so the time between two asks is
 /// one pass (plus the runner's idle wait after a pass that found nothing).
