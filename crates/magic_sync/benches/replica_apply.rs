@@ -324,7 +324,13 @@ fn snapshot_messages(engine: &Engine, tables: &[Rows], chain: &mut Chain) -> Vec
         flush(&mut open, &mut messages);
     }
     let names = tables.iter().map(|t| t.table.name.to_string()).collect();
-    messages.push(chain.message(false, Body::EndSnapshot(EndSnapshot { tables: names })));
+    messages.push(chain.message(
+        false,
+        Body::EndSnapshot(EndSnapshot {
+            tables: names,
+            schema: Vec::new(),
+        }),
+    ));
     messages
 }
 

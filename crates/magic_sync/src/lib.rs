@@ -54,7 +54,7 @@ pub use magic_sync_core::{
 
 #[cfg(feature = "postgres")]
 pub use magic_sync_server::{
-    catalog, check, error, file, ops, pg, relay, schema, session, store, tls, trigger,
+    catalog, check, deploy, error, file, ops, pg, relay, schema, session, store, tls, trigger,
 };
 #[cfg(feature = "postgres")]
 pub use magic_sync_server::{Error, Handling, Result};

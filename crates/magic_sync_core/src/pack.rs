@@ -151,10 +151,12 @@ impl Packer {
         }
     }
 
-    /// Adds the end of a snapshot of `tables` for `replica` (after ending its open message).
-    pub fn end_snapshot(&mut self, replica: &str, tables: Vec<String>) {
+    /// Adds the end of a snapshot of `tables` for `replica` (after ending
+    /// its open message), taken under the declarations `schema` (their
+    /// fingerprint).
+    pub fn end_snapshot(&mut self, replica: &str, tables: Vec<String>, schema: Vec<u8>) {
         self.end(replica);
-        self.push(replica, Body::EndSnapshot(EndSnapshot { tables }));
+        self.push(replica, Body::EndSnapshot(EndSnapshot { tables, schema }));
     }
 
     fn push(&mut self, replica: &str, body: Body) {
@@ -257,7 +259,7 @@ mod tests {
         let mut p = Packer::new(1000, HashSet::new(), HashSet::new());
         p.upsert("u1", "products", row("[1]", 10));
         p.upsert("u2", "products", row("[1]", 10));
-        p.end_snapshot("u2", vec!["products".into()]);
+        p.end_snapshot("u2", vec!["products".into()], Vec::new());
         p.end_all();
         let packed = p.take();
         let order: Vec<(&str, bool)> = packed

@@ -141,6 +141,25 @@ impl TableSchema {
         self.columns.iter().find(|c| c.name == name)
     }
 
+    /// The fingerprint of how this table's rows are encoded, and nothing of
+    /// which replicas hold them: its columns (name, kind, whether NULL is
+    /// taken, in order), owned, version, origin and retired columns, and
+    /// codec format.
+    pub fn encoding_print(&self) -> Fingerprint {
+        let mut canon = Canon::default();
+        for c in &self.columns {
+            canon.part("column", &c.name);
+            canon.part("kind", &c.kind.to_string());
+            canon.part("nullable", if c.nullable { "yes" } else { "no" });
+        }
+        canon.list("owned", &self.owned);
+        canon.part("version", self.version.as_deref().unwrap_or(""));
+        canon.part("origin", self.origin.as_deref().unwrap_or(""));
+        canon.part("retired", self.retired.as_deref().unwrap_or(""));
+        canon.part("codec", &self.codec);
+        canon.finish()
+    }
+
     /// What decides what replicas hold of this table and how its rows
     /// travel, fingerprinted.
     pub fn fingerprint(&self) -> Fingerprint {
@@ -209,6 +228,44 @@ impl Schema {
             .iter()
             .flat_map(|t| t.foreign_keys.iter().cloned())
             .collect()
+    }
+
+    /// The fingerprint of what decides which replicas hold which rows of
+    /// `table`, and nothing of how they are encoded: its name, direction,
+    /// rule, key (names and kinds), and each foreign key it points through
+    /// with whether its parent goes to every replica (a link into such a
+    /// table is not counted in what a held row points at). Two builds
+    /// whose tables agree on it hold the same rows on every replica, so a
+    /// deployment that changes only the encoding sends the rows again
+    /// without planning them.
+    pub fn plan_print(&self, table: &TableSchema) -> Fingerprint {
+        let mut canon = Canon::default();
+        canon.part("table", &table.name);
+        canon.part(
+            "down",
+            if table.mirror.goes_down() {
+                "yes"
+            } else {
+                "no"
+            },
+        );
+        canon.part("rule", &table.rule);
+        for k in &table.key {
+            canon.part("key", k);
+            let kind = table.column(k).map(|c| c.kind.to_string());
+            canon.part("kind", kind.as_deref().unwrap_or(""));
+        }
+        for fk in &table.foreign_keys {
+            canon.list("fk", &fk.child_columns);
+            canon.part("fk parent", &fk.parent);
+            canon.list("fk parent columns", &fk.parent_columns);
+            let everywhere = self.table(&fk.parent).is_some_and(|p| p.rule == "all");
+            canon.part(
+                "fk parent everywhere",
+                if everywhere { "yes" } else { "no" },
+            );
+        }
+        canon.finish()
     }
 
     /// The tables' fingerprints together, in name order: equal for two

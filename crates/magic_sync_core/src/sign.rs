@@ -507,6 +507,7 @@ mod tests {
         let other = ToReplica {
             body: Some(Body::EndSnapshot(EndSnapshot {
                 tables: vec!["products".into()],
+                schema: Vec::new(),
             })),
             ..ToReplica::default()
         }

@@ -72,6 +72,36 @@ impl Kind {
     }
 }
 
+impl Kind {
+    /// The kind its [`Display`](fmt::Display) text names (`i64`, `array of
+    /// text`); `None` for a text no kind writes.
+    pub fn named(text: &str) -> Option<Kind> {
+        if let Some(inner) = text.strip_prefix("array of ") {
+            return Kind::scalar_named(inner).map(Kind::Array);
+        }
+        Kind::scalar_named(text).copied()
+    }
+
+    fn scalar_named(text: &str) -> Option<&'static Kind> {
+        Some(match text {
+            "bool" => &Kind::Bool,
+            "i16" => &Kind::Int16,
+            "i32" => &Kind::Int32,
+            "i64" => &Kind::Int64,
+            "f32" => &Kind::Float32,
+            "f64" => &Kind::Float64,
+            "text" => &Kind::Text,
+            "bytes" => &Kind::Bytes,
+            "numeric" => &Kind::Numeric,
+            "timestamptz" => &Kind::Timestamptz,
+            "timestamp" => &Kind::Timestamp,
+            "date" => &Kind::Date,
+            "json" => &Kind::Json,
+            _ => return None,
+        })
+    }
+}
+
 impl fmt::Display for Kind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

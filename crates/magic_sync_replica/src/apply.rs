@@ -104,9 +104,11 @@ impl<'a> Pass<'a> {
             // Outside a snapshot nothing is stale, and nothing goes.
             Some(Body::EndSnapshot(end)) if pass.snapshot.is_some() => {
                 snapshot::end(conn, tables, &end.tables, message.number)?;
+                state::configured(conn, &end.schema)?;
             }
             Some(Body::EndSnapshot(_)) => {}
             Some(Body::Reached(reached)) => super::up::reached(conn, &reached.send_ids)?,
+            Some(Body::Configured(configured)) => state::configured(conn, &configured.schema)?,
             // Refused when the message was decoded.
             None => {}
         }

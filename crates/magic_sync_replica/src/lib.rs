@@ -451,6 +451,23 @@ impl Replica {
         state::status(&self.conn)
     }
 
+    /// Whether this replica holds whole the configuration it runs: the
+    /// server said its declarations with this build's fingerprint (
+    /// [`schema`](Self::schema)) have all been sent and applied, by a
+    /// snapshot's end or once a deployment of them was done. While a
+    /// snapshot or a deployment is arriving, what it holds is consistent
+    /// (no row without its parents) but may be part old, part new: a host
+    /// that must show a new configuration whole waits for this.
+    pub fn configuration(&self) -> Result<Configuration> {
+        let own = self.schema.fingerprint();
+        let server = state::configuration(&self.conn)?;
+        Ok(Configuration {
+            complete: server.as_deref() == Some(&own.0[..]),
+            own,
+            server,
+        })
+    }
+
     /// The mark of everything the host has written here so far: ask
     /// [`written`](Self::written) how far it went. A host writing on a
     /// connection of its own asks [`mark`] and [`written`](fn@written) there.
@@ -527,6 +544,7 @@ fn create_tables(
     let tx = write_transaction(conn)?;
     for table in engine.tables() {
         tx.execute_batch(&lite::create_table(table))?;
+        add_columns(&tx, table)?;
         if let Some(index) = tables::retired_index(table) {
             tx.execute_batch(&index)?;
         }
@@ -542,6 +560,40 @@ fn create_tables(
         tx.execute_batch(&tables::foreign_key_index(fk))?;
     }
     tx.commit()?;
+    Ok(())
+}
+
+/// Adds the columns a new build declares that `table`, made by an older
+/// one, lacks: its rows stay, the new columns NULL in them until the server
+/// sends the rows again (a deployment that changes a table's columns sends
+/// it again). SQLite cannot add a NOT NULL column without a default, so
+/// the new columns take NULL; the rows sent fill them.
+fn add_columns(tx: &Transaction<'_>, table: &magic_sync_core::row::Table) -> Result<()> {
+    let mut have = std::collections::HashSet::new();
+    {
+        let mut stmt = tx.prepare(&format!("PRAGMA table_info({})", sql::ident(table.name)))?;
+        let mut rows = stmt.query([])?;
+        while let Some(row) = rows.next()? {
+            have.insert(row.get::<_, String>(1)?);
+        }
+    }
+    let mut wanted: Vec<(&str, &str)> = table
+        .columns
+        .iter()
+        .map(|c| (c.name, lite::storage(c.kind)))
+        .collect();
+    if let Some(retired) = table.retired {
+        wanted.push((retired, "INTEGER"));
+    }
+    for (name, storage) in wanted {
+        if !have.contains(name) {
+            tx.execute_batch(&format!(
+                "ALTER TABLE {} ADD COLUMN {} {storage}",
+                sql::ident(table.name),
+                sql::ident(name)
+            ))?;
+        }
+    }
     Ok(())
 }
 
@@ -597,6 +649,22 @@ fn side(engine: &Engine, table: &str, columns: &[String], problems: &mut Vec<Mis
         });
     }
     missing.is_empty()
+}
+
+/// Whether a replica holds its configuration whole (see
+/// [`Replica::configuration`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Configuration {
+    /// The server said everything of the declarations this build runs
+    /// ([`Configuration::own`]) has been sent, and it was applied.
+    pub complete: bool,
+    /// The fingerprint of this build's declarations.
+    pub own: magic_sync_core::schema::Fingerprint,
+    /// The fingerprint the server last said the replica holds whole; `None`
+    /// while a snapshot is arriving, or before the server said. Another
+    /// than [`own`](Self::own): the server runs other declarations than
+    /// this build, or a deployment of them is still arriving.
+    pub server: Option<Vec<u8>>,
 }
 
 /// Where the replica whose file `conn` opens stands (see

@@ -46,6 +46,10 @@ CREATE TABLE IF NOT EXISTS _magic_sync_snapshot (
 CREATE TABLE IF NOT EXISTS _magic_sync_snapshot_empty (
     table_name TEXT PRIMARY KEY
 ) STRICT;
+CREATE TABLE IF NOT EXISTS _magic_sync_configured (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    schema BLOB NOT NULL
+) STRICT;
 CREATE TABLE IF NOT EXISTS _magic_sync_snapshot_indexes (
     name TEXT PRIMARY KEY,
     table_name TEXT NOT NULL,
@@ -64,6 +68,12 @@ const SAVE_GAP: &str = "
 INSERT INTO _magic_sync_gap (id, epoch, number) VALUES (1, ?1, ?2)
 ON CONFLICT (id) DO UPDATE SET epoch = excluded.epoch, number = excluded.number";
 const CLEAR_GAP: &str = "DELETE FROM _magic_sync_gap";
+
+const CONFIGURED: &str = "SELECT schema FROM _magic_sync_configured";
+const SAVE_CONFIGURED: &str = "
+INSERT INTO _magic_sync_configured (id, schema) VALUES (1, ?1)
+ON CONFLICT (id) DO UPDATE SET schema = excluded.schema";
+const FORGET_CONFIGURED: &str = "DELETE FROM _magic_sync_configured";
 
 const SNAPSHOT_BEGAN: &str = "SELECT began FROM _magic_sync_snapshot";
 const BEGIN_SNAPSHOT: &str = "
@@ -213,9 +223,31 @@ pub(crate) fn begin_snapshot<'t>(
         }
     }
     conn.prepare_cached(SUPERSEDE_REFUSED)?.execute([])?;
+    // What it holds is a configuration arriving until the snapshot ends.
+    conn.prepare_cached(FORGET_CONFIGURED)?.execute([])?;
     conn.prepare_cached(BEGIN_SNAPSHOT)?
         .execute([to_sql(number)?])?;
     Ok(empty)
+}
+
+/// Records that the replica holds whole the server's declarations whose
+/// fingerprint is `schema` (empty: a server that does not say).
+pub(crate) fn configured(conn: &Connection, schema: &[u8]) -> Result<()> {
+    if schema.is_empty() {
+        conn.prepare_cached(FORGET_CONFIGURED)?.execute([])?;
+    } else {
+        conn.prepare_cached(SAVE_CONFIGURED)?.execute([schema])?;
+    }
+    Ok(())
+}
+
+/// The fingerprint of the server's declarations the replica holds whole,
+/// if the server said so since the last snapshot began.
+pub(crate) fn configuration(conn: &Connection) -> Result<Option<Vec<u8>>> {
+    Ok(conn
+        .prepare_cached(CONFIGURED)?
+        .query_row([], |r| r.get(0))
+        .optional()?)
 }
 
 /// Ends the snapshot in progress.
@@ -433,6 +465,11 @@ pub struct Status {
     /// Refusals dropped from the record, oldest first, to keep it within
     /// [`MAX_REFUSED`].
     pub refused_dropped: u64,
+    /// The fingerprint of the server's declarations it holds whole (a
+    /// snapshot of them ended, or a deployment of them was done), as the
+    /// server last said; `None` while a snapshot is under way or before the
+    /// server said (see [`super::Replica::configuration`]).
+    pub configuration: Option<Vec<u8>>,
 }
 
 /// Where the replica whose file `conn` opens stands.
@@ -456,5 +493,6 @@ pub(crate) fn status(conn: &Connection) -> Result<Status> {
         forged: trust.forged,
         last_forgery: trust.last_forgery,
         refused_dropped: u64::try_from(dropped).unwrap_or(0),
+        configuration: configuration(conn)?,
     })
 }

@@ -8,6 +8,7 @@
 
 pub mod catalog;
 pub mod check;
+pub mod deploy;
 pub mod error;
 pub mod file;
 pub mod ops;

@@ -556,7 +556,7 @@ async fn record_forever<H: Replicas, T: Transport>(
                 streaming.push(workers.stream(snapshot));
             }
         }
-        if recorded.messages == 0 && recorded.planned.notes == 0 {
+        if recorded.messages == 0 && recorded.planned.notes == 0 && recorded.deployed.is_none() {
             let idle = tokio::time::sleep(settings.idle);
             beside_snapshots(idle, &mut streaming, &mut book, &settings).await;
         }

@@ -21,6 +21,8 @@ pub struct Unit {
     pub replica: Replica,
     /// Cut off by the network: sends fail, its messages wait in the outbox.
     pub cut: bool,
+    /// Its SQLite file.
+    pub path: std::path::PathBuf,
 }
 
 /// What one step of the fleet did: the pass, and the snapshots recorded.
@@ -173,6 +175,8 @@ impl Fleet {
         let settings = Settings {
             chunk_rows: 3,
             flush_bytes: 2048,
+            // And deployments over several passes.
+            deploy_chunk_rows: 4,
             ..Settings::default()
         };
         let relay = Relay::new(&client, engine.clone(), settings)
@@ -213,7 +217,21 @@ impl Fleet {
     }
 
     pub fn add_at(&mut self, id: &str, partition: Option<&str>, path: std::path::PathBuf) {
-        let mut replica = Replica::open(&path, id, self.engine, self.foreign_keys()).unwrap();
+        let replica = self.open_replica(id, &path);
+        self.units.insert(
+            id.to_string(),
+            Unit {
+                info: ReplicaInfo::live(id, partition),
+                replica,
+                cut: false,
+                path,
+            },
+        );
+    }
+
+    /// `id`'s replica opened on the file at `path` with the fleet's engine.
+    fn open_replica(&self, id: &str, path: &std::path::Path) -> Replica {
+        let mut replica = Replica::open(path, id, self.engine, self.foreign_keys()).unwrap();
         replica.trust(&self.key).unwrap();
         if self.engine.tables().any(|t| t.name == "products") {
             // As on the server, a barcode belongs to one product at a time.
@@ -224,14 +242,43 @@ impl Fleet {
                 )
                 .unwrap();
         }
-        self.units.insert(
-            id.to_string(),
-            Unit {
-                info: ReplicaInfo::live(id, partition),
-                replica,
-                cut: false,
-            },
-        );
+        replica
+    }
+
+    /// A new build deployed, declarations and all: its triggers ensured,
+    /// the relay started with `engine` on the same lock, and every replica
+    /// opened again on its file with `engine` (as a till's new build
+    /// starts). The reference follows `engine` from then on.
+    pub async fn redeploy(&mut self, engine: Engine) -> magic_sync::trigger::Ensured {
+        let ensured = self.redeploy_server(engine).await;
+        let ids: Vec<String> = self.units.keys().cloned().collect();
+        for id in ids {
+            let path = self.units[&id].path.clone();
+            let replica = self.open_replica(&id, &path);
+            self.unit(&id).replica = replica;
+        }
+        ensured
+    }
+
+    /// A new build of the server alone: its triggers ensured and the relay
+    /// started with `engine`; the replicas keep the build they run. The
+    /// reference follows `engine` from then on.
+    pub async fn redeploy_server(&mut self, engine: Engine) -> magic_sync::trigger::Ensured {
+        let ensured = magic_sync::trigger::ensure(
+            &engine,
+            &mut self.writer,
+            &magic_sync::trigger::InstallSettings::default(),
+        )
+        .await
+        .expect("the new build's triggers");
+        let engine: &'static Engine = Box::leak(Box::new(engine));
+        self.engine = engine;
+        self.catalog = Catalog::read(&self.client, engine).await.unwrap();
+        let settings = self.relay.settings().clone();
+        self.relay = Relay::new(&self.client, engine.clone(), settings)
+            .await
+            .expect("the new build's relay starts");
+        ensured
     }
 
     /// The relay again, its settings changed by `change`.
@@ -484,19 +531,20 @@ impl Fleet {
     /// Steps until nothing moves; returns the messages applied.
     pub async fn sync(&mut self) -> usize {
         let mut total = 0;
-        for _ in 0..20 {
+        for _ in 0..100 {
             let step = self.record().await;
             let applied = self.deliver().await;
             total += applied;
             let moved = step.messages > 0
                 || step.planned.notes > 0
                 || step.planned.sends > 0
+                || step.deployed.is_some()
                 || !step.provisioned.is_empty();
             if !moved && applied == 0 {
                 return total;
             }
         }
-        panic!("the fleet did not settle in 20 steps");
+        panic!("the fleet did not settle in 100 steps");
     }
 
     /// The invariant: every live replica the network reaches holds exactly

@@ -7,6 +7,7 @@ use magic_sync_testkit::{fleet, gate, shop};
 mod deploy;
 
 mod cost;
+mod deployments;
 mod digests;
 mod hostile;
 mod isolation;

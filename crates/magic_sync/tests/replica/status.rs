@@ -34,6 +34,7 @@ fn a_replica_is_ready_once_its_first_snapshot_ended_and_says_where_it_stands() {
             forged: 0,
             last_forgery: None,
             refused_dropped: 0,
+            configuration: None,
         }
     );
     let end = server.end(&["products"]);

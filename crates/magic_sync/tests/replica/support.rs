@@ -223,7 +223,13 @@ impl Server {
     /// The end of the snapshot: of `tables`, what it did not name goes.
     pub fn end(&mut self, tables: &[&str]) -> ToReplica {
         let tables = tables.iter().map(ToString::to_string).collect();
-        self.message(false, Body::EndSnapshot(EndSnapshot { tables }))
+        self.message(
+            false,
+            Body::EndSnapshot(EndSnapshot {
+                tables,
+                schema: Vec::new(),
+            }),
+        )
     }
 
     /// The server did everything the uploads `send_ids` caused.

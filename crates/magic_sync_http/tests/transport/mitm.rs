@@ -90,6 +90,7 @@ impl Attack {
             begins_snapshot: false,
             body: Some(to_replica::Body::EndSnapshot(EndSnapshot {
                 tables: vec!["products".into(), "orders".into()],
+                schema: Vec::new(),
             })),
             ..begin.clone()
         };

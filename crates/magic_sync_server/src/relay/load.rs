@@ -43,6 +43,10 @@ pub(crate) struct Loader<'a> {
     pub settings: &'a Settings,
     /// The transport's limit on a message.
     pub max_message_bytes: usize,
+    /// A table a deployment removed, whose held rows the plan takes back.
+    pub removed: Option<&'a super::deployment::Removed>,
+    /// The declarations' fingerprint, which a snapshot's end carries.
+    pub schema: &'a [u8],
 }
 
 impl Loader<'_> {
@@ -84,9 +88,17 @@ impl Loader<'_> {
             .await?;
             packer.upserts_done(shape.table.name);
         }
+        if let (true, Some(removed)) = (deletes, self.removed) {
+            // Nothing this build declares points at it: its rows go first.
+            self.deletes(tx, removed.name, &removed.key, &mut packer, sink)
+                .await?;
+            packer.deletes_done(removed.name);
+        }
         for shape in self.graph.shapes.iter().rev() {
             if deletes {
-                self.deletes(tx, shape.table, &mut packer, sink).await?;
+                let kinds = key_kinds(shape.table);
+                self.deletes(tx, shape.table.name, &kinds, &mut packer, sink)
+                    .await?;
             }
             packer.deletes_done(shape.table.name);
         }
@@ -99,7 +111,7 @@ impl Loader<'_> {
                 .map(|s| s.table.name.to_string())
                 .collect();
             for r in replicas {
-                packer.end_snapshot(r, tables.clone());
+                packer.end_snapshot(r, tables.clone(), self.schema.to_vec());
             }
         }
         sink.take(tx, packer.take()).await
@@ -281,13 +293,14 @@ impl Loader<'_> {
     async fn deletes(
         &self,
         tx: &Transaction<'_>,
-        table: &'static Table,
+        table: &'static str,
+        kinds: &[Kind],
         packer: &mut Packer,
         sink: &mut impl Sink,
     ) -> Result<()> {
         let sql = format!(
             "SELECT k, array_agg(r) FROM _ms_del WHERE t = {} GROUP BY k",
-            literal(table.name)
+            literal(table)
         );
         let portal = tx.bind(sql.as_str(), &[]).await?;
         let chunk = self.settings.chunk_rows.max(1);
@@ -297,10 +310,10 @@ impl Loader<'_> {
                 return Ok(());
             }
             for row in &rows {
-                let key = wire_key(table, row.get(0))?.into_bytes();
+                let key = wire_key_of(table, kinds, row.get(0))?.into_bytes();
                 let replicas: Vec<String> = row.get(1);
                 for r in &replicas {
-                    packer.delete(r, table.name, key.clone());
+                    packer.delete(r, table, key.clone());
                 }
             }
             if packer.pending_bytes() >= self.settings.flush_bytes {
@@ -315,18 +328,32 @@ impl Loader<'_> {
 
 /// The wire key of a key read back from the planner's tables.
 pub(crate) fn wire_key(table: &Table, json: serde_json::Value) -> Result<String> {
+    wire_key_of(table.name, &key_kinds(table), json)
+}
+
+/// The kinds of `table`'s key columns, in key order.
+fn key_kinds(table: &Table) -> Vec<Kind> {
+    table
+        .key
+        .iter()
+        .map(|name| table.column(name).map_or(Kind::Text, |c| c.kind))
+        .collect()
+}
+
+/// The wire key of a key of `table` read back from the planner's tables,
+/// its columns of `kinds`.
+fn wire_key_of(table: &str, kinds: &[Kind], json: serde_json::Value) -> Result<String> {
     let bad = |why: String| Error::Damaged {
-        what: format!("table `{}`: recorded key {json}: {why}", table.name),
+        what: format!("table `{table}`: recorded key {json}: {why}"),
     };
     let serde_json::Value::Array(items) = json.clone() else {
         return Err(bad("not an array".into()));
     };
-    if items.len() != table.key.len() {
+    if items.len() != kinds.len() {
         return Err(bad("not as many values as key columns".into()));
     }
     let mut values = Vec::with_capacity(items.len());
-    for (item, name) in items.into_iter().zip(table.key) {
-        let kind = table.column(name).map_or(Kind::Text, |c| c.kind);
+    for (item, &kind) in items.into_iter().zip(kinds) {
         let item = match (kind, item) {
             // PostgreSQL writes numerics as JSON numbers; they travel as text.
             (Kind::Numeric, serde_json::Value::Number(n)) => {

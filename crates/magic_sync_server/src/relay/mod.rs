@@ -18,6 +18,8 @@
 //! What replicas say back comes in through [`acknowledge_all`] and [`gap`],
 //! with the replica named by whoever authenticated it.
 
+mod configured;
+mod deployment;
 mod digests;
 mod graph;
 mod held;
@@ -34,6 +36,7 @@ mod replies;
 mod scratch;
 mod snapshot;
 
+pub(crate) use deployment::declared;
 pub use digests::{compare_digest, Compared};
 pub use plan::Planned;
 pub use publish::{publish, RESEND_AFTER};
@@ -181,6 +184,10 @@ pub struct Settings {
     /// this often: one that asks again sooner waits, so a replica cannot
     /// make the server read its whole share over and over.
     pub provision_asked_every: Duration,
+    /// Rows of a table a deployment works through per pass
+    /// (`crate::deploy`): the most a deployment adds to one pass beside
+    /// the changes it plans.
+    pub deploy_chunk_rows: i64,
 }
 
 impl Default for Settings {
@@ -198,6 +205,7 @@ impl Default for Settings {
             session: crate::session::SessionSettings::default(),
             snapshots: 2,
             provision_asked_every: Duration::from_secs(10),
+            deploy_chunk_rows: 10_000,
         }
     }
 }
@@ -229,6 +237,13 @@ pub struct Recorded {
     /// began (a change committed before it). `None` when it planned no
     /// change.
     pub oldest_change: Option<std::time::SystemTime>,
+    /// Replicas told, in a `Configured` message, that they hold the running
+    /// build's declarations whole: once a deployment is done, or at a
+    /// relay's start for replicas an older build provisioned.
+    pub configured: Vec<String>,
+    /// The table a deployment worked on in this pass, and how many of its
+    /// rows (`crate::deploy`).
+    pub deployed: Option<(String, u64)>,
 }
 
 /// What one [`publish`] did.
@@ -281,6 +296,14 @@ pub struct Relay {
     /// it (`store::quarantine::note_again`) and filed again what its inbox
     /// holds (`file::refile`), once, before its first pass.
     noted_again: bool,
+    /// Whether a deployment may have work left (`crate::deploy`): read at
+    /// every pass until one finds none.
+    deploying: bool,
+    /// The tables a deployment removed, named for the packer.
+    removed: Vec<&'static str>,
+    /// Whether replicas may be due a `Configured`: read once no deployment
+    /// is under way, until a pass finds none due.
+    configuring: bool,
 }
 
 impl Relay {
@@ -288,16 +311,25 @@ impl Relay {
     /// Runs the start-up checks: schema, declarations, indexes, triggers.
     pub async fn new(client: &Client, engine: Engine, settings: Settings) -> Result<Relay> {
         let catalog = crate::check::startup(&engine, client).await?;
-        let declared = crate::store::tables::declare(client, &catalog.schema(&engine)).await?;
-        if declared != crate::store::tables::Declared::default() {
+        let mut relay = Self::with_catalog(&catalog, engine, settings)?;
+        let declared = deployment::declared(&relay.context.engine, &catalog)?;
+        let deployment =
+            crate::deploy::begin(client, &catalog, &relay.context.engine, &declared).await?;
+        if !deployment.is_empty() {
             tracing::info!(
-                added = ?declared.added,
-                changed = ?declared.changed,
-                removed = ?declared.removed,
-                "the declarations differ from the last build's"
+                changes = deployment.changes.len(),
+                reused = deployment.reused.len(),
+                "a deployment begins:\n{deployment}"
             );
         }
-        Self::with_catalog(&catalog, engine, settings)
+        relay.deploying = client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM sync.deployment WHERE done_at IS NULL)",
+                &[],
+            )
+            .await?
+            .get(0);
+        Ok(relay)
     }
 
     fn with_catalog(catalog: &Catalog, engine: Engine, settings: Settings) -> Result<Relay> {
@@ -329,6 +361,7 @@ impl Relay {
         }
         Ok(Relay {
             context: Arc::new(snapshot::Context {
+                schema: catalog.schema(&engine).fingerprint().0.to_vec(),
                 engine,
                 graph,
                 settings,
@@ -341,6 +374,9 @@ impl Relay {
             outbox_checked: None,
             commit_times: None,
             noted_again: false,
+            deploying: false,
+            removed: Vec::new(),
+            configuring: true,
         })
     }
 
@@ -452,6 +488,10 @@ impl Relay {
             async { Ok(tx.batch_execute("SAVEPOINT plan").await?) },
             quarantine::Blocks::read(&tx)
         )?;
+        let work = match self.deploying {
+            true => deployment::next(&tx, &self.context.graph, &mut self.removed).await?,
+            false => None,
+        };
         let mut analysed = std::collections::BTreeSet::new();
         let mut attempts = 0;
         let (plan, recorded, mut closing) = loop {
@@ -461,7 +501,7 @@ impl Relay {
                     attempts: MAX_PLAN_ATTEMPTS,
                 });
             }
-            let plan = self.plan(&tx, blocks).await?;
+            let plan = self.plan(&tx, blocks, work.as_ref()).await?;
             analysed.extend(plan.analysed.iter().copied());
             if let Some(blocked) = plan.blocked.as_ref().filter(|b| !b.is_empty()) {
                 tx.batch_execute("ROLLBACK TO SAVEPOINT plan").await?;
@@ -479,6 +519,9 @@ impl Relay {
                 forgotten: observed.forgotten.clone(),
                 dropped: dropped.clone(),
                 oldest_change: self.oldest_change(&tx, &plan.planned, began).await?,
+                deployed: work
+                    .as_ref()
+                    .map(|w| (w.table().to_string(), plan.worked.rows)),
                 ..Recorded::default()
             };
             let loaded = self
@@ -521,6 +564,9 @@ impl Relay {
             }
         };
         closing.push_str(&held::kept_and_done(&observed.streaming, &plan.filled));
+        if let Some(work) = &work {
+            closing.push_str(&deployment::closing(work.table(), &plan.worked));
+        }
         if blocks.unsettled {
             // Every row set aside is taken back now from wherever it was held.
             closing.push_str(
@@ -548,6 +594,21 @@ impl Relay {
         }
         self.prepared = true;
         self.started = true;
+        match &work {
+            None => {
+                if self.deploying {
+                    tracing::info!("the deployment is complete");
+                }
+                self.deploying = false;
+            }
+            Some(work) if plan.worked.done => {
+                tracing::info!(table = work.table(), "a table's deployment is done");
+            }
+            Some(_) => {}
+        }
+        if !self.deploying && recorded.configured.is_empty() && work.is_none() {
+            self.configuring = false;
+        }
         self.leftovers.left(plan.filled, analysed);
         Ok(recorded)
     }
@@ -634,7 +695,12 @@ impl Relay {
     /// tables, around the rows set aside (`blocks`). With rows set aside,
     /// also what the plan would leave pointing at one of them
     /// ([`Plan::blocked`]).
-    async fn plan(&self, tx: &Transaction<'_>, blocks: quarantine::Blocks) -> Result<Plan> {
+    async fn plan(
+        &self,
+        tx: &Transaction<'_>,
+        blocks: quarantine::Blocks,
+        work: Option<&deployment::Work>,
+    ) -> Result<Plan> {
         let planner = plan::Planner {
             tx,
             graph: &self.context.graph,
@@ -642,6 +708,8 @@ impl Relay {
             filled: Default::default(),
             analysed: Default::default(),
             blocks,
+            deployment: work.map(|w| (w, self.context.settings.deploy_chunk_rows.max(1))),
+            worked: Default::default(),
         };
         let t0 = std::time::Instant::now();
         let planned = planner.plan().await?;
@@ -650,11 +718,17 @@ impl Relay {
             true => Some(planner.newly_blocked().await?),
             false => None,
         };
+        let worked = planner.worked.lock().expect("not poisoned").clone();
         Ok(Plan {
             planned,
             filled: planner.filled(),
             analysed: planner.analysed(),
             blocked,
+            worked,
+            removed: match work {
+                Some(deployment::Work::Remove(removed)) => Some(removed.clone()),
+                _ => None,
+            },
         })
     }
 
@@ -698,8 +772,12 @@ impl Relay {
         recorded: &mut Recorded,
     ) -> Result<String> {
         let reached = reached::due(tx, observed).await?;
+        let configure = match self.configuring && !self.deploying {
+            true => configured::due(tx, observed, &self.context.schema).await?,
+            false => Vec::new(),
+        };
         let planned_any = plan.planned.sends > 0 || plan.planned.deletes > 0;
-        if !planned_any && reached.is_empty() {
+        if !planned_any && reached.is_empty() && configure.is_empty() {
             return Ok(String::new());
         }
         let context = &self.context;
@@ -720,6 +798,8 @@ impl Relay {
                 engine: &context.engine,
                 settings: &context.settings,
                 max_message_bytes,
+                removed: plan.removed.as_ref(),
+                schema: &context.schema,
             };
             let kept: Vec<String> = observed.kept.iter().map(|o| o.id.clone()).collect();
             let source = load::Source::Difference {
@@ -736,6 +816,9 @@ impl Relay {
             .map(|(r, n)| (r.to_string(), n))
             .collect();
         let mut closing = reached::write(tx, &mut writer, reached).await?;
+        closing
+            .push_str(&configured::write(tx, &mut writer, &configure, &self.context.schema).await?);
+        recorded.configured = configure;
         recorded.messages = writer.written();
         recorded.written = writer
             .last_numbers()

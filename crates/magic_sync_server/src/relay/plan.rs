@@ -227,6 +227,11 @@ pub(crate) struct Planner<'a, 't> {
     pub analysed: std::sync::Mutex<BTreeSet<Scratch>>,
     /// The rows set aside, as the pass found them.
     pub blocks: Blocks,
+    /// The chunk of a deployment this plan works through, if any, with
+    /// its size in rows.
+    pub deployment: Option<(&'a super::deployment::Work, i64)>,
+    /// What the chunk came to.
+    pub worked: std::sync::Mutex<super::deployment::Worked>,
 }
 
 /// A table given through groups.
@@ -366,7 +371,8 @@ impl Planner<'_, '_> {
         if self.blocks.any && notes > 0 {
             self.release_changed().await?;
         }
-        if notes == 0 && deferred == 0 && !self.blocks.unsettled {
+        let (deployed, removed) = self.deployment_rows().await?;
+        if notes == 0 && deferred == 0 && deployed == 0 && !self.blocks.unsettled {
             return Ok(Planned::default());
         }
         self.groups_touched().await?;
@@ -380,8 +386,149 @@ impl Planner<'_, '_> {
         Ok(Planned {
             notes,
             sends,
-            deletes,
+            deletes: deletes + removed,
         })
+    }
+
+    // ---- A deployment's chunk ----
+
+    /// The chunk of a deployment this plan works through: the next rows of
+    /// a table to plan again, as rows touched (and to send again, for a
+    /// resend); or the next held rows of a removed table, as rows to take
+    /// back, their parents' counts lowered. Returns (rows, of which taken
+    /// back).
+    async fn deployment_rows(&self) -> Result<(u64, u64)> {
+        let Some((work, limit)) = self.deployment else {
+            return Ok((0, 0));
+        };
+        match work {
+            super::deployment::Work::Plan {
+                table,
+                resend,
+                after,
+            } => {
+                let shape = self.graph.shape(table);
+                let chunk = super::deployment::chunk_sql(shape, after.as_ref(), limit);
+                let last_order: Vec<String> = (0..shape.table.key.len())
+                    .map(|i| format!("c{i} DESC"))
+                    .collect();
+                let row = self
+                    .tx
+                    .query_one(
+                        &format!(
+                            "WITH c AS MATERIALIZED ({chunk}),
+                             i AS (INSERT INTO _ms_touched (t, k, resend)
+                                   SELECT {t}, k, {resend} FROM c
+                                   ON CONFLICT (t, k) DO UPDATE SET resend = _ms_touched.resend OR EXCLUDED.resend)
+                             SELECT count(*), (SELECT k::text FROM c ORDER BY {last_order} LIMIT 1) FROM c",
+                            t = literal(table),
+                            last_order = last_order.join(", "),
+                        ),
+                        &[],
+                    )
+                    .await?;
+                let rows = row.get::<_, i64>(0) as u64;
+                self.filled
+                    .lock()
+                    .expect("not poisoned")
+                    .add(Scratch::Touched, rows);
+                if rows > ANALYSE_ABOVE {
+                    self.analyse(Scratch::Touched).await?;
+                }
+                *self.worked.lock().expect("not poisoned") = super::deployment::Worked {
+                    rows,
+                    last: row.get(1),
+                    done: (rows as i64) < limit,
+                };
+                Ok((rows, 0))
+            }
+            super::deployment::Work::Remove(removed) => {
+                let t = literal(removed.name);
+                let rows = self
+                    .fill(
+                        Scratch::Delete,
+                        &format!(
+                            "INSERT INTO _ms_del (r, t, k, hptrs)
+                             SELECT h.replica, h.table_name, h.key::jsonb, h.ptrs FROM sync.held h
+                             WHERE h.table_name = {t}
+                               AND h.replica = ANY (ARRAY (SELECT r FROM _ms_r WHERE NOT fresh))
+                             LIMIT {limit}"
+                        ),
+                    )
+                    .await?;
+                if rows > 0 && !removed.links.is_empty() {
+                    // What they point at counts them no more; the planner
+                    // questions those parents below.
+                    let links: Vec<String> = removed
+                        .links
+                        .iter()
+                        .map(|(name, parent)| format!("({}, {})", literal(name), literal(parent)))
+                        .collect();
+                    self.run(&format!(
+                        "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;
+                         UPDATE sync.held h SET refs = h.refs - x.n
+                         FROM (SELECT d.r, l.p AS t, d.hptrs -> l.name AS k, count(*)::int AS n
+                               FROM _ms_del d JOIN (VALUES {}) AS l (name, p) ON d.hptrs ? l.name
+                               WHERE d.t = {t} GROUP BY 1, 2, 3) x
+                         WHERE h.table_name = x.t AND h.key = x.k::text AND h.replica = x.r;
+                         SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT;",
+                        links.join(", ")
+                    ))
+                    .await?;
+                }
+                *self.worked.lock().expect("not poisoned") = super::deployment::Worked {
+                    rows,
+                    last: None,
+                    done: (rows as i64) < limit,
+                };
+                Ok((rows, rows))
+            }
+        }
+    }
+
+    /// The held parents of the removed rows this plan takes back: each may
+    /// have been held for them alone.
+    async fn question_removed_parents(&self) -> Result<u64> {
+        let Some((super::deployment::Work::Remove(removed), _)) = self.deployment else {
+            return Ok(0);
+        };
+        let mut added = 0;
+        for (name, parent) in &removed.links {
+            let shape = self.graph.shape(parent);
+            let link = literal(name);
+            added += self
+                .fill(
+                    Scratch::Questioned,
+                    &format!(
+                        "INSERT INTO {Q_COLUMNS}
+                 SELECT d.r, {p}, d.k, 0, n.ruled, true, cur.present,
+                        h.version, h.ruled, h.ptrs, cur.ptrs, h.refs
+                 FROM (SELECT DISTINCT d.r, d.hptrs -> {link} AS k FROM _ms_del d
+                       WHERE d.t = {t} AND d.hptrs ? {link}) d
+                 CROSS JOIN {replica}
+                 CROSS JOIN {held}
+                 {current}
+                 CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
+                 {QUESTION_AGAIN}",
+                        p = literal(parent),
+                        t = literal(removed.name),
+                        replica = replica_of("d.r"),
+                        held = held_by(&literal(parent), "d.k", "d.r"),
+                        current = self.current(shape, "d.k"),
+                        ruled = Self::ruled(shape, "r"),
+                    ),
+                )
+                .await?;
+        }
+        Ok(added)
+    }
+
+    /// Whether this plan's chunk sends its rows again to their holders.
+    fn resends(&self) -> bool {
+        matches!(
+            self.deployment,
+            Some((super::deployment::Work::Plan { resend: true, .. }, _))
+        )
     }
 
     /// Whether a statement of this plan put rows in the planner table `temp`:
@@ -621,6 +768,7 @@ impl Planner<'_, '_> {
         if self.blocks.unsettled {
             first += self.question_unsettled().await?;
         }
+        first += self.question_removed_parents().await?;
         if self.blocks.any && first > 0 {
             self.mark_blocked(0).await?;
         }
@@ -1122,11 +1270,23 @@ impl Planner<'_, '_> {
     async fn difference(&self) -> Result<(u64, u64)> {
         // The newest change of each row the plan looks at, for each replica:
         // a note pending for every replica, or a change kept for it alone.
+        // A deployment's resend sends every row of its chunk again to each
+        // replica keeping it.
+        let resends = self.resends();
         let newest = |r: &str| {
+            let resend = if resends {
+                format!(
+                    "LEFT JOIN _ms_touched tt ON tt.t = {r}.t AND tt.k = {r}.k
+                     CROSS JOIN LATERAL (SELECT coalesce(tt.resend, false) AS again) re"
+                )
+            } else {
+                "CROSS JOIN LATERAL (SELECT false AS again) re".to_string()
+            };
             format!(
                 "LEFT JOIN _ms_changed ch ON ch.t = {r}.t AND ch.k = {r}.k
                  LEFT JOIN _ms_grant g ON g.r = {r}.r AND g.t = {r}.t AND g.k = {r}.k
-                 CROSS JOIN LATERAL (SELECT greatest(coalesce(ch.last_seq, 0), coalesce(g.seq, 0)) AS seq) v"
+                 CROSS JOIN LATERAL (SELECT greatest(coalesce(ch.last_seq, 0), coalesce(g.seq, 0)) AS seq) v
+                 {resend}"
             )
         };
         let mut sends = 0;
@@ -1140,7 +1300,7 @@ impl Planner<'_, '_> {
                             k.held, k.ruled, k.ptrs, k.hptrs
                      FROM _ms_k k
                      {}
-                     WHERE NOT k.held OR k.version < v.seq
+                     WHERE NOT k.held OR k.version < v.seq OR re.again
                         OR k.ptrs IS DISTINCT FROM k.hptrs OR k.ruled IS DISTINCT FROM k.hruled",
                         newest("k")
                     ),
@@ -1156,7 +1316,7 @@ impl Planner<'_, '_> {
                      FROM _ms_q q
                      {}
                      WHERE (q.ruled OR NOT q.questioned)
-                       AND (q.version < v.seq OR q.ruled <> q.hruled)
+                       AND (q.version < v.seq OR q.ruled <> q.hruled OR re.again)
                        AND NOT EXISTS (SELECT 1 FROM _ms_k k WHERE k.r = q.r AND k.t = q.t AND k.k = q.k)",
                     newest("q")
                 ))

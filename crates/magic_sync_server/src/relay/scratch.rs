@@ -19,7 +19,8 @@ pub(crate) enum Scratch {
     Deferred,
     /// Each changed row once, with its newest note (`_ms_changed`).
     Changed,
-    /// Rows changed for every replica (`_ms_touched`).
+    /// Rows changed for every replica (`_ms_touched`), and rows a
+    /// deployment plans again (`resend`: and sends again to their holders).
     Touched,
     /// Rows changed for one replica: a group given or taken, a change kept for it (`_ms_grant`).
     Grant,
@@ -75,7 +76,7 @@ impl Scratch {
             Scratch::Notes => "CREATE TEMP TABLE IF NOT EXISTS _ms_notes (at tid, seq bigint, t text, k jsonb, xid xid8)",
             Scratch::Deferred => "CREATE TEMP TABLE IF NOT EXISTS _ms_deferred (at tid, r text, t text, k jsonb, seq bigint, unseen boolean NOT NULL)",
             Scratch::Changed => "CREATE TEMP TABLE IF NOT EXISTS _ms_changed (t text, k jsonb, last_seq bigint NOT NULL, PRIMARY KEY (t, k))",
-            Scratch::Touched => "CREATE TEMP TABLE IF NOT EXISTS _ms_touched (t text, k jsonb, PRIMARY KEY (t, k))",
+            Scratch::Touched => "CREATE TEMP TABLE IF NOT EXISTS _ms_touched (t text, k jsonb, resend boolean NOT NULL DEFAULT false, PRIMARY KEY (t, k))",
             Scratch::Grant => "CREATE TEMP TABLE IF NOT EXISTS _ms_grant (r text, t text, k jsonb, seq bigint NOT NULL DEFAULT 0, PRIMARY KEY (r, t, k))",
             Scratch::Questioned => "CREATE TEMP TABLE IF NOT EXISTS _ms_q (r text, t text, k jsonb, round int NOT NULL,
              ruled boolean NOT NULL, questioned boolean NOT NULL, present boolean NOT NULL,
@@ -133,4 +134,8 @@ pub(crate) struct Plan {
     /// With rows set aside: what the plan would leave pointing at one,
     /// to be set aside in turn before the plan runs again.
     pub blocked: Option<Vec<super::quarantine::Blocked>>,
+    /// What the deployment's chunk came to, if the plan worked one.
+    pub worked: super::deployment::Worked,
+    /// The removed table whose held rows the plan takes back, if any.
+    pub removed: Option<super::deployment::Removed>,
 }

@@ -53,6 +53,9 @@ pub(crate) struct Context {
     pub engine: Engine,
     pub graph: Graph,
     pub settings: Settings,
+    /// The fingerprint of the declarations (`Schema::fingerprint`): what a
+    /// snapshot's end and a `Configured` tell a replica it holds whole.
+    pub schema: Vec<u8>,
 }
 
 /// A snapshot sent and recorded.
@@ -282,6 +285,8 @@ impl Snapshot {
             engine: &context.engine,
             settings: &context.settings,
             max_message_bytes: transport.max_message_bytes(),
+            removed: None,
+            schema: &context.schema,
         };
         let t0 = std::time::Instant::now();
         let loaded = loader
@@ -330,7 +335,7 @@ impl Snapshot {
             .execute(
                 "UPDATE sync.replicas SET snapshot_attempt = NULL, snapshot_began_at = NULL,
                      snapshot = $3::text::pg_snapshot, last_number = $4, last_nonce = $5,
-                     snapshot_number = $6, snapshot_last = $4, last_error = NULL
+                     snapshot_number = $6, snapshot_last = $4, last_error = NULL, configured = $7
                  WHERE id = $1 AND snapshot_attempt = $2",
                 &[
                     &self.replica,
@@ -339,6 +344,7 @@ impl Snapshot {
                     &chain.last_number,
                     &chain.last_nonce,
                     &self.first,
+                    &self.context.schema,
                 ],
             )
             .await?;
@@ -397,6 +403,8 @@ async fn plan_snapshot(
             filled: Default::default(),
             analysed: Default::default(),
             blocks,
+            deployment: None,
+            worked: Default::default(),
         };
         let rows = planner.provision().await?;
         if !blocks.any {

@@ -155,13 +155,23 @@ pub async fn ensure(
     let mut noted = noted(engine, &catalog);
     noted.sort_by(|a, b| (&a.schema, &a.table).cmp(&(&b.schema, &b.table)));
     let findings = inspect(&noted, client).await?;
+    // Relations the last build did not note: writes to them before their
+    // trigger are owed to no one through notes, and the deployment plans
+    // every row of the tables they decide once the relay starts.
+    let noted_before = crate::deploy::noted_before(client).await?;
     for (index, table) in noted.iter().enumerate() {
         let found: Vec<&Finding> = findings.iter().filter(|f| f.table == index).collect();
         if found.is_empty() {
             continue;
         }
         let declared = engine.codec(&table.table).is_some();
-        let reprovision = reprovision(&found, declared);
+        let new_to_the_sync = noted_before
+            .as_ref()
+            .is_some_and(|before| !before.contains(&table.table));
+        let reprovision = match new_to_the_sync {
+            true => Reprovision::Nobody,
+            false => reprovision(&found, declared),
+        };
         let triggers = found.iter().any(|f| f.fault != Fault::Body);
         let (marked, retries) = repair(client, table, triggers, reprovision, settings).await?;
         ensured.retries += retries;

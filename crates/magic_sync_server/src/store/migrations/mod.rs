@@ -31,6 +31,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (22, include_str!("022_outbox_sent.sql")),
     (23, include_str!("023_inbox_sequence.sql")),
     (24, include_str!("024_parked.sql")),
+    (25, include_str!("025_deployments.sql")),
 ];
 
 /// The version this build brings the schema to.

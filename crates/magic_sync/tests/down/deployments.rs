@@ -1,0 +1,507 @@
+//! Deploying changed declarations: a new build starts, and replicas get only
+//! what its declarations change. Nobody is provisioned again; the record and
+//! every replica stay exact throughout; a table nobody declares any more is
+//! taken back without reading it.
+
+use crate::fleet::{replica_rows, Fleet};
+use magic_sync::deploy::{self, Action};
+use magic_sync::{Engine, Row};
+
+/// The schema of every build here: regions, the shops in them, the items of
+/// each shop, and tips per region.
+const SCHEMA: &str = "
+CREATE TABLE regions (id text PRIMARY KEY, name text NOT NULL);
+CREATE TABLE shops (
+    id bigint PRIMARY KEY,
+    unit text NOT NULL,
+    region text NOT NULL REFERENCES regions,
+    name text NOT NULL
+);
+CREATE TABLE items (
+    id bigint PRIMARY KEY,
+    shop bigint NOT NULL REFERENCES shops,
+    label text NOT NULL,
+    price numeric
+);
+CREATE INDEX ON items (shop);
+CREATE TABLE tips (id bigint PRIMARY KEY, region text NOT NULL REFERENCES regions, body text NOT NULL);
+INSERT INTO regions VALUES ('north', 'North'), ('south', 'South');
+INSERT INTO shops VALUES (1, 'u1', 'north', 'one'), (2, 'u2', 'north', 'two'), (3, 'u2', 'south', 'three');
+INSERT INTO items SELECT i, 1 + i % 3, 'item ' || i, i * 1.5 FROM generate_series(1, 30) i;
+INSERT INTO tips SELECT i, CASE WHEN i % 2 = 0 THEN 'north' ELSE 'south' END, 'tip ' || i
+    FROM generate_series(1, 10) i;
+";
+
+/// The first build's declarations.
+mod v1 {
+    use magic_sync::Row;
+
+    #[derive(Row, Debug, Clone)]
+    #[row(table = "regions", down, referenced, key(id))]
+    pub struct Region {
+        pub id: String,
+        pub name: String,
+    }
+
+    #[derive(Row, Debug, Clone)]
+    #[row(table = "shops", down, replica = "unit", key(id))]
+    pub struct Shop {
+        pub id: i64,
+        pub unit: String,
+        pub region: String,
+        pub name: String,
+    }
+
+    #[derive(Row, Debug, Clone)]
+    #[row(table = "items", down, follows = "shop", key(id))]
+    pub struct Item {
+        pub id: i64,
+        pub shop: i64,
+        pub label: String,
+    }
+}
+
+/// Later builds' declarations of the same tables.
+mod v2 {
+    use magic_sync::Row;
+
+    /// Shops by region rather than by unit.
+    #[derive(Row, Debug, Clone)]
+    #[row(table = "shops", down, partition = "region", key(id))]
+    pub struct ShopByRegion {
+        pub id: i64,
+        pub unit: String,
+        pub region: String,
+        pub name: String,
+    }
+
+    /// Items with their price.
+    #[derive(Row, Debug, Clone)]
+    #[row(table = "items", down, follows = "shop", key(id))]
+    pub struct PricedItem {
+        pub id: i64,
+        pub shop: i64,
+        pub label: String,
+        pub price: Option<magic_sync::Numeric>,
+    }
+
+    /// Tips, to every replica of their region.
+    #[derive(Row, Debug, Clone)]
+    #[row(table = "tips", down, partition = "region", key(id))]
+    pub struct Tip {
+        pub id: i64,
+        pub region: String,
+        pub body: String,
+    }
+
+    /// Tips under the name the host renamed them to.
+    #[derive(Row, Debug, Clone)]
+    #[row(table = "hints", down, partition = "region", key(id))]
+    pub struct Hint {
+        pub id: i64,
+        pub region: String,
+        pub body: String,
+    }
+
+    /// The first build's shops, declared by another struct, in another
+    /// engine order: nothing replicas can tell apart.
+    #[derive(Row, Debug, Clone)]
+    #[row(table = "shops", down, replica = "unit", key(id))]
+    pub struct Store {
+        pub id: i64,
+        pub unit: String,
+        pub region: String,
+        pub name: String,
+    }
+}
+
+fn first_build() -> Engine {
+    Engine::builder()
+        .table::<v1::Region>()
+        .table::<v1::Shop>()
+        .table::<v1::Item>()
+        .build()
+        .unwrap()
+}
+
+/// The first build's fleet, provisioned and checked: u1 in the north, u2
+/// in the south.
+async fn fleet() -> Fleet {
+    let mut fleet = Fleet::of(SCHEMA, first_build()).await;
+    fleet.add("u1", Some("north"));
+    fleet.add("u2", Some("south"));
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(fleet.provisionings, 2);
+    assert!(
+        complete(&fleet),
+        "a snapshot's end says the configuration is whole"
+    );
+    fleet
+}
+
+/// Whether every replica holds the configuration it runs whole.
+fn complete(fleet: &Fleet) -> bool {
+    fleet
+        .units
+        .values()
+        .all(|u| u.replica.configuration().unwrap().complete)
+}
+
+/// What a deployment sent and took back, over every replica, until the
+/// fleet settled; checked as it goes, every pass.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Moved {
+    sends: u64,
+    deletes: u64,
+    passes: u64,
+}
+
+async fn settle(fleet: &mut Fleet) -> Moved {
+    let mut moved = Moved::default();
+    for _ in 0..100 {
+        let step = fleet.record().await;
+        assert!(step.provisioned.is_empty(), "nobody is provisioned again");
+        let applied = fleet.deliver().await;
+        moved.sends += step.planned.sends;
+        moved.deletes += step.planned.deletes;
+        if step.deployed.is_some() {
+            moved.passes += 1;
+        }
+        // At no point does a replica hold a row without its parents.
+        fleet.check_orphans();
+        let busy = step.messages > 0
+            || step.planned.notes > 0
+            || step.deployed.is_some()
+            || !step.waiting.is_empty();
+        if !busy && applied == 0 {
+            return moved;
+        }
+    }
+    panic!("the deployment did not settle in 100 passes");
+}
+
+/// Rows of `table` recorded held, over every replica.
+async fn held(fleet: &Fleet, table: &str) -> i64 {
+    fleet
+        .writer
+        .query_one(
+            "SELECT count(*) FROM sync.held WHERE table_name = $1",
+            &[&table],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// The message that last carried each held row of `table`, per replica.
+async fn carried(fleet: &Fleet, table: &str) -> Vec<(String, String, i64)> {
+    fleet
+        .writer
+        .query(
+            "SELECT replica, key, message FROM sync.held WHERE table_name = $1 ORDER BY 1, 2",
+            &[&table],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+async fn deployment_done(fleet: &Fleet) -> Vec<(String, String, bool)> {
+    deploy::progress(&fleet.writer)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|p| (p.table, p.work, p.done))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_new_table_reaches_every_replica_that_wants_it_and_nobody_is_provisioned_again() {
+    let mut fleet = fleet().await;
+    let regions_before = carried(&fleet, "regions").await;
+    let second = Engine::builder()
+        .table::<v1::Region>()
+        .table::<v1::Shop>()
+        .table::<v1::Item>()
+        .table::<v2::Tip>()
+        .build()
+        .unwrap();
+    let dry = deploy::dry_run(&fleet.writer, &second).await.unwrap();
+    assert_eq!(dry.reused, ["items", "regions", "shops"]);
+    assert_eq!(dry.changes.len(), 1, "{dry}");
+    assert_eq!(
+        (dry.changes[0].table.as_str(), dry.changes[0].action),
+        ("tips", Action::Add)
+    );
+    let ensured = fleet.redeploy(second).await;
+    assert!(
+        ensured.provisioned.is_empty(),
+        "a table new to the sync provisions no one: {ensured:?}"
+    );
+    // The tills run the new build: until the deployment is done, what they
+    // hold is not its configuration whole.
+    assert!(!complete(&fleet));
+    let first = fleet.record().await;
+    assert_eq!(first.deployed, Some(("tips".to_string(), 4)));
+    fleet.deliver().await;
+    assert!(!complete(&fleet), "a deployment part way is not whole");
+    let moved = settle(&mut fleet).await;
+    assert!(
+        complete(&fleet),
+        "the deployment done, the replicas are told"
+    );
+    fleet.check().await;
+    assert_eq!(fleet.provisionings, 2, "nobody was provisioned again");
+    // u1 (north) wants the five even tips, u2 (south) the five odd ones;
+    // each holds its region already.
+    assert_eq!(moved.sends + first.planned.sends, 10, "{moved:?}");
+    assert_eq!(moved.deletes, 0);
+    // Ten tips, four a pass: three passes.
+    assert_eq!(moved.passes + 1, 3, "{moved:?}");
+    assert_eq!(
+        carried(&fleet, "regions").await,
+        regions_before,
+        "the regions the tips point at were held already, and not sent again"
+    );
+    assert_eq!(
+        deployment_done(&fleet).await,
+        [("tips".into(), "plan".into(), true)]
+    );
+    // The next build with the same declarations has nothing to do.
+    let third = Engine::builder()
+        .table::<v1::Region>()
+        .table::<v1::Shop>()
+        .table::<v1::Item>()
+        .table::<v2::Tip>()
+        .build()
+        .unwrap();
+    assert!(deploy::dry_run(&fleet.writer, &third)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test]
+async fn a_changed_rule_sends_exactly_the_difference_with_parents_and_followers() {
+    let mut fleet = fleet().await;
+    let items_u1_before: Vec<_> = carried(&fleet, "items")
+        .await
+        .into_iter()
+        .filter(|(r, _, _)| r == "u1")
+        .collect();
+    let second = Engine::builder()
+        .table::<v1::Region>()
+        .table::<v2::ShopByRegion>()
+        .table::<v1::Item>()
+        .build()
+        .unwrap();
+    let dry = deploy::dry_run(&fleet.writer, &second).await.unwrap();
+    assert_eq!(dry.changes.len(), 1, "{dry}");
+    assert_eq!(dry.changes[0].action, Action::Replan, "{dry}");
+    assert!(
+        dry.changes[0]
+            .why
+            .contains("rule replica(unit) → partition(region)"),
+        "{dry}"
+    );
+    fleet.redeploy(second).await;
+    let moved = settle(&mut fleet).await;
+    fleet.check().await;
+    assert_eq!(fleet.provisionings, 2);
+    // Before: u1 held shop 1, u2 shops 2 and 3, each with its ten items and
+    // its regions. After: u1 (north) holds shops 1 and 2, u2 (south) shop 3.
+    // Shop 2 and its ten items move from u2 to u1; u2 lets go of the north.
+    // Shop 1 and 3 stay where they were, sent again only as their record's
+    // reason moved (held by their rule then and now: not at all).
+    assert_eq!(moved.sends, 11, "{moved:?}");
+    assert_eq!(moved.deletes, 12, "{moved:?}");
+    let items_u1_after: Vec<_> = carried(&fleet, "items")
+        .await
+        .into_iter()
+        .filter(|(r, k, _)| r == "u1" && items_u1_before.iter().any(|(_, b, _)| b == k))
+        .collect();
+    assert_eq!(
+        items_u1_after, items_u1_before,
+        "the items u1 held stay as they were carried"
+    );
+}
+
+#[tokio::test]
+async fn a_column_added_sends_that_table_again_and_nothing_else() {
+    let mut fleet = fleet().await;
+    let shops_before = carried(&fleet, "shops").await;
+    let regions_before = carried(&fleet, "regions").await;
+    let items_held = held(&fleet, "items").await;
+    let second = Engine::builder()
+        .table::<v1::Region>()
+        .table::<v1::Shop>()
+        .table::<v2::PricedItem>()
+        .build()
+        .unwrap();
+    let dry = deploy::dry_run(&fleet.writer, &second).await.unwrap();
+    assert_eq!(dry.changes.len(), 1, "{dry}");
+    let change = &dry.changes[0];
+    assert_eq!(change.action, Action::Resend, "{dry}");
+    assert_eq!(change.why, "columns added: price");
+    assert_eq!(change.held_total, items_held as u64);
+    fleet.redeploy(second).await;
+    let moved = settle(&mut fleet).await;
+    fleet.check().await;
+    assert_eq!(fleet.provisionings, 2);
+    assert_eq!(
+        moved.sends, items_held as u64,
+        "every held item once: {moved:?}"
+    );
+    assert_eq!(moved.deletes, 0);
+    assert_eq!(
+        carried(&fleet, "shops").await,
+        shops_before,
+        "shops not sent"
+    );
+    assert_eq!(
+        carried(&fleet, "regions").await,
+        regions_before,
+        "regions not sent"
+    );
+    // The replicas hold the prices now (the check compares every column).
+    let priced = replica_rows(&fleet.units["u1"].replica, &v2::PricedItem::TABLE);
+    assert!(
+        priced.values().all(|row| !row.ends_with("null]")),
+        "{priced:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_removed_table_is_taken_back_from_the_record_without_reading_it() {
+    let mut fleet = fleet().await;
+    let second = Engine::builder()
+        .table::<v1::Region>()
+        .table::<v1::Shop>()
+        .build()
+        .unwrap();
+    let items_held = held(&fleet, "items").await;
+    assert!(items_held > 0);
+    // The host drops the table with its declaration: whatever reads it now
+    // fails, so a deployment that settles did not read it.
+    fleet
+        .writer
+        .batch_execute("DROP TABLE items")
+        .await
+        .unwrap();
+    let dry = deploy::dry_run(&fleet.writer, &second).await.unwrap();
+    assert_eq!(dry.changes.len(), 1, "{dry}");
+    assert_eq!(dry.changes[0].action, Action::Remove);
+    assert_eq!(dry.changes[0].held_total, items_held as u64);
+    // The tills still run the build that had items: they let go of them.
+    fleet.redeploy_server(second).await;
+    let moved = settle(&mut fleet).await;
+    fleet.check().await;
+    assert_eq!(fleet.provisionings, 2);
+    assert_eq!(moved.deletes, items_held as u64, "{moved:?}");
+    assert_eq!(moved.sends, 0);
+    assert_eq!(held(&fleet, "items").await, 0);
+    for unit in fleet.units.values() {
+        assert!(replica_rows(&unit.replica, &v1::Item::TABLE).is_empty());
+    }
+}
+
+#[tokio::test]
+async fn a_renamed_table_is_a_removal_and_an_addition() {
+    let mut fleet = fleet().await;
+    let with_tips = Engine::builder()
+        .table::<v1::Region>()
+        .table::<v1::Shop>()
+        .table::<v1::Item>()
+        .table::<v2::Tip>()
+        .build()
+        .unwrap();
+    fleet.redeploy(with_tips).await;
+    settle(&mut fleet).await;
+    fleet.check().await;
+    fleet
+        .writer
+        .batch_execute("ALTER TABLE tips RENAME TO hints")
+        .await
+        .unwrap();
+    let renamed = Engine::builder()
+        .table::<v1::Region>()
+        .table::<v1::Shop>()
+        .table::<v1::Item>()
+        .table::<v2::Hint>()
+        .build()
+        .unwrap();
+    let dry = deploy::dry_run(&fleet.writer, &renamed).await.unwrap();
+    let actions: Vec<(&str, Action)> = dry
+        .changes
+        .iter()
+        .map(|c| (c.table.as_str(), c.action))
+        .collect();
+    assert_eq!(actions, [("hints", Action::Add), ("tips", Action::Remove)]);
+    fleet.redeploy(renamed).await;
+    let moved = settle(&mut fleet).await;
+    fleet.check().await;
+    assert_eq!(fleet.provisionings, 2);
+    assert_eq!((moved.sends, moved.deletes), (10, 10), "{moved:?}");
+    assert_eq!(held(&fleet, "tips").await, 0);
+    assert_eq!(held(&fleet, "hints").await, 10);
+}
+
+#[tokio::test]
+async fn a_change_replicas_cannot_tell_sends_nothing() {
+    let mut fleet = fleet().await;
+    let same = Engine::builder()
+        .table::<v1::Item>()
+        .table::<v2::Store>()
+        .table::<v1::Region>()
+        .build()
+        .unwrap();
+    let dry = deploy::dry_run(&fleet.writer, &same).await.unwrap();
+    assert!(dry.is_empty(), "{dry}");
+    fleet.redeploy(same).await;
+    let moved = settle(&mut fleet).await;
+    assert_eq!(moved, Moved::default());
+    fleet.check().await;
+}
+
+#[tokio::test]
+async fn writes_during_a_deployment_are_neither_lost_nor_sent_stale() {
+    let mut fleet = fleet().await;
+    let second = Engine::builder()
+        .table::<v1::Region>()
+        .table::<v2::ShopByRegion>()
+        .table::<v2::PricedItem>()
+        .table::<v2::Tip>()
+        .build()
+        .unwrap();
+    fleet.redeploy(second).await;
+    // Between the deployment's passes the host writes around the rows it
+    // works through: rows it did, rows it has yet to do, rows moving
+    // between replicas, rows new and gone.
+    let writes = [
+        "UPDATE items SET price = price + 1, label = label || '!' WHERE id % 4 = 0",
+        "INSERT INTO tips VALUES (11, 'north', 'tip 11'), (12, 'south', 'tip 12')",
+        "UPDATE shops SET region = 'south' WHERE id = 1",
+        "DELETE FROM items WHERE id IN (3, 9)",
+        "UPDATE tips SET region = 'north', body = 'moved' WHERE id = 1",
+        "INSERT INTO items VALUES (31, 2, 'new', 9.5)",
+        "UPDATE shops SET region = 'north' WHERE id = 1",
+        "DELETE FROM tips WHERE id = 2",
+    ];
+    for write in writes {
+        fleet.write(write).await;
+        let step = fleet.record().await;
+        assert!(step.provisioned.is_empty());
+        fleet.deliver().await;
+        fleet.check_orphans();
+    }
+    settle(&mut fleet).await;
+    fleet.check().await;
+    assert_eq!(fleet.provisionings, 2);
+    assert!(deployment_done(&fleet)
+        .await
+        .iter()
+        .all(|(_, _, done)| *done));
+}

@@ -1,0 +1,260 @@
+//! A deployment worked through beside the passes (`crate::deploy` says
+//! what is owed and why).
+//!
+//! Each pass takes one chunk of one table's work (`Settings::deploy_chunk_rows`
+//! rows), removals first, then the other tables parents first:
+//!
+//! - **plan / resend**: the next rows of the table by key, after the last
+//!   one worked through, go into the planner's changed rows as rows
+//!   *touched* but not written (`_ms_touched` without a note). The planner
+//!   then asks of each what it asks of any change: does its rule keep it
+//!   where it is held, does a replica that lacks it want it now, does what
+//!   leaned on it still stand. A row whose place did not move is not sent,
+//!   unless the chunk is a resend (`_ms_touched.resend`): then every
+//!   replica keeping it is sent it again, in the new encoding.
+//! - **remove**: the next rows the kept-up replicas are recorded holding of
+//!   a table this build no longer sends go straight into the rows to take
+//!   back (`_ms_del`), from the record alone. What they pointed at loses
+//!   their count (`refs`) and is questioned, so a parent held only for
+//!   them goes too.
+//!
+//! The chunk's progress is written with the pass (in its closing batch), so
+//! a relay stopped mid-deployment goes on from the last committed chunk and
+//! sends nothing twice. Ongoing changes are planned in the same passes:
+//! a deployment adds a bounded chunk to each, never a whole table.
+
+use super::graph::{key_json, Graph, Shape};
+use crate::catalog::Catalog;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::row::Rule;
+use crate::sql::{escaped, ident, literal};
+use crate::value::Kind;
+use std::collections::BTreeMap;
+use tokio_postgres::Transaction;
+
+/// What this build declares, for `crate::deploy`.
+pub(crate) fn declared(engine: &Engine, catalog: &Catalog) -> Result<crate::deploy::Declared> {
+    let tables: Vec<_> = engine.down_tables().collect();
+    let graph = Graph::new(&tables, catalog)?;
+    let mut links: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    for l in graph.tracked() {
+        links
+            .entry(l.child.name.to_string())
+            .or_default()
+            .push((l.name.clone(), l.parent.name.to_string()));
+    }
+    let noted = tables
+        .iter()
+        .map(|t| {
+            let mut relations = vec![t.name.to_string()];
+            if let Rule::Group(g) = t.rule {
+                relations.push(g.members.to_string());
+                relations.push(g.grants.to_string());
+            }
+            (t.name.to_string(), relations)
+        })
+        .collect();
+    Ok(crate::deploy::Declared {
+        schema: catalog.schema(engine),
+        links,
+        noted,
+    })
+}
+
+/// A table no longer declared, as the build that last declared it
+/// described it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Removed {
+    /// Its name. Leaked once per relay and table removed: the packer
+    /// names tables by `&'static str`.
+    pub name: &'static str,
+    /// Its key columns' kinds, in key order.
+    pub key: Vec<Kind>,
+    /// The links its held rows are counted in: (name, parent), for the
+    /// parents this build still declares.
+    pub links: Vec<(String, String)>,
+}
+
+/// One chunk of a deployment's work, as a pass takes it.
+#[derive(Debug, Clone)]
+pub(crate) enum Work {
+    /// The next rows of a declared table, planned again; sent again to
+    /// their holders when `resend`.
+    Plan {
+        table: &'static str,
+        resend: bool,
+        after: Option<serde_json::Value>,
+    },
+    /// The next held rows of a removed table, taken back.
+    Remove(Removed),
+}
+
+impl Work {
+    /// The table worked on.
+    pub fn table(&self) -> &'static str {
+        match self {
+            Work::Plan { table, .. } => table,
+            Work::Remove(r) => r.name,
+        }
+    }
+}
+
+/// What one chunk came to, for the pass's closing batch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Worked {
+    /// Rows worked through.
+    pub rows: u64,
+    /// The key of the last one (for `plan`), as JSON text.
+    pub last: Option<String>,
+    /// Whether the table's work is done with this chunk.
+    pub done: bool,
+}
+
+/// The next chunk owed, if any: removals first, then tables parents
+/// first. `removed` keeps the leaked names from pass to pass.
+pub(crate) async fn next(
+    tx: &Transaction<'_>,
+    graph: &Graph,
+    removed: &mut Vec<&'static str>,
+) -> Result<Option<Work>> {
+    let rows = tx
+        .query(
+            "SELECT table_name, work, after, definition FROM sync.deployment
+             WHERE done_at IS NULL",
+            &[],
+        )
+        .await?;
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let mut plans = Vec::new();
+    for row in &rows {
+        let (table, work): (String, String) = (row.get(0), row.get(1));
+        if work == "remove" {
+            let definition: Option<serde_json::Value> = row.get(3);
+            return Ok(Some(Work::Remove(removed_table(
+                &table,
+                definition.as_ref(),
+                graph,
+                removed,
+            )?)));
+        }
+        let after: Option<serde_json::Value> = row.get(2);
+        match graph.shapes.iter().position(|s| s.table.name == table) {
+            Some(at) => plans.push((at, work == "resend", after)),
+            // Declared again as something that does not go down: nothing
+            // of it to plan (its removal, if owed, is its own row).
+            None => {
+                tx.execute(
+                    "UPDATE sync.deployment SET done_at = now() WHERE table_name = $1",
+                    &[&table],
+                )
+                .await?;
+            }
+        }
+    }
+    plans.sort_by_key(|(at, _, _)| *at);
+    Ok(plans
+        .into_iter()
+        .next()
+        .map(|(at, resend, after)| Work::Plan {
+            table: graph.shapes[at].table.name,
+            resend,
+            after,
+        }))
+}
+
+fn removed_table(
+    name: &str,
+    definition: Option<&serde_json::Value>,
+    graph: &Graph,
+    removed: &mut Vec<&'static str>,
+) -> Result<Removed> {
+    let damaged = |why: &str| Error::Damaged {
+        what: format!("sync.deployment: the definition of removed table `{name}` {why}"),
+    };
+    let definition = definition.ok_or_else(|| damaged("is missing"))?;
+    let key = definition["key"]
+        .as_array()
+        .ok_or_else(|| damaged("has no key"))?
+        .iter()
+        .map(|k| {
+            k[1].as_str()
+                .and_then(Kind::named)
+                .ok_or_else(|| damaged("names a key kind this build does not know"))
+        })
+        .collect::<Result<Vec<Kind>>>()?;
+    let links = definition["links"]
+        .as_array()
+        .map(|links| {
+            links
+                .iter()
+                .filter_map(|l| Some((l[0].as_str()?.to_string(), l[1].as_str()?.to_string())))
+                .filter(|(_, parent)| graph.shapes.iter().any(|s| s.table.name == parent))
+                .collect()
+        })
+        .unwrap_or_default();
+    let name: &'static str = match removed.iter().find(|n| **n == name) {
+        Some(n) => n,
+        None => {
+            let leaked: &'static str = Box::leak(name.to_string().into_boxed_str());
+            removed.push(leaked);
+            leaked
+        }
+    };
+    Ok(Removed { name, key, links })
+}
+
+/// The rows of `shape` after `after` (a key as JSON), in key order, at most
+/// `limit`: a range read through the key's index. Gives each row's key as
+/// `k` and its key columns as `c0`, `c1`, ….
+pub(crate) fn chunk_sql(shape: &Shape, after: Option<&serde_json::Value>, limit: i64) -> String {
+    let cols: Vec<String> = shape
+        .table
+        .key
+        .iter()
+        .map(|c| format!("a.{}", ident(c)))
+        .collect();
+    let from = match after {
+        None => String::new(),
+        Some(after) => {
+            let json = format!("{}::jsonb", escaped(&after.to_string()));
+            let typed: Vec<String> = shape
+                .key_types
+                .iter()
+                .enumerate()
+                .map(|(i, ty)| format!("({json}->>{i})::{ty}"))
+                .collect();
+            format!("WHERE ({}) > ({})", cols.join(", "), typed.join(", "))
+        }
+    };
+    let order = cols.join(", ");
+    let named: Vec<String> = cols
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("{c} AS c{i}"))
+        .collect();
+    format!(
+        "SELECT {key} AS k, {named} FROM {rel} a {from} ORDER BY {order} LIMIT {limit}",
+        named = named.join(", "),
+        key = key_json("a", shape.table),
+        rel = shape.relation,
+    )
+}
+
+/// The closing statement of a chunk: where the table's work stands.
+pub(crate) fn closing(table: &str, worked: &Worked) -> String {
+    format!(
+        "UPDATE sync.deployment SET rows_done = rows_done + {rows}, after = coalesce({last}::jsonb, after),
+             done_at = {done}
+         WHERE table_name = {t} AND done_at IS NULL;",
+        rows = worked.rows,
+        last = worked
+            .last
+            .as_deref()
+            .map_or("NULL".to_string(), escaped),
+        done = if worked.done { "now()" } else { "NULL" },
+        t = literal(table),
+    )
+}
