@@ -5,6 +5,7 @@
 //! for the whole process, so every test holds a `FailScenario`, which runs
 //! them one at a time, and this binary holds no test that does not.
 
+mod deploying;
 mod storm;
 
 use fail::FailScenario;

@@ -492,6 +492,13 @@ impl Relay {
             true => deployment::next(&tx, &self.context.graph, &mut self.removed).await?,
             false => None,
         };
+        if self.deploying && work.is_none() {
+            // Nothing is owed any more: this pass tells the replicas.
+            tracing::info!("the deployment is complete");
+            self.deploying = false;
+        }
+        // Whether this pass looks for replicas due a `Configured`.
+        let looked = !self.deploying;
         let mut analysed = std::collections::BTreeSet::new();
         let mut attempts = 0;
         let (plan, recorded, mut closing) = loop {
@@ -594,19 +601,10 @@ impl Relay {
         }
         self.prepared = true;
         self.started = true;
-        match &work {
-            None => {
-                if self.deploying {
-                    tracing::info!("the deployment is complete");
-                }
-                self.deploying = false;
-            }
-            Some(work) if plan.worked.done => {
-                tracing::info!(table = work.table(), "a table's deployment is done");
-            }
-            Some(_) => {}
+        if let Some(work) = work.as_ref().filter(|_| plan.worked.done) {
+            tracing::info!(table = work.table(), "a table's deployment is done");
         }
-        if !self.deploying && recorded.configured.is_empty() && work.is_none() {
+        if looked && recorded.configured.is_empty() {
             self.configuring = false;
         }
         self.leftovers.left(plan.filled, analysed);
