@@ -163,6 +163,9 @@ pub enum Command {
         #[arg(long, value_name = "SECONDS", default_value_t = 0.5)]
         every: f64,
     },
+    /// The last deployment of changed declarations, table by table: what
+    /// changed, what is done about it, and how far it got.
+    Deployment,
     /// The server's public key, which a replica is given with its secret
     /// when it is enrolled, and pins: it applies only what that key (or a
     /// newer key it endorsed) signed.
@@ -173,6 +176,44 @@ pub enum Command {
         #[arg(long)]
         rotate: bool,
     },
+}
+
+/// `deploy`, for a host to mount in its own binary: only the host knows
+/// its declarations. With `--dry-run` it prints what starting this build
+/// would change (tables reused, added, planned again, sent again, taken
+/// back, with the rows each moves) and changes nothing; without, where the
+/// last deployment stands. The relay does the deployment itself when the
+/// new build starts.
+#[derive(Debug, Clone, Default, Args)]
+pub struct Deploy {
+    /// Print what starting this build would change, and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print JSON (stable field names) instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs [`Deploy`] for the build whose declarations are `engine`, on a
+/// connection of its own.
+pub async fn deploy(
+    client: &Client,
+    engine: &magic_sync::Engine,
+    args: &Deploy,
+    out: &mut dyn Write,
+) -> Result<Outcome, Error> {
+    if args.dry_run {
+        let read = magic_sync::deploy::dry_run(client, engine)
+            .await
+            .map_err(Error::Deployment)?;
+        emit(out, args.json, &read, show::dry_run)?;
+    } else {
+        let read = magic_sync::deploy::progress(client)
+            .await
+            .map_err(Error::Deployment)?;
+        emit(out, args.json, &read, |d: &Vec<_>| show::deployment(d))?;
+    }
+    Ok(Outcome::Fine)
 }
 
 /// How a command ended, for the exit code.
@@ -225,6 +266,9 @@ pub enum Error {
         /// What failed.
         source: std::io::Error,
     },
+    /// Reading or planning a deployment failed.
+    #[error("the deployment: {0}")]
+    Deployment(#[source] magic_sync::Error),
     /// An argument out of its range.
     #[error("{0}")]
     Argument(&'static str),
@@ -264,6 +308,13 @@ pub async fn run(
                     .iter()
                     .any(|r| r.state == ops::ReplicaState::WaitingOnFix),
             ))
+        }
+        Command::Deployment => {
+            let read = magic_sync::deploy::progress(&*client)
+                .await
+                .map_err(Error::Deployment)?;
+            emit(out, json, &read, |d: &Vec<_>| show::deployment(d))?;
+            Ok(Outcome::Fine)
         }
         Command::Progress { replica } => {
             let read = ops::progress(client, replica).await?;

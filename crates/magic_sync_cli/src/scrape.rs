@@ -26,6 +26,18 @@ pub fn render(g: &Gauges) -> String {
 fn describe() {
     describe_gauge!("magic_sync_replicas", "Live replicas, by state.");
     describe_gauge!(
+        "magic_sync_deployment_rows_done",
+        "Rows of a table the last deployment of changed declarations worked through, by table and work."
+    );
+    describe_gauge!(
+        "magic_sync_deployment_rows_total",
+        "Rows of the table to work through, as estimated when the deployment began."
+    );
+    describe_gauge!(
+        "magic_sync_deployment_done",
+        "1 once the deployment is done with the table, 0 while it works through it."
+    );
+    describe_gauge!(
         "magic_sync_notes_pending",
         "Notes no relay pass has planned yet (sync.notes)."
     );
@@ -117,6 +129,12 @@ fn record(g: &Gauges) {
         gauge!("magic_sync_rows_quarantined", "table" => table.clone()).set(value(*n));
     }
     gauge!("magic_sync_rows_held_back").set(value(g.held_back));
+    for d in &g.deployment {
+        let labels = [("table", d.table.clone()), ("work", d.work.clone())];
+        gauge!("magic_sync_deployment_rows_done", &labels).set(d.rows_done as f64);
+        gauge!("magic_sync_deployment_rows_total", &labels).set(d.rows_total as f64);
+        gauge!("magic_sync_deployment_done", &labels).set(if d.done { 1.0 } else { 0.0 });
+    }
     gauge!("magic_sync_provisionings", "snapshot" => "waiting").set(value(g.provisionings.waiting));
     gauge!("magic_sync_provisionings", "snapshot" => "streaming")
         .set(value(g.provisionings.streaming));

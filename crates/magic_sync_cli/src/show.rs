@@ -81,7 +81,37 @@ pub fn overview(o: &Overview) -> String {
         }
         let _ = writeln!(out, "\nTables not where they should be yet:\n{t}");
     }
+    if o.deployment.iter().any(|d| !d.done) {
+        let _ = writeln!(
+            out,
+            "\nA deployment is under way:\n{}",
+            deployment(&o.deployment)
+        );
+    }
     out
+}
+
+/// The last deployment, table by table.
+pub fn deployment(d: &[magic_sync::deploy::Progress]) -> String {
+    if d.is_empty() {
+        return "no deployment: the declarations are those the sync began with\n".into();
+    }
+    let mut t = table(&["table", "work", "why", "rows worked through", "state"]);
+    for p in d {
+        t.add_row(vec![
+            p.table.clone(),
+            p.work.clone(),
+            p.why.clone(),
+            format!("{} of about {}", p.rows_done, p.rows_total),
+            if p.done { "done" } else { "under way" }.to_string(),
+        ]);
+    }
+    format!("{t}\n")
+}
+
+/// What starting a build would change: its dry run.
+pub fn dry_run(d: &magic_sync::deploy::Deployment) -> String {
+    d.to_string()
 }
 
 pub fn listing(l: &Listing) -> String {

@@ -36,7 +36,8 @@ use std::fmt;
 use tokio_postgres::Client;
 
 /// What a deployment does with one table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Action {
     /// New to the sync: its rows are planned for every replica.
     Add,
@@ -81,7 +82,7 @@ impl fmt::Display for Action {
 }
 
 /// One table a deployment changes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Change {
     /// The table.
     pub table: String,
@@ -101,7 +102,7 @@ pub struct Change {
 }
 
 /// What a build changes against the last one's declarations.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Deployment {
     /// Tables whose fingerprints are the last build's: untouched.
     pub reused: Vec<String>,
@@ -608,7 +609,7 @@ pub(crate) async fn noted_before(client: &Client) -> Result<Option<Vec<String>>>
 }
 
 /// Per table a deployment changed, how far it got.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Progress {
     /// The table.
     pub table: String,
@@ -627,6 +628,13 @@ pub struct Progress {
 /// Where the last deployment stands, table by table: empty when no build
 /// changed anything since the sync began.
 pub async fn progress(client: &impl tokio_postgres::GenericClient) -> Result<Vec<Progress>> {
+    Ok(read_progress(client).await?)
+}
+
+/// [`progress`], for the operator's reads.
+pub(crate) async fn read_progress(
+    client: &impl tokio_postgres::GenericClient,
+) -> std::result::Result<Vec<Progress>, tokio_postgres::Error> {
     let rows = client
         .query(
             "SELECT table_name, work, why, rows_done, rows_total, done_at IS NOT NULL

@@ -248,10 +248,37 @@ async fn a_new_table_reaches_every_replica_that_wants_it_and_nobody_is_provision
     assert_eq!(first.deployed, Some(("tips".to_string(), 4)));
     fleet.deliver().await;
     assert!(!complete(&fleet), "a deployment part way is not whole");
+    // The operator sees it under way: not settled, and how far it got.
+    let mut operator = fleet.db.connect().await;
+    let read = magic_sync::ops::settled(&mut operator, &magic_sync::ops::Scope::All)
+        .await
+        .unwrap();
+    assert!(!read.settled && read.deploying == 1, "{read:?}");
+    assert!(
+        read.says
+            .contains("a deployment is under way: 1 tables, 4 of about 10 rows"),
+        "{}",
+        read.says
+    );
     let moved = settle(&mut fleet).await;
     assert!(
         complete(&fleet),
         "the deployment done, the replicas are told"
+    );
+    let read = magic_sync::ops::settled(&mut operator, &magic_sync::ops::Scope::All)
+        .await
+        .unwrap();
+    assert!(read.settled, "{read:?}");
+    let overview = magic_sync::ops::overview(&mut operator, &magic_sync::ops::Scope::All, 5)
+        .await
+        .unwrap();
+    assert_eq!(overview.deployment.len(), 1);
+    assert_eq!(
+        (
+            overview.deployment[0].rows_done,
+            overview.deployment[0].done
+        ),
+        (10, true)
     );
     fleet.check().await;
     assert_eq!(fleet.provisionings, 2, "nobody was provisioned again");

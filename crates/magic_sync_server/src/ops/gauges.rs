@@ -59,6 +59,8 @@ pub struct Gauges {
     pub quarantined: Vec<(String, i64)>,
     /// Rows of the replicas in scope held back for pointing at one.
     pub held_back: i64,
+    /// The last deployment, table by table (see [`super::Overview::deployment`]).
+    pub deployment: Vec<crate::deploy::Progress>,
 }
 
 /// The figures of `scope` a metrics endpoint exports.
@@ -109,6 +111,7 @@ pub async fn gauges(client: &mut tokio_postgres::Client, scope: &Scope) -> Resul
             &[&ids, &partition],
         )
         .await?;
+    let deployment = crate::deploy::read_progress(&tx).await?;
     tx.commit().await?;
     let weights: HashMap<String, i64> = weights.iter().map(|r| (r.get(0), r.get(1))).collect();
     let mut states = StateCounts::default();
@@ -135,5 +138,6 @@ pub async fn gauges(client: &mut tokio_postgres::Client, scope: &Scope) -> Resul
         oldest_pending_at,
         quarantined,
         held_back,
+        deployment,
     })
 }

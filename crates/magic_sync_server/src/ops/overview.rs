@@ -80,6 +80,10 @@ pub struct Overview {
     /// Notes pending in the whole database (not planned by a pass yet):
     /// a note is not any one replica's until it is planned.
     pub pending_notes: i64,
+    /// The last deployment of changed declarations, table by table, with
+    /// how far each got (`crate::deploy`); empty when no build changed
+    /// any since the sync began.
+    pub deployment: Vec<crate::deploy::Progress>,
 }
 
 impl Overview {
@@ -115,6 +119,7 @@ pub async fn overview(
         .query_one("SELECT count(*) FROM sync.notes", &[])
         .await?
         .get(0);
+    let deployment = crate::deploy::read_progress(&tx).await?;
     tx.commit().await?;
     let mut states = StateCounts::default();
     for r in &replicas {
@@ -131,6 +136,7 @@ pub async fn overview(
         worst: replicas,
         tables: tables.into_values().collect(),
         pending_notes,
+        deployment,
     })
 }
 

@@ -1,5 +1,6 @@
 //! Whether the fleet is settled: every live replica caught up, no note
-//! pending, nothing waiting for a fix, and a relay has started. Read from
+//! pending, nothing waiting for a fix, no deployment under way, and a relay
+//! has started. Read from
 //! the record alone, exactly, in one transaction (see [`overview`]).
 
 use super::{overview, Result, Scope};
@@ -12,7 +13,7 @@ pub struct Settled {
     /// The server's time of the read.
     pub now: DateTime<Utc>,
     /// Every live replica caught up, no note pending, nothing waiting for a
-    /// fix, and a relay has started.
+    /// fix, no deployment under way, and a relay has started.
     pub settled: bool,
     /// Every live replica caught up (pending notes aside).
     pub caught_up: bool,
@@ -32,6 +33,8 @@ pub struct Settled {
     pub quarantined: i64,
     /// Notes the planner cannot plan, parked until a fix is deployed.
     pub parked: i64,
+    /// Tables a deployment of changed declarations still works through.
+    pub deploying: i64,
     /// The state in words.
     pub says: String,
 }
@@ -50,6 +53,7 @@ pub async fn settled(client: &mut tokio_postgres::Client, scope: &Scope) -> Resu
         .await?;
     let (relay_started, quarantined, parked): (bool, i64, i64) =
         (row.get(0), row.get(1), row.get(2));
+    let deploying = read.deployment.iter().filter(|d| !d.done).count() as i64;
     let behind = read.replicas - read.states.caught_up;
     let waiting_on_fix = read.states.waiting_on_fix;
     let caught_up = relay_started && behind == 0;
@@ -57,7 +61,8 @@ pub async fn settled(client: &mut tokio_postgres::Client, scope: &Scope) -> Resu
         && read.pending_notes == 0
         && waiting_on_fix == 0
         && quarantined == 0
-        && parked == 0;
+        && parked == 0
+        && deploying == 0;
     let says = if !relay_started {
         "no relay has started on this database yet: nothing is recorded".to_string()
     } else if parked > 0 {
@@ -71,6 +76,15 @@ pub async fn settled(client: &mut tokio_postgres::Client, scope: &Scope) -> Resu
         )
     } else if behind > 0 {
         format!("{behind} of {} replicas are not caught up", read.replicas)
+    } else if deploying > 0 {
+        let (done, total) = read
+            .deployment
+            .iter()
+            .filter(|d| !d.done)
+            .fold((0, 0), |(d, t), p| (d + p.rows_done, t + p.rows_total));
+        format!(
+            "a deployment is under way: {deploying} tables, {done} of about {total} rows worked through"
+        )
     } else if read.pending_notes > 0 {
         format!(
             "all {} replicas caught up; {} notes pending",
@@ -93,6 +107,7 @@ pub async fn settled(client: &mut tokio_postgres::Client, scope: &Scope) -> Resu
         pending_notes: read.pending_notes,
         quarantined,
         parked,
+        deploying,
         says,
     })
 }
