@@ -87,6 +87,7 @@ async fn overview_replicas_progress_and_row_as_json() {
             "tables": [{"table": "items", "replicas": 1, "rows_on_their_way": 1,
                         "rows_outdated": 0, "rows_refused": 0}],
             "pending_notes": 0,
+            "deployment": [],
         })
     );
 
@@ -347,4 +348,61 @@ async fn wait_says_when_the_fleet_is_settled_caught_up_or_waiting_for_a_fix() {
         wait(&url, &["--timeout", "30"]),
         (2, "1 of 3 replicas wait for a fix".to_string())
     );
+}
+
+#[tokio::test]
+async fn deployment_lists_the_last_deployment_and_settled_waits_for_it() {
+    let db = fleet().await;
+    let client = db.connect().await;
+    let url = db.url();
+    let out = magic_sync(&url, &["deployment"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8(out.stdout)
+        .unwrap()
+        .contains("no deployment"));
+    client
+        .batch_execute(
+            "UPDATE sync.acks SET number = 7 WHERE replica = 'b';
+             INSERT INTO sync.tables (name, mirror, fingerprint)
+                 VALUES ('items', 'down', decode(repeat('00', 32), 'hex'));
+             INSERT INTO sync.deployment (table_name, work, why, rows_done, rows_total) VALUES
+                 ('items', 'plan', 'rule all → replica(unit)', 4, 10),
+                 ('tips', 'remove', 'no longer declared', 3, 3);
+             UPDATE sync.deployment SET done_at = now() WHERE table_name = 'tips';",
+        )
+        .await
+        .unwrap();
+    let out = magic_sync(&url, &["--json", "deployment"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v,
+        json!([
+            {"table": "items", "work": "plan", "why": "rule all → replica(unit)",
+             "rows_done": 4, "rows_total": 10, "done": false},
+            {"table": "tips", "work": "remove", "why": "no longer declared",
+             "rows_done": 3, "rows_total": 3, "done": true},
+        ])
+    );
+    let text = String::from_utf8(magic_sync(&url, &["deployment"]).stdout).unwrap();
+    assert!(
+        text.contains("4 of about 10") && text.contains("under way"),
+        "{text}"
+    );
+    // Every replica caught up, nothing pending: the deployment alone holds
+    // the fleet back from settled.
+    assert_eq!(
+        wait(&url, &["--timeout", "0.2"]),
+        (
+            1,
+            "a deployment is under way: 1 tables, 4 of about 10 rows worked through".to_string()
+        )
+    );
+    let overview = String::from_utf8(magic_sync(&url, &["overview"]).stdout).unwrap();
+    assert!(overview.contains("A deployment is under way"), "{overview}");
+    client
+        .batch_execute("UPDATE sync.deployment SET done_at = now(), rows_done = 10")
+        .await
+        .unwrap();
+    assert_eq!(wait(&url, &["--timeout", "5"]).0, 0);
 }

@@ -43,9 +43,12 @@ pub enum Action {
     Add,
     /// Its rule or links changed: planned again; only the difference goes.
     Replan,
-    /// How its rows are encoded changed (and perhaps its rule): planned
-    /// again, and sent again to every replica that keeps them.
+    /// How its rows are encoded changed, and nothing that decides which
+    /// replicas hold them: sent again, as they are held, to their holders.
     Resend,
+    /// Its rule or links and its encoding changed: planned again, and sent
+    /// again to every replica that keeps them.
+    Reshape,
     /// No longer declared, or no longer sent down: its rows are taken back
     /// from every replica, read from the record alone.
     Remove,
@@ -60,6 +63,7 @@ impl Action {
             Action::Add => "add",
             Action::Replan => "replan",
             Action::Resend => "resend",
+            Action::Reshape => "reshape",
             Action::Remove => "remove",
             Action::Rebuild => "rebuild",
         }
@@ -70,6 +74,7 @@ impl Action {
         match self {
             Action::Add | Action::Replan | Action::Rebuild => "plan",
             Action::Resend => "resend",
+            Action::Reshape => "both",
             Action::Remove => "remove",
         }
     }
@@ -92,7 +97,7 @@ pub struct Change {
     pub why: String,
     /// Rows to work through: the table's rows for a plan (PostgreSQL's
     /// estimate once the table was analysed), the rows replicas hold for a
-    /// removal or a rebuild.
+    /// resend, a removal or a rebuild.
     pub rows: u64,
     /// The rows replicas hold of it now, largest holders first (at most
     /// five): what a resend sends again and a removal takes back.
@@ -135,9 +140,10 @@ impl fmt::Display for Deployment {
                 Action::Add | Action::Replan => {
                     writeln!(f, "         about {} rows planned again", c.rows)?
                 }
-                Action::Resend => writeln!(
+                Action::Resend => writeln!(f, "         {} held rows sent again", c.held_total)?,
+                Action::Reshape => writeln!(
                     f,
-                    "         about {} rows planned again; {} held rows sent again",
+                    "         about {} rows planned again; the {} held rows kept sent again",
                     c.rows, c.held_total
                 )?,
                 Action::Remove => writeln!(f, "         {} held rows taken back", c.held_total)?,
@@ -268,7 +274,7 @@ fn compare(
             }
             let Some(def) = &b.definition else {
                 return Some((
-                    Action::Resend,
+                    Action::Reshape,
                     "changed since a build that recorded no details".into(),
                 ));
             };
@@ -315,7 +321,8 @@ fn compare(
             }
             match (planned, encoded) {
                 (false, false) => None,
-                (_, true) => Some((Action::Resend, what.join("; "))),
+                (false, true) => Some((Action::Resend, what.join("; "))),
+                (true, true) => Some((Action::Reshape, what.join("; "))),
                 (true, false) => Some((Action::Replan, what.join("; "))),
             }
         }
@@ -490,6 +497,15 @@ async fn begin_in(
             .batch_execute("DELETE FROM sync.deployment WHERE done_at IS NOT NULL")
             .await?;
     }
+    // Whatever is unfinished is this build's to work now; a relay of an
+    // older build still running leaves it alone.
+    let build = declared.schema.fingerprint().0.to_vec();
+    client
+        .execute(
+            "UPDATE sync.deployment SET build = $1 WHERE done_at IS NULL",
+            &[&build],
+        )
+        .await?;
     for c in &changes {
         let definition: Option<serde_json::Value> = match c.action {
             Action::Remove => before.get(&c.table).and_then(|b| b.definition.clone()),
@@ -514,23 +530,26 @@ async fn begin_in(
             }
         }
         // Work left unfinished on the table by a deployment before is
-        // folded in: planned again and sent again covers whatever it owed.
+        // folded in: planned again and sent again (`both`) covers whatever
+        // it owed.
         client
             .execute(
-                "INSERT INTO sync.deployment (table_name, work, why, definition, rows_total)
-                 VALUES ($1, $2, $3, $4, $5)
+                "INSERT INTO sync.deployment (table_name, work, why, definition, rows_total, build)
+                 VALUES ($1, $2, $3, $4, $5, $6)
                  ON CONFLICT (table_name) DO UPDATE SET
                      work = CASE WHEN EXCLUDED.work = 'remove' OR sync.deployment.done_at IS NOT NULL
-                                 THEN EXCLUDED.work ELSE 'resend' END,
+                                      OR sync.deployment.work = EXCLUDED.work
+                                 THEN EXCLUDED.work ELSE 'both' END,
                      why = EXCLUDED.why, definition = EXCLUDED.definition, after = NULL,
                      rows_done = 0, rows_total = EXCLUDED.rows_total, began_at = now(),
-                     done_at = NULL",
+                     done_at = NULL, build = EXCLUDED.build",
                 &[
                     &c.table,
                     &c.action.work(),
                     &c.why,
                     &definition,
                     &(c.rows as i64),
+                    &build,
                 ],
             )
             .await?;
@@ -613,7 +632,7 @@ pub(crate) async fn noted_before(client: &Client) -> Result<Option<Vec<String>>>
 pub struct Progress {
     /// The table.
     pub table: String,
-    /// `plan`, `resend` or `remove`.
+    /// `plan`, `resend`, `both` or `remove`.
     pub work: String,
     /// What changed, in words.
     pub why: String,

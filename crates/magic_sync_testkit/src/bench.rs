@@ -23,7 +23,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// A number from the environment, or `default`.
 /// What the engine logs, to standard error, as the `magic-sync` command
 /// has it: warnings and worse, or as `RUST_LOG` says
 /// (`RUST_LOG=magic_sync::pass=debug` times every step of a pass, as
@@ -32,6 +31,7 @@ pub fn logs() {
     magic_sync_cli::logs();
 }
 
+/// A number from the environment, or `default`.
 pub fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()

@@ -148,6 +148,11 @@ impl Fleet {
     /// (tables and rows) is made, the `sync` schema installed and
     /// `engine`'s triggers.
     pub async fn of(schema: &str, engine: Engine) -> Fleet {
+        Self::of_sized(schema, engine, MAX_MESSAGE).await
+    }
+
+    /// [`of`](Self::of), with messages of at most `max_message` bytes.
+    pub async fn of_sized(schema: &str, engine: Engine, max_message: usize) -> Fleet {
         let db = magic_sync_testdb::database().await;
         let mut writer = db.connect().await;
         writer.batch_execute(schema).await.expect("the schema");
@@ -157,7 +162,7 @@ impl Fleet {
         magic_sync::trigger::install(&engine, &mut writer)
             .await
             .expect("install triggers");
-        Self::on(db, writer, engine, MAX_MESSAGE).await
+        Self::on(db, writer, engine, max_message).await
     }
 
     async fn on(
@@ -175,8 +180,10 @@ impl Fleet {
         let settings = Settings {
             chunk_rows: 3,
             flush_bytes: 2048,
-            // And deployments over several passes.
+            // And deployments over several passes: four rows a pass from
+            // the first (the most, and what a deployment begins with).
             deploy_chunk_rows: 4,
+            deploy_pass_budget: std::time::Duration::from_secs(3600),
             ..Settings::default()
         };
         let relay = Relay::new(&client, engine.clone(), settings)
@@ -233,7 +240,11 @@ impl Fleet {
     fn open_replica(&self, id: &str, path: &std::path::Path) -> Replica {
         let mut replica = Replica::open(path, id, self.engine, self.foreign_keys()).unwrap();
         replica.trust(&self.key).unwrap();
-        if self.engine.tables().any(|t| t.name == "products") {
+        if self
+            .engine
+            .tables()
+            .any(|t| t.name == "products" && t.column("barcode").is_some())
+        {
             // As on the server, a barcode belongs to one product at a time.
             replica
                 .connection()

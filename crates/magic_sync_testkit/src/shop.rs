@@ -187,6 +187,33 @@ pub fn refusing<R: Columns + 'static>(bad: fn(&R) -> bool) -> Codec<R> {
 /// The shop's engine, its products and customers encoded by codecs that
 /// refuse a row whose name says "bug": a build with a bug, which deploying
 /// [`engine`] fixes.
+/// The shop's notices, to every till rather than its region's.
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "notices", down, all, key(id))]
+pub struct NoticeToAll {
+    pub id: i64,
+    pub region_id: String,
+    pub body: String,
+}
+
+/// The shop with its notices sent to every till: a build whose
+/// declarations differ from [`engine`]'s in one rule, for a deployment.
+pub fn redeclared() -> Engine {
+    Engine::builder()
+        .table::<Product>()
+        .table::<Customer>()
+        .table::<Order>()
+        .table::<OrderLine>()
+        .table::<NoticeToAll>()
+        .table::<Promotion>()
+        .table::<Stock>()
+        .table::<Sale>()
+        .table::<Event>()
+        .table::<Shipment>()
+        .build()
+        .expect("the shop's declarations")
+}
+
 pub fn buggy_engine() -> Engine {
     Engine::builder()
         .table_with::<Product>(refusing(|p: &Product| p.name.contains("bug")))

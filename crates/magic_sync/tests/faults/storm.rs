@@ -10,7 +10,9 @@
 //!   before they acknowledge, and go unheard;
 //! - the server's database and tills' files are restored from older copies;
 //! - the build's codec has a bug that sets rows aside, and the host's
-//!   database refuses large sales, until a deploy fixes both.
+//!   database refuses large sales, until a deploy fixes both; the fixed
+//!   build also declares the notices to every till, so a deployment works
+//!   through them amid the rest.
 //!
 //! Each time the storm lets the fleet settle, every replica holds exactly
 //! what it should given the rows set aside, and its digest matches what the
@@ -222,12 +224,13 @@ async fn storm(seed: u64, steps: u64) -> Tally {
 
 impl Storm {
     /// The fix deployed: the host lets large sales in, and a build whose
-    /// codecs encode every row starts.
+    /// codecs encode every row starts; its declarations send notices to
+    /// every till, so a deployment runs through the rest of the storm.
     async fn fix(&mut self) {
         self.fleet
             .write("ALTER TABLE sales DROP CONSTRAINT storm_small")
             .await;
-        self.fleet.deploy(shop::engine()).await;
+        self.fleet.redeploy_server(shop::redeclared()).await;
         self.fixed = true;
     }
 

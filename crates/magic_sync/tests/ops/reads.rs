@@ -387,6 +387,7 @@ async fn the_json_field_names_are_stable() {
     assert_eq!(
         keys(&json),
         [
+            "deployment",
             "now",
             "pending_notes",
             "replicas",

@@ -4,14 +4,18 @@
 //! Each pass takes one chunk of one table's work (`Settings::deploy_chunk_rows`
 //! rows), removals first, then the other tables parents first:
 //!
-//! - **plan / resend**: the next rows of the table by key, after the last
+//! - **plan / both**: the next rows of the table by key, after the last
 //!   one worked through, go into the planner's changed rows as rows
 //!   *touched* but not written (`_ms_touched` without a note). The planner
 //!   then asks of each what it asks of any change: does its rule keep it
 //!   where it is held, does a replica that lacks it want it now, does what
 //!   leaned on it still stand. A row whose place did not move is not sent,
-//!   unless the chunk is a resend (`_ms_touched.resend`): then every
+//!   unless the encoding changed too (`_ms_touched.resend`): then every
 //!   replica keeping it is sent it again, in the new encoding.
+//! - **resend**: only the encoding changed, so no row's place can have
+//!   moved: the next rows by key (`_ms_chunk`) are sent again to each
+//!   replica holding them, as the record has them, with no plan at all
+//!   (but for the rows a note of the same pass plans anyway).
 //! - **remove**: the next rows the kept-up replicas are recorded holding of
 //!   a table this build no longer sends go straight into the rows to take
 //!   back (`_ms_del`), from the record alone. What they pointed at loses
@@ -79,10 +83,11 @@ pub(crate) struct Removed {
 /// One chunk of a deployment's work, as a pass takes it.
 #[derive(Debug, Clone)]
 pub(crate) enum Work {
-    /// The next rows of a declared table, planned again; sent again to
-    /// their holders when `resend`.
+    /// The next rows of a declared table: planned again when `replan`,
+    /// sent again to the replicas keeping them when `resend`.
     Plan {
         table: &'static str,
+        replan: bool,
         resend: bool,
         after: Option<serde_json::Value>,
     },
@@ -113,16 +118,18 @@ pub(crate) struct Worked {
 
 /// The next chunk owed, if any: removals first, then tables parents
 /// first. `removed` keeps the leaked names from pass to pass.
+/// Only what the build whose declarations' fingerprint is `build` owes.
 pub(crate) async fn next(
     tx: &Transaction<'_>,
     graph: &Graph,
+    build: &[u8],
     removed: &mut Vec<&'static str>,
 ) -> Result<Option<Work>> {
     let rows = tx
         .query(
             "SELECT table_name, work, after, definition FROM sync.deployment
-             WHERE done_at IS NULL",
-            &[],
+             WHERE done_at IS NULL AND build = $1",
+            &[&build],
         )
         .await?;
     if rows.is_empty() {
@@ -142,7 +149,7 @@ pub(crate) async fn next(
         }
         let after: Option<serde_json::Value> = row.get(2);
         match graph.shapes.iter().position(|s| s.table.name == table) {
-            Some(at) => plans.push((at, work == "resend", after)),
+            Some(at) => plans.push((at, work != "resend", work != "plan", after)),
             // Declared again as something that does not go down: nothing
             // of it to plan (its removal, if owed, is its own row).
             None => {
@@ -154,12 +161,13 @@ pub(crate) async fn next(
             }
         }
     }
-    plans.sort_by_key(|(at, _, _)| *at);
+    plans.sort_by_key(|(at, ..)| *at);
     Ok(plans
         .into_iter()
         .next()
-        .map(|(at, resend, after)| Work::Plan {
+        .map(|(at, replan, resend, after)| Work::Plan {
             table: graph.shapes[at].table.name,
+            replan,
             resend,
             after,
         }))

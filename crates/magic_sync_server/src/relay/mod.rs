@@ -184,10 +184,15 @@ pub struct Settings {
     /// this often: one that asks again sooner waits, so a replica cannot
     /// make the server read its whole share over and over.
     pub provision_asked_every: Duration,
-    /// Rows of a table a deployment works through per pass
-    /// (`crate::deploy`): the most a deployment adds to one pass beside
-    /// the changes it plans.
+    /// The most rows of a table a deployment works through in one pass
+    /// (`crate::deploy`). A deployment begins with at most 1,000 rows a
+    /// chunk and paces itself by `deploy_pass_budget`.
     pub deploy_chunk_rows: i64,
+    /// How long a pass that works through a deployment's chunk should
+    /// take: the chunk doubles while its passes take less than half of it
+    /// and halves when one takes more, so the changes planned beside it
+    /// wait about this long at most.
+    pub deploy_pass_budget: Duration,
 }
 
 impl Default for Settings {
@@ -205,7 +210,8 @@ impl Default for Settings {
             session: crate::session::SessionSettings::default(),
             snapshots: 2,
             provision_asked_every: Duration::from_secs(10),
-            deploy_chunk_rows: 10_000,
+            deploy_chunk_rows: 50_000,
+            deploy_pass_budget: Duration::from_millis(250),
         }
     }
 }
@@ -304,6 +310,8 @@ pub struct Relay {
     /// Whether replicas may be due a `Configured`: read once no deployment
     /// is under way, until a pass finds none due.
     configuring: bool,
+    /// Rows of a deployment's next chunk, paced by the passes before.
+    deploy_chunk: i64,
 }
 
 impl Relay {
@@ -324,8 +332,8 @@ impl Relay {
         }
         relay.deploying = client
             .query_one(
-                "SELECT EXISTS (SELECT 1 FROM sync.deployment WHERE done_at IS NULL)",
-                &[],
+                "SELECT EXISTS (SELECT 1 FROM sync.deployment WHERE done_at IS NULL AND build = $1)",
+                &[&relay.context.schema],
             )
             .await?
             .get(0);
@@ -333,6 +341,7 @@ impl Relay {
     }
 
     fn with_catalog(catalog: &Catalog, engine: Engine, settings: Settings) -> Result<Relay> {
+        let settings_chunk = settings.deploy_chunk_rows;
         let tables: Vec<&'static Table> = engine.down_tables().collect();
         let graph = Graph::new(&tables, catalog)?;
         let mut groups = Vec::new();
@@ -377,6 +386,7 @@ impl Relay {
             deploying: false,
             removed: Vec::new(),
             configuring: true,
+            deploy_chunk: settings_chunk.clamp(1, 1_000),
         })
     }
 
@@ -470,6 +480,7 @@ impl Relay {
         max_message_bytes: usize,
     ) -> Result<Recorded> {
         let began = std::time::SystemTime::now();
+        let pass_began = std::time::Instant::now();
         let tx = client
             .build_transaction()
             .isolation_level(IsolationLevel::RepeatableRead)
@@ -489,7 +500,10 @@ impl Relay {
             quarantine::Blocks::read(&tx)
         )?;
         let work = match self.deploying {
-            true => deployment::next(&tx, &self.context.graph, &mut self.removed).await?,
+            true => {
+                let context = &self.context;
+                deployment::next(&tx, &context.graph, &context.schema, &mut self.removed).await?
+            }
             false => None,
         };
         if self.deploying && work.is_none() {
@@ -601,14 +615,29 @@ impl Relay {
         }
         self.prepared = true;
         self.started = true;
-        if let Some(work) = work.as_ref().filter(|_| plan.worked.done) {
-            tracing::info!(table = work.table(), "a table's deployment is done");
+        if let Some(work) = &work {
+            self.pace(pass_began.elapsed());
+            if plan.worked.done {
+                tracing::info!(table = work.table(), "a table's deployment is done");
+            }
         }
         if looked && recorded.configured.is_empty() {
             self.configuring = false;
         }
         self.leftovers.left(plan.filled, analysed);
         Ok(recorded)
+    }
+
+    /// The next chunk's size, from how long the pass that worked this one
+    /// took against the budget.
+    fn pace(&mut self, took: Duration) {
+        let settings = &self.context.settings;
+        let most = settings.deploy_chunk_rows.max(1);
+        if took > settings.deploy_pass_budget {
+            self.deploy_chunk = (self.deploy_chunk / 2).max(1);
+        } else if took < settings.deploy_pass_budget / 2 {
+            self.deploy_chunk = (self.deploy_chunk * 2).min(most);
+        }
     }
 
     /// The pass's first steps, on its transaction: the planner's tables and
@@ -706,7 +735,7 @@ impl Relay {
             filled: Default::default(),
             analysed: Default::default(),
             blocks,
-            deployment: work.map(|w| (w, self.context.settings.deploy_chunk_rows.max(1))),
+            deployment: work.map(|w| (w, self.deploy_chunk)),
             worked: Default::default(),
         };
         let t0 = std::time::Instant::now();

@@ -404,6 +404,7 @@ impl Planner<'_, '_> {
         match work {
             super::deployment::Work::Plan {
                 table,
+                replan,
                 resend,
                 after,
             } => {
@@ -412,27 +413,36 @@ impl Planner<'_, '_> {
                 let last_order: Vec<String> = (0..shape.table.key.len())
                     .map(|i| format!("c{i} DESC"))
                     .collect();
+                // Planned again: the rows are touched. Only sent again: they
+                // wait in a table of their own for the difference's end.
+                let (into, scratch) = match replan {
+                    true => (
+                        format!(
+                            "INSERT INTO _ms_touched (t, k, resend) SELECT {}, k, {resend} FROM c
+                             ON CONFLICT (t, k) DO UPDATE SET resend = _ms_touched.resend OR EXCLUDED.resend",
+                            literal(table)
+                        ),
+                        Scratch::Touched,
+                    ),
+                    false => (
+                        "INSERT INTO _ms_chunk (k) SELECT k FROM c".to_string(),
+                        Scratch::Chunk,
+                    ),
+                };
                 let row = self
                     .tx
                     .query_one(
                         &format!(
-                            "WITH c AS MATERIALIZED ({chunk}),
-                             i AS (INSERT INTO _ms_touched (t, k, resend)
-                                   SELECT {t}, k, {resend} FROM c
-                                   ON CONFLICT (t, k) DO UPDATE SET resend = _ms_touched.resend OR EXCLUDED.resend)
+                            "WITH c AS MATERIALIZED ({chunk}), i AS ({into})
                              SELECT count(*), (SELECT k::text FROM c ORDER BY {last_order} LIMIT 1) FROM c",
-                            t = literal(table),
                             last_order = last_order.join(", "),
                         ),
                         &[],
                     )
                     .await?;
                 let rows = row.get::<_, i64>(0) as u64;
-                self.filled
-                    .lock()
-                    .expect("not poisoned")
-                    .add(Scratch::Touched, rows);
-                if rows > ANALYSE_ABOVE {
+                self.filled.lock().expect("not poisoned").add(scratch, rows);
+                if *replan && rows > ANALYSE_ABOVE {
                     self.analyse(Scratch::Touched).await?;
                 }
                 *self.worked.lock().expect("not poisoned") = super::deployment::Worked {
@@ -523,12 +533,64 @@ impl Planner<'_, '_> {
         Ok(added)
     }
 
-    /// Whether this plan's chunk sends its rows again to their holders.
+    /// Whether this plan's chunk is planned again and sent again to the
+    /// replicas keeping its rows.
     fn resends(&self) -> bool {
         matches!(
             self.deployment,
-            Some((super::deployment::Work::Plan { resend: true, .. }, _))
+            Some((
+                super::deployment::Work::Plan {
+                    replan: true,
+                    resend: true,
+                    ..
+                },
+                _
+            ))
         )
+    }
+
+    /// A chunk only sent again (the encoding changed, nothing else): each
+    /// row to every kept-up replica holding it, as it holds it, but for the
+    /// rows this plan sends or takes back already.
+    async fn resend_chunk(&self) -> Result<u64> {
+        let Some((
+            super::deployment::Work::Plan {
+                table,
+                replan: false,
+                ..
+            },
+            _,
+        )) = self.deployment
+        else {
+            return Ok(0);
+        };
+        if !self.has(Scratch::Chunk) {
+            return Ok(0);
+        }
+        let t = literal(table);
+        let mut planned = String::new();
+        if self.has(Scratch::Send) {
+            planned.push_str(&format!(
+                " AND NOT EXISTS (SELECT 1 FROM _ms_send s WHERE s.r = h.replica AND s.t = {t} AND s.k = c.k)"
+            ));
+        }
+        if self.has(Scratch::Delete) {
+            planned.push_str(&format!(
+                " AND NOT EXISTS (SELECT 1 FROM _ms_del d WHERE d.r = h.replica AND d.t = {t} AND d.k = c.k)"
+            ));
+        }
+        self.bulk(
+            Scratch::Send,
+            &format!(
+                "INSERT INTO _ms_send (r, t, k, version, held, ruled, ptrs, hptrs)
+                 SELECT h.replica, {t}, c.k, h.version, true, h.ruled, h.ptrs, h.ptrs
+                 FROM _ms_chunk c
+                 CROSS JOIN LATERAL (SELECT h.replica, h.version, h.ruled, h.ptrs FROM sync.held h
+                                     WHERE h.table_name = {t} AND h.key = c.k::text OFFSET 0) h
+                 WHERE h.replica = ANY (ARRAY (SELECT r FROM _ms_r WHERE NOT fresh)){planned}"
+            ),
+        )
+        .await
     }
 
     /// Whether a statement of this plan put rows in the planner table `temp`:
@@ -1331,6 +1393,7 @@ impl Planner<'_, '_> {
                 )
                 .await?;
         }
+        sends += self.resend_chunk().await?;
         if sends > ANALYSE_ABOVE {
             self.analyse(Scratch::Send).await?;
         }

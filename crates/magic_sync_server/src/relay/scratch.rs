@@ -34,11 +34,13 @@ pub(crate) enum Scratch {
     Delete,
     /// The whole set of a replica provisioned from scratch (`_ms_f`).
     Fresh,
+    /// A deployment's chunk of rows to send again as they are held (`_ms_chunk`).
+    Chunk,
 }
 
 impl Scratch {
     /// Every one, in the order they are made.
-    pub const ALL: [Scratch; 11] = [
+    pub const ALL: [Scratch; 12] = [
         Scratch::Replicas,
         Scratch::Notes,
         Scratch::Deferred,
@@ -50,6 +52,7 @@ impl Scratch {
         Scratch::Send,
         Scratch::Delete,
         Scratch::Fresh,
+        Scratch::Chunk,
     ];
 
     /// Its name in SQL.
@@ -66,6 +69,7 @@ impl Scratch {
             Scratch::Send => "_ms_send",
             Scratch::Delete => "_ms_del",
             Scratch::Fresh => "_ms_f",
+            Scratch::Chunk => "_ms_chunk",
         }
     }
 
@@ -89,6 +93,7 @@ impl Scratch {
              held boolean NOT NULL, ruled boolean NOT NULL, ptrs jsonb, hptrs jsonb)",
             Scratch::Delete => "CREATE TEMP TABLE IF NOT EXISTS _ms_del (r text, t text, k jsonb, hptrs jsonb)",
             Scratch::Fresh => "CREATE TEMP TABLE IF NOT EXISTS _ms_f (r text, t text, k jsonb, round int NOT NULL, ptrs jsonb, via int NOT NULL DEFAULT -1)",
+            Scratch::Chunk => "CREATE TEMP TABLE IF NOT EXISTS _ms_chunk (k jsonb)",
         }
     }
 }

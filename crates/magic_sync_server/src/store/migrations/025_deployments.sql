@@ -17,21 +17,27 @@ ALTER TABLE sync.tables
 -- One row per table a deployment changed. `work` says what is owed:
 --   plan    its rows are planned again against what each replica holds
 --           (a new table, a changed rule or links): only the difference goes;
---   resend  planned again as with `plan`, and sent again to every replica
---           that keeps them (the encoding changed);
+--   resend  sent again to every replica holding them, as they are held
+--           (the encoding changed, and nothing that decides who holds them);
+--   both    planned again as with `plan`, and sent again to every replica
+--           that keeps them (the rule and the encoding changed);
 --   remove  its rows are taken back from every replica, from the record
 --           alone (the build no longer declares it).
 -- `after` is the key of the last row worked through (NULL: none yet), so a
 -- relay stopped mid-deployment goes on from there.
 CREATE TABLE sync.deployment (
     table_name  text        PRIMARY KEY,
-    work        text        NOT NULL CHECK (work IN ('plan', 'resend', 'remove')),
+    work        text        NOT NULL CHECK (work IN ('plan', 'resend', 'both', 'remove')),
     why         text        NOT NULL,
     definition  jsonb,
     after       jsonb,
     rows_done   bigint      NOT NULL DEFAULT 0,
     -- Rows to work through, as estimated when the deployment began.
     rows_total  bigint      NOT NULL DEFAULT 0,
+    -- The fingerprint of the declarations of the build that owes it: only a
+    -- relay of that build works it (an older one still running while the
+    -- new one starts must not plan it under its own declarations).
+    build       bytea       NOT NULL DEFAULT ''::bytea,
     began_at    timestamptz NOT NULL DEFAULT now(),
     done_at     timestamptz
 );
