@@ -28,49 +28,11 @@
 //! most rows a pass works through and the time a pass aims at
 //! (`Settings::deploy_chunk_rows`, `deploy_pass_budget`; their defaults).
 
-use chrono::NaiveDateTime;
-use magic_sync::{Engine, Row};
+use magic_sync::Engine;
 use magic_sync_testkit::bench::env_u64;
 use magic_sync_testkit::fleet::Fleet;
+use magic_sync_testkit::pgbench::{Account, Branch, Teller};
 use std::time::{Duration, Instant};
-
-#[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "pgbench_branches", down, replica = "bid", key(bid))]
-struct Branch {
-    bid: i32,
-    bbalance: Option<i32>,
-    filler: Option<String>,
-}
-
-#[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "pgbench_tellers", down, replica = "bid", key(tid))]
-struct Teller {
-    tid: i32,
-    bid: Option<i32>,
-    tbalance: Option<i32>,
-    filler: Option<String>,
-}
-
-#[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "pgbench_accounts", down, replica = "bid", key(aid))]
-struct Account {
-    aid: i32,
-    bid: Option<i32>,
-    abalance: Option<i32>,
-    filler: Option<String>,
-}
-
-#[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "pgbench_history", down, replica = "bid", key(hid))]
-struct History {
-    hid: i64,
-    tid: Option<i32>,
-    bid: Option<i32>,
-    aid: Option<i32>,
-    delta: Option<i32>,
-    mtime: Option<NaiveDateTime>,
-    filler: Option<String>,
-}
 
 mod later {
     use chrono::NaiveDateTime;
@@ -204,13 +166,7 @@ async fn main() {
         "MAGIC_SYNC_BENCH_DEPLOY_BUDGET_MS",
         defaults.deploy_pass_budget.as_millis() as u64,
     ));
-    let first = Engine::builder()
-        .table::<Branch>()
-        .table::<Teller>()
-        .table::<Account>()
-        .table::<History>()
-        .build()
-        .expect("declarations");
+    let first = magic_sync_testkit::pgbench::engine();
     let made = Instant::now();
     let mut fleet = Fleet::of_sized(&schema(scale, history), first, 1 << 20).await;
     println!(

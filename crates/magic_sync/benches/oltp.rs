@@ -54,61 +54,15 @@ use magic_sync_testkit::bench as support;
 
 use chrono::NaiveDateTime;
 use magic_sync::relay::ReplicaInfo;
-use magic_sync::{Engine, Row};
+use magic_sync::Engine;
 use magic_sync_testdb::TestDb;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::{describe_settle, env_u64, now_micros, settle, Backlog, Fleet, Latencies};
 use tokio_postgres::Client;
 
-#[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "pgbench_branches", down, replica = "bid", key(bid))]
-struct Branch {
-    bid: i32,
-    bbalance: Option<i32>,
-    filler: Option<String>,
-}
-
-#[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "pgbench_tellers", down, replica = "bid", key(tid))]
-struct Teller {
-    tid: i32,
-    bid: Option<i32>,
-    tbalance: Option<i32>,
-    filler: Option<String>,
-}
-
-#[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "pgbench_accounts", down, replica = "bid", key(aid))]
-struct Account {
-    aid: i32,
-    bid: Option<i32>,
-    abalance: Option<i32>,
-    filler: Option<String>,
-}
-
-#[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "pgbench_history", down, replica = "bid", key(hid))]
-struct History {
-    hid: i64,
-    tid: Option<i32>,
-    bid: Option<i32>,
-    aid: Option<i32>,
-    delta: Option<i32>,
-    mtime: Option<NaiveDateTime>,
-    filler: Option<String>,
-}
-
 fn engine() -> &'static Engine {
-    Box::leak(Box::new(
-        Engine::builder()
-            .table::<Branch>()
-            .table::<Teller>()
-            .table::<Account>()
-            .table::<History>()
-            .build()
-            .expect("declarations"),
-    ))
+    Box::leak(Box::new(magic_sync_testkit::pgbench::engine()))
 }
 
 /// The benchmark's settings, from the environment.

@@ -11,6 +11,7 @@
 pub mod bench;
 pub mod fleet;
 pub mod gate;
+pub mod pgbench;
 pub mod shop;
 pub mod walk;
 pub mod wanted;

@@ -124,6 +124,17 @@ fn first_build() -> Engine {
         .unwrap()
 }
 
+/// The first build with the tips declared.
+fn with_tips() -> Engine {
+    Engine::builder()
+        .table::<v1::Region>()
+        .table::<v1::Shop>()
+        .table::<v1::Item>()
+        .table::<v2::Tip>()
+        .build()
+        .unwrap()
+}
+
 /// The first build's fleet, provisioned and checked: u1 in the north, u2
 /// in the south.
 async fn fleet() -> Fleet {
@@ -222,13 +233,7 @@ async fn deployment_done(fleet: &Fleet) -> Vec<(String, String, bool)> {
 async fn a_new_table_reaches_every_replica_that_wants_it_and_nobody_is_provisioned_again() {
     let mut fleet = fleet().await;
     let regions_before = carried(&fleet, "regions").await;
-    let second = Engine::builder()
-        .table::<v1::Region>()
-        .table::<v1::Shop>()
-        .table::<v1::Item>()
-        .table::<v2::Tip>()
-        .build()
-        .unwrap();
+    let second = with_tips();
     let dry = deploy::dry_run(&fleet.writer, &second).await.unwrap();
     assert_eq!(dry.reused, ["items", "regions", "shops"]);
     assert_eq!(dry.changes.len(), 1, "{dry}");
@@ -298,13 +303,7 @@ async fn a_new_table_reaches_every_replica_that_wants_it_and_nobody_is_provision
         [("tips".into(), "plan".into(), true)]
     );
     // The next build with the same declarations has nothing to do.
-    let third = Engine::builder()
-        .table::<v1::Region>()
-        .table::<v1::Shop>()
-        .table::<v1::Item>()
-        .table::<v2::Tip>()
-        .build()
-        .unwrap();
+    let third = with_tips();
     assert!(deploy::dry_run(&fleet.writer, &third)
         .await
         .unwrap()
@@ -438,13 +437,7 @@ async fn a_removed_table_is_taken_back_from_the_record_without_reading_it() {
 #[tokio::test]
 async fn a_renamed_table_is_a_removal_and_an_addition() {
     let mut fleet = fleet().await;
-    let with_tips = Engine::builder()
-        .table::<v1::Region>()
-        .table::<v1::Shop>()
-        .table::<v1::Item>()
-        .table::<v2::Tip>()
-        .build()
-        .unwrap();
+    let with_tips = with_tips();
     fleet.redeploy(with_tips).await;
     settle(&mut fleet).await;
     fleet.check().await;
