@@ -115,10 +115,7 @@ async fn until_configured(fleet: &mut Fleet, from: Instant, provisions: bool) ->
         deletes += step.planned.deletes;
         passes += 1;
         fleet.deliver().await;
-        let whole = fleet
-            .units
-            .values()
-            .all(|u| u.replica.configuration().expect("read").complete);
+        let whole = fleet.configured();
         if whole {
             return Deployed {
                 took: from.elapsed(),

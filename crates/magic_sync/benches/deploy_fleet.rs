@@ -184,11 +184,7 @@ async fn main() {
     loop {
         fleet.record().await;
         fleet.deliver().await;
-        if fleet
-            .units
-            .values()
-            .all(|u| u.replica.configuration().expect("read").complete)
-        {
+        if fleet.configured() {
             break;
         }
     }
@@ -255,11 +251,7 @@ async fn main() {
         if step.deployed.is_some() {
             during.push(t0.elapsed());
         }
-        if fleet
-            .units
-            .values()
-            .all(|u| u.replica.configuration().expect("read").complete)
-        {
+        if fleet.configured() {
             break;
         }
         assert!(

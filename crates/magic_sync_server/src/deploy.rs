@@ -356,7 +356,6 @@ fn changes(
 /// hold of it.
 async fn counted(
     client: &Client,
-    catalog: &Catalog,
     engine: &Engine,
     changed: Vec<(String, Action, String)>,
 ) -> Result<Vec<Change>> {
@@ -376,7 +375,7 @@ async fn counted(
         let held_total = held.iter().map(|(_, n)| n).sum();
         let rows = match action {
             Action::Remove | Action::Rebuild => held_total,
-            _ => table_rows(client, catalog, engine, &table).await?,
+            _ => table_rows(client, engine, &table).await?,
         };
         let holders = if action == Action::Rebuild {
             held
@@ -397,23 +396,17 @@ async fn counted(
 
 /// The rows of a declared table: PostgreSQL's estimate over its
 /// partitions, or a count when it was never analysed.
-async fn table_rows(
-    client: &Client,
-    catalog: &Catalog,
-    engine: &Engine,
-    name: &str,
-) -> Result<u64> {
+async fn table_rows(client: &Client, engine: &Engine, name: &str) -> Result<u64> {
     let Some(table) = engine.tables().find(|t| t.name == name) else {
         return Ok(0);
     };
-    let _ = catalog;
     let relation = qualified(table.schema, table.name);
     let estimate: Option<f64> = client
         .query_one(
             &format!(
-                "SELECT sum(c.reltuples)::float8 FROM pg_partition_tree('{}'::regclass) p
+                "SELECT sum(c.reltuples)::float8 FROM pg_partition_tree({}::regclass) p
                  JOIN pg_class c ON c.oid = p.relid WHERE p.isleaf AND c.reltuples >= 0",
-                relation.replace('\'', "''")
+                crate::sql::escaped(&relation)
             ),
             &[],
         )
@@ -443,7 +436,7 @@ pub async fn dry_run(client: &Client, engine: &Engine) -> Result<Deployment> {
     let (reused, changed) = changes(&before, &declared);
     Ok(Deployment {
         reused,
-        changes: counted(client, &catalog, engine, changed).await?,
+        changes: counted(client, engine, changed).await?,
     })
 }
 
@@ -452,12 +445,11 @@ pub async fn dry_run(client: &Client, engine: &Engine) -> Result<Deployment> {
 /// left unfinished. Returns the deployment, counted.
 pub(crate) async fn begin(
     client: &Client,
-    catalog: &Catalog,
     engine: &Engine,
     declared: &Declared,
 ) -> Result<Deployment> {
     client.batch_execute("BEGIN").await?;
-    let begun = begin_in(client, catalog, engine, declared).await;
+    let begun = begin_in(client, engine, declared).await;
     match begun {
         Ok(deployment) => {
             client.batch_execute("COMMIT").await?;
@@ -471,12 +463,7 @@ pub(crate) async fn begin(
     }
 }
 
-async fn begin_in(
-    client: &Client,
-    catalog: &Catalog,
-    engine: &Engine,
-    declared: &Declared,
-) -> Result<Deployment> {
+async fn begin_in(client: &Client, engine: &Engine, declared: &Declared) -> Result<Deployment> {
     // Two relays starting at once: the second sees what the first wrote.
     client
         .batch_execute("LOCK TABLE sync.tables IN EXCLUSIVE MODE")
@@ -489,7 +476,7 @@ async fn begin_in(
         // snapshot under this build, so nothing is owed.
         Vec::new()
     } else {
-        counted(client, catalog, engine, changed).await?
+        counted(client, engine, changed).await?
     };
     if !changes.is_empty() {
         // The last deployment's finished tables make way for this one's.

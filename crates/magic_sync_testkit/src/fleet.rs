@@ -256,6 +256,17 @@ impl Fleet {
         replica
     }
 
+    /// Whether every replica holds the configuration its build runs whole
+    /// (`Replica::configuration`).
+    pub fn configured(&self) -> bool {
+        self.units.values().all(|u| {
+            u.replica
+                .configuration()
+                .expect("read the configuration")
+                .complete
+        })
+    }
+
     /// A new build deployed, declarations and all: its triggers ensured,
     /// the relay started with `engine` on the same lock, and every replica
     /// opened again on its file with `engine` (as a till's new build

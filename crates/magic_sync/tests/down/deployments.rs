@@ -145,18 +145,10 @@ async fn fleet() -> Fleet {
     fleet.check().await;
     assert_eq!(fleet.provisionings, 2);
     assert!(
-        complete(&fleet),
+        fleet.configured(),
         "a snapshot's end says the configuration is whole"
     );
     fleet
-}
-
-/// Whether every replica holds the configuration it runs whole.
-fn complete(fleet: &Fleet) -> bool {
-    fleet
-        .units
-        .values()
-        .all(|u| u.replica.configuration().unwrap().complete)
 }
 
 /// What a deployment sent and took back, over every replica, until the
@@ -248,11 +240,11 @@ async fn a_new_table_reaches_every_replica_that_wants_it_and_nobody_is_provision
     );
     // The tills run the new build: until the deployment is done, what they
     // hold is not its configuration whole.
-    assert!(!complete(&fleet));
+    assert!(!fleet.configured());
     let first = fleet.record().await;
     assert_eq!(first.deployed, Some(("tips".to_string(), 4)));
     fleet.deliver().await;
-    assert!(!complete(&fleet), "a deployment part way is not whole");
+    assert!(!fleet.configured(), "a deployment part way is not whole");
     // The operator sees it under way: not settled, and how far it got.
     let mut operator = fleet.db.connect().await;
     let read = magic_sync::ops::settled(&mut operator, &magic_sync::ops::Scope::All)
@@ -267,7 +259,7 @@ async fn a_new_table_reaches_every_replica_that_wants_it_and_nobody_is_provision
     );
     let moved = settle(&mut fleet).await;
     assert!(
-        complete(&fleet),
+        fleet.configured(),
         "the deployment done, the replicas are told"
     );
     let read = magic_sync::ops::settled(&mut operator, &magic_sync::ops::Scope::All)

@@ -321,8 +321,7 @@ impl Relay {
         let catalog = crate::check::startup(&engine, client).await?;
         let mut relay = Self::with_catalog(&catalog, engine, settings)?;
         let declared = deployment::declared(&relay.context.engine, &catalog)?;
-        let deployment =
-            crate::deploy::begin(client, &catalog, &relay.context.engine, &declared).await?;
+        let deployment = crate::deploy::begin(client, &relay.context.engine, &declared).await?;
         if !deployment.is_empty() {
             tracing::info!(
                 changes = deployment.changes.len(),

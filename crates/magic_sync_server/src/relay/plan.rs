@@ -1335,14 +1335,16 @@ impl Planner<'_, '_> {
         // A deployment's resend sends every row of its chunk again to each
         // replica keeping it.
         let resends = self.resends();
+        let again = if resends {
+            " OR coalesce(tt.resend, false)"
+        } else {
+            ""
+        };
         let newest = |r: &str| {
             let resend = if resends {
-                format!(
-                    "LEFT JOIN _ms_touched tt ON tt.t = {r}.t AND tt.k = {r}.k
-                     CROSS JOIN LATERAL (SELECT coalesce(tt.resend, false) AS again) re"
-                )
+                format!("LEFT JOIN _ms_touched tt ON tt.t = {r}.t AND tt.k = {r}.k")
             } else {
-                "CROSS JOIN LATERAL (SELECT false AS again) re".to_string()
+                String::new()
             };
             format!(
                 "LEFT JOIN _ms_changed ch ON ch.t = {r}.t AND ch.k = {r}.k
@@ -1362,7 +1364,7 @@ impl Planner<'_, '_> {
                             k.held, k.ruled, k.ptrs, k.hptrs
                      FROM _ms_k k
                      {}
-                     WHERE NOT k.held OR k.version < v.seq OR re.again
+                     WHERE NOT k.held OR k.version < v.seq{again}
                         OR k.ptrs IS DISTINCT FROM k.hptrs OR k.ruled IS DISTINCT FROM k.hruled",
                         newest("k")
                     ),
@@ -1378,7 +1380,7 @@ impl Planner<'_, '_> {
                      FROM _ms_q q
                      {}
                      WHERE (q.ruled OR NOT q.questioned)
-                       AND (q.version < v.seq OR q.ruled <> q.hruled OR re.again)
+                       AND (q.version < v.seq OR q.ruled <> q.hruled{again})
                        AND NOT EXISTS (SELECT 1 FROM _ms_k k WHERE k.r = q.r AND k.t = q.t AND k.k = q.k)",
                     newest("q")
                 ))
