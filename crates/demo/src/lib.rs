@@ -16,7 +16,6 @@ pub fn logs() {
     magic_sync_cli::logs();
 }
 
-use magic_sync::replica::ForeignKey;
 use magic_sync::{Engine, Numeric, Row};
 
 #[derive(Row, Debug, Clone, PartialEq)]
@@ -138,15 +137,4 @@ pub fn engine() -> &'static Engine {
             .build()
             .expect("the shop's declarations agree with each other")
     })
-}
-
-/// The foreign keys among the shop's tables, as a till needs them.
-pub fn foreign_keys() -> Vec<ForeignKey> {
-    vec![
-        ForeignKey::new("price_lists", &["product_id"], "products", &["id"]),
-        ForeignKey::new("orders", &["customer_id"], "customers", &["id"]),
-        ForeignKey::new("order_lines", &["order_id"], "orders", &["id"]),
-        ForeignKey::new("order_lines", &["product_id"], "products", &["id"]),
-        ForeignKey::new("stock", &["product_id"], "products", &["id"]),
-    ]
 }

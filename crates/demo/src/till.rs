@@ -28,7 +28,7 @@ pub struct Args {
 /// `--until-stdin-closes`) or its database fails.
 pub fn run(args: Args) -> ExitCode {
     crate::logs();
-    let (mut replica, socket) = match open(&args.replica, crate::engine(), crate::foreign_keys()) {
+    let (mut replica, socket) = match open(&args.replica, crate::engine()) {
         Ok(opened) => opened,
         Err(e) => {
             eprintln!("magic-sync-replica: {e}");

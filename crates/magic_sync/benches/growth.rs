@@ -109,7 +109,7 @@ async fn main() {
         ));
         let (network, path) = (network.clone(), dir.path().join(format!("{id}.sqlite")));
         threads.push(std::thread::spawn(move || {
-            let mut replica = Replica::open(&path, &id, engine, Vec::new()).expect("open");
+            let mut replica = Replica::open(&path, &id, engine).expect("open");
             replica.trust(&key).expect("pins the key");
             while let Some(message) = network.next(&id) {
                 if let Some(report) =

@@ -205,10 +205,6 @@ async fn engine_run(db: &magic_sync_testdb::TestDb, dir: &std::path::Path) -> Ti
         .await
         .unwrap();
     assert!(Relay::lock(&client).await.unwrap());
-    let catalog = magic_sync::catalog::Catalog::read(&client, &engine)
-        .await
-        .unwrap();
-    let fks = catalog.replica_foreign_keys();
     let network = Network::new(1 << 20);
     let replicas = [ReplicaInfo::live("r1", None)];
     let pass = relay
@@ -223,7 +219,7 @@ async fn engine_run(db: &magic_sync_testdb::TestDb, dir: &std::path::Path) -> Ti
         let (network, engine) = (network.clone(), engine.clone());
         std::thread::spawn(move || {
             let engine: &'static Engine = Box::leak(Box::new(engine));
-            let mut replica = Replica::open(path, "r1", engine, fks).unwrap();
+            let mut replica = Replica::open(path, "r1", engine).unwrap();
             replica.trust(&key).unwrap();
             while let Some(message) = network.next("r1") {
                 replica.apply(&message).unwrap();

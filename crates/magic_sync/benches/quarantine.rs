@@ -87,7 +87,7 @@ fn replica_loop(
     seen: Arc<Seen>,
     key: magic_sync::sign::ServerKey,
 ) {
-    let mut replica = Replica::open(&path, &id, engine, Vec::new()).expect("open");
+    let mut replica = Replica::open(&path, &id, engine).expect("open");
     replica.trust(&key).expect("pins the server's key");
     while let Some(message) = network.next(&id) {
         let report = magic_sync::run::replica::deliver(&mut replica, &message).expect("apply");

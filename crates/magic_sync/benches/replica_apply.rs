@@ -329,6 +329,7 @@ fn snapshot_messages(engine: &Engine, tables: &[Rows], chain: &mut Chain) -> Vec
         Body::EndSnapshot(EndSnapshot {
             tables: names,
             schema: Vec::new(),
+            described: None,
         }),
     ));
     messages
@@ -443,7 +444,8 @@ fn baseline_stale(
 
 /// Applies `messages` to the replica at `path`; returns the time it took.
 fn apply(engine: &Engine, path: &Path, messages: &[Vec<u8>]) -> Took {
-    let mut replica = Replica::open(path, REPLICA, engine, foreign_keys()).expect("opens");
+    let mut replica =
+        Replica::open_with_foreign_keys(path, REPLICA, engine, foreign_keys()).expect("opens");
     replica.trust(&signer().public()).expect("pins the key");
     replica
         .connection()

@@ -87,7 +87,7 @@ fn replica_loop(
     seen: Arc<Seen>,
     key: magic_sync::sign::ServerKey,
 ) {
-    let mut replica = Replica::open(&path, &id, engine, Vec::new()).expect("open");
+    let mut replica = Replica::open(&path, &id, engine).expect("open");
     replica.trust(&key).expect("pins the server's key");
     if std::env::var("MAGIC_SYNC_BENCH_REPLICA_SYNC").as_deref() == Ok("normal") {
         // A hundred replicas on one disk queue behind each other's fsync; in

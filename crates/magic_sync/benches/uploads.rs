@@ -97,8 +97,7 @@ async fn main() {
     let key = magic_sync::store::keys::public(&client).await.unwrap();
     for info in &infos {
         let path = dir.path().join(format!("{}.sqlite", info.id));
-        let mut replica =
-            magic_sync::replica::Replica::open(&path, &info.id, engine, vec![]).unwrap();
+        let mut replica = magic_sync::replica::Replica::open(&path, &info.id, engine).unwrap();
         replica.trust(&key).unwrap();
         let (network, id) = (network.clone(), info.id.clone());
         threads.push(std::thread::spawn(move || {

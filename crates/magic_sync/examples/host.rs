@@ -68,7 +68,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 
     // The till: a SQLite file that trusts the server's key, and its loop.
     let key = magic_sync::store::keys::public(&client).await?;
-    let mut till = Replica::open("till-1.sqlite", "till-1", &engine, Vec::new())?;
+    let mut till = Replica::open("till-1.sqlite", "till-1", &engine)?;
     till.trust(&key)?;
     let reader = rusqlite::Connection::open("till-1.sqlite")?;
     let link = network.link("till-1");

@@ -9,7 +9,7 @@
 //! starting a private cluster.
 
 use magic_sync::relay::{ReplicaInfo, Replicas, Settings};
-use magic_sync::replica::{ForeignKey, Replica};
+use magic_sync::replica::Replica;
 use magic_sync::run::memory::Network;
 use magic_sync::trigger::InstallSettings;
 use magic_sync::{Engine, Numeric, Row};
@@ -113,16 +113,9 @@ async fn main() {
     for id in ["till-1", "till-2"] {
         let path = dir.path().join(format!("{id}.sqlite"));
         let network = network.clone();
-        let foreign_keys = vec![ForeignKey::new(
-            "orders",
-            &["customer_id"],
-            "customers",
-            &["id"],
-        )];
         let thread_path = path.clone();
         let thread = std::thread::spawn(move || {
-            let mut replica =
-                Replica::open(&thread_path, id, engine, foreign_keys).expect("open the till");
+            let mut replica = Replica::open(&thread_path, id, engine).expect("open the till");
             replica.trust(&key).expect("pin the server's key");
             magic_sync::run::replica::replica(&mut replica, &network.link(id))
         });

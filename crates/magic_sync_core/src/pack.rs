@@ -15,7 +15,7 @@
 //! one message, which a replica applies in one transaction, the deletes go
 //! first (children's tables first), then the upserts (parents' first).
 
-use crate::envelope::{to_replica::Body, Down, EndSnapshot, RowData, TableRows};
+use crate::envelope::{to_replica::Body, Down, EndSnapshot, ReplicaSchema, RowData, TableRows};
 use std::collections::{HashMap, HashSet};
 
 /// A message body ready to be numbered and sealed.
@@ -154,9 +154,16 @@ impl Packer {
     /// Adds the end of a snapshot of `tables` for `replica` (after ending
     /// its open message), taken under the declarations `schema` (their
     /// fingerprint).
-    pub fn end_snapshot(&mut self, replica: &str, tables: Vec<String>, schema: Vec<u8>) {
+    pub fn end_snapshot(&mut self, replica: &str, tables: Vec<String>, described: &ReplicaSchema) {
         self.end(replica);
-        self.push(replica, Body::EndSnapshot(EndSnapshot { tables, schema }));
+        self.push(
+            replica,
+            Body::EndSnapshot(EndSnapshot {
+                tables,
+                schema: described.fingerprint.clone(),
+                described: Some(described.clone()),
+            }),
+        );
     }
 
     fn push(&mut self, replica: &str, body: Body) {
@@ -259,7 +266,7 @@ mod tests {
         let mut p = Packer::new(1000, HashSet::new(), HashSet::new());
         p.upsert("u1", "products", row("[1]", 10));
         p.upsert("u2", "products", row("[1]", 10));
-        p.end_snapshot("u2", vec!["products".into()], Vec::new());
+        p.end_snapshot("u2", vec!["products".into()], &Default::default());
         p.end_all();
         let packed = p.take();
         let order: Vec<(&str, bool)> = packed

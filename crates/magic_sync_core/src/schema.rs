@@ -15,6 +15,7 @@
 //! different tables cannot encode alike.
 
 use crate::engine::Engine;
+use crate::envelope;
 use crate::row::{Mirror, Rule, Table};
 use crate::value::Kind;
 use sha2::{Digest, Sha256};
@@ -283,6 +284,129 @@ impl Schema {
         }
         canon.finish()
     }
+}
+
+impl Schema {
+    /// What these declarations make of a replica's tables, as the wire
+    /// carries it: columns, keys and foreign keys, under the fingerprint.
+    pub fn described(&self) -> envelope::ReplicaSchema {
+        envelope::ReplicaSchema {
+            fingerprint: self.fingerprint().0.to_vec(),
+            tables: self
+                .tables
+                .iter()
+                .map(|t| envelope::TableSchema {
+                    name: t.name.clone(),
+                    mirror: t.mirror.as_str().to_string(),
+                    columns: t
+                        .columns
+                        .iter()
+                        .map(|c| envelope::ColumnSchema {
+                            name: c.name.clone(),
+                            kind: c.kind.to_string(),
+                            nullable: c.nullable,
+                        })
+                        .collect(),
+                    key: t.key.clone(),
+                    foreign_keys: t
+                        .foreign_keys
+                        .iter()
+                        .map(|fk| envelope::ForeignKey {
+                            columns: fk.child_columns.clone(),
+                            parent: fk.parent.clone(),
+                            parent_columns: fk.parent_columns.clone(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+
+    /// How `described`, a server's description of the replica's tables,
+    /// disagrees with these declarations (a replica's own build): each
+    /// table or column one side has and the other lacks, or declares
+    /// otherwise, in words. Empty when they agree on every table.
+    pub fn disagreements(&self, described: &envelope::ReplicaSchema) -> Vec<String> {
+        let mut found = Vec::new();
+        for theirs in &described.tables {
+            let Some(ours) = self.table(&theirs.name) else {
+                found.push(format!(
+                    "the server sends table `{}`, which this build does not declare",
+                    theirs.name
+                ));
+                continue;
+            };
+            if ours.mirror.as_str() != theirs.mirror {
+                found.push(format!(
+                    "table `{}` travels {} on the server, {} in this build",
+                    ours.name,
+                    theirs.mirror,
+                    ours.mirror.as_str()
+                ));
+            }
+            if ours.key != theirs.key {
+                found.push(format!(
+                    "table `{}` is keyed by ({}) on the server, by ({}) in this build",
+                    ours.name,
+                    theirs.key.join(", "),
+                    ours.key.join(", ")
+                ));
+            }
+            for column in &theirs.columns {
+                match ours.column(&column.name) {
+                    None => found.push(format!(
+                        "table `{}`: the server sends column `{}`, which this build does not declare",
+                        ours.name, column.name
+                    )),
+                    Some(c) if c.kind.to_string() != column.kind || c.nullable != column.nullable => {
+                        found.push(format!(
+                            "table `{}`: column `{}` is {}{} on the server, {}{} in this build",
+                            ours.name,
+                            column.name,
+                            column.kind,
+                            if column.nullable { " or NULL" } else { "" },
+                            c.kind,
+                            if c.nullable { " or NULL" } else { "" },
+                        ))
+                    }
+                    Some(_) => {}
+                }
+            }
+            for column in &ours.columns {
+                if !theirs.columns.iter().any(|c| c.name == column.name) {
+                    found.push(format!(
+                        "table `{}`: this build declares column `{}`, which the server does not send",
+                        ours.name, column.name
+                    ));
+                }
+            }
+        }
+        for ours in &self.tables {
+            if !described.tables.iter().any(|t| t.name == ours.name) {
+                found.push(format!(
+                    "this build declares table `{}`, which the server does not",
+                    ours.name
+                ));
+            }
+        }
+        found
+    }
+}
+
+/// The foreign keys `described` gives, among the tables it describes.
+pub fn described_foreign_keys(described: &envelope::ReplicaSchema) -> Vec<ForeignKey> {
+    described
+        .tables
+        .iter()
+        .flat_map(|t| {
+            t.foreign_keys.iter().map(|fk| ForeignKey {
+                child: t.name.clone(),
+                child_columns: fk.columns.clone(),
+                parent: fk.parent.clone(),
+                parent_columns: fk.parent_columns.clone(),
+            })
+        })
+        .collect()
 }
 
 fn strings(items: &[&str]) -> Vec<String> {

@@ -180,7 +180,7 @@ impl Signer {
     /// The whole message, as the transport is given it: `head`, `body` (whose
     /// SHA-256 is `body_hash`) and the tail, which holds `seal`, the
     /// signature and the endorsements. `head` holds fields 1 to 7 of a
-    /// `ToReplica` and `body` one of fields 10 to 13, encoded.
+    /// `ToReplica` and `body` one of fields 10 to 14, encoded.
     pub fn message(&self, head: &[u8], body: &[u8], body_hash: &[u8], seal: Vec<u8>) -> Vec<u8> {
         debug_assert_eq!(body_hash, Sha256::digest(body).as_slice());
         let signature = self.sign(&message_statement(head, body_hash, &seal));
@@ -334,7 +334,7 @@ pub fn verify_filed(
 fn group(field: u32) -> Option<u8> {
     match field {
         1..=7 => Some(0),
-        10..=13 => Some(1),
+        10..=14 => Some(1),
         15..=17 => Some(2),
         _ => None,
     }
@@ -508,6 +508,7 @@ mod tests {
             body: Some(Body::EndSnapshot(EndSnapshot {
                 tables: vec!["products".into()],
                 schema: Vec::new(),
+                described: None,
             })),
             ..ToReplica::default()
         }

@@ -166,7 +166,7 @@ async fn main() {
     let replica_thread = {
         let (socket, path) = (socket.clone(), path.clone());
         std::thread::spawn(move || {
-            let mut replica = Replica::open(&path, "honest", engine(), Vec::new()).unwrap();
+            let mut replica = Replica::open(&path, "honest", engine()).unwrap();
             replica.trust(&key).unwrap();
             magic_sync::run::replica::replica(&mut replica, &*socket).unwrap();
         })

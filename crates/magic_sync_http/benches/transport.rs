@@ -211,7 +211,7 @@ fn stamp(json: &[u8]) -> Option<i64> {
 
 /// A replica's thread: its loop over `link` until the link closes.
 fn run_replica(id: &str, path: &Path, link: &dyn Link, seen: &Seen, key: ServerKey) {
-    let mut replica = Replica::open(path, id, engine(), Vec::new()).expect("open the replica");
+    let mut replica = Replica::open(path, id, engine()).expect("open the replica");
     replica.trust(&key).expect("pin the server's key");
     let watched = Watched {
         link,

@@ -7,20 +7,16 @@
 //! #     Box::leak(Box::new(magic_sync::Engine::builder().build().unwrap()))
 //! # }
 //! use clap::Parser;
-//! use magic_sync::replica::ForeignKey;
 //! fn main() -> std::process::ExitCode {
 //!     let args = magic_sync_http::cli::ReplicaArgs::parse();
-//!     // The foreign keys among the declared tables, as the server's
-//!     // catalogue has them: they decide which rows a replica lets go of
-//!     // when nothing points at them any more.
-//!     let foreign_keys = vec![ForeignKey::new("orders", &["customer_id"], "customers", &["id"])];
 //!     // The engine lives as long as the program (a `OnceLock`, or leaked).
-//!     magic_sync_http::cli::run_replica(&args, engine(), foreign_keys)
+//!     // The foreign keys among its tables come from the server.
+//!     magic_sync_http::cli::run_replica(&args, engine())
 //! }
 //! ```
 
 use crate::client::{Settings, Socket};
-use magic_sync::replica::{ForeignKey, Replica, ServerKey};
+use magic_sync::replica::{Replica, ServerKey};
 use magic_sync::Engine;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -77,13 +73,9 @@ pub fn read_secret(path: &std::path::Path) -> Result<String, String> {
 }
 
 /// Opens the replica and its socket as `args` say.
-pub fn open(
-    args: &ReplicaCommand,
-    engine: &Engine,
-    foreign_keys: Vec<ForeignKey>,
-) -> Result<(Replica, Socket), String> {
+pub fn open(args: &ReplicaCommand, engine: &Engine) -> Result<(Replica, Socket), String> {
     let secret = read_secret(&args.secret_file)?;
-    let mut replica = Replica::open(&args.db, &args.id, engine, foreign_keys)
+    let mut replica = Replica::open(&args.db, &args.id, engine)
         .map_err(|e| format!("cannot open the replica at {}: {e}", args.db.display()))?;
     replica
         .trust(&args.server_key)
@@ -98,12 +90,8 @@ pub fn open(
 /// Runs the replica `args` names until its socket closes, its database
 /// fails, or the process gets SIGTERM or Ctrl-C: what the server sends is
 /// applied, what the host writes goes up.
-pub fn run_replica(
-    args: &ReplicaArgs,
-    engine: &'static Engine,
-    foreign_keys: Vec<ForeignKey>,
-) -> ExitCode {
-    let (mut replica, socket) = match open(&args.replica, engine, foreign_keys) {
+pub fn run_replica(args: &ReplicaArgs, engine: &'static Engine) -> ExitCode {
+    let (mut replica, socket) = match open(&args.replica, engine) {
         Ok(opened) => opened,
         Err(e) => {
             eprintln!("magic-sync-replica: {e}");

@@ -109,6 +109,8 @@ impl<'a> Pass<'a> {
             Some(Body::EndSnapshot(_)) => {}
             Some(Body::Reached(reached)) => super::up::reached(conn, &reached.send_ids)?,
             Some(Body::Configured(configured)) => state::configured(conn, &configured.schema)?,
+            // Taken before the message ran (`Replica::apply`).
+            Some(Body::Described(_)) => {}
             // Refused when the message was decoded.
             None => {}
         }

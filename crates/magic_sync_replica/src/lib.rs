@@ -17,8 +17,8 @@
 //!   that does not decode, a value SQLite refuses) is recorded as refused with
 //!   the reason and the message's number, and the rest of the message applies.
 //! - A delete deletes the row, unless one of the replica's own records (a row
-//!   of an up table) still points at it through one of the foreign keys given
-//!   to [`Replica::open`]: then the row is retired (its retired column set to
+//!   of an up table) still points at it through one of the foreign keys the
+//!   server described (see below): then the row is retired (its retired column set to
 //!   the message number), if its table has a retired column. Rows the server
 //!   sent that point at it are the server's to let go of or re-point, which
 //!   it does in the same message or an earlier one.
@@ -30,12 +30,21 @@
 //!   is next opened: one build over every row is cheaper than keeping them
 //!   up row by row. See the `snapshot` module.
 //!
+//! The foreign keys among the replica's tables come from the server, which
+//! reads them from its catalogue: it describes the tables (`ReplicaSchema`)
+//! with every snapshot's end, and to every replica kept up when it starts
+//! with other declarations, before the rows they send. The replica keeps
+//! the last description in its file. Its columns and keys are its own
+//! build's declarations, which its codecs read rows by;
+//! [`Replica::configuration`] says where the server's description differs.
+//!
 //! The replica's tables have no foreign keys of their own in SQLite
 //! (`foreign_keys=OFF`): the server sends parents before their children and
 //! lets go of children before their parents, and within a message a unique
 //! value may move between rows in any order.
 
 mod apply;
+mod described;
 mod digest;
 pub mod error;
 mod key;
@@ -122,6 +131,8 @@ pub struct Replica {
     engine: Engine,
     /// Its tables as the engine declares them, with the foreign keys among them.
     schema: Schema,
+    /// What the server last said its tables are made of.
+    described: Option<envelope::ReplicaSchema>,
     tables: Tables,
     chain: Chain,
     /// The server key it follows now, once one is pinned.
@@ -146,9 +157,18 @@ impl Replica {
     /// Opens (or creates) the replica database at `path` for the replica
     /// called `replica_id`: WAL mode, SQLite's own foreign keys off, every
     /// table `engine` declares (up tables too: the replica writes them), and
-    /// the replica's bookkeeping. `foreign_keys` are the foreign keys among the
-    /// declared tables, which decide whether a row let go of is retired.
-    pub fn open(
+    /// the replica's bookkeeping. The foreign keys among the tables are the
+    /// ones the server last described (none before it first did: it does
+    /// with the first snapshot's end).
+    pub fn open(path: impl AsRef<Path>, replica_id: &str, engine: &Engine) -> Result<Self> {
+        Self::open_with_foreign_keys(path, replica_id, engine, Vec::new())
+    }
+
+    /// [`open`](Self::open), following `foreign_keys` among the declared
+    /// tables until the server describes them: for a replica fed messages
+    /// by hand, with no server to say (tests, tools). Once the server
+    /// described the tables, its foreign keys stand and these are ignored.
+    pub fn open_with_foreign_keys(
         path: impl AsRef<Path>,
         replica_id: &str,
         engine: &Engine,
@@ -162,6 +182,12 @@ impl Replica {
         conn.busy_timeout(BUSY_TIMEOUT)?;
         conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get::<_, String>(0))?;
         conn.pragma_update(None, "foreign_keys", "OFF")?;
+        described::create(&conn)?;
+        let told = described::load(&conn)?;
+        let foreign_keys = match &told {
+            Some(d) => described::foreign_keys(engine, d),
+            None => foreign_keys,
+        };
         let tables = Tables::new(engine.tables(), &foreign_keys);
         // Every statement the replica runs stays prepared: its own (a few
         // dozen) and a handful per table. rusqlite keeps 16, fewer than a
@@ -175,6 +201,7 @@ impl Replica {
             id: replica_id.to_string(),
             engine: engine.clone(),
             schema: Schema::new(engine, &foreign_keys),
+            described: told,
             tables,
             chain,
             trusted,
@@ -208,7 +235,7 @@ impl Replica {
     }
 
     /// What its database is made of: the declared tables, with the foreign
-    /// keys among them it was opened with.
+    /// keys among them the server described.
     pub fn schema(&self) -> &Schema {
         &self.schema
     }
@@ -261,13 +288,30 @@ impl Replica {
     }
 
     fn apply_message(&mut self, message: &ToReplica) -> Result<Outcome> {
+        let description = match &message.body {
+            Some(envelope::to_replica::Body::Described(d)) => Some(d),
+            Some(envelope::to_replica::Body::EndSnapshot(end)) => end.described.as_ref(),
+            _ => None,
+        };
         let tx = write_transaction(&mut self.conn)?;
-        let refused = apply::Pass::run(&tx, &self.tables, &self.engine, message)?;
+        // A description is taken before anything of its message: a
+        // snapshot's end lets go of rows, which the new foreign keys decide.
+        let retold = match description {
+            Some(d) => Some(take_description(&tx, &self.engine, d)?),
+            None => None,
+        };
+        let tables = retold.as_ref().map_or(&self.tables, |(_, tables)| tables);
+        let refused = apply::Pass::run(&tx, tables, &self.engine, message)?;
         if refused > 0 {
             state::trim_refused(&tx)?;
         }
         state::save_applied(&tx, &Applied::of(message))?;
         tx.commit()?;
+        if let Some((foreign_keys, tables)) = retold {
+            self.schema = Schema::new(&self.engine, &foreign_keys);
+            self.tables = tables;
+            self.described = description.cloned();
+        }
         self.ring();
         self.chain = self.chain.applied(message);
         let purged = self.purge().map_err(|e| Error::Purge {
@@ -465,6 +509,11 @@ impl Replica {
             complete: server.as_deref() == Some(&own.0[..]),
             own,
             server,
+            disagreements: self
+                .described
+                .as_ref()
+                .map(|d| self.schema.disagreements(d))
+                .unwrap_or_default(),
         })
     }
 
@@ -597,6 +646,23 @@ fn add_columns(tx: &Transaction<'_>, table: &magic_sync_core::row::Table) -> Res
     Ok(())
 }
 
+/// Keeps the server's description of the tables, and builds what its
+/// foreign keys decide: the index on each, and the statements that retire
+/// and purge. Returns the foreign keys and those statements.
+fn take_description(
+    tx: &Transaction<'_>,
+    engine: &Engine,
+    described: &envelope::ReplicaSchema,
+) -> Result<(Vec<ForeignKey>, Tables)> {
+    described::save(tx, described)?;
+    let foreign_keys = described::foreign_keys(engine, described);
+    for fk in &foreign_keys {
+        tx.execute_batch(&tables::foreign_key_index(fk))?;
+    }
+    let tables = Tables::new(engine.tables(), &foreign_keys);
+    Ok((foreign_keys, tables))
+}
+
 /// Refuses foreign keys naming a table or a column the engine does not declare.
 fn check_foreign_keys(engine: &Engine, foreign_keys: &[ForeignKey]) -> Result<()> {
     let mut problems = Vec::new();
@@ -665,6 +731,11 @@ pub struct Configuration {
     /// than [`own`](Self::own): the server runs other declarations than
     /// this build, or a deployment of them is still arriving.
     pub server: Option<Vec<u8>>,
+    /// Where the tables the server last described differ from this build's
+    /// declarations, in words: a table or column one side has and the
+    /// other lacks, or declares otherwise. A replica that disagrees takes
+    /// what its build can read; the host's build wants updating.
+    pub disagreements: Vec<String>,
 }
 
 /// Where the replica whose file `conn` opens stands (see

@@ -271,8 +271,8 @@ impl Catalog {
         magic_sync_core::schema::Schema::new(engine, &self.replica_foreign_keys())
     }
 
-    /// The foreign keys between declared tables, as a replica is told them
-    /// when it opens (`magic_sync::replica::Replica::open`).
+    /// The foreign keys between declared tables, as the server describes
+    /// them to replicas (a snapshot's end, and `ReplicaSchema`).
     pub fn replica_foreign_keys(&self) -> Vec<magic_sync_core::schema::ForeignKey> {
         self.foreign_keys
             .iter()

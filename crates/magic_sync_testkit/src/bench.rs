@@ -175,10 +175,6 @@ impl Fleet {
     ) -> Fleet {
         logs();
         let client = db.connect().await;
-        let catalog = magic_sync::catalog::Catalog::read(&client, engine)
-            .await
-            .expect("read the catalogue");
-        let foreign_keys = catalog.replica_foreign_keys();
         let key = magic_sync::store::keys::public(&client)
             .await
             .expect("read the server's key");
@@ -192,7 +188,6 @@ impl Fleet {
                     dir.path().join(format!("{}.sqlite", info.id)),
                     &info.id,
                     engine,
-                    foreign_keys.clone(),
                 )
                 .expect("open the replica");
                 replica.trust(&key).expect("pin the server's key");

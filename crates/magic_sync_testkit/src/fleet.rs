@@ -212,7 +212,7 @@ impl Fleet {
         }
     }
 
-    /// The foreign keys a replica is told of.
+    /// The foreign keys the server describes to replicas.
     pub fn foreign_keys(&self) -> Vec<replica::ForeignKey> {
         self.catalog.replica_foreign_keys()
     }
@@ -238,7 +238,7 @@ impl Fleet {
 
     /// `id`'s replica opened on the file at `path` with the fleet's engine.
     fn open_replica(&self, id: &str, path: &std::path::Path) -> Replica {
-        let mut replica = Replica::open(path, id, self.engine, self.foreign_keys()).unwrap();
+        let mut replica = Replica::open(path, id, self.engine).unwrap();
         replica.trust(&self.key).unwrap();
         if self
             .engine

@@ -8,6 +8,7 @@ mod deploy;
 
 mod cost;
 mod deployments;
+mod described;
 mod digests;
 mod hostile;
 mod isolation;

@@ -400,15 +400,9 @@ pub fn till(
     std::thread::JoinHandle<magic_sync::replica::Result<()>>,
 ) {
     let path = fleet.dir.path().join(format!("runner-{id}.sqlite"));
-    let (network, file, engine, fks, key) = (
-        network.clone(),
-        path.clone(),
-        fleet.engine,
-        fleet.foreign_keys(),
-        fleet.key,
-    );
+    let (network, file, engine, key) = (network.clone(), path.clone(), fleet.engine, fleet.key);
     let thread = std::thread::spawn(move || {
-        let mut replica = magic_sync::replica::Replica::open(&file, id, engine, fks).unwrap();
+        let mut replica = magic_sync::replica::Replica::open(&file, id, engine).unwrap();
         replica.trust(&key).unwrap();
         magic_sync::run::replica::replica(&mut replica, &network.link(id))
     });

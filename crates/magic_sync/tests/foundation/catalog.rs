@@ -109,7 +109,7 @@ async fn the_servers_schema_and_a_replicas_agree() {
         )]
     );
     let dir = tempfile::tempdir().unwrap();
-    let replica = magic_sync::replica::Replica::open(
+    let replica = magic_sync::replica::Replica::open_with_foreign_keys(
         dir.path().join("u1.sqlite"),
         "u1",
         &engine,

@@ -152,7 +152,7 @@ fn a_foreign_key_naming_what_is_not_declared_is_refused_at_open() {
         "products",
         &["id"],
     ));
-    let err = magic_sync::replica::Replica::open(
+    let err = magic_sync::replica::Replica::open_with_foreign_keys(
         site.dir.path().join("replica.sqlite3"),
         UNIT,
         engine(),

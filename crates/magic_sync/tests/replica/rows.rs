@@ -325,7 +325,7 @@ fn a_field_of_the_hosts_own_type_checks_every_row_it_takes() {
     ));
     let site = Site::new();
     let mut replica =
-        magic_sync::replica::Replica::open(site.dir.path().join("b.sqlite3"), UNIT, engine, vec![])
+        magic_sync::replica::Replica::open(site.dir.path().join("b.sqlite3"), UNIT, engine)
             .unwrap();
     replica.trust(&signer().public()).unwrap();
     let mut server = Server::new();

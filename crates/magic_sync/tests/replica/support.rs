@@ -148,7 +148,7 @@ impl Site {
     }
 
     pub fn open(&self) -> Replica {
-        let mut replica = Replica::open(
+        let mut replica = Replica::open_with_foreign_keys(
             self.dir.path().join("replica.sqlite3"),
             UNIT,
             engine(),
@@ -228,6 +228,7 @@ impl Server {
             Body::EndSnapshot(EndSnapshot {
                 tables,
                 schema: Vec::new(),
+                described: None,
             }),
         )
     }

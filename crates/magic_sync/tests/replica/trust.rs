@@ -200,7 +200,7 @@ fn a_replica_follows_a_rotated_key_and_then_refuses_the_old_one() {
 #[test]
 fn a_replica_that_pins_no_key_believes_nothing() {
     let site = Site::new();
-    let mut replica = Replica::open(
+    let mut replica = Replica::open_with_foreign_keys(
         site.dir.path().join("bare.sqlite3"),
         UNIT,
         engine(),

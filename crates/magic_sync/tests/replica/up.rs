@@ -371,8 +371,7 @@ fn an_up_table_keyed_by_bytes_is_refused_when_the_replica_opens() {
             .unwrap(),
     ));
     let site = Site::new();
-    let err = Replica::open(site.dir.path().join("t.sqlite3"), UNIT, engine, vec![])
-        .expect_err("refused");
+    let err = Replica::open(site.dir.path().join("t.sqlite3"), UNIT, engine).expect_err("refused");
     let message = err.to_string();
     assert!(
         message.contains("table `tokens`, column `token`") && message.contains("bytes"),

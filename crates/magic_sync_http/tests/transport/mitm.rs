@@ -91,6 +91,7 @@ impl Attack {
             body: Some(to_replica::Body::EndSnapshot(EndSnapshot {
                 tables: vec!["products".into(), "orders".into()],
                 schema: Vec::new(),
+                described: None,
             })),
             ..begin.clone()
         };

@@ -217,7 +217,7 @@ impl Server {
         let socket = Arc::new(Socket::connect(settings).unwrap());
         let (path, link, key) = (self.path(&till), socket.clone(), self.key);
         let thread = std::thread::spawn(move || {
-            let mut replica = Replica::open(&path, &till, engine(), vec![]).unwrap();
+            let mut replica = Replica::open(&path, &till, engine()).unwrap();
             replica.trust(&key).unwrap();
             magic_sync::run::replica::replica(&mut replica, &*link).unwrap();
         });

@@ -45,8 +45,9 @@ pub(crate) struct Loader<'a> {
     pub max_message_bytes: usize,
     /// A table a deployment removed, whose held rows the plan takes back.
     pub removed: Option<&'a super::deployment::Removed>,
-    /// The declarations' fingerprint, which a snapshot's end carries.
-    pub schema: &'a [u8],
+    /// The declarations as a replica is told them, with their
+    /// fingerprint, which a snapshot's end carries.
+    pub described: &'a crate::envelope::ReplicaSchema,
 }
 
 impl Loader<'_> {
@@ -111,7 +112,7 @@ impl Loader<'_> {
                 .map(|s| s.table.name.to_string())
                 .collect();
             for r in replicas {
-                packer.end_snapshot(r, tables.clone(), self.schema.to_vec());
+                packer.end_snapshot(r, tables.clone(), self.described);
             }
         }
         sink.take(tx, packer.take()).await

@@ -247,6 +247,8 @@ pub struct Recorded {
     /// build's declarations whole: once a deployment is done, or at a
     /// relay's start for replicas an older build provisioned.
     pub configured: Vec<String>,
+    /// How many replicas it sent the declarations' description.
+    pub described: usize,
     /// The table a deployment worked on in this pass, and how many of its
     /// rows (`crate::deploy`).
     pub deployed: Option<(String, u64)>,
@@ -310,6 +312,9 @@ pub struct Relay {
     /// Whether replicas may be due a `Configured`: read once no deployment
     /// is under way, until a pass finds none due.
     configuring: bool,
+    /// Whether replicas may be due the declarations' description: read at
+    /// every pass until one finds none due.
+    describing: bool,
     /// Rows of a deployment's next chunk, paced by the passes before.
     deploy_chunk: i64,
 }
@@ -367,9 +372,11 @@ impl Relay {
                 });
             }
         }
+        let described = catalog.schema(&engine).described();
         Ok(Relay {
             context: Arc::new(snapshot::Context {
-                schema: catalog.schema(&engine).fingerprint().0.to_vec(),
+                schema: described.fingerprint.clone(),
+                described,
                 engine,
                 graph,
                 settings,
@@ -385,6 +392,7 @@ impl Relay {
             deploying: false,
             removed: Vec::new(),
             configuring: true,
+            describing: true,
             deploy_chunk: settings_chunk.clamp(1, 1_000),
         })
     }
@@ -623,6 +631,9 @@ impl Relay {
         if looked && recorded.configured.is_empty() {
             self.configuring = false;
         }
+        if recorded.described == 0 {
+            self.describing = false;
+        }
         self.leftovers.left(plan.filled, analysed);
         Ok(recorded)
     }
@@ -798,12 +809,18 @@ impl Relay {
         recorded: &mut Recorded,
     ) -> Result<String> {
         let reached = reached::due(tx, observed).await?;
-        let configure = match self.configuring && !self.deploying {
-            true => configured::due(tx, observed, &self.context.schema).await?,
+        let schema = &self.context.schema;
+        let describe = match self.describing {
+            true => configured::due(tx, observed, configured::Told::Described, schema).await?,
             false => Vec::new(),
         };
+        let configure = match self.configuring && !self.deploying {
+            true => configured::due(tx, observed, configured::Told::Configured, schema).await?,
+            false => Vec::new(),
+        };
+        recorded.described = describe.len();
         let planned_any = plan.planned.sends > 0 || plan.planned.deletes > 0;
-        if !planned_any && reached.is_empty() && configure.is_empty() {
+        if !planned_any && reached.is_empty() && configure.is_empty() && describe.is_empty() {
             return Ok(String::new());
         }
         let context = &self.context;
@@ -817,6 +834,8 @@ impl Relay {
             .as_ref()
             .expect("prepared with the planner's tables");
         let mut writer = outbox::Writer::new(statements, epoch, chains);
+        let described =
+            configured::describe(tx, &mut writer, &describe, &self.context.described).await?;
         if planned_any {
             let t0 = std::time::Instant::now();
             let loader = load::Loader {
@@ -825,7 +844,7 @@ impl Relay {
                 settings: &context.settings,
                 max_message_bytes,
                 removed: plan.removed.as_ref(),
-                schema: &context.schema,
+                described: &context.described,
             };
             let kept: Vec<String> = observed.kept.iter().map(|o| o.id.clone()).collect();
             let source = load::Source::Difference {
@@ -841,7 +860,8 @@ impl Relay {
             .into_iter()
             .map(|(r, n)| (r.to_string(), n))
             .collect();
-        let mut closing = reached::write(tx, &mut writer, reached).await?;
+        let mut closing = described;
+        closing.push_str(&reached::write(tx, &mut writer, reached).await?);
         closing
             .push_str(&configured::write(tx, &mut writer, &configure, &self.context.schema).await?);
         recorded.configured = configure;

@@ -56,6 +56,9 @@ pub(crate) struct Context {
     /// The fingerprint of the declarations (`Schema::fingerprint`): what a
     /// snapshot's end and a `Configured` tell a replica it holds whole.
     pub schema: Vec<u8>,
+    /// What the declarations make of a replica's tables, as a snapshot's
+    /// end and a `ReplicaSchema` tell it.
+    pub described: crate::envelope::ReplicaSchema,
 }
 
 /// A snapshot sent and recorded.
@@ -286,7 +289,7 @@ impl Snapshot {
             settings: &context.settings,
             max_message_bytes: transport.max_message_bytes(),
             removed: None,
-            schema: &context.schema,
+            described: &context.described,
         };
         let t0 = std::time::Instant::now();
         let loaded = loader
@@ -335,7 +338,8 @@ impl Snapshot {
             .execute(
                 "UPDATE sync.replicas SET snapshot_attempt = NULL, snapshot_began_at = NULL,
                      snapshot = $3::text::pg_snapshot, last_number = $4, last_nonce = $5,
-                     snapshot_number = $6, snapshot_last = $4, last_error = NULL, configured = $7
+                     snapshot_number = $6, snapshot_last = $4, last_error = NULL, configured = $7,
+                     described = $7
                  WHERE id = $1 AND snapshot_attempt = $2",
                 &[
                     &self.replica,

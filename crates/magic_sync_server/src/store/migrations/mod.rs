@@ -32,6 +32,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (23, include_str!("023_inbox_sequence.sql")),
     (24, include_str!("024_parked.sql")),
     (25, include_str!("025_deployments.sql")),
+    (26, include_str!("026_described.sql")),
 ];
 
 /// The version this build brings the schema to.
