@@ -12,6 +12,13 @@
 //! promotion's groups): what points at a customer or a product is never
 //! looked up in the host's tables.
 //!
+//! Each walk deploys twice on the way, at steps its seed picks: a build
+//! that sends the notices to every till rather than its region's, and later
+//! the shop's own build again. Each deployment is worked through a few rows
+//! a pass while the walk goes on writing, and the tills open with the new
+//! build; at no pass does a replica hold a row without its parents, and
+//! once settled every replica is exact under the build that runs.
+//!
 //! `MAGIC_SYNC_SEED=n` replays one seed; `MAGIC_SYNC_SEEDS` and
 //! `MAGIC_SYNC_STEPS` change the budget (default 6 seeds of 40 steps; the
 //! hot walk runs half as many seeds).
@@ -82,8 +89,17 @@ async fn walk(seed: u64, steps: u64, shape: &Walk) {
     fleet.set_live(units[units.len() - 1], false);
     fleet.sync().await;
     fleet.check().await;
+    let there = rng.gen_range(steps / 4..=steps / 2);
+    let back = rng.gen_range(there + 1..there + 2 + steps / 3);
     for step in 0..steps {
         let mut done = Vec::new();
+        if step == there {
+            fleet.redeploy(crate::shop::redeclared()).await;
+            done.push("deployed: notices to every till".to_string());
+        } else if step == back {
+            fleet.redeploy(crate::shop::engine()).await;
+            done.push("deployed: notices to their region again".to_string());
+        }
         let writes = rng.gen_range(1..=3);
         let together = rng.gen_bool(0.3);
         let mut batch = String::new();
@@ -138,16 +154,28 @@ async fn walk(seed: u64, steps: u64, shape: &Walk) {
             // replicas fall behind by a message or more.
             fleet.record().await;
             fleet.deliver().await;
+            fleet.check_orphans();
             continue;
         }
         fleet.sync().await;
         fleet.check().await;
     }
-    for unit in units {
+    for unit in &units {
         fleet.cut(unit, false);
     }
     fleet.sync().await;
     fleet.check().await;
+    for unit in units {
+        let unit = fleet.unit(unit);
+        if unit.info.live {
+            let configuration = unit.replica.configuration().unwrap();
+            assert!(
+                configuration.complete,
+                "seed {seed}: {} holds the build it runs whole: {configuration:?}",
+                unit.info.id
+            );
+        }
+    }
 }
 
 /// One change to the replicas; says what it was.
