@@ -216,6 +216,60 @@ pub async fn deploy(
     Ok(Outcome::Fine)
 }
 
+/// `indexes`, for a host to mount in its own binary beside [`Deploy`]:
+/// prints the `CREATE INDEX` statements the relay's start-up check would
+/// demand of this build's declarations (the columns a `follows` table
+/// follows its parent by, a group rule's members and grants), each with
+/// what the relay looks up through it, and ends as
+/// [`Outcome::WaitsForFix`] (exit 2) when any is missing, so a deploy
+/// script can stop before the relay would refuse to start.
+#[derive(Debug, Clone, Default, Args)]
+pub struct Indexes {
+    /// Print JSON (stable field names) instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One index [`Indexes`] found missing, as its JSON prints it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Missing {
+    /// The table's schema.
+    pub schema: String,
+    /// The table.
+    pub table: String,
+    /// The columns the index must lead with.
+    pub columns: Vec<String>,
+    /// What the relay looks up through it.
+    pub why: String,
+    /// The statement that makes it.
+    pub sql: String,
+}
+
+/// Runs [`Indexes`] for the build whose declarations are `engine`.
+pub async fn indexes(
+    client: &Client,
+    engine: &magic_sync::Engine,
+    args: &Indexes,
+    out: &mut dyn Write,
+) -> Result<Outcome, Error> {
+    let missing: Vec<Missing> = magic_sync::check::missing_indexes(engine, client)
+        .await
+        .map_err(Error::Catalogue)?
+        .into_iter()
+        .map(|m| Missing {
+            sql: format!("{};", m.create_sql()),
+            schema: m.schema,
+            table: m.table,
+            columns: m.columns,
+            why: m.why,
+        })
+        .collect();
+    emit(out, args.json, &missing, |m: &Vec<Missing>| {
+        show::indexes(m)
+    })?;
+    Ok(Outcome::of(!missing.is_empty()))
+}
+
 /// How a command ended, for the exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -266,6 +320,9 @@ pub enum Error {
         /// What failed.
         source: std::io::Error,
     },
+    /// Reading the database's catalogue failed.
+    #[error("reading the catalogue: {0}")]
+    Catalogue(#[source] magic_sync::Error),
     /// Reading or planning a deployment failed.
     #[error("the deployment: {0}")]
     Deployment(#[source] magic_sync::Error),

@@ -109,6 +109,27 @@ pub fn deployment(d: &[magic_sync::deploy::Progress]) -> String {
     format!("{t}\n")
 }
 
+/// The indexes the relay needs and the database lacks, as statements to
+/// run, each under what the relay looks up through it.
+pub fn indexes(missing: &[crate::Missing]) -> String {
+    if missing.is_empty() {
+        return "every index the relay needs is in place\n".into();
+    }
+    let mut out = format!(
+        "the relay refuses to start until {} {} made:\n",
+        missing.len(),
+        if missing.len() == 1 {
+            "index is"
+        } else {
+            "indexes are"
+        }
+    );
+    for m in missing {
+        let _ = write!(out, "\n-- {}\n{}\n", m.why, m.sql);
+    }
+    out
+}
+
 /// What starting a build would change: its dry run.
 pub fn dry_run(d: &magic_sync::deploy::Deployment) -> String {
     d.to_string()

@@ -406,3 +406,118 @@ async fn deployment_lists_the_last_deployment_and_settled_waits_for_it() {
         .unwrap();
     assert_eq!(wait(&url, &["--timeout", "5"]).0, 0);
 }
+
+mod declared {
+    use magic_sync::Row;
+
+    #[derive(Row, Debug, Clone)]
+    #[row(table = "shops", down, all, key(id))]
+    pub struct Shop {
+        pub id: i64,
+    }
+
+    /// Follows its shop: the relay finds a shop's items by `shop_id`.
+    #[derive(Row, Debug, Clone)]
+    #[row(table = "items", down, follows = "shop_id", key(id))]
+    pub struct Item {
+        pub id: i64,
+        pub shop_id: i64,
+    }
+
+    /// Given through groups: the relay finds an offer's groups by
+    /// `offer_groups.offer_id`, a group's offers by `group_id`.
+    #[derive(Row, Debug, Clone)]
+    #[row(
+        table = "offers",
+        down,
+        group(
+            members = "offer_groups",
+            member = "offer_id",
+            grants = "offer_grants",
+            replica = "unit_id"
+        ),
+        key(id)
+    )]
+    pub struct Offer {
+        pub id: i64,
+    }
+}
+
+#[tokio::test]
+async fn indexes_names_each_missing_index_and_the_statement_that_makes_it() {
+    let db = magic_sync_testdb::database().await;
+    let client = db.connect().await;
+    // Keys alone, as a host may have them: the members' key leads with the
+    // group, so only a row's groups and a shop's items lack an index.
+    client
+        .batch_execute(
+            "CREATE TABLE shops (id bigint PRIMARY KEY);
+             CREATE TABLE items (id bigint PRIMARY KEY, shop_id bigint NOT NULL REFERENCES shops);
+             CREATE TABLE offers (id bigint PRIMARY KEY);
+             CREATE TABLE offer_groups (group_id bigint, offer_id bigint REFERENCES offers,
+                                        PRIMARY KEY (group_id, offer_id));
+             CREATE TABLE offer_grants (unit_id text, group_id bigint,
+                                        PRIMARY KEY (unit_id, group_id));",
+        )
+        .await
+        .unwrap();
+    let engine = magic_sync::Engine::builder()
+        .table::<declared::Shop>()
+        .table::<declared::Item>()
+        .table::<declared::Offer>()
+        .build()
+        .unwrap();
+    let json = magic_sync_cli::Indexes { json: true };
+    let mut out = Vec::new();
+    let outcome = magic_sync_cli::indexes(&client, &engine, &json, &mut out)
+        .await
+        .unwrap();
+    assert_eq!(outcome.exit_code(), 2, "missing indexes are a fix to make");
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    let named: Vec<(String, Vec<String>)> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["table"].as_str().unwrap().to_string(),
+                serde_json::from_value(m["columns"].clone()).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        named,
+        [
+            ("items".to_string(), vec!["shop_id".to_string()]),
+            ("offer_groups".to_string(), vec!["offer_id".to_string()]),
+        ]
+    );
+    let mut text = Vec::new();
+    magic_sync_cli::indexes(&client, &engine, &Default::default(), &mut text)
+        .await
+        .unwrap();
+    let text = String::from_utf8(text).unwrap();
+    assert!(
+        text.contains("until 2 indexes are made")
+            && text.contains("CREATE INDEX CONCURRENTLY IF NOT EXISTS \"items_shop_id_idx\" ON \"public\".\"items\" (\"shop_id\");")
+            && text.contains("the rows of `items` that follow a parent"),
+        "{text}"
+    );
+    // The statements printed are the ones to run: once they ran, nothing
+    // is missing.
+    for m in v.as_array().unwrap() {
+        client
+            .batch_execute(m["sql"].as_str().unwrap())
+            .await
+            .unwrap();
+    }
+    let mut out = Vec::new();
+    let outcome = magic_sync_cli::indexes(&client, &engine, &Default::default(), &mut out)
+        .await
+        .unwrap();
+    assert_eq!(outcome.exit_code(), 0);
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        "every index the relay needs is in place\n"
+    );
+}
