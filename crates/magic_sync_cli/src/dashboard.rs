@@ -9,6 +9,12 @@
 //! - `/api/overview`, `/api/replicas?after=ID&limit=N`, `/api/health`: the
 //!   reads, as `magic-sync ... --json` prints them; each health item also
 //!   `says` what it is in plain words.
+//! - `/api/history`: the runner's figures of the last hour
+//!   ([`ops::history`]), which the page draws as charts (SVG, built by its
+//!   script). The page also keeps, per replica, its rows behind at each
+//!   refresh since it opened (at most an hour of them, for at most 2,000
+//!   replicas) and draws them beside it: history that costs the server
+//!   nothing.
 //! - `/metrics`: the figures of [`ops::gauges`] in Prometheus' text format
 //!   ([`crate::scrape`]).
 //!
@@ -57,6 +63,7 @@ enum Ask {
     Overview { worst: usize },
     Replicas { after: Option<String>, limit: usize },
     Health,
+    History,
     Metrics,
 }
 
@@ -147,6 +154,7 @@ pub async fn serve_for(
         .route("/api/overview", get(overview))
         .route("/api/replicas", get(replicas))
         .route("/api/health", get(health))
+        .route("/api/history", get(history))
         .route("/metrics", get(metrics))
         .with_state(Reader(tx));
     if let Access::Token(token) = access {
@@ -262,6 +270,7 @@ async fn read(client: &mut Client, scope: &Scope, ask: Ask) -> Result<Answer, op
             json(&ops::listing(client, scope, after.as_deref(), limit).await?)
         }
         Ask::Health => Answer::Json(said(&ops::health(client, scope).await?)),
+        Ask::History => json(&ops::history(client).await?),
         Ask::Metrics => Answer::Text(crate::scrape::render(&ops::gauges(client, scope).await?)),
     })
 }
@@ -395,6 +404,10 @@ async fn replicas(
 
 async fn health(State(reader): State<Reader>) -> Result<Response, ApiFailure> {
     Ok(json_of(reader.ask(Ask::Health).await.map_err(ApiFailure)?))
+}
+
+async fn history(State(reader): State<Reader>) -> Result<Response, ApiFailure> {
+    Ok(json_of(reader.ask(Ask::History).await.map_err(ApiFailure)?))
 }
 
 /// Prometheus' text format; a failure is plain text too.

@@ -699,3 +699,224 @@ async fn what_a_request_asks_for_is_clamped() {
     assert_eq!(overview["worst"].as_array().unwrap().len(), 100, "{body}");
     dashboard.stop().await;
 }
+
+mod live {
+    use magic_sync::Row;
+
+    /// What the load writes, to every till.
+    #[derive(Row, Debug, Clone)]
+    #[row(table = "counters", down, all, key(id))]
+    pub struct Counter {
+        pub id: i64,
+        pub n: i64,
+    }
+
+    /// What a till's host writes: a tap of its counter, filed on the server.
+    #[derive(Row, Debug, Clone)]
+    #[row(table = "taps", up, key(id), key_without_origin)]
+    pub struct Tap {
+        pub id: String,
+        #[row(origin)]
+        pub unit_id: String,
+        pub n: i64,
+    }
+}
+
+struct Tills(Vec<magic_sync::relay::ReplicaInfo>);
+
+impl magic_sync::relay::Replicas for Tills {
+    async fn replicas(&self) -> magic_sync::Result<Vec<magic_sync::relay::ReplicaInfo>> {
+        Ok(self.0.clone())
+    }
+}
+
+/// `sync.figures` rows written so far, and how many saw rows sent and
+/// uploads filed.
+async fn figures(client: &tokio_postgres::Client) -> (i64, i64) {
+    let row = client
+        .query_one(
+            "SELECT count(*), count(*) FILTER (WHERE rows_sent > 0 AND uploads_filed > 0)
+             FROM sync.figures",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// Asks `done` every 50 ms until it holds, failing with `what` after a
+/// minute: the runner and the load make it true, with no event to wait on.
+async fn until<F: std::future::Future<Output = bool>>(what: &str, mut done: impl FnMut() -> F) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !done().await {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// The `points` of the polyline of `series` in chart `chart`.
+fn series(dom: &str, chart: &str, series: &str) -> String {
+    let at = dom
+        .find(&format!(r#"data-chart="{chart}""#))
+        .unwrap_or_else(|| panic!("no chart {chart}:\n{dom}"));
+    let rest = &dom[at..];
+    let end = rest.find("</svg>").unwrap();
+    let svg = &rest[..end];
+    let at = svg
+        .find(&format!(r#"data-series="{series}""#))
+        .unwrap_or_else(|| panic!("no series {series} in {chart}:\n{svg}"));
+    let points = &svg[at..];
+    let start = points.find(r#"points=""#).unwrap() + r#"points=""#.len();
+    let stop = points[start..].find('"').unwrap();
+    points[start..start + stop].to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_draws_the_fleets_history_and_it_moves_under_a_load() {
+    let chromium = chromium();
+    let db = magic_sync_testdb::database().await;
+    let mut client = db.connect().await;
+    client
+        .batch_execute(
+            "CREATE TABLE counters (id bigint PRIMARY KEY, n bigint NOT NULL);
+             CREATE TABLE taps (id text PRIMARY KEY, unit_id text NOT NULL, n bigint NOT NULL);
+             INSERT INTO counters SELECT g, 0 FROM generate_series(1, 20) g;",
+        )
+        .await
+        .unwrap();
+    magic_sync::schema::migrate(&mut client).await.unwrap();
+    let engine: &'static magic_sync::Engine = Box::leak(Box::new(
+        magic_sync::Engine::builder()
+            .table::<live::Counter>()
+            .table::<live::Tap>()
+            .build()
+            .unwrap(),
+    ));
+    magic_sync::trigger::install(engine, &mut client)
+        .await
+        .unwrap();
+    let key = magic_sync::store::keys::public(&client).await.unwrap();
+    let network = magic_sync::run::memory::Network::new(64 * 1024);
+    let dir = tempfile::tempdir().unwrap();
+    let tills: Vec<_> = ["t1", "t2"]
+        .into_iter()
+        .map(|id| {
+            let (network, path) = (network.clone(), dir.path().join(format!("{id}.sqlite")));
+            std::thread::spawn(move || {
+                let mut replica = magic_sync::replica::Replica::open(&path, id, engine).unwrap();
+                replica.trust(&key).unwrap();
+                magic_sync::run::replica::replica(&mut replica, &network.link(id))
+            })
+        })
+        .collect();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = {
+        let (config, network) = (db.config(), network.clone());
+        tokio::spawn(async move {
+            let settings = magic_sync::relay::Settings {
+                figures_every: std::time::Duration::from_millis(200),
+                ..Default::default()
+            };
+            let tills = Tills(vec![
+                magic_sync::relay::ReplicaInfo::live("t1", None),
+                magic_sync::relay::ReplicaInfo::live("t2", None),
+            ]);
+            magic_sync::run::server::server(
+                config,
+                engine.clone(),
+                settings,
+                &tills,
+                &network,
+                &network,
+                async {
+                    let _ = stopped.await;
+                },
+            )
+            .await
+        })
+    };
+    // The load: a counter moved every few milliseconds until the end, and
+    // t1's host tapping it.
+    let loading = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let till_file = rusqlite::Connection::open(dir.path().join("t1.sqlite")).unwrap();
+    till_file
+        .busy_timeout(std::time::Duration::from_secs(30))
+        .unwrap();
+    let load = {
+        let (writer, loading) = (db.connect().await, loading.clone());
+        tokio::spawn(async move {
+            let mut i = 0_i64;
+            while loading.load(std::sync::atomic::Ordering::Relaxed) {
+                writer
+                    .execute(
+                        "UPDATE counters SET n = n + 1 WHERE id = $1",
+                        &[&(i % 20 + 1)],
+                    )
+                    .await
+                    .unwrap();
+                if i % 10 == 0 {
+                    // The replica made the table as it opened: a write may
+                    // come before that, and is tried again.
+                    let _ = till_file.execute(
+                        "INSERT INTO taps (id, unit_id, n) VALUES (?1, 't1', ?2)",
+                        rusqlite::params![format!("tap-{i}"), i],
+                    );
+                }
+                i += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+    };
+    until("the runner wrote no figures of rows sent", || async {
+        figures(&client).await.1 >= 3
+    })
+    .await;
+
+    let dashboard = Dashboard::start(&db).await;
+    let first = browse(chromium, &dashboard.url("/")).await;
+    for chart in ["lag", "pending", "sent", "filed", "provisioning"] {
+        assert_shows(&first, &format!(r#"data-chart="{chart}""#));
+    }
+    let rows_then = series(&first, "sent", "rows");
+    assert!(rows_then.split(' ').count() >= 3, "{rows_then}");
+    assert!(
+        !series(&first, "lag", "p50").is_empty(),
+        "acknowledgements under the load have their lag drawn:\n{first}"
+    );
+    assert!(
+        series(&first, "filed", "uploads")
+            .split(' ')
+            .any(|point| !point.ends_with(",30.00")),
+        "the till's taps are drawn as filed:\n{first}"
+    );
+    // Each till's rows behind, since the page opened.
+    assert_shows(&first, r#"data-replica="t1" data-points="#);
+    assert!(
+        !first.contains(r#"class="shown""#),
+        "an error is shown:\n{first}"
+    );
+
+    // More periods go by under the load: the charts move.
+    let (written, _) = figures(&client).await;
+    until("the runner wrote no more figures", || async {
+        figures(&client).await.0 >= written + 3
+    })
+    .await;
+    let second = browse(chromium, &dashboard.url("/")).await;
+    let rows_now = series(&second, "sent", "rows");
+    assert!(
+        rows_now.split(' ').count() > rows_then.split(' ').count(),
+        "{rows_then} then {rows_now}"
+    );
+    assert_ne!(rows_now, rows_then);
+
+    loading.store(false, std::sync::atomic::Ordering::Relaxed);
+    load.await.unwrap();
+    dashboard.stop().await;
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+    network.close();
+    for till in tills {
+        till.join().unwrap().unwrap();
+    }
+}

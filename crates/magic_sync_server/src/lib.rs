@@ -10,6 +10,7 @@ pub mod catalog;
 pub mod check;
 pub mod deploy;
 pub mod error;
+pub mod figures;
 pub mod file;
 pub mod ops;
 pub mod pg;

@@ -85,7 +85,7 @@ pub async fn heed<T: Transport>(
         }
     }
     if !uploads.is_empty() {
-        file_and_answer(client, engine, transport, &uploads).await?;
+        heeded.filed = file_and_answer(client, engine, transport, &uploads).await?;
     }
     let started = Instant::now();
     let outcomes = crate::relay::acknowledge_all(client, &acks).await?;
@@ -130,13 +130,14 @@ fn within_limit<T: Transport>(transport: &T, replica: &str, up: Up) -> Option<Up
     None
 }
 
-/// Files `uploads` in one transaction, then answers each filed one.
+/// Files `uploads` in one transaction, then answers each filed one;
+/// returns how many were filed.
 async fn file_and_answer<T: Transport>(
     client: &mut Client,
     engine: &Engine,
     transport: &T,
     uploads: &[(String, Up)],
-) -> Result<()> {
+) -> Result<u64> {
     let started = Instant::now();
     let filings = crate::file::file_all(client, engine, uploads).await?;
     crate::relay::trace(&format!("heed/file ({} uploads)", uploads.len()), started);
@@ -148,12 +149,14 @@ async fn file_and_answer<T: Transport>(
     fail::fail_point!("file-after-filing", |_| Err(crate::error::Error::Injected(
         "file-after-filing"
     )));
+    let mut filed = 0;
     for ((replica, _), filing) in uploads.iter().zip(filings) {
         match filing {
             Ok(crate::file::Filing::Filed { answer, .. }) => {
                 // Not carried: the replica sends it again. An upload
                 // that only said its backlog wants no answer.
                 if !answer.send_id.is_empty() {
+                    filed += 1;
                     let _ = transport.answer(replica, answer).await;
                 }
             }
@@ -161,7 +164,7 @@ async fn file_and_answer<T: Transport>(
             Err(e) => tracing::warn!(replica = %replica, error = %e, "an upload was not filed"),
         }
     }
-    Ok(())
+    Ok(filed)
 }
 
 /// What [`heed`] recorded.
@@ -172,6 +175,16 @@ pub struct Heeded {
     pub acknowledged: Vec<(String, i64)>,
     /// Digests heard, and what became of each.
     pub digests: Vec<(String, crate::relay::Compared)>,
+    /// Uploads filed.
+    pub filed: u64,
+}
+
+/// What the runner's two loops measure together: the lags of messages
+/// written and not yet acknowledged, and the period's figures.
+#[derive(Debug, Default)]
+struct Measured {
+    lags: Lags,
+    tally: crate::figures::Tally,
 }
 
 /// Per replica, the messages passes wrote it and when the oldest change
@@ -384,7 +397,7 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
         .publisher
         .insert(Session::open(config, &settings.session, "publish").await?);
     let written = tokio::sync::Notify::new();
-    let lags = Mutex::new(Lags::default());
+    let measured = Mutex::new(Measured::default());
     let workers = Workers {
         config,
         session: &settings.session,
@@ -399,7 +412,7 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
             &workers,
             backoff,
             &written,
-            &lags
+            &measured
         ),
         publish_forever(
             publisher.client_mut(),
@@ -408,7 +421,7 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
             reports,
             settings,
             &written,
-            &lags
+            &measured
         )
     )?;
     Ok(())
@@ -447,6 +460,8 @@ impl<T: Transport> Workers<'_, T> {
 struct Book {
     running: HashSet<String>,
     retries: Retries,
+    /// Messages and rows the snapshots that ended sent, not yet tallied.
+    streamed: (u64, u64),
     /// Failed, to be put back to waiting on the lock's connection.
     failed: Vec<Failed>,
 }
@@ -459,7 +474,11 @@ impl Book {
     ) {
         self.running.remove(&replica);
         match result {
-            Ok(_) => self.retries.streamed(&replica),
+            Ok(streamed) => {
+                self.streamed.0 += streamed.messages;
+                self.streamed.1 += streamed.rows;
+                self.retries.streamed(&replica);
+            }
             Err(f) => {
                 if !f.is_transient() {
                     tracing::error!(replica = %replica, error = %f, "a snapshot failed");
@@ -508,7 +527,7 @@ async fn record_forever<H: Replicas, T: Transport>(
     workers: &Workers<'_, T>,
     backoff: &mut Backoff,
     written: &tokio::sync::Notify,
-    lags: &Mutex<Lags>,
+    measured: &Mutex<Measured>,
 ) -> Result<()> {
     let settings = relay.settings().clone();
     let mut streaming = FuturesUnordered::new();
@@ -536,7 +555,15 @@ async fn record_forever<H: Replicas, T: Transport>(
         // For a host that installs a `metrics` recorder (an exporter).
         metrics::histogram!("magic_sync_pass_seconds").record(started.elapsed().as_secs_f64());
         backoff.reset();
-        lags.lock().expect("not poisoned").written(&recorded);
+        {
+            let mut measured = measured.lock().expect("not poisoned");
+            measured.lags.written(&recorded);
+            measured
+                .tally
+                .sent(recorded.messages, recorded.planned.sends);
+            let (messages, rows) = std::mem::take(&mut book.streamed);
+            measured.tally.sent(messages, rows);
+        }
         if recorded.messages > 0 {
             written.notify_one();
         }
@@ -596,21 +623,31 @@ async fn publish_forever<T: Transport, R: Reports>(
     reports: &R,
     settings: &Settings,
     written: &tokio::sync::Notify,
-    lags: &Mutex<Lags>,
+    measured: &Mutex<Measured>,
 ) -> Result<()> {
     loop {
         let started = std::time::Instant::now();
         let heeded = heed(publisher, engine, transport, reports.drain()).await?;
         crate::relay::trace("heed", started);
-        {
-            let mut lags = lags.lock().expect("not poisoned");
+        let period = {
+            let mut measured = measured.lock().expect("not poisoned");
+            let Measured { lags, tally } = &mut *measured;
             for (replica, number) in &heeded.acknowledged {
                 if let Some(lag) = lags.acknowledged(replica, *number) {
                     // For a host that installs a `metrics` recorder.
                     metrics::histogram!("magic_sync_commit_to_acknowledged_seconds")
                         .record(lag.as_secs_f64());
+                    tally.acknowledged(lag);
                 }
             }
+            tally.filed(heeded.filed);
+            match tally.due(settings.figures_every) {
+                true => Some(std::mem::take(tally)),
+                false => None,
+            }
+        };
+        if let Some(period) = period {
+            crate::figures::write(publisher, period).await?;
         }
         let started = std::time::Instant::now();
         crate::relay::publish(publisher, transport, settings.concurrency).await?;

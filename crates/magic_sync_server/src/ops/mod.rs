@@ -9,6 +9,7 @@
 //! - [`health`]: what the engine waits on, each item saying whether to wait
 //!   or to deploy a fix.
 //! - [`gauges`]: the figures a metrics endpoint exports, of one moment.
+//! - [`history`]: the runner's figures of the last hour, period by period.
 //!
 //! Every read runs in one `REPEATABLE READ READ ONLY` transaction, so its
 //! figures are of one moment, and carries that moment as the server tells
@@ -25,6 +26,7 @@
 
 mod gauges;
 mod health;
+mod history;
 mod overview;
 mod progress;
 mod row;
@@ -33,6 +35,7 @@ mod state;
 
 pub use gauges::{gauges, Gauges, Provisionings, ReplicaGauges};
 pub use health::{health, Action, Concern, Health, Item, PendingNotes};
+pub use history::{history, Figure, History};
 pub use overview::{listing, overview, Listing, Overview, StateCounts, TableFigures};
 pub use progress::{progress, Progress, TableProgress, UpBacklog};
 pub use row::{row_progress, RowPlace, RowProgress, RowState};

@@ -193,6 +193,10 @@ pub struct Settings {
     /// and halves when one takes more, so the changes planned beside it
     /// wait about this long at most.
     pub deploy_pass_budget: Duration,
+    /// How often the runner writes its figures (`sync.figures`: messages
+    /// and rows sent, uploads filed, commit-to-acknowledged lags, notes
+    /// pending), which an operator's page draws history from.
+    pub figures_every: Duration,
 }
 
 impl Default for Settings {
@@ -212,6 +216,7 @@ impl Default for Settings {
             provision_asked_every: Duration::from_secs(10),
             deploy_chunk_rows: 50_000,
             deploy_pass_budget: Duration::from_millis(250),
+            figures_every: Duration::from_secs(5),
         }
     }
 }

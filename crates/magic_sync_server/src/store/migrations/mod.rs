@@ -33,6 +33,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (24, include_str!("024_parked.sql")),
     (25, include_str!("025_deployments.sql")),
     (26, include_str!("026_described.sql")),
+    (27, include_str!("027_figures.sql")),
 ];
 
 /// The version this build brings the schema to.
