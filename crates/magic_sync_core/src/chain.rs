@@ -48,6 +48,8 @@ impl Applied {
             number: self.number,
             nonce: self.nonce.clone(),
             seal: self.seal.clone(),
+            // The replica's to say: the chain knows nothing of uploads.
+            answered: 0,
         }
     }
 }

@@ -49,6 +49,7 @@ mod tests {
             number: 7,
             nonce: vec![2; 16],
             seal: vec![3; 32],
+            answered: 9,
         };
         let gap = Gap {
             epoch: vec![1; 16],

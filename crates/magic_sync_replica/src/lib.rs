@@ -293,7 +293,28 @@ impl Replica {
             Some(envelope::to_replica::Body::EndSnapshot(end)) => end.described.as_ref(),
             _ => None,
         };
+        // A snapshot of another epoch: that server answered nothing yet.
+        let new_epoch = message.begins_snapshot
+            && self
+                .chain
+                .applied
+                .as_ref()
+                .is_some_and(|a| a.epoch != message.epoch);
         let tx = write_transaction(&mut self.conn)?;
+        if new_epoch {
+            up::new_epoch(&tx)?;
+        }
+        // The server provisions a replica again when what it records of it
+        // cannot be trusted: a gap, a lost message, a digest that differed,
+        // or its own database restored from an older copy, which forgot
+        // the uploads it filed after the copy was taken (and the replica
+        // let go of once answered). So at a snapshot's end, what the
+        // replica wrote goes up again: filing is idempotent, and nothing
+        // the server answered is lost however old its database is.
+        let ends_snapshot = matches!(
+            message.body,
+            Some(envelope::to_replica::Body::EndSnapshot(_))
+        ) && (message.begins_snapshot || state::snapshot_began(&tx)?.is_some());
         // A description is taken before anything of its message: a
         // snapshot's end lets go of rows, which the new foreign keys decide.
         let retold = match description {
@@ -304,6 +325,16 @@ impl Replica {
         let refused = apply::Pass::run(&tx, tables, &self.engine, message)?;
         if refused > 0 {
             state::trim_refused(&tx)?;
+        }
+        if ends_snapshot {
+            let noted = up::note_everything(&tx, &self.engine)?;
+            if noted > 0 {
+                tracing::info!(
+                    replica = %self.id,
+                    rows = noted,
+                    "provisioned: everything this replica wrote goes up again"
+                );
+            }
         }
         state::save_applied(&tx, &Applied::of(message))?;
         tx.commit()?;
@@ -346,9 +377,14 @@ impl Replica {
     }
 
     /// The last message applied, with its seal as it came: what the replica
-    /// tells the server it applied. `None` before the first.
+    /// tells the server it applied, with the newest upload that server
+    /// answered as filed (`Ack::answered`). `None` before the first.
     pub fn ack(&self) -> Option<envelope::Ack> {
-        self.chain.applied.as_ref().map(|a| a.ack())
+        self.chain.applied.as_ref().map(|a| envelope::Ack {
+            // Unread is no claim: the server then checks nothing.
+            answered: up::answered(&self.conn).unwrap_or(0),
+            ..a.ack()
+        })
     }
 
     /// The gap the replica is in, if any: the newest message it could not follow.

@@ -120,6 +120,48 @@ SELECT * FROM (
 ORDER BY table_name, key";
 /// A row written since the send read it carried writes up to a clock not
 /// known: it is taken to carry none of those not filed yet.
+/// The uploads handed over, by send id, with their sequence: an answer
+/// naming one says the server filed that sequence. The newest 1,024 are
+/// kept; an older one unanswered was sent again under another id.
+const SENDS: &str = "
+CREATE TABLE IF NOT EXISTS _magic_sync_up_sends (
+    send_id  BLOB PRIMARY KEY,
+    sequence INTEGER NOT NULL
+) STRICT;
+CREATE INDEX IF NOT EXISTS _magic_sync_up_sends_sequence ON _magic_sync_up_sends (sequence);
+-- The newest sequence the server of this epoch answered as filed.
+CREATE TABLE IF NOT EXISTS _magic_sync_up_answered (
+    id       INTEGER PRIMARY KEY CHECK (id = 1),
+    sequence INTEGER NOT NULL
+) STRICT;
+INSERT OR IGNORE INTO _magic_sync_up_answered (id, sequence) VALUES (1, 0);";
+const SENT: &str =
+    "INSERT OR REPLACE INTO _magic_sync_up_sends (send_id, sequence) VALUES (?1, ?2)";
+const KEEP_SENDS: &str = "
+DELETE FROM _magic_sync_up_sends WHERE sequence <
+    (SELECT min(sequence) FROM (SELECT sequence FROM _magic_sync_up_sends ORDER BY sequence DESC LIMIT 1024))";
+const ANSWERED: &str = "
+UPDATE _magic_sync_up_answered
+SET sequence = max(sequence, (SELECT sequence FROM _magic_sync_up_sends WHERE send_id = ?1))
+WHERE id = 1 AND EXISTS (SELECT 1 FROM _magic_sync_up_sends WHERE send_id = ?1)";
+const FORGET_SEND: &str = "DELETE FROM _magic_sync_up_sends WHERE send_id = ?1";
+
+/// The newest sequence the server of this epoch answered as filed (0:
+/// none), which the replica's acknowledgements carry (`Ack::answered`).
+pub(crate) fn answered(conn: &Connection) -> Result<u64> {
+    let sequence: i64 = conn
+        .prepare_cached("SELECT sequence FROM _magic_sync_up_answered WHERE id = 1")?
+        .query_row([], |r| r.get(0))?;
+    Ok(u64::try_from(sequence).unwrap_or(0))
+}
+
+/// A server of a new epoch answered nothing yet.
+pub(crate) fn new_epoch(conn: &Connection) -> Result<()> {
+    conn.prepare_cached("UPDATE _magic_sync_up_answered SET sequence = 0 WHERE id = 1")?
+        .execute([])?;
+    Ok(())
+}
+
 const STAMP: &str = "
 UPDATE _magic_sync_up SET send_id = ?3, sent_writes = ?4, sent_at = ?5,
     sent_clock = CASE WHEN writes = ?4 THEN last_clock ELSE first_clock - 1 END
@@ -177,10 +219,59 @@ pub(crate) fn check(engine: &Engine) -> Result<()> {
 /// The notes' table and every table's triggers, made if missing.
 pub(crate) fn create(conn: &Connection, engine: &Engine) -> Result<()> {
     conn.execute_batch(CREATE)?;
+    conn.execute_batch(SENDS)?;
     for table in engine.tables().filter(|t| noted(t)) {
         conn.execute_batch(&triggers(table))?;
     }
     Ok(())
+}
+
+/// Notes again everything the replica wrote that it still has: every row
+/// of its up tables, and every row of a two-way table with an owned column
+/// set (not retired), as if the host had just written each. For a replica
+/// just provisioned, whose server may be a copy restored from before some
+/// of them were filed: filing is idempotent, so sending what it has again
+/// costs time and loses nothing. Returns how many rows were noted.
+pub(crate) fn note_everything(conn: &Connection, engine: &Engine) -> Result<usize> {
+    let mut noted_rows = 0;
+    for table in engine.tables().filter(|t| noted(t)) {
+        let key: Vec<String> = table
+            .key
+            .iter()
+            .map(|k| format!("t.{}", ident(k)))
+            .collect();
+        let mut only = Vec::new();
+        if table.mirror == Mirror::Both {
+            let owned: Vec<String> = table
+                .owned
+                .iter()
+                .map(|c| format!("t.{} IS NOT NULL", ident(c)))
+                .collect();
+            only.push(format!("({})", owned.join(" OR ")));
+        }
+        if let Some(retired) = table.retired {
+            only.push(format!("t.{} IS NULL", ident(retired)));
+        }
+        let only: String = only.iter().map(|w| format!(" AND {w}")).collect();
+        conn.execute(
+            "UPDATE _magic_sync_up_clock SET last = last + 1 WHERE id = 1",
+            [],
+        )?;
+        noted_rows += conn.execute(
+            &format!(
+                "INSERT INTO _magic_sync_up (table_name, key, writes, first_clock, last_clock)
+                 SELECT {name}, json_array({key}), 1, c.last, c.last
+                 FROM {on} t, _magic_sync_up_clock c WHERE c.id = 1{only}
+                 ON CONFLICT (table_name, key) DO UPDATE
+                 SET writes = writes + 1, last_clock = excluded.last_clock",
+                name = literal(table.name),
+                key = key.join(", "),
+                on = ident(table.name),
+            ),
+            [],
+        )?;
+    }
+    Ok(noted_rows)
 }
 
 /// The triggers that note the host's writes to `table`.
@@ -427,6 +518,11 @@ pub(crate) fn stamp(conn: &mut Connection, pending: &Pending) -> Result<()> {
             now
         ])?;
     }
+    tx.prepare_cached(SENT)?.execute(params![
+        pending.up.send_id,
+        i64::try_from(pending.up.sequence).unwrap_or(i64::MAX)
+    ])?;
+    tx.prepare_cached(KEEP_SENDS)?.execute([])?;
     tx.commit()?;
     Ok(())
 }
@@ -535,6 +631,8 @@ pub(crate) fn knows(conn: &Connection, send_id: &[u8]) -> Result<bool> {
 /// written since; returns how many. The send then waits to be reached,
 /// unless the server said so already.
 pub(crate) fn filed(conn: &Connection, send_id: &[u8]) -> Result<usize> {
+    conn.prepare_cached(ANSWERED)?.execute([send_id])?;
+    conn.prepare_cached(FORGET_SEND)?.execute([send_id])?;
     let reached_early = conn
         .prepare_cached("DELETE FROM _magic_sync_up_reached WHERE send_id = ?1")?
         .execute([send_id])?

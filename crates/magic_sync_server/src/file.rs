@@ -191,12 +191,14 @@ async fn file_with(
         }
         if savepoints >= SAVEPOINTS_PER_TRANSACTION {
             record_backlogs(&tx, engine, uploads, &filings).await?;
+            record_answered(&tx, uploads, &filings).await?;
             tx.commit().await?;
             tx = client.transaction().await?;
             savepoints = 0;
         }
     }
     record_backlogs(&tx, engine, uploads, &filings).await?;
+    record_answered(&tx, uploads, &filings).await?;
     tx.commit().await?;
     Ok(filings
         .into_iter()
@@ -469,6 +471,38 @@ async fn record_backlogs(
          SELECT * FROM unnest($1::text[], $2::jsonb[])
          ON CONFLICT (replica) DO UPDATE SET tables = EXCLUDED.tables, at = now()",
         &[&replicas, &tables],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Records, per replica, the newest of `uploads` the filing answers
+/// (`sync.uploads_answered`), in the transaction that files them: no
+/// answer leaves unless it is recorded, so a replica never says it was
+/// answered more than the record holds unless the database forgot (see
+/// [`crate::relay::acknowledge_all`]).
+async fn record_answered(
+    tx: &Transaction<'_>,
+    uploads: &[(String, Up)],
+    filings: &[Option<Result<Filing>>],
+) -> Result<()> {
+    let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
+    for ((replica, up), filing) in uploads.iter().zip(filings) {
+        if matches!(filing, Some(Ok(Filing::Filed { .. }))) && !up.send_id.is_empty() {
+            let sequence = i64::try_from(up.sequence).unwrap_or(i64::MAX);
+            let at = newest.entry(replica.as_str()).or_insert(sequence);
+            *at = (*at).max(sequence);
+        }
+    }
+    if newest.is_empty() {
+        return Ok(());
+    }
+    let (replicas, sequences): (Vec<&str>, Vec<i64>) = newest.into_iter().unzip();
+    tx.execute(
+        "INSERT INTO sync.uploads_answered AS a (replica, sequence)
+         SELECT * FROM unnest($1::text[], $2::int8[])
+         ON CONFLICT (replica) DO UPDATE SET sequence = greatest(a.sequence, excluded.sequence)",
+        &[&replicas, &sequences],
     )
     .await?;
     Ok(())

@@ -40,6 +40,7 @@ fn nonsense(epoch: &[u8]) -> Vec<Report> {
             number: u64::MAX,
             nonce: vec![7; 16],
             seal: vec![0; 32],
+            ..Ack::default()
         }),
         // Nothing at all.
         Report::Applied(Ack::default()),
@@ -49,6 +50,7 @@ fn nonsense(epoch: &[u8]) -> Vec<Report> {
             number: 3,
             nonce: vec![1; 16],
             seal: vec![9; 32],
+            ..Ack::default()
         }),
         Report::Gap(Gap {
             epoch: vec![1, 2, 3],

@@ -1354,3 +1354,81 @@ async fn filed_keys(fleet: &Fleet, replica: &str) -> Vec<String> {
         .map(|r| r.get(0))
         .collect()
 }
+
+/// A server restored from a copy older than an upload it answered has
+/// forgotten that filing, and the till let go of the sale once answered.
+/// The till's next acknowledgement says it was answered more than the
+/// record holds: a new epoch begins, and the till, provisioned again, sends
+/// up what it wrote, so the sale is filed again. Nothing answered is lost.
+#[tokio::test]
+async fn a_sale_filed_after_the_copy_a_server_is_restored_from_is_filed_again() {
+    let mut fleet = shop().await;
+    till_writes(
+        &mut fleet,
+        "u1",
+        "INSERT INTO sales (id, unit_id, customer_id, total, version) VALUES ('s1', 'u1', 7, '9.50', 1)",
+    );
+    assert_eq!(fleet.upload(std::time::Duration::ZERO).await, 1);
+    assert_eq!(sale_total(&fleet, "s1").await.as_deref(), Some("9.50"));
+    assert!(
+        fleet
+            .unit("u1")
+            .replica
+            .progress()
+            .unwrap()
+            .tables
+            .is_empty(),
+        "answered, the till has nothing left to send"
+    );
+    let before = epoch_of(&fleet).await;
+    // What restoring a copy taken before the sale leaves: no sale, and no
+    // record of answering it. Triggers do not fire on a restore.
+    fleet
+        .write(
+            "BEGIN; SET LOCAL session_replication_role = replica;
+             DELETE FROM sales WHERE id = 's1'; DELETE FROM sync.uploads_answered; COMMIT;",
+        )
+        .await;
+    let ack = fleet.unit("u1").replica.ack().expect("it applied messages");
+    assert!(ack.answered > 0, "{ack:?}");
+    fleet
+        .network
+        .report("u1", magic_sync::run::Report::Applied(ack));
+    fleet.heed().await;
+    assert_ne!(epoch_of(&fleet).await, before, "a new epoch");
+    // Provisioned again, every till sends up what it wrote.
+    fleet.sync().await;
+    while fleet.upload(std::time::Duration::ZERO).await > 0 {
+        fleet.sync().await;
+    }
+    fleet.check().await;
+    assert_eq!(sale_total(&fleet, "s1").await.as_deref(), Some("9.50"));
+    let answered: i64 = fleet
+        .writer
+        .query_one(
+            "SELECT sequence FROM sync.uploads_answered WHERE replica = 'u1'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(answered > 0, "answering it again is recorded");
+}
+
+async fn sale_total(fleet: &Fleet, id: &str) -> Option<String> {
+    fleet
+        .writer
+        .query_opt("SELECT total::text FROM sales WHERE id = $1", &[&id])
+        .await
+        .unwrap()
+        .map(|r| r.get(0))
+}
+
+async fn epoch_of(fleet: &Fleet) -> Vec<u8> {
+    fleet
+        .writer
+        .query_one("SELECT id FROM sync.epoch", &[])
+        .await
+        .unwrap()
+        .get(0)
+}

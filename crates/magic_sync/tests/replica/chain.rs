@@ -34,6 +34,7 @@ fn a_message_applies_and_is_acknowledged_as_it_came() {
         number: second.number,
         nonce: second.nonce.clone(),
         seal: second.seal.clone(),
+        answered: 0,
     };
     assert_eq!(replica.ack(), Some(expected.clone()));
     assert!(

@@ -260,6 +260,7 @@ async fn snapshot_of(till: &str, stream: &mut Ws) -> (Vec<u64>, ToReplica) {
                 number: message.number,
                 nonce: message.nonce.clone(),
                 seal: message.seal.clone(),
+                ..Ack::default()
             }),
             ..Up::default()
         };
@@ -299,6 +300,7 @@ async fn a_replica_gets_only_its_own_messages_and_cannot_acknowledge_another_s()
             number: stolen.number,
             nonce: stolen.nonce,
             seal: stolen.seal,
+            ..Ack::default()
         }),
         ..Up::default()
     };

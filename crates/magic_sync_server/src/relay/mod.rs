@@ -234,8 +234,9 @@ pub struct Recorded {
     pub streaming: Vec<String>,
     /// Replicas forgotten (no longer live, or gone).
     pub forgotten: Vec<String>,
-    /// Replicas whose outbox outgrew its bound: dropped, and waiting for a
-    /// snapshot (they are among `waiting` too).
+    /// Replicas whose outbox outgrew its bound (dropped), or whose
+    /// snapshot's end was lost on the way: waiting for a snapshot (they
+    /// are among `waiting` too).
     pub dropped: Vec<String>,
     /// Messages written to the outbox.
     pub messages: u64,

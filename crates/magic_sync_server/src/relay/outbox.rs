@@ -327,6 +327,30 @@ pub(crate) async fn bound(tx: &Transaction<'_>, settings: &super::Settings) -> R
         )
         .await?;
     let mut dropped: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    // A snapshot's messages go to the transport as they are read, not
+    // through the outbox: one lost on the way past the last the replica
+    // acknowledged is never sent again, and with nothing after it to show
+    // a gap, the replica waits for the rest of its snapshot for ever.
+    // Once it has said nothing new for `RESEND_AFTER`, it is provisioned
+    // again.
+    let stalled = tx
+        .query(
+            "UPDATE sync.replicas r SET provision = true,
+                 last_error = 'the end of its snapshot was lost on the way: provisioned again'
+             FROM sync.acks a
+             WHERE a.replica = r.id AND r.live AND NOT r.provision AND r.snapshot_attempt IS NULL
+               AND r.snapshot_last > a.number AND r.last_number > a.number
+               AND a.at < now() - $1::float8 * interval '1 second'
+               AND NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.replica = r.id AND o.number > a.number)
+             RETURNING r.id",
+            &[&super::publish::RESEND_AFTER.as_secs_f64()],
+        )
+        .await?;
+    for row in &stalled {
+        let id: String = row.get(0);
+        tracing::warn!(replica = %id, "the end of a snapshot was lost on the way: provisioned again");
+        dropped.push(id);
+    }
     dropped.sort();
     Ok(dropped)
 }

@@ -19,9 +19,12 @@ use tokio_postgres::Client;
 /// other. An acknowledgement of another epoch, or behind what the replica
 /// said before (it was restored from an older copy), has the replica
 /// provisioned again. One of a message beyond any the server records
-/// sending a replica it keeps up means the server's database was restored
+/// sending a replica it keeps up, or saying it was answered an upload
+/// newer than any the server records answering it
+/// (`sync.uploads_answered`), means the server's database was restored
 /// from an older copy: a new epoch begins, and every replica is
-/// provisioned again.
+/// provisioned again (and sends up again what it wrote, which the copy
+/// may have forgotten).
 ///
 /// Needs no lock: acknowledgements live in `sync.acks`, which passes write
 /// only to forget a replica the host no longer lists, so they are recorded
@@ -65,19 +68,20 @@ pub async fn acknowledge_all(
         .iter()
         .zip(&outcomes)
         .filter(|(_, o)| matches!(o, Ok(Acknowledged::Recorded)))
-        .map(|((r, _), _)| (r.as_str(), known[r].1))
+        .map(|((r, _), _)| (r.as_str(), known[r].acked))
         .unzip();
     record(client, &recorded, &numbers, &again, &restored).await?;
     Ok(outcomes)
 }
 
 /// Per live replica among those acknowledging: the last number the server
-/// sent it (any number drawn, while its snapshot streams) and the last it
-/// acknowledged; with the epoch, in one round trip.
+/// sent it (any number drawn, while its snapshot streams), the last it
+/// acknowledged, whether it is kept up, and the newest upload the server
+/// answered it; with the epoch, in one round trip.
 async fn chains(
     client: &Client,
     acks: &[(String, Ack)],
-) -> Result<(Epoch, HashMap<String, (i64, i64, bool)>)> {
+) -> Result<(Epoch, HashMap<String, Chain>)> {
     let ids: Vec<&str> = acks.iter().map(|(r, _)| r.as_str()).collect();
     let (epoch, rows) = tokio::try_join!(Epoch::read(client), async {
         client
@@ -86,8 +90,10 @@ async fn chains(
                         CASE WHEN r.snapshot_attempt IS NULL THEN r.last_number
                              ELSE (SELECT last_value FROM sync.message_seq) END,
                         coalesce(a.number, 0),
-                        NOT r.provision AND r.snapshot_attempt IS NULL
+                        NOT r.provision AND r.snapshot_attempt IS NULL,
+                        coalesce(u.sequence, 0)
                  FROM sync.replicas r LEFT JOIN sync.acks a ON a.replica = r.id
+                 LEFT JOIN sync.uploads_answered u ON u.replica = r.id
                  WHERE r.id = ANY($1) AND r.live",
                 &[&ids],
             )
@@ -96,19 +102,42 @@ async fn chains(
     })?;
     let known = rows
         .iter()
-        .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3))))
+        .map(|r| {
+            let answered: i64 = r.get(4);
+            let chain = Chain {
+                last: r.get(1),
+                acked: r.get(2),
+                kept_up: r.get(3),
+                answered: u64::try_from(answered).unwrap_or(0),
+            };
+            (r.get(0), chain)
+        })
         .collect();
     Ok((epoch, known))
 }
 
+/// What the server records of a replica's chain, for judging what it says.
+#[derive(Debug, Clone, Copy)]
+struct Chain {
+    /// The last number sent it.
+    last: i64,
+    /// The last number it acknowledged.
+    acked: i64,
+    /// Whether it is kept up (not waiting for, or streaming, a snapshot).
+    kept_up: bool,
+    /// The newest upload of its the server answered as filed.
+    answered: u64,
+}
+
 /// What one acknowledgement by `replica` comes to, against its chain (the
 /// last number sent, the last acknowledged), which a recorded one moves.
-fn judge(
-    epoch: &Epoch,
-    replica: &str,
-    ack: &Ack,
-    (last, acked, kept_up): &mut (i64, i64, bool),
-) -> Result<Acknowledged> {
+fn judge(epoch: &Epoch, replica: &str, ack: &Ack, chain: &mut Chain) -> Result<Acknowledged> {
+    let Chain {
+        last,
+        acked,
+        kept_up,
+        answered,
+    } = chain;
     if ack.epoch != epoch.id {
         return Ok(Acknowledged::Provisioning);
     }
@@ -147,6 +176,12 @@ fn judge(
             true => Acknowledged::ServerRestored,
             false => Acknowledged::Provisioning,
         });
+    }
+    if ack.answered > *answered {
+        // It was answered an upload this server records no answer to: the
+        // server answered it, then its database went back to a copy from
+        // before, and forgot the filing.
+        return Ok(Acknowledged::ServerRestored);
     }
     *acked = number;
     Ok(Acknowledged::Recorded)

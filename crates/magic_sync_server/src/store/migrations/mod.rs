@@ -34,6 +34,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (25, include_str!("025_deployments.sql")),
     (26, include_str!("026_described.sql")),
     (27, include_str!("027_figures.sql")),
+    (28, include_str!("028_uploads_answered.sql")),
 ];
 
 /// The version this build brings the schema to.
