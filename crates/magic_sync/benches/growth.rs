@@ -1,10 +1,16 @@
 //! Does the `sync` schema stop growing under a steady load? 20 replicas
 //! (2 per partition of 10) kept up by the runner while writers change
 //! random items of 10,000 at MAGIC_SYNC_BENCH_RATE changes per second
-//! (default 500) for MAGIC_SYNC_BENCH_SECONDS (default 600). Every 30 s the
-//! size on disk of the `sync` schema's tables (with their indexes and
+//! (default 500) for MAGIC_SYNC_BENCH_SECONDS (default 600), and the tills
+//! write at MAGIC_SYNC_BENCH_UP_RATE rows per second over all of them
+//! (default 100): half sales (an up table), half a note on one of 100
+//! items they hold (a column they own), uploaded by each till's own loop. Every 30 s
+//! the size on disk of the `sync` schema's tables (with their indexes and
 //! TOAST) is sampled, with the rows of the ones that come and go: notes,
-//! the outbox and its bodies, and the record of what is held.
+//! the outbox and its bodies, the record of what is held, and the up
+//! path's: which upload each owned column was last taken from
+//! (`sync.filed`), uploads waiting to be reached (`sync.checkpoints`),
+//! rows refused (`sync.inbox`), and the answered-upload record.
 //!
 //! cargo bench -p magic_sync --features postgres,sqlite --bench growth
 //!
@@ -24,16 +30,30 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "items", down, partition = "region", key(id))]
+#[row(table = "items", both, partition = "region", key(id))]
 struct Item {
     id: i64,
     region: i64,
     value: i64,
+    /// A till's note on the item: its own.
+    #[row(owned)]
+    note: Option<i64>,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "sales", up, key(unit_id, number))]
+struct Sale {
+    #[row(origin)]
+    unit_id: String,
+    number: i64,
+    item: i64,
 }
 
 const REPLICAS: usize = 20;
 const REGIONS: i64 = 10;
 const ITEMS: i64 = 10_000;
+/// Items each till writes notes on.
+const NOTED: u64 = 100;
 
 async fn write(client: tokio_postgres::Client, rate: u64, stop: Arc<AtomicBool>) -> u64 {
     let statement = client
@@ -57,20 +77,68 @@ async fn write(client: tokio_postgres::Client, rate: u64, stop: Arc<AtomicBool>)
     done
 }
 
-/// The `sync` schema's size in bytes, and the rows of its busiest tables.
-async fn sample(client: &tokio_postgres::Client) -> (i64, [i64; 4]) {
+/// The `sync` schema's size in bytes, and the rows of its busiest tables:
+/// notes, outbox, bodies, held; filed, checkpoints, inbox, answered.
+async fn sample(client: &tokio_postgres::Client) -> (i64, [i64; 8]) {
     let row = client
         .query_one(
             "SELECT (SELECT sum(pg_total_relation_size(c.oid))::int8 FROM pg_class c
                      JOIN pg_namespace n ON n.oid = c.relnamespace
                      WHERE n.nspname = 'sync' AND c.relkind IN ('r', 'p')),
                     (SELECT count(*) FROM sync.notes), (SELECT count(*) FROM sync.outbox),
-                    (SELECT count(*) FROM sync.bodies), (SELECT count(*) FROM sync.held)",
+                    (SELECT count(*) FROM sync.bodies), (SELECT count(*) FROM sync.held),
+                    (SELECT count(*) FROM sync.filed), (SELECT count(*) FROM sync.checkpoints),
+                    (SELECT count(*) FROM sync.inbox), (SELECT count(*) FROM sync.uploads_answered)",
             &[],
         )
         .await
         .unwrap();
-    (row.get(0), [row.get(1), row.get(2), row.get(3), row.get(4)])
+    let counts = std::array::from_fn(|i| row.get(i + 1));
+    (row.get(0), counts)
+}
+
+/// The tills' own writes: `rate` rows a second over every till's file, on
+/// connections of the host's own, half sales and half notes on an item the
+/// till holds, until `stop`. Returns the rows written.
+fn till_writes(paths: Vec<(String, std::path::PathBuf)>, rate: u64, stop: Arc<AtomicBool>) -> u64 {
+    let conns: Vec<(String, rusqlite::Connection)> = paths
+        .into_iter()
+        .map(|(id, path)| {
+            let conn = rusqlite::Connection::open(path).expect("the till's file");
+            conn.busy_timeout(Duration::from_secs(30)).unwrap();
+            (id, conn)
+        })
+        .collect();
+    let (mut done, mut x) = (0u64, 0x2545_f491_4f6c_dd1du64);
+    let started = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        if done >= (started.elapsed().as_secs_f64() * rate as f64) as u64 {
+            std::thread::sleep(Duration::from_millis(2));
+            continue;
+        }
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let (id, conn) = &conns[(x % conns.len() as u64) as usize];
+        if done % 2 == 0 {
+            conn.execute(
+                "INSERT INTO sales (unit_id, number, item) VALUES (?1, ?2, ?3)",
+                rusqlite::params![id, done as i64, (x % ITEMS as u64) as i64 + 1],
+            )
+            .expect("a sale");
+        } else {
+            // One of the first NOTED items it holds: a till keeps notes on
+            // a few, again and again, so what the server keeps of them
+            // (`sync.filed`, a row per till and item) reaches its size.
+            conn.execute(
+                "UPDATE items SET note = ?1 WHERE id = (SELECT id FROM items ORDER BY id LIMIT 1 OFFSET ?2)",
+                rusqlite::params![done as i64, (x >> 8) % NOTED],
+            )
+            .expect("a note");
+        }
+        done += 1;
+    }
+    done
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -80,6 +148,7 @@ async fn main() {
     let engine: &'static Engine = Box::leak(Box::new(
         Engine::builder()
             .table::<Item>()
+            .table::<Sale>()
             .build()
             .expect("declarations"),
     ));
@@ -87,8 +156,11 @@ async fn main() {
     let mut client = db.connect().await;
     client
         .batch_execute(&format!(
-            "CREATE TABLE items (id bigint PRIMARY KEY, region bigint NOT NULL, value bigint NOT NULL);
-             INSERT INTO items SELECT i, i % {REGIONS}, 0 FROM generate_series(1, {ITEMS}) i;"
+            "CREATE TABLE items (id bigint PRIMARY KEY, region bigint NOT NULL, value bigint NOT NULL,
+                                 note bigint);
+             INSERT INTO items SELECT i, i % {REGIONS}, 0 FROM generate_series(1, {ITEMS}) i;
+             CREATE TABLE sales (unit_id text NOT NULL, number bigint NOT NULL, item bigint NOT NULL,
+                                 PRIMARY KEY (unit_id, number));"
         ))
         .await
         .unwrap();
@@ -101,6 +173,7 @@ async fn main() {
     let key = magic_sync::store::keys::public(&client).await.unwrap();
     let mut infos = Vec::new();
     let mut threads = Vec::new();
+    let mut paths = Vec::new();
     for i in 0..REPLICAS {
         let id = format!("r{i:03}");
         infos.push(ReplicaInfo::live(
@@ -108,16 +181,11 @@ async fn main() {
             Some(&(i as i64 % REGIONS).to_string()),
         ));
         let (network, path) = (network.clone(), dir.path().join(format!("{id}.sqlite")));
+        paths.push((id.clone(), path.clone()));
         threads.push(std::thread::spawn(move || {
             let mut replica = Replica::open(&path, &id, engine).expect("open");
             replica.trust(&key).expect("pins the key");
-            while let Some(message) = network.next(&id) {
-                if let Some(report) =
-                    magic_sync::run::replica::deliver(&mut replica, &message).expect("apply")
-                {
-                    network.report(&id, report);
-                }
-            }
+            magic_sync::run::replica::replica(&mut replica, &network.link(&id)).expect("the till");
         }));
     }
     let (stop_relay, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -141,24 +209,32 @@ async fn main() {
     };
     // Provisioned first.
     loop {
-        let (_, [_, outbox, _, held]) = sample(&client).await;
+        let (_, [_, outbox, _, held, ..]) = sample(&client).await;
         if held >= ITEMS * 2 && outbox == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    println!("{REPLICAS} replicas provisioned; {rate} changes/s for {seconds} s");
-    println!("| at | sync schema | notes | outbox | bodies | held |");
-    println!("| --- | --- | --- | --- | --- | --- |");
+    let up_rate = env_u64("MAGIC_SYNC_BENCH_UP_RATE", 100);
+    println!(
+        "{REPLICAS} replicas provisioned; {rate} changes/s and {up_rate} till rows/s for {seconds} s"
+    );
+    println!("| at | sync schema | notes | outbox | bodies | held | filed | checkpoints | inbox | answered |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     let stop = Arc::new(AtomicBool::new(false));
     let writer = tokio::spawn(write(db.connect().await, rate, stop.clone()));
+    let tills = {
+        let stop = stop.clone();
+        std::thread::spawn(move || till_writes(paths, up_rate, stop))
+    };
     let started = Instant::now();
     let mut samples = Vec::new();
     while started.elapsed().as_secs() < seconds {
         tokio::time::sleep(Duration::from_secs(30).min(Duration::from_secs(seconds))).await;
-        let (bytes, [notes, outbox, bodies, held]) = sample(&client).await;
+        let (bytes, [notes, outbox, bodies, held, filed, checkpoints, inbox, answered]) =
+            sample(&client).await;
         println!(
-            "| {} s | {:.1} MiB | {notes} | {outbox} | {bodies} | {held} |",
+            "| {} s | {:.1} MiB | {notes} | {outbox} | {bodies} | {held} | {filed} | {checkpoints} | {inbox} | {answered} |",
             started.elapsed().as_secs(),
             bytes as f64 / (1 << 20) as f64
         );
@@ -166,6 +242,13 @@ async fn main() {
     }
     stop.store(true, Ordering::Relaxed);
     let written = writer.await.unwrap();
+    let till_rows = tills.join().unwrap();
+    let filed: i64 = client
+        .query_one("SELECT count(*) FROM sales", &[])
+        .await
+        .unwrap()
+        .get(0);
+    println!("{till_rows} till rows written, {filed} sales on the server");
     let half = samples.len() / 2;
     println!(
         "{written} changes written; the schema's size at the end against half-way: {:.2}x",
