@@ -982,7 +982,8 @@ async fn a_server_restored_from_an_older_copy_begins_a_new_epoch_and_provisions_
     fleet.check().await;
 }
 
-async fn epoch_of(fleet: &Fleet) -> Vec<u8> {
+/// The server's epoch.
+pub async fn epoch_of(fleet: &Fleet) -> Vec<u8> {
     fleet
         .writer
         .query_one("SELECT id FROM sync.epoch", &[])

@@ -3,6 +3,7 @@
 //! of on the till once filed.
 
 use crate::fleet::Fleet;
+use crate::relay::epoch_of;
 use crate::scenarios::{shop, SHOP};
 use magic_sync::envelope::{RowData, Up, UpRows};
 use magic_sync::file::{self, Filing, Refusal};
@@ -1422,13 +1423,4 @@ async fn sale_total(fleet: &Fleet, id: &str) -> Option<String> {
         .await
         .unwrap()
         .map(|r| r.get(0))
-}
-
-async fn epoch_of(fleet: &Fleet) -> Vec<u8> {
-    fleet
-        .writer
-        .query_one("SELECT id FROM sync.epoch", &[])
-        .await
-        .unwrap()
-        .get(0)
 }
