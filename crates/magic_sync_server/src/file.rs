@@ -190,15 +190,13 @@ async fn file_with(
             i += 1;
         }
         if savepoints >= SAVEPOINTS_PER_TRANSACTION {
-            record_backlogs(&tx, engine, uploads, &filings).await?;
-            record_answered(&tx, uploads, &filings).await?;
+            record_filed(&tx, engine, uploads, &filings).await?;
             tx.commit().await?;
             tx = client.transaction().await?;
             savepoints = 0;
         }
     }
-    record_backlogs(&tx, engine, uploads, &filings).await?;
-    record_answered(&tx, uploads, &filings).await?;
+    record_filed(&tx, engine, uploads, &filings).await?;
     tx.commit().await?;
     Ok(filings
         .into_iter()
@@ -473,6 +471,22 @@ async fn record_backlogs(
         &[&replicas, &tables],
     )
     .await?;
+    Ok(())
+}
+
+/// What a filing transaction records of its uploads before it commits:
+/// each replica's backlog and the newest upload it answers, sent together
+/// (one round trip).
+async fn record_filed(
+    tx: &Transaction<'_>,
+    engine: &Engine,
+    uploads: &[(String, Up)],
+    filings: &[Option<Result<Filing>>],
+) -> Result<()> {
+    tokio::try_join!(
+        record_backlogs(tx, engine, uploads, filings),
+        record_answered(tx, uploads, filings)
+    )?;
     Ok(())
 }
 

@@ -27,7 +27,8 @@ pub struct Figure {
     pub lag_p50_ms: Option<f64>,
     /// Their 99th percentile.
     pub lag_p99_ms: Option<f64>,
-    /// Notes pending as the period ended.
+    /// Notes pending as the period ended, counted up to
+    /// [`crate::figures::NOTES_COUNTED`] (at least that many past it).
     pub pending_notes: i64,
     /// Live replicas being provisioned as it ended.
     pub provisioning: i64,
