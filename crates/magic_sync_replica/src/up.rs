@@ -121,8 +121,9 @@ ORDER BY table_name, key";
 /// A row written since the send read it carried writes up to a clock not
 /// known: it is taken to carry none of those not filed yet.
 /// The uploads handed over, by send id, with their sequence: an answer
-/// naming one says the server filed that sequence. The newest 1,024 are
-/// kept; an older one unanswered was sent again under another id.
+/// naming one says the server filed that sequence. One unanswered for an
+/// hour of the sequence's clock (microseconds) is let go of: its rows were
+/// sent again under another id long since.
 const SENDS: &str = "
 CREATE TABLE IF NOT EXISTS _magic_sync_up_sends (
     send_id  BLOB PRIMARY KEY,
@@ -137,9 +138,7 @@ CREATE TABLE IF NOT EXISTS _magic_sync_up_answered (
 INSERT OR IGNORE INTO _magic_sync_up_answered (id, sequence) VALUES (1, 0);";
 const SENT: &str =
     "INSERT OR REPLACE INTO _magic_sync_up_sends (send_id, sequence) VALUES (?1, ?2)";
-const KEEP_SENDS: &str = "
-DELETE FROM _magic_sync_up_sends WHERE sequence <
-    (SELECT min(sequence) FROM (SELECT sequence FROM _magic_sync_up_sends ORDER BY sequence DESC LIMIT 1024))";
+const KEEP_SENDS: &str = "DELETE FROM _magic_sync_up_sends WHERE sequence < ?1 - 3600000000";
 const ANSWERED: &str = "
 UPDATE _magic_sync_up_answered
 SET sequence = max(sequence, (SELECT sequence FROM _magic_sync_up_sends WHERE send_id = ?1))
@@ -522,7 +521,8 @@ pub(crate) fn stamp(conn: &mut Connection, pending: &Pending) -> Result<()> {
         pending.up.send_id,
         i64::try_from(pending.up.sequence).unwrap_or(i64::MAX)
     ])?;
-    tx.prepare_cached(KEEP_SENDS)?.execute([])?;
+    tx.prepare_cached(KEEP_SENDS)?
+        .execute([i64::try_from(pending.up.sequence).unwrap_or(i64::MAX)])?;
     tx.commit()?;
     Ok(())
 }
