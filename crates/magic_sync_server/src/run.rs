@@ -9,7 +9,7 @@ use crate::backoff::Backoff;
 use crate::engine::Engine;
 use crate::envelope::Up;
 use crate::error::{Handling, Result};
-use crate::relay::{Failed, Relay, Replicas, Settings, Snapshot, Streamed, Transport};
+use crate::relay::{Failed, Heard, Relay, Replicas, Settings, Snapshot, Streamed, Transport};
 use crate::session::{Session, SessionSettings};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 pub use magic_sync_core::link::Report;
@@ -31,23 +31,45 @@ pub trait Reports: Send + Sync {
 
 /// Applies what replicas said: acknowledgements all at once, gaps one by
 /// one, uploads all in one transaction ([`crate::file::file_all`]), each
-/// answered through `transport` once that committed. Nothing one replica
+/// answered through `transport` once that committed, and digests compared
+/// with the record ([`crate::relay::compare_digest`]). Nothing one replica
 /// says can fail the call or touch another replica's work: an
 /// acknowledgement that does not verify (a forged seal, a number no message
 /// has) is refused, reported to the transport as misbehaviour and changes
 /// nothing; an upload that cannot be filed for good is reported and
 /// dropped; one that waits, or whose answer the transport cannot carry,
 /// comes again from its replica. Only the database failing fails it. Needs
-/// no lock; the runner heeds on its publishing connection, beside the
-/// passes.
+/// no lock. The runner does all but the digests this way on its publishing
+/// connection, beside the passes, and compares digests on a connection of
+/// their own ([`hear`]).
 pub async fn heed<T: Transport>(
     client: &mut Client,
     engine: &Engine,
     transport: &T,
     reports: Vec<(String, Report)>,
 ) -> Result<Heeded> {
+    let (mut heeded, digests) = hear(client, engine, transport, reports).await?;
+    for (replica, heard) in digests {
+        let compared = heard.compare(client, engine, &replica).await?;
+        tracing::debug!(replica = %replica, ?compared, "a digest");
+        heeded.digests.push((replica, compared));
+    }
+    Ok(heeded)
+}
+
+/// [`heed`], but for the digests: each is handed back as it was heard, for
+/// the caller to compare where it will ([`crate::relay::Heard::compare`]).
+/// Comparing one reads the replica's whole record, which for a large
+/// replica would hold back every acknowledgement and upload heard after it.
+pub async fn hear<T: Transport>(
+    client: &mut Client,
+    engine: &Engine,
+    transport: &T,
+    reports: Vec<(String, Report)>,
+) -> Result<(Heeded, Vec<(String, Heard)>)> {
     let mut acks = Vec::new();
     let mut uploads = Vec::new();
+    let mut digests = Vec::new();
     let mut heeded = Heeded::default();
     for (replica, report) in reports {
         match report {
@@ -59,19 +81,12 @@ pub async fn heed<T: Transport>(
                 if let Some(digest) = up.digest.take() {
                     // The backstop: compared with the record, and the
                     // replica provisioned again if it drifted.
-                    let compared = crate::relay::compare_digest(
-                        client,
-                        engine,
-                        &replica,
-                        &digest,
-                        up.applied.as_ref(),
-                        &up.refused,
-                    )
-                    .await?;
-                    tracing::debug!(replica = %replica, ?compared, "a digest");
-                    heeded.digests.push((replica.clone(), compared));
-                    up.refused.clear();
-                    up.applied = None;
+                    let heard = Heard {
+                        digest,
+                        applied: up.applied.take(),
+                        refused: std::mem::take(&mut up.refused),
+                    };
+                    digests.push((replica.clone(), heard));
                 }
                 let nothing_to_file =
                     up.send_id.is_empty() && up.tables.is_empty() && up.backlog.is_none();
@@ -104,7 +119,7 @@ pub async fn heed<T: Transport>(
             }
         }
     }
-    Ok(heeded)
+    Ok((heeded, digests))
 }
 
 /// `up`, unless it is larger than a message may be: a replica's uplink
@@ -340,6 +355,8 @@ where
 struct Sessions {
     recorder: Option<Session>,
     publisher: Option<Session>,
+    /// Opened for the first digest heard.
+    digester: Option<Session>,
     snapshots: Arc<Mutex<HashMap<String, CancelToken>>>,
 }
 
@@ -364,7 +381,12 @@ impl Sessions {
                 }
             }
         };
-        tokio::join!(close(self.recorder), close(self.publisher), cancel);
+        tokio::join!(
+            close(self.recorder),
+            close(self.publisher),
+            close(self.digester),
+            cancel
+        );
     }
 }
 
@@ -374,7 +396,8 @@ impl Sessions {
 /// the lock: the outbox holds only what a recording relay committed, a
 /// replica applies a message once however often it comes, and
 /// acknowledgements go to `sync.acks`, which passes write only to forget a
-/// replica the host no longer lists.)
+/// replica the host no longer lists.) Digests are compared on a third,
+/// opened when the first comes.
 #[allow(clippy::too_many_arguments)]
 async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
     sessions: &mut Sessions,
@@ -386,17 +409,20 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
     reports: &R,
     backoff: &mut Backoff,
 ) -> Result<()> {
-    let recorder = sessions
-        .recorder
-        .insert(Session::open(config, &settings.session, "record").await?);
+    let Sessions {
+        recorder,
+        publisher,
+        digester,
+        ..
+    } = sessions;
+    let recorder = recorder.insert(Session::open(config, &settings.session, "record").await?);
     let mut relay = Relay::new(recorder.client(), engine.clone(), settings.clone()).await?;
     while !Relay::lock(recorder.client()).await? {
         tokio::time::sleep(settings.idle.max(Duration::from_millis(100))).await;
     }
-    let publisher = sessions
-        .publisher
-        .insert(Session::open(config, &settings.session, "publish").await?);
+    let publisher = publisher.insert(Session::open(config, &settings.session, "publish").await?);
     let written = tokio::sync::Notify::new();
+    let digests = Digests::default();
     let measured = Mutex::new(Measured::default());
     let workers = Workers {
         config,
@@ -421,8 +447,10 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
             reports,
             settings,
             &written,
-            &measured
-        )
+            &measured,
+            &digests
+        ),
+        compare_forever(digester, config, &settings.session, engine, &digests)
     )?;
     Ok(())
 }
@@ -613,9 +641,57 @@ where
     }
 }
 
+/// Digests heard and not compared yet: the newest of each replica, so the
+/// queue holds at most one a replica however often they come.
+#[derive(Default)]
+struct Digests {
+    waiting: Mutex<std::collections::BTreeMap<String, Heard>>,
+    heard: tokio::sync::Notify,
+}
+
+impl Digests {
+    fn push(&self, heard: Vec<(String, Heard)>) {
+        if heard.is_empty() {
+            return;
+        }
+        self.waiting.lock().expect("not poisoned").extend(heard);
+        self.heard.notify_one();
+    }
+}
+
+/// Compares each digest heard with the record, one at a time, on a session
+/// of its own opened for the first: reading a large replica's record holds
+/// back nothing the publishing connection does. What each comparison found
+/// is logged and counted by [`crate::relay::compare_digest`].
+async fn compare_forever(
+    session: &mut Option<Session>,
+    config: &tokio_postgres::Config,
+    settings: &SessionSettings,
+    engine: &Engine,
+    digests: &Digests,
+) -> Result<()> {
+    loop {
+        let next = digests.waiting.lock().expect("not poisoned").pop_first();
+        let Some((replica, heard)) = next else {
+            digests.heard.notified().await;
+            continue;
+        };
+        let session = match session {
+            Some(session) => session,
+            None => session.insert(Session::open(config, settings, "digest").await?),
+        };
+        let compared = heard
+            .compare(session.client_mut(), engine, &replica)
+            .await?;
+        tracing::debug!(replica = %replica, ?compared, "a digest");
+    }
+}
+
 /// Publishes whenever a pass wrote messages, and now and then regardless,
 /// to try again a replica a send failed to; heeds what replicas said
-/// whenever they said something.
+/// whenever they said something, leaving the digests to
+/// [`compare_forever`].
+#[allow(clippy::too_many_arguments)]
 async fn publish_forever<T: Transport, R: Reports>(
     publisher: &mut Client,
     engine: &Engine,
@@ -624,10 +700,12 @@ async fn publish_forever<T: Transport, R: Reports>(
     settings: &Settings,
     written: &tokio::sync::Notify,
     measured: &Mutex<Measured>,
+    digests: &Digests,
 ) -> Result<()> {
     loop {
         let started = std::time::Instant::now();
-        let heeded = heed(publisher, engine, transport, reports.drain()).await?;
+        let (heeded, heard) = hear(publisher, engine, transport, reports.drain()).await?;
+        digests.push(heard);
         crate::relay::trace("heed", started);
         let period = {
             let mut measured = measured.lock().expect("not poisoned");

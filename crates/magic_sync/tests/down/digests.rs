@@ -225,3 +225,134 @@ async fn a_gap_whose_report_was_lost_is_said_again_and_brings_a_snapshot() {
     fleet.heed().await;
     fleet.provisions("u1").await;
 }
+
+/// The runner compares digests on a connection of their own: a comparison
+/// that cannot finish (here, u1's record row locked by another session; in
+/// life, a replica of millions of rows) holds back no other till's upload,
+/// and ends once it can.
+#[tokio::test]
+async fn a_digest_the_runner_cannot_finish_comparing_holds_back_no_other_tills_upload() {
+    use crate::relay::{for_the_runner, product_name, start_server, till, until};
+    use magic_sync::relay::ReplicaInfo;
+    use std::time::Duration;
+
+    let (fleet, network) = for_the_runner().await;
+    let (near, near_till) = till(&fleet, &network, "u1");
+    let (other, other_till) = till(&fleet, &network, "u2");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = start_server(
+        &fleet,
+        &network,
+        vec![
+            ReplicaInfo::live("u1", Some("north")),
+            ReplicaInfo::live("u2", Some("north")),
+        ],
+        stopped,
+    );
+    // u1 kept up, everything sent to it acknowledged: its digest can be
+    // compared exactly, so the comparison goes as far as recording it.
+    until("the tills were never provisioned", || async {
+        product_name(&near).is_some() && product_name(&other).is_some()
+    })
+    .await;
+    until("u1 never acknowledged all it was sent", || async {
+        fleet
+            .writer
+            .query_one(
+                "SELECT r.live AND NOT r.provision AND r.snapshot_attempt IS NULL
+                        AND NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.replica = r.id)
+                        AND a.number = r.last_number
+                 FROM sync.replicas r LEFT JOIN sync.acks a ON a.replica = r.id
+                 WHERE r.id = 'u1'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, Option<bool>>(0)
+            == Some(true)
+    })
+    .await;
+
+    let mut blocker = fleet.db.connect().await;
+    let blocking = blocker.transaction().await.unwrap();
+    blocking
+        .execute("SELECT 1 FROM sync.replicas WHERE id = 'u1' FOR SHARE", &[])
+        .await
+        .unwrap();
+    let digest = {
+        let replica = magic_sync::replica::Replica::open(&near, "u1", fleet.engine).unwrap();
+        run::replica::digest(&replica).unwrap()
+    };
+    network.report("u1", digest);
+    until("the comparison never came to wait on the lock", || async {
+        fleet
+            .writer
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND query LIKE '%digest_compared_at%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == 1
+    })
+    .await;
+
+    // Meanwhile u2's sale is filed and answered.
+    let host = rusqlite::Connection::open(&other).unwrap();
+    host.busy_timeout(Duration::from_secs(10)).unwrap();
+    host.execute_batch("INSERT INTO sales VALUES ('s2', 'u2', 7, '4.50', 1)")
+        .unwrap();
+    until(
+        "u2's sale was not filed while u1's digest waited",
+        || async {
+            fleet
+                .writer
+                .query_opt("SELECT 1 FROM sales WHERE id = 's2'", &[])
+                .await
+                .unwrap()
+                .is_some()
+        },
+    )
+    .await;
+    until("u2 was not answered while u1's digest waited", || async {
+        host.query_row("SELECT count(*) FROM _magic_sync_up", [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .unwrap()
+            == 0
+    })
+    .await;
+    let compared: Option<bool> = fleet
+        .writer
+        .query_one(
+            "SELECT digest_compared_at IS NOT NULL FROM sync.replicas WHERE id = 'u1'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(compared, Some(false), "u1's comparison still waits");
+
+    blocking.commit().await.unwrap();
+    until("u1's digest was never compared", || async {
+        fleet
+            .writer
+            .query_one(
+                "SELECT digest_compared_at IS NOT NULL AND digest_mismatches = 0
+                 FROM sync.replicas WHERE id = 'u1'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, Option<bool>>(0)
+            == Some(true)
+    })
+    .await;
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+    network.close();
+    near_till.join().unwrap().unwrap();
+    other_till.join().unwrap().unwrap();
+}

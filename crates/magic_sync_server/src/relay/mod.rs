@@ -37,7 +37,7 @@ mod scratch;
 mod snapshot;
 
 pub(crate) use deployment::declared;
-pub use digests::{compare_digest, Compared};
+pub use digests::{compare_digest, Compared, Heard};
 pub use plan::Planned;
 pub use publish::{publish, RESEND_AFTER};
 pub use replies::{acknowledge_all, gap};
