@@ -320,6 +320,55 @@ async fn a_last_message_lost_on_the_way_is_sent_again() {
     assert_eq!(outbox, 0, "acknowledged, let go of");
 }
 
+/// A snapshot streams past the outbox, so one lost on the way shows no
+/// gap. A till's first, lost whole, leaves it with nothing acknowledged at
+/// all; one lost at its end leaves it acknowledging less than was sent.
+/// Either way, once it has said nothing for a while after the snapshot
+/// ended, it is provisioned again, and holds what it should.
+#[tokio::test]
+async fn a_snapshot_lost_on_the_way_whole_or_at_its_end_is_begun_again() {
+    for whole in [true, false] {
+        let mut fleet = shop().await;
+        fleet.add("u9", Some("north"));
+        assert_eq!(fleet.record().await.provisioned, vec!["u9".to_string()]);
+        let mut sent = fleet.network.take("u9");
+        assert!(sent.len() > 1, "{} messages", sent.len());
+        if !whole {
+            // All but its last message arrive.
+            sent.pop();
+            for message in sent {
+                if let Some(report) =
+                    magic_sync::run::replica::deliver(&mut fleet.unit("u9").replica, &message)
+                        .unwrap()
+                {
+                    fleet.network.report("u9", report);
+                }
+            }
+            fleet.heed().await;
+        }
+        let before = fleet.provisionings;
+        // Not yet: it may only be slow to apply and say so.
+        fleet.sync().await;
+        assert_eq!(fleet.provisionings, before, "whole: {whole}");
+        fleet
+            .write(
+                "UPDATE sync.replicas SET snapshot_ended_at = now() - interval '1 minute';
+                 UPDATE sync.acks SET at = now() - interval '1 minute'",
+            )
+            .await;
+        fleet.sync().await;
+        assert_eq!(fleet.provisionings, before + 1, "whole: {whole}");
+        fleet.check().await;
+        let why: Option<String> = fleet
+            .writer
+            .query_one("SELECT last_error FROM sync.replicas WHERE id = 'u9'", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(why, None, "cleared once it was provisioned again");
+    }
+}
+
 fn product_name(fleet: &Fleet, unit: &str) -> String {
     fleet.units[unit]
         .replica

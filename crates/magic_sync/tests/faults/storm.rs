@@ -744,13 +744,14 @@ impl Storm {
 
 /// As if a few minutes passed: the minute a replica's digests wait
 /// between comparisons, the seconds a replica asking for a snapshot again
-/// waits for one, and those a message goes unacknowledged before it is
-/// sent again.
+/// waits for one, and those a message (or a snapshot's end) goes
+/// unacknowledged before it is sent (or begun) again.
 async fn a_minute_later(fleet: &Fleet) {
     fleet
         .write(
             "UPDATE sync.replicas SET digest_compared_at = now() - interval '2 minutes',
-                 asked_at = now() - interval '2 minutes';
+                 asked_at = now() - interval '2 minutes',
+                 snapshot_ended_at = now() - interval '2 minutes';
              UPDATE sync.outbox SET sent_at = now() - interval '2 minutes' WHERE sent_at IS NOT NULL;
              UPDATE sync.acks SET at = now() - interval '2 minutes';",
         )

@@ -331,17 +331,19 @@ pub(crate) async fn bound(tx: &Transaction<'_>, settings: &super::Settings) -> R
     // through the outbox: one lost on the way past the last the replica
     // acknowledged is never sent again, and with nothing after it to show
     // a gap, the replica waits for the rest of its snapshot for ever.
-    // Once it has said nothing new for `RESEND_AFTER`, it is provisioned
-    // again.
+    // Once it has said nothing new for `RESEND_AFTER` since the snapshot
+    // ended, it is provisioned again; a first snapshot lost whole leaves no
+    // acknowledgement at all, and counts from its end alone.
     let stalled = tx
         .query(
             "UPDATE sync.replicas r SET provision = true,
                  last_error = 'the end of its snapshot was lost on the way: provisioned again'
-             FROM sync.acks a
-             WHERE a.replica = r.id AND r.live AND NOT r.provision AND r.snapshot_attempt IS NULL
-               AND r.snapshot_last > a.number AND r.last_number > a.number
-               AND a.at < now() - $1::float8 * interval '1 second'
-               AND NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.replica = r.id AND o.number > a.number)
+             FROM sync.replicas s LEFT JOIN sync.acks a ON a.replica = s.id
+             WHERE s.id = r.id AND r.live AND NOT r.provision AND r.snapshot_attempt IS NULL
+               AND r.snapshot_last > coalesce(a.number, 0) AND r.last_number > coalesce(a.number, 0)
+               AND greatest(a.at, r.snapshot_ended_at) < now() - $1::float8 * interval '1 second'
+               AND NOT EXISTS (SELECT 1 FROM sync.outbox o
+                               WHERE o.replica = r.id AND o.number > coalesce(a.number, 0))
              RETURNING r.id",
             &[&super::publish::RESEND_AFTER.as_secs_f64()],
         )

@@ -337,7 +337,7 @@ impl Snapshot {
         let changed = tx
             .execute(
                 "UPDATE sync.replicas SET snapshot_attempt = NULL, snapshot_began_at = NULL,
-                     snapshot = $3::text::pg_snapshot, last_number = $4, last_nonce = $5,
+                     snapshot_ended_at = now(), snapshot = $3::text::pg_snapshot, last_number = $4, last_nonce = $5,
                      snapshot_number = $6, snapshot_last = $4, last_error = NULL, configured = $7,
                      described = $7
                  WHERE id = $1 AND snapshot_attempt = $2",

@@ -35,6 +35,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (26, include_str!("026_described.sql")),
     (27, include_str!("027_figures.sql")),
     (28, include_str!("028_uploads_answered.sql")),
+    (29, include_str!("029_snapshot_ended.sql")),
 ];
 
 /// The version this build brings the schema to.
