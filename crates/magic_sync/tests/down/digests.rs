@@ -232,7 +232,7 @@ async fn a_gap_whose_report_was_lost_is_said_again_and_brings_a_snapshot() {
 /// and ends once it can.
 #[tokio::test]
 async fn a_digest_the_runner_cannot_finish_comparing_holds_back_no_other_tills_upload() {
-    use crate::relay::{for_the_runner, product_name, start_server, till, until};
+    use crate::relay::{for_the_runner, product_name, start_server, till, until, until_filed};
     use magic_sync::relay::ReplicaInfo;
     use std::time::Duration;
 
@@ -299,31 +299,12 @@ async fn a_digest_the_runner_cannot_finish_comparing_holds_back_no_other_tills_u
     })
     .await;
 
-    // Meanwhile u2's sale is filed and answered.
     let host = rusqlite::Connection::open(&other).unwrap();
     host.busy_timeout(Duration::from_secs(10)).unwrap();
     host.execute_batch("INSERT INTO sales VALUES ('s2', 'u2', 7, '4.50', 1)")
         .unwrap();
-    until(
-        "u2's sale was not filed while u1's digest waited",
-        || async {
-            fleet
-                .writer
-                .query_opt("SELECT 1 FROM sales WHERE id = 's2'", &[])
-                .await
-                .unwrap()
-                .is_some()
-        },
-    )
-    .await;
-    until("u2 was not answered while u1's digest waited", || async {
-        host.query_row("SELECT count(*) FROM _magic_sync_up", [], |r| {
-            r.get::<_, i64>(0)
-        })
-        .unwrap()
-            == 0
-    })
-    .await;
+    // Meanwhile u2's sale is filed and answered.
+    until_filed(&fleet, &host, "s2").await;
     let compared: Option<bool> = fleet
         .writer
         .query_one(

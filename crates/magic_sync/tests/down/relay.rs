@@ -370,6 +370,31 @@ where
     }
 }
 
+/// Waits until the sale `id` is on the server and the till whose file
+/// `host` has open let go of it: filed and answered.
+pub async fn until_filed(fleet: &Fleet, host: &rusqlite::Connection, id: &str) {
+    until(&format!("the sale {id} was never filed"), || async {
+        fleet
+            .writer
+            .query_opt("SELECT 1 FROM sales WHERE id = $1", &[&id])
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    until(
+        &format!("the till never let go of its filed sale {id}"),
+        || async {
+            host.query_row("SELECT count(*) FROM _magic_sync_up", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .unwrap()
+                == 0
+        },
+    )
+    .await;
+}
+
 /// The name of product 1 in the SQLite file at `path`.
 pub fn product_name(path: &std::path::Path) -> Option<String> {
     rusqlite::Connection::open(path)
@@ -541,26 +566,7 @@ async fn the_runners_carry_a_tills_sale_to_the_server() {
     host.busy_timeout(Duration::from_secs(10)).unwrap();
     host.execute_batch("INSERT INTO sales VALUES ('s1', 'u1', 7, '4.50', 1)")
         .unwrap();
-    until("the sale was never filed", || async {
-        fleet
-            .writer
-            .query_opt(
-                "SELECT 1 FROM sales WHERE id = 's1' AND unit_id = 'u1'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .is_some()
-    })
-    .await;
-    until("the till never let go of its filed sale", || async {
-        host.query_row("SELECT count(*) FROM _magic_sync_up", [], |r| {
-            r.get::<_, i64>(0)
-        })
-        .unwrap()
-            == 0
-    })
-    .await;
+    until_filed(&fleet, &host, "s1").await;
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();
     network.close();
