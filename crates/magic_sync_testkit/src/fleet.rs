@@ -104,6 +104,13 @@ impl Fleet {
     /// one on a new session: it takes the lock as a relay starting does,
     /// and the snapshots' session is new too.
     pub async fn reconnect(&mut self) {
+        let client = self.db.connect().await;
+        self.reconnect_on(client).await;
+    }
+
+    /// [`reconnect`](Self::reconnect), the relay's new session on `client`
+    /// (one whose traffic is counted, say).
+    pub async fn reconnect_on(&mut self, client: Client) {
         let engine = self.relay.engine().clone();
         let settings = self.relay.settings().clone();
         // A session still alive is ended first, and waited for: its lock
@@ -115,7 +122,7 @@ impl Fleet {
                 .await
                 .unwrap();
         }
-        self.client = self.db.connect().await;
+        self.client = client;
         self.client
             .batch_execute("SET TIME ZONE 'UTC'")
             .await

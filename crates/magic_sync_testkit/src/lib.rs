@@ -15,3 +15,4 @@ pub mod pgbench;
 pub mod shop;
 pub mod walk;
 pub mod wanted;
+pub mod wire;

@@ -36,6 +36,17 @@ pub(crate) enum Source {
     Snapshot,
 }
 
+/// Which tables a pass's difference reads (`Loader::tables_in_difference`).
+struct Difference {
+    /// Tables with rows in `_ms_send`.
+    sent: HashSet<String>,
+    /// Tables with keys in `_ms_del` (a table a deployment removed among
+    /// them).
+    deleted: HashSet<String>,
+    /// Replicas and tables with both.
+    both: HashSet<(String, &'static str)>,
+}
+
 /// A load under way.
 pub(crate) struct Loader<'a> {
     pub graph: &'a Graph,
@@ -61,11 +72,17 @@ impl Loader<'_> {
         sink: &mut impl Sink,
     ) -> Result<()> {
         let deletes = matches!(source, Source::Difference { deletes: true });
-        let both = if deletes {
-            self.deleting_and_sending(tx).await?
-        } else {
-            HashSet::new()
+        // The tables with anything to read: a pass's difference is most
+        // often a few rows of one or two tables, and asking each of the
+        // others for nothing costs round trips (binding, reading, closing)
+        // every pass.
+        let tables = match source {
+            Source::Difference { .. } => Some(self.tables_in_difference(tx, deletes).await?),
+            Source::Snapshot => None,
         };
+        let sends = |table: &str| tables.as_ref().is_none_or(|t| t.sent.contains(table));
+        let takes_back = |table: &str| tables.as_ref().is_none_or(|t| t.deleted.contains(table));
+        let both = tables.as_ref().map(|t| t.both.clone()).unwrap_or_default();
         let self_referencing = self
             .graph
             .shapes
@@ -77,6 +94,10 @@ impl Loader<'_> {
         let limit = self.max_message_bytes.saturating_sub(256).max(1024);
         let mut packer = Packer::new(limit, both, self_referencing);
         for shape in &self.graph.shapes {
+            if !sends(shape.table.name) {
+                packer.upserts_done(shape.table.name);
+                continue;
+            }
             self.upserts(
                 tx,
                 shape,
@@ -96,7 +117,7 @@ impl Loader<'_> {
             packer.deletes_done(removed.name);
         }
         for shape in self.graph.shapes.iter().rev() {
-            if deletes {
+            if deletes && takes_back(shape.table.name) {
                 let kinds = key_kinds(shape.table);
                 self.deletes(tx, shape.table.name, &kinds, &mut packer, sink)
                     .await?;
@@ -118,13 +139,15 @@ impl Loader<'_> {
         sink.take(tx, packer.take()).await
     }
 
-    /// The replicas and tables with both deletes and upserts: each side on
-    /// its own, then matched here (no join of the two for PostgreSQL to
-    /// misjudge).
-    async fn deleting_and_sending(
+    /// The tables a pass's difference sends rows of and takes rows back
+    /// from, and the replicas and tables with both: each side read on its
+    /// own, then matched here (no join of the two for PostgreSQL to
+    /// misjudge). Sent together: one round trip.
+    async fn tables_in_difference(
         &self,
         tx: &Transaction<'_>,
-    ) -> Result<HashSet<(String, &'static str)>> {
+        deletes: bool,
+    ) -> Result<Difference> {
         let pairs = |sql: &'static str| async move {
             Ok::<_, Error>(
                 tx.query(sql, &[])
@@ -135,13 +158,25 @@ impl Loader<'_> {
             )
         };
         let (deleted, sent) = tokio::try_join!(
-            pairs("SELECT DISTINCT r, t FROM _ms_del"),
+            async {
+                match deletes {
+                    true => pairs("SELECT DISTINCT r, t FROM _ms_del").await,
+                    false => Ok(HashSet::new()),
+                }
+            },
             pairs("SELECT DISTINCT r, t FROM _ms_send")
         )?;
-        Ok(deleted
+        let both = deleted
             .intersection(&sent)
             .map(|(r, t)| (r.clone(), self.graph.shape(t).table.name))
-            .collect())
+            .collect();
+        let tables =
+            |pairs: &HashSet<(String, String)>| pairs.iter().map(|(_, t)| t.clone()).collect();
+        Ok(Difference {
+            sent: tables(&sent),
+            deleted: tables(&deleted),
+            both,
+        })
     }
 
     /// The rows of `shape` the source sends, each read once with every

@@ -81,17 +81,25 @@ pub(crate) const JOINS_AS_THEY_WERE: &str =
 pub(crate) type Listed = (String, Option<String>, bool);
 
 /// What the planner's tables hold between passes, so a pass empties no more
-/// than it must. A `TRUNCATE` makes new files, about a millisecond a table,
-/// which cost a steady pass as much as its plan: only the tables the last
-/// pass filled are truncated. A `DELETE` would be cheaper, but leaves dead
-/// rows that temporary tables (never vacuumed) carry into every later plan,
-/// and a unique index with the same keys dead many times over makes every
-/// insert of that key visit them all (measured: a steady pass went from
-/// 80 ms to over a second). A table a pass analysed is made again instead:
-/// `TRUNCATE` keeps the statistics, and a later pass of another size would
-/// be planned by them. The replica list is kept from pass to pass while the
-/// replicas stay as they were, which in a steady fleet is nearly always:
-/// written again, and analysed, only when it changes.
+/// than it must, and as cheaply as it can.
+///
+/// A `TRUNCATE` makes new files for the table and its indexes, and its
+/// commit unlinks the old ones: for the five tables a pass over one changed
+/// row fills, about 8 ms here, as much as the rest of the pass
+/// (`--bench pass_cost`). A `DELETE` of a few rows costs a tenth of a
+/// millisecond, but leaves dead rows, and temporary tables are never
+/// vacuumed: with deletes alone a table keeps every page it ever had for
+/// every later plan to scan, and a unique index holds a hot row's key dead
+/// once per pass that changed it (measured, with deletes only: a steady
+/// pass went from 80 ms to over a second). So a table is emptied by
+/// `DELETE` while the rows written to it since it was last truncated are
+/// few (`DELETE_UP_TO`), and truncated beyond.
+///
+/// A table a pass analysed is made again instead: `TRUNCATE` keeps the
+/// statistics, and a later pass of another size would be planned by them.
+/// The replica list is kept from pass to pass while the replicas stay as
+/// they were, which in a steady fleet is nearly always: written again, and
+/// analysed, only when it changes.
 #[derive(Debug, Default)]
 pub(crate) struct Leftovers {
     /// Rows each table was given by the last committed pass, and the tables
@@ -105,31 +113,53 @@ pub(crate) struct Leftovers {
     pending: Option<Vec<Listed>>,
     /// Whether the replica list carries statistics of its own.
     list_analysed: bool,
+    /// Rows written to each table since it was last made empty by a
+    /// truncation (or made again): what its dead rows may be at most.
+    dead: BTreeMap<Scratch, u64>,
 }
+
+/// The most rows written to one of the planner's tables since it was last
+/// truncated for it to be emptied by a `DELETE` (see [`Leftovers`]): a few
+/// dozen pages of dead rows at most for a plan to scan, and a hot row's key
+/// dead at most this often in a unique index. A pass that changes one row
+/// truncates once in a thousand passes.
+const DELETE_UP_TO: u64 = 1_000;
 
 impl Leftovers {
     /// Empties what the last pass left but the replica list.
     pub async fn clear(&mut self, tx: &Transaction<'_>) -> Result<()> {
         self.pending = self.list.take();
-        let (truncate, remake): (Vec<&str>, Vec<Scratch>) = match self.filled.take() {
+        let mut emptied = Vec::new();
+        let mut truncate = Vec::new();
+        let mut remake = Vec::new();
+        match self.filled.take() {
             None => {
                 self.pending = None;
-                (Vec::new(), Scratch::ALL.to_vec())
+                self.dead.clear();
+                remake = Scratch::ALL.to_vec();
             }
             Some((filled, analysed)) => {
-                let mut truncate = Vec::new();
-                let mut remake = Vec::new();
                 for t in Scratch::ALL.into_iter().filter(|t| *t != Scratch::Replicas) {
                     if analysed.contains(&t) {
+                        self.dead.remove(&t);
                         remake.push(t);
                     } else if filled.has(t) {
-                        truncate.push(t.name());
+                        let dead = self.dead.entry(t).or_default();
+                        *dead += filled.rows(t);
+                        if *dead > DELETE_UP_TO {
+                            *dead = 0;
+                            truncate.push(t.name());
+                        } else {
+                            emptied.push(t);
+                        }
                     }
                 }
-                (truncate, remake)
             }
-        };
+        }
         let mut sql = String::new();
+        for t in emptied {
+            sql.push_str(&format!("DELETE FROM {t};"));
+        }
         if !truncate.is_empty() {
             sql.push_str(&format!("TRUNCATE {};", truncate.join(", ")));
         }
@@ -309,13 +339,25 @@ impl Planner<'_, '_> {
     /// Runs a statement that fills the planner's table `table`, which the
     /// next pass then empties.
     pub(crate) async fn fill(&self, table: Scratch, sql: &str) -> Result<u64> {
+        self.fill_as(table, sql, false).await
+    }
+
+    /// [`fill`](Self::fill), joining by hashing only when `hashed`.
+    async fn fill_as(&self, table: Scratch, sql: &str, hashed: bool) -> Result<u64> {
         debug_assert!(
             sql.trim_start()
                 .strip_prefix("INSERT INTO ")
                 .is_some_and(|rest| rest.starts_with(table.name())),
             "a statement said to fill {table}: {sql}"
         );
-        let n = self.run(sql).await?;
+        let n = match hashed {
+            true => {
+                let sql = sql.trim_end().trim_end_matches(';');
+                self.run(&format!("{HASH_ONLY} {sql}; {JOINS_AS_THEY_WERE}"))
+                    .await?
+            }
+            false => self.run(sql).await?,
+        };
         self.filled.lock().expect("not poisoned").add(table, n);
         Ok(n)
     }
@@ -347,11 +389,11 @@ impl Planner<'_, '_> {
     /// 400,000-note backlog, 0.4 s hashed). Lookups that must stay per row
     /// are written as fenced lateral subqueries, which no setting turns into
     /// joins.
+    ///
+    /// The settings and the statement go as one simple query: one round
+    /// trip, not three.
     async fn bulk(&self, table: Scratch, sql: &str) -> Result<u64> {
-        self.tx.batch_execute(HASH_ONLY).await?;
-        let n = self.fill(table, sql).await;
-        self.tx.batch_execute(JOINS_AS_THEY_WERE).await?;
-        n
+        self.fill_as(table, sql, true).await
     }
 
     /// Analyses the planner table `temp`, which the next pass then makes
@@ -1556,10 +1598,10 @@ impl Planner<'_, '_> {
     }
 }
 
-/// Runs one statement without parameters in a single round trip (the simple
+/// Runs statements without parameters in a single round trip (the simple
 /// query protocol; the extended one prepares first, a round trip of its own).
-/// Returns the first column of the rows it returned, and how many rows it
-/// returned or changed.
+/// Returns the first column of the rows they returned, and how many rows
+/// they returned or changed.
 async fn simple(tx: &Transaction<'_>, sql: &str) -> Result<(Vec<String>, u64)> {
     let mut values = Vec::new();
     let mut count = 0;
@@ -1570,7 +1612,8 @@ async fn simple(tx: &Transaction<'_>, sql: &str) -> Result<(Vec<String>, u64)> {
                     values.push(v.to_string());
                 }
             }
-            SimpleQueryMessage::CommandComplete(n) => count = n,
+            // Settings sent beside a statement (`HASH_ONLY`) count none.
+            SimpleQueryMessage::CommandComplete(n) => count += n,
             _ => {}
         }
     }

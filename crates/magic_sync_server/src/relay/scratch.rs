@@ -126,6 +126,11 @@ impl Filled {
     pub fn has(&self, table: Scratch) -> bool {
         self.0.contains_key(&table)
     }
+
+    /// The rows `table` was given.
+    pub fn rows(&self, table: Scratch) -> u64 {
+        self.0.get(&table).copied().unwrap_or(0)
+    }
 }
 
 /// A pass's plan: what it came to, the tables it filled, and the tables it

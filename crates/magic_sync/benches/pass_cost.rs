@@ -1,0 +1,154 @@
+//! The fixed cost of a pass: how many round trips and statements the relay
+//! makes on its connection when nothing changed, when one row of one
+//! replica changed, and when one row every replica holds changed; and what
+//! publishing the messages and hearing the acknowledgements cost beside it.
+//!
+//! cargo bench -p magic_sync --features postgres,sqlite --bench pass_cost
+//!
+//! The test shop with ten tills on SQLite files, the relay with its default
+//! settings on a connection whose protocol messages are counted
+//! (`magic_sync_testkit::wire`). Each case runs `MAGIC_SYNC_BENCH_ROUNDS`
+//! times (default 20); the counts are printed as the least and the most
+//! seen, the pass's time as its median. Round trips are what latency is
+//! paid in: on this machine's local socket each is some tens of
+//! microseconds plus the statement's own work, over a network a
+//! millisecond or more.
+
+use magic_sync::run;
+use magic_sync_testkit::bench::{env_u64, show};
+use magic_sync_testkit::fleet::Fleet;
+use magic_sync_testkit::shop;
+use magic_sync_testkit::wire::{self, Counter, Counts};
+use std::time::{Duration, Instant};
+
+const TILLS: usize = 10;
+
+/// What one case cost, over its rounds.
+#[derive(Default)]
+struct Cost {
+    pass: Vec<Counts>,
+    publish: Vec<Counts>,
+    heed: Vec<Counts>,
+    pass_time: Vec<Duration>,
+    /// The last pass's requests, when traced.
+    trace: Vec<String>,
+}
+
+impl Cost {
+    fn print(&self, case: &str) {
+        let range = |v: &[Counts]| {
+            format!(
+                "{} round trips, {} statements ({} parsed)",
+                span(v.iter().map(|c| c.round_trips)),
+                span(v.iter().map(|c| c.statements)),
+                span(v.iter().map(|c| c.parsed))
+            )
+        };
+        let mut times = self.pass_time.clone();
+        times.sort();
+        let median = times.get(times.len() / 2).copied().unwrap_or_default();
+        println!("{case}:");
+        for line in &self.trace {
+            println!("    | {line}");
+        }
+        println!("  pass:    {} (median {})", range(&self.pass), show(median));
+        if !self.publish.is_empty() {
+            println!("  publish: {}", range(&self.publish));
+            println!("  heed:    {}", range(&self.heed));
+        }
+    }
+}
+
+/// The least and the most of `values`, or the one value they all are.
+fn span(values: impl Iterator<Item = u64> + Clone) -> String {
+    match (values.clone().min(), values.max()) {
+        (Some(lo), Some(hi)) if lo == hi => lo.to_string(),
+        (Some(lo), Some(hi)) => format!("{lo}-{hi}"),
+        _ => "-".into(),
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    magic_sync_testkit::bench::logs();
+    let rounds = env_u64("MAGIC_SYNC_BENCH_ROUNDS", 20) as usize;
+    let mut fleet = Fleet::new(shop::ROWS).await;
+    for i in 1..=TILLS {
+        let region = if i % 2 == 0 { "south" } else { "north" };
+        fleet.add(&format!("u{i}"), Some(region));
+    }
+    fleet.sync().await;
+    // As production runs it: the defaults, on a connection counted.
+    let (client, counter) = wire::connect(&fleet.db).await;
+    fleet.reconnect_on(client).await;
+    fleet
+        .reconfigure(|s| *s = magic_sync::relay::Settings::default())
+        .await;
+    fleet.sync().await;
+    fleet.check().await;
+
+    if std::env::var_os("MAGIC_SYNC_BENCH_TRACE").is_some() {
+        // Each case's last pass, statement by statement.
+        counter.start_trace();
+    }
+    let idle = measure(&mut fleet, &counter, rounds, |_| String::new()).await;
+    idle.print("nothing changed");
+    let one = measure(&mut fleet, &counter, rounds, |i| {
+        format!(
+            "UPDATE orders SET placed_at = placed_at + interval '{} seconds' WHERE id = 1",
+            i + 1
+        )
+    })
+    .await;
+    one.print("one row of one till changed (an order of u1)");
+    let all = measure(&mut fleet, &counter, rounds, |i| {
+        format!("UPDATE products SET price = {}.5 WHERE id = 1", i % 7 + 1)
+    })
+    .await;
+    all.print(&format!(
+        "one row every till holds changed (a product, {TILLS} tills)"
+    ));
+    fleet.check().await;
+}
+
+/// `rounds` times: `write(round)` (if any) committed, then one pass, and
+/// if it wrote messages, their publishing, delivery and acknowledgement.
+async fn measure(
+    fleet: &mut Fleet,
+    counter: &Counter,
+    rounds: usize,
+    write: impl Fn(usize) -> String,
+) -> Cost {
+    let mut cost = Cost::default();
+    for round in 0..rounds {
+        let sql = write(round);
+        if !sql.is_empty() {
+            fleet.write(&sql).await;
+        }
+        counter.take_trace();
+        let before = counter.counts();
+        let started = Instant::now();
+        let recorded = fleet.pass().await;
+        cost.pass_time.push(started.elapsed());
+        cost.pass.push(counter.counts() - before);
+        cost.trace = counter.take_trace();
+        assert_eq!(recorded.messages > 0, !sql.is_empty(), "{recorded:?}");
+        if recorded.messages == 0 {
+            continue;
+        }
+        let before = counter.counts();
+        fleet.publish().await;
+        cost.publish.push(counter.counts() - before);
+        for (id, unit) in &mut fleet.units {
+            for message in fleet.network.take(id) {
+                if let Some(report) = run::replica::deliver(&mut unit.replica, &message).unwrap() {
+                    fleet.network.report(id, report);
+                }
+            }
+        }
+        let before = counter.counts();
+        fleet.heed().await;
+        cost.heed.push(counter.counts() - before);
+    }
+    cost
+}
