@@ -112,6 +112,9 @@ struct Tally {
     asking: bool,
     /// Its lines, while tracing.
     batch: Vec<String>,
+    /// The text of the statement last bound: a portal is bound in one
+    /// request and read in the next.
+    bound: String,
     /// When the trace was last taken.
     traced_at: Option<std::time::Instant>,
     /// The server said it was ready for the first time: what comes before
@@ -155,7 +158,7 @@ impl Counter {
         let ready = tally.ready;
         let (counts, outstanding) = (&mut tally.counts, &mut tally.outstanding);
         let (trace, named, asking) = (&mut tally.trace, &mut tally.named, &mut tally.asking);
-        let mut bound = String::new();
+        let bound = &mut tally.bound;
         let batch = &mut tally.batch;
         let traced_at = &mut tally.traced_at;
         tally.sent.feed(bytes, |kind, body| {
@@ -175,7 +178,7 @@ impl Counter {
                     let mut parts = body.split(|b| *b == 0);
                     let _portal = parts.next();
                     let name = String::from_utf8_lossy(parts.next().unwrap_or_default());
-                    bound = named.get(name.as_ref()).cloned().unwrap_or_default();
+                    *bound = named.get(name.as_ref()).cloned().unwrap_or_default();
                 }
                 b'P' => {
                     counts.parsed += 1;

@@ -76,13 +76,16 @@ impl Loader<'_> {
         // often a few rows of one or two tables, and asking each of the
         // others for nothing costs round trips (binding, reading, closing)
         // every pass.
-        let tables = match source {
+        let mut tables = match source {
             Source::Difference { .. } => Some(self.tables_in_difference(tx, deletes).await?),
             Source::Snapshot => None,
         };
+        let both = tables
+            .as_mut()
+            .map(|t| std::mem::take(&mut t.both))
+            .unwrap_or_default();
         let sends = |table: &str| tables.as_ref().is_none_or(|t| t.sent.contains(table));
         let takes_back = |table: &str| tables.as_ref().is_none_or(|t| t.deleted.contains(table));
-        let both = tables.as_ref().map(|t| t.both.clone()).unwrap_or_default();
         let self_referencing = self
             .graph
             .shapes
