@@ -6,6 +6,8 @@
 //!
 //! cargo bench -p magic_sync --features postgres,sqlite --bench steady
 //!
+//! Idle: nothing changes for MAGIC_SYNC_BENCH_IDLE_SECONDS (default 10):
+//!    the CPU the relay's PostgreSQL backends and this process use.
 //! 0. Light load: 20 changes per second for 10 s, the pipeline's own
 //!    latency when a pass carries a change or two: the baseline for 1.
 //! 1. Paced: 1,000 changes per second for MAGIC_SYNC_BENCH_SECONDS (default
@@ -350,6 +352,25 @@ async fn main() {
         "{REPLICAS} replicas provisioned ({} rows each) in {:.2} s",
         ITEMS / REGIONS,
         started.elapsed().as_secs_f64()
+    );
+
+    // Idle: nothing changes. What keeping the fleet up costs when there is
+    // nothing to send, in CPU.
+    let idle = Duration::from_secs(magic_sync_testkit::bench::env_u64(
+        "MAGIC_SYNC_BENCH_IDLE_SECONDS",
+        10,
+    ));
+    let (own, backends) = magic_sync_testkit::bench::cpu_used(&client).await;
+    tokio::time::sleep(idle).await;
+    let (own_after, backends_after) = magic_sync_testkit::bench::cpu_used(&client).await;
+    let share = |d: Duration| 100.0 * d.as_secs_f64() / idle.as_secs_f64();
+    println!(
+        "idle {} s: the relay's PostgreSQL backends used {:.0} ms of CPU ({:.1}% of a core), this process {:.0} ms ({:.1}%)",
+        idle.as_secs(),
+        (backends_after.saturating_sub(backends)).as_secs_f64() * 1e3,
+        share(backends_after.saturating_sub(backends)),
+        (own_after.saturating_sub(own)).as_secs_f64() * 1e3,
+        share(own_after.saturating_sub(own)),
     );
 
     // 0. The pipeline's own latency: a light load, where a pass carries a

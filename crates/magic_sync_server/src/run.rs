@@ -11,6 +11,7 @@ use crate::envelope::Up;
 use crate::error::{Handling, Result};
 use crate::relay::{Failed, Heard, Relay, Replicas, Settings, Snapshot, Streamed, Transport};
 use crate::session::{Session, SessionSettings};
+use crate::store::wake::{self, Doze};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 pub use magic_sync_core::link::Report;
 use magic_sync_core::MessageNo;
@@ -420,6 +421,13 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
     while !Relay::lock(recorder.client()).await? {
         tokio::time::sleep(settings.idle.max(Duration::from_millis(100))).await;
     }
+    if settings.wake_on_commit {
+        wake::listen(recorder.client()).await?;
+    }
+    let wakes = Wakes {
+        notified: recorder.notifications(),
+        stirred: Arc::new(tokio::sync::Notify::new()),
+    };
     let publisher = publisher.insert(Session::open(config, &settings.session, "publish").await?);
     let written = tokio::sync::Notify::new();
     let digests = Digests::default();
@@ -438,6 +446,7 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
             &workers,
             backoff,
             &written,
+            &wakes,
             &measured
         ),
         publish_forever(
@@ -447,12 +456,35 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
             reports,
             settings,
             &written,
+            &wakes.stirred,
             &measured,
             &digests
         ),
-        compare_forever(digester, config, &settings.session, engine, &digests)
+        compare_forever(
+            digester,
+            config,
+            &settings.session,
+            engine,
+            &digests,
+            &wakes.stirred
+        )
     )?;
     Ok(())
+}
+
+/// How often the publisher looks at the outbox when no pass wrote to it
+/// and no send failed.
+const PUBLISH_AT_LEAST_EVERY: Duration = Duration::from_secs(1);
+
+/// What ends a dozing recorder's wait, beside its longest
+/// (`Settings::idle_longest`) and a snapshot that ends.
+struct Wakes {
+    /// A writer committed a note while the relay dozed (the recording
+    /// session's notifications).
+    notified: Arc<tokio::sync::Notify>,
+    /// The publisher heard what a pass acts on: a gap, an upload filed
+    /// (its checkpoint is answered by a pass), a digest compared.
+    stirred: Arc<tokio::sync::Notify>,
 }
 
 /// What the snapshots' workers need: where to connect and how, where to
@@ -548,6 +580,7 @@ impl Retries {
 /// wakes the publisher. Between passes, the snapshots of replicas waiting
 /// for one begin, up to `Settings::snapshots` at once, and stream while the
 /// next passes run; one that failed is tried again after a backoff.
+#[allow(clippy::too_many_arguments)]
 async fn record_forever<H: Replicas, T: Transport>(
     client: &mut Client,
     relay: &mut Relay,
@@ -555,8 +588,10 @@ async fn record_forever<H: Replicas, T: Transport>(
     workers: &Workers<'_, T>,
     backoff: &mut Backoff,
     written: &tokio::sync::Notify,
+    wakes: &Wakes,
     measured: &Mutex<Measured>,
 ) -> Result<()> {
+    let Wakes { notified, stirred } = wakes;
     let settings = relay.settings().clone();
     let mut streaming = FuturesUnordered::new();
     let mut book = Book::default();
@@ -612,8 +647,48 @@ async fn record_forever<H: Replicas, T: Transport>(
             }
         }
         if recorded.messages == 0 && recorded.planned.notes == 0 && recorded.deployed.is_none() {
-            let idle = tokio::time::sleep(settings.idle);
-            beside_snapshots(idle, &mut streaming, &mut book, &settings).await;
+            let doze = match settings.wake_on_commit {
+                true => wake::doze(client).await?,
+                false => Doze::Writing,
+            };
+            match doze {
+                Doze::Noted => {}
+                Doze::Writing => {
+                    let idle = tokio::time::sleep(settings.idle);
+                    beside_snapshots(idle, &mut streaming, &mut book, &settings).await;
+                }
+                Doze::Dozing => {
+                    let woken = async {
+                        tokio::select! {
+                            () = notified.notified() => {}
+                            () = stirred.notified() => {}
+                            () = tokio::time::sleep(settings.idle_longest) => {}
+                        }
+                    };
+                    until_a_snapshot_ends(woken, &mut streaming, &mut book, &settings).await;
+                    wake::wake(client).await?;
+                }
+            }
+        }
+    }
+}
+
+/// Drives `work` until it ends or one of the snapshots under way does,
+/// filing each that ends in `book`: a snapshot that ended is news for the
+/// next pass (a replica to keep up, or one to try again).
+async fn until_a_snapshot_ends<W, S>(
+    work: W,
+    streaming: &mut FuturesUnordered<S>,
+    book: &mut Book,
+    settings: &Settings,
+) where
+    W: Future<Output = ()>,
+    S: Future<Output = (String, Result<Streamed, Failed>)>,
+{
+    tokio::select! {
+        () = work => {}
+        Some(done) = streaming.next(), if !streaming.is_empty() => {
+            book.finished(done, settings);
         }
     }
 }
@@ -669,6 +744,7 @@ async fn compare_forever(
     settings: &SessionSettings,
     engine: &Engine,
     digests: &Digests,
+    stirred: &tokio::sync::Notify,
 ) -> Result<()> {
     loop {
         let next = digests.waiting.lock().expect("not poisoned").pop_first();
@@ -684,6 +760,10 @@ async fn compare_forever(
             .compare(session.client_mut(), engine, &replica)
             .await?;
         tracing::debug!(replica = %replica, ?compared, "a digest");
+        // One found drifted waits for a snapshot, which a pass begins.
+        stirred.notify_one();
+        // One found drifted waits for a snapshot, which a pass begins.
+        stirred.notify_one();
     }
 }
 
@@ -699,12 +779,19 @@ async fn publish_forever<T: Transport, R: Reports>(
     reports: &R,
     settings: &Settings,
     written: &tokio::sync::Notify,
+    stirred: &tokio::sync::Notify,
     measured: &Mutex<Measured>,
     digests: &Digests,
 ) -> Result<()> {
     loop {
         let started = std::time::Instant::now();
-        let (heeded, heard) = hear(publisher, engine, transport, reports.drain()).await?;
+        let said = reports.drain();
+        // An acknowledgement alone is nothing a pass acts on soon.
+        let news = said.iter().any(|(_, r)| !matches!(r, Report::Applied(_)));
+        let (heeded, heard) = hear(publisher, engine, transport, said).await?;
+        if news {
+            stirred.notify_one();
+        }
         digests.push(heard);
         crate::relay::trace("heed", started);
         let period = {
@@ -728,12 +815,20 @@ async fn publish_forever<T: Transport, R: Reports>(
             crate::figures::write(publisher, period).await?;
         }
         let started = std::time::Instant::now();
-        crate::relay::publish(publisher, transport, settings.concurrency).await?;
+        let published = crate::relay::publish(publisher, transport, settings.concurrency).await?;
         crate::relay::trace("publish", started);
+        // A send that failed is tried again soon. Otherwise only a pass
+        // brings new messages, and it says so; what the transport took and
+        // no acknowledgement covered goes again after RESEND_AFTER (30 s),
+        // which a look every second catches.
+        let again = match published.failed.is_empty() {
+            true => PUBLISH_AT_LEAST_EVERY,
+            false => settings.backoff_min,
+        };
         tokio::select! {
             () = written.notified() => {}
             () = reports.wait() => {}
-            () = tokio::time::sleep(settings.backoff_min) => {}
+            () = tokio::time::sleep(again) => {}
         }
     }
 }

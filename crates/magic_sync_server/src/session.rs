@@ -124,6 +124,8 @@ impl SessionSettings {
 pub struct Session {
     client: Client,
     connection: JoinHandle<()>,
+    /// Stored a permit whenever the server sent a notification (`LISTEN`).
+    notified: std::sync::Arc<tokio::sync::Notify>,
 }
 
 impl Session {
@@ -138,11 +140,23 @@ impl Session {
             .config(config, role)
             .connect(crate::tls::tls()?)
             .await?;
+        let notified = std::sync::Arc::new(tokio::sync::Notify::new());
+        let heard = notified.clone();
         let connection = tokio::spawn(async move {
+            let mut connection = connection;
+            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
             // Errors surface on the client; the connection only ends.
-            let _ = connection.await;
+            while let Some(Ok(message)) = futures_util::StreamExt::next(&mut messages).await {
+                if let tokio_postgres::AsyncMessage::Notification(_) = message {
+                    heard.notify_one();
+                }
+            }
         });
-        let session = Session { client, connection };
+        let session = Session {
+            client,
+            connection,
+            notified,
+        };
         session.client.batch_execute(&settings.setup()).await?;
         Ok(session)
     }
@@ -150,6 +164,18 @@ impl Session {
     /// The session's client.
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// Resolves when a notification came on a channel the session listens
+    /// on, at once if one came since the last call.
+    pub async fn notified(&self) {
+        self.notified.notified().await
+    }
+
+    /// What [`notified`](Self::notified) waits on, to wait on it beside
+    /// the client borrowed mutably.
+    pub fn notifications(&self) -> std::sync::Arc<tokio::sync::Notify> {
+        self.notified.clone()
     }
 
     /// The session's client, to open transactions on.
@@ -163,7 +189,9 @@ impl Session {
     /// connection. Past `timeout` (the server out of reach) the connection
     /// is dropped, and the server's own checks end the session.
     pub async fn close(self, timeout: Duration) {
-        let Session { client, connection } = self;
+        let Session {
+            client, connection, ..
+        } = self;
         let cancel = client.cancel_token();
         let abort = connection.abort_handle();
         let ended = async {

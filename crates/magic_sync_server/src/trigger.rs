@@ -79,10 +79,15 @@ impl Noted {
 
     /// The body of the note function.
     pub fn body(&self) -> String {
+        // After the note, once a transaction: a dozing relay is woken when
+        // the transaction commits (`crate::store::wake`).
         let insert = |key: &str, parents: &str| {
             format!(
                 "INSERT INTO sync.notes (table_name, source, key, parents)\n            \
-                 VALUES ({}, TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, {key}, {parents})",
+                 VALUES ({}, TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, {key}, {parents});\n        \
+                 IF current_setting('magic_sync.noted', true) IS DISTINCT FROM 'on' THEN\n            \
+                 PERFORM sync.note_written();\n        \
+                 END IF",
                 literal(&self.table)
             )
         };

@@ -452,3 +452,47 @@ pub fn show(d: Duration) -> String {
         format!("{:.2} s", d.as_secs_f64())
     }
 }
+
+/// CPU time spent so far (user and system) by this process and by the
+/// relay's PostgreSQL backends (`application_name` beginning `magic_sync
+/// relay`), read from `/proc`. The backends are the database's on this
+/// machine, as the throwaway cluster is; where `/proc` cannot be read the
+/// figure is zero.
+pub async fn cpu_used(client: &tokio_postgres::Client) -> (Duration, Duration) {
+    let pids: Vec<i32> = client
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'magic_sync relay%'",
+            &[],
+        )
+        .await
+        .expect("the relay's backends")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let backends = pids
+        .iter()
+        .map(|pid| proc_cpu(&format!("/proc/{pid}/stat")))
+        .sum();
+    (proc_cpu("/proc/self/stat"), backends)
+}
+
+/// Fields 14 and 15 of a `/proc/<pid>/stat` (utime, stime), in clock ticks
+/// of 1/100 s (`CLK_TCK` on Linux).
+fn proc_cpu(path: &str) -> Duration {
+    let Ok(stat) = std::fs::read_to_string(path) else {
+        return Duration::ZERO;
+    };
+    // The command name may hold spaces; the fields after it do not.
+    let Some((_, after)) = stat.rsplit_once(')') else {
+        return Duration::ZERO;
+    };
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // `after` begins at field 3 (state): utime is field 14, stime 15.
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+}

@@ -19,4 +19,5 @@ mod scenarios;
 mod signing;
 mod snapshot;
 mod up;
+mod wake;
 mod walk;

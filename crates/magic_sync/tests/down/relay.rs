@@ -454,13 +454,25 @@ pub fn start_server_until(
     replicas: Vec<ReplicaInfo>,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> tokio::task::JoinHandle<magic_sync::Result<()>> {
+    start_server_with(fleet, network, replicas, Settings::default(), stop)
+}
+
+/// `run::server` with `settings` for `replicas` over the fleet's database,
+/// until `stop` resolves.
+pub fn start_server_with(
+    fleet: &Fleet,
+    network: &Network,
+    replicas: Vec<ReplicaInfo>,
+    settings: Settings,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> tokio::task::JoinHandle<magic_sync::Result<()>> {
     let (config, network, engine) = (fleet.db.config(), network.clone(), fleet.engine);
     tokio::spawn(async move {
         let host = Host(replicas);
         magic_sync::run::server::server(
             config,
             engine.clone(),
-            Settings::default(),
+            settings,
             &host,
             &network,
             &network,

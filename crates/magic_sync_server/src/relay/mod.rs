@@ -156,8 +156,21 @@ pub struct Settings {
     pub chunk_rows: i32,
     /// Message bytes buffered before they are written to the outbox.
     pub flush_bytes: usize,
-    /// How long the runner waits between passes when there was nothing to do.
+    /// How long the runner waits before the next pass when the last had
+    /// nothing to do but a note may still come unannounced: a transaction
+    /// that wrote one while the relay was at work has not ended (or
+    /// `wake_on_commit` is off).
     pub idle: Duration,
+    /// Whether a runner with nothing to do dozes until a note's commit
+    /// wakes it (`LISTEN`/`NOTIFY`, sent only while it dozes), rather than
+    /// polling every `idle`. Turn it off where a declared table is written
+    /// by a prepared (two-phase) transaction: PostgreSQL refuses to prepare
+    /// one that notified.
+    pub wake_on_commit: bool,
+    /// The longest a dozing runner waits before a pass all the same, for
+    /// what wakes nothing: a change in the host's list of replicas, a retry
+    /// that came due.
+    pub idle_longest: Duration,
     /// The least wait after a failed pass; the waits double from it, with
     /// jitter, up to `backoff_max`.
     pub backoff_min: Duration,
@@ -206,6 +219,8 @@ impl Default for Settings {
             chunk_rows: 2_000,
             flush_bytes: 1 << 20,
             idle: Duration::from_millis(5),
+            wake_on_commit: true,
+            idle_longest: Duration::from_millis(100),
             backoff_min: Duration::from_millis(50),
             backoff_max: Duration::from_secs(10),
             outbox_messages: 50_000,

@@ -9,3 +9,4 @@ pub mod keys;
 pub mod migrations;
 pub mod quarantine;
 pub mod tables;
+pub mod wake;

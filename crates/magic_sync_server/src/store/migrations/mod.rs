@@ -36,6 +36,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (27, include_str!("027_figures.sql")),
     (28, include_str!("028_uploads_answered.sql")),
     (29, include_str!("029_snapshot_ended.sql")),
+    (30, include_str!("030_wake.sql")),
 ];
 
 /// The version this build brings the schema to.
