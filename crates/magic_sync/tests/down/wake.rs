@@ -85,7 +85,7 @@ async fn a_write_begun_while_the_runner_worked_is_waited_for() {
     tx.batch_execute("UPDATE products SET name = 'oolong' WHERE id = 1")
         .await
         .unwrap();
-    assert!(held(&fleet, wake::WRITING, "ShareLock").await);
+    assert!(held(&fleet, wake::DOZING, "ShareLock").await);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = start_server_with(
         &fleet,

@@ -1,9 +1,10 @@
 //! Waking the relay when a change commits (migration 030).
 //!
-//! A note trigger calls `sync.note_written()` once per transaction. It
-//! notifies [`CHANNEL`] only while the relay dozes, because a transaction
-//! that notifies commits in a queue of one: a notify on every write would
-//! cost the host its commits' parallelism. The relay calls [`doze`] when a
+//! A note trigger notifies [`CHANNEL`] only while the relay dozes (it
+//! cannot take [`DOZING`] shared), because a transaction that notifies
+//! commits in a queue of one: a notify on every write would cost the host
+//! its commits' parallelism. One that can take it holds it to its end, and
+//! the relay does not doze until that writer has ended. The relay calls [`doze`] when a
 //! pass found nothing to do. While it dozes, the first commit of a note
 //! wakes it; it ends its doze with [`wake`] before its next pass.
 
@@ -13,13 +14,10 @@ use tokio_postgres::{Client, SimpleQueryMessage};
 /// The channel a dozing relay listens on.
 pub const CHANNEL: &str = "magic_sync_notes";
 
-/// The advisory lock a dozing relay holds, exclusively (the key migration
-/// 030 writes out).
+/// The advisory lock a dozing relay holds exclusively, and a transaction
+/// that wrote a note while the relay was at work holds shared, to its end
+/// (the key migration 030 writes out).
 pub const DOZING: i64 = 0x6d73_5f61_736c_6565;
-
-/// The advisory lock a transaction that wrote a note holds, shared, to its
-/// end (likewise).
-pub const WRITING: i64 = 0x6d73_5f77_7269_7465;
 
 /// What [`doze`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
