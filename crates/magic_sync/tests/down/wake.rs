@@ -9,13 +9,45 @@
 use crate::fleet::Fleet;
 use crate::relay::{for_the_runner, product_name, start_server_with, till, until};
 use magic_sync::relay::{ReplicaInfo, Settings};
+use magic_sync::run::memory::Network;
 use magic_sync::store::wake::{self, Doze};
+use std::path::Path;
 use std::time::Duration;
 
-fn dozing_for_an_hour() -> Settings {
-    Settings {
-        idle_longest: Duration::from_secs(3600),
-        ..Settings::default()
+/// The runner for the till `u1`, dozing for an hour at most.
+struct Runner {
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<magic_sync::Result<()>>,
+}
+
+impl Runner {
+    /// Started, once the till whose file is `path` was provisioned.
+    async fn start(fleet: &Fleet, network: &Network, path: &Path) -> Runner {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let settings = Settings {
+            idle_longest: Duration::from_secs(3600),
+            ..Settings::default()
+        };
+        let replicas = vec![ReplicaInfo::live("u1", Some("north"))];
+        let server = start_server_with(fleet, network, replicas, settings, async {
+            stopped.await.ok();
+        });
+        until("the till was never provisioned", || async {
+            product_name(path).is_some()
+        })
+        .await;
+        Runner { stop, server }
+    }
+
+    async fn stop(
+        self,
+        network: Network,
+        till: std::thread::JoinHandle<magic_sync::replica::Result<()>>,
+    ) {
+        self.stop.send(()).unwrap();
+        self.server.await.unwrap().unwrap();
+        network.close();
+        till.join().unwrap().unwrap();
     }
 }
 
@@ -41,20 +73,7 @@ async fn held(fleet: &Fleet, key: i64, mode: &str) -> bool {
 async fn a_commit_wakes_a_dozing_runner() {
     let (fleet, network) = for_the_runner().await;
     let (path, till) = till(&fleet, &network, "u1");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = start_server_with(
-        &fleet,
-        &network,
-        vec![ReplicaInfo::live("u1", Some("north"))],
-        dozing_for_an_hour(),
-        async {
-            stopped.await.ok();
-        },
-    );
-    until("the till was never provisioned", || async {
-        product_name(&path).is_some()
-    })
-    .await;
+    let runner = Runner::start(&fleet, &network, &path).await;
     for name in ["green tea", "black tea", "white tea"] {
         until("the runner never dozed", || async {
             held(&fleet, wake::DOZING, "ExclusiveLock").await
@@ -68,10 +87,7 @@ async fn a_commit_wakes_a_dozing_runner() {
         })
         .await;
     }
-    stop.send(()).unwrap();
-    server.await.unwrap().unwrap();
-    network.close();
-    till.join().unwrap().unwrap();
+    runner.stop(network, till).await;
 }
 
 #[tokio::test]
@@ -86,20 +102,7 @@ async fn a_write_begun_while_the_runner_worked_is_waited_for() {
         .await
         .unwrap();
     assert!(held(&fleet, wake::DOZING, "ShareLock").await);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = start_server_with(
-        &fleet,
-        &network,
-        vec![ReplicaInfo::live("u1", Some("north"))],
-        dozing_for_an_hour(),
-        async {
-            stopped.await.ok();
-        },
-    );
-    until("the till was never provisioned", || async {
-        product_name(&path).is_some()
-    })
-    .await;
+    let runner = Runner::start(&fleet, &network, &path).await;
     // The runner has looked, found the writer in flight, and not dozed.
     until("the runner never looked whether to doze", || async {
         fleet
@@ -122,10 +125,7 @@ async fn a_write_begun_while_the_runner_worked_is_waited_for() {
         || async { product_name(&path).as_deref() == Some("oolong") },
     )
     .await;
-    stop.send(()).unwrap();
-    server.await.unwrap().unwrap();
-    network.close();
-    till.join().unwrap().unwrap();
+    runner.stop(network, till).await;
 }
 
 /// What `sync.doze()` answers, session by session: a note's writer in

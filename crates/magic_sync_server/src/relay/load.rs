@@ -153,7 +153,7 @@ impl Loader<'_> {
     ) -> Result<Difference> {
         let pairs = |sql: &'static str| async move {
             Ok::<_, Error>(
-                tx.query(sql, &[])
+                tx.query_typed(sql, &[])
                     .await?
                     .iter()
                     .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))

@@ -53,6 +53,7 @@ use scratch::Plan;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio_postgres::types::Type;
 use tokio_postgres::{Client, IsolationLevel, Transaction};
 
 /// The advisory lock one relay per database holds while it relays (an
@@ -694,11 +695,11 @@ impl Relay {
         // Three independent statements, sent together: one round trip.
         let holds_lock = async {
             let row = tx
-                .query_one(
+                .query_typed_one(
                     "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
                        AND pid = pg_backend_pid() AND granted
                        AND ((classid::int8 << 32) | objid::int8) = $1)",
-                    &[&RELAY_LOCK],
+                    &[(&RELAY_LOCK, Type::INT8)],
                 )
                 .await?;
             Ok::<bool, Error>(row.get(0))
@@ -803,7 +804,7 @@ impl Relay {
         }
         if self.commit_times == Some(true) {
             let oldest: Option<chrono::DateTime<chrono::Utc>> = tx
-                .query_one(
+                .query_typed_one(
                     "SELECT min(pg_xact_commit_timestamp(xid(xid))) FROM _ms_notes",
                     &[],
                 )

@@ -61,7 +61,7 @@ pub(crate) struct Observation {
 pub(crate) async fn observe(tx: &Transaction<'_>, replicas: &[ReplicaInfo]) -> Result<Observation> {
     let listed = listed(replicas)?;
     let known: HashMap<String, (bool, Option<String>)> = tx
-        .query("SELECT id, live, partition_id FROM sync.replicas", &[])
+        .query_typed("SELECT id, live, partition_id FROM sync.replicas", &[])
         .await?
         .iter()
         .map(|r| (r.get(0), (r.get(1), r.get(2))))
@@ -192,7 +192,7 @@ async fn read(tx: &Transaction<'_>, forgotten: Vec<String>) -> Result<Observatio
         ..Observation::default()
     };
     for row in tx
-        .query(
+        .query_typed(
             "SELECT id, partition_id, provision, snapshot_attempt IS NOT NULL, last_number, last_nonce
              FROM sync.replicas WHERE live ORDER BY id",
             &[],

@@ -31,7 +31,7 @@ impl Epoch {
             crate::store::keys::READ
         );
         let row = client
-            .query_opt(&sql, &[])
+            .query_typed_opt(&sql, &[])
             .await?
             .ok_or_else(|| Error::Damaged {
                 what: "sync.epoch is empty: the migrations did not run whole".into(),

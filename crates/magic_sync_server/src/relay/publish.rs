@@ -6,7 +6,7 @@ use super::{Published, SendError, Transport};
 use crate::error::{Error, Result};
 use futures_util::stream::{self, StreamExt};
 use std::collections::HashMap;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 
 /// Messages read per round trip, across replicas.
@@ -90,12 +90,16 @@ pub async fn publish<T: Transport>(
             // It stays until the replica acknowledges it, and goes again
             // if that takes longer than RESEND_AFTER.
             client
-                .execute(
+                .query_typed(
                     "UPDATE sync.outbox o SET sent_at = now()
                      FROM unnest($1::text[], $2::int8[]) AS t (replica, number)
                      WHERE o.replica = t.replica AND o.number <= t.number
                        AND (o.sent_at IS NULL OR o.sent_at < now() - $3::float8 * interval '1 second')",
-                    &[&taken_replicas, &taken_numbers, &RESEND_AFTER.as_secs_f64()],
+                    &[
+                        (&taken_replicas, Type::TEXT_ARRAY),
+                        (&taken_numbers, Type::INT8_ARRAY),
+                        (&RESEND_AFTER.as_secs_f64(), Type::FLOAT8),
+                    ],
                 )
                 .await?;
         }
@@ -123,9 +127,16 @@ async fn read_page(
     epoch: &mut Option<Epoch>,
 ) -> Result<Vec<Waiting>> {
     let resend = RESEND_AFTER.as_secs_f64();
-    let params: [&(dyn ToSql + Sync); 5] = [&after.0, &after.1, &PAGE, &PAGE_BYTES, &resend];
+    // Typed, so parsed and run in one round trip.
+    let params: [(&(dyn ToSql + Sync), Type); 5] = [
+        (&after.0, Type::TEXT),
+        (&after.1, Type::INT8),
+        (&PAGE, Type::INT8),
+        (&PAGE_BYTES, Type::INT8),
+        (&resend, Type::FLOAT8),
+    ];
     // What was never sent, and what went unacknowledged too long.
-    let page = client.query(
+    let page = client.query_typed(
         "SELECT replica, number, nonce, head, bytes, hash, seal FROM (
              SELECT o.replica, o.number, o.nonce, o.head, b.bytes, b.hash, o.seal,
                     sum(length(b.bytes)) OVER (ORDER BY o.replica, o.number) - length(b.bytes) AS before

@@ -45,7 +45,7 @@ impl Blocks {
     /// As the database records them.
     pub async fn read(client: &impl GenericClient) -> Result<Blocks> {
         let row = client
-            .query_one(
+            .query_typed_one(
                 "SELECT EXISTS (SELECT 1 FROM sync.quarantine),
                         EXISTS (SELECT 1 FROM sync.quarantine WHERE NOT settled)
                         OR EXISTS (SELECT 1 FROM sync.blocked WHERE NOT settled)",

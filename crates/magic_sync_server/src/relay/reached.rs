@@ -34,7 +34,7 @@ pub(crate) async fn due(tx: &Transaction<'_>, observed: &Observation) -> Result<
     let provisioned = observed.waiting.iter().chain(&observed.streaming);
     let kept = observed.kept.iter().map(|k| k.id.as_str());
     let rows = tx
-        .query(
+        .query_typed(
             &format!(
                 "WITH acknowledged AS (
                      DELETE FROM sync.checkpoints c USING sync.acks a

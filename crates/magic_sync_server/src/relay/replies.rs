@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::seal;
 use magic_sync_core::MessageNo;
 use std::collections::HashMap;
+use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 /// Acknowledgements, each with the replica that sent it as the transport
@@ -85,7 +86,7 @@ async fn chains(
     let ids: Vec<&str> = acks.iter().map(|(r, _)| r.as_str()).collect();
     let (epoch, rows) = tokio::try_join!(Epoch::read(client), async {
         client
-            .query(
+            .query_typed(
                 "SELECT r.id,
                         CASE WHEN r.snapshot_attempt IS NULL THEN r.last_number
                              ELSE (SELECT last_value FROM sync.message_seq) END,
@@ -95,7 +96,7 @@ async fn chains(
                  FROM sync.replicas r LEFT JOIN sync.acks a ON a.replica = r.id
                  LEFT JOIN sync.uploads_answered u ON u.replica = r.id
                  WHERE r.id = ANY($1) AND r.live",
-                &[&ids],
+                &[(&ids, Type::TEXT_ARRAY)],
             )
             .await
             .map_err(Error::from)
@@ -232,11 +233,13 @@ async fn record(
             .await?;
     }
     if !recorded.is_empty() {
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&recorded, &numbers];
+        // Typed, so parsed and run in one round trip.
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
+            [(&recorded, Type::TEXT_ARRAY), (&numbers, Type::INT8_ARRAY)];
         // The replica's row is locked against deletion first: a pass
         // forgetting the replica meanwhile leaves nothing to insert, rather
         // than a foreign key to break.
-        let acks = client.execute(
+        let acks = client.query_typed(
             "INSERT INTO sync.acks AS a (replica, number, at)
              SELECT u.id, u.number, now()
              FROM (SELECT DISTINCT id, number FROM unnest($1::text[], $2::int8[]) AS u (id, number)) u
@@ -247,7 +250,7 @@ async fn record(
         );
         // What they applied needs sending no more. Sent together with the
         // acknowledgements: one round trip.
-        let sent = client.execute(
+        let sent = client.query_typed(
             "DELETE FROM sync.outbox o USING unnest($1::text[], $2::int8[]) AS u (id, number)
              WHERE o.replica = u.id AND o.number <= u.number",
             &params,
