@@ -147,8 +147,12 @@ impl Session {
             let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
             // Errors surface on the client; the connection only ends.
             while let Some(Ok(message)) = futures_util::StreamExt::next(&mut messages).await {
-                if let tokio_postgres::AsyncMessage::Notification(_) = message {
-                    heard.notify_one();
+                match message {
+                    tokio_postgres::AsyncMessage::Notification(_) => heard.notify_one(),
+                    tokio_postgres::AsyncMessage::Notice(notice) => {
+                        tracing::info!(notice = %notice.message(), "the server says");
+                    }
+                    _ => {}
                 }
             }
         });
