@@ -649,6 +649,7 @@ async fn record_forever<H: Replicas, T: Transport>(
         if recorded.messages == 0 && recorded.planned.notes == 0 && recorded.deployed.is_none() {
             let doze = match settings.wake_on_commit {
                 true => wake::doze(client).await?,
+                // Off: polled, as when a writer may not notify.
                 false => Doze::Writing,
             };
             match doze {

@@ -350,7 +350,7 @@ async fn an_acknowledgement_heeded_while_a_pass_forgets_its_replica_waits_and_le
 }
 
 /// The process id of `client`'s backend.
-async fn backend(client: &tokio_postgres::Client) -> i32 {
+pub async fn backend(client: &tokio_postgres::Client) -> i32 {
     client
         .query_one("SELECT pg_backend_pid()", &[])
         .await

@@ -7,7 +7,7 @@
 //! wake explains a change arriving within the tests' minute.
 
 use crate::fleet::Fleet;
-use crate::relay::{for_the_runner, product_name, start_server_with, till, until};
+use crate::relay::{backend, for_the_runner, product_name, start_server_with, till, until};
 use magic_sync::relay::{ReplicaInfo, Settings};
 use magic_sync::run::memory::Network;
 use magic_sync::store::wake::{self, Doze};
@@ -208,12 +208,4 @@ async fn a_writer_notifies_only_a_dozing_relay() {
         "only the writer that found it dozing"
     );
     wake::wake(&relay).await.unwrap();
-}
-
-async fn backend(client: &tokio_postgres::Client) -> i32 {
-    client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0)
 }
