@@ -23,13 +23,17 @@
 //! the new fingerprints, so a relay stopped at any point goes on where the
 //! last one stopped (each table keeps the key of the last row worked
 //! through). The passes work through it beside the notes
-//! (`relay/deployment.rs`). [`dry_run`] says all this before anything
+//! (`store/deployment.rs`). [`dry_run`] says all this before anything
 //! changes.
 
 use crate::catalog::Catalog;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::sql::qualified;
+use crate::store;
+pub(crate) use crate::store::deployment::Declared;
+pub use crate::store::deployment::Progress;
+use crate::store::tables::Recorded;
 use magic_sync_core::schema::{Schema, TableSchema};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -163,21 +167,6 @@ impl fmt::Display for Deployment {
     }
 }
 
-/// What a build recorded of a table in `sync.tables`.
-#[derive(Debug, Clone)]
-struct Recorded {
-    mirror: String,
-    fingerprint: Vec<u8>,
-    plan_print: Option<Vec<u8>>,
-    definition: Option<serde_json::Value>,
-}
-
-impl Recorded {
-    fn goes_down(&self) -> bool {
-        self.mirror != "up"
-    }
-}
-
 /// What a build keeps of a table for the builds after it: enough to take
 /// its rows back once it is gone (its key columns' kinds, and the links
 /// its held rows are counted in), and to say what changed (its rule,
@@ -207,39 +196,6 @@ pub(crate) fn definition(
         "columns": columns,
         "encoding": encoding,
     })
-}
-
-/// What this build declares, per table: its schema, plan print, encoding
-/// print and definition.
-pub(crate) struct Declared {
-    pub schema: Schema,
-    /// Per table, the links its held rows point through: (name, parent).
-    pub links: BTreeMap<String, Vec<(String, String)>>,
-    /// Per table, the relations whose writes are noted for it.
-    pub noted: BTreeMap<String, Vec<String>>,
-}
-
-async fn recorded(client: &Client) -> Result<BTreeMap<String, Recorded>> {
-    let rows = client
-        .query(
-            "SELECT name, mirror, fingerprint, plan_print, definition FROM sync.tables",
-            &[],
-        )
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            (
-                r.get(0),
-                Recorded {
-                    mirror: r.get(1),
-                    fingerprint: r.get(2),
-                    plan_print: r.get(3),
-                    definition: r.get(4),
-                },
-            )
-        })
-        .collect())
 }
 
 /// How `now` differs from what the last build recorded of the same table.
@@ -361,17 +317,7 @@ async fn counted(
 ) -> Result<Vec<Change>> {
     let mut out = Vec::new();
     for (table, action, why) in changed {
-        let held = client
-            .query(
-                "SELECT replica, count(*) FROM sync.held WHERE table_name = $1
-                 GROUP BY 1 ORDER BY 2 DESC, 1",
-                &[&table],
-            )
-            .await?;
-        let held: Vec<(String, u64)> = held
-            .iter()
-            .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
-            .collect();
+        let held = store::deployment::held_of(client, &table).await?;
         let held_total = held.iter().map(|(_, n)| n).sum();
         let rows = match action {
             Action::Remove | Action::Rebuild => held_total,
@@ -432,7 +378,7 @@ pub async fn dry_run(client: &Client, engine: &Engine) -> Result<Deployment> {
     let catalog = Catalog::read(client, engine).await?;
     crate::check::declarations(engine, &catalog)?;
     let declared = crate::relay::declared(engine, &catalog)?;
-    let before = recorded(client).await?;
+    let before = store::tables::recorded(client).await?;
     let (reused, changed) = changes(&before, &declared);
     Ok(Deployment {
         reused,
@@ -465,10 +411,8 @@ pub(crate) async fn begin(
 
 async fn begin_in(client: &Client, engine: &Engine, declared: &Declared) -> Result<Deployment> {
     // Two relays starting at once: the second sees what the first wrote.
-    client
-        .batch_execute("LOCK TABLE sync.tables IN EXCLUSIVE MODE")
-        .await?;
-    let before = recorded(client).await?;
+    store::tables::lock(client).await?;
+    let before = store::tables::recorded(client).await?;
     let first_build = before.is_empty();
     let (reused, changed) = changes(&before, declared);
     let changes = if first_build {
@@ -480,33 +424,19 @@ async fn begin_in(client: &Client, engine: &Engine, declared: &Declared) -> Resu
     };
     if !changes.is_empty() {
         // The last deployment's finished tables make way for this one's.
-        client
-            .batch_execute("DELETE FROM sync.deployment WHERE done_at IS NOT NULL")
-            .await?;
+        store::deployment::clear_done(client).await?;
     }
     // Whatever is unfinished is this build's to work now; a relay of an
     // older build still running leaves it alone.
     let build = declared.schema.fingerprint().0.to_vec();
-    client
-        .execute(
-            "UPDATE sync.deployment SET build = $1 WHERE done_at IS NULL",
-            &[&build],
-        )
-        .await?;
+    store::deployment::adopt(client, &build).await?;
     for c in &changes {
         let definition: Option<serde_json::Value> = match c.action {
             Action::Remove => before.get(&c.table).and_then(|b| b.definition.clone()),
             _ => None,
         };
         if c.action == Action::Rebuild {
-            client
-                .execute(
-                    "UPDATE sync.replicas SET provision = true
-                     WHERE NOT provision AND id IN (SELECT DISTINCT replica FROM sync.held
-                                                    WHERE table_name = $1)",
-                    &[&c.table],
-                )
-                .await?;
+            store::deployment::provision_holders(client, &c.table).await?;
             if declared
                 .schema
                 .table(&c.table)
@@ -516,30 +446,14 @@ async fn begin_in(client: &Client, engine: &Engine, declared: &Declared) -> Resu
                 continue;
             }
         }
-        // Work left unfinished on the table by a deployment before is
-        // folded in: planned again and sent again (`both`) covers whatever
-        // it owed.
-        client
-            .execute(
-                "INSERT INTO sync.deployment (table_name, work, why, definition, rows_total, build)
-                 VALUES ($1, $2, $3, $4, $5, $6)
-                 ON CONFLICT (table_name) DO UPDATE SET
-                     work = CASE WHEN EXCLUDED.work = 'remove' OR sync.deployment.done_at IS NOT NULL
-                                      OR sync.deployment.work = EXCLUDED.work
-                                 THEN EXCLUDED.work ELSE 'both' END,
-                     why = EXCLUDED.why, definition = EXCLUDED.definition, after = NULL,
-                     rows_done = 0, rows_total = EXCLUDED.rows_total, began_at = now(),
-                     done_at = NULL, build = EXCLUDED.build",
-                &[
-                    &c.table,
-                    &c.action.work(),
-                    &c.why,
-                    &definition,
-                    &(c.rows as i64),
-                    &build,
-                ],
-            )
-            .await?;
+        let owed = store::deployment::Owed {
+            table: &c.table,
+            work: c.action.work(),
+            why: &c.why,
+            definition,
+            rows_total: c.rows,
+        };
+        store::deployment::owe(client, &owed, &build).await?;
     }
     declare(client, declared).await?;
     Ok(Deployment { reused, changes })
@@ -548,115 +462,27 @@ async fn begin_in(client: &Client, engine: &Engine, declared: &Declared) -> Resu
 /// Records `declared`'s tables as the declared ones, replacing what an
 /// earlier build recorded.
 async fn declare(client: &Client, declared: &Declared) -> Result<()> {
-    let tables = declared.schema.tables();
-    let names: Vec<&str> = tables.iter().map(|t| t.name.as_str()).collect();
-    let mirrors: Vec<&str> = tables.iter().map(|t| t.mirror.as_str()).collect();
-    let prints: Vec<Vec<u8>> = tables.iter().map(|t| t.fingerprint().0.to_vec()).collect();
-    let plan_prints: Vec<Vec<u8>> = tables
-        .iter()
-        .map(|t| declared.schema.plan_print(t).0.to_vec())
-        .collect();
-    let definitions: Vec<serde_json::Value> = tables
+    let tables = declared
+        .schema
+        .tables()
         .iter()
         .map(|t| {
             let links = declared.links.get(&t.name).cloned().unwrap_or_default();
-            definition(t, &links, &hex::encode(t.encoding_print().0))
+            store::tables::Declaring {
+                name: &t.name,
+                mirror: t.mirror.as_str(),
+                fingerprint: t.fingerprint().0.to_vec(),
+                plan_print: declared.schema.plan_print(t).0.to_vec(),
+                definition: definition(t, &links, &hex::encode(t.encoding_print().0)),
+                noted: declared.noted.get(&t.name).cloned().unwrap_or_default(),
+            }
         })
         .collect();
-    let noted: Vec<String> = tables
-        .iter()
-        .map(|t| {
-            let list = declared.noted.get(&t.name).cloned().unwrap_or_default();
-            serde_json::to_string(&list).expect("strings serialise")
-        })
-        .collect();
-    client
-        .execute(
-            "WITH wanted AS (
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bytea[],
-                                      $5::jsonb[], $6::text[])
-                     AS w (name, mirror, fingerprint, plan_print, definition, noted)),
-             gone AS (DELETE FROM sync.tables t WHERE NOT (t.name = ANY($1)))
-             INSERT INTO sync.tables (name, mirror, fingerprint, plan_print, definition, noted)
-             SELECT name, mirror, fingerprint, plan_print, definition,
-                    ARRAY (SELECT jsonb_array_elements_text(noted::jsonb))
-             FROM wanted
-             ON CONFLICT (name) DO UPDATE SET mirror = excluded.mirror,
-                 fingerprint = excluded.fingerprint, plan_print = excluded.plan_print,
-                 definition = excluded.definition, noted = excluded.noted,
-                 declared_at = CASE WHEN sync.tables.fingerprint = excluded.fingerprint
-                                    THEN sync.tables.declared_at ELSE now() END",
-            &[
-                &names,
-                &mirrors,
-                &prints,
-                &plan_prints,
-                &definitions,
-                &noted,
-            ],
-        )
-        .await?;
-    Ok(())
-}
-
-/// The relations whose writes the last build's triggers noted, as recorded
-/// in `sync.tables`; `None` when nothing says (no build recorded it).
-pub(crate) async fn noted_before(client: &Client) -> Result<Option<Vec<String>>> {
-    let row = client
-        .query_one(
-            "SELECT count(*) > 0 AND bool_and(noted IS NOT NULL),
-                    ARRAY (SELECT DISTINCT unnest(noted) FROM sync.tables)
-             FROM sync.tables",
-            &[],
-        )
-        .await?;
-    let known: Option<bool> = row.get(0);
-    Ok(known.unwrap_or(false).then(|| row.get(1)))
-}
-
-/// Per table a deployment changed, how far it got.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Progress {
-    /// The table.
-    pub table: String,
-    /// `plan`, `resend`, `both` or `remove`.
-    pub work: String,
-    /// What changed, in words.
-    pub why: String,
-    /// Rows worked through.
-    pub rows_done: u64,
-    /// Rows to work through, as estimated when it began.
-    pub rows_total: u64,
-    /// Whether it is done.
-    pub done: bool,
+    store::tables::declare(client, tables).await
 }
 
 /// Where the last deployment stands, table by table: empty when no build
 /// changed anything since the sync began.
 pub async fn progress(client: &impl tokio_postgres::GenericClient) -> Result<Vec<Progress>> {
-    Ok(read_progress(client).await?)
-}
-
-/// [`progress`], for the operator's reads.
-pub(crate) async fn read_progress(
-    client: &impl tokio_postgres::GenericClient,
-) -> std::result::Result<Vec<Progress>, tokio_postgres::Error> {
-    let rows = client
-        .query(
-            "SELECT table_name, work, why, rows_done, rows_total, done_at IS NOT NULL
-             FROM sync.deployment ORDER BY began_at, table_name",
-            &[],
-        )
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|r| Progress {
-            table: r.get(0),
-            work: r.get(1),
-            why: r.get(2),
-            rows_done: r.get::<_, i64>(3) as u64,
-            rows_total: r.get::<_, i64>(4) as u64,
-            done: r.get(5),
-        })
-        .collect())
+    Ok(store::deployment::progress(client).await?)
 }

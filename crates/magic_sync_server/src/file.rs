@@ -43,7 +43,8 @@ use crate::engine::Engine;
 use crate::envelope::{Filed, RowData, Up, UpRows};
 use crate::error::{Error, Result};
 use crate::row::{Mirror, Table};
-use crate::sql::{ident, literal};
+use crate::sql::ident;
+use crate::store;
 use crate::value::{canonical_key, Kind, Value};
 use magic_sync_core::link::upload_rows;
 use std::collections::{BTreeMap, HashMap};
@@ -265,20 +266,7 @@ pub struct Refiled {
 pub async fn refile(client: &mut Client, engine: &Engine) -> Result<Refiled> {
     // Entries refused again are written at this filing's time, later than
     // this: they stay, and only those filed go.
-    let (began, rows) = {
-        let began: chrono::DateTime<chrono::Utc> = client
-            .query_one("SELECT clock_timestamp()", &[])
-            .await?
-            .get(0);
-        let rows = client
-            .query(
-                "SELECT replica, table_name, key, data, sequence FROM sync.inbox
-                 ORDER BY replica, sequence, table_name, key",
-                &[],
-            )
-            .await?;
-        (began, rows)
-    };
+    let (began, rows) = store::filing::inbox(client).await?;
     let mut refiled = Refiled::default();
     if rows.is_empty() {
         return Ok(refiled);
@@ -287,9 +275,14 @@ pub async fn refile(client: &mut Client, engine: &Engine) -> Result<Refiled> {
     // each naming the rows it carries.
     let mut uploads: Vec<(String, Up)> = Vec::new();
     let mut carried: Vec<Vec<(String, String)>> = Vec::new();
-    for row in &rows {
-        let (replica, table, key, data, sequence): (String, String, String, Option<Vec<u8>>, i64) =
-            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    for kept in rows {
+        let store::filing::Kept {
+            replica,
+            table,
+            key,
+            data,
+            sequence,
+        } = kept;
         let sequence = u64::try_from(sequence).unwrap_or(0);
         let fits = uploads.last().is_some_and(|(r, up)| {
             *r == replica && up.sequence == sequence && upload_rows(up) < REFILE_ROWS
@@ -341,13 +334,7 @@ pub async fn refile(client: &mut Client, engine: &Engine) -> Result<Refiled> {
             Ok(Filing::Waits { .. }) | Err(_) => refiled.waiting += upload_rows(up),
         }
     }
-    client
-        .execute(
-            "DELETE FROM sync.inbox i USING unnest($1::text[], $2::text[], $3::text[]) AS u (r, t, k)
-             WHERE i.replica = u.r AND i.table_name = u.t AND i.key = u.k AND i.at < $4",
-            &[&replicas, &tables, &keys, &began],
-        )
-        .await?;
+    store::filing::let_go(client, &replicas, &tables, &keys, began).await?;
     Ok(refiled)
 }
 
@@ -375,20 +362,10 @@ async fn full_inboxes(
     uploads: &[(String, Up)],
 ) -> Result<std::collections::HashMap<String, String>> {
     let ids: Vec<&str> = uploads.iter().map(|(r, _)| r.as_str()).collect();
-    let rows = tx
-        .query(
-            "SELECT replica, count(*),
-                    sum(octet_length(key) + coalesce(octet_length(data), 0) + octet_length(reason))::int8
-             FROM sync.inbox WHERE replica = ANY($1) GROUP BY replica
-             HAVING count(*) >= $2
-                 OR sum(octet_length(key) + coalesce(octet_length(data), 0) + octet_length(reason)) >= $3",
-            &[&ids, &INBOX_ROWS, &INBOX_BYTES],
-        )
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|row| {
-            let (replica, rows, bytes): (String, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    let full = store::filing::full_inboxes(tx, &ids, INBOX_ROWS, INBOX_BYTES).await?;
+    Ok(full
+        .into_iter()
+        .map(|(replica, rows, bytes)| {
             let reason = format!(
                 "the inbox of replica `{replica}` is full ({rows} refused rows, {bytes} bytes; \
                  at most {INBOX_ROWS} rows, {INBOX_BYTES} bytes): its uploads wait until a fix \
@@ -405,10 +382,7 @@ async fn known_replicas(
     uploads: &[(String, Up)],
 ) -> Result<std::collections::HashSet<String>> {
     let ids: Vec<&str> = uploads.iter().map(|(r, _)| r.as_str()).collect();
-    let rows = tx
-        .query("SELECT id FROM sync.replicas WHERE id = ANY($1)", &[&ids])
-        .await?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    store::filing::known(tx, &ids).await
 }
 
 /// An upload from a replica the server does not know.
@@ -464,14 +438,7 @@ async fn record_backlogs(
         return Ok(());
     }
     let (replicas, tables): (Vec<&str>, Vec<serde_json::Value>) = last.into_iter().unzip();
-    tx.execute(
-        "INSERT INTO sync.backlogs (replica, tables)
-         SELECT * FROM unnest($1::text[], $2::jsonb[])
-         ON CONFLICT (replica) DO UPDATE SET tables = EXCLUDED.tables, at = now()",
-        &[&replicas, &tables],
-    )
-    .await?;
-    Ok(())
+    store::filing::backlogs(tx, &replicas, &tables).await
 }
 
 /// What a filing transaction records of its uploads before it commits:
@@ -512,14 +479,7 @@ async fn record_answered(
         return Ok(());
     }
     let (replicas, sequences): (Vec<&str>, Vec<i64>) = newest.into_iter().unzip();
-    tx.execute(
-        "INSERT INTO sync.uploads_answered AS a (replica, sequence)
-         SELECT * FROM unnest($1::text[], $2::int8[])
-         ON CONFLICT (replica) DO UPDATE SET sequence = greatest(a.sequence, excluded.sequence)",
-        &[&replicas, &sequences],
-    )
-    .await?;
-    Ok(())
+    store::filing::answered(tx, &replicas, &sequences).await
 }
 
 /// Records, for each upload filed with a send id, that its replica waits
@@ -543,15 +503,7 @@ pub async fn checkpoint(
     if replicas.is_empty() {
         return Ok(());
     }
-    client
-        .execute(
-            "INSERT INTO sync.checkpoints (replica, send_id)
-             SELECT * FROM unnest($1::text[], $2::bytea[])
-             ON CONFLICT (replica, send_id) DO NOTHING",
-            &[&replicas, &send_ids],
-        )
-        .await?;
-    Ok(())
+    store::checkpoints::record(client, &replicas, &send_ids).await
 }
 
 /// Files `up` within `outer`, behind a savepoint: a filing that waits, or
@@ -565,14 +517,8 @@ async fn file_in(
     let mut tx = outer.savepoint("magic_sync_filing").await?;
     // Read here, not with the call's first statement: a call commits
     // every few savepoints, and a snapshot may have begun since.
-    let provisioning: bool = match tx
-        .query_opt(
-            "SELECT provision OR snapshot_attempt IS NOT NULL FROM sync.replicas WHERE id = $1",
-            &[&replica],
-        )
-        .await?
-    {
-        Some(row) => row.get(0),
+    let provisioning = match store::filing::provisioning(&tx, replica).await? {
+        Some(provisioning) => provisioning,
         None => {
             tx.rollback().await?;
             return Err(unknown(replica));
@@ -693,20 +639,14 @@ impl TableFiling<'_> {
             last.insert(String::from_utf8_lossy(key).into_owned(), None);
         }
         let (keys, data): (Vec<String>, Vec<Option<&[u8]>>) = last.into_iter().unzip();
-        tx.execute(
-            "INSERT INTO sync.inbox (replica, table_name, key, data, reason, sequence)
-             SELECT $1, $2, k, d, $5, $6 FROM unnest($3::text[], $4::bytea[]) AS u (k, d)
-             ON CONFLICT (replica, table_name, key) DO UPDATE
-             SET data = EXCLUDED.data, reason = EXCLUDED.reason, sequence = EXCLUDED.sequence,
-                 at = now()",
-            &[
-                &self.replica,
-                &self.rows.table,
-                &keys,
-                &data,
-                &reason,
-                &self.sequence,
-            ],
+        store::filing::refused(
+            tx,
+            self.replica,
+            &self.rows.table,
+            &keys,
+            &data,
+            &reason,
+            self.sequence,
         )
         .await?;
         tally.refused.extend(keys.into_iter().map(|key| Refusal {
@@ -746,23 +686,16 @@ async fn keep_refused(
     refusal: &Refusal,
     data: Option<&[u8]>,
 ) -> Result<()> {
-    tx.execute(
-        "INSERT INTO sync.inbox (replica, table_name, key, data, reason, sequence)
-         VALUES ($1, $2, $3, $4, $5, $6)
-         ON CONFLICT (replica, table_name, key) DO UPDATE
-         SET data = EXCLUDED.data, reason = EXCLUDED.reason, sequence = EXCLUDED.sequence,
-             at = now()",
-        &[
-            &replica,
-            &refusal.table,
-            &refusal.key,
-            &data,
-            &refusal.reason,
-            &sequence,
-        ],
+    store::filing::refused_one(
+        tx,
+        replica,
+        sequence,
+        &refusal.table,
+        &refusal.key,
+        data,
+        &refusal.reason,
     )
-    .await?;
-    Ok(())
+    .await
 }
 
 /// Files one row (`data`, or `None` for a key gone) behind a savepoint, so
@@ -1346,20 +1279,8 @@ async fn owned(
         .map(|k| format!("r.{}", ident(k)))
         .collect();
     let held_key = held_key.join(", ");
-    let held: bool = tx
-        .query_one(
-            &format!(
-                "SELECT EXISTS (
-                     SELECT 1 FROM sync.held h, jsonb_populate_record(NULL::{rel}, $1) r
-                     WHERE h.table_name = {name} AND h.key = jsonb_build_array({held_key})::text
-                       AND h.replica = $2)",
-                rel = table.qualified(),
-                name = literal(table.name),
-            ),
-            &[json, &replica],
-        )
-        .await?
-        .get(0);
+    let held =
+        store::filing::holds(tx, &table.qualified(), table.name, &held_key, json, replica).await?;
     if held {
         return owned_of_held(tx, table, replica, sequence, json, &held_key).await;
     }
@@ -1399,23 +1320,17 @@ async fn owned_of_held(
     held_key: &str,
 ) -> Result<Outcome> {
     if sequence > 0 {
-        let newer = tx
-            .query_opt(
-                &format!(
-                    "INSERT INTO sync.filed (replica, table_name, key, sequence)
-                     SELECT $2, {name}, jsonb_build_array({held_key})::text, $3
-                     FROM jsonb_populate_record(NULL::{rel}, $1) r
-                     ON CONFLICT (table_name, key, replica) DO UPDATE
-                     SET sequence = EXCLUDED.sequence
-                     WHERE sync.filed.sequence < EXCLUDED.sequence
-                     RETURNING 1",
-                    rel = table.qualified(),
-                    name = literal(table.name),
-                ),
-                &[json, &replica, &sequence],
-            )
-            .await?;
-        if newer.is_none() {
+        let newest = store::filing::filed_newest(
+            tx,
+            &table.qualified(),
+            table.name,
+            held_key,
+            json,
+            replica,
+            sequence,
+        )
+        .await?;
+        if !newest {
             // Filed after a newer upload of the same row.
             return Ok(Outcome::Unchanged);
         }

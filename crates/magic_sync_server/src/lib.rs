@@ -10,9 +10,8 @@ pub mod catalog;
 pub mod check;
 pub mod deploy;
 pub mod error;
-pub mod figures;
 pub mod file;
-pub mod ops;
+pub(crate) mod graph;
 pub mod pg;
 pub mod relay;
 pub mod run;
@@ -26,3 +25,4 @@ use magic_sync_core::{backoff, digest, engine, envelope, row, seal, sql, value, 
 pub use error::{Error, Handling, Result};
 /// The `sync` schema's migrations, under the name hosts have always used.
 pub use store::migrations as schema;
+pub use store::reads as ops;

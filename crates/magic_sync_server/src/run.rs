@@ -200,7 +200,7 @@ pub struct Heeded {
 #[derive(Debug, Default)]
 struct Measured {
     lags: Lags,
-    tally: crate::figures::Tally,
+    tally: crate::store::figures::Tally,
 }
 
 /// Per replica, the messages passes wrote it and when the oldest change
@@ -813,7 +813,7 @@ async fn publish_forever<T: Transport, R: Reports>(
             }
         };
         if let Some(period) = period {
-            crate::figures::write(publisher, period).await?;
+            crate::store::figures::write(publisher, period).await?;
         }
         let started = std::time::Instant::now();
         let published = crate::relay::publish(publisher, transport, settings.concurrency).await?;

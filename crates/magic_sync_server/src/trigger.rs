@@ -79,22 +79,8 @@ impl Noted {
 
     /// The body of the note function.
     pub fn body(&self) -> String {
-        // After the note: a dozing relay is woken when the transaction
-        // commits; one at work is kept from dozing until it has ended
-        // (`crate::store::wake`). Taken again in the same transaction, the
-        // lock is found in the backend's own table.
-        let insert = |key: &str, parents: &str| {
-            format!(
-                "INSERT INTO sync.notes (table_name, source, key, parents)\n            \
-                 VALUES ({}, TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, {key}, {parents});\n        \
-                 IF NOT pg_try_advisory_xact_lock_shared({dozing}) THEN\n            \
-                 PERFORM pg_notify({channel}, '');\n        \
-                 END IF",
-                literal(&self.table),
-                dozing = crate::store::wake::DOZING,
-                channel = literal(crate::store::wake::CHANNEL),
-            )
-        };
+        let insert =
+            |key: &str, parents: &str| crate::store::notes::note(&self.table, key, parents);
         let key = |rec: &str| columns_call("jsonb_build_array", rec, &self.key, false);
         let parents = |rec: &str| {
             if self.parents.is_empty() {

@@ -22,26 +22,10 @@ use super::outbox::Writer;
 use super::pack::Packed;
 use crate::envelope::{to_replica::Body, Configured, ReplicaSchema};
 use crate::error::Result;
-use crate::sql::{bytea, text_array};
+use crate::store;
 use tokio_postgres::Transaction;
 
-/// What a replica is told of the declarations.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Told {
-    /// What they make of its tables.
-    Described,
-    /// That it holds them whole.
-    Configured,
-}
-
-impl Told {
-    fn column(self) -> &'static str {
-        match self {
-            Told::Described => "described",
-            Told::Configured => "configured",
-        }
-    }
-}
+pub(crate) use crate::store::replicas::Told;
 
 /// The replicas kept up that were not told `what` of the declarations
 /// whose fingerprint is `schema`.
@@ -55,17 +39,7 @@ pub(crate) async fn due(
     if kept.is_empty() {
         return Ok(Vec::new());
     }
-    let rows = tx
-        .query(
-            &format!(
-                "SELECT id FROM sync.replicas
-                 WHERE id = ANY($1) AND {} IS DISTINCT FROM $2 ORDER BY id",
-                what.column()
-            ),
-            &[&kept, &schema],
-        )
-        .await?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    store::replicas::not_told(tx, &kept, what, schema).await
 }
 
 /// Writes each of `replicas` the description of its tables, before
@@ -82,10 +56,10 @@ pub(crate) async fn describe(
     let mut body = Vec::new();
     Body::Described(described.clone()).encode(&mut body);
     send(tx, writer, replicas, body).await?;
-    Ok(format!(
-        "UPDATE sync.replicas SET described = {} WHERE id = ANY({});",
-        bytea(&described.fingerprint),
-        text_array(replicas.iter().map(String::as_str))
+    Ok(store::replicas::told(
+        replicas,
+        Told::Described,
+        &described.fingerprint,
     ))
 }
 
@@ -122,9 +96,5 @@ pub(crate) async fn write(
     })
     .encode(&mut body);
     send(tx, writer, replicas, body).await?;
-    Ok(format!(
-        "UPDATE sync.replicas SET configured = {} WHERE id = ANY({});",
-        bytea(schema),
-        text_array(replicas.iter().map(String::as_str))
-    ))
+    Ok(store::replicas::told(replicas, Told::Configured, schema))
 }

@@ -17,6 +17,7 @@
 use crate::engine::Engine;
 use crate::envelope::{Ack, Digest, Refused};
 use crate::error::Result;
+use crate::store;
 use magic_sync_core::digest::{extend, fnv1a};
 use magic_sync_core::MessageNo;
 use std::collections::{BTreeMap, HashSet};
@@ -101,21 +102,15 @@ async fn compare_in_one_snapshot(
         .isolation_level(IsolationLevel::RepeatableRead)
         .start()
         .await?;
-    let row = tx
-        .query_opt(
-            "SELECT r.live AND NOT r.provision AND r.snapshot_attempt IS NULL,
-                    r.last_number,
-                    EXISTS (SELECT 1 FROM sync.outbox o WHERE o.replica = r.id),
-                    coalesce(r.digest_compared_at > now() - interval '1 minute', false)
-             FROM sync.replicas r WHERE r.id = $1",
-            &[&replica],
-        )
-        .await?;
-    let Some(row) = row else {
+    let Some(standing) = store::digests::standing(&tx, replica).await? else {
         return Ok(Compared::Skipped("the server does not know it"));
     };
-    let (kept_up, last, owed, recent): (bool, i64, bool, bool) =
-        (row.get(0), row.get(1), row.get(2), row.get(3));
+    let store::digests::Standing {
+        kept_up,
+        last_number: last,
+        owed,
+        recent,
+    } = standing;
     let skipped = if !kept_up {
         Some("it is not kept up (not live, or provisioned)")
     } else if owed || last != applied.store() {
@@ -153,22 +148,11 @@ async fn compare_in_one_snapshot(
         }
     }
     if differed.is_empty() {
-        tx.execute(
-            "UPDATE sync.replicas SET digest_compared_at = now() WHERE id = $1",
-            &[&replica],
-        )
-        .await?;
+        store::digests::matched(&tx, replica).await?;
         tx.commit().await?;
         return Ok(Compared::Matched);
     }
-    tx.execute(
-        "UPDATE sync.replicas SET digest_compared_at = now(), digest_differed_at = now(),
-             digest_said = $2, digest_mismatches = digest_mismatches + 1,
-             provision = true, provision_asked = true
-         WHERE id = $1 AND live",
-        &[&replica, &differed.join("; ")],
-    )
-    .await?;
+    store::digests::differed(&tx, replica, &differed.join("; ")).await?;
     tx.commit().await?;
     tracing::error!(
         replica,
@@ -195,15 +179,10 @@ async fn recorded(
         .collect();
     let mut out = BTreeMap::new();
     for table in engine.down_tables() {
-        let rows = tx
-            .query(
-                "SELECT key::jsonb FROM sync.held WHERE replica = $1 AND table_name = $2",
-                &[&replica, &table.name],
-            )
-            .await?;
-        let mut keys = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let key = super::load::wire_key(table, row.get(0))?;
+        let held = store::held::keys(tx, replica, table.name).await?;
+        let mut keys = Vec::with_capacity(held.len());
+        for json in held {
+            let key = crate::graph::wire_key(table, json)?;
             if !refused.contains(&(table.name, key.as_bytes())) {
                 keys.push(key);
             }

@@ -4,15 +4,15 @@
 //! handed as they fill to where messages go: the outbox for a pass, the
 //! transport itself for a snapshot.
 
-use super::graph::{key_match, Graph, Shape};
 use super::pack::{Packed, Packer};
 use super::{trace_sum, Settings};
 use crate::engine::Engine;
 use crate::envelope::RowData;
 use crate::error::{Error, Result, Unsendable};
+use crate::graph::{key_kinds, key_match, Graph, Shape};
 use crate::row::Table;
 use crate::sql::literal;
-use crate::value::{canonical_key, Kind, Value};
+use crate::value::{canonical_key, Kind};
 use std::collections::HashSet;
 use tokio_postgres::Transaction;
 
@@ -349,7 +349,7 @@ impl Loader<'_> {
                 return Ok(());
             }
             for row in &rows {
-                let key = wire_key_of(table, kinds, row.get(0))?.into_bytes();
+                let key = crate::graph::wire_key_of(table, kinds, row.get(0))?.into_bytes();
                 let replicas: Vec<String> = row.get(1);
                 for r in &replicas {
                     packer.delete(r, table, key.clone());
@@ -363,44 +363,4 @@ impl Loader<'_> {
             }
         }
     }
-}
-
-/// The wire key of a key read back from the planner's tables.
-pub(crate) fn wire_key(table: &Table, json: serde_json::Value) -> Result<String> {
-    wire_key_of(table.name, &key_kinds(table), json)
-}
-
-/// The kinds of `table`'s key columns, in key order.
-fn key_kinds(table: &Table) -> Vec<Kind> {
-    table
-        .key
-        .iter()
-        .map(|name| table.column(name).map_or(Kind::Text, |c| c.kind))
-        .collect()
-}
-
-/// The wire key of a key of `table` read back from the planner's tables,
-/// its columns of `kinds`.
-fn wire_key_of(table: &str, kinds: &[Kind], json: serde_json::Value) -> Result<String> {
-    let bad = |why: String| Error::Damaged {
-        what: format!("table `{table}`: recorded key {json}: {why}"),
-    };
-    let serde_json::Value::Array(items) = json.clone() else {
-        return Err(bad("not an array".into()));
-    };
-    if items.len() != kinds.len() {
-        return Err(bad("not as many values as key columns".into()));
-    }
-    let mut values = Vec::with_capacity(items.len());
-    for (item, &kind) in items.into_iter().zip(kinds) {
-        let item = match (kind, item) {
-            // PostgreSQL writes numerics as JSON numbers; they travel as text.
-            (Kind::Numeric, serde_json::Value::Number(n)) => {
-                serde_json::Value::String(n.to_string())
-            }
-            (_, item) => item,
-        };
-        values.push(Value::from_json(kind, item).map_err(|e| bad(e.to_string()))?);
-    }
-    Ok(canonical_key(&values))
 }

@@ -19,26 +19,19 @@
 //! with the replica named by whoever authenticated it.
 
 mod configured;
-mod deployment;
 mod digests;
-mod graph;
-mod held;
 mod load;
 mod observe;
 mod outbox;
-mod parked;
 use magic_sync_core::pack;
-mod plan;
 mod publish;
-mod quarantine;
 mod reached;
 mod replies;
-mod scratch;
 mod snapshot;
 
+pub use crate::store::plan::Planned;
 pub(crate) use deployment::declared;
 pub use digests::{compare_digest, Compared, Heard};
-pub use plan::Planned;
 pub use publish::{publish, RESEND_AFTER};
 pub use replies::{acknowledge_all, gap};
 pub use snapshot::{Failed, Snapshot, Streamed};
@@ -46,10 +39,12 @@ pub use snapshot::{Failed, Snapshot, Streamed};
 use crate::catalog::Catalog;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::graph::Graph;
 use crate::row::{Rule, Table};
 use crate::sql::qualified;
-use graph::Graph;
-use scratch::Plan;
+use crate::store::plan::scratch::Plan;
+use crate::store::plan::{self, quarantine};
+use crate::store::{self, deployment, held, parked};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -317,7 +312,7 @@ pub struct Relay {
     /// What the planner's tables hold between passes.
     leftovers: plan::Leftovers,
     /// The outbox's statements, prepared on the relay's connection.
-    statements: Option<outbox::Statements>,
+    statements: Option<crate::store::outbox::Statements>,
     /// When a pass last measured the outboxes against their bound.
     outbox_checked: Option<std::time::Instant>,
     /// Whether PostgreSQL records commit times, read with the first pass.
@@ -356,13 +351,7 @@ impl Relay {
                 "a deployment begins:\n{deployment}"
             );
         }
-        relay.deploying = client
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM sync.deployment WHERE done_at IS NULL AND build = $1)",
-                &[&relay.context.schema],
-            )
-            .await?
-            .get(0);
+        relay.deploying = store::deployment::owed_by(client, &relay.context.schema).await?;
         Ok(relay)
     }
 
@@ -619,10 +608,7 @@ impl Relay {
         }
         if blocks.unsettled {
             // Every row set aside is taken back now from wherever it was held.
-            closing.push_str(
-                "UPDATE sync.quarantine SET settled = true WHERE NOT settled;
-                 UPDATE sync.blocked SET settled = true WHERE NOT settled;",
-            );
+            closing.push_str(store::quarantine::SETTLE);
         }
         close(&tx, closing).await?;
         // Where a test takes the lock away mid-pass. The lock is the
@@ -689,7 +675,7 @@ impl Relay {
         }
         if !self.prepared {
             plan::prepare(tx).await?;
-            self.statements = Some(outbox::Statements::prepare(tx).await?);
+            self.statements = Some(crate::store::outbox::Statements::prepare(tx).await?);
         }
         let t0 = std::time::Instant::now();
         // Three independent statements, sent together: one round trip.
@@ -715,12 +701,7 @@ impl Relay {
         if !self.started {
             // Snapshots a relay before this one left under way have no
             // worker any more: their replicas wait for another.
-            tx.batch_execute(
-                "UPDATE sync.replicas SET provision = true, snapshot_attempt = NULL,
-                     snapshot_began_at = NULL
-                 WHERE snapshot_attempt IS NOT NULL",
-            )
-            .await?;
+            store::snapshots::orphaned(tx).await?;
         }
         trace("clear", t0);
         Ok(epoch)
@@ -947,10 +928,7 @@ async fn close(tx: &Transaction<'_>, mut closing: String) -> Result<()> {
     if closing.is_empty() {
         return Ok(());
     }
-    closing.push_str(
-        "DELETE FROM sync.bodies b
-         WHERE NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.body = b.id);",
-    );
+    closing.push_str(store::outbox::FORGET_UNCARRIED_BODIES);
     let t0 = std::time::Instant::now();
     tx.batch_execute(&closing).await?;
     trace("close (chains, held, notes done)", t0);

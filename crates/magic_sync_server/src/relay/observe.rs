@@ -18,6 +18,7 @@
 use super::outbox::Chain;
 use super::ReplicaInfo;
 use crate::error::{Error, Result};
+use crate::store;
 use std::collections::{HashMap, HashSet};
 use tokio_postgres::Transaction;
 
@@ -60,12 +61,7 @@ pub(crate) struct Observation {
 /// its that streams is ended); one no longer live, or gone, is forgotten.
 pub(crate) async fn observe(tx: &Transaction<'_>, replicas: &[ReplicaInfo]) -> Result<Observation> {
     let listed = listed(replicas)?;
-    let known: HashMap<String, (bool, Option<String>)> = tx
-        .query_typed("SELECT id, live, partition_id FROM sync.replicas", &[])
-        .await?
-        .iter()
-        .map(|r| (r.get(0), (r.get(1), r.get(2))))
-        .collect();
+    let known = store::replicas::known(tx).await?;
     let changes = Changes::between(replicas, &listed, &known);
     changes.write(tx).await?;
     read(tx, changes.forget).await
@@ -137,50 +133,14 @@ impl<'r> Changes<'r> {
     }
 
     async fn write(&self, tx: &Transaction<'_>) -> Result<()> {
-        // Waiting now; a snapshot of the replica that streams (for a
-        // partition it left) is ended: its worker will find its attempt gone.
         for (id, part) in &self.provision {
-            tx.execute(
-                "INSERT INTO sync.replicas (id, live, partition_id, provision) VALUES ($1, true, $2, true)
-                 ON CONFLICT (id) DO UPDATE SET live = true, partition_id = $2, provision = true,
-                     snapshot = NULL, snapshot_attempt = NULL, snapshot_began_at = NULL,
-                     observed_at = now()",
-                &[id, part],
-            )
-            .await?;
+            store::replicas::wait_for_snapshot(tx, id, *part).await?;
         }
         for id in &self.quiet {
-            tx.execute(
-                "INSERT INTO sync.replicas (id, live, provision) VALUES ($1, false, true)
-                 ON CONFLICT (id) DO UPDATE SET live = false, provision = true,
-                     snapshot = NULL, snapshot_attempt = NULL, snapshot_began_at = NULL,
-                     observed_at = now()",
-                &[id],
-            )
-            .await?;
+            store::replicas::quiet(tx, id).await?;
         }
-        if !self.gone.is_empty() {
-            tx.execute(
-                "DELETE FROM sync.replicas WHERE id = ANY($1)",
-                &[&self.gone],
-            )
-            .await?;
-        }
-        if !self.forget.is_empty() {
-            // Nothing recorded as held by it, nothing owed to it.
-            tx.batch_execute(&format!(
-                "DELETE FROM sync.held WHERE replica = ANY({ids});
-                 DELETE FROM sync.outbox WHERE replica = ANY({ids});
-                 DELETE FROM sync.deferred WHERE replica = ANY({ids});
-                 DELETE FROM sync.backlogs WHERE replica = ANY({ids});
-                 DELETE FROM sync.filed WHERE replica = ANY({ids});
-                 DELETE FROM sync.checkpoints WHERE replica = ANY({ids});
-                 DELETE FROM sync.blocked WHERE replica = ANY({ids});",
-                ids = crate::sql::text_array(self.forget.iter().map(String::as_str))
-            ))
-            .await?;
-        }
-        Ok(())
+        store::replicas::drop(tx, &self.gone).await?;
+        store::replicas::forget(tx, &self.forget).await
     }
 }
 
@@ -191,23 +151,15 @@ async fn read(tx: &Transaction<'_>, forgotten: Vec<String>) -> Result<Observatio
         forgotten,
         ..Observation::default()
     };
-    for row in tx
-        .query_typed(
-            "SELECT id, partition_id, provision, snapshot_attempt IS NOT NULL, last_number, last_nonce
-             FROM sync.replicas WHERE live ORDER BY id",
-            &[],
-        )
-        .await?
-    {
-        let id: String = row.get(0);
-        match (row.get::<_, bool>(2), row.get::<_, bool>(3)) {
-            (_, true) => observation.streaming.push(id),
-            (true, false) => observation.waiting.push(id),
+    for live in store::replicas::live(tx).await? {
+        match (live.provision, live.streaming) {
+            (_, true) => observation.streaming.push(live.id),
+            (true, false) => observation.waiting.push(live.id),
             (false, false) => observation.kept.push(Kept {
-                id,
-                partition: row.get(1),
-                last_number: row.get(4),
-                last_nonce: row.get(5),
+                id: live.id,
+                partition: live.partition,
+                last_number: live.last_number,
+                last_nonce: live.last_nonce,
             }),
         }
     }

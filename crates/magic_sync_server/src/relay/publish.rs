@@ -3,10 +3,10 @@
 
 use super::outbox::{message_id, whole, Epoch};
 use super::{Published, SendError, Transport};
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::store;
 use futures_util::stream::{self, StreamExt};
 use std::collections::HashMap;
-use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 
 /// Messages read per round trip, across replicas.
@@ -18,16 +18,7 @@ pub const RESEND_AFTER: std::time::Duration = std::time::Duration::from_secs(30)
 /// About how many bytes of messages are read per round trip.
 const PAGE_BYTES: i64 = 2 << 20;
 
-/// One message as it waits in the outbox.
-struct Waiting {
-    replica: String,
-    number: i64,
-    nonce: Vec<u8>,
-    head: Vec<u8>,
-    body: Vec<u8>,
-    hash: Vec<u8>,
-    seal: Vec<u8>,
-}
+use crate::store::outbox::Waiting;
 
 impl Waiting {
     fn bytes(self, epoch: &Epoch) -> Vec<u8> {
@@ -87,21 +78,7 @@ pub async fn publish<T: Transport>(
             crate::error::Error::Injected("publish-after-send")
         ));
         if !taken_replicas.is_empty() {
-            // It stays until the replica acknowledges it, and goes again
-            // if that takes longer than RESEND_AFTER.
-            client
-                .query_typed(
-                    "UPDATE sync.outbox o SET sent_at = now()
-                     FROM unnest($1::text[], $2::int8[]) AS t (replica, number)
-                     WHERE o.replica = t.replica AND o.number <= t.number
-                       AND (o.sent_at IS NULL OR o.sent_at < now() - $3::float8 * interval '1 second')",
-                    &[
-                        (&taken_replicas, Type::TEXT_ARRAY),
-                        (&taken_numbers, Type::INT8_ARRAY),
-                        (&RESEND_AFTER.as_secs_f64(), Type::FLOAT8),
-                    ],
-                )
-                .await?;
+            store::outbox::mark_sent(client, &taken_replicas, &taken_numbers, RESEND_AFTER).await?;
         }
         if last_page {
             break;
@@ -126,50 +103,15 @@ async fn read_page(
     after: &(String, i64),
     epoch: &mut Option<Epoch>,
 ) -> Result<Vec<Waiting>> {
-    let resend = RESEND_AFTER.as_secs_f64();
-    // Typed, so parsed and run in one round trip.
-    let params: [(&(dyn ToSql + Sync), Type); 5] = [
-        (&after.0, Type::TEXT),
-        (&after.1, Type::INT8),
-        (&PAGE, Type::INT8),
-        (&PAGE_BYTES, Type::INT8),
-        (&resend, Type::FLOAT8),
-    ];
-    // What was never sent, and what went unacknowledged too long.
-    let page = client.query_typed(
-        "SELECT replica, number, nonce, head, bytes, hash, seal FROM (
-             SELECT o.replica, o.number, o.nonce, o.head, b.bytes, b.hash, o.seal,
-                    sum(length(b.bytes)) OVER (ORDER BY o.replica, o.number) - length(b.bytes) AS before
-             FROM sync.outbox o JOIN sync.bodies b ON b.id = o.body
-             WHERE (o.replica, o.number) > ($1, $2)
-               AND (o.sent_at IS NULL OR o.sent_at < now() - $5::float8 * interval '1 second')
-             ORDER BY o.replica, o.number LIMIT $3) page
-         WHERE before < $4",
-        &params,
-    );
-    let rows = match epoch {
-        Some(_) => page.await?,
+    let page = store::outbox::page(client, after, PAGE, PAGE_BYTES, RESEND_AFTER);
+    match epoch {
+        Some(_) => page.await,
         None => {
-            let (rows, read) = tokio::try_join!(
-                async { page.await.map_err(Error::from) },
-                Epoch::read(client)
-            )?;
+            let (rows, read) = tokio::try_join!(page, Epoch::read(client))?;
             *epoch = Some(read);
-            rows
+            Ok(rows)
         }
-    };
-    Ok(rows
-        .iter()
-        .map(|row| Waiting {
-            replica: row.get(0),
-            number: row.get(1),
-            nonce: row.get(2),
-            head: row.get(3),
-            body: row.get(4),
-            hash: row.get(5),
-            seal: row.get(6),
-        })
-        .collect())
+    }
 }
 
 /// Per replica, its messages of the page, in order; none for a replica a
@@ -196,36 +138,11 @@ async fn record_failures(
 ) -> Result<Vec<(String, String)>> {
     let (ids, errors): (Vec<String>, Vec<String>) = failed.into_iter().unzip();
     let failed_ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-    // Independent statements, sent together: one round trip. A replica
-    // still failing for the same reason keeps its row as it is: the relay
-    // may be recording on another connection, and a row rewritten under
-    // its snapshot would make that pass fail.
-    let mark = async {
-        if !ids.is_empty() {
-            client
-                .execute(
-                    "UPDATE sync.replicas r SET last_error = f.error
-                     FROM unnest($1::text[], $2::text[]) AS f (id, error)
-                     WHERE r.id = f.id AND r.last_error IS DISTINCT FROM f.error",
-                    &[&ids, &errors],
-                )
-                .await?;
-        }
-        Ok::<(), Error>(())
-    };
-    let clear = async {
-        client
-            .execute(
-                "UPDATE sync.replicas SET last_error = NULL
-                 WHERE last_error IS NOT NULL AND NOT (id = ANY($1))
-                   AND NOT provision AND snapshot_attempt IS NULL
-                   AND NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.replica = id AND o.sent_at IS NULL)",
-                &[&failed_ids],
-            )
-            .await?;
-        Ok::<(), Error>(())
-    };
-    tokio::try_join!(mark, clear)?;
+    // Independent statements, sent together: one round trip.
+    tokio::try_join!(
+        store::outbox::failed(client, &ids, &errors),
+        store::outbox::recovered(client, &failed_ids)
+    )?;
     let mut failed: Vec<(String, String)> = ids.into_iter().zip(errors).collect();
     failed.sort();
     Ok(failed)

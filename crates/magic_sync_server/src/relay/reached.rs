@@ -20,7 +20,7 @@ use super::outbox::Writer;
 use super::pack::Packed;
 use crate::envelope::{to_replica::Body, Reached};
 use crate::error::Result;
-use crate::sql::{int8_array, text_array};
+use crate::store;
 use std::collections::{BTreeMap, HashMap};
 use tokio_postgres::Transaction;
 
@@ -33,29 +33,7 @@ pub(crate) type Due = BTreeMap<String, Vec<Vec<u8>>>;
 pub(crate) async fn due(tx: &Transaction<'_>, observed: &Observation) -> Result<Due> {
     let provisioned = observed.waiting.iter().chain(&observed.streaming);
     let kept = observed.kept.iter().map(|k| k.id.as_str());
-    let rows = tx
-        .query_typed(
-            &format!(
-                "WITH acknowledged AS (
-                     DELETE FROM sync.checkpoints c USING sync.acks a
-                     WHERE a.replica = c.replica AND c.message <= a.number),
-                 taken_back AS (
-                     UPDATE sync.checkpoints SET message = NULL
-                     WHERE message IS NOT NULL AND replica = ANY({provisioned}))
-                 SELECT replica, send_id FROM sync.checkpoints
-                 WHERE message IS NULL AND replica = ANY({kept})
-                 ORDER BY replica, at, send_id",
-                provisioned = text_array(provisioned.map(String::as_str)),
-                kept = text_array(kept),
-            ),
-            &[],
-        )
-        .await?;
-    let mut due = Due::new();
-    for row in rows {
-        due.entry(row.get(0)).or_default().push(row.get(1));
-    }
-    Ok(due)
+    store::checkpoints::due(tx, provisioned.map(String::as_str), kept).await
 }
 
 /// Writes each replica in `due` its `Reached` message, after everything
@@ -89,13 +67,5 @@ pub(crate) async fn write(
         .keys()
         .map(|r| (r.as_str(), numbers[r.as_str()]))
         .unzip();
-    // The pass's snapshot sees exactly the checkpoints `due` read: one
-    // recorded since is invisible to this update, and waits for the next.
-    Ok(format!(
-        "UPDATE sync.checkpoints c SET message = u.number
-         FROM unnest({}, {}) AS u (replica, number)
-         WHERE c.replica = u.replica AND c.message IS NULL;",
-        text_array(replicas),
-        int8_array(messages)
-    ))
+    Ok(store::checkpoints::answered(replicas, messages))
 }

@@ -7,9 +7,9 @@ use super::Acknowledged;
 use crate::envelope::{Ack, Gap};
 use crate::error::{Error, Result};
 use crate::seal;
+use crate::store;
 use magic_sync_core::MessageNo;
 use std::collections::HashMap;
-use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 /// Acknowledgements, each with the replica that sent it as the transport
@@ -71,7 +71,7 @@ pub async fn acknowledge_all(
         .filter(|(_, o)| matches!(o, Ok(Acknowledged::Recorded)))
         .map(|((r, _), _)| (r.as_str(), known[r].acked))
         .unzip();
-    record(client, &recorded, &numbers, &again, &restored).await?;
+    store::acks::record(client, &recorded, &numbers, &again, &restored).await?;
     Ok(outcomes)
 }
 
@@ -84,34 +84,17 @@ async fn chains(
     acks: &[(String, Ack)],
 ) -> Result<(Epoch, HashMap<String, Chain>)> {
     let ids: Vec<&str> = acks.iter().map(|(r, _)| r.as_str()).collect();
-    let (epoch, rows) = tokio::try_join!(Epoch::read(client), async {
-        client
-            .query_typed(
-                "SELECT r.id,
-                        CASE WHEN r.snapshot_attempt IS NULL THEN r.last_number
-                             ELSE (SELECT last_value FROM sync.message_seq) END,
-                        coalesce(a.number, 0),
-                        NOT r.provision AND r.snapshot_attempt IS NULL,
-                        coalesce(u.sequence, 0)
-                 FROM sync.replicas r LEFT JOIN sync.acks a ON a.replica = r.id
-                 LEFT JOIN sync.uploads_answered u ON u.replica = r.id
-                 WHERE r.id = ANY($1) AND r.live",
-                &[(&ids, Type::TEXT_ARRAY)],
-            )
-            .await
-            .map_err(Error::from)
-    })?;
+    let (epoch, rows) = tokio::try_join!(Epoch::read(client), store::acks::chains(client, &ids))?;
     let known = rows
-        .iter()
+        .into_iter()
         .map(|r| {
-            let answered: i64 = r.get(4);
             let chain = Chain {
-                last: r.get(1),
-                acked: r.get(2),
-                kept_up: r.get(3),
-                answered: u64::try_from(answered).unwrap_or(0),
+                last: r.last,
+                acked: r.acked,
+                kept_up: r.kept_up,
+                answered: u64::try_from(r.answered).unwrap_or(0),
             };
-            (r.get(0), chain)
+            (r.id, chain)
         })
         .collect();
     Ok((epoch, known))
@@ -193,78 +176,12 @@ fn judge(epoch: &Epoch, replica: &str, ack: &Ack, chain: &mut Chain) -> Result<A
 /// begins (a new id and secret, so no message sealed before it is believed
 /// again) and every live replica is provisioned again, at once.
 async fn new_epoch(client: &Client) -> Result<()> {
-    client
-        .batch_execute(
-            "BEGIN;
-             UPDATE sync.epoch SET
-                 id = decode(replace(gen_random_uuid()::text, '-', ''), 'hex'),
-                 secret = decode(replace(gen_random_uuid()::text || gen_random_uuid()::text
-                     || gen_random_uuid()::text, '-', ''), 'hex'),
-                 began_at = now();
-             UPDATE sync.replicas SET provision = true WHERE live;
-             COMMIT;",
-        )
-        .await?;
+    store::epoch::begin_new(client).await?;
     tracing::error!(
         "a replica applied a message this server has no record of sending: its database was \
          restored from an older copy; a new epoch begins and every replica is provisioned again"
     );
     metrics::counter!("magic_sync_server_restores_total").increment(1);
-    Ok(())
-}
-
-/// Records the acknowledgements that counted, and has the replicas in
-/// `again` provisioned again. The filing state of those `restored` from an
-/// older copy starts afresh: what the server took of their own columns
-/// before was under upload numbers they may count through again.
-async fn record(
-    client: &Client,
-    recorded: &[&str],
-    numbers: &[i64],
-    again: &[&str],
-    restored: &[&str],
-) -> Result<()> {
-    if !restored.is_empty() {
-        client
-            .execute(
-                "DELETE FROM sync.filed WHERE replica = ANY($1)",
-                &[&restored],
-            )
-            .await?;
-    }
-    if !recorded.is_empty() {
-        // Typed, so parsed and run in one round trip.
-        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
-            [(&recorded, Type::TEXT_ARRAY), (&numbers, Type::INT8_ARRAY)];
-        // The replica's row is locked against deletion first: a pass
-        // forgetting the replica meanwhile leaves nothing to insert, rather
-        // than a foreign key to break.
-        let acks = client.query_typed(
-            "INSERT INTO sync.acks AS a (replica, number, at)
-             SELECT u.id, u.number, now()
-             FROM (SELECT DISTINCT id, number FROM unnest($1::text[], $2::int8[]) AS u (id, number)) u
-             JOIN sync.replicas r ON r.id = u.id FOR KEY SHARE OF r
-             ON CONFLICT (replica) DO UPDATE SET number = excluded.number, at = excluded.at
-             WHERE a.number < excluded.number",
-            &params,
-        );
-        // What they applied needs sending no more. Sent together with the
-        // acknowledgements: one round trip.
-        let sent = client.query_typed(
-            "DELETE FROM sync.outbox o USING unnest($1::text[], $2::int8[]) AS u (id, number)
-             WHERE o.replica = u.id AND o.number <= u.number",
-            &params,
-        );
-        tokio::try_join!(acks, sent)?;
-    }
-    if !again.is_empty() {
-        client
-            .execute(
-                "UPDATE sync.replicas SET provision = true, provision_asked = true WHERE id = ANY($1)",
-                &[&again],
-            )
-            .await?;
-    }
     Ok(())
 }
 
@@ -276,12 +193,5 @@ pub async fn gap(client: &Client, replica: &str, gap: &Gap) -> Result<bool> {
     // Beyond any number drawn: no snapshot began after it.
     let number = MessageNo::from_wire(gap.number).map_or(i64::MAX, MessageNo::store);
     let same_epoch = gap.epoch == epoch.id;
-    let changed = client
-        .execute(
-            "UPDATE sync.replicas SET provision = true, provision_asked = true
-             WHERE id = $1 AND live AND NOT ($2 AND snapshot_number > $3)",
-            &[&replica, &same_epoch, &number],
-        )
-        .await?;
-    Ok(changed > 0)
+    store::replicas::provision_after_gap(client, replica, same_epoch, number).await
 }

@@ -32,15 +32,17 @@
 //! its worker starts. Streaming it is the worker's, on a connection of its
 //! own, for as long as it takes, while passes go on.
 
-use super::graph::Graph;
 use super::load::{Loader, Sink, Source};
-use super::outbox::{draw, message_id, stamp, whole, Chain, Epoch};
+use super::outbox::{message_id, stamp, whole, Chain, Epoch};
 use super::pack::Packed;
-use super::plan::{self, Planner};
-use super::scratch::{Filled, Scratch};
 use super::{held, Settings, Transport, RELAY_LOCK};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::graph::Graph;
+use crate::store;
+use crate::store::outbox::draw;
+use crate::store::plan::scratch::{Filled, Scratch};
+use crate::store::plan::{self, quarantine, Planner};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -97,19 +99,7 @@ impl Failed {
     }
 }
 
-/// Replicas waiting for a snapshot, oldest observed first.
-pub(crate) async fn waiting(client: &Client) -> Result<Vec<String>> {
-    Ok(client
-        .query(
-            "SELECT id FROM sync.replicas WHERE live AND provision AND snapshot_attempt IS NULL
-             ORDER BY observed_at, id",
-            &[],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect())
-}
+pub(crate) use crate::store::snapshots::waiting;
 
 /// A replica's snapshot, begun: the replica is recorded as streaming, under
 /// an attempt of its own. [`Snapshot::stream`] sends it.
@@ -138,49 +128,28 @@ pub(crate) async fn begin(
     let mut attempt = vec![0u8; 16];
     rand::thread_rng().fill_bytes(&mut attempt);
     let tx = client.transaction().await?;
-    let row = tx
-        .query_opt(
-            "UPDATE sync.replicas SET provision = false, snapshot = NULL,
-                 snapshot_attempt = $2, snapshot_began_at = now(),
-                 snapshot_number = nextval('sync.message_seq'),
-                 asked_at = CASE WHEN provision_asked THEN now() ELSE asked_at END,
-                 provision_asked = false
-             WHERE id = $1 AND live AND provision AND snapshot_attempt IS NULL
-               AND NOT (provision_asked AND coalesce(asked_at > now() - $4::float8 * interval '1 second', false))
-               AND EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
-                           AND pid = pg_backend_pid() AND granted
-                           AND ((classid::int8 << 32) | objid::int8) = $3)
-             RETURNING partition_id, last_number, last_nonce, snapshot_number",
-            &[
-                &replica,
-                &attempt,
-                &RELAY_LOCK,
-                &context.settings.provision_asked_every.as_secs_f64(),
-            ],
-        )
-        .await?;
-    let Some(row) = row else {
+    let begun = store::snapshots::begin(
+        &tx,
+        replica,
+        &attempt,
+        RELAY_LOCK,
+        context.settings.provision_asked_every,
+    )
+    .await?;
+    let Some(begun) = begun else {
         tx.rollback().await?;
         return Ok(None);
     };
-    tx.batch_execute(&format!(
-        "DELETE FROM sync.held WHERE replica = {r};
-         DELETE FROM sync.outbox WHERE replica = {r};
-         DELETE FROM sync.deferred WHERE replica = {r};
-         DELETE FROM sync.blocked WHERE replica = {r};",
-        r = crate::sql::escaped(replica)
-    ))
-    .await?;
     tx.commit().await?;
     Ok(Some(Snapshot {
         context,
         replica: replica.to_string(),
-        partition: row.get(0),
+        partition: begun.partition,
         attempt,
-        first: row.get(3),
+        first: begun.first,
         chain: Chain {
-            last_number: row.get(1),
-            last_nonce: row.get(2),
+            last_number: begun.last_number,
+            last_nonce: begun.last_nonce,
             begins_snapshot: true,
             snapshot_number: None,
         },
@@ -190,18 +159,8 @@ pub(crate) async fn begin(
 /// Puts the replica of a failed snapshot back to waiting for one, with why
 /// in `last_error`, unless another attempt took it up meanwhile.
 pub(crate) async fn abandon(client: &Client, failed: &Failed) -> Result<()> {
-    client
-        .execute(
-            "UPDATE sync.replicas SET provision = true, snapshot_attempt = NULL,
-                 snapshot_began_at = NULL, last_error = $3
-             WHERE id = $1 AND snapshot_attempt = $2",
-            &[
-                &failed.replica,
-                &failed.attempt,
-                &format!("its snapshot: {}", failed.source),
-            ],
-        )
-        .await?;
+    let why = format!("its snapshot: {}", failed.source);
+    store::snapshots::abandon(client, &failed.replica, &failed.attempt, &why).await?;
     Ok(())
 }
 
@@ -303,13 +262,8 @@ impl Snapshot {
         if let Err(Error::Unsendable(rows)) = loaded {
             // Set aside, so the next attempt plans around them (and the
             // passes take them back from replicas holding older versions).
-            let found = super::quarantine::resolve(
-                &tx,
-                &context.graph,
-                super::quarantine::From::Fresh,
-                &rows,
-            )
-            .await?;
+            let found =
+                quarantine::resolve(&tx, &context.graph, quarantine::From::Fresh, &rows).await?;
             tx.rollback().await?;
             crate::store::quarantine::set_aside(worker, &found).await?;
             metrics::counter!("magic_sync_rows_quarantined_total").increment(rows.len() as u64);
@@ -334,25 +288,16 @@ impl Snapshot {
     /// as kept up, if its attempt is still the one under way.
     async fn record(&self, worker: &mut Client, chain: &Chain, seen: &str) -> Result<bool> {
         let tx = worker.transaction().await?;
-        let changed = tx
-            .execute(
-                "UPDATE sync.replicas SET snapshot_attempt = NULL, snapshot_began_at = NULL,
-                     snapshot_ended_at = now(), snapshot = $3::text::pg_snapshot, last_number = $4, last_nonce = $5,
-                     snapshot_number = $6, snapshot_last = $4, last_error = NULL, configured = $7,
-                     described = $7
-                 WHERE id = $1 AND snapshot_attempt = $2",
-                &[
-                    &self.replica,
-                    &self.attempt,
-                    &seen,
-                    &chain.last_number,
-                    &chain.last_nonce,
-                    &self.first,
-                    &self.context.schema,
-                ],
-            )
-            .await?;
-        if changed == 0 {
+        let ended = store::snapshots::Ended {
+            replica: &self.replica,
+            attempt: &self.attempt,
+            seen,
+            last_number: chain.last_number,
+            last_nonce: &chain.last_nonce,
+            first: self.first,
+            schema: &self.context.schema,
+        };
+        if !store::snapshots::ended(&tx, &ended).await? {
             tx.rollback().await?;
             return Ok(false);
         }
@@ -382,23 +327,11 @@ async fn plan_snapshot(
         &[&replica, &partition],
     )
     .await?;
-    let names: Vec<String> = context
-        .graph
-        .shapes
-        .iter()
-        .map(|s| crate::sql::literal(s.table.name))
-        .collect();
-    tx.batch_execute(&format!(
-        "INSERT INTO _ms_changed (t, k, last_seq)
-         SELECT table_name, key, max(seq) FROM sync.notes
-         WHERE format = 1 AND table_name IN ({}) GROUP BY table_name, key",
-        names.join(", ")
-    ))
-    .await?;
+    plan::changed_for_snapshot(tx, &context.graph).await?;
     // A set that would hold a row pointing at one set aside is planned
     // again from here, with that row blocked too.
     tx.batch_execute("SAVEPOINT fresh").await?;
-    let blocks = super::quarantine::Blocks::read(tx).await?;
+    let blocks = quarantine::Blocks::read(tx).await?;
     loop {
         let planner = Planner {
             tx,
@@ -420,7 +353,7 @@ async fn plan_snapshot(
         }
         tx.batch_execute("ROLLBACK TO SAVEPOINT fresh").await?;
         // Never sent this replica, so never held by it.
-        super::quarantine::block(tx, &blocked, true).await?;
+        quarantine::block(tx, &blocked, true).await?;
         tx.batch_execute("RELEASE SAVEPOINT fresh; SAVEPOINT fresh")
             .await?;
     }

@@ -1,7 +1,7 @@
 //! Rows set aside because they cannot go down (`sync.quarantine`), and the
 //! rows blocked for a replica because they lean on one (`sync.blocked`):
 //! how they are recorded, noted again when a relay starts, and read by the
-//! operator's reads. How a plan goes around them is `relay::quarantine`'s.
+//! operator's reads. How a plan goes around them is `store::plan::quarantine`'s.
 
 use crate::error::Result;
 use tokio_postgres::GenericClient;
@@ -70,3 +70,8 @@ pub struct Quarantined {
     /// Rows blocked because they lean on it, over the replicas in scope.
     pub blocked: i64,
 }
+
+/// Records every row set aside, and every row blocked behind one, as taken
+/// back from wherever it was held: for a pass's closing batch.
+pub(crate) const SETTLE: &str = "UPDATE sync.quarantine SET settled = true WHERE NOT settled;
+     UPDATE sync.blocked SET settled = true WHERE NOT settled;";

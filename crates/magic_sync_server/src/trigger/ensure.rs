@@ -126,11 +126,6 @@ enum Reprovision {
     Everyone,
 }
 
-const MARK_EVERYONE: &str =
-    "UPDATE sync.replicas SET provision = true WHERE NOT provision RETURNING id";
-const MARK_HOLDERS: &str = "UPDATE sync.replicas SET provision = true
-     WHERE NOT provision AND id IN (SELECT replica FROM sync.held WHERE table_name = $1)
-     RETURNING id";
 const REFUSE_TRUNCATE_SOURCE: &str = "SELECT p.prosrc FROM pg_proc p
      JOIN pg_namespace n ON n.oid = p.pronamespace
      WHERE n.nspname = 'sync' AND p.proname = $1";
@@ -158,7 +153,7 @@ pub async fn ensure(
     // Relations the last build did not note: writes to them before their
     // trigger are owed to no one through notes, and the deployment plans
     // every row of the tables they decide once the relay starts.
-    let noted_before = crate::deploy::noted_before(client).await?;
+    let noted_before = crate::store::tables::noted_before(client).await?;
     for (index, table) in noted.iter().enumerate() {
         let found: Vec<&Finding> = findings.iter().filter(|f| f.table == index).collect();
         if found.is_empty() {
@@ -291,15 +286,8 @@ async fn install(
     let marked = match reprovision {
         Reprovision::Nobody => Vec::new(),
         _ => {
-            // Serialises with the relay's passes, which rewrite these rows.
-            tx.batch_execute("LOCK TABLE sync.replicas IN SHARE ROW EXCLUSIVE MODE")
-                .await?;
-            let rows = if reprovision == Reprovision::Everyone {
-                tx.query(MARK_EVERYONE, &[]).await?
-            } else {
-                tx.query(MARK_HOLDERS, &[&table.table]).await?
-            };
-            rows.iter().map(|r| r.get(0)).collect()
+            let holding = (reprovision == Reprovision::Holders).then_some(table.table.as_str());
+            crate::store::replicas::provision_again(&tx, holding).await?
         }
     };
     let timeout = settings.lock_timeout.as_millis().max(1);

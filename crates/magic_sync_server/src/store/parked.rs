@@ -7,8 +7,8 @@
 //! starting moves them back, for a build that can plan them. The hot path
 //! pays nothing: the search runs only after a pass failed so.
 
-use super::graph::Graph;
 use crate::error::{Error, Result};
+use crate::graph::Graph;
 use crate::sql::literal;
 use tokio_postgres::Client;
 

@@ -4,7 +4,7 @@
 //! and which of these tables it filled; every statement that fills one says
 //! which ([`Scratch`]), so what reads the plan asks by name, not by text.
 
-use super::plan::Planned;
+use super::Planned;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -143,9 +143,9 @@ pub(crate) struct Plan {
     pub analysed: BTreeSet<Scratch>,
     /// With rows set aside: what the plan would leave pointing at one,
     /// to be set aside in turn before the plan runs again.
-    pub blocked: Option<Vec<super::quarantine::Blocked>>,
+    pub blocked: Option<Vec<crate::store::plan::quarantine::Blocked>>,
     /// What the deployment's chunk came to, if the plan worked one.
-    pub worked: super::deployment::Worked,
+    pub worked: crate::store::deployment::Worked,
     /// The removed table whose held rows the plan takes back, if any.
-    pub removed: Option<super::deployment::Removed>,
+    pub removed: Option<crate::store::deployment::Removed>,
 }

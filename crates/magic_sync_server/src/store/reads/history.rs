@@ -1,5 +1,5 @@
 //! The fleet's recent history, as the runner wrote it (`sync.figures`, see
-//! [`crate::figures`]): a figure per period of the last hour, oldest first.
+//! [`crate::store::figures`]): a figure per period of the last hour, oldest first.
 //! Fleet-wide: the figures are of every live replica, whatever the scope.
 
 use super::{begin, Result};
@@ -28,7 +28,7 @@ pub struct Figure {
     /// Their 99th percentile.
     pub lag_p99_ms: Option<f64>,
     /// Notes pending as the period ended, counted up to
-    /// [`crate::figures::NOTES_COUNTED`] (at least that many past it).
+    /// [`crate::store::figures::NOTES_COUNTED`] (at least that many past it).
     pub pending_notes: i64,
     /// Live replicas being provisioned as it ended.
     pub provisioning: i64,
@@ -54,7 +54,7 @@ pub async fn history(client: &mut tokio_postgres::Client) -> Result<History> {
                     lag_p50_ms, lag_p99_ms, pending_notes, provisioning, live
              FROM sync.figures WHERE at > now() - $1::float8 * interval '1 second'
              ORDER BY at",
-            &[&crate::figures::KEPT.as_secs_f64()],
+            &[&crate::store::figures::KEPT.as_secs_f64()],
         )
         .await?;
     tx.commit().await?;

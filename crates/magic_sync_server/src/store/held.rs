@@ -12,11 +12,11 @@
 //! parent it pointed at. A replica provisioned from scratch has its counts
 //! made from its whole set.
 
-use super::graph::Graph;
-use super::plan::{HASH_ONLY, JOINS_AS_THEY_WERE};
-use super::scratch::{Filled, Scratch};
 use crate::error::Result;
+use crate::graph::Graph;
 use crate::sql::{int8_array, literal, text_array};
+use crate::store::plan::scratch::{Filled, Scratch};
+use crate::store::plan::{HASH_ONLY, JOINS_AS_THEY_WERE};
 use std::collections::HashMap;
 use tokio_postgres::Client;
 
@@ -223,7 +223,7 @@ pub(crate) async fn audit(client: &Client, graph: &Graph) -> Result<Vec<String>>
     }
     for shape in &graph.shapes {
         let t = literal(shape.table.name);
-        let ruled = match super::graph::rule(shape.table, "a", "r") {
+        let ruled = match crate::graph::rule(shape.table, "a", "r") {
             Some(cond) => format!("coalesce({cond}, false)"),
             None => "false".into(),
         };
@@ -239,7 +239,7 @@ pub(crate) async fn audit(client: &Client, graph: &Graph) -> Result<Vec<String>>
             k0 = crate::sql::ident(shape.table.key[0]),
             ptrs = graph.pointers("a", shape.table.name),
             rel = shape.relation,
-            m = super::graph::key_match("a", shape, "h.key::jsonb"),
+            m = crate::graph::key_match("a", shape, "h.key::jsonb"),
         );
         for row in client.query(&sql, &[]).await? {
             let (r, k, exists): (String, String, bool) = (row.get(0), row.get(1), row.get(2));
@@ -269,4 +269,21 @@ pub(crate) async fn audit(client: &Client, graph: &Graph) -> Result<Vec<String>>
         }
     }
     Ok(problems)
+}
+
+/// The keys `replica` is recorded holding of `table`, as JSON arrays.
+pub(crate) async fn keys(
+    tx: &tokio_postgres::Transaction<'_>,
+    replica: &str,
+    table: &str,
+) -> Result<Vec<serde_json::Value>> {
+    Ok(tx
+        .query(
+            "SELECT key::jsonb FROM sync.held WHERE replica = $1 AND table_name = $2",
+            &[&replica, &table],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
 }

@@ -23,10 +23,10 @@
 //! row in quarantine is let go. A relay starting notes every one of them
 //! again, so a fix deployed lets them through by itself.
 
-use super::graph::{key_json, Graph, Link};
-use super::load::wire_key;
-use super::plan::Planner;
+use super::Planner;
 use crate::error::{Error, Result, Unsendable};
+use crate::graph::wire_key;
+use crate::graph::{key_json, Graph, Link};
 use crate::sql::literal;
 use crate::store::quarantine::SetAside;
 use tokio_postgres::{GenericClient, Transaction};
@@ -118,7 +118,7 @@ impl Planner<'_, '_> {
                          SET questioned = true, ruled = false, present = false, round = 0";
         let mut n = self
             .fill(
-                super::scratch::Scratch::Questioned,
+                crate::store::plan::scratch::Scratch::Questioned,
                 &format!(
                     "INSERT INTO {q_columns}
                      SELECT h.replica, h.table_name, h.key::jsonb, 0, false, true, false,
@@ -133,7 +133,7 @@ impl Planner<'_, '_> {
             .await?;
         n += self
             .fill(
-                super::scratch::Scratch::Questioned,
+                crate::store::plan::scratch::Scratch::Questioned,
                 &format!(
                     "INSERT INTO {q_columns}
                      SELECT h.replica, h.table_name, h.key::jsonb, 0, false, true, false,
@@ -173,7 +173,7 @@ impl Planner<'_, '_> {
                      WHERE c.last_seq > z.version";
         let added = self
             .fill(
-                super::scratch::Scratch::Touched,
+                crate::store::plan::scratch::Scratch::Touched,
                 &format!(
                     "INSERT INTO _ms_touched (t, k)
                      SELECT DISTINCT b.table_name, b.key::jsonb FROM sync.blocked b
@@ -211,10 +211,10 @@ impl Planner<'_, '_> {
         let mut parts = Vec::new();
         for link in &self.graph.links {
             let tracked = self.graph.tracked().any(|l| std::ptr::eq(l, link));
-            if self.has(super::scratch::Scratch::Send) {
+            if self.has(crate::store::plan::scratch::Scratch::Send) {
                 parts.push(self.planned_pointing("_ms_send", link, tracked));
             }
-            if self.has(super::scratch::Scratch::Questioned) {
+            if self.has(crate::store::plan::scratch::Scratch::Questioned) {
                 parts.push(self.held_pointing(link, tracked));
             }
         }
@@ -277,7 +277,7 @@ impl Planner<'_, '_> {
                     "CROSS JOIN LATERAL (SELECT {} AS ptr FROM {} a WHERE {} OFFSET 0) a",
                     link.pointer("a"),
                     child.relation,
-                    super::graph::key_match("a", child, "s.k")
+                    crate::graph::key_match("a", child, "s.k")
                 ),
                 "a.ptr".to_string(),
             )

@@ -27,18 +27,28 @@
 //! sends nothing twice. Ongoing changes are planned in the same passes:
 //! a deployment adds a bounded chunk to each, never a whole table.
 
-use super::graph::{key_json, Graph, Shape};
 use crate::catalog::Catalog;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::graph::{key_json, Graph, Shape};
 use crate::row::Rule;
 use crate::sql::{escaped, ident, literal};
 use crate::value::Kind;
 use std::collections::BTreeMap;
-use tokio_postgres::Transaction;
+use tokio_postgres::{Client, GenericClient, Transaction};
+
+/// What this build declares, per table: its schema, plan print, encoding
+/// print and definition.
+pub(crate) struct Declared {
+    pub schema: magic_sync_core::schema::Schema,
+    /// Per table, the links its held rows point through: (name, parent).
+    pub links: BTreeMap<String, Vec<(String, String)>>,
+    /// Per table, the relations whose writes are noted for it.
+    pub noted: BTreeMap<String, Vec<String>>,
+}
 
 /// What this build declares, for `crate::deploy`.
-pub(crate) fn declared(engine: &Engine, catalog: &Catalog) -> Result<crate::deploy::Declared> {
+pub(crate) fn declared(engine: &Engine, catalog: &Catalog) -> Result<Declared> {
     let tables: Vec<_> = engine.down_tables().collect();
     let graph = Graph::new(&tables, catalog)?;
     let mut links: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
@@ -59,7 +69,7 @@ pub(crate) fn declared(engine: &Engine, catalog: &Catalog) -> Result<crate::depl
             (t.name.to_string(), relations)
         })
         .collect();
-    Ok(crate::deploy::Declared {
+    Ok(Declared {
         schema: catalog.schema(engine),
         links,
         noted,
@@ -265,4 +275,146 @@ pub(crate) fn closing(table: &str, worked: &Worked) -> String {
         done = if worked.done { "now()" } else { "NULL" },
         t = literal(table),
     )
+}
+
+/// What each replica is recorded holding of `table`, most first.
+pub(crate) async fn held_of(client: &Client, table: &str) -> Result<Vec<(String, u64)>> {
+    let rows = client
+        .query(
+            "SELECT replica, count(*) FROM sync.held WHERE table_name = $1
+             GROUP BY 1 ORDER BY 2 DESC, 1",
+            &[&table],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
+        .collect())
+}
+
+/// Lets the last deployment's finished tables make way for a new one's.
+pub(crate) async fn clear_done(client: &Client) -> Result<()> {
+    client
+        .batch_execute("DELETE FROM sync.deployment WHERE done_at IS NOT NULL")
+        .await?;
+    Ok(())
+}
+
+/// Makes whatever is unfinished the work of the build whose declarations'
+/// fingerprint is `build`: a relay of an older build leaves it alone.
+pub(crate) async fn adopt(client: &Client, build: &[u8]) -> Result<()> {
+    client
+        .execute(
+            "UPDATE sync.deployment SET build = $1 WHERE done_at IS NULL",
+            &[&build],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Has every replica recorded holding rows of `table` provisioned again.
+pub(crate) async fn provision_holders(client: &Client, table: &str) -> Result<()> {
+    client
+        .execute(
+            "UPDATE sync.replicas SET provision = true
+             WHERE NOT provision AND id IN (SELECT DISTINCT replica FROM sync.held
+                                            WHERE table_name = $1)",
+            &[&table],
+        )
+        .await?;
+    Ok(())
+}
+
+/// One table's work, as a deployment owes it.
+pub(crate) struct Owed<'a> {
+    pub table: &'a str,
+    /// `plan`, `resend`, `both` or `remove`.
+    pub work: &'a str,
+    pub why: &'a str,
+    /// For a removed table, its definition as the build that declared it
+    /// recorded it.
+    pub definition: Option<serde_json::Value>,
+    pub rows_total: u64,
+}
+
+/// Records `owed` for the build `build`. Work left unfinished on the table
+/// by a deployment before is folded in: planned again and sent again
+/// (`both`) covers whatever it owed.
+pub(crate) async fn owe(client: &Client, owed: &Owed<'_>, build: &[u8]) -> Result<()> {
+    client
+        .execute(
+            "INSERT INTO sync.deployment (table_name, work, why, definition, rows_total, build)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (table_name) DO UPDATE SET
+                 work = CASE WHEN EXCLUDED.work = 'remove' OR sync.deployment.done_at IS NOT NULL
+                                  OR sync.deployment.work = EXCLUDED.work
+                             THEN EXCLUDED.work ELSE 'both' END,
+                 why = EXCLUDED.why, definition = EXCLUDED.definition, after = NULL,
+                 rows_done = 0, rows_total = EXCLUDED.rows_total, began_at = now(),
+                 done_at = NULL, build = EXCLUDED.build",
+            &[
+                &owed.table,
+                &owed.work,
+                &owed.why,
+                &owed.definition,
+                &(owed.rows_total as i64),
+                &build,
+            ],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Per table a deployment changed, how far it got.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Progress {
+    /// The table.
+    pub table: String,
+    /// `plan`, `resend`, `both` or `remove`.
+    pub work: String,
+    /// What changed, in words.
+    pub why: String,
+    /// Rows worked through.
+    pub rows_done: u64,
+    /// Rows to work through, as estimated when it began.
+    pub rows_total: u64,
+    /// Whether it is done.
+    pub done: bool,
+}
+
+/// Where the last deployment stands, table by table: empty when no build
+/// changed anything since the sync began.
+pub(crate) async fn progress(
+    client: &impl GenericClient,
+) -> std::result::Result<Vec<Progress>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT table_name, work, why, rows_done, rows_total, done_at IS NOT NULL
+             FROM sync.deployment ORDER BY began_at, table_name",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| Progress {
+            table: r.get(0),
+            work: r.get(1),
+            why: r.get(2),
+            rows_done: r.get::<_, i64>(3) as u64,
+            rows_total: r.get::<_, i64>(4) as u64,
+            done: r.get(5),
+        })
+        .collect())
+}
+
+/// Whether the build whose declarations' fingerprint is `build` owes work
+/// not done yet.
+pub(crate) async fn owed_by(client: &Client, build: &[u8]) -> Result<bool> {
+    Ok(client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM sync.deployment WHERE done_at IS NULL AND build = $1)",
+            &[&build],
+        )
+        .await?
+        .get(0))
 }

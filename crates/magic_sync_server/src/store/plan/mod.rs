@@ -44,12 +44,15 @@
 //! of the other side once per row, is what made a pass over a large
 //! backlog run for minutes.
 
-use super::graph::{key_json, key_match, row_by_key, rule, Graph, Link, Shape};
-use super::quarantine::{is_blocked, Blocks};
-use super::scratch::{Filled, Scratch};
+pub(crate) mod quarantine;
+pub(crate) mod scratch;
+
 use crate::error::Result;
+use crate::graph::{key_json, key_match, row_by_key, rule, Graph, Link, Shape};
 use crate::row::Rule;
 use crate::sql::literal;
+use quarantine::{is_blocked, Blocks};
+use scratch::{Filled, Scratch};
 use std::collections::{BTreeMap, BTreeSet};
 use tokio_postgres::{SimpleQueryMessage, Transaction};
 
@@ -259,9 +262,9 @@ pub(crate) struct Planner<'a, 't> {
     pub blocks: Blocks,
     /// The chunk of a deployment this plan works through, if any, with
     /// its size in rows.
-    pub deployment: Option<(&'a super::deployment::Work, i64)>,
+    pub deployment: Option<(&'a crate::store::deployment::Work, i64)>,
     /// What the chunk came to.
-    pub worked: std::sync::Mutex<super::deployment::Worked>,
+    pub worked: std::sync::Mutex<crate::store::deployment::Worked>,
 }
 
 /// A table given through groups.
@@ -444,14 +447,14 @@ impl Planner<'_, '_> {
             return Ok((0, 0));
         };
         match work {
-            super::deployment::Work::Plan {
+            crate::store::deployment::Work::Plan {
                 table,
                 replan,
                 resend,
                 after,
             } => {
                 let shape = self.graph.shape(table);
-                let chunk = super::deployment::chunk_sql(shape, after.as_ref(), limit);
+                let chunk = crate::store::deployment::chunk_sql(shape, after.as_ref(), limit);
                 let last_order: Vec<String> = (0..shape.table.key.len())
                     .map(|i| format!("c{i} DESC"))
                     .collect();
@@ -487,14 +490,14 @@ impl Planner<'_, '_> {
                 if *replan && rows > ANALYSE_ABOVE {
                     self.analyse(Scratch::Touched).await?;
                 }
-                *self.worked.lock().expect("not poisoned") = super::deployment::Worked {
+                *self.worked.lock().expect("not poisoned") = crate::store::deployment::Worked {
                     rows,
                     last: row.get(1),
                     done: (rows as i64) < limit,
                 };
                 Ok((rows, 0))
             }
-            super::deployment::Work::Remove(removed) => {
+            crate::store::deployment::Work::Remove(removed) => {
                 let t = literal(removed.name);
                 let rows = self
                     .fill(
@@ -528,7 +531,7 @@ impl Planner<'_, '_> {
                     ))
                     .await?;
                 }
-                *self.worked.lock().expect("not poisoned") = super::deployment::Worked {
+                *self.worked.lock().expect("not poisoned") = crate::store::deployment::Worked {
                     rows,
                     last: None,
                     done: (rows as i64) < limit,
@@ -541,7 +544,7 @@ impl Planner<'_, '_> {
     /// The held parents of the removed rows this plan takes back: each may
     /// have been held for them alone.
     async fn question_removed_parents(&self) -> Result<u64> {
-        let Some((super::deployment::Work::Remove(removed), _)) = self.deployment else {
+        let Some((crate::store::deployment::Work::Remove(removed), _)) = self.deployment else {
             return Ok(0);
         };
         let mut added = 0;
@@ -581,7 +584,7 @@ impl Planner<'_, '_> {
         matches!(
             self.deployment,
             Some((
-                super::deployment::Work::Plan {
+                crate::store::deployment::Work::Plan {
                     replan: true,
                     resend: true,
                     ..
@@ -596,7 +599,7 @@ impl Planner<'_, '_> {
     /// rows this plan sends or takes back already.
     async fn resend_chunk(&self) -> Result<u64> {
         let Some((
-            super::deployment::Work::Plan {
+            crate::store::deployment::Work::Plan {
                 table,
                 replan: false,
                 ..
@@ -1618,4 +1621,19 @@ async fn simple(tx: &Transaction<'_>, sql: &str) -> Result<(Vec<String>, u64)> {
         }
     }
     Ok((values, count))
+}
+
+/// Fills a snapshot worker's `_ms_changed` with the newest note its
+/// snapshot sees of each changed row of a declared table: the versions its
+/// rows are recorded at.
+pub(crate) async fn changed_for_snapshot(tx: &Transaction<'_>, graph: &Graph) -> Result<()> {
+    let names: Vec<String> = graph.shapes.iter().map(|s| literal(s.table.name)).collect();
+    tx.batch_execute(&format!(
+        "INSERT INTO _ms_changed (t, k, last_seq)
+         SELECT table_name, key, max(seq) FROM sync.notes
+         WHERE format = 1 AND table_name IN ({}) GROUP BY table_name, key",
+        names.join(", ")
+    ))
+    .await?;
+    Ok(())
 }

@@ -60,7 +60,7 @@ pub struct Gauges {
     /// Rows of the replicas in scope held back for pointing at one.
     pub held_back: i64,
     /// The last deployment, table by table (see [`super::Overview::deployment`]).
-    pub deployment: Vec<crate::deploy::Progress>,
+    pub deployment: Vec<crate::store::deployment::Progress>,
 }
 
 /// The figures of `scope` a metrics endpoint exports.
@@ -111,7 +111,7 @@ pub async fn gauges(client: &mut tokio_postgres::Client, scope: &Scope) -> Resul
             &[&ids, &partition],
         )
         .await?;
-    let deployment = crate::deploy::read_progress(&tx).await?;
+    let deployment = crate::store::deployment::progress(&tx).await?;
     tx.commit().await?;
     let weights: HashMap<String, i64> = weights.iter().map(|r| (r.get(0), r.get(1))).collect();
     let mut states = StateCounts::default();

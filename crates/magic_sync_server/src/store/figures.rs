@@ -3,7 +3,7 @@
 //! `sync.figures` once a period (`Settings::figures_every`), with the
 //! record's levels (notes pending, replicas provisioning) as the period
 //! ends. The table keeps [`KEPT`] and no more: each write deletes what is
-//! older. [`crate::ops::history`] reads it back.
+//! older. [`crate::store::reads::history`] reads it back.
 
 use crate::error::Result;
 use std::time::{Duration, Instant};

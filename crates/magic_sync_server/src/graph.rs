@@ -9,6 +9,7 @@ use crate::catalog::{Catalog, ForeignKey};
 use crate::error::{Error, Mismatch, Result};
 use crate::row::{Rule, Table};
 use crate::sql::{ident, literal, qualified};
+use crate::value::{canonical_key, Kind, Value};
 
 /// One table that goes down.
 #[derive(Debug, Clone)]
@@ -361,4 +362,44 @@ pub(crate) fn rule(table: &Table, alias: &str, r: &str) -> Option<String> {
         }
         Rule::Referenced | Rule::Follows(_) | Rule::Origin => return None,
     })
+}
+
+/// The wire key of a key read back from the planner's tables.
+pub(crate) fn wire_key(table: &Table, json: serde_json::Value) -> Result<String> {
+    wire_key_of(table.name, &key_kinds(table), json)
+}
+
+/// The kinds of `table`'s key columns, in key order.
+pub(crate) fn key_kinds(table: &Table) -> Vec<Kind> {
+    table
+        .key
+        .iter()
+        .map(|name| table.column(name).map_or(Kind::Text, |c| c.kind))
+        .collect()
+}
+
+/// The wire key of a key of `table` read back from the planner's tables,
+/// its columns of `kinds`.
+pub(crate) fn wire_key_of(table: &str, kinds: &[Kind], json: serde_json::Value) -> Result<String> {
+    let bad = |why: String| Error::Damaged {
+        what: format!("table `{table}`: recorded key {json}: {why}"),
+    };
+    let serde_json::Value::Array(items) = json.clone() else {
+        return Err(bad("not an array".into()));
+    };
+    if items.len() != kinds.len() {
+        return Err(bad("not as many values as key columns".into()));
+    }
+    let mut values = Vec::with_capacity(items.len());
+    for (item, &kind) in items.into_iter().zip(kinds) {
+        let item = match (kind, item) {
+            // PostgreSQL writes numerics as JSON numbers; they travel as text.
+            (Kind::Numeric, serde_json::Value::Number(n)) => {
+                serde_json::Value::String(n.to_string())
+            }
+            (_, item) => item,
+        };
+        values.push(Value::from_json(kind, item).map_err(|e| bad(e.to_string()))?);
+    }
+    Ok(canonical_key(&values))
 }

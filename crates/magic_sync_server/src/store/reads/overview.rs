@@ -83,7 +83,7 @@ pub struct Overview {
     /// The last deployment of changed declarations, table by table, with
     /// how far each got (`crate::deploy`); empty when no build changed
     /// any since the sync began.
-    pub deployment: Vec<crate::deploy::Progress>,
+    pub deployment: Vec<crate::store::deployment::Progress>,
 }
 
 impl Overview {
@@ -119,7 +119,7 @@ pub async fn overview(
         .query_one("SELECT count(*) FROM sync.notes", &[])
         .await?
         .get(0);
-    let deployment = crate::deploy::read_progress(&tx).await?;
+    let deployment = crate::store::deployment::progress(&tx).await?;
     tx.commit().await?;
     let mut states = StateCounts::default();
     for r in &replicas {

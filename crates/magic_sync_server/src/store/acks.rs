@@ -1,0 +1,106 @@
+//! What each replica says it applied (`sync.acks`), and what that lets go
+//! of: its outbox up to there. Acknowledgements are recorded on a
+//! connection of their own while the relay records (`crate::relay::replies`
+//! judges them first).
+
+use crate::error::{Error, Result};
+use tokio_postgres::types::Type;
+use tokio_postgres::Client;
+
+/// A live replica's chain as the server records it.
+pub(crate) struct Chain {
+    pub id: String,
+    /// The last number sent it (any number drawn, while its snapshot
+    /// streams).
+    pub last: i64,
+    /// The last number it acknowledged.
+    pub acked: i64,
+    /// Kept up: not waiting for, or streaming, a snapshot.
+    pub kept_up: bool,
+    /// The newest upload the server answered it.
+    pub answered: i64,
+}
+
+/// The chains of the live replicas among `ids`.
+pub(crate) async fn chains(client: &Client, ids: &[&str]) -> Result<Vec<Chain>> {
+    let rows = client
+        .query_typed(
+            "SELECT r.id,
+                    CASE WHEN r.snapshot_attempt IS NULL THEN r.last_number
+                         ELSE (SELECT last_value FROM sync.message_seq) END,
+                    coalesce(a.number, 0),
+                    NOT r.provision AND r.snapshot_attempt IS NULL,
+                    coalesce(u.sequence, 0)
+             FROM sync.replicas r LEFT JOIN sync.acks a ON a.replica = r.id
+             LEFT JOIN sync.uploads_answered u ON u.replica = r.id
+             WHERE r.id = ANY($1) AND r.live",
+            &[(&ids, Type::TEXT_ARRAY)],
+        )
+        .await
+        .map_err(Error::from)?;
+    Ok(rows
+        .iter()
+        .map(|r| Chain {
+            id: r.get(0),
+            last: r.get(1),
+            acked: r.get(2),
+            kept_up: r.get(3),
+            answered: r.get(4),
+        })
+        .collect())
+}
+
+/// Records the acknowledgements that counted, and has the replicas in
+/// `again` provisioned again. The filing state of those `restored` from an
+/// older copy starts afresh: what the server took of their own columns
+/// before was under upload numbers they may count through again.
+pub(crate) async fn record(
+    client: &Client,
+    recorded: &[&str],
+    numbers: &[i64],
+    again: &[&str],
+    restored: &[&str],
+) -> Result<()> {
+    if !restored.is_empty() {
+        client
+            .execute(
+                "DELETE FROM sync.filed WHERE replica = ANY($1)",
+                &[&restored],
+            )
+            .await?;
+    }
+    if !recorded.is_empty() {
+        // Typed, so parsed and run in one round trip.
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
+            [(&recorded, Type::TEXT_ARRAY), (&numbers, Type::INT8_ARRAY)];
+        // The replica's row is locked against deletion first: a pass
+        // forgetting the replica meanwhile leaves nothing to insert, rather
+        // than a foreign key to break.
+        let acks = client.query_typed(
+            "INSERT INTO sync.acks AS a (replica, number, at)
+             SELECT u.id, u.number, now()
+             FROM (SELECT DISTINCT id, number FROM unnest($1::text[], $2::int8[]) AS u (id, number)) u
+             JOIN sync.replicas r ON r.id = u.id FOR KEY SHARE OF r
+             ON CONFLICT (replica) DO UPDATE SET number = excluded.number, at = excluded.at
+             WHERE a.number < excluded.number",
+            &params,
+        );
+        // What they applied needs sending no more. Sent together with the
+        // acknowledgements: one round trip.
+        let sent = client.query_typed(
+            "DELETE FROM sync.outbox o USING unnest($1::text[], $2::int8[]) AS u (id, number)
+             WHERE o.replica = u.id AND o.number <= u.number",
+            &params,
+        );
+        tokio::try_join!(acks, sent)?;
+    }
+    if !again.is_empty() {
+        client
+            .execute(
+                "UPDATE sync.replicas SET provision = true, provision_asked = true WHERE id = ANY($1)",
+                &[&again],
+            )
+            .await?;
+    }
+    Ok(())
+}

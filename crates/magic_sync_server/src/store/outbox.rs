@@ -1,0 +1,321 @@
+//! The outbox (`sync.outbox`, its bodies shared in `sync.bodies`): each
+//! replica's messages, numbered from `sync.message_seq`, kept until the
+//! replica acknowledged them. `crate::relay::outbox` numbers, chains and
+//! seals what a pass writes here; `crate::relay::publish` sends it.
+
+use crate::error::{Error, Result};
+use crate::sql;
+use std::time::Duration;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{GenericClient, SimpleQueryMessage, Statement, Transaction};
+
+/// The statements that write messages, prepared once per pass: each then
+/// runs in one round trip instead of two (prepare, then run), and the two
+/// of a batch go together.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    bodies: Statement,
+    outbox: Statement,
+}
+
+impl Statements {
+    pub async fn prepare(tx: &Transaction<'_>) -> Result<Statements> {
+        Ok(Statements {
+            bodies: tx
+                .prepare(
+                    "INSERT INTO sync.bodies (hash, bytes) SELECT * FROM unnest($1::bytea[], $2::bytea[])
+                     ON CONFLICT (hash) DO NOTHING",
+                )
+                .await?,
+            outbox: tx
+                .prepare(
+                    "INSERT INTO sync.outbox (replica, number, nonce, head, body, seal)
+                     SELECT o.replica, o.number, o.nonce, o.head, b.id, o.seal
+                     FROM unnest($1::text[], $2::int8[], $3::bytea[], $4::bytea[], $5::bytea[], $6::bytea[])
+                          AS o (replica, number, nonce, head, hash, seal)
+                     JOIN sync.bodies b ON b.hash = o.hash",
+                )
+                .await?,
+        })
+    }
+}
+
+/// Messages to write, column by column; each names its body by hash.
+#[derive(Default)]
+pub(crate) struct Rows {
+    pub replica: Vec<String>,
+    pub number: Vec<i64>,
+    pub nonce: Vec<Vec<u8>>,
+    pub head: Vec<Vec<u8>>,
+    pub hash: Vec<Vec<u8>>,
+    pub seal: Vec<Vec<u8>>,
+}
+
+/// Writes the bodies (`hashes`, `bytes`; one already kept is kept once)
+/// and the messages naming them, sent together and run in order: the
+/// messages find their bodies.
+pub(crate) async fn insert(
+    tx: &Transaction<'_>,
+    statements: &Statements,
+    hashes: &[Vec<u8>],
+    bytes: &[Vec<u8>],
+    rows: &Rows,
+) -> Result<()> {
+    let body_params: [&(dyn ToSql + Sync); 2] = [&hashes, &bytes];
+    let outbox_params: [&(dyn ToSql + Sync); 6] = [
+        &rows.replica,
+        &rows.number,
+        &rows.nonce,
+        &rows.head,
+        &rows.hash,
+        &rows.seal,
+    ];
+    tokio::try_join!(
+        tx.execute(&statements.bodies, &body_params),
+        tx.execute(&statements.outbox, &outbox_params)
+    )?;
+    Ok(())
+}
+
+/// Forgets the bodies no message carries any more, for a pass's closing
+/// batch. Not where messages are published: publishing runs beside a
+/// pass, and could delete a body the pass is pointing a new message at,
+/// unseen until it commits.
+pub(crate) const FORGET_UNCARRIED_BODIES: &str = "DELETE FROM sync.bodies b
+     WHERE NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.body = b.id);";
+
+/// The next `n` message numbers, in order.
+pub(crate) async fn draw(tx: &Transaction<'_>, n: usize) -> Result<Vec<i64>> {
+    let mut numbers: Vec<i64> = Vec::with_capacity(n);
+    let sql = format!("SELECT nextval('sync.message_seq') FROM generate_series(1, {n})");
+    for message in tx.simple_query(&sql).await? {
+        if let SimpleQueryMessage::Row(row) = message {
+            let number = row
+                .get(0)
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| Error::Damaged {
+                    what: "sync.message_seq gave no number".into(),
+                })?;
+            numbers.push(number);
+        }
+    }
+    numbers.sort_unstable();
+    Ok(numbers)
+}
+
+/// Where one replica's chain stands after a pass wrote to it.
+pub(crate) struct Moved<'a> {
+    pub id: String,
+    /// Its last message.
+    pub number: i64,
+    pub nonce: &'a [u8],
+    /// The first message of the snapshot written this pass, if one was.
+    pub snapshot: Option<i64>,
+}
+
+/// The statement recording where each chain in `moved` now stands, for the
+/// pass's closing batch; empty when nothing moved. A snapshot is written
+/// whole in one pass: its last message is the replica's last of the pass.
+pub(crate) fn chains_moved(moved: &[Moved<'_>]) -> String {
+    if moved.is_empty() {
+        return String::new();
+    }
+    let values: Vec<String> = moved
+        .iter()
+        .map(|m| {
+            format!(
+                "({}, {}::int8, {}, {}::int8)",
+                sql::escaped(&m.id),
+                m.number,
+                sql::bytea(m.nonce),
+                m.snapshot.map_or("NULL".to_string(), |n| n.to_string())
+            )
+        })
+        .collect();
+    format!(
+        "UPDATE sync.replicas r SET last_number = u.number, last_nonce = u.nonce,
+             snapshot_number = coalesce(u.snapshot, r.snapshot_number),
+             snapshot_last = CASE WHEN u.snapshot IS NULL THEN r.snapshot_last ELSE u.number END,
+             provision = r.provision AND u.snapshot IS NULL
+         FROM (VALUES {}) AS u (id, number, nonce, snapshot)
+         WHERE r.id = u.id;",
+        values.join(", ")
+    )
+}
+
+/// Marks every live replica whose outbox beyond the snapshot it begins with
+/// holds more than `messages` messages or `bytes` bytes to be provisioned
+/// again, with an alarm saying why. Returns those replicas.
+pub(crate) async fn past_bound(
+    tx: &Transaction<'_>,
+    messages: i64,
+    bytes: i64,
+) -> Result<Vec<String>> {
+    let rows = tx
+        .query(
+            "WITH owed AS (
+                 SELECT o.replica, count(*) AS messages,
+                        sum(octet_length(o.head) + octet_length(o.seal) + octet_length(b.bytes))::int8 AS bytes
+                 FROM sync.outbox o
+                 JOIN sync.replicas r ON r.id = o.replica
+                 JOIN sync.bodies b ON b.id = o.body
+                 WHERE o.number > r.snapshot_last AND r.live AND NOT r.provision
+                 GROUP BY o.replica)
+             UPDATE sync.replicas r SET provision = true, alarm_at = now(),
+                 alarm = format('its outbox outgrew its bound: %s messages, %s bytes beyond the snapshot it begins with '
+                     '(at most %s messages, %s bytes); dropped, and the replica provisioned again',
+                     owed.messages, owed.bytes, $1::int8, $2::int8)
+             FROM owed
+             WHERE owed.replica = r.id AND (owed.messages > $1::int8 OR owed.bytes > $2::int8)
+             RETURNING r.id",
+            &[&messages, &bytes],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Marks to be provisioned again every replica whose snapshot's end seems
+/// lost on the way: its chain runs past what it acknowledged, its outbox
+/// has nothing past that to show a gap, and it said nothing new for
+/// `after` since the snapshot ended. Returns those replicas.
+pub(crate) async fn snapshot_end_lost(
+    tx: &Transaction<'_>,
+    after: Duration,
+) -> Result<Vec<String>> {
+    let rows = tx
+        .query(
+            "UPDATE sync.replicas r SET provision = true,
+                 last_error = 'the end of its snapshot was lost on the way: provisioned again'
+             FROM sync.replicas s LEFT JOIN sync.acks a ON a.replica = s.id
+             WHERE s.id = r.id AND r.live AND NOT r.provision AND r.snapshot_attempt IS NULL
+               AND r.snapshot_last > coalesce(a.number, 0) AND r.last_number > coalesce(a.number, 0)
+               AND greatest(a.at, r.snapshot_ended_at) < now() - $1::float8 * interval '1 second'
+               AND NOT EXISTS (SELECT 1 FROM sync.outbox o
+                               WHERE o.replica = r.id AND o.number > coalesce(a.number, 0))
+             RETURNING r.id",
+            &[&after.as_secs_f64()],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// One message as it waits in the outbox.
+pub(crate) struct Waiting {
+    pub replica: String,
+    pub number: i64,
+    pub nonce: Vec<u8>,
+    pub head: Vec<u8>,
+    pub body: Vec<u8>,
+    pub hash: Vec<u8>,
+    pub seal: Vec<u8>,
+}
+
+/// The messages after `after` (replica, number) in order that were never
+/// sent, or were sent more than `resend` ago and are still not
+/// acknowledged: at most `limit`, and whole messages until their bytes
+/// pass `bytes` (at least one).
+pub(crate) async fn page(
+    client: &impl GenericClient,
+    after: &(String, i64),
+    limit: i64,
+    bytes: i64,
+    resend: Duration,
+) -> Result<Vec<Waiting>> {
+    let resend = resend.as_secs_f64();
+    // Typed, so parsed and run in one round trip.
+    let params: [(&(dyn ToSql + Sync), Type); 5] = [
+        (&after.0, Type::TEXT),
+        (&after.1, Type::INT8),
+        (&limit, Type::INT8),
+        (&bytes, Type::INT8),
+        (&resend, Type::FLOAT8),
+    ];
+    let rows = client
+        .query_typed(
+            "SELECT replica, number, nonce, head, bytes, hash, seal FROM (
+                 SELECT o.replica, o.number, o.nonce, o.head, b.bytes, b.hash, o.seal,
+                        sum(length(b.bytes)) OVER (ORDER BY o.replica, o.number) - length(b.bytes) AS before
+                 FROM sync.outbox o JOIN sync.bodies b ON b.id = o.body
+                 WHERE (o.replica, o.number) > ($1, $2)
+                   AND (o.sent_at IS NULL OR o.sent_at < now() - $5::float8 * interval '1 second')
+                 ORDER BY o.replica, o.number LIMIT $3) page
+             WHERE before < $4",
+            &params,
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| Waiting {
+            replica: row.get(0),
+            number: row.get(1),
+            nonce: row.get(2),
+            head: row.get(3),
+            body: row.get(4),
+            hash: row.get(5),
+            seal: row.get(6),
+        })
+        .collect())
+}
+
+/// Marks sent each replica's messages up to the number beside it: they
+/// stay until the replica acknowledges them, and are sent again once
+/// `resend` passed.
+pub(crate) async fn mark_sent(
+    client: &impl GenericClient,
+    replicas: &[String],
+    numbers: &[i64],
+    resend: Duration,
+) -> Result<()> {
+    client
+        .query_typed(
+            "UPDATE sync.outbox o SET sent_at = now()
+             FROM unnest($1::text[], $2::int8[]) AS t (replica, number)
+             WHERE o.replica = t.replica AND o.number <= t.number
+               AND (o.sent_at IS NULL OR o.sent_at < now() - $3::float8 * interval '1 second')",
+            &[
+                (&replicas, Type::TEXT_ARRAY),
+                (&numbers, Type::INT8_ARRAY),
+                (&resend.as_secs_f64(), Type::FLOAT8),
+            ],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Records why sends to `ids` failed (`errors`, beside them) in
+/// `sync.replicas.last_error`. A replica still failing for the same reason
+/// keeps its row as it is: the relay may be recording on another
+/// connection, and a row rewritten under its snapshot would make that pass
+/// fail.
+pub(crate) async fn failed(
+    client: &impl GenericClient,
+    ids: &[String],
+    errors: &[String],
+) -> Result<()> {
+    if !ids.is_empty() {
+        client
+            .execute(
+                "UPDATE sync.replicas r SET last_error = f.error
+                 FROM unnest($1::text[], $2::text[]) AS f (id, error)
+                 WHERE r.id = f.id AND r.last_error IS DISTINCT FROM f.error",
+                &[&ids, &errors],
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// Clears the send error of every replica but `failing` that is sent to
+/// whole again.
+pub(crate) async fn recovered(client: &impl GenericClient, failing: &[&str]) -> Result<()> {
+    client
+        .execute(
+            "UPDATE sync.replicas SET last_error = NULL
+             WHERE last_error IS NOT NULL AND NOT (id = ANY($1))
+               AND NOT provision AND snapshot_attempt IS NULL
+               AND NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.replica = id AND o.sent_at IS NULL)",
+            &[&failing],
+        )
+        .await?;
+    Ok(())
+}
