@@ -271,6 +271,22 @@ pub struct Recorded {
     pub deployed: Option<(String, u64)>,
 }
 
+/// What a pass's first steps found, for the rest of it.
+struct Opened {
+    epoch: outbox::Epoch,
+    /// Replicas whose outbox outgrew its bound, or whose snapshot's end was
+    /// lost: provisioned again.
+    dropped: Vec<String>,
+    /// Whether the outboxes were measured this pass.
+    bounded: bool,
+    observed: observe::Observation,
+    blocks: quarantine::Blocks,
+    /// A deployment's chunk, if one is owed.
+    work: Option<deployment::Work>,
+    /// The planner's tables analysed, over every attempt.
+    analysed: std::collections::BTreeSet<crate::store::plan::scratch::Scratch>,
+}
+
 /// What one [`publish`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Published {
@@ -504,23 +520,58 @@ impl Relay {
             .isolation_level(IsolationLevel::RepeatableRead)
             .start()
             .await?;
-        let epoch = self.open_pass(&tx).await?;
+        let mut opened = self.open(&tx, replicas).await?;
+        // Whether this pass looks for replicas due a `Configured`.
+        let looked = !self.deploying;
+        let (plan, recorded, closing) = self
+            .plan_until_settled(&tx, &mut opened, began, max_message_bytes)
+            .await?;
+        self.close_and_commit(tx, &opened, &plan, closing).await?;
+        // Only now, so that a pass that failed leaves the relay as it was
+        // and can run again on the same session.
+        if opened.bounded {
+            self.outbox_checked = Some(std::time::Instant::now());
+        }
+        self.prepared = true;
+        self.started = true;
+        if let Some(work) = &opened.work {
+            self.pace(pass_began.elapsed());
+            if plan.worked.done {
+                tracing::info!(table = work.table(), "a table's deployment is done");
+            }
+        }
+        if looked && recorded.configured.is_empty() {
+            self.configuring = false;
+        }
+        if recorded.described == 0 {
+            self.describing = false;
+        }
+        self.leftovers.left(plan.filled, opened.analysed);
+        Ok(recorded)
+    }
+
+    /// A pass's first steps, in its transaction: the epoch and the lock
+    /// checked, the outboxes measured, the replicas observed and listed for
+    /// the planner, the rows set aside read, and a deployment's next chunk
+    /// taken. The plan's savepoint is set: a plan that meets a row it
+    /// cannot send, or that would leave a row pointing at one set aside,
+    /// runs again from there with it set aside.
+    async fn open(&mut self, tx: &Transaction<'_>, replicas: &[ReplicaInfo]) -> Result<Opened> {
+        let epoch = self.open_pass(tx).await?;
         let t0 = std::time::Instant::now();
-        let (dropped, bounded) = self.bound_outboxes(&tx).await?;
-        let observed = observe::observe(&tx, replicas).await?;
+        let (dropped, bounded) = self.bound_outboxes(tx).await?;
+        let observed = observe::observe(tx, replicas).await?;
         trace("observe", t0);
-        self.list(&tx, &observed).await?;
-        // A plan that meets a row it cannot send, or that would leave a row
-        // pointing at one set aside, runs again from here with it set aside.
+        self.list(tx, &observed).await?;
         // Sent together: one round trip.
-        let ((), mut blocks) = tokio::try_join!(
+        let ((), blocks) = tokio::try_join!(
             async { Ok(tx.batch_execute("SAVEPOINT plan").await?) },
-            quarantine::Blocks::read(&tx)
+            quarantine::Blocks::read(tx)
         )?;
         let work = match self.deploying {
             true => {
                 let context = &self.context;
-                deployment::next(&tx, &context.graph, &context.schema, &mut self.removed).await?
+                deployment::next(tx, &context.graph, &context.schema, &mut self.removed).await?
             }
             false => None,
         };
@@ -529,84 +580,121 @@ impl Relay {
             tracing::info!("the deployment is complete");
             self.deploying = false;
         }
-        // Whether this pass looks for replicas due a `Configured`.
-        let looked = !self.deploying;
-        let mut analysed = std::collections::BTreeSet::new();
-        let mut attempts = 0;
-        let (plan, recorded, mut closing) = loop {
-            attempts += 1;
-            if attempts > MAX_PLAN_ATTEMPTS {
-                return Err(Error::Unsettled {
-                    attempts: MAX_PLAN_ATTEMPTS,
-                });
-            }
-            let plan = self.plan(&tx, blocks, work.as_ref()).await?;
-            analysed.extend(plan.analysed.iter().copied());
+        Ok(Opened {
+            epoch,
+            dropped,
+            bounded,
+            observed,
+            blocks,
+            work,
+            analysed: Default::default(),
+        })
+    }
+
+    /// Plans, loads and writes the pass, again from the plan's savepoint
+    /// each time a row has to be set aside first, at most
+    /// `MAX_PLAN_ATTEMPTS` times. Returns the plan, what was recorded, and
+    /// the pass's closing statements so far.
+    async fn plan_until_settled(
+        &mut self,
+        tx: &Transaction<'_>,
+        opened: &mut Opened,
+        began: std::time::SystemTime,
+        max_message_bytes: usize,
+    ) -> Result<(Plan, Recorded, String)> {
+        for _ in 0..MAX_PLAN_ATTEMPTS {
+            let plan = self.plan(tx, opened.blocks, opened.work.as_ref()).await?;
+            opened.analysed.extend(plan.analysed.iter().copied());
             if let Some(blocked) = plan.blocked.as_ref().filter(|b| !b.is_empty()) {
                 tx.batch_execute("ROLLBACK TO SAVEPOINT plan").await?;
-                quarantine::block(&tx, blocked, false).await?;
+                quarantine::block(tx, blocked, false).await?;
                 // What was set aside stays when the next attempt rolls back.
                 tx.batch_execute("RELEASE SAVEPOINT plan; SAVEPOINT plan")
                     .await?;
-                blocks.added();
+                opened.blocks.added();
                 continue;
             }
+            let observed = &opened.observed;
             let mut recorded = Recorded {
                 planned: plan.planned,
                 waiting: observed.waiting.clone(),
                 streaming: observed.streaming.clone(),
                 forgotten: observed.forgotten.clone(),
-                dropped: dropped.clone(),
-                oldest_change: self.oldest_change(&tx, &plan.planned, began).await?,
-                deployed: work
+                dropped: opened.dropped.clone(),
+                oldest_change: self.oldest_change(tx, &plan.planned, began).await?,
+                deployed: opened
+                    .work
                     .as_ref()
                     .map(|w| (w.table().to_string(), plan.worked.rows)),
                 ..Recorded::default()
             };
             let loaded = self
                 .load_and_write(
-                    &tx,
-                    &observed,
+                    tx,
+                    observed,
                     &plan,
-                    &epoch,
+                    &opened.epoch,
                     max_message_bytes,
                     &mut recorded,
                 )
                 .await;
             match loaded {
-                Ok(closing) => break (plan, recorded, closing),
+                Ok(closing) => return Ok((plan, recorded, closing)),
                 Err(Error::Unsendable(rows)) => {
-                    let found = quarantine::resolve(
-                        &tx,
-                        &self.context.graph,
-                        quarantine::From::Sends,
-                        &rows,
-                    )
-                    .await?;
-                    tx.batch_execute("ROLLBACK TO SAVEPOINT plan").await?;
-                    for row in &rows {
-                        tracing::error!(
-                            table = row.table,
-                            key = %row.key,
-                            reason = %row.reason,
-                            "a row cannot go down: set aside until it changes or a fix is deployed"
-                        );
-                    }
-                    crate::store::quarantine::set_aside(&tx, &found).await?;
-                    tx.batch_execute("RELEASE SAVEPOINT plan; SAVEPOINT plan")
-                        .await?;
-                    metrics::counter!("magic_sync_rows_quarantined_total")
-                        .increment(rows.len() as u64);
-                    blocks.added();
+                    self.set_aside(tx, &rows).await?;
+                    opened.blocks.added();
                 }
                 Err(e) => return Err(e),
             }
-        };
-        closing.push_str(&held::kept_and_done(&observed.streaming, &plan.filled));
-        if let Some(work) = &work {
+        }
+        Err(Error::Unsettled {
+            attempts: MAX_PLAN_ATTEMPTS,
+        })
+    }
+
+    /// Sets aside rows that cannot go down (and what leans on them), after
+    /// rolling the plan back to its savepoint; kept when the next attempt
+    /// rolls back.
+    async fn set_aside(
+        &self,
+        tx: &Transaction<'_>,
+        rows: &[crate::error::Unsendable],
+    ) -> Result<()> {
+        let found =
+            quarantine::resolve(tx, &self.context.graph, quarantine::From::Sends, rows).await?;
+        tx.batch_execute("ROLLBACK TO SAVEPOINT plan").await?;
+        for row in rows {
+            tracing::error!(
+                table = row.table,
+                key = %row.key,
+                reason = %row.reason,
+                "a row cannot go down: set aside until it changes or a fix is deployed"
+            );
+        }
+        store::quarantine::set_aside(tx, &found).await?;
+        tx.batch_execute("RELEASE SAVEPOINT plan; SAVEPOINT plan")
+            .await?;
+        metrics::counter!("magic_sync_rows_quarantined_total").increment(rows.len() as u64);
+        Ok(())
+    }
+
+    /// Runs the pass's closing statements (what each replica now holds, a
+    /// deployment's progress, what was set aside taken back) and commits.
+    async fn close_and_commit(
+        &self,
+        tx: Transaction<'_>,
+        opened: &Opened,
+        plan: &Plan,
+        mut closing: String,
+    ) -> Result<()> {
+        closing.push_str(&held::kept_and_done(
+            &opened.observed.streaming,
+            &plan.filled,
+        ));
+        if let Some(work) = &opened.work {
             closing.push_str(&deployment::closing(work.table(), &plan.worked));
         }
-        if blocks.unsettled {
+        if opened.blocks.unsettled {
             // Every row set aside is taken back now from wherever it was held.
             closing.push_str(store::quarantine::SETTLE);
         }
@@ -623,27 +711,7 @@ impl Relay {
         fail::fail_point!("relay-after-commit", |_| Err(Error::Injected(
             "relay-after-commit"
         )));
-        // Only now, so that a pass that failed leaves the relay as it was
-        // and can run again on the same session.
-        if bounded {
-            self.outbox_checked = Some(std::time::Instant::now());
-        }
-        self.prepared = true;
-        self.started = true;
-        if let Some(work) = &work {
-            self.pace(pass_began.elapsed());
-            if plan.worked.done {
-                tracing::info!(table = work.table(), "a table's deployment is done");
-            }
-        }
-        if looked && recorded.configured.is_empty() {
-            self.configuring = false;
-        }
-        if recorded.described == 0 {
-            self.describing = false;
-        }
-        self.leftovers.left(plan.filled, analysed);
-        Ok(recorded)
+        Ok(())
     }
 
     /// The next chunk's size, from how long the pass that worked this one
