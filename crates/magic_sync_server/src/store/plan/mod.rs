@@ -453,92 +453,120 @@ impl Planner<'_, '_> {
                 resend,
                 after,
             } => {
-                let shape = self.graph.shape(table);
-                let chunk = crate::store::deployment::chunk_sql(shape, after.as_ref(), limit);
-                let last_order: Vec<String> = (0..shape.table.key.len())
-                    .map(|i| format!("c{i} DESC"))
-                    .collect();
-                // Planned again: the rows are touched. Only sent again: they
-                // wait in a table of their own for the difference's end.
-                let (into, scratch) = match replan {
-                    true => (
-                        format!(
-                            "INSERT INTO _ms_touched (t, k, resend) SELECT {}, k, {resend} FROM c
-                             ON CONFLICT (t, k) DO UPDATE SET resend = _ms_touched.resend OR EXCLUDED.resend",
-                            literal(table)
-                        ),
-                        Scratch::Touched,
-                    ),
-                    false => (
-                        "INSERT INTO _ms_chunk (k) SELECT k FROM c".to_string(),
-                        Scratch::Chunk,
-                    ),
-                };
-                let row = self
-                    .tx
-                    .query_one(
-                        &format!(
-                            "WITH c AS MATERIALIZED ({chunk}), i AS ({into})
-                             SELECT count(*), (SELECT k::text FROM c ORDER BY {last_order} LIMIT 1) FROM c",
-                            last_order = last_order.join(", "),
-                        ),
-                        &[],
-                    )
+                let rows = self
+                    .chunk_again(table, *replan, *resend, after.as_ref(), limit)
                     .await?;
-                let rows = row.get::<_, i64>(0) as u64;
-                self.filled.lock().expect("not poisoned").add(scratch, rows);
-                if *replan && rows > ANALYSE_ABOVE {
-                    self.analyse(Scratch::Touched).await?;
-                }
-                *self.worked.lock().expect("not poisoned") = crate::store::deployment::Worked {
-                    rows,
-                    last: row.get(1),
-                    done: (rows as i64) < limit,
-                };
                 Ok((rows, 0))
             }
             crate::store::deployment::Work::Remove(removed) => {
-                let t = literal(removed.name);
-                let rows = self
-                    .fill(
-                        Scratch::Delete,
-                        &format!(
-                            "INSERT INTO _ms_del (r, t, k, hptrs)
-                             SELECT h.replica, h.table_name, h.key::jsonb, h.ptrs FROM sync.held h
-                             WHERE h.table_name = {t}
-                               AND h.replica = ANY (ARRAY (SELECT r FROM _ms_r WHERE NOT fresh))
-                             LIMIT {limit}"
-                        ),
-                    )
-                    .await?;
-                if rows > 0 && !removed.links.is_empty() {
-                    // What they point at counts them no more; the planner
-                    // questions those parents below.
-                    let links: Vec<String> = removed
-                        .links
-                        .iter()
-                        .map(|(name, parent)| format!("({}, {})", literal(name), literal(parent)))
-                        .collect();
-                    self.run(&format!(
-                        "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;
-                         UPDATE sync.held h SET refs = h.refs - x.n
-                         FROM (SELECT d.r, l.p AS t, d.hptrs -> l.name AS k, count(*)::int AS n
-                               FROM _ms_del d JOIN (VALUES {}) AS l (name, p) ON d.hptrs ? l.name
-                               WHERE d.t = {t} GROUP BY 1, 2, 3) x
-                         WHERE h.table_name = x.t AND h.key = x.k::text AND h.replica = x.r;
-                         SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT;",
-                        links.join(", ")
-                    ))
-                    .await?;
-                }
-                *self.worked.lock().expect("not poisoned") = crate::store::deployment::Worked {
-                    rows,
-                    last: None,
-                    done: (rows as i64) < limit,
-                };
+                let rows = self.chunk_removed(removed, limit).await?;
                 Ok((rows, rows))
             }
         }
+    }
+
+    /// The next `limit` rows of `table` after `after`, planned again as rows
+    /// touched (`replan`) or waiting to be sent again as held
+    /// (`_ms_chunk`). Returns how many.
+    async fn chunk_again(
+        &self,
+        table: &'static str,
+        replan: bool,
+        resend: bool,
+        after: Option<&serde_json::Value>,
+        limit: i64,
+    ) -> Result<u64> {
+        let shape = self.graph.shape(table);
+        let chunk = crate::store::deployment::chunk_sql(shape, after, limit);
+        let last_order: Vec<String> = (0..shape.table.key.len())
+            .map(|i| format!("c{i} DESC"))
+            .collect();
+        // Planned again: the rows are touched. Only sent again: they
+        // wait in a table of their own for the difference's end.
+        let (into, scratch) = match replan {
+            true => (
+                format!(
+                    "INSERT INTO _ms_touched (t, k, resend) SELECT {}, k, {resend} FROM c
+                     ON CONFLICT (t, k) DO UPDATE SET resend = _ms_touched.resend OR EXCLUDED.resend",
+                    literal(table)
+                ),
+                Scratch::Touched,
+            ),
+            false => (
+                "INSERT INTO _ms_chunk (k) SELECT k FROM c".to_string(),
+                Scratch::Chunk,
+            ),
+        };
+        let row = self
+            .tx
+            .query_one(
+                &format!(
+                    "WITH c AS MATERIALIZED ({chunk}), i AS ({into})
+                     SELECT count(*), (SELECT k::text FROM c ORDER BY {last_order} LIMIT 1) FROM c",
+                    last_order = last_order.join(", "),
+                ),
+                &[],
+            )
+            .await?;
+        let rows = row.get::<_, i64>(0) as u64;
+        self.filled.lock().expect("not poisoned").add(scratch, rows);
+        if replan && rows > ANALYSE_ABOVE {
+            self.analyse(Scratch::Touched).await?;
+        }
+        *self.worked.lock().expect("not poisoned") = crate::store::deployment::Worked {
+            rows,
+            last: row.get(1),
+            done: (rows as i64) < limit,
+        };
+        Ok(rows)
+    }
+
+    /// The next `limit` rows the kept-up replicas are recorded holding of a
+    /// table no longer declared, taken back; what they point at counts them
+    /// no more. Returns how many.
+    async fn chunk_removed(
+        &self,
+        removed: &crate::store::deployment::Removed,
+        limit: i64,
+    ) -> Result<u64> {
+        let t = literal(removed.name);
+        let rows = self
+            .fill(
+                Scratch::Delete,
+                &format!(
+                    "INSERT INTO _ms_del (r, t, k, hptrs)
+                     SELECT h.replica, h.table_name, h.key::jsonb, h.ptrs FROM sync.held h
+                     WHERE h.table_name = {t}
+                       AND h.replica = ANY (ARRAY (SELECT r FROM _ms_r WHERE NOT fresh))
+                     LIMIT {limit}"
+                ),
+            )
+            .await?;
+        if rows > 0 && !removed.links.is_empty() {
+            // The planner questions those parents below.
+            let links: Vec<String> = removed
+                .links
+                .iter()
+                .map(|(name, parent)| format!("({}, {})", literal(name), literal(parent)))
+                .collect();
+            self.run(&format!(
+                "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;
+                 UPDATE sync.held h SET refs = h.refs - x.n
+                 FROM (SELECT d.r, l.p AS t, d.hptrs -> l.name AS k, count(*)::int AS n
+                       FROM _ms_del d JOIN (VALUES {}) AS l (name, p) ON d.hptrs ? l.name
+                       WHERE d.t = {t} GROUP BY 1, 2, 3) x
+                 WHERE h.table_name = x.t AND h.key = x.k::text AND h.replica = x.r;
+                 SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT;",
+                links.join(", ")
+            ))
+            .await?;
+        }
+        *self.worked.lock().expect("not poisoned") = crate::store::deployment::Worked {
+            rows,
+            last: None,
+            done: (rows as i64) < limit,
+        };
+        Ok(rows)
     }
 
     /// The held parents of the removed rows this plan takes back: each may
