@@ -284,7 +284,7 @@ impl Transport for Drop {
     fn max_message_bytes(&self) -> usize {
         1 << 20
     }
-    async fn send(&self, _: &str, _: &str, _: Vec<u8>) -> Result<(), SendError> {
+    async fn send(&self, _: &magic_sync::ReplicaId, _: &str, _: Vec<u8>) -> Result<(), SendError> {
         Ok(())
     }
 }

@@ -99,7 +99,7 @@ async fn main() {
         let path = dir.path().join(format!("{}.sqlite", info.id));
         let mut replica = magic_sync::replica::Replica::open(&path, &info.id, engine).unwrap();
         replica.trust(&key).unwrap();
-        let (network, id) = (network.clone(), info.id.clone());
+        let (network, id) = (network.clone(), info.id.to_string());
         threads.push(std::thread::spawn(move || {
             magic_sync::run::replica::replica_with(
                 &mut replica,
@@ -167,7 +167,7 @@ async fn main() {
     for info in &infos {
         let (path, id, stop, written, network) = (
             dir.path().join(format!("{}.sqlite", info.id)),
-            info.id.clone(),
+            info.id.to_string(),
             stop.clone(),
             written.clone(),
             network.clone(),

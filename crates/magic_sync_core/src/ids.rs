@@ -54,9 +54,143 @@ impl fmt::Display for MessageNo {
     }
 }
 
+/// A replica's id: what the host lists it by, what the transport
+/// authenticates it as, and what rules compare a replica column with.
+///
+/// One type for it, so that a replica's id is never mistaken for a table's
+/// name or a partition's, and every function that takes one says so. It
+/// reads as the text it is (`Deref<Target = str>`, `Display`), and is made
+/// from text with `From`: what makes an id acceptable (not empty, listed
+/// once) is checked where the host's list comes in.
+#[derive(
+    Debug,
+    Clone,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(transparent)]
+pub struct ReplicaId(String);
+
+impl ReplicaId {
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The id as owned text.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl std::ops::Deref for ReplicaId {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for ReplicaId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::borrow::Borrow<str> for ReplicaId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for ReplicaId {
+    fn from(id: String) -> ReplicaId {
+        ReplicaId(id)
+    }
+}
+
+impl From<&str> for ReplicaId {
+    fn from(id: &str) -> ReplicaId {
+        ReplicaId(id.to_string())
+    }
+}
+
+impl From<&String> for ReplicaId {
+    fn from(id: &String) -> ReplicaId {
+        ReplicaId(id.clone())
+    }
+}
+
+impl From<ReplicaId> for String {
+    fn from(id: ReplicaId) -> String {
+        id.0
+    }
+}
+
+impl PartialEq<str> for ReplicaId {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for ReplicaId {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl PartialEq<String> for ReplicaId {
+    fn eq(&self, other: &String) -> bool {
+        &self.0 == other
+    }
+}
+
+impl PartialEq<ReplicaId> for str {
+    fn eq(&self, other: &ReplicaId) -> bool {
+        self == other.0
+    }
+}
+
+impl PartialEq<ReplicaId> for &str {
+    fn eq(&self, other: &ReplicaId) -> bool {
+        *self == other.0
+    }
+}
+
+impl PartialEq<ReplicaId> for String {
+    fn eq(&self, other: &ReplicaId) -> bool {
+        *self == other.0
+    }
+}
+
+impl fmt::Display for ReplicaId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{BeyondAnyMessage, MessageNo};
+    use super::{BeyondAnyMessage, MessageNo, ReplicaId};
+    use std::collections::HashMap;
+
+    #[test]
+    fn a_replica_id_reads_as_its_text_and_finds_itself_by_it() {
+        let id = ReplicaId::from("till-1");
+        assert_eq!(id.as_str(), "till-1");
+        assert_eq!(id.to_string(), "till-1");
+        assert_eq!(id, "till-1");
+        assert!(id.starts_with("till"));
+        let kept: HashMap<ReplicaId, u32> = HashMap::from([(id.clone(), 3)]);
+        assert_eq!(kept.get("till-1"), Some(&3));
+        assert_eq!(serde_json::to_string(&id).unwrap(), "\"till-1\"");
+        assert_eq!(String::from(id), "till-1");
+    }
 
     #[test]
     fn the_wire_names_no_number_the_store_cannot_hold() {

@@ -24,6 +24,7 @@ use magic_sync::envelope::{Filed, Up};
 use magic_sync::relay::{SendError, Transport};
 use magic_sync::run::server::Reports;
 use magic_sync::run::Report;
+use magic_sync::ReplicaId;
 use prost::Message as _;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -153,7 +154,7 @@ impl Peer {
 /// What replicas said that the relay has not taken yet, and its bytes.
 #[derive(Debug, Default)]
 struct Queue {
-    reports: VecDeque<(String, Report)>,
+    reports: VecDeque<(ReplicaId, Report)>,
     /// Per replica, the bytes of its frames queued.
     bytes: HashMap<String, usize>,
     total: usize,
@@ -326,7 +327,7 @@ impl Inner {
         queue.total += size;
         queue
             .reports
-            .push_back((replica.to_string(), Report::from_up(up)));
+            .push_back((ReplicaId::from(replica), Report::from_up(up)));
         drop(queue);
         self.reported.notify_one();
         None
@@ -410,7 +411,7 @@ impl Transport for Hub {
         self.inner.settings.max_message_bytes
     }
 
-    async fn send(&self, replica: &str, id: &str, message: Vec<u8>) -> Result<(), SendError> {
+    async fn send(&self, replica: &ReplicaId, id: &str, message: Vec<u8>) -> Result<(), SendError> {
         // The id is `epoch-number-nonce`: the number is what the replica's
         // acknowledgements name.
         let number = id
@@ -438,7 +439,7 @@ impl Transport for Hub {
                 let unacked = self
                     .inner
                     .peers()
-                    .get(replica)
+                    .get(replica.as_str())
                     .map_or(0, |p| p.unacked_bytes);
                 return Err(SendError(format!(
                     "replica `{replica}` has {unacked} bytes of messages unacknowledged (at most \
@@ -449,11 +450,11 @@ impl Transport for Hub {
         }
     }
 
-    async fn answer(&self, replica: &str, filed: Filed) -> Result<(), SendError> {
+    async fn answer(&self, replica: &ReplicaId, filed: Filed) -> Result<(), SendError> {
         let frame = axum::body::Bytes::from(frame::filed(filed));
         let peers = self.inner.peers();
         let conn = peers
-            .get(replica)
+            .get(replica.as_str())
             .and_then(|p| p.conn.as_ref())
             .ok_or_else(|| Inner::not_connected(replica))?;
         conn.tx
@@ -461,14 +462,14 @@ impl Transport for Hub {
             .map_err(|_| Inner::not_connected(replica))
     }
 
-    fn misbehaved(&self, replica: &str, why: &str) {
-        tracing::warn!(replica, "{why}; its connection is closed");
+    fn misbehaved(&self, replica: &ReplicaId, why: &str) {
+        tracing::warn!(replica = %replica, "{why}; its connection is closed");
         self.disconnect(replica, why);
     }
 }
 
 impl Reports for Hub {
-    fn drain(&self) -> Vec<(String, Report)> {
+    fn drain(&self) -> Vec<(ReplicaId, Report)> {
         let taken = {
             let mut queue = self
                 .inner

@@ -6,6 +6,7 @@
 use magic_sync_core::error::list;
 pub use magic_sync_core::error::{Handling, Mismatch};
 use magic_sync_core::sql::{ident, qualified};
+use magic_sync_core::ReplicaId;
 use std::fmt;
 use tokio_postgres::error::SqlState;
 
@@ -67,7 +68,7 @@ pub enum Error {
     #[error("replica `{replica}` acknowledged message {number} under a seal the server did not make: refused")]
     Forged {
         /// The replica that sent it (as the transport authenticated it).
-        replica: String,
+        replica: ReplicaId,
         /// The message number it named.
         number: u64,
     },
@@ -76,7 +77,7 @@ pub enum Error {
     #[error("sending message {number} to replica `{replica}`: {reason}")]
     Send {
         /// The replica.
-        replica: String,
+        replica: ReplicaId,
         /// The message's number.
         number: u64,
         /// What the transport said.
@@ -87,7 +88,7 @@ pub enum Error {
     #[error("an upload from replica `{replica}`, which the server does not know")]
     UnknownReplica {
         /// The replica, as the transport authenticated it.
-        replica: String,
+        replica: ReplicaId,
     },
     /// The host's list of replicas cannot be a fleet (an empty id, an id
     /// twice): the host's to fix.

@@ -47,6 +47,7 @@ use crate::sql::ident;
 use crate::store;
 use crate::value::{canonical_key, Kind, Value};
 use magic_sync_core::link::upload_rows;
+use magic_sync_core::ReplicaId;
 use std::collections::{BTreeMap, HashMap};
 use tokio_postgres::{Client, Transaction};
 
@@ -94,8 +95,13 @@ enum Outcome {
 
 /// Files `up`, sent by `replica` (as the transport authenticated it: never
 /// what the upload or its rows say), in one transaction on `client`.
-pub async fn file(client: &mut Client, engine: &Engine, replica: &str, up: &Up) -> Result<Filing> {
-    let uploads = [(replica.to_string(), up.clone())];
+pub async fn file(
+    client: &mut Client,
+    engine: &Engine,
+    replica: &ReplicaId,
+    up: &Up,
+) -> Result<Filing> {
+    let uploads = [(replica.clone(), up.clone())];
     let mut filings = file_all(client, engine, &uploads).await?;
     filings.pop().expect("one filing per upload")
 }
@@ -118,7 +124,7 @@ const SAVEPOINTS_PER_TRANSACTION: usize = 32;
 pub async fn file_all(
     client: &mut Client,
     engine: &Engine,
-    uploads: &[(String, Up)],
+    uploads: &[(ReplicaId, Up)],
 ) -> Result<Vec<Result<Filing>>> {
     file_with(client, engine, uploads, true).await
 }
@@ -128,7 +134,7 @@ pub async fn file_all(
 async fn file_with(
     client: &mut Client,
     engine: &Engine,
-    uploads: &[(String, Up)],
+    uploads: &[(ReplicaId, Up)],
     bounded: bool,
 ) -> Result<Vec<Result<Filing>>> {
     let mut filings: Vec<Option<Result<Filing>>> = uploads.iter().map(|_| None).collect();
@@ -145,12 +151,12 @@ async fn file_with(
     let mut i = 0;
     while i < uploads.len() {
         let (replica, up) = &uploads[i];
-        if !known.contains(replica) {
+        if !known.contains(replica.as_str()) {
             filings[i] = Some(Err(unknown(replica)));
             i += 1;
             continue;
         }
-        if let Some(reason) = full.get(replica).filter(|_| carries_rows(up)) {
+        if let Some(reason) = full.get(replica.as_str()).filter(|_| carries_rows(up)) {
             filings[i] = Some(Ok(Filing::Waits {
                 reason: reason.clone(),
             }));
@@ -163,7 +169,7 @@ async fn file_with(
             // deleted.
             let from = i;
             while i < uploads.len()
-                && known.contains(&uploads[i].0)
+                && known.contains(uploads[i].0.as_str())
                 && records_only(engine, &uploads[i].1)
             {
                 i += 1;
@@ -273,7 +279,7 @@ pub async fn refile(client: &mut Client, engine: &Engine) -> Result<Refiled> {
     }
     // One upload per replica and sequence (a chunk of them at a time),
     // each naming the rows it carries.
-    let mut uploads: Vec<(String, Up)> = Vec::new();
+    let mut uploads: Vec<(ReplicaId, Up)> = Vec::new();
     let mut carried: Vec<Vec<(String, String)>> = Vec::new();
     for kept in rows {
         let store::filing::Kept {
@@ -289,7 +295,7 @@ pub async fn refile(client: &mut Client, engine: &Engine) -> Result<Refiled> {
         });
         if !fits {
             uploads.push((
-                replica.clone(),
+                ReplicaId::from(&replica),
                 Up {
                     sequence,
                     ..Up::default()
@@ -359,7 +365,7 @@ fn carries_rows(up: &Up) -> bool {
 /// uploads wait.
 async fn full_inboxes(
     tx: &Transaction<'_>,
-    uploads: &[(String, Up)],
+    uploads: &[(ReplicaId, Up)],
 ) -> Result<std::collections::HashMap<String, String>> {
     let ids: Vec<&str> = uploads.iter().map(|(r, _)| r.as_str()).collect();
     let full = store::filing::full_inboxes(tx, &ids, INBOX_ROWS, INBOX_BYTES).await?;
@@ -379,16 +385,16 @@ async fn full_inboxes(
 /// The replicas the uploads name that the server knows.
 async fn known_replicas(
     tx: &Transaction<'_>,
-    uploads: &[(String, Up)],
+    uploads: &[(ReplicaId, Up)],
 ) -> Result<std::collections::HashSet<String>> {
     let ids: Vec<&str> = uploads.iter().map(|(r, _)| r.as_str()).collect();
     store::filing::known(tx, &ids).await
 }
 
 /// An upload from a replica the server does not know.
-fn unknown(replica: &str) -> Error {
+fn unknown(replica: &ReplicaId) -> Error {
     Error::UnknownReplica {
-        replica: replica.to_string(),
+        replica: replica.clone(),
     }
 }
 
@@ -413,7 +419,7 @@ fn records_only(engine: &Engine, up: &Up) -> bool {
 async fn record_backlogs(
     tx: &Transaction<'_>,
     engine: &Engine,
-    uploads: &[(String, Up)],
+    uploads: &[(ReplicaId, Up)],
     filings: &[Option<Result<Filing>>],
 ) -> Result<()> {
     let mut last: std::collections::BTreeMap<&str, serde_json::Value> = Default::default();
@@ -447,7 +453,7 @@ async fn record_backlogs(
 async fn record_filed(
     tx: &Transaction<'_>,
     engine: &Engine,
-    uploads: &[(String, Up)],
+    uploads: &[(ReplicaId, Up)],
     filings: &[Option<Result<Filing>>],
 ) -> Result<()> {
     tokio::try_join!(
@@ -464,7 +470,7 @@ async fn record_filed(
 /// [`crate::relay::acknowledge_all`]).
 async fn record_answered(
     tx: &Transaction<'_>,
-    uploads: &[(String, Up)],
+    uploads: &[(ReplicaId, Up)],
     filings: &[Option<Result<Filing>>],
 ) -> Result<()> {
     let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
@@ -489,7 +495,7 @@ async fn record_answered(
 /// a `Reached` message after everything it planned for it.
 pub async fn checkpoint(
     client: &Client,
-    uploads: &[(String, Up)],
+    uploads: &[(ReplicaId, Up)],
     filings: &[Result<Filing>],
 ) -> Result<()> {
     let (replicas, send_ids): (Vec<&str>, Vec<&[u8]>) = uploads
@@ -511,7 +517,7 @@ pub async fn checkpoint(
 async fn file_in(
     outer: &mut Transaction<'_>,
     engine: &Engine,
-    replica: &str,
+    replica: &ReplicaId,
     up: &Up,
 ) -> Result<Filing> {
     let mut tx = outer.savepoint("magic_sync_filing").await?;
@@ -808,7 +814,7 @@ fn prepare(
 async fn records_all(
     tx: &mut Transaction<'_>,
     engine: &Engine,
-    run: &[(String, Up)],
+    run: &[(ReplicaId, Up)],
 ) -> Result<Option<Vec<Filing>>> {
     let mut by_table: BTreeMap<&str, Vec<(usize, &RowData)>> = BTreeMap::new();
     for (u, (_, up)) in run.iter().enumerate() {
@@ -878,7 +884,7 @@ impl<'r> RunOutcome<'r> {
         &mut self,
         savepoint: &Transaction<'_>,
         engine: &Engine,
-        run: &'r [(String, Up)],
+        run: &'r [(ReplicaId, Up)],
         name: &str,
         rows: Vec<(usize, &'r RowData)>,
     ) -> Result<bool> {

@@ -14,7 +14,7 @@ use crate::session::{Session, SessionSettings};
 use crate::store::wake::{self, Doze};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 pub use magic_sync_core::link::Report;
-use magic_sync_core::MessageNo;
+use magic_sync_core::{MessageNo, ReplicaId};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -25,7 +25,7 @@ use tokio_postgres::{CancelToken, Client};
 pub trait Reports: Send + Sync {
     /// Everything said since the last call, by the replica the transport
     /// authenticated, oldest first.
-    fn drain(&self) -> Vec<(String, Report)>;
+    fn drain(&self) -> Vec<(ReplicaId, Report)>;
     /// Resolves when something was said.
     fn wait(&self) -> impl Future<Output = ()> + Send;
 }
@@ -47,7 +47,7 @@ pub async fn heed<T: Transport>(
     client: &mut Client,
     engine: &Engine,
     transport: &T,
-    reports: Vec<(String, Report)>,
+    reports: Vec<(ReplicaId, Report)>,
 ) -> Result<Heeded> {
     let (mut heeded, digests) = hear(client, engine, transport, reports).await?;
     for (replica, heard) in digests {
@@ -66,8 +66,8 @@ pub async fn hear<T: Transport>(
     client: &mut Client,
     engine: &Engine,
     transport: &T,
-    reports: Vec<(String, Report)>,
-) -> Result<(Heeded, Vec<(String, Heard)>)> {
+    reports: Vec<(ReplicaId, Report)>,
+) -> Result<(Heeded, Vec<(ReplicaId, Heard)>)> {
     let mut acks = Vec::new();
     let mut uploads = Vec::new();
     let mut digests = Vec::new();
@@ -126,7 +126,7 @@ pub async fn hear<T: Transport>(
 /// `up`, unless it is larger than a message may be: a replica's uplink
 /// keeps within the limit, so this one misbehaved. Nothing of it is filed,
 /// and no answer goes.
-fn within_limit<T: Transport>(transport: &T, replica: &str, up: Up) -> Option<Up> {
+fn within_limit<T: Transport>(transport: &T, replica: &ReplicaId, up: Up) -> Option<Up> {
     use magic_sync_core::link::{upload_rows, MAX_UPLOAD_ROWS};
     let bytes = prost::Message::encoded_len(&up);
     let rows = upload_rows(&up);
@@ -141,7 +141,7 @@ fn within_limit<T: Transport>(transport: &T, replica: &str, up: Up) -> Option<Up
             transport.max_message_bytes()
         )
     };
-    tracing::warn!(replica, "{why}");
+    tracing::warn!(replica = %replica, "{why}");
     transport.misbehaved(replica, &why);
     None
 }
@@ -152,7 +152,7 @@ async fn file_and_answer<T: Transport>(
     client: &mut Client,
     engine: &Engine,
     transport: &T,
-    uploads: &[(String, Up)],
+    uploads: &[(ReplicaId, Up)],
 ) -> Result<u64> {
     let started = Instant::now();
     let filings = crate::file::file_all(client, engine, uploads).await?;
@@ -188,9 +188,9 @@ async fn file_and_answer<T: Transport>(
 pub struct Heeded {
     /// Acknowledgements recorded, as (replica, message number), in the
     /// order they came.
-    pub acknowledged: Vec<(String, i64)>,
+    pub acknowledged: Vec<(ReplicaId, i64)>,
     /// Digests heard, and what became of each.
-    pub digests: Vec<(String, crate::relay::Compared)>,
+    pub digests: Vec<(ReplicaId, crate::relay::Compared)>,
     /// Uploads filed.
     pub filed: u64,
 }
@@ -208,7 +208,7 @@ struct Measured {
 /// long a change took from its commit to the replica saying it applied it
 /// (`magic_sync_commit_to_acknowledged_seconds`).
 #[derive(Debug, Default)]
-struct Lags(HashMap<String, std::collections::VecDeque<(i64, std::time::SystemTime)>>);
+struct Lags(HashMap<ReplicaId, std::collections::VecDeque<(i64, std::time::SystemTime)>>);
 
 /// Messages remembered per replica at most; past it the two oldest merge,
 /// keeping the older change, so a replica out of reach for long costs a
@@ -358,7 +358,7 @@ struct Sessions {
     publisher: Option<Session>,
     /// Opened for the first digest heard.
     digester: Option<Session>,
-    snapshots: Arc<Mutex<HashMap<String, CancelToken>>>,
+    snapshots: Arc<Mutex<HashMap<ReplicaId, CancelToken>>>,
 }
 
 impl Sessions {
@@ -493,13 +493,13 @@ struct Workers<'a, T> {
     config: &'a tokio_postgres::Config,
     session: &'a SessionSettings,
     transport: &'a T,
-    cancels: Arc<Mutex<HashMap<String, CancelToken>>>,
+    cancels: Arc<Mutex<HashMap<ReplicaId, CancelToken>>>,
 }
 
 impl<T: Transport> Workers<'_, T> {
     /// Streams `snapshot` on a session of its own, closed when it ends.
-    async fn stream(&self, snapshot: Snapshot) -> (String, Result<Streamed, Failed>) {
-        let replica = snapshot.replica().to_string();
+    async fn stream(&self, snapshot: Snapshot) -> (ReplicaId, Result<Streamed, Failed>) {
+        let replica = snapshot.replica().clone();
         let mut session = match Session::open(self.config, self.session, "snapshot").await {
             Ok(session) => session,
             Err(e) => return (replica, Err(snapshot.fail(e))),
@@ -518,7 +518,7 @@ impl<T: Transport> Workers<'_, T> {
 /// The snapshots under way, and what became of those that ended.
 #[derive(Default)]
 struct Book {
-    running: HashSet<String>,
+    running: HashSet<ReplicaId>,
     retries: Retries,
     /// Messages and rows the snapshots that ended sent, not yet tallied.
     streamed: (u64, u64),
@@ -529,7 +529,7 @@ struct Book {
 impl Book {
     fn finished(
         &mut self,
-        (replica, result): (String, Result<Streamed, Failed>),
+        (replica, result): (ReplicaId, Result<Streamed, Failed>),
         settings: &Settings,
     ) {
         self.running.remove(&replica);
@@ -553,11 +553,11 @@ impl Book {
 /// When each replica whose snapshot failed may be tried again, and the
 /// waits after its next failures.
 #[derive(Default)]
-struct Retries(HashMap<String, (Instant, Backoff)>);
+struct Retries(HashMap<ReplicaId, (Instant, Backoff)>);
 
 impl Retries {
-    fn failed(&mut self, replica: &str, settings: &Settings) {
-        let (at, backoff) = self.0.entry(replica.to_string()).or_insert_with(|| {
+    fn failed(&mut self, replica: &ReplicaId, settings: &Settings) {
+        let (at, backoff) = self.0.entry(replica.clone()).or_insert_with(|| {
             let backoff = Backoff::new(settings.backoff_min, settings.backoff_max);
             (Instant::now(), backoff)
         });
@@ -684,7 +684,7 @@ async fn until_a_snapshot_ends<W, S>(
     settings: &Settings,
 ) where
     W: Future<Output = ()>,
-    S: Future<Output = (String, Result<Streamed, Failed>)>,
+    S: Future<Output = (ReplicaId, Result<Streamed, Failed>)>,
 {
     tokio::select! {
         () = work => {}
@@ -704,7 +704,7 @@ async fn beside_snapshots<W, S>(
 ) -> W::Output
 where
     W: Future,
-    S: Future<Output = (String, Result<Streamed, Failed>)>,
+    S: Future<Output = (ReplicaId, Result<Streamed, Failed>)>,
 {
     tokio::pin!(work);
     loop {
@@ -721,12 +721,12 @@ where
 /// queue holds at most one a replica however often they come.
 #[derive(Default)]
 struct Digests {
-    waiting: Mutex<std::collections::BTreeMap<String, Heard>>,
+    waiting: Mutex<std::collections::BTreeMap<ReplicaId, Heard>>,
     heard: tokio::sync::Notify,
 }
 
 impl Digests {
-    fn push(&self, heard: Vec<(String, Heard)>) {
+    fn push(&self, heard: Vec<(ReplicaId, Heard)>) {
         if heard.is_empty() {
             return;
         }
@@ -842,7 +842,7 @@ mod tests {
 
     fn pass(written: &[(&str, i64)], oldest: Option<SystemTime>) -> Recorded {
         Recorded {
-            written: written.iter().map(|(r, n)| (r.to_string(), *n)).collect(),
+            written: written.iter().map(|(r, n)| ((*r).into(), *n)).collect(),
             oldest_change: oldest,
             ..Recorded::default()
         }

@@ -10,7 +10,7 @@ use magic_sync::relay::{Recorded, Relay, ReplicaInfo, Settings, Snapshot};
 use magic_sync::replica::{self, Replica};
 use magic_sync::run::{self, memory::Network};
 use magic_sync::sql::ident;
-use magic_sync::{Engine, Value};
+use magic_sync::{Engine, ReplicaId, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use tokio_postgres::Client;
@@ -30,7 +30,7 @@ pub struct Unit {
 pub struct Step {
     pub recorded: Recorded,
     /// Replicas provisioned from scratch, their snapshots recorded.
-    pub provisioned: Vec<String>,
+    pub provisioned: Vec<ReplicaId>,
 }
 
 impl std::ops::Deref for Step {
@@ -461,7 +461,7 @@ impl Fleet {
 
     /// Streams the snapshot of `replica` to the network, begun now; its
     /// replica if it was recorded.
-    pub async fn snapshot(&mut self, replica: &str) -> Option<String> {
+    pub async fn snapshot(&mut self, replica: &str) -> Option<ReplicaId> {
         let snapshot = self.begin_snapshot(replica).await?;
         match snapshot.stream(&mut self.snapshots, &self.network).await {
             Ok(streamed) => streamed.recorded.then_some(streamed.replica),

@@ -6,6 +6,7 @@
 
 use magic_sync::relay::{SendError, Transport};
 use magic_sync::run::memory::Network;
+use magic_sync::ReplicaId;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::Notify;
@@ -50,8 +51,8 @@ impl Transport for Gate {
         self.network.max_message_bytes()
     }
 
-    async fn send(&self, replica: &str, id: &str, message: Vec<u8>) -> Result<(), SendError> {
-        if replica == self.replica && self.sent.fetch_add(1, Ordering::SeqCst) == self.after {
+    async fn send(&self, replica: &ReplicaId, id: &str, message: Vec<u8>) -> Result<(), SendError> {
+        if *replica == self.replica && self.sent.fetch_add(1, Ordering::SeqCst) == self.after {
             self.reached.notify_one();
             self.release.notified().await;
         }

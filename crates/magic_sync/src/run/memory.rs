@@ -24,7 +24,7 @@ struct State {
     /// a message is for wakes.
     bells: HashMap<String, Arc<Condvar>>,
     cut: HashSet<String>,
-    reports: VecDeque<(String, Report)>,
+    reports: VecDeque<(crate::ReplicaId, Report)>,
     closed: bool,
 }
 
@@ -198,15 +198,13 @@ impl Network {
 
     /// Queues what `replica` says for the server.
     pub fn report(&self, replica: &str, report: Report) {
-        self.state()
-            .reports
-            .push_back((replica.to_string(), report));
+        self.state().reports.push_back((replica.into(), report));
         #[cfg(feature = "postgres")]
         self.shared.reported.notify_one();
     }
 
     /// Takes every report queued, oldest first.
-    pub fn reports(&self) -> Vec<(String, Report)> {
+    pub fn reports(&self) -> Vec<(crate::ReplicaId, Report)> {
         self.state().reports.drain(..).collect()
     }
 
@@ -294,7 +292,7 @@ impl magic_sync_server::relay::Transport for Network {
 
     async fn send(
         &self,
-        replica: &str,
+        replica: &crate::ReplicaId,
         _id: &str,
         message: Vec<u8>,
     ) -> Result<(), magic_sync_server::relay::SendError> {
@@ -304,7 +302,7 @@ impl magic_sync_server::relay::Transport for Network {
 
     async fn answer(
         &self,
-        replica: &str,
+        replica: &crate::ReplicaId,
         filed: Filed,
     ) -> Result<(), magic_sync_server::relay::SendError> {
         Network::answer(self, replica, filed).map_err(magic_sync_server::relay::SendError)
@@ -313,7 +311,7 @@ impl magic_sync_server::relay::Transport for Network {
 
 #[cfg(feature = "postgres")]
 impl super::server::Reports for Network {
-    fn drain(&self) -> Vec<(String, Report)> {
+    fn drain(&self) -> Vec<(crate::ReplicaId, Report)> {
         self.reports()
     }
 

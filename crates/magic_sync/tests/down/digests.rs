@@ -16,7 +16,7 @@ async fn digest_of(fleet: &mut Fleet, unit: &str) -> Compared {
         &mut fleet.client,
         fleet.engine,
         &fleet.network,
-        vec![(unit.to_string(), report)],
+        vec![(unit.into(), report)],
     )
     .await
     .unwrap();
@@ -173,13 +173,13 @@ async fn the_replicas_loop_tells_its_digest_when_due() {
         &mut fleet.client,
         fleet.engine,
         &fleet.network,
-        vec![("u1".to_string(), told[0].clone())],
+        vec![("u1".into(), told[0].clone())],
     )
     .await
     .unwrap();
     assert_eq!(
         heeded.digests,
-        vec![("u1".to_string(), Compared::Matched)],
+        vec![(magic_sync::ReplicaId::from("u1"), Compared::Matched)],
         "it names the last message it applied, so the server compares"
     );
 }

@@ -17,6 +17,7 @@ use crate::scenarios::shop;
 use magic_sync::envelope::{Gap, ToReplica, Up};
 use magic_sync::replica::Outcome;
 use magic_sync::run::{self, Report};
+use magic_sync::ReplicaId;
 use magic_sync_testkit::walk::env;
 use prost::Message as _;
 use rand::rngs::StdRng;
@@ -264,7 +265,7 @@ async fn the_server_hears_anything_a_replica_sends_and_it_changes_only_that_repl
         match Up::decode(input.as_slice()) {
             Ok(up) => {
                 decoded += 1;
-                batch.push(("u1".to_string(), Report::from_up(up)));
+                batch.push((ReplicaId::from("u1"), Report::from_up(up)));
             }
             Err(_) => undecodable += 1,
         }

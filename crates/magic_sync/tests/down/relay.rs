@@ -60,7 +60,7 @@ async fn acknowledge(
     replica: &str,
     ack: &magic_sync::envelope::Ack,
 ) -> magic_sync::Result<Acknowledged> {
-    magic_sync::relay::acknowledge_all(&fleet.client, &[(replica.to_string(), ack.clone())])
+    magic_sync::relay::acknowledge_all(&fleet.client, &[(replica.into(), ack.clone())])
         .await
         .expect("heeding")
         .pop()
@@ -186,11 +186,7 @@ async fn a_till_out_of_reach_past_its_outbox_bound_is_provisioned_again_and_conv
         .write("UPDATE products SET name = 'tea 5' WHERE id = 1")
         .await;
     let later = fleet.record().await;
-    assert!(
-        later.waiting.contains(&"u1".to_string()),
-        "{:?}",
-        later.recorded
-    );
+    assert!(later.waiting.contains(&"u1".into()), "{:?}", later.recorded);
     assert!(later.dropped.is_empty(), "not dropped again while it waits");
     fleet.deliver().await;
     fleet.check().await;
@@ -323,7 +319,7 @@ async fn an_acknowledgement_heeded_while_a_pass_forgets_its_replica_waits_and_le
         .unwrap();
     let heeding = fleet.db.connect().await;
     let (waiter, holder) = (backend(&heeding).await, backend(&forgetting).await);
-    let acks = [("u3".to_string(), ack)];
+    let acks = [("u3".into(), ack)];
     let heed = magic_sync::relay::acknowledge_all(&heeding, &acks);
     let observe = async {
         until("heeding never waited for the pass", || async {
@@ -954,7 +950,7 @@ async fn a_pass_says_what_it_wrote_and_since_when() {
         .collect();
     assert!(!step.written.is_empty());
     for (replica, number) in &step.written {
-        assert_eq!(last[replica], *number, "{replica}");
+        assert_eq!(last[replica.as_str()], *number, "{replica}");
     }
     fleet.deliver().await;
     let quiet = fleet.record().await;

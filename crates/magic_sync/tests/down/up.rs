@@ -39,7 +39,7 @@ async fn send(fleet: &mut Fleet, till: &str, sender: &str) -> Filing {
 
 async fn file_as(fleet: &Fleet, sender: &str, up: &Up) -> Filing {
     let mut client = fleet.db.connect().await;
-    file::file(&mut client, fleet.engine, sender, up)
+    file::file(&mut client, fleet.engine, &sender.into(), up)
         .await
         .expect("the upload is filed")
 }
@@ -370,7 +370,7 @@ async fn an_edit_while_the_till_is_provisioned_again_waits_and_files_nothing() {
         .batch_execute("UPDATE sync.replicas SET provision = true WHERE id = 'u1'")
         .await
         .unwrap();
-    assert!(fleet.pass().await.waiting.contains(&"u1".to_string()));
+    assert!(fleet.pass().await.waiting.contains(&"u1".into()));
     let snapshot = fleet.begin_snapshot("u1").await.expect("u1 waits");
     let up = fleet
         .unit("u1")
@@ -493,9 +493,14 @@ async fn a_row_postgresql_refuses_is_refused_alone_and_the_rest_is_filed() {
 async fn an_upload_from_a_replica_the_server_does_not_know_is_an_error() {
     let fleet = Fleet::new(SHOP).await;
     let mut client = fleet.db.connect().await;
-    let err = file::file(&mut client, fleet.engine, "stranger", &Up::default())
-        .await
-        .expect_err("refused");
+    let err = file::file(
+        &mut client,
+        fleet.engine,
+        &"stranger".into(),
+        &Up::default(),
+    )
+    .await
+    .expect_err("refused");
     assert!(err.to_string().contains("`stranger`"), "{err}");
 }
 
@@ -919,9 +924,9 @@ async fn uploads_filed_together_wait_or_are_refused_each_on_its_own() {
             .upload(MAX, PATIENT)
             .unwrap()
             .unwrap();
-        uploads.push((till.to_string(), up));
+        uploads.push((till.into(), up));
     }
-    uploads.push(("stranger".to_string(), Up::default()));
+    uploads.push(("stranger".into(), Up::default()));
     let mut client = fleet.db.connect().await;
     let filings = file::file_all(&mut client, fleet.engine, &uploads)
         .await
@@ -951,7 +956,7 @@ async fn file_each(fleet: &mut Fleet, tills: &[&str]) -> Vec<magic_sync::Result<
             .upload(MAX, PATIENT)
             .unwrap()
             .expect("something to upload");
-        uploads.push((till.to_string(), up));
+        uploads.push(((*till).into(), up));
     }
     let mut client = fleet.db.connect().await;
     file::file_all(&mut client, fleet.engine, &uploads)

@@ -273,7 +273,7 @@ async fn an_upload_filed_and_not_answered_is_sent_again_and_filed_once() {
         &mut fleet.client,
         fleet.engine,
         &fleet.network,
-        vec![("u1".to_string(), run::Report::Upload(up))],
+        vec![("u1".into(), run::Report::Upload(up))],
     )
     .await
     .unwrap_err();

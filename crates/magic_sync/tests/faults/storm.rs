@@ -573,7 +573,7 @@ impl Storm {
                 };
                 match self.rng.gen_bool(0.1) {
                     true => self.tally.uploads_lost += 1,
-                    false => reports.push((unit.to_string(), Report::Upload(up))),
+                    false => reports.push((unit.into(), Report::Upload(up))),
                 }
             }
         }
@@ -692,13 +692,13 @@ impl Storm {
                 &mut self.fleet.client,
                 self.fleet.engine,
                 &self.fleet.network,
-                vec![(unit.to_string(), digest)],
+                vec![(unit.into(), digest)],
             )
             .await
             .unwrap();
             assert_eq!(
                 heeded.digests,
-                vec![(unit.to_string(), Compared::Matched)],
+                vec![(magic_sync::ReplicaId::from(unit), Compared::Matched)],
                 "step {}: {unit}'s digest against the record",
                 self.step
             );

@@ -24,6 +24,7 @@ mod load;
 mod observe;
 mod outbox;
 use magic_sync_core::pack;
+pub use magic_sync_core::ReplicaId;
 mod publish;
 mod reached;
 mod replies;
@@ -65,7 +66,7 @@ const MAX_PLAN_ATTEMPTS: u32 = 64;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplicaInfo {
     /// Its id: what rules compare a replica column with.
-    pub id: String,
+    pub id: ReplicaId,
     /// Whether it takes part now. A replica that is not live holds nothing
     /// as far as the server records, and is sent nothing.
     pub live: bool,
@@ -75,7 +76,7 @@ pub struct ReplicaInfo {
 
 impl ReplicaInfo {
     /// A live replica.
-    pub fn live(id: impl Into<String>, partition: Option<&str>) -> Self {
+    pub fn live(id: impl Into<ReplicaId>, partition: Option<&str>) -> Self {
         ReplicaInfo {
             id: id.into(),
             live: true,
@@ -113,7 +114,7 @@ pub trait Transport: Send + Sync {
     /// the message goes. Ok means the transport took it.
     fn send(
         &self,
-        replica: &str,
+        replica: &ReplicaId,
         id: &str,
         message: Vec<u8>,
     ) -> impl Future<Output = Result<(), SendError>> + Send;
@@ -122,7 +123,7 @@ pub trait Transport: Send + Sync {
     /// the upload again after a while, and filing it again changes nothing.
     fn answer(
         &self,
-        replica: &str,
+        replica: &ReplicaId,
         filed: crate::envelope::Filed,
     ) -> impl Future<Output = Result<(), SendError>> + Send {
         let _ = filed;
@@ -138,7 +139,7 @@ pub trait Transport: Send + Sync {
     /// a message may be. Nothing of it was recorded or filed. A transport
     /// that holds connections closes this one, saying `why`; the default
     /// does nothing.
-    fn misbehaved(&self, replica: &str, why: &str) {
+    fn misbehaved(&self, replica: &ReplicaId, why: &str) {
         let _ = (replica, why);
     }
 }
@@ -239,22 +240,22 @@ pub struct Recorded {
     pub planned: Planned,
     /// Replicas waiting for a snapshot after the pass
     /// ([`Relay::begin_snapshot`]).
-    pub waiting: Vec<String>,
+    pub waiting: Vec<ReplicaId>,
     /// Replicas whose snapshot streams: the pass kept for them what it
     /// planned.
-    pub streaming: Vec<String>,
+    pub streaming: Vec<ReplicaId>,
     /// Replicas forgotten (no longer live, or gone).
-    pub forgotten: Vec<String>,
+    pub forgotten: Vec<ReplicaId>,
     /// Replicas whose outbox outgrew its bound (dropped), or whose
     /// snapshot's end was lost on the way: waiting for a snapshot (they
     /// are among `waiting` too).
-    pub dropped: Vec<String>,
+    pub dropped: Vec<ReplicaId>,
     /// Messages written to the outbox.
     pub messages: u64,
     /// Per replica the pass wrote to, the number of the last message it
     /// wrote: an acknowledgement of it covers everything the pass planned
     /// for that replica.
-    pub written: Vec<(String, i64)>,
+    pub written: Vec<(ReplicaId, i64)>,
     /// When the oldest change the pass planned was committed, with
     /// PostgreSQL's `track_commit_timestamp` on; otherwise when the pass
     /// began (a change committed before it). `None` when it planned no
@@ -263,7 +264,7 @@ pub struct Recorded {
     /// Replicas told, in a `Configured` message, that they hold the running
     /// build's declarations whole: once a deployment is done, or at a
     /// relay's start for replicas an older build provisioned.
-    pub configured: Vec<String>,
+    pub configured: Vec<ReplicaId>,
     /// How many replicas it sent the declarations' description.
     pub described: usize,
     /// The table a deployment worked on in this pass, and how many of its
@@ -293,7 +294,7 @@ pub struct Published {
     /// Messages the transport took.
     pub sent: u64,
     /// Replicas a send failed to, with why; their messages wait.
-    pub failed: Vec<(String, String)>,
+    pub failed: Vec<(ReplicaId, String)>,
 }
 
 /// What became of an acknowledgement.
@@ -617,10 +618,10 @@ impl Relay {
             let observed = &opened.observed;
             let mut recorded = Recorded {
                 planned: plan.planned,
-                waiting: observed.waiting.clone(),
-                streaming: observed.streaming.clone(),
-                forgotten: observed.forgotten.clone(),
-                dropped: opened.dropped.clone(),
+                waiting: ids(&observed.waiting),
+                streaming: ids(&observed.streaming),
+                forgotten: ids(&observed.forgotten),
+                dropped: ids(&opened.dropped),
                 oldest_change: self.oldest_change(tx, &plan.planned, began).await?,
                 deployed: opened
                     .work
@@ -935,12 +936,12 @@ impl Relay {
         closing.push_str(&reached::write(tx, &mut writer, reached).await?);
         closing
             .push_str(&configured::write(tx, &mut writer, &configure, &self.context.schema).await?);
-        recorded.configured = configure;
+        recorded.configured = ids(&configure);
         recorded.messages = writer.written();
         recorded.written = writer
             .last_numbers()
             .into_iter()
-            .map(|(r, n)| (r.to_string(), n))
+            .map(|(r, n)| (ReplicaId::from(r), n))
             .collect();
         let (_, chains) = writer.finish();
         closing.push_str(&chains);
@@ -1021,4 +1022,9 @@ pub fn trace(step: &str, since: std::time::Instant) {
         step,
         ms = since.elapsed().as_secs_f64() * 1e3
     );
+}
+
+/// Replicas as the relay's callers see them.
+fn ids(replicas: &[String]) -> Vec<ReplicaId> {
+    replicas.iter().map(ReplicaId::from).collect()
 }

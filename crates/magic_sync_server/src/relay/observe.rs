@@ -110,13 +110,13 @@ impl<'r> Changes<'r> {
             gone: Vec::new(),
         };
         for r in replicas {
-            match (r.live, known.get(&r.id)) {
+            match (r.live, known.get(r.id.as_str())) {
                 (true, Some((true, part))) if *part == r.partition => {}
                 (true, _) => changes
                     .provision
                     .push((r.id.as_str(), r.partition.as_deref())),
                 (false, Some((true, _))) => {
-                    changes.forget.push(r.id.clone());
+                    changes.forget.push(r.id.to_string());
                     changes.quiet.push(&r.id);
                 }
                 (false, Some((false, _))) => {}

@@ -2,7 +2,7 @@
 //! [`Transport`], beside the passes.
 
 use super::outbox::{message_id, whole, Epoch};
-use super::{Published, SendError, Transport};
+use super::{Published, ReplicaId, SendError, Transport};
 use crate::error::Result;
 use crate::store;
 use futures_util::stream::{self, StreamExt};
@@ -41,7 +41,7 @@ pub async fn publish<T: Transport>(
     concurrency: usize,
 ) -> Result<Published> {
     let mut published = Published::default();
-    let mut failed: HashMap<String, String> = HashMap::new();
+    let mut failed: HashMap<ReplicaId, String> = HashMap::new();
     let mut after = (String::new(), 0i64);
     let mut epoch: Option<Epoch> = None;
     loop {
@@ -49,7 +49,7 @@ pub async fn publish<T: Transport>(
         let Some(last) = page.last() else {
             break;
         };
-        after = (last.replica.clone(), last.number);
+        after = (last.replica.to_string(), last.number);
         // A page short of both bounds is the last: no query to hear so.
         let bytes: usize = page.iter().map(|m| m.body.len()).sum();
         let last_page = page.len() < PAGE as usize && (bytes as i64) < PAGE_BYTES;
@@ -65,7 +65,7 @@ pub async fn publish<T: Transport>(
         for (replica, taken, sent, failure) in results {
             published.sent += sent;
             if let Some(n) = taken {
-                taken_replicas.push(replica.clone());
+                taken_replicas.push(replica.to_string());
                 taken_numbers.push(n);
             }
             if let Some(why) = failure {
@@ -92,7 +92,7 @@ pub async fn publish<T: Transport>(
 
 /// What sending one replica's queue came to: the replica, the last number
 /// the transport took, how many it took, and why it stopped.
-type Sent = (String, Option<i64>, u64, Option<String>);
+type Sent = (ReplicaId, Option<i64>, u64, Option<String>);
 
 /// The next page of the outbox after `after`, in order: at most PAGE
 /// messages and about PAGE_BYTES (whole messages until their bytes pass the
@@ -116,7 +116,7 @@ async fn read_page(
 
 /// Per replica, its messages of the page, in order; none for a replica a
 /// send already failed to in this round.
-fn queues(page: Vec<Waiting>, failed: &HashMap<String, String>) -> Vec<Vec<Waiting>> {
+fn queues(page: Vec<Waiting>, failed: &HashMap<ReplicaId, String>) -> Vec<Vec<Waiting>> {
     let mut queues: Vec<Vec<Waiting>> = Vec::new();
     for message in page {
         if failed.contains_key(&message.replica) {
@@ -134,27 +134,23 @@ fn queues(page: Vec<Waiting>, failed: &HashMap<String, String>) -> Vec<Vec<Waiti
 /// for replicas sent to whole again. Returns the failures, sorted.
 async fn record_failures(
     client: &Client,
-    failed: HashMap<String, String>,
-) -> Result<Vec<(String, String)>> {
-    let (ids, errors): (Vec<String>, Vec<String>) = failed.into_iter().unzip();
-    let failed_ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    failed: HashMap<ReplicaId, String>,
+) -> Result<Vec<(ReplicaId, String)>> {
+    let (ids, errors): (Vec<ReplicaId>, Vec<String>) = failed.into_iter().unzip();
+    let failed_ids: Vec<&str> = ids.iter().map(ReplicaId::as_str).collect();
     // Independent statements, sent together: one round trip.
     tokio::try_join!(
-        store::outbox::failed(client, &ids, &errors),
+        store::outbox::failed(client, &failed_ids, &errors),
         store::outbox::recovered(client, &failed_ids)
     )?;
-    let mut failed: Vec<(String, String)> = ids.into_iter().zip(errors).collect();
+    let mut failed: Vec<(ReplicaId, String)> = ids.into_iter().zip(errors).collect();
     failed.sort();
     Ok(failed)
 }
 
 /// Sends one replica's messages in order until one fails; returns the last
 /// number the transport took, how many it took, and why it stopped.
-async fn send_in_order<T: Transport>(
-    transport: &T,
-    epoch: &Epoch,
-    queue: Vec<Waiting>,
-) -> (String, Option<i64>, u64, Option<String>) {
+async fn send_in_order<T: Transport>(transport: &T, epoch: &Epoch, queue: Vec<Waiting>) -> Sent {
     let replica = queue[0].replica.clone();
     let mut taken = None;
     let mut sent = 0;

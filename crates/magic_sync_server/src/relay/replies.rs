@@ -8,7 +8,7 @@ use crate::envelope::{Ack, Gap};
 use crate::error::{Error, Result};
 use crate::seal;
 use crate::store;
-use magic_sync_core::MessageNo;
+use magic_sync_core::{MessageNo, ReplicaId};
 use std::collections::HashMap;
 use tokio_postgres::Client;
 
@@ -34,7 +34,7 @@ use tokio_postgres::Client;
 /// ends: any number the server has drawn counts as sent.
 pub async fn acknowledge_all(
     client: &Client,
-    acks: &[(String, Ack)],
+    acks: &[(ReplicaId, Ack)],
 ) -> Result<Vec<Result<Acknowledged>>> {
     if acks.is_empty() {
         return Ok(Vec::new());
@@ -52,10 +52,10 @@ pub async fn acknowledge_all(
             outcome,
             Ok(Acknowledged::Provisioning | Acknowledged::Restored)
         ) {
-            again.push(replica);
+            again.push(replica.as_str());
         }
         if matches!(outcome, Ok(Acknowledged::Restored)) {
-            restored.push(replica);
+            restored.push(replica.as_str());
         }
         outcomes.push(outcome);
     }
@@ -81,8 +81,8 @@ pub async fn acknowledge_all(
 /// answered it; with the epoch, in one round trip.
 async fn chains(
     client: &Client,
-    acks: &[(String, Ack)],
-) -> Result<(Epoch, HashMap<String, Chain>)> {
+    acks: &[(ReplicaId, Ack)],
+) -> Result<(Epoch, HashMap<ReplicaId, Chain>)> {
     let ids: Vec<&str> = acks.iter().map(|(r, _)| r.as_str()).collect();
     let (epoch, rows) = tokio::try_join!(Epoch::read(client), store::acks::chains(client, &ids))?;
     let known = rows
@@ -94,7 +94,7 @@ async fn chains(
                 kept_up: r.kept_up,
                 answered: u64::try_from(r.answered).unwrap_or(0),
             };
-            (r.id, chain)
+            (ReplicaId::from(r.id), chain)
         })
         .collect();
     Ok((epoch, known))
@@ -115,7 +115,7 @@ struct Chain {
 
 /// What one acknowledgement by `replica` comes to, against its chain (the
 /// last number sent, the last acknowledged), which a recorded one moves.
-fn judge(epoch: &Epoch, replica: &str, ack: &Ack, chain: &mut Chain) -> Result<Acknowledged> {
+fn judge(epoch: &Epoch, replica: &ReplicaId, ack: &Ack, chain: &mut Chain) -> Result<Acknowledged> {
     let Chain {
         last,
         acked,
@@ -126,7 +126,7 @@ fn judge(epoch: &Epoch, replica: &str, ack: &Ack, chain: &mut Chain) -> Result<A
         return Ok(Acknowledged::Provisioning);
     }
     let forged = || Error::Forged {
-        replica: replica.to_string(),
+        replica: replica.clone(),
         number: ack.number,
     };
     // The seal first: nothing else an acknowledgement says counts before it

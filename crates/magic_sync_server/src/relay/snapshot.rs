@@ -35,7 +35,7 @@
 use super::load::{Loader, Sink, Source};
 use super::outbox::{message_id, stamp, whole, Chain, Epoch};
 use super::pack::Packed;
-use super::{held, Settings, Transport, RELAY_LOCK};
+use super::{held, ReplicaId, Settings, Transport, RELAY_LOCK};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::graph::Graph;
@@ -67,7 +67,7 @@ pub(crate) struct Context {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Streamed {
     /// The replica.
-    pub replica: String,
+    pub replica: ReplicaId,
     /// Rows sent.
     pub rows: u64,
     /// Messages sent, the `EndSnapshot` included.
@@ -84,7 +84,7 @@ pub struct Streamed {
 #[error("the snapshot of replica `{replica}` failed: {source}")]
 pub struct Failed {
     /// The replica.
-    pub replica: String,
+    pub replica: ReplicaId,
     attempt: Vec<u8>,
     /// Why.
     #[source]
@@ -106,7 +106,7 @@ pub(crate) use crate::store::snapshots::waiting;
 #[derive(Debug)]
 pub struct Snapshot {
     context: Arc<Context>,
-    replica: String,
+    replica: ReplicaId,
     partition: Option<String>,
     attempt: Vec<u8>,
     /// The number of its first message, drawn when it began.
@@ -143,7 +143,7 @@ pub(crate) async fn begin(
     tx.commit().await?;
     Ok(Some(Snapshot {
         context,
-        replica: replica.to_string(),
+        replica: replica.into(),
         partition: begun.partition,
         attempt,
         first: begun.first,
@@ -166,7 +166,7 @@ pub(crate) async fn abandon(client: &Client, failed: &Failed) -> Result<()> {
 
 impl Snapshot {
     /// The replica it provisions.
-    pub fn replica(&self) -> &str {
+    pub fn replica(&self) -> &ReplicaId {
         &self.replica
     }
 
@@ -255,7 +255,7 @@ impl Snapshot {
             .load(
                 &tx,
                 Source::Snapshot,
-                std::slice::from_ref(&self.replica),
+                &[self.replica.to_string()],
                 &mut sender,
             )
             .await;
@@ -301,7 +301,7 @@ impl Snapshot {
             tx.rollback().await?;
             return Ok(false);
         }
-        let last = HashMap::from([(self.replica.clone(), chain.last_number)]);
+        let last = HashMap::from([(self.replica.to_string(), chain.last_number)]);
         let filled = Filled::only([Scratch::Fresh]);
         // Counting what points at each row groups a million pointers whose
         // number the planner cannot guess: hashed, never sorted on disk.
@@ -364,7 +364,7 @@ async fn plan_snapshot(
 struct Sender<'a, T: Transport> {
     transport: &'a T,
     epoch: &'a Epoch,
-    replica: &'a str,
+    replica: &'a ReplicaId,
     chain: Chain,
     /// The number drawn for the first message when the snapshot began.
     first: Option<i64>,
@@ -395,7 +395,7 @@ impl<T: Transport> Sink for Sender<'_, T> {
                 .send(self.replica, &id, bytes)
                 .await
                 .map_err(|e| Error::Send {
-                    replica: self.replica.to_string(),
+                    replica: self.replica.clone(),
                     number: u64::try_from(number).unwrap_or(0),
                     reason: e.0,
                 })?;

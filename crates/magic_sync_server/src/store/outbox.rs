@@ -201,7 +201,7 @@ pub(crate) async fn snapshot_end_lost(
 
 /// One message as it waits in the outbox.
 pub(crate) struct Waiting {
-    pub replica: String,
+    pub replica: magic_sync_core::ReplicaId,
     pub number: i64,
     pub nonce: Vec<u8>,
     pub head: Vec<u8>,
@@ -246,7 +246,7 @@ pub(crate) async fn page(
     Ok(rows
         .iter()
         .map(|row| Waiting {
-            replica: row.get(0),
+            replica: row.get::<_, String>(0).into(),
             number: row.get(1),
             nonce: row.get(2),
             head: row.get(3),
@@ -289,7 +289,7 @@ pub(crate) async fn mark_sent(
 /// fail.
 pub(crate) async fn failed(
     client: &impl GenericClient,
-    ids: &[String],
+    ids: &[&str],
     errors: &[String],
 ) -> Result<()> {
     if !ids.is_empty() {
