@@ -6,7 +6,7 @@ use crate::envelope::Up;
 use crate::error::Result;
 use crate::{Outcome, Replica, Uplink, UplinkError};
 pub use magic_sync_core::link::{Delivery, Report};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A replica's side of its transport: what its loop waits on, and how it
 /// speaks to the server. The in-process network
@@ -111,67 +111,113 @@ pub fn replica(replica: &mut Replica, link: &impl Link) -> Result<()> {
 /// Stops on an error of the replica's own database, which the host decides
 /// about.
 pub fn replica_with(replica: &mut Replica, link: &impl Link, uploads: &Uploads) -> Result<()> {
-    // Deliveries since the loop last looked for writes to send: it looks
-    // once what the server sent so far is applied (or after `batch` of
-    // them), not after every message, since looking reads the notes.
-    let mut since = 0;
-    // A message not applied because the host held the file past the busy
-    // timeout: applied again before anything else comes. The transport
-    // let go of it once delivered, so dropping it would open a gap, and a
-    // gap costs the replica a snapshot.
-    let mut held: Option<Vec<u8>> = None;
-    // What came while a held message waited, in the order it came.
-    let mut queued: std::collections::VecDeque<Delivery> = Default::default();
-    // An answer let go of rows since the server last heard the backlog:
-    // it hears it at the next look, with the next upload (each carries
-    // it) or, when nothing goes up, in a report of its own. Reporting it
-    // after every answer doubled what a busy server had to file.
-    let mut backlog_owed = false;
-    let mut digested = std::time::Instant::now();
-    let mut said = std::time::Instant::now();
+    let mut looping = Looping::new();
     loop {
-        if digested.elapsed() >= uploads.digest_every {
-            digested = std::time::Instant::now();
+        if looping.digested.elapsed() >= uploads.digest_every {
+            looping.digested = Instant::now();
             link.report(digest(replica)?);
         }
-        let wait = if since == 0 {
+        let Some(delivery) = looping.next(link, uploads) else {
+            return Ok(());
+        };
+        let quiet = matches!(delivery, Delivery::Quiet);
+        if quiet && looping.said.elapsed() >= uploads.say_again_every {
+            if let Some(report) = standing(replica) {
+                link.report(report);
+            }
+            looping.said = Instant::now();
+        }
+        if !looping.take(replica, link, delivery)? {
+            return Ok(());
+        }
+        looping.since += 1;
+        if !quiet && looping.since < uploads.batch.max(1) {
+            continue;
+        }
+        looping.since = 0;
+        looping.send_up(replica, link, uploads)?;
+    }
+}
+
+/// What the replica's loop keeps between deliveries.
+struct Looping {
+    /// Deliveries since the loop last looked for writes to send: it looks
+    /// once what the server sent so far is applied (or after `batch` of
+    /// them), not after every message, since looking reads the notes.
+    since: usize,
+    /// A message not applied because the host held the file past the busy
+    /// timeout: applied again before anything else comes. The transport
+    /// let go of it once delivered, so dropping it would open a gap, and a
+    /// gap costs the replica a snapshot.
+    held: Option<Vec<u8>>,
+    /// What came while a held message waited, in the order it came.
+    queued: std::collections::VecDeque<Delivery>,
+    /// An answer let go of rows since the server last heard the backlog:
+    /// it hears it at the next look, with the next upload (each carries
+    /// it) or, when nothing goes up, in a report of its own. Reporting it
+    /// after every answer doubled what a busy server had to file.
+    backlog_owed: bool,
+    /// When the replica last sent its digest.
+    digested: Instant,
+    /// When the replica last said anything to the server.
+    said: Instant,
+}
+
+impl Looping {
+    fn new() -> Looping {
+        Looping {
+            since: 0,
+            held: None,
+            queued: Default::default(),
+            backlog_owed: false,
+            digested: Instant::now(),
+            said: Instant::now(),
+        }
+    }
+
+    /// What comes next: a held message first (heeding the link meanwhile:
+    /// its end ends the loop, anything else waits its turn), then what
+    /// queued behind it, then the link. `None` once the link closed.
+    fn next(&mut self, link: &impl Link, uploads: &Uploads) -> Option<Delivery> {
+        let wait = if self.since == 0 {
             uploads.every
         } else {
             Duration::ZERO
         };
-        let delivery = match held.take() {
+        match self.held.take() {
             Some(message) => {
-                // Still heeding the link while the host holds the file:
-                // its end ends the loop, anything else waits its turn.
                 match link.next(Duration::ZERO) {
-                    Delivery::Closed => return Ok(()),
+                    Delivery::Closed => return None,
                     Delivery::Quiet => {}
-                    other => queued.push_back(other),
+                    other => self.queued.push_back(other),
                 }
-                Delivery::Message(message)
+                Some(Delivery::Message(message))
             }
-            None => queued.pop_front().unwrap_or_else(|| link.next(wait)),
-        };
-        let quiet = matches!(delivery, Delivery::Quiet);
-        if quiet && said.elapsed() >= uploads.say_again_every {
-            if let Some(report) = standing(replica) {
-                link.report(report);
-            }
-            said = std::time::Instant::now();
+            None => Some(self.queued.pop_front().unwrap_or_else(|| link.next(wait))),
         }
+    }
+
+    /// Applies a message, or lets go of what an answer says was filed.
+    /// `false` once the link closed.
+    fn take(
+        &mut self,
+        replica: &mut Replica,
+        link: &impl Link,
+        delivery: Delivery,
+    ) -> Result<bool> {
         match delivery {
             Delivery::Message(message) => match deliver(replica, &message) {
                 Ok(Some(report)) => {
-                    said = std::time::Instant::now();
+                    self.said = Instant::now();
                     link.report(report);
                 }
                 Ok(None) => {}
                 Err(crate::Error::Envelope(_) | crate::Error::Malformed { .. }) => {}
-                Err(e) if e.is_transient() => held = Some(message),
+                Err(e) if e.is_transient() => self.held = Some(message),
                 Err(e) => return Err(e),
             },
             Delivery::Filed(filed) => match replica.filed(&filed) {
-                Ok(released) => backlog_owed |= released > 0,
+                Ok(released) => self.backlog_owed |= released > 0,
                 // Not the server's: counted, and nothing let go of.
                 Err(crate::Error::Forged { .. }) => {}
                 // The answer is lost: the upload goes again after a while,
@@ -180,13 +226,19 @@ pub fn replica_with(replica: &mut Replica, link: &impl Link, uploads: &Uploads) 
                 Err(e) => return Err(e),
             },
             Delivery::Quiet => {}
-            Delivery::Closed => return Ok(()),
+            Delivery::Closed => return Ok(false),
         }
-        since += 1;
-        if !quiet && since < uploads.batch.max(1) {
-            continue;
-        }
-        since = 0;
+        Ok(true)
+    }
+
+    /// Sends up what is due of what the host wrote, and the backlog when
+    /// it is owed and nothing else carries it.
+    fn send_up(
+        &mut self,
+        replica: &mut Replica,
+        link: &impl Link,
+        uploads: &Uploads,
+    ) -> Result<()> {
         let uplink = Uploading(link);
         let sent = match replica.send_up(
             &uplink,
@@ -196,7 +248,7 @@ pub fn replica_with(replica: &mut Replica, link: &impl Link, uploads: &Uploads) 
             Ok(sent) => sent,
             // The host held the file longer than the replica waits: the
             // next look sends it.
-            Err(e) if e.is_transient() => continue,
+            Err(e) if e.is_transient() => return Ok(()),
             Err(e) => return Err(e),
         };
         for (table, key, why) in &sent.unreadable {
@@ -210,13 +262,14 @@ pub fn replica_with(replica: &mut Replica, link: &impl Link, uploads: &Uploads) 
         }
         // Rows set aside count in the progress as not sent, whatever the
         // uploads before them said.
-        if !sent.set_aside.is_empty() || (sent.uploads == 0 && backlog_owed) {
+        if !sent.set_aside.is_empty() || (sent.uploads == 0 && self.backlog_owed) {
             link.report(progress(replica)?);
         }
         // Out of reach, the figure is owed still.
         if sent.waits.is_none() {
-            backlog_owed = false;
+            self.backlog_owed = false;
         }
+        Ok(())
     }
 }
 
