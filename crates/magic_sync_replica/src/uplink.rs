@@ -177,47 +177,77 @@ impl Sender<'_> {
                         }
                         Err(UplinkError::Refused(why)) => {
                             refused.get_or_insert(why);
-                            let notes = pending.notes();
-                            if notes.len() == 1 {
-                                let (t, k, _) = &notes[0];
-                                skip.insert((t.clone(), k.clone()));
-                                suspects.push(notes[0].clone());
-                                continue;
-                            }
-                            let (first, second) = notes.split_at(notes.len() / 2);
-                            for half in [first, second] {
-                                // Read again: a row may be gone since.
-                                let mut unreadable = Vec::new();
-                                let made = up::make(
-                                    self.conn,
-                                    self.engine,
-                                    half,
-                                    usize::MAX,
-                                    &mut unreadable,
-                                );
-                                self.unreadable(&mut skip, &mut report, unreadable);
-                                if let Some(p) = made? {
-                                    queue.push_back(p);
-                                }
-                            }
+                            let halves = Halving {
+                                skip: &mut skip,
+                                report: &mut report,
+                                suspects: &mut suspects,
+                                queue: &mut queue,
+                            };
+                            self.halve(&pending, halves)?;
                         }
                     }
                 }
             }
         }
-        if !suspects.is_empty() {
-            if report.uploads > 0 {
-                for (t, k, _) in suspects {
-                    self.set_aside.insert((t.clone(), k.clone()));
-                    report.set_aside.push((t, k));
-                }
-            } else if report.waits.is_none() {
-                report.waits = Some(format!(
-                    "the uplink refuses every upload: {}",
-                    refused.unwrap_or_default()
-                ));
-            }
-        }
+        self.settle(suspects, refused, &mut report);
         Ok(report)
     }
+
+    /// An upload the uplink refused, sent again as two halves, each read
+    /// again (a row may be gone since), so that what it does take goes. A
+    /// refused upload of one row makes that row a suspect, skipped for the
+    /// rest of the call.
+    fn halve(&mut self, pending: &Pending, halving: Halving<'_>) -> Result<()> {
+        let Halving {
+            skip,
+            report,
+            suspects,
+            queue,
+        } = halving;
+        let notes = pending.notes();
+        if notes.len() == 1 {
+            let (t, k, _) = &notes[0];
+            skip.insert((t.clone(), k.clone()));
+            suspects.push(notes[0].clone());
+            return Ok(());
+        }
+        let (first, second) = notes.split_at(notes.len() / 2);
+        for half in [first, second] {
+            let mut unreadable = Vec::new();
+            let made = up::make(self.conn, self.engine, half, usize::MAX, &mut unreadable);
+            self.unreadable(skip, report, unreadable);
+            if let Some(p) = made? {
+                queue.push_back(p);
+            }
+        }
+        Ok(())
+    }
+
+    /// The suspects of a call: set aside when the uplink took other
+    /// uploads (it refuses those rows alone); when it took none, it
+    /// refuses everything, and every row waits.
+    fn settle(&mut self, suspects: Vec<Note>, refused: Option<String>, report: &mut SentUp) {
+        if suspects.is_empty() {
+            return;
+        }
+        if report.uploads > 0 {
+            for (t, k, _) in suspects {
+                self.set_aside.insert((t.clone(), k.clone()));
+                report.set_aside.push((t, k));
+            }
+        } else if report.waits.is_none() {
+            report.waits = Some(format!(
+                "the uplink refuses every upload: {}",
+                refused.unwrap_or_default()
+            ));
+        }
+    }
+}
+
+/// What halving a refused upload updates of the call's bookkeeping.
+struct Halving<'a> {
+    skip: &'a mut HashSet<(String, String)>,
+    report: &'a mut SentUp,
+    suspects: &'a mut Vec<Note>,
+    queue: &'a mut VecDeque<Pending>,
 }
