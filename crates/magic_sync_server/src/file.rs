@@ -175,18 +175,7 @@ async fn file_with(
                 i += 1;
             }
             let run = &uploads[from..i];
-            if let Some(filed) = records_all(&mut tx, engine, run).await? {
-                for (slot, filing) in filings[from..i].iter_mut().zip(filed) {
-                    *slot = Some(Ok(filing));
-                }
-                continue;
-            }
-            // PostgreSQL refused a row: each upload alone, so that only
-            // that row is refused.
-            for (j, (replica, up)) in run.iter().enumerate() {
-                filings[from + j] = Some(kept(file_in(&mut tx, engine, replica, up).await)?);
-                savepoints += 1 + up.tables.iter().map(|t| t.rows.len()).sum::<usize>();
-            }
+            savepoints += file_records(&mut tx, engine, run, &mut filings[from..i]).await?;
         } else {
             filings[i] = Some(kept(file_in(&mut tx, engine, replica, up).await)?);
             savepoints += 1 + up
@@ -213,6 +202,29 @@ async fn file_with(
                 .map(|filing| signed(filing, &signer, replica))
         })
         .collect())
+}
+
+/// Files `run`, uploads that carry only records, together: a statement
+/// per table for all of them. When PostgreSQL refuses a row, each upload
+/// alone, so that only that row is refused. Returns the savepoints taken.
+async fn file_records(
+    tx: &mut Transaction<'_>,
+    engine: &Engine,
+    run: &[(ReplicaId, Up)],
+    filings: &mut [Option<Result<Filing>>],
+) -> Result<usize> {
+    if let Some(filed) = records_all(tx, engine, run).await? {
+        for (slot, filing) in filings.iter_mut().zip(filed) {
+            *slot = Some(Ok(filing));
+        }
+        return Ok(0);
+    }
+    let mut savepoints = 0;
+    for ((replica, up), slot) in run.iter().zip(filings.iter_mut()) {
+        *slot = Some(kept(file_in(tx, engine, replica, up).await)?);
+        savepoints += 1 + up.tables.iter().map(|t| t.rows.len()).sum::<usize>();
+    }
+    Ok(savepoints)
 }
 
 /// The filing with its answer signed for `replica`, as the replica checks
