@@ -591,7 +591,6 @@ async fn record_forever<H: Replicas, T: Transport>(
     wakes: &Wakes,
     measured: &Mutex<Measured>,
 ) -> Result<()> {
-    let Wakes { notified, stirred } = wakes;
     let settings = relay.settings().clone();
     let mut streaming = FuturesUnordered::new();
     let mut book = Book::default();
@@ -618,15 +617,7 @@ async fn record_forever<H: Replicas, T: Transport>(
         // For a host that installs a `metrics` recorder (an exporter).
         metrics::histogram!("magic_sync_pass_seconds").record(started.elapsed().as_secs_f64());
         backoff.reset();
-        {
-            let mut measured = measured.lock().expect("not poisoned");
-            measured.lags.written(&recorded);
-            measured
-                .tally
-                .sent(recorded.messages, recorded.planned.sends);
-            let (messages, rows) = std::mem::take(&mut book.streamed);
-            measured.tally.sent(messages, rows);
-        }
+        measure(measured, &recorded, &mut book);
         if recorded.messages > 0 {
             written.notify_one();
         }
@@ -647,31 +638,62 @@ async fn record_forever<H: Replicas, T: Transport>(
             }
         }
         if recorded.messages == 0 && recorded.planned.notes == 0 && recorded.deployed.is_none() {
-            let doze = match settings.wake_on_commit {
-                true => wake::doze(client).await?,
-                // Off: polled, as when a writer may not notify.
-                false => Doze::Writing,
-            };
-            match doze {
-                Doze::Noted => {}
-                Doze::Writing => {
-                    let idle = tokio::time::sleep(settings.idle);
-                    beside_snapshots(idle, &mut streaming, &mut book, &settings).await;
-                }
-                Doze::Dozing => {
-                    let woken = async {
-                        tokio::select! {
-                            () = notified.notified() => {}
-                            () = stirred.notified() => {}
-                            () = tokio::time::sleep(settings.idle_longest) => {}
-                        }
-                    };
-                    until_a_snapshot_ends(woken, &mut streaming, &mut book, &settings).await;
-                    wake::wake(client).await?;
-                }
-            }
+            rest(client, wakes, &mut streaming, &mut book, &settings).await?;
         }
     }
+}
+
+/// Adds what a pass and the snapshots since the last one sent to the
+/// period's figures.
+fn measure(measured: &Mutex<Measured>, recorded: &crate::relay::Recorded, book: &mut Book) {
+    let mut measured = measured.lock().expect("not poisoned");
+    measured.lags.written(recorded);
+    measured
+        .tally
+        .sent(recorded.messages, recorded.planned.sends);
+    let (messages, rows) = std::mem::take(&mut book.streamed);
+    measured.tally.sent(messages, rows);
+}
+
+/// After a pass with nothing to do: dozes until a commit's note, the
+/// publisher or a snapshot's end wakes the relay (or `idle_longest`
+/// passes), or, where a writer may not notify, waits `idle`; the
+/// snapshots under way go on meanwhile.
+async fn rest<S>(
+    client: &mut Client,
+    wakes: &Wakes,
+    streaming: &mut FuturesUnordered<S>,
+    book: &mut Book,
+    settings: &Settings,
+) -> Result<()>
+where
+    S: Future<Output = (ReplicaId, Result<Streamed, Failed>)>,
+{
+    let Wakes { notified, stirred } = wakes;
+    let doze = match settings.wake_on_commit {
+        true => wake::doze(client).await?,
+        // Off: polled, as when a writer may not notify.
+        false => Doze::Writing,
+    };
+    match doze {
+        Doze::Noted => {}
+        Doze::Writing => {
+            let idle = tokio::time::sleep(settings.idle);
+            beside_snapshots(idle, streaming, book, settings).await;
+        }
+        Doze::Dozing => {
+            let woken = async {
+                tokio::select! {
+                    () = notified.notified() => {}
+                    () = stirred.notified() => {}
+                    () = tokio::time::sleep(settings.idle_longest) => {}
+                }
+            };
+            until_a_snapshot_ends(woken, streaming, book, settings).await;
+            wake::wake(client).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Drives `work` until it ends or one of the snapshots under way does,

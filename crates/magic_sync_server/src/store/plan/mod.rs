@@ -56,6 +56,11 @@ use scratch::{Filled, Scratch};
 use std::collections::{BTreeMap, BTreeSet};
 use tokio_postgres::{SimpleQueryMessage, Transaction};
 
+/// The tables a provisioning round added rows to, each with how they
+/// came: by a rule or as parents (`None`), or as followers through the
+/// link of that index.
+type Round<'g> = BTreeMap<&'g str, BTreeSet<Option<usize>>>;
+
 /// The columns of a row in question, in the order the statements below
 /// write them.
 const Q_COLUMNS: &str =
@@ -1485,44 +1490,7 @@ impl Planner<'_, '_> {
     /// has no index: rounds add rows in bulk, each row once (an anti-join
     /// against what is already there), and PostgreSQL hashes.
     pub async fn provision(&self) -> Result<u64> {
-        let mut total = 0;
-        // Tables with rows in `_ms_f` so far: a follower round into a table
-        // that has none needs no check against what is already there.
-        let mut filled: BTreeSet<&str> = BTreeSet::new();
-        // The tables with rows in the round, each with how its rows came: by
-        // a rule or as parents (`None`), or as followers through a link.
-        // Counted as the rounds add rows, rather than read back from
-        // `_ms_f`, which would mean a scan of it per round.
-        let mut current: BTreeMap<&str, BTreeSet<Option<usize>>> = BTreeMap::new();
-        for shape in &self.graph.shapes {
-            let Some(cond) = rule(shape.table, "a", "r") else {
-                continue;
-            };
-            filled.insert(shape.table.name);
-            let n = self
-                .bulk(
-                    Scratch::Fresh,
-                    &format!(
-                        "INSERT INTO _ms_f (r, t, k, round, ptrs)
-                     SELECT r.r, {t}, {key}, 0, {ptrs}
-                     FROM {rel} a JOIN _ms_r r ON r.fresh AND {cond}{unblocked}",
-                        unblocked = self.unblocked(
-                            "r.r",
-                            &literal(shape.table.name),
-                            &key_json("a", shape.table)
-                        ),
-                        t = literal(shape.table.name),
-                        key = key_json("a", shape.table),
-                        ptrs = self.graph.pointers("a", shape.table.name),
-                        rel = shape.relation,
-                    ),
-                )
-                .await?;
-            if n > 0 {
-                current.entry(shape.table.name).or_default().insert(None);
-            }
-            total += n;
-        }
+        let (mut total, mut filled, mut current) = self.provision_by_rules().await?;
         let mut round = 0;
         let mut added = total;
         loop {
@@ -1533,7 +1501,7 @@ impl Planner<'_, '_> {
                 return Ok(total);
             }
             added = 0;
-            let mut next: BTreeMap<&str, BTreeSet<Option<usize>>> = BTreeMap::new();
+            let mut next: Round<'_> = BTreeMap::new();
             for (i, link) in self.graph.links.iter().enumerate() {
                 // Every row of an `all` table is there from the first round;
                 // rows that came as followers through this very link have
@@ -1567,6 +1535,49 @@ impl Planner<'_, '_> {
             current = next;
             round += 1;
         }
+    }
+
+    /// The first round of a provisioning: every row a rule gives a fresh
+    /// replica. Returns the rows added, the tables with rows in `_ms_f`
+    /// (a follower round into a table that has none needs no check against
+    /// what is already there), and the tables with rows in the round, each
+    /// with how its rows came: by a rule or as parents (`None`), or as
+    /// followers through a link. Counted as the rounds add rows, rather
+    /// than read back from `_ms_f`, which would mean a scan of it per round.
+    async fn provision_by_rules(&self) -> Result<(u64, BTreeSet<&str>, Round<'_>)> {
+        let mut total = 0;
+        let mut filled: BTreeSet<&str> = BTreeSet::new();
+        let mut current: Round<'_> = BTreeMap::new();
+        for shape in &self.graph.shapes {
+            let Some(cond) = rule(shape.table, "a", "r") else {
+                continue;
+            };
+            filled.insert(shape.table.name);
+            let n = self
+                .bulk(
+                    Scratch::Fresh,
+                    &format!(
+                        "INSERT INTO _ms_f (r, t, k, round, ptrs)
+                     SELECT r.r, {t}, {key}, 0, {ptrs}
+                     FROM {rel} a JOIN _ms_r r ON r.fresh AND {cond}{unblocked}",
+                        unblocked = self.unblocked(
+                            "r.r",
+                            &literal(shape.table.name),
+                            &key_json("a", shape.table)
+                        ),
+                        t = literal(shape.table.name),
+                        key = key_json("a", shape.table),
+                        ptrs = self.graph.pointers("a", shape.table.name),
+                        rel = shape.relation,
+                    ),
+                )
+                .await?;
+            if n > 0 {
+                current.entry(shape.table.name).or_default().insert(None);
+            }
+            total += n;
+        }
+        Ok((total, filled, current))
     }
 
     async fn provision_parents(&self, index: usize, link: &Link, round: i32) -> Result<u64> {
