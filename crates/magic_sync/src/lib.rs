@@ -66,5 +66,5 @@ pub use magic_sync_replica::lite;
 
 pub use codec::Codec;
 pub use engine::Engine;
-pub use ids::{MessageNo, ReplicaId};
+pub use ids::{EpochId, MessageNo, ReplicaId};
 pub use magic_sync_core::{Columns, Kind, Mirror, Numeric, Row, Rule, Table, Value};

@@ -16,12 +16,13 @@
 //! [`Ack`](envelope::Ack), and the server checks it there (see [`crate::seal`]).
 
 use crate::envelope::{self, ToReplica};
+use crate::ids::EpochId;
 
 /// The last message a replica applied, as it came.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Applied {
     /// The epoch it belongs to.
-    pub epoch: Vec<u8>,
+    pub epoch: EpochId,
     /// Its number.
     pub number: u64,
     /// Its nonce.
@@ -34,7 +35,7 @@ impl Applied {
     /// The head of `message`, once applied.
     pub fn of(message: &ToReplica) -> Self {
         Applied {
-            epoch: message.epoch.clone(),
+            epoch: EpochId::from(message.epoch.as_slice()),
             number: message.number,
             nonce: message.nonce.clone(),
             seal: message.seal.clone(),
@@ -44,7 +45,7 @@ impl Applied {
     /// What the replica tells the server it applied.
     pub fn ack(&self) -> envelope::Ack {
         envelope::Ack {
-            epoch: self.epoch.clone(),
+            epoch: self.epoch.to_vec(),
             number: self.number,
             nonce: self.nonce.clone(),
             seal: self.seal.clone(),
@@ -58,7 +59,7 @@ impl Applied {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GapAt {
     /// The epoch of that message.
-    pub epoch: Vec<u8>,
+    pub epoch: EpochId,
     /// Its number.
     pub number: u64,
 }
@@ -67,7 +68,7 @@ impl GapAt {
     /// What the replica tells the server.
     pub fn envelope(&self) -> envelope::Gap {
         envelope::Gap {
-            epoch: self.epoch.clone(),
+            epoch: self.epoch.to_vec(),
             number: self.number,
         }
     }
@@ -145,7 +146,7 @@ impl Chain {
         match &self.gap {
             Some(g) if g.epoch == message.epoch && g.number >= message.number => g.clone(),
             _ => GapAt {
-                epoch: message.epoch.clone(),
+                epoch: EpochId::from(message.epoch.as_slice()),
                 number: message.number,
             },
         }
@@ -351,7 +352,7 @@ mod tests {
         assert_eq!(
             chain.gap,
             Some(GapAt {
-                epoch: EPOCH.to_vec(),
+                epoch: EPOCH.to_vec().into(),
                 number: 8
             })
         );
@@ -359,7 +360,7 @@ mod tests {
         other.epoch = OTHER_EPOCH.to_vec();
         let chain = chain.gapped(&other);
         assert_eq!(
-            chain.gap.map(|g| (g.epoch, g.number)),
+            chain.gap.map(|g| (g.epoch.into_bytes(), g.number)),
             Some((OTHER_EPOCH.to_vec(), 2))
         );
     }

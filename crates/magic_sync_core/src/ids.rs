@@ -174,10 +174,95 @@ impl fmt::Display for ReplicaId {
     }
 }
 
+/// An epoch's id: what every message of one history of the server's
+/// database names. The server draws a new one when it finds its database
+/// restored from an older copy, and a message of another epoch than the one
+/// a replica follows is never the next for it to apply.
+///
+/// Bytes on the wire and in both stores; this type is what the chain, the
+/// seal and the server's record of it compare. It reads as its bytes
+/// (`Deref<Target = [u8]>`), compares with the bytes a message carries, and
+/// shows as hex.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct EpochId(Vec<u8>);
+
+impl EpochId {
+    /// The id's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The id's bytes, owned: what a message carries.
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.0
+    }
+}
+
+impl std::ops::Deref for EpochId {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl AsRef<[u8]> for EpochId {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl From<Vec<u8>> for EpochId {
+    fn from(bytes: Vec<u8>) -> EpochId {
+        EpochId(bytes)
+    }
+}
+
+impl From<&[u8]> for EpochId {
+    fn from(bytes: &[u8]) -> EpochId {
+        EpochId(bytes.to_vec())
+    }
+}
+
+impl PartialEq<[u8]> for EpochId {
+    fn eq(&self, other: &[u8]) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<Vec<u8>> for EpochId {
+    fn eq(&self, other: &Vec<u8>) -> bool {
+        &self.0 == other
+    }
+}
+
+impl PartialEq<EpochId> for Vec<u8> {
+    fn eq(&self, other: &EpochId) -> bool {
+        *self == other.0
+    }
+}
+
+impl fmt::Display for EpochId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(&self.0))
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{BeyondAnyMessage, MessageNo, ReplicaId};
+    use super::{BeyondAnyMessage, EpochId, MessageNo, ReplicaId};
     use std::collections::HashMap;
+
+    #[test]
+    fn an_epoch_id_compares_with_the_bytes_a_message_carries_and_shows_as_hex() {
+        let carried: Vec<u8> = vec![0xab, 0x01];
+        let id = EpochId::from(carried.clone());
+        assert_eq!(id, carried);
+        assert_eq!(carried, id);
+        assert_ne!(id, vec![0xab, 0x02]);
+        assert_eq!(id.as_bytes(), &[0xab, 0x01]);
+        assert_eq!(id.to_string(), "ab01");
+        assert_eq!(id.into_bytes(), carried);
+    }
 
     #[test]
     fn a_replica_id_reads_as_its_text_and_finds_itself_by_it() {

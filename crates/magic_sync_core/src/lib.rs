@@ -34,7 +34,7 @@ pub mod wire;
 pub use codec::Codec;
 pub use engine::Engine;
 pub use error::Mismatch;
-pub use ids::{MessageNo, ReplicaId};
+pub use ids::{EpochId, MessageNo, ReplicaId};
 pub use magic_sync_derive::{Columns, Row};
 pub use row::{Columns, Mirror, Row, Rule, Table};
 pub use value::{Kind, Numeric, Value};

@@ -146,12 +146,17 @@ fn from_sql(number: i64) -> Result<u64> {
 pub(crate) fn load_chain(conn: &Connection) -> Result<Chain> {
     let applied = conn
         .query_row(LOAD_APPLIED, [], |r| {
-            Ok((r.get(0)?, r.get::<_, i64>(1)?, r.get(2)?, r.get(3)?))
+            Ok((
+                r.get::<_, Vec<u8>>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get(2)?,
+                r.get(3)?,
+            ))
         })
         .optional()?
         .map(|(epoch, number, nonce, seal)| -> Result<Applied> {
             Ok(Applied {
-                epoch,
+                epoch: epoch.into(),
                 number: from_sql(number)?,
                 nonce,
                 seal,
@@ -159,11 +164,13 @@ pub(crate) fn load_chain(conn: &Connection) -> Result<Chain> {
         })
         .transpose()?;
     let gap = conn
-        .query_row(LOAD_GAP, [], |r| Ok((r.get(0)?, r.get::<_, i64>(1)?)))
+        .query_row(LOAD_GAP, [], |r| {
+            Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, i64>(1)?))
+        })
         .optional()?
         .map(|(epoch, number)| -> Result<GapAt> {
             Ok(GapAt {
-                epoch,
+                epoch: epoch.into(),
                 number: from_sql(number)?,
             })
         })
@@ -174,7 +181,7 @@ pub(crate) fn load_chain(conn: &Connection) -> Result<Chain> {
 /// Records `applied` as the last message applied, and closes any gap.
 pub(crate) fn save_applied(conn: &Connection, applied: &Applied) -> Result<()> {
     conn.prepare_cached(SAVE_APPLIED)?.execute(params![
-        applied.epoch,
+        applied.epoch.as_bytes(),
         to_sql(applied.number)?,
         applied.nonce,
         applied.seal
@@ -186,7 +193,7 @@ pub(crate) fn save_applied(conn: &Connection, applied: &Applied) -> Result<()> {
 /// Records the gap the replica is in.
 pub(crate) fn save_gap(conn: &Connection, gap: &GapAt) -> Result<()> {
     conn.prepare_cached(SAVE_GAP)?
-        .execute(params![gap.epoch, to_sql(gap.number)?])?;
+        .execute(params![gap.epoch.as_bytes(), to_sql(gap.number)?])?;
     Ok(())
 }
 

@@ -145,7 +145,7 @@ pub(crate) fn stamp(epoch: &Epoch, chain: &mut Chain, replica: &str, number: i64
     let number_u = u64::try_from(number).expect("sequence numbers are positive");
     let head = ToReplica {
         replica: replica.to_string(),
-        epoch: epoch.id.clone(),
+        epoch: epoch.id.to_vec(),
         number: number_u,
         nonce: nonce.clone(),
         previous: u64::try_from(chain.last_number).unwrap_or(0),

@@ -4,10 +4,11 @@
 
 use crate::error::{Error, Result};
 use magic_sync_core::sign::Signer;
+use magic_sync_core::EpochId;
 
 /// The installation's epoch, and the key its messages are signed with.
 pub(crate) struct Epoch {
-    pub id: Vec<u8>,
+    pub id: EpochId,
     pub(crate) secret: Vec<u8>,
     pub(crate) signer: Signer,
 }
@@ -28,7 +29,7 @@ impl Epoch {
         let seeds: Option<Vec<Vec<u8>>> = row.get(2);
         let endorsements: Option<Vec<Option<Vec<u8>>>> = row.get(3);
         Ok(Epoch {
-            id: row.get(0),
+            id: row.get::<_, Vec<u8>>(0).into(),
             secret: row.get(1),
             signer: super::keys::signer(
                 &seeds.unwrap_or_default(),
