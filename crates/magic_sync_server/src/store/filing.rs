@@ -176,16 +176,16 @@ pub(crate) async fn refused_one(
     data: Option<&[u8]>,
     reason: &str,
 ) -> Result<()> {
-    tx.execute(
-        "INSERT INTO sync.inbox (replica, table_name, key, data, reason, sequence)
-         VALUES ($1, $2, $3, $4, $5, $6)
-         ON CONFLICT (replica, table_name, key) DO UPDATE
-         SET data = EXCLUDED.data, reason = EXCLUDED.reason, sequence = EXCLUDED.sequence,
-             at = now()",
-        &[&replica, &table, &key, &data, &reason, &sequence],
+    refused(
+        tx,
+        replica,
+        table,
+        &[key.to_string()],
+        &[data],
+        reason,
+        sequence,
     )
-    .await?;
-    Ok(())
+    .await
 }
 
 /// Whether `replica` is recorded holding the row of `table` (its relation
