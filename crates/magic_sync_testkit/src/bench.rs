@@ -13,7 +13,7 @@
 #![allow(dead_code)]
 
 use magic_sync::envelope::{to_replica::Body, ToReplica};
-use magic_sync::relay::{ReplicaInfo, Replicas, Settings};
+use magic_sync::relay::{ReplicaInfo, Replicas, Settings, SnapshotPace};
 use magic_sync::replica::Replica;
 use magic_sync::run::memory::Network;
 use magic_sync::Engine;
@@ -164,6 +164,18 @@ pub struct Fleet {
     _dir: tempfile::TempDir,
 }
 
+/// The snapshots' pace a bench's relay runs with: `MAGIC_SYNC_BENCH_PACE`,
+/// `unpaced` (the default setting's) or a number of rows a second.
+pub fn snapshot_pace() -> SnapshotPace {
+    match std::env::var("MAGIC_SYNC_BENCH_PACE").as_deref() {
+        Err(_) | Ok("unpaced") => SnapshotPace::Unpaced,
+        Ok(rows) => SnapshotPace::Rows(
+            rows.parse()
+                .expect("MAGIC_SYNC_BENCH_PACE: unpaced or rows a second"),
+        ),
+    }
+}
+
 impl Fleet {
     /// Opens a SQLite file per replica, starts a thread applying into each,
     /// and starts the relay's runner with default settings.
@@ -214,7 +226,8 @@ impl Fleet {
         fleet
     }
 
-    /// Starts the relay's runner (with default settings), if it is not
+    /// Starts the relay's runner (with default settings but for the
+    /// snapshots' pace, as `MAGIC_SYNC_BENCH_PACE` says), if it is not
     /// running.
     pub fn start_relay(&mut self) {
         if self.relay.is_some() {
@@ -231,7 +244,10 @@ impl Fleet {
             magic_sync::run::server::server(
                 config,
                 engine.clone(),
-                Settings::default(),
+                Settings {
+                    snapshot_pace: snapshot_pace(),
+                    ..Settings::default()
+                },
                 &*host,
                 &network,
                 &network,

@@ -10,7 +10,7 @@ use crate::fleet::{replica_rows, Fleet};
 use crate::gate::Gate;
 use crate::scenarios::{shop, SHOP};
 use crate::shop::{Customer, Order, Product};
-use magic_sync::relay::Streamed;
+use magic_sync::relay::{SnapshotPace, Streamed};
 use magic_sync::Row;
 use std::future::Future;
 
@@ -316,4 +316,50 @@ async fn a_till_that_moves_while_its_snapshot_streams_gets_the_snapshot_of_where
     fleet.check().await;
     let notices = keys(&mut fleet, "u4", &crate::shop::Notice::TABLE);
     assert_eq!(notices, ["[2]"], "the south's notice, not the north's");
+}
+
+#[tokio::test]
+async fn a_snapshot_held_to_a_budget_of_rows_takes_as_long_as_it_says_and_ends_exact() {
+    let mut fleet = Fleet::new(&format!(
+        "{SHOP}
+         INSERT INTO products SELECT i, 'product ' || i, 1, NULL FROM generate_series(100, 400) i;"
+    ))
+    .await;
+    fleet.add("u1", Some("north"));
+    fleet.sync().await;
+    // 1,000 rows a second: the record goes in chunks of 100 rows, so the
+    // shop's products span several.
+    let budget = 1_000;
+    fleet
+        .reconfigure(|s| {
+            s.snapshot_pace = SnapshotPace::Rows(budget.try_into().unwrap());
+        })
+        .await;
+    fleet.add("u4", Some("north"));
+    assert_eq!(fleet.pass().await.waiting, ["u4"]);
+    let snapshot = fleet.begin_snapshot("u4").await.expect("u4 waits");
+    let mut worker = fleet.db.connect().await;
+    let began = std::time::Instant::now();
+    let streamed = snapshot
+        .stream(&mut worker, &fleet.network)
+        .await
+        .expect("the snapshot streams");
+    let took = began.elapsed();
+    assert!(streamed.recorded, "{streamed:?}");
+    assert!(streamed.rows > 300, "{streamed:?}");
+    // Each row counted twice against the budget: once read, once recorded.
+    let least = std::time::Duration::from_secs_f64(2.0 * streamed.rows as f64 / budget as f64);
+    assert!(
+        took >= least.mul_f64(0.9),
+        "{} rows at {budget} a second took {took:?}",
+        streamed.rows
+    );
+    // What it recorded, chunk by chunk, is the record the audit works out
+    // afresh: every row, its reasons and what points at it.
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(
+        keys(&mut fleet, "u4", &Product::TABLE).len(),
+        keys(&mut fleet, "u1", &Product::TABLE).len()
+    );
 }

@@ -20,6 +20,13 @@ use tokio_postgres::Transaction;
 pub(crate) trait Sink {
     /// Takes `packed`, in order.
     async fn take(&mut self, tx: &Transaction<'_>, packed: Vec<Packed>) -> Result<()>;
+
+    /// Heard after each chunk of `rows` rows read: a snapshot waits here
+    /// when its pace says so. A pass goes on.
+    async fn read(&mut self, rows: usize) -> Result<()> {
+        let _ = rows;
+        Ok(())
+    }
 }
 
 /// What a load reads.
@@ -258,6 +265,7 @@ impl Loader<'_> {
                 sink.take(tx, packer.take()).await?;
                 trace_sum("write", t_write);
             }
+            sink.read(rows.len()).await?;
             rows = next;
         }
     }

@@ -23,6 +23,7 @@ mod digests;
 mod load;
 mod observe;
 mod outbox;
+mod pace;
 use magic_sync_core::pack;
 pub use magic_sync_core::ReplicaId;
 mod publish;
@@ -33,6 +34,7 @@ mod snapshot;
 pub use crate::store::plan::Planned;
 pub(crate) use deployment::declared;
 pub use digests::{compare_digest, Compared, Heard};
+pub use pace::SnapshotPace;
 pub use publish::{publish, RESEND_AFTER};
 pub use replies::{acknowledge_all, gap};
 pub use snapshot::{Failed, Snapshot, Streamed};
@@ -189,6 +191,9 @@ pub struct Settings {
     /// Snapshots the runner streams at once, each on a connection of its
     /// own.
     pub snapshots: usize,
+    /// How fast a snapshot streams beside the passes: by default as fast as
+    /// it can, or within a budget of rows a second (see [`SnapshotPace`]).
+    pub snapshot_pace: SnapshotPace,
     /// A replica is provisioned again at its own request (a gap it
     /// reports, an acknowledgement the server did not expect) at most once
     /// this often: one that asks again sooner waits, so a replica cannot
@@ -225,6 +230,7 @@ impl Default for Settings {
             outbox_check_every: Duration::from_secs(10),
             session: crate::session::SessionSettings::default(),
             snapshots: 2,
+            snapshot_pace: SnapshotPace::default(),
             provision_asked_every: Duration::from_secs(10),
             deploy_chunk_rows: 50_000,
             deploy_pass_budget: Duration::from_millis(250),

@@ -34,12 +34,14 @@
 
 use super::load::{Loader, Sink, Source};
 use super::outbox::{message_id, stamp, whole, Chain, Epoch};
+use super::pace::Pacer;
 use super::pack::Packed;
 use super::{held, ReplicaId, Settings, Transport, RELAY_LOCK};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::graph::Graph;
 use crate::store;
+use crate::store::held::Staged;
 use crate::store::outbox::draw;
 use crate::store::plan::scratch::{Filled, Scratch};
 use crate::store::plan::{self, quarantine, Planner};
@@ -209,6 +211,7 @@ impl Snapshot {
 
     async fn run<T: Transport>(&self, worker: &mut Client, transport: &T) -> Result<Streamed> {
         let context = &self.context;
+        let mut pacer = Pacer::new(context.settings.snapshot_pace);
         // The worker's planner tables, made afresh (no statistics of another
         // snapshot's size), and its time zone as the relay's. Its joins and
         // counts are over every row of the snapshot: memory enough to hash
@@ -241,6 +244,7 @@ impl Snapshot {
             chain: self.chain.clone(),
             first: Some(self.first),
             sent: 0,
+            pacer: &mut pacer,
         };
         let loader = Loader {
             graph: &context.graph,
@@ -271,23 +275,64 @@ impl Snapshot {
         }
         loaded?;
         super::trace("snapshot/load and send", t0);
+        let (chain, sent) = (sender.chain, sender.sent);
         // Nothing shared was written: the view ends here.
         tx.commit().await?;
         let t0 = std::time::Instant::now();
-        let recorded = self.record(worker, &sender.chain, &seen).await?;
+        let recorded = self.record(worker, &chain, &seen, &mut pacer).await?;
         super::trace("snapshot/record", t0);
+        if pacer.paced() {
+            tracing::debug!(
+                target: "magic_sync::pass",
+                replica = %self.replica,
+                waited_ms = pacer.waited.as_millis() as u64,
+                "the snapshot kept to its pace"
+            );
+        }
         Ok(Streamed {
             replica: self.replica.clone(),
             rows,
-            messages: sender.sent,
+            messages: sent,
             recorded,
         })
     }
 
     /// Records what the snapshot sent as held, what it saw, and the replica
-    /// as kept up, if its attempt is still the one under way.
-    async fn record(&self, worker: &mut Client, chain: &Chain, seen: &str) -> Result<bool> {
+    /// as kept up, if its attempt is still the one under way. The rows go
+    /// in first and the replica's record last: a pass that observes the
+    /// replica meanwhile (moved, gone) ends its attempt without waiting on
+    /// this transaction, and this one then finds the attempt over and
+    /// rolls back. A paced snapshot records its rows a chunk at a time,
+    /// waiting between chunks as it waited between the chunks it sent.
+    async fn record(
+        &self,
+        worker: &mut Client,
+        chain: &Chain,
+        seen: &str,
+        pacer: &mut Pacer,
+    ) -> Result<bool> {
         let tx = worker.transaction().await?;
+        // Counting what points at each row groups a million pointers whose
+        // number the planner cannot guess: hashed, never sorted on disk.
+        tx.batch_execute("SET LOCAL enable_sort = off").await?;
+        let graph = &self.context.graph;
+        if pacer.paced() {
+            let staged = Staged::stage(&tx, graph, &self.replica, chain.last_number).await?;
+            let per_page = (staged.rows as f64 / staged.pages.max(1) as f64).max(1.0);
+            let pages = ((pacer.chunk_rows() as f64 / per_page) as u64).max(1);
+            let mut from = 0;
+            while from < staged.pages {
+                let to = (from + pages).min(staged.pages);
+                let rows = Staged::record(&tx, from, to).await?;
+                pacer.went(rows).await;
+                from = to;
+            }
+        } else {
+            let last = HashMap::from([(self.replica.to_string(), chain.last_number)]);
+            let filled = Filled::only([Scratch::Fresh]);
+            tx.batch_execute(&held::closing(graph, &last, &filled))
+                .await?;
+        }
         let ended = store::snapshots::Ended {
             replica: &self.replica,
             attempt: &self.attempt,
@@ -301,13 +346,6 @@ impl Snapshot {
             tx.rollback().await?;
             return Ok(false);
         }
-        let last = HashMap::from([(self.replica.to_string(), chain.last_number)]);
-        let filled = Filled::only([Scratch::Fresh]);
-        // Counting what points at each row groups a million pointers whose
-        // number the planner cannot guess: hashed, never sorted on disk.
-        tx.batch_execute("SET LOCAL enable_sort = off").await?;
-        tx.batch_execute(&held::closing(&self.context.graph, &last, &filled))
-            .await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -369,9 +407,16 @@ struct Sender<'a, T: Transport> {
     /// The number drawn for the first message when the snapshot began.
     first: Option<i64>,
     sent: u64,
+    /// How fast it may go.
+    pacer: &'a mut Pacer,
 }
 
 impl<T: Transport> Sink for Sender<'_, T> {
+    async fn read(&mut self, rows: usize) -> Result<()> {
+        self.pacer.went(rows as u64).await;
+        Ok(())
+    }
+
     async fn take(&mut self, tx: &Transaction<'_>, packed: Vec<Packed>) -> Result<()> {
         if packed.is_empty() {
             return Ok(());

@@ -92,6 +92,18 @@ pub(crate) fn closing(graph: &Graph, last: &HashMap<String, i64>, filled: &Fille
 /// in plainly, each with how many of its rows point at it. In bulk, so
 /// hashed.
 fn provisioned(graph: &Graph, messages: &str) -> String {
+    format!(
+        "{HASH_ONLY}
+         INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs, refs)
+         {};
+         {JOINS_AS_THEY_WERE}",
+        provisioned_rows(graph, messages)
+    )
+}
+
+/// The rows a replica provisioned from scratch holds, in `sync.held`'s
+/// columns (from `replica` to `refs`).
+fn provisioned_rows(graph: &Graph, messages: &str) -> String {
     let refs = match graph.tracked_values() {
         Some(links) => format!(
             "LEFT JOIN (SELECT f.r, l.p AS t, f.ptrs -> l.name AS k, count(*)::int AS n
@@ -102,14 +114,82 @@ fn provisioned(graph: &Graph, messages: &str) -> String {
         None => "LEFT JOIN (SELECT NULL::text AS r, 0 AS n) c ON false".into(),
     };
     format!(
-        "{HASH_ONLY}
-         INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs, refs)
-         SELECT f.r, f.t, f.k::text, coalesce(ch.last_seq, 0), m.number, f.round = 0, f.ptrs, coalesce(c.n, 0)
+        "SELECT f.r AS replica, f.t AS table_name, f.k::text AS key,
+                coalesce(ch.last_seq, 0) AS version, m.number AS message, f.round = 0 AS ruled,
+                f.ptrs, coalesce(c.n, 0) AS refs
          FROM _ms_f f JOIN {messages} ON m.r = f.r
          LEFT JOIN _ms_changed ch ON ch.t = f.t AND ch.k = f.k
-         {refs};
-         {JOINS_AS_THEY_WERE}"
+         {refs}"
     )
+}
+
+/// A snapshot's record made ready to go into `sync.held` a chunk at a
+/// time, so that a snapshot that yields to the passes can wait between
+/// chunks: the rows of `replica`, whose snapshot ended with message
+/// `last`, in a table of the transaction's own (`_ms_held`, dropped at its
+/// end), in `sync.held`'s columns.
+pub(crate) struct Staged {
+    /// Rows staged.
+    pub rows: u64,
+    /// Pages they fill.
+    pub pages: u64,
+}
+
+impl Staged {
+    /// Stages the record (see [`Staged`]).
+    pub(crate) async fn stage(
+        tx: &tokio_postgres::Transaction<'_>,
+        graph: &Graph,
+        replica: &str,
+        last: i64,
+    ) -> Result<Staged> {
+        let messages = format!(
+            "unnest({}, {}) AS m (r, number)",
+            text_array([replica]),
+            int8_array([last])
+        );
+        tx.batch_execute(HASH_ONLY).await?;
+        let rows = tx
+            .execute(
+                &format!(
+                    "CREATE TEMP TABLE _ms_held ON COMMIT DROP AS {}",
+                    provisioned_rows(graph, &messages)
+                ),
+                &[],
+            )
+            .await?;
+        tx.batch_execute(JOINS_AS_THEY_WERE).await?;
+        let pages: i64 = tx
+            .query_one(
+                "SELECT pg_relation_size('_ms_held') / current_setting('block_size')::bigint",
+                &[],
+            )
+            .await?
+            .get(0);
+        Ok(Staged {
+            rows,
+            pages: pages.max(0) as u64,
+        })
+    }
+
+    /// Records the staged rows on pages `from..to` as held (read by their
+    /// place: each page once, whichever chunk it falls in).
+    pub(crate) async fn record(
+        tx: &tokio_postgres::Transaction<'_>,
+        from: u64,
+        to: u64,
+    ) -> Result<u64> {
+        let rows = tx
+            .execute(
+                &format!(
+                    "INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs, refs)
+                     SELECT * FROM _ms_held WHERE ctid >= '({from},0)'::tid AND ctid < '({to},0)'::tid"
+                ),
+                &[],
+            )
+            .await?;
+        Ok(rows)
+    }
 }
 
 /// Rows sent (`_ms_send`) the replica held already: a new version, in
