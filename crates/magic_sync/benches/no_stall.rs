@@ -20,6 +20,11 @@
 //!
 //! MAGIC_SYNC_BENCH_RATE sets the rate (default 1,000 changes a second);
 //! MAGIC_SYNC_BENCH_ROWS the archive's rows (default 1,000,000).
+//! MAGIC_SYNC_BENCH_PACE sets the snapshot's pace (`Settings::snapshot_pace`):
+//! `unpaced` (the default) or a budget of rows a second.
+//! MAGIC_SYNC_BENCH_TIMELINE=1 prints the others' latency second by second
+//! while `big` provisions (with `RUST_LOG=magic_sync::pass=debug`, the
+//! snapshot's steps are timed in the log beside it).
 //! MAGIC_SYNC_BENCH_NICE=1 measures an option rather than the engine: the
 //! backends snapshots stream on (`magic_sync relay: snapshot` in
 //! `pg_stat_activity`) are given the lowest CPU priority (`renice 19`) as
@@ -190,6 +195,7 @@ async fn main() {
     let provisioned = settle(&client, REPLICAS, Duration::from_secs(300))
         .await
         .expect("the hundred replicas provisioned");
+    println!("the snapshots' pace: {:?}", support::snapshot_pace());
     println!(
         "{REPLICAS} replicas provisioned ({} items each) in {:.1} s; `big` waits with {rows} rows",
         ITEMS / REGIONS,
@@ -279,5 +285,19 @@ async fn main() {
         ratio(0.50),
         ratio(0.99)
     );
+    if env_u64("MAGIC_SYNC_BENCH_TIMELINE", 0) != 0 {
+        // Which part of the snapshot the others feel: their latency by the
+        // second its change was committed in.
+        let mut second = from;
+        while second < to {
+            let slice = window(&arrivals, second, second + 1_000_000);
+            println!(
+                "  second {:>3}: {}",
+                (second - from) / 1_000_000,
+                slice.describe()
+            );
+            second += 1_000_000;
+        }
+    }
     fleet.stop().await;
 }
