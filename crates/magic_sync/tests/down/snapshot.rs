@@ -320,13 +320,7 @@ async fn a_till_that_moves_while_its_snapshot_streams_gets_the_snapshot_of_where
 
 #[tokio::test]
 async fn a_snapshot_held_to_a_budget_of_rows_takes_as_long_as_it_says_and_ends_exact() {
-    let mut fleet = Fleet::new(&format!(
-        "{SHOP}
-         INSERT INTO products SELECT i, 'product ' || i, 1, NULL FROM generate_series(100, 400) i;"
-    ))
-    .await;
-    fleet.add("u1", Some("north"));
-    fleet.sync().await;
+    let mut fleet = many_products().await;
     // 1,000 rows a second: the record goes in chunks of 100 rows, so the
     // shop's products span several.
     let budget = 1_000;
@@ -335,8 +329,6 @@ async fn a_snapshot_held_to_a_budget_of_rows_takes_as_long_as_it_says_and_ends_e
             s.snapshot_pace = SnapshotPace::Rows(budget.try_into().unwrap());
         })
         .await;
-    fleet.add("u4", Some("north"));
-    assert_eq!(fleet.pass().await.waiting, ["u4"]);
     let snapshot = fleet.begin_snapshot("u4").await.expect("u4 waits");
     let mut worker = fleet.db.connect().await;
     let began = std::time::Instant::now();
