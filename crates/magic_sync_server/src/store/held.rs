@@ -37,11 +37,7 @@ pub(crate) fn closing(graph: &Graph, last: &HashMap<String, i64>, filled: &Fille
     let messages = (!last.is_empty()).then(|| {
         let (ids, numbers): (Vec<&str>, Vec<i64>) =
             last.iter().map(|(r, n)| (r.as_str(), *n)).unzip();
-        format!(
-            "unnest({}, {}) AS m (r, number)",
-            text_array(ids),
-            int8_array(numbers)
-        )
+        last_messages(ids, numbers)
     });
     if let (true, Some(messages)) = (has(Scratch::Fresh), &messages) {
         sql.push_str(&provisioned(graph, messages));
@@ -86,6 +82,19 @@ pub(crate) fn closing(graph: &Graph, last: &HashMap<String, i64>, filled: &Fille
     }
     sql.push_str("SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT;");
     sql
+}
+
+/// Each replica written to and its last message, as a relation `m (r,
+/// number)`.
+fn last_messages<'a>(
+    ids: impl IntoIterator<Item = &'a str>,
+    numbers: impl IntoIterator<Item = i64>,
+) -> String {
+    format!(
+        "unnest({}, {}) AS m (r, number)",
+        text_array(ids),
+        int8_array(numbers)
+    )
 }
 
 /// A replica provisioned from scratch held nothing: its rows (`_ms_f`) go
@@ -143,11 +152,7 @@ impl Staged {
         replica: &str,
         last: i64,
     ) -> Result<Staged> {
-        let messages = format!(
-            "unnest({}, {}) AS m (r, number)",
-            text_array([replica]),
-            int8_array([last])
-        );
+        let messages = last_messages([replica], [last]);
         tx.batch_execute(HASH_ONLY).await?;
         let rows = tx
             .execute(
