@@ -73,8 +73,8 @@ impl Packer {
     /// larger than any message may be.
     pub fn upsert(&mut self, replica: &str, table: &'static str, row: RowData) {
         let size = row.key.len() + row.data.len() + 2 * FIELD;
-        let protect = self.both.contains(&(replica.to_string(), table))
-            || self.self_referencing.contains(table);
+        let protect = self.self_referencing.contains(table)
+            || (!self.both.is_empty() && self.both.contains(&(replica.to_string(), table)));
         let open = self.make_room(replica, size);
         entry(&mut open.upserts, table).upserts.push(row);
         open.bytes += size;
