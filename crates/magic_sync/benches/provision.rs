@@ -458,6 +458,7 @@ fn secs(d: Duration) -> f64 {
 
 #[tokio::main]
 async fn main() {
+    magic_sync_testkit::bench::logs();
     if let Ok(conninfo) = std::env::var("MAGIC_SYNC_RELAY_ONLY") {
         relay_only(&conninfo).await;
         return;

@@ -133,6 +133,22 @@ pub enum Error {
         /// Plans made.
         attempts: u32,
     },
+    /// A snapshot streamed by the conditions in closed form sent other rows
+    /// than the plan of the same view holds: an engine bug. The snapshot is
+    /// begun again, planned first, as every later one is.
+    #[error(
+        "the snapshot of replica `{replica}` streamed {streamed} rows where its plan holds \
+         {planned}: a bug in the engine; snapshots are planned before they stream from now on \
+         (deploy a fix)"
+    )]
+    Disagreed {
+        /// The replica.
+        replica: String,
+        /// Rows streamed.
+        streamed: u64,
+        /// Rows planned.
+        planned: u64,
+    },
     /// A named fault point armed by a test: the process "died" there.
     #[cfg(feature = "failpoints")]
     #[error("the fault point `{0}` was armed")]

@@ -338,10 +338,21 @@ impl Link {
 /// `r` (a row of the planner's replica list) by its table's own rule; `None`
 /// for tables without a rule of their own.
 pub(crate) fn rule(table: &Table, alias: &str, r: &str) -> Option<String> {
+    rule_for(table, alias, &format!("{r}.r"), &format!("{r}.part"))
+}
+
+/// [`rule`], for the replica whose id and partition are the SQL expressions
+/// `replica` and `partition` (a row's columns, or literals).
+pub(crate) fn rule_for(
+    table: &Table,
+    alias: &str,
+    replica: &str,
+    partition: &str,
+) -> Option<String> {
     Some(match table.rule {
         Rule::All => "true".to_string(),
-        Rule::Replica(c) => format!("{alias}.{}::text = {r}.r", ident(c)),
-        Rule::Partition(c) => format!("{alias}.{}::text = {r}.part", ident(c)),
+        Rule::Replica(c) => format!("{alias}.{}::text = {replica}", ident(c)),
+        Rule::Partition(c) => format!("{alias}.{}::text = {partition}", ident(c)),
         Rule::Group(g) => {
             let members = g
                 .member
@@ -353,7 +364,7 @@ pub(crate) fn rule(table: &Table, alias: &str, r: &str) -> Option<String> {
             // Fenced: looked up per row through the members' and the
             // grants' indexes, never turned into a join over the tables.
             format!(
-                "EXISTS (SELECT 1 FROM {} m JOIN {} g ON g.{grp} = m.{grp} WHERE {members} AND g.{}::text = {r}.r OFFSET 0)",
+                "EXISTS (SELECT 1 FROM {} m JOIN {} g ON g.{grp} = m.{grp} WHERE {members} AND g.{}::text = {replica} OFFSET 0)",
                 qualified(table.schema, g.members),
                 qualified(table.schema, g.grants),
                 ident(g.replica),

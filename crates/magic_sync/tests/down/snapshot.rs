@@ -355,3 +355,83 @@ async fn a_snapshot_held_to_a_budget_of_rows_takes_as_long_as_it_says_and_ends_e
         keys(&mut fleet, "u1", &Product::TABLE).len()
     );
 }
+
+/// A snapshot streams its rows as it reads them, nothing planned first,
+/// even where tables lean on one another in a cycle: a north shipment
+/// whose parent ships in the south brings that shipment and its southern
+/// event (a follower's parent), and the event brings every shipment that
+/// follows it. What it recorded is what it sent.
+#[tokio::test]
+async fn a_snapshot_streams_before_anything_is_planned_even_through_a_cycle() {
+    let mut fleet = shop().await;
+    fleet
+        .write("INSERT INTO logistics.shipments VALUES (4, 'north', 1, 3), (5, 'south', 2, NULL)")
+        .await;
+    fleet.sync().await;
+    fleet.add("u4", Some("north"));
+    let pass = fleet.pass().await;
+    assert_eq!(pass.waiting, ["u4"]);
+    let snapshot = fleet.begin_snapshot("u4").await.expect("u4 waits");
+    let mut worker = fleet.db.connect().await;
+    let streamed = snapshot
+        .stream(&mut worker, &fleet.network)
+        .await
+        .expect("the snapshot streams");
+    assert!(!streamed.planned_first, "{streamed:?}");
+    assert!(streamed.recorded, "{streamed:?}");
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(
+        keys(&mut fleet, "u4", &crate::shop::Shipment::TABLE),
+        ["[1]", "[2]", "[3]", "[4]", "[5]"]
+    );
+    assert_eq!(
+        keys(&mut fleet, "u4", &crate::shop::Event::TABLE),
+        [r#"["north",1]"#, r#"["south",2]"#]
+    );
+}
+
+/// A snapshot that meets a row it cannot send while it streams sets it
+/// aside; the next one plans first, around it, and ends exact.
+#[tokio::test]
+async fn a_snapshot_that_meets_a_row_it_cannot_send_is_begun_again_planned_around_it() {
+    let mut fleet = Fleet::with_relay_engine(SHOP, crate::shop::buggy_engine()).await;
+    fleet.add("u1", Some("north"));
+    fleet.sync().await;
+    fleet.check().await;
+    fleet.add("u4", Some("north"));
+    let pass = fleet.pass().await;
+    assert_eq!(pass.waiting, ["u4"]);
+    fleet
+        .write("INSERT INTO products VALUES (4, 'jam (bug)', 4, NULL)")
+        .await;
+    let snapshot = fleet.begin_snapshot("u4").await.expect("u4 waits");
+    let mut worker = fleet.db.connect().await;
+    let failed = snapshot
+        .stream(&mut worker, &fleet.network)
+        .await
+        .expect_err("it meets the row");
+    assert!(
+        matches!(failed.source, magic_sync::Error::Unsendable(_)),
+        "{failed}"
+    );
+    assert!(fleet
+        .quarantined()
+        .await
+        .contains(&("products".to_string(), "[4]".to_string())));
+    let pass = fleet.pass().await;
+    assert_eq!(pass.waiting, ["u4"], "it waits for another");
+    let snapshot = fleet.begin_snapshot("u4").await.expect("u4 waits");
+    let streamed = snapshot
+        .stream(&mut worker, &fleet.network)
+        .await
+        .expect("the snapshot streams");
+    assert!(streamed.planned_first, "a row is set aside: {streamed:?}");
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(
+        keys(&mut fleet, "u4", &Product::TABLE),
+        keys(&mut fleet, "u1", &Product::TABLE)
+    );
+    assert!(!keys(&mut fleet, "u4", &Product::TABLE).contains(&"[4]".to_string()));
+}

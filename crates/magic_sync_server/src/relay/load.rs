@@ -12,6 +12,7 @@ use crate::error::{Error, Result, Unsendable};
 use crate::graph::{key_kinds, key_match, Graph, Shape};
 use crate::row::Table;
 use crate::sql::literal;
+use crate::store::plan::closed::Closed;
 use crate::value::{canonical_key, Kind};
 use std::collections::HashSet;
 use tokio_postgres::Transaction;
@@ -31,7 +32,7 @@ pub(crate) trait Sink {
 
 /// What a load reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Source {
+pub(crate) enum Source<'a> {
     /// A pass's difference: the rows in `_ms_send`, each read by its key,
     /// and the keys in `_ms_del`.
     Difference {
@@ -41,6 +42,36 @@ pub(crate) enum Source {
     /// A snapshot's whole set, in `_ms_f`: read in bulk, then ended with an
     /// `EndSnapshot` naming every table.
     Snapshot,
+    /// A snapshot's whole set, read straight from the host's tables by
+    /// their conditions in closed form, nothing planned: then ended like
+    /// [`Source::Snapshot`].
+    Closed(&'a Closed),
+}
+
+impl Source<'_> {
+    fn is_snapshot(self) -> bool {
+        matches!(self, Source::Snapshot | Source::Closed(_))
+    }
+}
+
+/// Where one table's rows are read from.
+#[derive(Debug, Clone, Copy)]
+enum Rows<'a> {
+    /// `_ms_send`.
+    Difference,
+    /// `_ms_f`.
+    Planned,
+    /// The table itself, by its condition in closed form, for one replica.
+    Closed(&'a str, &'a str),
+}
+
+/// Who the rows read go to.
+#[derive(Debug, Clone, Copy)]
+enum To<'a> {
+    /// The replicas in the first column.
+    Column,
+    /// This one.
+    Only(&'a str),
 }
 
 /// Which tables a pass's difference reads (`Loader::tables_in_difference`).
@@ -74,10 +105,10 @@ impl Loader<'_> {
     pub async fn load(
         &self,
         tx: &Transaction<'_>,
-        source: Source,
+        source: Source<'_>,
         replicas: &[String],
         sink: &mut impl Sink,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let deletes = matches!(source, Source::Difference { deletes: true });
         // The tables with anything to read: a pass's difference is most
         // often a few rows of one or two tables, and asking each of the
@@ -85,7 +116,7 @@ impl Loader<'_> {
         // every pass.
         let mut tables = match source {
             Source::Difference { .. } => Some(self.tables_in_difference(tx, deletes).await?),
-            Source::Snapshot => None,
+            Source::Snapshot | Source::Closed(_) => None,
         };
         let both = tables
             .as_mut()
@@ -103,21 +134,28 @@ impl Loader<'_> {
         // Room for the head (ids, numbers, nonces) and the seal around a body.
         let limit = self.max_message_bytes.saturating_sub(256).max(1024);
         let mut packer = Packer::new(limit, both, self_referencing);
-        for shape in &self.graph.shapes {
+        let mut read = 0;
+        for (index, shape) in self.graph.shapes.iter().enumerate() {
             if !sends(shape.table.name) {
                 packer.upserts_done(shape.table.name);
                 continue;
             }
-            self.upserts(
-                tx,
-                shape,
-                source,
-                replicas.len() == 1,
-                &mut packer,
-                sink,
-                limit,
-            )
-            .await?;
+            let rows = match source {
+                Source::Difference { .. } => Rows::Difference,
+                Source::Snapshot => Rows::Planned,
+                Source::Closed(closed) => Rows::Closed(closed.condition(index), &replicas[0]),
+            };
+            read += self
+                .upserts(
+                    tx,
+                    shape,
+                    rows,
+                    replicas.len() == 1,
+                    &mut packer,
+                    sink,
+                    limit,
+                )
+                .await?;
             packer.upserts_done(shape.table.name);
         }
         if let (true, Some(removed)) = (deletes, self.removed) {
@@ -135,7 +173,7 @@ impl Loader<'_> {
             packer.deletes_done(shape.table.name);
         }
         packer.end_all();
-        if source == Source::Snapshot {
+        if source.is_snapshot() {
             let tables: Vec<String> = self
                 .graph
                 .shapes
@@ -146,7 +184,8 @@ impl Loader<'_> {
                 packer.end_snapshot(r, tables.clone(), self.described);
             }
         }
-        sink.take(tx, packer.take()).await
+        sink.take(tx, packer.take()).await?;
+        Ok(read)
     }
 
     /// The tables a pass's difference sends rows of and takes rows back
@@ -190,46 +229,54 @@ impl Loader<'_> {
     }
 
     /// The rows of `shape` the source sends, each read once with every
-    /// replica it goes to.
+    /// replica it goes to. Returns how many were read.
     #[allow(clippy::too_many_arguments)]
     async fn upserts(
         &self,
         tx: &Transaction<'_>,
         shape: &Shape,
-        source: Source,
+        rows: Rows<'_>,
         single: bool,
         packer: &mut Packer,
         sink: &mut impl Sink,
         limit: usize,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let table = shape.table;
         let t = literal(table.name);
-        let rows = match source {
-            Source::Difference { .. } => format!("SELECT r, k FROM _ms_send WHERE t = {t}"),
-            Source::Snapshot => format!("SELECT r, k FROM _ms_f WHERE t = {t}"),
-        };
-        // Each row once, with every replica it goes to; with one replica
-        // there is nothing to gather.
-        let sent = if single {
-            format!("SELECT k, ARRAY[r] AS rs FROM ({rows}) u")
-        } else {
-            format!("SELECT k, array_agg(r) AS rs FROM ({rows}) u GROUP BY k")
-        };
         let cols = crate::pg::select_list("a", table);
+        let rel = &shape.relation;
+        let planned = |from: &str| {
+            let rows = format!("SELECT r, k FROM {from} WHERE t = {t}");
+            // Each row once, with every replica it goes to; with one
+            // replica there is nothing to gather.
+            match single {
+                true => format!("SELECT k, ARRAY[r] AS rs FROM ({rows}) u"),
+                false => format!("SELECT k, array_agg(r) AS rs FROM ({rows}) u GROUP BY k"),
+            }
+        };
         let m = key_match("a", shape, "s.k");
-        let sql = match source {
+        let sql = match rows {
             // A snapshot reads much of the table: joined in bulk.
-            Source::Snapshot => format!(
-                "SELECT s.rs, {cols} FROM ({sent}) s JOIN {rel} a ON {m}",
-                rel = shape.relation,
+            Rows::Planned => format!(
+                "SELECT s.rs, {cols} FROM ({}) s JOIN {rel} a ON {m}",
+                planned("_ms_f")
             ),
+            // Read by its condition, as PostgreSQL sees fit, for the one
+            // replica.
+            Rows::Closed(condition, _) => {
+                format!("SELECT {cols} FROM {rel} a WHERE {condition}")
+            }
             // A pass reads the rows it sends, each by its key, and nothing
             // else of the table, whatever PostgreSQL guesses of their number.
-            Source::Difference { .. } => format!(
-                "SELECT s.rs, a.* FROM ({sent}) s
+            Rows::Difference => format!(
+                "SELECT s.rs, a.* FROM ({}) s
                  CROSS JOIN LATERAL (SELECT {cols} FROM {rel} a WHERE {m} OFFSET 0) a",
-                rel = shape.relation,
+                planned("_ms_send")
             ),
+        };
+        let to = match rows {
+            Rows::Closed(_, replica) => To::Only(replica),
+            Rows::Difference | Rows::Planned => To::Column,
         };
         let portal = tx.bind(sql.as_str(), &[]).await?;
         let chunk = self.settings.chunk_rows.max(1);
@@ -238,26 +285,28 @@ impl Loader<'_> {
         // is handed on (what points at it may follow), but the table is
         // read to its end, so that one load finds every such row of it.
         let mut unsendable = Vec::new();
+        let mut read = 0;
         loop {
             if rows.is_empty() {
                 return match unsendable.is_empty() {
-                    true => Ok(()),
+                    true => Ok(read),
                     false => Err(Error::Unsendable(unsendable)),
                 };
             }
+            read += rows.len() as u64;
             // A full chunk may have more behind it: the next one is asked for
             // before this one is encoded, so PostgreSQL reads while the
             // relay encodes. A short chunk is the last.
             let next = if rows.len() == chunk as usize {
                 let t_fetch = std::time::Instant::now();
                 let (next, packed) = tokio::join!(tx.query_portal(&portal, chunk), async {
-                    self.pack_rows(table, &rows, packer, limit, &mut unsendable)
+                    self.pack_rows(table, &rows, to, packer, limit, &mut unsendable)
                 });
                 trace_sum("fetch+encode", t_fetch);
                 packed?;
                 next?
             } else {
-                self.pack_rows(table, &rows, packer, limit, &mut unsendable)?;
+                self.pack_rows(table, &rows, to, packer, limit, &mut unsendable)?;
                 Vec::new()
             };
             if unsendable.is_empty() && packer.pending_bytes() >= self.settings.flush_bytes {
@@ -271,12 +320,14 @@ impl Loader<'_> {
     }
 
     /// Encodes each row read once, and hands it to the packer for every
-    /// replica it goes to (the first column). A row that does not encode,
-    /// or that no message could carry, goes in `unsendable` instead.
+    /// replica it goes to (`to`). A row that does not encode, or that no
+    /// message could carry, goes in `unsendable` instead.
+    #[allow(clippy::too_many_arguments)]
     fn pack_rows(
         &self,
         table: &'static Table,
         rows: &[tokio_postgres::Row],
+        to: To<'_>,
         packer: &mut Packer,
         limit: usize,
         unsendable: &mut Vec<Unsendable>,
@@ -286,12 +337,16 @@ impl Loader<'_> {
             .codec(table.name)
             .expect("every table that goes down has a codec");
         let key_positions = table.key_positions();
+        let first = match to {
+            To::Column => 1,
+            To::Only(_) => 0,
+        };
         for row in rows {
-            let replicas: Vec<String> = row.get(0);
-            let values = crate::pg::read_row(row, 1, table).map_err(|e| Error::RowMismatch {
-                table: table.name.to_string(),
-                problem: e.to_string(),
-            })?;
+            let values =
+                crate::pg::read_row(row, first, table).map_err(|e| Error::RowMismatch {
+                    table: table.name.to_string(),
+                    problem: e.to_string(),
+                })?;
             let key = canonical_key(
                 &key_positions
                     .iter()
@@ -321,6 +376,13 @@ impl Loader<'_> {
                 }
             };
             let key = key.into_bytes();
+            let replicas: Vec<String> = match to {
+                To::Column => row.get(0),
+                To::Only(replica) => {
+                    packer.upsert(replica, table.name, RowData { key, data });
+                    continue;
+                }
+            };
             for r in &replicas {
                 packer.upsert(
                     r,

@@ -414,6 +414,7 @@ impl Relay {
                 engine,
                 graph,
                 settings,
+                plan_first: Default::default(),
             }),
             groups,
             prepared: false,

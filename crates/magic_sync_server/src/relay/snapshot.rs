@@ -15,13 +15,17 @@
 //! numbered in the order its writers committed, so if the snapshot sees the
 //! newest one kept, it sees them all.)
 //!
-//! Its rows are planned as a pass plans a snapshot (`_ms_f`), then read,
-//! encoded, packed, numbered, chained and sealed as a pass does, and handed
-//! to the transport as they fill, from `begins_snapshot` to `EndSnapshot`:
-//! nothing is staged in the outbox. Once the transport took the end, what
-//! it sent is recorded as held, in bulk, at the versions the snapshot saw,
-//! carried by the `EndSnapshot`: it counts once the replica acknowledges
-//! that. A snapshot that fails anywhere (a send refused, the connection
+//! Its rows are read straight from the host's tables, each table by its
+//! condition in closed form (`store::plan::closed`), parents first; encoded,
+//! packed, numbered, chained and sealed as a pass does, and handed to the
+//! transport as they fill, from `begins_snapshot` to `EndSnapshot`: nothing
+//! is staged in the outbox, and nothing is planned before the first row
+//! goes. Then, in the same view, it is planned as a pass plans a snapshot
+//! (`_ms_f`): the same rows, which is checked, and the record. Once the
+//! transport took the end, what it sent is recorded as held, in bulk, at
+//! the versions the snapshot saw, carried by the `EndSnapshot`: it counts
+//! once the replica acknowledges that. While rows are set aside the plan
+//! comes first, and the rows are read by it, around them. A snapshot that fails anywhere (a send refused, the connection
 //! lost, the relay gone) is begun again from the start; the replica's
 //! `EndSnapshot` deletes whatever an earlier attempt left that this one did
 //! not name.
@@ -43,11 +47,13 @@ use crate::graph::Graph;
 use crate::store;
 use crate::store::held::Staged;
 use crate::store::outbox::draw;
+use crate::store::plan::closed::Closed;
 use crate::store::plan::scratch::{Filled, Scratch};
 use crate::store::plan::{self, quarantine, Planner};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio_postgres::{Client, IsolationLevel, Transaction};
 
@@ -63,6 +69,9 @@ pub(crate) struct Context {
     /// What the declarations make of a replica's tables, as a snapshot's
     /// end and a `ReplicaSchema` tell it.
     pub described: crate::envelope::ReplicaSchema,
+    /// Whether snapshots plan before they stream: set for good once one
+    /// streamed by the conditions in closed form disagreed with its plan.
+    pub plan_first: std::sync::atomic::AtomicBool,
 }
 
 /// A snapshot sent and recorded.
@@ -79,6 +88,11 @@ pub struct Streamed {
     /// streamed: its attempt was ended, and what it sent is not recorded
     /// (another snapshot follows).
     pub recorded: bool,
+    /// Whether its rows were planned before they streamed: when rows are
+    /// set aside (the plan works around them), or after a snapshot
+    /// streamed by the conditions in closed form disagreed with its plan.
+    /// Otherwise its first rows went as soon as they were read.
+    pub planned_first: bool,
 }
 
 /// A snapshot that failed: the replica waits for another.
@@ -217,7 +231,7 @@ impl Snapshot {
         // counts are over every row of the snapshot: memory enough to hash
         // them in one batch (a snapshot of a million rows takes about 70 MB
         // at its peak, in the worker's backend only).
-        let mut setup = String::from("SET TIME ZONE 'UTC'; SET work_mem = '64MB';");
+        let mut setup = String::from("SET TIME ZONE 'UTC'; SET work_mem = '64MB'; SET jit = off;");
         for table in [Scratch::Replicas, Scratch::Changed, Scratch::Fresh] {
             setup.push_str(&format!("DROP TABLE IF EXISTS {table};"));
         }
@@ -233,9 +247,24 @@ impl Snapshot {
             .await?
             .get(0);
         plan::prepare(&tx).await?;
-        let t0 = std::time::Instant::now();
-        let rows = plan_snapshot(&tx, context, &self.replica, self.partition.as_deref()).await?;
-        super::trace("snapshot/plan", t0);
+        // Streamed before anything is planned, by the conditions in closed
+        // form, unless rows are set aside: a plan then works around them.
+        let closed = match quarantine::Blocks::read(&tx).await?.any
+            || context.plan_first.load(Ordering::Relaxed)
+        {
+            true => None,
+            false => Closed::new(&context.graph, &self.replica, self.partition.as_deref()),
+        };
+        let planned = match closed {
+            Some(_) => None,
+            None => {
+                let t0 = std::time::Instant::now();
+                let rows =
+                    plan_snapshot(&tx, context, &self.replica, self.partition.as_deref()).await?;
+                super::trace("snapshot/plan", t0);
+                Some(rows)
+            }
+        };
         let epoch = Epoch::read(&tx).await?;
         let mut sender = Sender {
             transport,
@@ -255,14 +284,26 @@ impl Snapshot {
             described: &context.described,
         };
         let t0 = std::time::Instant::now();
+        let source = match &closed {
+            Some(closed) => Source::Closed(closed),
+            None => Source::Snapshot,
+        };
         let loaded = loader
-            .load(
-                &tx,
-                Source::Snapshot,
-                &[self.replica.to_string()],
-                &mut sender,
-            )
+            .load(&tx, source, &[self.replica.to_string()], &mut sender)
             .await;
+        super::trace("snapshot/load and send", t0);
+        // What it sent is recorded from the plan, made now if not before:
+        // the same view, so the same rows.
+        let rows = match planned {
+            Some(rows) => rows,
+            None => {
+                let t0 = std::time::Instant::now();
+                let rows =
+                    plan_snapshot(&tx, context, &self.replica, self.partition.as_deref()).await?;
+                super::trace("snapshot/plan", t0);
+                rows
+            }
+        };
         if let Err(Error::Unsendable(rows)) = loaded {
             // Set aside, so the next attempt plans around them (and the
             // passes take them back from replicas holding older versions).
@@ -273,8 +314,17 @@ impl Snapshot {
             metrics::counter!("magic_sync_rows_quarantined_total").increment(rows.len() as u64);
             return Err(Error::Unsendable(rows));
         }
-        loaded?;
-        super::trace("snapshot/load and send", t0);
+        let streamed = loaded?;
+        if closed.is_some() && streamed != rows {
+            context.plan_first.store(true, Ordering::Relaxed);
+            let e = Error::Disagreed {
+                replica: self.replica.to_string(),
+                streamed,
+                planned: rows,
+            };
+            tracing::error!(error = %e, "a snapshot's rows disagreed with its plan");
+            return Err(e);
+        }
         let (chain, sent) = (sender.chain, sender.sent);
         // Nothing shared was written: the view ends here.
         tx.commit().await?;
@@ -294,6 +344,7 @@ impl Snapshot {
             rows,
             messages: sent,
             recorded,
+            planned_first: closed.is_none(),
         })
     }
 

@@ -44,6 +44,7 @@
 //! of the other side once per row, is what made a pass over a large
 //! backlog run for minutes.
 
+pub(crate) mod closed;
 pub(crate) mod quarantine;
 pub(crate) mod scratch;
 
