@@ -49,6 +49,9 @@
 //! MAGIC_SYNC_BENCH_SCALE: pgbench's scale, one replica per branch (default 10).
 //! MAGIC_SYNC_BENCH_LATENCY_RATE: the rate of (c), instead of half the
 //! ladder's best (an empty MAGIC_SYNC_BENCH_RATES skips the ladder).
+//! MAGIC_SYNC_BENCH_ONLY=provision: only the fleet made ready from nothing:
+//! until every replica applied its snapshot's end (it holds its rows), and
+//! until everything is recorded and acknowledged.
 
 use magic_sync_testkit::bench as support;
 
@@ -419,8 +422,14 @@ async fn main() {
     let engine = engine();
     println!("{plan:?}");
 
+    // MAGIC_SYNC_BENCH_ONLY=provision: the fleet made ready from nothing,
+    // and nothing else.
+    let only_provision = std::env::var("MAGIC_SYNC_BENCH_ONLY").as_deref() == Ok("provision");
     // (a) without the relay, on a database of its own.
-    let (bare, noted, notes_per_transaction) = without_relay(&plan, engine).await;
+    let (bare, noted, notes_per_transaction) = match only_provision {
+        true => (0.0, 0.0, 0.0),
+        false => without_relay(&plan, engine).await,
+    };
 
     // The database the relay serves.
     let db = pgbench_database(plan.scale).await;
@@ -432,11 +441,20 @@ async fn main() {
     let started = Instant::now();
     let mut fleet = Fleet::start(&db, engine, replicas, watch_history(arrivals.clone())).await;
     match settle(&client, plan.replicas(), plan.provision).await {
-        Ok(took) => println!(
-            "{} replicas provisioned in {:.1} s",
-            plan.replicas(),
-            took.as_secs_f64()
-        ),
+        Ok(took) => {
+            let ends = fleet.snapshot_ends();
+            let holding = match ends.len() == plan.replicas() {
+                true => ends.values().max().map(|last| *last - started),
+                false => None,
+            };
+            println!(
+                "{} replicas hold their rows (each applied its snapshot's end) in {}; \
+                 provisioned (recorded, acknowledged, nothing pending) in {:.2} s",
+                plan.replicas(),
+                holding.map_or("-".into(), |h| format!("{:.2} s", h.as_secs_f64())),
+                took.as_secs_f64()
+            )
+        }
         Err(backlog) => {
             println!(
                 "provisioning: {}",
@@ -447,6 +465,10 @@ async fn main() {
         }
     }
     let provisioned = started.elapsed();
+    if only_provision {
+        fleet.stop().await;
+        return;
+    }
 
     // (b) the ladder, (c) latency at half the highest sustained rate.
     let rungs = ladder(&plan, &db, &client, &fleet, notes_per_transaction).await;

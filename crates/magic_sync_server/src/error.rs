@@ -133,7 +133,7 @@ pub enum Error {
         /// Plans made.
         attempts: u32,
     },
-    /// A snapshot streamed by the conditions in closed form sent other rows
+    /// A snapshot streamed by the queries in closed form sent other rows
     /// than the plan of the same view holds: an engine bug. The snapshot is
     /// begun again, planned first, as every later one is.
     #[error(

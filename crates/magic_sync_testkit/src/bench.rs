@@ -19,6 +19,7 @@ use magic_sync::run::memory::Network;
 use magic_sync::Engine;
 use magic_sync_testdb::TestDb;
 use prost::Message;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -161,6 +162,8 @@ pub struct Fleet {
     )>,
     config: tokio_postgres::Config,
     engine: &'static Engine,
+    /// When each replica applied the end of its first snapshot.
+    ends: Arc<Mutex<BTreeMap<String, Instant>>>,
     _dir: tempfile::TempDir,
 }
 
@@ -193,6 +196,7 @@ impl Fleet {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let network = Network::new(1 << 20);
         let stopping = Arc::new(AtomicBool::new(false));
+        let ends = Arc::new(Mutex::new(BTreeMap::new()));
         let threads = replicas
             .iter()
             .map(|info| {
@@ -203,9 +207,15 @@ impl Fleet {
                 )
                 .expect("open the replica");
                 replica.trust(&key).expect("pin the server's key");
-                let (network, stopping, watcher) =
-                    (network.clone(), stopping.clone(), watcher.clone());
-                std::thread::spawn(move || apply_loop(replica, &network, &stopping, &*watcher))
+                let (network, stopping, watcher, ends) = (
+                    network.clone(),
+                    stopping.clone(),
+                    watcher.clone(),
+                    ends.clone(),
+                );
+                std::thread::spawn(move || {
+                    apply_loop(replica, &network, &stopping, &*watcher, &ends)
+                })
             })
             .collect();
         let host = Arc::new(ClockedHost {
@@ -220,6 +230,7 @@ impl Fleet {
             relay: None,
             config: db.config(),
             engine,
+            ends,
             _dir: dir,
         };
         fleet.start_relay();
@@ -246,6 +257,10 @@ impl Fleet {
                 engine.clone(),
                 Settings {
                     snapshot_pace: snapshot_pace(),
+                    snapshots: env_u64(
+                        "MAGIC_SYNC_BENCH_SNAPSHOTS",
+                        Settings::default().snapshots as u64,
+                    ) as usize,
                     ..Settings::default()
                 },
                 &*host,
@@ -259,6 +274,12 @@ impl Fleet {
             .expect("the relay's runner");
         });
         self.relay = Some((stop_relay, relay));
+    }
+
+    /// When each replica applied the end of its first snapshot: from then
+    /// on it holds its rows, whether or not the server recorded it yet.
+    pub fn snapshot_ends(&self) -> BTreeMap<String, Instant> {
+        self.ends.lock().expect("not poisoned").clone()
     }
 
     /// Stops the relay's runner; the replicas go on.
@@ -283,7 +304,13 @@ impl Fleet {
 
 /// A replica's thread: apply each message, say so, and show the watcher
 /// every row it carried.
-fn apply_loop(mut replica: Replica, network: &Network, stopping: &AtomicBool, watch: &Watch) {
+fn apply_loop(
+    mut replica: Replica,
+    network: &Network,
+    stopping: &AtomicBool,
+    watch: &Watch,
+    ends: &Mutex<BTreeMap<String, Instant>>,
+) {
     let id = replica.id().to_string();
     while let Some(message) = network.next(&id) {
         if stopping.load(Ordering::Relaxed) {
@@ -294,12 +321,23 @@ fn apply_loop(mut replica: Replica, network: &Network, stopping: &AtomicBool, wa
         if let Some(report) = report {
             network.report(&id, report);
         }
-        let Ok(ToReplica {
-            body: Some(Body::Down(down)),
-            ..
-        }) = ToReplica::decode(message.as_slice())
-        else {
-            continue;
+        let down = match ToReplica::decode(message.as_slice()) {
+            Ok(ToReplica {
+                body: Some(Body::Down(down)),
+                ..
+            }) => down,
+            Ok(ToReplica {
+                body: Some(Body::EndSnapshot(_)),
+                ..
+            }) => {
+                let ended = Instant::now();
+                ends.lock()
+                    .expect("not poisoned")
+                    .entry(id.clone())
+                    .or_insert(ended);
+                continue;
+            }
+            _ => continue,
         };
         for table in &down.tables {
             for row in &table.upserts {

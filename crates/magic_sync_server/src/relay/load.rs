@@ -43,7 +43,7 @@ pub(crate) enum Source<'a> {
     /// `EndSnapshot` naming every table.
     Snapshot,
     /// A snapshot's whole set, read straight from the host's tables by
-    /// their conditions in closed form, nothing planned: then ended like
+    /// their queries in closed form, nothing planned: then ended like
     /// [`Source::Snapshot`].
     Closed(&'a Closed),
 }
@@ -61,8 +61,9 @@ enum Rows<'a> {
     Difference,
     /// `_ms_f`.
     Planned,
-    /// The table itself, by its condition in closed form, for one replica.
-    Closed(&'a str, &'a str),
+    /// The table's rows by its query in closed form (none: nothing of
+    /// it), for one replica.
+    Closed(Option<&'a str>, &'a str),
 }
 
 /// Who the rows read go to.
@@ -143,7 +144,7 @@ impl Loader<'_> {
             let rows = match source {
                 Source::Difference { .. } => Rows::Difference,
                 Source::Snapshot => Rows::Planned,
-                Source::Closed(closed) => Rows::Closed(closed.condition(index), &replicas[0]),
+                Source::Closed(closed) => Rows::Closed(closed.rows(index).as_deref(), &replicas[0]),
             };
             read += self
                 .upserts(
@@ -261,11 +262,9 @@ impl Loader<'_> {
                 "SELECT s.rs, {cols} FROM ({}) s JOIN {rel} a ON {m}",
                 planned("_ms_f")
             ),
-            // Read by its condition, as PostgreSQL sees fit, for the one
-            // replica.
-            Rows::Closed(condition, _) => {
-                format!("SELECT {cols} FROM {rel} a WHERE {condition}")
-            }
+            // Read by its query in closed form, for the one replica.
+            Rows::Closed(Some(rows), _) => format!("SELECT {cols} FROM ({rows}) a"),
+            Rows::Closed(None, _) => format!("SELECT {cols} FROM {rel} a WHERE false"),
             // A pass reads the rows it sends, each by its key, and nothing
             // else of the table, whatever PostgreSQL guesses of their number.
             Rows::Difference => format!(

@@ -16,7 +16,7 @@
 //! newest one kept, it sees them all.)
 //!
 //! Its rows are read straight from the host's tables, each table by its
-//! condition in closed form (`store::plan::closed`), parents first; encoded,
+//! query in closed form (`store::plan::closed`), parents first; encoded,
 //! packed, numbered, chained and sealed as a pass does, and handed to the
 //! transport as they fill, from `begins_snapshot` to `EndSnapshot`: nothing
 //! is staged in the outbox, and nothing is planned before the first row
@@ -49,6 +49,7 @@ use crate::store::held::Staged;
 use crate::store::outbox::draw;
 use crate::store::plan::closed::Closed;
 use crate::store::plan::scratch::{Filled, Scratch};
+use crate::store::plan::JOINS_AS_THEY_WERE;
 use crate::store::plan::{self, quarantine, Planner};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
@@ -70,7 +71,8 @@ pub(crate) struct Context {
     /// end and a `ReplicaSchema` tell it.
     pub described: crate::envelope::ReplicaSchema,
     /// Whether snapshots plan before they stream: set for good once one
-    /// streamed by the conditions in closed form disagreed with its plan.
+    /// streamed by the queries in closed form disagreed with its plan, or
+    /// one of those queries failed.
     pub plan_first: std::sync::atomic::AtomicBool,
 }
 
@@ -90,7 +92,8 @@ pub struct Streamed {
     pub recorded: bool,
     /// Whether its rows were planned before they streamed: when rows are
     /// set aside (the plan works around them), or after a snapshot
-    /// streamed by the conditions in closed form disagreed with its plan.
+    /// streamed by the queries in closed form disagreed with its plan or
+    /// one of those queries failed.
     /// Otherwise its first rows went as soon as they were read.
     pub planned_first: bool,
 }
@@ -247,7 +250,7 @@ impl Snapshot {
             .await?
             .get(0);
         plan::prepare(&tx).await?;
-        // Streamed before anything is planned, by the conditions in closed
+        // Streamed before anything is planned, by the queries in closed
         // form, unless rows are set aside: a plan then works around them.
         let closed = match quarantine::Blocks::read(&tx).await?.any
             || context.plan_first.load(Ordering::Relaxed)
@@ -285,13 +288,35 @@ impl Snapshot {
         };
         let t0 = std::time::Instant::now();
         let source = match &closed {
-            Some(closed) => Source::Closed(closed),
+            Some(closed) => {
+                tx.batch_execute(Closed::SETTINGS).await?;
+                Source::Closed(closed)
+            }
             None => Source::Snapshot,
         };
         let loaded = loader
             .load(&tx, source, &[self.replica.to_string()], &mut sender)
             .await;
         super::trace("snapshot/load and send", t0);
+        // Anything but rows it could not send ends it here.
+        let loaded = match loaded {
+            Err(Error::Unsendable(unsendable)) => Err(unsendable),
+            Err(e) if closed.is_some() && !e.is_transient() => {
+                // A query in closed form PostgreSQL refused is the engine's
+                // to fix: snapshots plan first until a build that has.
+                context.plan_first.store(true, Ordering::Relaxed);
+                tracing::error!(
+                    error = %e,
+                    "a snapshot's query in closed form failed; snapshots plan first from now on"
+                );
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+            Ok(streamed) => Ok(streamed),
+        };
+        if closed.is_some() {
+            tx.batch_execute(JOINS_AS_THEY_WERE).await?;
+        }
         // What it sent is recorded from the plan, made now if not before:
         // the same view, so the same rows.
         let rows = match planned {
@@ -304,17 +329,22 @@ impl Snapshot {
                 rows
             }
         };
-        if let Err(Error::Unsendable(rows)) = loaded {
-            // Set aside, so the next attempt plans around them (and the
-            // passes take them back from replicas holding older versions).
-            let found =
-                quarantine::resolve(&tx, &context.graph, quarantine::From::Fresh, &rows).await?;
-            tx.rollback().await?;
-            crate::store::quarantine::set_aside(worker, &found).await?;
-            metrics::counter!("magic_sync_rows_quarantined_total").increment(rows.len() as u64);
-            return Err(Error::Unsendable(rows));
-        }
-        let streamed = loaded?;
+        let streamed = match loaded {
+            Ok(streamed) => streamed,
+            Err(unsendable) => {
+                // Set aside, so the next attempt plans around them (and the
+                // passes take them back from replicas holding older
+                // versions).
+                let found =
+                    quarantine::resolve(&tx, &context.graph, quarantine::From::Fresh, &unsendable)
+                        .await?;
+                tx.rollback().await?;
+                crate::store::quarantine::set_aside(worker, &found).await?;
+                metrics::counter!("magic_sync_rows_quarantined_total")
+                    .increment(unsendable.len() as u64);
+                return Err(Error::Unsendable(unsendable));
+            }
+        };
         if closed.is_some() && streamed != rows {
             context.plan_first.store(true, Ordering::Relaxed);
             let e = Error::Disagreed {

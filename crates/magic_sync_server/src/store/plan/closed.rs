@@ -1,36 +1,43 @@
-//! A fresh replica's set in closed form: for each table, a condition on its
-//! rows that says, in one query over the host's tables, whether the replica
-//! wants the row. A snapshot streams its rows by these conditions before
-//! anything is planned, and plans its record afterwards, in the same view
-//! (`relay::snapshot`).
+//! A fresh replica's set in closed form: for each table, one query of the
+//! rows of it the replica wants, over the host's tables. A snapshot streams
+//! its rows by these queries before anything is planned, and plans its
+//! record afterwards, in the same view (`relay::snapshot`).
 //!
 //! The planner works the set out round by round into `_ms_f`: the rows the
 //! rules give, then the parents of rows in it and the followers of rows in
 //! it, until a round adds nothing. Table by table the same closure reads:
 //! a table's rows are those its rule gives, the parents of its child
-//! tables' rows, and the followers of its parent's rows. So a table's
-//! condition names the conditions of the tables it depends on. Two
-//! dependencies never need following:
+//! tables' rows, and the followers of its parent's rows. So a table's query
+//! names the queries of the tables it depends on. Two dependencies never
+//! need following:
 //!
 //! - the parents of rows in an `all` table's place: every row of it is
 //!   there by its rule;
 //! - the parents of a follower that nothing points at, through the link it
 //!   follows: such a row is there only because its parent is.
 //!
-//! What is left is acyclic in most schemas, and each condition is a
-//! semi-join PostgreSQL hashes. Where tables still depend on one another in
-//! a cycle (a table pointing at itself, a follower that is a parent too),
-//! their rows are found together by one recursive query, a round of the
-//! planner per step of its recursion.
+//! What is left is acyclic in most schemas. Where tables still depend on
+//! one another in a cycle (a table pointing at itself, a follower that is a
+//! parent too), their rows are found together by one recursive query, a
+//! round of the planner per step of its recursion.
+//!
+//! Each query reads as the planner does, and is run with joins hashed
+//! (`HASH_ONLY`), so no guess of PostgreSQL's about sizes can make it
+//! quadratic: a table's own rule is a filter over the table; parents, and
+//! the members of a group, are looked up by their key, each once; followers
+//! are joined to their parents' keys in bulk. A row that comes more than
+//! one way comes once: the parts of a table's query are disjoint.
 
-use crate::graph::{key_json, key_match, rule_for, Graph, Link};
-use crate::row::Rule;
-use crate::sql::{escaped, ident, literal};
-use std::cell::Cell;
+use super::HASH_ONLY;
+use crate::graph::{key_json, key_match, Graph, Link};
+use crate::row::{Rule, Table};
+use crate::sql::{escaped, ident, literal, qualified};
+use crate::value::Kind;
+use std::cell::{Cell, RefCell};
 
-/// The longest condition built: past it (a schema whose tables share
-/// parents many times over, each named again in every condition that
-/// leans on it) the snapshot plans first instead.
+/// The longest query built: past it (a schema whose tables share parents
+/// many times over, each named again in every query that leans on it) the
+/// snapshot plans first instead.
 const LONGEST: usize = 256 << 10;
 
 /// Why a table's rows belong to a fresh replica, besides its rule.
@@ -42,40 +49,42 @@ enum Source {
     Follows(usize),
 }
 
-/// Per table of the graph, in its order, the condition under which a row
-/// `a` of it belongs to one fresh replica's set.
+/// Per table of the graph, in its order, the query of the rows of it one
+/// fresh replica wants (every column, as `a.*` gives them), each once;
+/// `None` for a table it wants nothing of.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Closed {
-    conditions: Vec<String>,
+    queries: Vec<Option<String>>,
 }
 
 impl Closed {
-    /// The conditions for the replica `replica` of partition `partition`.
+    /// The queries for the replica `replica` of partition `partition`.
     /// `None` when they would be too long to send.
     pub fn new(graph: &Graph, replica: &str, partition: Option<&str>) -> Option<Closed> {
         let builder = Builder::new(graph, replica, partition);
-        let mut conditions = Vec::with_capacity(graph.shapes.len());
-        for t in 0..graph.shapes.len() {
-            let condition = builder.condition(t, "a");
-            if condition.len() > LONGEST {
-                return None;
-            }
-            conditions.push(condition);
+        let queries = (0..graph.shapes.len()).map(|t| builder.rows(t)).collect();
+        match builder.too_long.get() {
+            true => None,
+            false => Some(Closed { queries }),
         }
-        Some(Closed { conditions })
     }
 
-    /// The condition on the row `a` of the graph's table `index`.
-    pub fn condition(&self, index: usize) -> &str {
-        &self.conditions[index]
+    /// The rows of the graph's table `index` the replica wants, as a
+    /// relation its columns are selected from.
+    pub fn rows(&self, index: usize) -> &Option<String> {
+        &self.queries[index]
     }
+
+    /// The settings its queries run under: every join hashed (the
+    /// look-ups by key are lateral, and stay as they are).
+    pub const SETTINGS: &'static str = HASH_ONLY;
 }
 
 struct Builder<'a> {
     graph: &'a Graph,
-    /// The replica's id and partition as SQL literals.
-    replica: String,
-    partition: String,
+    /// The replica's id and partition.
+    replica: &'a str,
+    partition: Option<&'a str>,
     /// Per table, what its rows come from besides its rule.
     sources: Vec<Vec<Source>>,
     /// Per table, its strongly connected component: tables that depend on
@@ -86,10 +95,15 @@ struct Builder<'a> {
     cyclic: Vec<bool>,
     /// Aliases drawn so far.
     drawn: Cell<usize>,
+    /// Per table, its query once built (the same text wherever it is
+    /// named: its aliases are its own).
+    built: RefCell<Vec<Option<Option<String>>>>,
+    /// Whether a query grew past `LONGEST`: the rest are not built.
+    too_long: Cell<bool>,
 }
 
 impl<'a> Builder<'a> {
-    fn new(graph: &'a Graph, replica: &str, partition: Option<&str>) -> Builder<'a> {
+    fn new(graph: &'a Graph, replica: &'a str, partition: Option<&'a str>) -> Builder<'a> {
         let index = |name: &str| {
             graph
                 .shapes
@@ -97,11 +111,17 @@ impl<'a> Builder<'a> {
                 .position(|s| s.table.name == name)
                 .expect("a link between tables of the graph")
         };
-        // A follower that nothing points at is in the set only as its
-        // parent's follower.
+        // A follower that nothing points at, following one parent, is in
+        // the set only as that parent's follower.
         let only_follows = |table: &str| {
             matches!(graph.shape(table).table.rule, Rule::Follows(_))
                 && !graph.links.iter().any(|l| l.parent.name == table)
+                && graph
+                    .links
+                    .iter()
+                    .filter(|l| l.follows && l.child.name == table)
+                    .count()
+                    == 1
         };
         let mut sources = vec![Vec::new(); graph.shapes.len()];
         for (i, link) in graph.links.iter().enumerate() {
@@ -145,12 +165,14 @@ impl<'a> Builder<'a> {
         }
         Builder {
             graph,
-            replica: escaped(replica),
-            partition: partition.map_or_else(|| "NULL::text".to_string(), escaped),
+            replica,
+            partition,
             sources,
             component,
             cyclic,
             drawn: Cell::new(0),
+            built: RefCell::new(vec![None; graph.shapes.len()]),
+            too_long: Cell::new(false),
         }
     }
 
@@ -161,11 +183,12 @@ impl<'a> Builder<'a> {
     }
 
     /// The table a source depends on.
-    fn from(&self, source: Source) -> &'static str {
-        match source {
+    fn from(&self, source: Source) -> usize {
+        let name = match source {
             Source::ParentOf(l) => self.graph.links[l].child.name,
             Source::Follows(l) => self.graph.links[l].parent.name,
-        }
+        };
+        self.index(name)
     }
 
     fn index(&self, name: &str) -> usize {
@@ -176,92 +199,194 @@ impl<'a> Builder<'a> {
             .expect("a table of the graph")
     }
 
-    /// Whether the row `alias` of table `t` is in the set.
-    fn condition(&self, t: usize, alias: &str) -> String {
-        if self.cyclic[self.component[t]] {
-            return self.in_cycle(t, alias);
+    /// The rows of table `t` in the set, each once; `None` when there are
+    /// none.
+    fn rows(&self, t: usize) -> Option<String> {
+        if let Some(built) = &self.built.borrow()[t] {
+            return built.clone();
         }
-        let table = self.graph.shapes[t].table;
-        let rule = rule_for(table, alias, &self.replica, &self.partition);
-        let mut any: Vec<String> = rule.into_iter().collect();
-        for &source in &self.sources[t] {
-            any.push(self.through(source, alias));
+        if self.too_long.get() {
+            return None;
         }
-        match any.len() {
-            0 => "false".into(),
-            1 => any.remove(0),
-            _ => format!("({})", any.join(" OR ")),
+        let rows = match self.cyclic[self.component[t]] {
+            true => self.rows_in_cycle(t),
+            false => self.rows_from(t, &self.sources[t]),
+        };
+        if rows.as_ref().is_some_and(|r| r.len() > LONGEST) {
+            self.too_long.set(true);
+            return None;
+        }
+        self.built.borrow_mut()[t] = Some(rows.clone());
+        rows
+    }
+
+    /// The rows of table `t` its rule gives and `sources` bring (none of
+    /// them in a cycle with it), each once, in disjoint parts: the rows its
+    /// rule's filter keeps; then, of the others, those looked up by key (a
+    /// group's members, the parents of child tables' rows, and the
+    /// followers too when there are such); or else the followers, joined to
+    /// their parents' keys.
+    fn rows_from(&self, t: usize, sources: &[Source]) -> Option<String> {
+        let shape = &self.graph.shapes[t];
+        let (table, rel) = (shape.table, &shape.relation);
+        if matches!(table.rule, Rule::All) {
+            return Some(format!("SELECT a.* FROM {rel} a"));
+        }
+        let filter = self.filter(table, "a");
+        let mut keys: Vec<String> = self.members(t).into_iter().collect();
+        let mut followers: Vec<(&Link, String)> = Vec::new();
+        for &source in sources {
+            match source {
+                Source::ParentOf(l) => keys.extend(self.pointed_at(l)),
+                Source::Follows(l) => {
+                    let link = &self.graph.links[l];
+                    followers.extend(self.parent_keys(l).map(|parents| (link, parents)));
+                }
+            }
+        }
+        if followers.len() > 1 || (!followers.is_empty() && !keys.is_empty()) {
+            // Followers that come another way too: looked up by key like
+            // the rest, each once.
+            for (link, parents) in followers.drain(..) {
+                let y = self.draw("x");
+                let p = self.draw("p");
+                keys.push(format!(
+                    "SELECT {} FROM {rel} {y} JOIN ({parents}) {p} ON {}",
+                    as_keys(&y, table.key, &shape.key_types),
+                    on(&y, &link.columns, &p),
+                ));
+            }
+        }
+        let not_ruled = filter
+            .as_ref()
+            .map(|f| format!(" WHERE ({f}) IS NOT TRUE"))
+            .unwrap_or_default();
+        let mut parts = Vec::new();
+        if let Some(filter) = &filter {
+            parts.push(format!("SELECT a.* FROM {rel} a WHERE {filter}"));
+        }
+        if !keys.is_empty() {
+            let o = self.draw("o");
+            parts.push(format!(
+                "SELECT a.* FROM (SELECT DISTINCT * FROM ({}) k) {o} \
+                 CROSS JOIN LATERAL (SELECT * FROM {rel} a WHERE {} OFFSET 0) a{not_ruled}",
+                keys.join(" UNION ALL "),
+                on("a", table.key, &o),
+            ));
+        }
+        if let Some((link, parents)) = followers.pop() {
+            let p = self.draw("p");
+            parts.push(format!(
+                "SELECT a.* FROM {rel} a JOIN (SELECT DISTINCT * FROM ({parents}) k) {p} ON {}{not_ruled}",
+                on("a", &link.columns, &p),
+            ));
+        }
+        match parts.is_empty() {
+            true => None,
+            false => Some(parts.join(" UNION ALL ")),
         }
     }
 
-    /// Whether the row `alias` is in the set through `source`, whose table
-    /// is not in a cycle with the row's.
-    fn through(&self, source: Source, alias: &str) -> String {
-        let other = self.draw("x");
-        match source {
-            Source::ParentOf(l) => {
-                // Its key among what the child's rows point at.
-                let link = &self.graph.links[l];
-                let child = self.index(link.child.name);
-                format!(
-                    "({}) IN (SELECT {} FROM {} {other} WHERE {})",
-                    columns(alias, link.parent.key),
-                    columns(&other, &link.columns),
-                    self.graph.shapes[child].relation,
-                    self.condition(child, &other),
-                )
-            }
-            Source::Follows(l) => {
-                // What it points at, among the parent's rows.
-                let link = &self.graph.links[l];
-                let parent = self.index(link.parent.name);
-                format!(
-                    "({}) IN (SELECT {} FROM {} {other} WHERE {})",
-                    columns(alias, &link.columns),
-                    columns(&other, link.parent.key),
-                    self.graph.shapes[parent].relation,
-                    self.condition(parent, &other),
-                )
-            }
+    /// The keys (`c0`, `c1`, ...) of the rows link `l`'s child rows in the
+    /// set point at, as the parent's key types.
+    fn pointed_at(&self, l: usize) -> Option<String> {
+        let link = &self.graph.links[l];
+        let child = self.rows(self.index(link.child.name))?;
+        let parent = self.graph.shape(link.parent.name);
+        let x = self.draw("x");
+        let present: Vec<String> = link
+            .columns
+            .iter()
+            .map(|c| format!("{x}.{} IS NOT NULL", ident(c)))
+            .collect();
+        Some(format!(
+            "SELECT {} FROM ({child}) {x} WHERE {}",
+            as_keys(&x, &link.columns, &parent.key_types),
+            present.join(" AND ")
+        ))
+    }
+
+    /// The keys (`c0`, `c1`, ...) of the parent's rows in the set, through
+    /// link `l`, as the parent has them: compared with the follower's
+    /// columns as the foreign key compares them, never cast to the
+    /// follower's types (a key out of their range is no error, it is no
+    /// follower's).
+    fn parent_keys(&self, l: usize) -> Option<String> {
+        let link = &self.graph.links[l];
+        let index = self.index(link.parent.name);
+        let parent = self.rows(index)?;
+        let x = self.draw("x");
+        Some(format!(
+            "SELECT {} FROM ({parent}) {x}",
+            as_keys(&x, link.parent.key, &self.graph.shapes[index].key_types)
+        ))
+    }
+
+    /// The keys (`c0`, `c1`, ...) of table `t`'s rows its group rule gives
+    /// the replica; `None` for a table without one.
+    fn members(&self, t: usize) -> Option<String> {
+        let shape = &self.graph.shapes[t];
+        let table = shape.table;
+        let Rule::Group(g) = table.rule else {
+            return None;
+        };
+        let (m, gr) = (self.draw("m"), self.draw("g"));
+        Some(format!(
+            "SELECT {} FROM {} {m} JOIN {} {gr} ON {gr}.{grp} = {m}.{grp} WHERE {gr}.{}::text = {}",
+            as_keys(&m, g.member, &shape.key_types),
+            qualified(table.schema, g.members),
+            qualified(table.schema, g.grants),
+            ident(g.replica),
+            escaped(self.replica),
+            grp = ident(g.group),
+        ))
+    }
+
+    /// Whether the row `alias` of `table` goes to the replica by its own
+    /// rule's filter (a replica or a partition rule); `None` for a table
+    /// whose rule is no filter (every row, a group, none of its own). As the
+    /// planner's rule says, but with the replica's id and partition known:
+    /// a column compared as it is, where it can be, rather than as its text
+    /// (no value turned into text per row of a table read whole, and its
+    /// index usable).
+    fn filter(&self, table: &Table, alias: &str) -> Option<String> {
+        match table.rule {
+            Rule::Replica(column) => Some(equals(table, alias, column, Some(self.replica))),
+            Rule::Partition(column) => Some(equals(table, alias, column, self.partition)),
+            _ => None,
         }
     }
 
-    /// Whether the row `alias` of table `t`, in a cycle of tables that
-    /// depend on one another, is in the set: its key among those a
-    /// recursive query over the whole cycle finds.
-    fn in_cycle(&self, t: usize, alias: &str) -> String {
+    /// The rows of table `t`, in a cycle of tables that depend on one
+    /// another: looked up by the keys a recursive query over the whole
+    /// cycle finds.
+    fn rows_in_cycle(&self, t: usize) -> Option<String> {
         let c = self.component[t];
         let w = self.draw("w");
         let mut bases = Vec::new();
-        let mut steps: Vec<String> = Vec::new();
+        let mut steps = Vec::new();
         for (m, shape) in self.graph.shapes.iter().enumerate() {
             if self.component[m] != c {
                 continue;
             }
-            let table = shape.table;
-            let y = self.draw("x");
             // What it has from outside the cycle: its rule, and sources in
             // other components.
-            let mut any: Vec<String> = rule_for(table, &y, &self.replica, &self.partition)
-                .into_iter()
+            let outside: Vec<Source> = self.sources[m]
+                .iter()
+                .copied()
+                .filter(|&s| self.component[self.from(s)] != c)
                 .collect();
-            for &source in &self.sources[m] {
-                if self.component[self.index(self.from(source))] != c {
-                    any.push(self.through(source, &y));
-                }
-            }
-            if !any.is_empty() {
+            if let Some(rows) = self.rows_from(m, &outside) {
+                let y = self.draw("x");
                 bases.push(format!(
-                    "SELECT {}::text, {} FROM {} {y} WHERE {}",
-                    literal(table.name),
-                    key_json(&y, table),
-                    shape.relation,
-                    any.join(" OR ")
+                    "SELECT {}::text, {} FROM ({rows}) {y}",
+                    literal(shape.table.name),
+                    key_json(&y, shape.table),
                 ));
             }
             // A step from a row found to the rows it brings of this table.
             for &source in &self.sources[m] {
-                let from = self.index(self.from(source));
+                let from = self.from(source);
                 if self.component[from] != c {
                     continue;
                 }
@@ -270,9 +395,9 @@ impl<'a> Builder<'a> {
             }
         }
         if bases.is_empty() {
-            return "false".into();
+            return None;
         }
-        let table = self.graph.shapes[t].table;
+        let shape = &self.graph.shapes[t];
         let recursive = match steps.is_empty() {
             true => String::new(),
             false => format!(
@@ -280,12 +405,16 @@ impl<'a> Builder<'a> {
                 steps.join(" UNION ALL ")
             ),
         };
-        format!(
-            "{} IN (WITH RECURSIVE {w} (t, k) AS ({}{recursive}) SELECT {w}.k FROM {w} WHERE {w}.t = {})",
-            key_json(alias, table),
+        let o = self.draw("o");
+        Some(format!(
+            "SELECT a.* FROM (WITH RECURSIVE {w} (t, k) AS ({}{recursive}) \
+             SELECT DISTINCT {w}.k FROM {w} WHERE {w}.t = {}) {o} \
+             CROSS JOIN LATERAL (SELECT * FROM {} a WHERE {} OFFSET 0) a",
             bases.join(" UNION ALL "),
-            literal(table.name),
-        )
+            literal(shape.table.name),
+            shape.relation,
+            key_match("a", shape, &format!("{o}.k")),
+        ))
     }
 
     /// The rows of table `to` that `source` brings from a row `w` (its
@@ -323,13 +452,47 @@ impl<'a> Builder<'a> {
     }
 }
 
-/// `alias.a, alias.b`.
-fn columns(alias: &str, names: &[impl AsRef<str>]) -> String {
+/// Whether the column `column` of the row `alias` reads as `value` (the
+/// planner's `column::text = value`). An integer column is compared with
+/// the integer `value` is the text of; a `value` that is no integer's text
+/// (`03`, `u1`) is no such column's, and neither is a missing one.
+fn equals(table: &Table, alias: &str, column: &str, value: Option<&str>) -> String {
+    let Some(value) = value else {
+        return "false".into();
+    };
+    let integer = table
+        .column(column)
+        .is_some_and(|c| matches!(c.kind, Kind::Int16 | Kind::Int32 | Kind::Int64));
+    match integer {
+        true => match value.parse::<i64>() {
+            Ok(n) if n.to_string() == value => format!("{alias}.{} = {n}", ident(column)),
+            _ => "false".into(),
+        },
+        false => format!("{alias}.{}::text = {}", ident(column), escaped(value)),
+    }
+}
+
+/// `alias.a::type AS c0, alias.b::type AS c1`: columns as keys of the given
+/// types, named as a key set's columns are.
+fn as_keys(alias: &str, names: &[impl AsRef<str>], types: &[String]) -> String {
     names
         .iter()
-        .map(|c| format!("{alias}.{}", ident(c.as_ref())))
+        .zip(types)
+        .enumerate()
+        .map(|(i, (c, ty))| format!("{alias}.{}::{ty} AS c{i}", ident(c.as_ref())))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// `alias.a = keys.c0 AND alias.b = keys.c1`: the columns `names` of the
+/// row `alias` are the key set's row `keys`.
+fn on(alias: &str, names: &[impl AsRef<str>], keys: &str) -> String {
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("{alias}.{} = {keys}.c{i}", ident(c.as_ref())))
+        .collect::<Vec<_>>()
+        .join(" AND ")
 }
 
 /// The strongly connected components of `depends` (Tarjan's), numbered from
@@ -395,7 +558,56 @@ fn components(depends: &[Vec<usize>]) -> Vec<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::components;
+    use super::{components, equals};
+    use crate::row::{Mirror, Rule, Table};
+    use crate::value::Kind;
+    use magic_sync_core::columns::Column;
+
+    const fn column(name: &'static str, kind: Kind) -> Column {
+        Column {
+            name,
+            kind,
+            nullable: false,
+            checked: false,
+        }
+    }
+
+    static TILLS: Table = Table {
+        name: "tills",
+        schema: "public",
+        rust_type: "Till",
+        mirror: Mirror::Down,
+        rule: Rule::Replica("branch"),
+        columns: &[column("branch", Kind::Int32), column("code", Kind::Text)],
+        key: &["branch"],
+        owned: &[],
+        version: None,
+        origin: None,
+        retired: None,
+        lane: None,
+    };
+
+    #[test]
+    fn an_integer_column_is_compared_with_the_integer_a_replica_id_is_the_text_of() {
+        assert_eq!(
+            equals(&TILLS, "a", "branch", Some("3")),
+            r#"a."branch" = 3"#
+        );
+        assert_eq!(
+            equals(&TILLS, "a", "branch", Some("-12")),
+            r#"a."branch" = -12"#
+        );
+        // No integer prints as these: no row's column reads as them.
+        for id in ["03", "+3", " 3", "u1", "", "99999999999999999999"] {
+            assert_eq!(equals(&TILLS, "a", "branch", Some(id)), "false", "{id:?}");
+        }
+        assert_eq!(equals(&TILLS, "a", "branch", None), "false");
+        // Any other column is compared as its text, the value quoted.
+        assert_eq!(
+            equals(&TILLS, "a", "code", Some("it's")),
+            r#"a."code"::text = E'it''s'"#
+        );
+    }
 
     #[test]
     fn tables_that_depend_on_one_another_share_a_component() {
