@@ -102,14 +102,15 @@ pub(crate) struct Loader<'a> {
 
 impl Loader<'_> {
     /// Reads what `source` says, packs it for the replicas `replicas` (all
-    /// that the source names), and hands the messages to `sink`.
+    /// that the source names), and hands the messages to `sink`. Returns
+    /// the rows read of each table, in the graph's order.
     pub async fn load(
         &self,
         tx: &Transaction<'_>,
         source: Source<'_>,
         replicas: &[String],
         sink: &mut impl Sink,
-    ) -> Result<u64> {
+    ) -> Result<Vec<u64>> {
         let deletes = matches!(source, Source::Difference { deletes: true });
         // The tables with anything to read: a pass's difference is most
         // often a few rows of one or two tables, and asking each of the
@@ -135,7 +136,7 @@ impl Loader<'_> {
         // Room for the head (ids, numbers, nonces) and the seal around a body.
         let limit = self.max_message_bytes.saturating_sub(256).max(1024);
         let mut packer = Packer::new(limit, both, self_referencing);
-        let mut read = 0;
+        let mut read = vec![0; self.graph.shapes.len()];
         for (index, shape) in self.graph.shapes.iter().enumerate() {
             if !sends(shape.table.name) {
                 packer.upserts_done(shape.table.name);
@@ -146,7 +147,7 @@ impl Loader<'_> {
                 Source::Snapshot => Rows::Planned,
                 Source::Closed(closed) => Rows::Closed(closed.rows(index).as_deref(), &replicas[0]),
             };
-            read += self
+            read[index] = self
                 .upserts(
                     tx,
                     shape,

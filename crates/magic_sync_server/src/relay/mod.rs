@@ -826,6 +826,7 @@ impl Relay {
             blocks,
             deployment: work.map(|w| (w, self.deploy_chunk)),
             worked: Default::default(),
+            ruled_out: Default::default(),
         };
         let t0 = std::time::Instant::now();
         let planned = planner.plan().await?;

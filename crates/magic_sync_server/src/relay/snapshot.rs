@@ -262,8 +262,14 @@ impl Snapshot {
             Some(_) => None,
             None => {
                 let t0 = std::time::Instant::now();
-                let rows =
-                    plan_snapshot(&tx, context, &self.replica, self.partition.as_deref()).await?;
+                let rows = plan_snapshot(
+                    &tx,
+                    context,
+                    &self.replica,
+                    self.partition.as_deref(),
+                    &Default::default(),
+                )
+                .await?;
                 super::trace("snapshot/plan", t0);
                 Some(rows)
             }
@@ -318,19 +324,32 @@ impl Snapshot {
             tx.batch_execute(JOINS_AS_THEY_WERE).await?;
         }
         // What it sent is recorded from the plan, made now if not before:
-        // the same view, so the same rows.
+        // the same view, so the same rows. A table its rule's filter alone
+        // read nothing of is not scanned by that rule again (a replica of a
+        // few rows beside a table of millions that has none for it, its
+        // rule's column without an index).
         let rows = match planned {
             Some(rows) => rows,
             None => {
+                let ruled_out = match (&closed, &loaded) {
+                    (Some(closed), Ok(read)) => closed.ruled_out(&context.graph, read),
+                    _ => Default::default(),
+                };
                 let t0 = std::time::Instant::now();
-                let rows =
-                    plan_snapshot(&tx, context, &self.replica, self.partition.as_deref()).await?;
+                let rows = plan_snapshot(
+                    &tx,
+                    context,
+                    &self.replica,
+                    self.partition.as_deref(),
+                    &ruled_out,
+                )
+                .await?;
                 super::trace("snapshot/plan", t0);
                 rows
             }
         };
         let streamed = match loaded {
-            Ok(streamed) => streamed,
+            Ok(read) => read.iter().sum::<u64>(),
             Err(unsendable) => {
                 // Set aside, so the next attempt plans around them (and the
                 // passes take them back from replicas holding older
@@ -440,6 +459,7 @@ async fn plan_snapshot(
     context: &Context,
     replica: &str,
     partition: Option<&str>,
+    ruled_out: &std::collections::BTreeSet<&'static str>,
 ) -> Result<u64> {
     tx.execute(
         "INSERT INTO _ms_r (r, part, fresh) VALUES ($1, $2, true)",
@@ -461,6 +481,7 @@ async fn plan_snapshot(
             blocks,
             deployment: None,
             worked: Default::default(),
+            ruled_out: ruled_out.clone(),
         };
         let rows = planner.provision().await?;
         if !blocks.any {

@@ -34,6 +34,7 @@ use crate::row::{Rule, Table};
 use crate::sql::{escaped, ident, literal, qualified};
 use crate::value::Kind;
 use std::cell::{Cell, RefCell};
+use std::collections::BTreeSet;
 
 /// The longest query built: past it (a schema whose tables share parents
 /// many times over, each named again in every query that leans on it) the
@@ -55,6 +56,10 @@ enum Source {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Closed {
     queries: Vec<Option<String>>,
+    /// Per table, whether its query is its rule's filter and nothing else
+    /// (a replica or partition rule, no parents, no followers): the same
+    /// rows, in the same view, as the planner's first round takes of it.
+    filter_only: Vec<bool>,
 }
 
 impl Closed {
@@ -63,10 +68,36 @@ impl Closed {
     pub fn new(graph: &Graph, replica: &str, partition: Option<&str>) -> Option<Closed> {
         let builder = Builder::new(graph, replica, partition);
         let queries = (0..graph.shapes.len()).map(|t| builder.rows(t)).collect();
+        let filter_only = graph
+            .shapes
+            .iter()
+            .enumerate()
+            .map(|(t, shape)| {
+                matches!(shape.table.rule, Rule::Replica(_) | Rule::Partition(_))
+                    && builder.sources[t].is_empty()
+            })
+            .collect();
         match builder.too_long.get() {
             true => None,
-            false => Some(Closed { queries }),
+            false => Some(Closed {
+                queries,
+                filter_only,
+            }),
         }
+    }
+
+    /// The tables whose query is their rule's filter alone and read nothing
+    /// of `read` (rows read per table, in the graph's order): the planner
+    /// has nothing to find in them by their rule.
+    pub fn ruled_out(&self, graph: &Graph, read: &[u64]) -> BTreeSet<&'static str> {
+        graph
+            .shapes
+            .iter()
+            .zip(&self.filter_only)
+            .zip(read)
+            .filter(|((_, only), read)| **only && **read == 0)
+            .map(|((shape, _), _)| shape.table.name)
+            .collect()
     }
 
     /// The rows of the graph's table `index` the replica wants, as a

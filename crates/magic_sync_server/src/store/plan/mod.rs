@@ -271,6 +271,11 @@ pub(crate) struct Planner<'a, 't> {
     pub deployment: Option<(&'a crate::store::deployment::Work, i64)>,
     /// What the chunk came to.
     pub worked: std::sync::Mutex<crate::store::deployment::Worked>,
+    /// For a snapshot that streamed before it planned: tables whose rule's
+    /// filter alone gave it nothing as it streamed, in the same view. A
+    /// provisioning does not scan them by their rule again (rows of them
+    /// that come as parents or followers are still planned).
+    pub ruled_out: BTreeSet<&'static str>,
 }
 
 /// A table given through groups.
@@ -1553,6 +1558,9 @@ impl Planner<'_, '_> {
             let Some(cond) = rule(shape.table, "a", "r") else {
                 continue;
             };
+            if self.ruled_out.contains(shape.table.name) {
+                continue;
+            }
             filled.insert(shape.table.name);
             let n = self
                 .bulk(
