@@ -260,19 +260,7 @@ impl Snapshot {
         };
         let planned = match closed {
             Some(_) => None,
-            None => {
-                let t0 = std::time::Instant::now();
-                let rows = plan_snapshot(
-                    &tx,
-                    context,
-                    &self.replica,
-                    self.partition.as_deref(),
-                    &Default::default(),
-                )
-                .await?;
-                super::trace("snapshot/plan", t0);
-                Some(rows)
-            }
+            None => Some(self.plan(&tx, &Default::default()).await?),
         };
         let epoch = Epoch::read(&tx).await?;
         let mut sender = Sender {
@@ -335,17 +323,7 @@ impl Snapshot {
                     (Some(closed), Ok(read)) => closed.ruled_out(&context.graph, read),
                     _ => Default::default(),
                 };
-                let t0 = std::time::Instant::now();
-                let rows = plan_snapshot(
-                    &tx,
-                    context,
-                    &self.replica,
-                    self.partition.as_deref(),
-                    &ruled_out,
-                )
-                .await?;
-                super::trace("snapshot/plan", t0);
-                rows
+                self.plan(&tx, &ruled_out).await?
             }
         };
         let streamed = match loaded {
@@ -395,6 +373,26 @@ impl Snapshot {
             recorded,
             planned_first: closed.is_none(),
         })
+    }
+
+    /// Plans the replica's whole set in the snapshot's view (not scanning
+    /// the tables `ruled_out` by their rule); returns its rows.
+    async fn plan(
+        &self,
+        tx: &Transaction<'_>,
+        ruled_out: &std::collections::BTreeSet<&'static str>,
+    ) -> Result<u64> {
+        let t0 = std::time::Instant::now();
+        let rows = plan_snapshot(
+            tx,
+            &self.context,
+            &self.replica,
+            self.partition.as_deref(),
+            ruled_out,
+        )
+        .await?;
+        super::trace("snapshot/plan", t0);
+        Ok(rows)
     }
 
     /// Records what the snapshot sent as held, what it saw, and the replica
