@@ -25,7 +25,9 @@
 //! transport took the end, what it sent is recorded as held, in bulk, at
 //! the versions the snapshot saw, carried by the `EndSnapshot`: it counts
 //! once the replica acknowledges that. While rows are set aside the plan
-//! comes first, and the rows are read by it, around them. A snapshot that fails anywhere (a send refused, the connection
+//! comes first, and the rows are read by it, around them.
+//!
+//! A snapshot that fails anywhere (a send refused, the connection
 //! lost, the relay gone) is begun again from the start; the replica's
 //! `EndSnapshot` deletes whatever an earlier attempt left that this one did
 //! not name.
@@ -229,16 +231,7 @@ impl Snapshot {
     async fn run<T: Transport>(&self, worker: &mut Client, transport: &T) -> Result<Streamed> {
         let context = &self.context;
         let mut pacer = Pacer::new(context.settings.snapshot_pace);
-        // The worker's planner tables, made afresh (no statistics of another
-        // snapshot's size), and its time zone as the relay's. Its joins and
-        // counts are over every row of the snapshot: memory enough to hash
-        // them in one batch (a snapshot of a million rows takes about 70 MB
-        // at its peak, in the worker's backend only).
-        let mut setup = String::from("SET TIME ZONE 'UTC'; SET work_mem = '64MB'; SET jit = off;");
-        for table in [Scratch::Replicas, Scratch::Changed, Scratch::Fresh] {
-            setup.push_str(&format!("DROP TABLE IF EXISTS {table};"));
-        }
-        worker.batch_execute(&setup).await?;
+        worker.batch_execute(&setup()).await?;
         let tx = worker
             .build_transaction()
             .isolation_level(IsolationLevel::RepeatableRead)
@@ -250,14 +243,7 @@ impl Snapshot {
             .await?
             .get(0);
         plan::prepare(&tx).await?;
-        // Streamed before anything is planned, by the queries in closed
-        // form, unless rows are set aside: a plan then works around them.
-        let closed = match quarantine::Blocks::read(&tx).await?.any
-            || context.plan_first.load(Ordering::Relaxed)
-        {
-            true => None,
-            false => Closed::new(&context.graph, &self.replica, self.partition.as_deref()),
-        };
+        let closed = self.closed_form(&tx).await?;
         let planned = match closed {
             Some(_) => None,
             None => Some(self.plan(&tx, &Default::default()).await?),
@@ -272,45 +258,7 @@ impl Snapshot {
             sent: 0,
             pacer: &mut pacer,
         };
-        let loader = Loader {
-            graph: &context.graph,
-            engine: &context.engine,
-            settings: &context.settings,
-            max_message_bytes: transport.max_message_bytes(),
-            removed: None,
-            described: &context.described,
-        };
-        let t0 = std::time::Instant::now();
-        let source = match &closed {
-            Some(closed) => {
-                tx.batch_execute(Closed::SETTINGS).await?;
-                Source::Closed(closed)
-            }
-            None => Source::Snapshot,
-        };
-        let loaded = loader
-            .load(&tx, source, &[self.replica.to_string()], &mut sender)
-            .await;
-        super::trace("snapshot/load and send", t0);
-        // Anything but rows it could not send ends it here.
-        let loaded = match loaded {
-            Err(Error::Unsendable(unsendable)) => Err(unsendable),
-            Err(e) if closed.is_some() && !e.is_transient() => {
-                // A query in closed form PostgreSQL refused is the engine's
-                // to fix: snapshots plan first until a build that has.
-                context.plan_first.store(true, Ordering::Relaxed);
-                tracing::error!(
-                    error = %e,
-                    "a snapshot's query in closed form failed; snapshots plan first from now on"
-                );
-                return Err(e);
-            }
-            Err(e) => return Err(e),
-            Ok(streamed) => Ok(streamed),
-        };
-        if closed.is_some() {
-            tx.batch_execute(JOINS_AS_THEY_WERE).await?;
-        }
+        let loaded = self.load(&tx, closed.as_ref(), &mut sender).await?;
         // What it sent is recorded from the plan, made now if not before:
         // the same view, so the same rows. A table its rule's filter alone
         // read nothing of is not scanned by that rule again (a replica of a
@@ -329,13 +277,7 @@ impl Snapshot {
         let streamed = match loaded {
             Ok(read) => read.iter().sum::<u64>(),
             Err(unsendable) => {
-                // Set aside, so the next attempt plans around them (and the
-                // passes take them back from replicas holding older
-                // versions).
-                let found =
-                    quarantine::resolve(&tx, &context.graph, quarantine::From::Fresh, &unsendable)
-                        .await?;
-                tx.rollback().await?;
+                let found = self.leaning_on(tx, &unsendable).await?;
                 crate::store::quarantine::set_aside(worker, &found).await?;
                 metrics::counter!("magic_sync_rows_quarantined_total")
                     .increment(unsendable.len() as u64);
@@ -343,14 +285,7 @@ impl Snapshot {
             }
         };
         if closed.is_some() && streamed != rows {
-            context.plan_first.store(true, Ordering::Relaxed);
-            let e = Error::Disagreed {
-                replica: self.replica.to_string(),
-                streamed,
-                planned: rows,
-            };
-            tracing::error!(error = %e, "a snapshot's rows disagreed with its plan");
-            return Err(e);
+            return Err(self.disagreed(streamed, rows));
         }
         let (chain, sent) = (sender.chain, sender.sent);
         // Nothing shared was written: the view ends here.
@@ -373,6 +308,102 @@ impl Snapshot {
             recorded,
             planned_first: closed.is_none(),
         })
+    }
+
+    /// The replica's queries in closed form, to stream by before anything
+    /// is planned; `None` when it plans first: rows are set aside (a plan
+    /// works around them), or a snapshot before it disagreed with its plan.
+    async fn closed_form(&self, tx: &Transaction<'_>) -> Result<Option<Closed>> {
+        let context = &self.context;
+        if quarantine::Blocks::read(tx).await?.any || context.plan_first.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        Ok(Closed::new(
+            &context.graph,
+            &self.replica,
+            self.partition.as_deref(),
+        ))
+    }
+
+    /// Reads, encodes and sends the replica's rows, by their queries in
+    /// closed form or by its plan, to `sender`. Returns the rows read of
+    /// each table, or the rows it could not send; any other failure ends
+    /// the snapshot.
+    async fn load<T: Transport>(
+        &self,
+        tx: &Transaction<'_>,
+        closed: Option<&Closed>,
+        sender: &mut Sender<'_, T>,
+    ) -> Result<std::result::Result<Vec<u64>, Vec<crate::error::Unsendable>>> {
+        let context = &self.context;
+        let loader = Loader {
+            graph: &context.graph,
+            engine: &context.engine,
+            settings: &context.settings,
+            max_message_bytes: sender.transport.max_message_bytes(),
+            removed: None,
+            described: &context.described,
+        };
+        let t0 = std::time::Instant::now();
+        let source = match closed {
+            Some(closed) => {
+                tx.batch_execute(Closed::SETTINGS).await?;
+                Source::Closed(closed)
+            }
+            None => Source::Snapshot,
+        };
+        let loaded = loader
+            .load(tx, source, &[self.replica.to_string()], sender)
+            .await;
+        super::trace("snapshot/load and send", t0);
+        let loaded = match loaded {
+            Err(Error::Unsendable(unsendable)) => Err(unsendable),
+            Err(e) if closed.is_some() && !e.is_transient() => {
+                // A query in closed form PostgreSQL refused is the engine's
+                // to fix: snapshots plan first until a build that has.
+                context.plan_first.store(true, Ordering::Relaxed);
+                tracing::error!(
+                    error = %e,
+                    "a snapshot's query in closed form failed; snapshots plan first from now on"
+                );
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+            Ok(read) => Ok(read),
+        };
+        if closed.is_some() {
+            tx.batch_execute(JOINS_AS_THEY_WERE).await?;
+        }
+        Ok(loaded)
+    }
+
+    /// What leans, in the snapshot's plan, on the rows it could not send:
+    /// to be set aside with them, so the next attempt plans around them
+    /// (and the passes take them back from replicas holding older
+    /// versions). The view ends.
+    async fn leaning_on(
+        &self,
+        tx: Transaction<'_>,
+        unsendable: &[crate::error::Unsendable],
+    ) -> Result<Vec<crate::store::quarantine::SetAside>> {
+        let graph = &self.context.graph;
+        let found = quarantine::resolve(&tx, graph, quarantine::From::Fresh, unsendable).await?;
+        tx.rollback().await?;
+        Ok(found)
+    }
+
+    /// A snapshot that streamed `streamed` rows by its queries in closed
+    /// form where its plan holds `planned`: an engine bug, after which
+    /// every snapshot plans first.
+    fn disagreed(&self, streamed: u64, planned: u64) -> Error {
+        self.context.plan_first.store(true, Ordering::Relaxed);
+        let e = Error::Disagreed {
+            replica: self.replica.to_string(),
+            streamed,
+            planned,
+        };
+        tracing::error!(error = %e, "a snapshot's rows disagreed with its plan");
+        e
     }
 
     /// Plans the replica's whole set in the snapshot's view (not scanning
@@ -447,6 +478,20 @@ impl Snapshot {
         tx.commit().await?;
         Ok(true)
     }
+}
+
+/// What a snapshot's worker session is set to before its view is taken:
+/// its planner tables made afresh (no statistics of another snapshot's
+/// size), its time zone as the relay's, no JIT; and, its joins and counts
+/// being over every row of the snapshot, memory enough to hash them in one
+/// batch (a snapshot of a million rows takes about 70 MB at its peak, in
+/// the worker's backend only).
+fn setup() -> String {
+    let mut setup = String::from("SET TIME ZONE 'UTC'; SET work_mem = '64MB'; SET jit = off;");
+    for table in [Scratch::Replicas, Scratch::Changed, Scratch::Fresh] {
+        setup.push_str(&format!("DROP TABLE IF EXISTS {table};"));
+    }
+    setup
 }
 
 /// Plans the snapshot of `replica` in the worker's tables: its whole set
