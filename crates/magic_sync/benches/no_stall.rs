@@ -9,8 +9,10 @@
 //! (10,000 rows); a hundred-and-first, `big`, holds `archive` by
 //! `replica = "unit"` (1,000,000 rows, all its own) and is not live at
 //! first. Writers update random items at the rate, each change carrying its
-//! commit clock; every replica applies on a thread of its own, behind the
-//! runner and the in-process network (`support`).
+//! commit clock; every replica applies into a SQLite file of its own behind
+//! the runner: in a child process over WebSocket on loopback, or with
+//! `MAGIC_SYNC_BENCH_FLEET=threads` on threads of this process over the
+//! in-process network (`magic_sync_testkit::apart`).
 //!
 //! 1. Before: the rate for MAGIC_SYNC_BENCH_SECONDS (default 20): the
 //!    others' latency.
@@ -164,6 +166,8 @@ async fn main() {
     let rate = env_u64("MAGIC_SYNC_BENCH_RATE", 1_000);
     let rows = env_u64("MAGIC_SYNC_BENCH_ROWS", 1_000_000);
     let engine = engine();
+    support::child_if_asked(engine);
+    println!("{}", support::Apart::from_env().describe());
     let db = magic_sync_testdb::database().await;
     let mut client = db.connect().await;
     client

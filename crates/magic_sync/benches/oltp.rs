@@ -8,8 +8,10 @@
 //! `pgbench --foreign-keys` adds and, as is usual, no index on any
 //! foreign-key column; `pgbench_history` gets a key (`hid bigserial`), which
 //! pgbench's has not and the engine needs. Ten replicas, ids "1" to "10",
-//! each applying on a thread of its own into a SQLite file of its own, behind
-//! the relay's runner (`run::server`) and the in-process network. History
+//! each applying into a SQLite file of its own, behind the relay's runner
+//! (`run::server`): in a child process over WebSocket on loopback, or with
+//! `MAGIC_SYNC_BENCH_FLEET=threads` on threads of this process over the
+//! in-process network (`magic_sync_testkit::apart`). History
 //! rows point at accounts and tellers of other branches, so through the
 //! closure every replica comes to hold other branches' rows as parents.
 //!
@@ -420,7 +422,9 @@ async fn latency_at(
 async fn main() {
     let plan = Plan::from_env();
     let engine = engine();
+    support::child_if_asked(engine);
     println!("{plan:?}");
+    println!("{}", support::Apart::from_env().describe());
 
     // MAGIC_SYNC_BENCH_ONLY=provision: the fleet made ready from nothing,
     // and nothing else.
@@ -438,8 +442,9 @@ async fn main() {
     let replicas = (1..=plan.scale)
         .map(|b| ReplicaInfo::live(b.to_string(), None))
         .collect();
-    let started = Instant::now();
     let mut fleet = Fleet::start(&db, engine, replicas, watch_history(arrivals.clone())).await;
+    // Clocked from the relay's start, the replicas connected.
+    let started = fleet.relay_started();
     match settle(&client, plan.replicas(), plan.provision).await {
         Ok(took) => {
             let ends = fleet.snapshot_ends();

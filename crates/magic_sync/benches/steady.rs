@@ -1,13 +1,17 @@
 //! The steady state: 100 replicas (10 per partition) kept up while the
 //! server takes single-row changes, each wanted by the 10 replicas of its
-//! partition. The relay runs its runner (`run::server`) against the
-//! in-process network; every replica applies on a thread of its own, into a
-//! SQLite file of its own, and reports back what it applied.
+//! partition. The relay runs its runner (`run::server`); every replica
+//! applies into a SQLite file of its own and reports back what it applied,
+//! in a child process over WebSocket on loopback, as devices would
+//! (issue 22, decision 2), or with MAGIC_SYNC_BENCH_FLEET=threads on
+//! threads of this process over the in-process network
+//! (`magic_sync_testkit::apart`).
 //!
 //! cargo bench -p magic_sync --features postgres,sqlite --bench steady
 //!
 //! Idle: nothing changes for MAGIC_SYNC_BENCH_IDLE_SECONDS (default 10):
-//!    the CPU the relay's PostgreSQL backends and this process use.
+//!    the CPU the relay's PostgreSQL backends, this process and the
+//!    fleet's (when apart) use.
 //! 0. Light load: 20 changes per second for 10 s, the pipeline's own
 //!    latency when a pass carries a change or two: the baseline for 1.
 //! 1. Paced: 1,000 changes per second for MAGIC_SYNC_BENCH_SECONDS (default
@@ -26,12 +30,9 @@
 //! here share one disk and wait in one fsync queue, which devices in a fleet
 //! do not.
 
-use magic_sync::envelope::{to_replica::Body, ToReplica};
-use magic_sync::relay::{ReplicaInfo, Replicas, Settings};
-use magic_sync::replica::Replica;
-use magic_sync::run::memory::Network;
+use magic_sync::relay::ReplicaInfo;
 use magic_sync::{Engine, Row};
-use prost::Message;
+use magic_sync_testkit::bench::{self as support, Fleet, Watcher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -65,14 +66,6 @@ fn now_micros() -> i64 {
         .as_micros() as i64
 }
 
-struct Host(Vec<ReplicaInfo>);
-
-impl Replicas for Host {
-    async fn replicas(&self) -> magic_sync::Result<Vec<ReplicaInfo>> {
-        Ok(self.0.clone())
-    }
-}
-
 /// What the replicas saw.
 #[derive(Default)]
 struct Seen {
@@ -81,54 +74,22 @@ struct Seen {
     rows: AtomicU64,
 }
 
-fn replica_loop(
-    id: String,
-    path: std::path::PathBuf,
-    engine: &'static Engine,
-    network: Network,
-    seen: Arc<Seen>,
-    key: magic_sync::sign::ServerKey,
-) {
-    let mut replica = Replica::open(&path, &id, engine).expect("open");
-    replica.trust(&key).expect("pins the server's key");
-    if std::env::var("MAGIC_SYNC_BENCH_REPLICA_SYNC").as_deref() == Ok("normal") {
-        // A hundred replicas on one disk queue behind each other's fsync; in
-        // a fleet each has a disk of its own. This setting takes that queue
-        // out, to show what it costs (a replica keeps FULL by default).
-        replica
-            .connection()
-            .pragma_update(None, "synchronous", "NORMAL")
-            .expect("pragma");
-    }
-    while let Some(message) = network.next(&id) {
-        let report = magic_sync::run::replica::deliver(&mut replica, &message).expect("apply");
-        let applied = now_micros();
-        if let Some(report) = report {
-            network.report(&id, report);
+/// Counts every row applied and, while measuring, takes its latency from
+/// the commit clock it carries.
+fn watch(seen: Arc<Seen>) -> Watcher {
+    Arc::new(move |_replica, _table, data, applied| {
+        seen.rows.fetch_add(1, Ordering::Relaxed);
+        if !seen.measuring.load(Ordering::Relaxed) {
+            return;
         }
-        let Ok(decoded) = ToReplica::decode(message.as_slice()) else {
-            continue;
-        };
-        let Some(Body::Down(down)) = decoded.body else {
-            continue;
-        };
-        let mut latencies = Vec::new();
-        for table in &down.tables {
-            for row in &table.upserts {
-                seen.rows.fetch_add(1, Ordering::Relaxed);
-                if !seen.measuring.load(Ordering::Relaxed) {
-                    continue;
-                }
-                let json: serde_json::Value = serde_json::from_slice(&row.data).expect("json");
-                if let Some(stamp) = json.get("stamp").and_then(serde_json::Value::as_i64) {
-                    latencies.push((applied - stamp).max(0) as u64);
-                }
-            }
+        let json: serde_json::Value = serde_json::from_slice(data).expect("json");
+        if let Some(stamp) = json.get("stamp").and_then(serde_json::Value::as_i64) {
+            seen.latencies
+                .lock()
+                .unwrap()
+                .push((applied - stamp).max(0) as u64);
         }
-        if !latencies.is_empty() {
-            seen.latencies.lock().unwrap().extend(latencies);
-        }
-    }
+    })
 }
 
 async fn backlog(client: &tokio_postgres::Client) -> (i64, i64) {
@@ -275,6 +236,8 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1000);
     let engine = engine();
+    support::child_if_asked(engine);
+    println!("{}", support::Apart::from_env().describe());
     let db = magic_sync_testdb::database().await;
     let mut client = db.connect().await;
     client
@@ -289,46 +252,11 @@ async fn main() {
         .await
         .unwrap();
 
-    let dir = tempfile::tempdir().unwrap();
-    let network = Network::new(1 << 20);
     let seen = Arc::new(Seen::default());
-    let key = magic_sync::store::keys::public(&client).await.unwrap();
-    let mut infos = Vec::new();
-    let mut threads = Vec::new();
-    for i in 0..REPLICAS {
-        let id = format!("r{i:03}");
-        let region = (i as i64 % REGIONS).to_string();
-        infos.push(ReplicaInfo::live(&id, Some(&region)));
-        let (network, seen, path) = (
-            network.clone(),
-            seen.clone(),
-            dir.path().join(format!("{id}.sqlite")),
-        );
-        threads.push(std::thread::spawn(move || {
-            replica_loop(id, path, engine, network, seen, key)
-        }));
-    }
-    let (stop_relay, stopped) = tokio::sync::oneshot::channel::<()>();
-    let relay = {
-        let config = db.config();
-        let network = network.clone();
-        tokio::spawn(async move {
-            let host = Host(infos);
-            magic_sync::run::server::server(
-                config,
-                engine.clone(),
-                Settings::default(),
-                &host,
-                &network,
-                &network,
-                async {
-                    stopped.await.ok();
-                },
-            )
-            .await
-            .unwrap();
-        })
-    };
+    let infos = (0..REPLICAS)
+        .map(|i| ReplicaInfo::live(format!("r{i:03}"), Some(&(i as i64 % REGIONS).to_string())))
+        .collect();
+    let fleet = Fleet::start(&db, engine, infos, watch(seen.clone())).await;
     // Provisioned and confirmed, every one. Both counts in one statement,
     // so they are of one moment: read apart, an empty list could be counted
     // as nothing waiting, then the list the first pass committed as complete.
@@ -356,21 +284,23 @@ async fn main() {
 
     // Idle: nothing changes. What keeping the fleet up costs when there is
     // nothing to send, in CPU.
-    let idle = Duration::from_secs(magic_sync_testkit::bench::env_u64(
-        "MAGIC_SYNC_BENCH_IDLE_SECONDS",
-        10,
-    ));
-    let (own, backends) = magic_sync_testkit::bench::cpu_used(&client).await;
+    let idle = Duration::from_secs(support::env_u64("MAGIC_SYNC_BENCH_IDLE_SECONDS", 10));
+    let child = || fleet.child_pid().map_or(Duration::ZERO, support::cpu_of);
+    let (own, backends) = support::cpu_used(&client).await;
+    let fleet_before = child();
     tokio::time::sleep(idle).await;
-    let (own_after, backends_after) = magic_sync_testkit::bench::cpu_used(&client).await;
+    let (own_after, backends_after) = support::cpu_used(&client).await;
+    let fleet_used = child().saturating_sub(fleet_before);
     let share = |d: Duration| 100.0 * d.as_secs_f64() / idle.as_secs_f64();
     println!(
-        "idle {} s: the relay's PostgreSQL backends used {:.0} ms of CPU ({:.1}% of a core), this process {:.0} ms ({:.1}%)",
+        "idle {} s: the relay's PostgreSQL backends used {:.0} ms of CPU ({:.1}% of a core), this process {:.0} ms ({:.1}%), the fleet's process {:.0} ms ({:.1}%)",
         idle.as_secs(),
         (backends_after.saturating_sub(backends)).as_secs_f64() * 1e3,
         share(backends_after.saturating_sub(backends)),
         (own_after.saturating_sub(own)).as_secs_f64() * 1e3,
         share(own_after.saturating_sub(own)),
+        fleet_used.as_secs_f64() * 1e3,
+        share(fleet_used),
     );
 
     // 0. The pipeline's own latency: a light load, where a pass carries a
@@ -441,10 +371,5 @@ async fn main() {
         }
     }
 
-    stop_relay.send(()).unwrap();
-    relay.await.unwrap();
-    network.close();
-    for t in threads {
-        t.join().unwrap();
-    }
+    fleet.stop().await;
 }

@@ -12,10 +12,12 @@
 
 #![allow(dead_code)]
 
+pub use crate::apart::{child_if_asked, Apart};
 use magic_sync::envelope::{to_replica::Body, ToReplica};
-use magic_sync::relay::{ReplicaInfo, Replicas, Settings, SnapshotPace};
+use magic_sync::relay::{ReplicaInfo, Replicas, Settings, SnapshotPace, Transport};
 use magic_sync::replica::Replica;
 use magic_sync::run::memory::Network;
+use magic_sync::run::server::Reports;
 use magic_sync::Engine;
 use magic_sync_testdb::TestDb;
 use prost::Message;
@@ -148,23 +150,40 @@ impl ClockedHost {
     }
 }
 
-/// The replicas, the network between them and the relay, and the relay's
-/// runner on a task of its own.
+/// The largest message the benchmarks' transports carry, either way.
+pub const MAX_MESSAGE: usize = 1 << 20;
+
+/// The replicas, the transport between them and the relay, and the relay's
+/// runner on a task of its own. The replicas run in a child process over
+/// WebSocket, or on threads of this process over the in-process network, as
+/// `MAGIC_SYNC_BENCH_FLEET` says ([`Apart`]).
 pub struct Fleet {
     pub host: Arc<ClockedHost>,
-    network: Network,
-    stopping: Arc<AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<()>>,
+    replicas: Side,
     /// The runner, while it runs: how to stop it, and its task.
     relay: Option<(
         tokio::sync::oneshot::Sender<()>,
         tokio::task::JoinHandle<()>,
     )>,
+    /// When the runner last started.
+    relay_started: Instant,
     config: tokio_postgres::Config,
     engine: &'static Engine,
     /// When each replica applied the end of its first snapshot.
     ends: Arc<Mutex<BTreeMap<String, Instant>>>,
     _dir: tempfile::TempDir,
+}
+
+/// Where the fleet's replicas run.
+enum Side {
+    /// Threads of this process, a thread a replica.
+    Threads {
+        network: Network,
+        stopping: Arc<AtomicBool>,
+        threads: Vec<std::thread::JoinHandle<()>>,
+    },
+    /// A child process, over WebSocket.
+    Process(crate::apart::Fleet),
 }
 
 /// The snapshots' pace a bench's relay runs with: `MAGIC_SYNC_BENCH_PACE`,
@@ -180,8 +199,9 @@ pub fn snapshot_pace() -> SnapshotPace {
 }
 
 impl Fleet {
-    /// Opens a SQLite file per replica, starts a thread applying into each,
-    /// and starts the relay's runner with default settings.
+    /// Opens a SQLite file per replica and starts applying into each, where
+    /// `MAGIC_SYNC_BENCH_FLEET` says, and starts the relay's runner with
+    /// default settings. `watcher` sees every row a replica applied.
     pub async fn start(
         db: &TestDb,
         engine: &'static Engine,
@@ -194,40 +214,54 @@ impl Fleet {
             .await
             .expect("read the server's key");
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let network = Network::new(1 << 20);
-        let stopping = Arc::new(AtomicBool::new(false));
         let ends = Arc::new(Mutex::new(BTreeMap::new()));
-        let threads = replicas
-            .iter()
-            .map(|info| {
-                let mut replica = Replica::open(
-                    dir.path().join(format!("{}.sqlite", info.id)),
-                    &info.id,
-                    engine,
-                )
-                .expect("open the replica");
-                replica.trust(&key).expect("pin the server's key");
-                let (network, stopping, watcher, ends) = (
-                    network.clone(),
-                    stopping.clone(),
-                    watcher.clone(),
+        let side = match Apart::from_env() {
+            Apart::Threads => {
+                let network = Network::new(MAX_MESSAGE);
+                let stopping = Arc::new(AtomicBool::new(false));
+                let threads = replicas
+                    .iter()
+                    .map(|info| {
+                        let replica = crate::apart::open(dir.path(), &info.id, engine, &key);
+                        let (network, stopping, watcher, ends) = (
+                            network.clone(),
+                            stopping.clone(),
+                            watcher.clone(),
+                            ends.clone(),
+                        );
+                        std::thread::spawn(move || {
+                            apply_loop(replica, &network, &stopping, &*watcher, &ends)
+                        })
+                    })
+                    .collect();
+                Side::Threads {
+                    network,
+                    stopping,
+                    threads,
+                }
+            }
+            Apart::Process => Side::Process(
+                crate::apart::Fleet::start(
+                    db.config(),
+                    &client,
+                    &replicas,
+                    key,
+                    dir.path(),
+                    watcher,
                     ends.clone(),
-                );
-                std::thread::spawn(move || {
-                    apply_loop(replica, &network, &stopping, &*watcher, &ends)
-                })
-            })
-            .collect();
+                )
+                .await,
+            ),
+        };
         let host = Arc::new(ClockedHost {
             replicas: Mutex::new(replicas),
             asked: Mutex::new(Vec::new()),
         });
         let mut fleet = Fleet {
             host,
-            network,
-            stopping,
-            threads,
+            replicas: side,
             relay: None,
+            relay_started: Instant::now(),
             config: db.config(),
             engine,
             ends,
@@ -235,6 +269,14 @@ impl Fleet {
         };
         fleet.start_relay();
         fleet
+    }
+
+    /// The child process the replicas run in, if they do.
+    pub fn child_pid(&self) -> Option<u32> {
+        match &self.replicas {
+            Side::Threads { .. } => None,
+            Side::Process(fleet) => Some(fleet.pid()),
+        }
     }
 
     /// Starts the relay's runner (with default settings but for the
@@ -245,35 +287,31 @@ impl Fleet {
             return;
         }
         let (stop_relay, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (config, network, host, engine) = (
-            self.config.clone(),
-            self.network.clone(),
-            self.host.clone(),
-            self.engine,
-        );
-        let relay = tokio::spawn(async move {
-            magic_sync::run::server::server(
-                config,
-                engine.clone(),
-                Settings {
-                    snapshot_pace: snapshot_pace(),
-                    snapshots: env_u64(
-                        "MAGIC_SYNC_BENCH_SNAPSHOTS",
-                        Settings::default().snapshots as u64,
-                    ) as usize,
-                    ..Settings::default()
-                },
-                &*host,
-                &network,
-                &network,
-                async {
-                    stopped.await.ok();
-                },
-            )
-            .await
-            .expect("the relay's runner");
-        });
+        let settings = Settings {
+            snapshot_pace: snapshot_pace(),
+            snapshots: env_u64(
+                "MAGIC_SYNC_BENCH_SNAPSHOTS",
+                Settings::default().snapshots as u64,
+            ) as usize,
+            ..Settings::default()
+        };
+        let (config, host, engine) = (self.config.clone(), self.host.clone(), self.engine);
+        let relay = match &self.replicas {
+            Side::Threads { network, .. } => {
+                serve(config, engine, settings, host, network.clone(), stopped)
+            }
+            Side::Process(fleet) => {
+                serve(config, engine, settings, host, fleet.hub.clone(), stopped)
+            }
+        };
         self.relay = Some((stop_relay, relay));
+        self.relay_started = Instant::now();
+    }
+
+    /// When the relay's runner last started: a fleet's provisioning is
+    /// clocked from here, its replicas already connected.
+    pub fn relay_started(&self) -> Instant {
+        self.relay_started
     }
 
     /// When each replica applied the end of its first snapshot: from then
@@ -294,12 +332,51 @@ impl Fleet {
     /// applying; what waits in their inboxes is left).
     pub async fn stop(mut self) {
         self.stop_relay().await;
-        self.stopping.store(true, Ordering::Relaxed);
-        self.network.close();
-        for thread in self.threads {
-            thread.join().expect("a replica's thread");
+        match self.replicas {
+            Side::Threads {
+                network,
+                stopping,
+                threads,
+            } => {
+                stopping.store(true, Ordering::Relaxed);
+                network.close();
+                for thread in threads {
+                    thread.join().expect("a replica's thread");
+                }
+            }
+            Side::Process(fleet) => fleet.stop().await,
         }
     }
+}
+
+/// The relay's runner on a task of its own, publishing into `transport`
+/// and hearing the replicas through it, until `stopped`.
+fn serve<T>(
+    config: tokio_postgres::Config,
+    engine: &'static Engine,
+    settings: Settings,
+    host: Arc<ClockedHost>,
+    transport: T,
+    stopped: tokio::sync::oneshot::Receiver<()>,
+) -> tokio::task::JoinHandle<()>
+where
+    T: Transport + Reports + Send + Sync + 'static,
+{
+    tokio::spawn(async move {
+        magic_sync::run::server::server(
+            config,
+            engine.clone(),
+            settings,
+            &*host,
+            &transport,
+            &transport,
+            async {
+                stopped.await.ok();
+            },
+        )
+        .await
+        .expect("the relay's runner");
+    })
 }
 
 /// A replica's thread: apply each message, say so, and show the watcher
@@ -528,6 +605,11 @@ pub async fn cpu_used(client: &tokio_postgres::Client) -> (Duration, Duration) {
         .map(|pid| proc_cpu(&format!("/proc/{pid}/stat")))
         .sum();
     (proc_cpu("/proc/self/stat"), backends)
+}
+
+/// The CPU time process `pid` used so far (the fleet's child, say).
+pub fn cpu_of(pid: u32) -> Duration {
+    proc_cpu(&format!("/proc/{pid}/stat"))
 }
 
 /// Fields 14 and 15 of a `/proc/<pid>/stat` (utime, stime), in clock ticks

@@ -8,6 +8,7 @@
 // print would help with.
 #![allow(missing_debug_implementations)]
 
+pub mod apart;
 pub mod bench;
 pub mod fleet;
 pub mod gate;
