@@ -278,8 +278,10 @@ async fn main() {
         length: Duration::from_secs(env_u64("MAGIC_SYNC_BENCH_SECONDS", 30)),
         settle: Duration::from_secs(env_u64("MAGIC_SYNC_BENCH_SETTLE_SECONDS", 60)),
     };
-    println!("{plan:?}");
     let engine = engine();
+    support::child_if_asked(engine);
+    println!("{plan:?}");
+    println!("{}", support::Apart::from_env().describe());
     let db = magic_sync_testdb::database().await;
     setup(&db, engine, plan.replicas, plan.items).await;
 

@@ -3,9 +3,12 @@
 //!
 //! cargo bench -p magic_sync --features postgres,sqlite --bench uploads
 //!
-//! Each replica runs the runner's loop (`run::replica::replica_with`) on a
-//! thread of its own; its host writes on a SQLite connection of its own to
-//! the same file, ten rows a transaction every 100 ms, each row stamped
+//! Each replica runs the runner's loop (`run::replica::replica`) and its
+//! host beside it, in a child process over WebSocket on loopback, as
+//! devices would (issue 22, decision 2), or with MAGIC_SYNC_BENCH_FLEET=threads
+//! on threads of this process over the in-process network
+//! (`magic_sync_testkit::apart`). The host writes on a SQLite connection of
+//! its own to the replica's file, ten rows a transaction every 100 ms, each row stamped
 //! with its commit clock, and nudges the loop after each commit. The relay's
 //! runner files uploads on its publishing connection; the server stamps
 //! each row as it is inserted (`clock_timestamp()`, in the filing
@@ -27,14 +30,12 @@
 
 use magic_sync_testkit::bench as support;
 
-use magic_sync::relay::{ReplicaInfo, Settings};
-use magic_sync::run::memory::Network;
-use magic_sync::run::replica::Uploads;
+use magic_sync::relay::ReplicaInfo;
 use magic_sync::{Engine, Row};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{env_u64, now_micros, show};
+use support::{env_u64, now_micros, show, Device, Fleet};
 
 #[derive(Row, Debug, Clone, PartialEq)]
 #[row(table = "readings", up, key(id), key_without_origin)]
@@ -53,11 +54,103 @@ struct Item {
     value: i64,
 }
 
-struct Host(Vec<ReplicaInfo>);
+/// A device's host: ten rows a transaction every 100 ms (MAGIC_SYNC_BENCH_RATE
+/// rows a second in all), each stamped with its commit clock, nudging the
+/// replica's loop after each commit and waiting between ticks for its
+/// commits to read back. Tells `written N` once it stops writing, then
+/// `reached` and the microseconds each commit took to read back.
+fn host(device: &Device<'_>) {
+    let rate = env_u64("MAGIC_SYNC_BENCH_RATE", 100);
+    let id = device.id;
+    let conn = rusqlite::Connection::open(device.path).unwrap();
+    conn.busy_timeout(Duration::from_secs(30)).unwrap();
+    let per_tick = (rate / 10).max(1);
+    let mut n = 0u64;
+    let begun = Instant::now();
+    let mut tick = 0u64;
+    // Each commit's mark, until it reads back.
+    type Waiting = std::collections::VecDeque<(magic_sync::replica::Mark, Instant)>;
+    let mut waiting = Waiting::new();
+    let mut waited: Vec<Duration> = Vec::new();
+    // Waits up to `wait` for the oldest commit to read back, as a host
+    // showing "everyone sees it" would (`wait_written`: woken by its
+    // replica's loop in this process), then takes every commit that reads
+    // back by then.
+    let check = |waiting: &mut Waiting, waited: &mut Vec<Duration>, wait: Duration| {
+        let mut wait = wait;
+        while let Some(&(mark, at)) = waiting.front() {
+            let now = magic_sync::replica::wait_written(
+                &conn,
+                mark,
+                magic_sync::replica::Written::Reached,
+                wait,
+            )
+            .unwrap();
+            if now != magic_sync::replica::Written::Reached {
+                return;
+            }
+            waited.push(at.elapsed());
+            waiting.pop_front();
+            wait = Duration::ZERO;
+        }
+        std::thread::sleep(wait);
+    };
+    while !device.stopped() {
+        tick += 1;
+        let tx = conn.unchecked_transaction().unwrap();
+        for _ in 0..per_tick {
+            n += 1;
+            tx.prepare_cached(
+                "INSERT INTO readings (id, unit, value, written_at) VALUES (?1, ?2, ?3, ?4)",
+            )
+            .unwrap()
+            .execute(rusqlite::params![
+                format!("{id}-{n}"),
+                id,
+                n as i64,
+                now_micros()
+            ])
+            .unwrap();
+        }
+        tx.commit().unwrap();
+        let committed = Instant::now();
+        waiting.push_back((magic_sync::replica::mark(&conn).unwrap(), committed));
+        device.nudge();
+        // Until the next tick, wait for marks to read back.
+        let due = Duration::from_millis(100 * tick);
+        while let Some(wait) = due.checked_sub(begun.elapsed()) {
+            check(&mut waiting, &mut waited, wait);
+        }
+    }
+    device.tell(&format!("written {n}"));
+    // The load stopped: wait for the rest to read back.
+    let since = Instant::now();
+    while !waiting.is_empty() && since.elapsed() < Duration::from_secs(600) {
+        check(&mut waiting, &mut waited, Duration::from_secs(1));
+    }
+    let micros: Vec<String> = waited.iter().map(|d| d.as_micros().to_string()).collect();
+    device.tell(&format!("reached {}", micros.join(" ")));
+}
 
-impl magic_sync::relay::Replicas for Host {
-    async fn replicas(&self) -> magic_sync::Result<Vec<ReplicaInfo>> {
-        Ok(self.0.clone())
+/// The hosts' lines that begin with `word`, once every one of `replicas`
+/// told one.
+async fn told(fleet: &Fleet, word: &str, replicas: usize) -> Vec<String> {
+    let since = Instant::now();
+    loop {
+        let lines: Vec<String> = fleet
+            .told()
+            .into_iter()
+            .filter_map(|l| l.strip_prefix(word).map(str::to_string))
+            .collect();
+        if lines.len() >= replicas {
+            return lines;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(900),
+            "{} of {replicas} hosts told `{word}`",
+            lines.len()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -73,6 +166,8 @@ async fn main() {
             .build()
             .expect("declarations"),
     ));
+    support::child_if_asked_with(engine, Some(host));
+    println!("{}", support::Apart::from_env().describe());
     let db = magic_sync_testdb::database().await;
     let mut client = db.connect().await;
     client
@@ -91,43 +186,8 @@ async fn main() {
     let infos: Vec<ReplicaInfo> = (0..replicas)
         .map(|i| ReplicaInfo::live(format!("r{i:03}"), None))
         .collect();
-    let network = Network::new(1 << 20);
-    let dir = tempfile::tempdir().unwrap();
-    let mut threads = Vec::new();
-    let key = magic_sync::store::keys::public(&client).await.unwrap();
-    for info in &infos {
-        let path = dir.path().join(format!("{}.sqlite", info.id));
-        let mut replica = magic_sync::replica::Replica::open(&path, &info.id, engine).unwrap();
-        replica.trust(&key).unwrap();
-        let (network, id) = (network.clone(), info.id.to_string());
-        threads.push(std::thread::spawn(move || {
-            magic_sync::run::replica::replica_with(
-                &mut replica,
-                &network.link(&id),
-                &Uploads::default(),
-            )
-            .expect("the replica's loop");
-        }));
-    }
-    let (stop_relay, stopped) = tokio::sync::oneshot::channel::<()>();
-    let relay = {
-        let (config, network, host) = (db.config(), network.clone(), Host(infos.clone()));
-        tokio::spawn(async move {
-            magic_sync::run::server::server(
-                config,
-                engine.clone(),
-                Settings::default(),
-                &host,
-                &network,
-                &network,
-                async {
-                    stopped.await.ok();
-                },
-            )
-            .await
-            .expect("the relay's runner");
-        })
-    };
+    let nothing: support::Watcher = std::sync::Arc::new(|_, _, _, _| {});
+    let mut fleet = Fleet::start_with(&db, engine, infos.clone(), nothing, Some(host)).await;
     // Every replica provisioned (items), before the load.
     let started = Instant::now();
     loop {
@@ -160,90 +220,7 @@ async fn main() {
 
     // The load: every replica's host, and the server's own writer.
     let stop = Arc::new(AtomicBool::new(false));
-    let written = Arc::new(AtomicU64::new(0));
-    let reached: Arc<std::sync::Mutex<Vec<Duration>>> = Default::default();
-    let done_writing = Arc::new(AtomicU64::new(0));
-    let mut hosts = Vec::new();
-    for info in &infos {
-        let (path, id, stop, written, network) = (
-            dir.path().join(format!("{}.sqlite", info.id)),
-            info.id.to_string(),
-            stop.clone(),
-            written.clone(),
-            network.clone(),
-        );
-        let (reached, done_writing) = (reached.clone(), done_writing.clone());
-        hosts.push(std::thread::spawn(move || {
-            let conn = rusqlite::Connection::open(path).unwrap();
-            conn.busy_timeout(Duration::from_secs(30)).unwrap();
-            let per_tick = (rate / 10).max(1);
-            let mut n = 0u64;
-            let begun = Instant::now();
-            let mut tick = 0u64;
-            // Each commit's mark, until it reads back.
-            type Waiting = std::collections::VecDeque<(magic_sync::replica::Mark, Instant)>;
-            let mut waiting = Waiting::new();
-            let mut waited: Vec<Duration> = Vec::new();
-            // Waits up to `wait` for the oldest commit to read back, as a
-            // host showing "everyone sees it" would (`wait_written`: woken
-            // by its replica's loop in this process), then takes every
-            // commit that reads back by then.
-            let check = |waiting: &mut Waiting, waited: &mut Vec<Duration>, wait: Duration| {
-                let mut wait = wait;
-                while let Some(&(mark, at)) = waiting.front() {
-                    let now = magic_sync::replica::wait_written(
-                        &conn,
-                        mark,
-                        magic_sync::replica::Written::Reached,
-                        wait,
-                    )
-                    .unwrap();
-                    if now != magic_sync::replica::Written::Reached {
-                        return;
-                    }
-                    waited.push(at.elapsed());
-                    waiting.pop_front();
-                    wait = Duration::ZERO;
-                }
-                std::thread::sleep(wait);
-            };
-            while !stop.load(Ordering::Relaxed) {
-                tick += 1;
-                let tx = conn.unchecked_transaction().unwrap();
-                for _ in 0..per_tick {
-                    n += 1;
-                    tx.prepare_cached(
-                        "INSERT INTO readings (id, unit, value, written_at) VALUES (?1, ?2, ?3, ?4)",
-                    )
-                    .unwrap()
-                    .execute(rusqlite::params![
-                        format!("{id}-{n}"),
-                        id,
-                        n as i64,
-                        now_micros()
-                    ])
-                    .unwrap();
-                }
-                tx.commit().unwrap();
-                let committed = Instant::now();
-                waiting.push_back((magic_sync::replica::mark(&conn).unwrap(), committed));
-                written.fetch_add(per_tick, Ordering::Relaxed);
-                network.nudge(&id);
-                // Until the next tick, wait for marks to read back.
-                let due = Duration::from_millis(100 * tick);
-                while let Some(wait) = due.checked_sub(begun.elapsed()) {
-                    check(&mut waiting, &mut waited, wait);
-                }
-            }
-            done_writing.fetch_add(1, Ordering::Relaxed);
-            // The load stopped: wait for the rest to read back.
-            let since = Instant::now();
-            while !waiting.is_empty() && since.elapsed() < Duration::from_secs(600) {
-                check(&mut waiting, &mut waited, Duration::from_secs(1));
-            }
-            reached.lock().unwrap().extend(waited);
-        }));
-    }
+    fleet.load();
     let server_writer = {
         let (stop, writer) = (stop.clone(), db.connect().await);
         tokio::spawn(async move {
@@ -269,12 +246,14 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     stop.store(true, Ordering::Relaxed);
     let to = now_micros();
+    fleet.stop_load();
     server_writer.await.unwrap();
     // Every host's last tick counted.
-    while done_writing.load(Ordering::Relaxed) < replicas as u64 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let total = written.load(Ordering::Relaxed);
+    let total: u64 = told(&fleet, "written ", replicas)
+        .await
+        .iter()
+        .map(|n| n.parse::<u64>().expect("rows written"))
+        .sum();
     let filed_by_end: i64 = client
         .query_one(
             "SELECT count(*) FROM readings WHERE filed_at <= to_timestamp($1::float8 / 1e6)",
@@ -328,10 +307,15 @@ async fn main() {
         q(1.0),
         latencies.len()
     );
-    for h in hosts {
-        h.join().unwrap();
-    }
-    let mut reached = std::mem::take(&mut *reached.lock().unwrap());
+    let mut reached: Vec<Duration> = told(&fleet, "reached", replicas)
+        .await
+        .iter()
+        .flat_map(|l| {
+            l.split_whitespace()
+                .map(|m| m.parse::<u64>().expect("micros"))
+        })
+        .map(Duration::from_micros)
+        .collect();
     reached.sort();
     let r = |p: f64| support::quantile(&reached, p).map_or("-".into(), show);
     println!(
@@ -341,10 +325,5 @@ async fn main() {
         r(1.0),
         reached.len()
     );
-    stop_relay.send(()).ok();
-    relay.await.unwrap();
-    network.close();
-    for t in threads {
-        t.join().unwrap();
-    }
+    fleet.stop().await;
 }

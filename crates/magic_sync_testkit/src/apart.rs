@@ -12,12 +12,19 @@
 //! snapshot's end (`e id applied-micros`); the parent hands the rows to the
 //! benchmark's [`Watch`] on a thread of its own. Its standard input takes
 //! the hub's address, the server's key, the directory and each replica's
-//! secret, then `quit`.
+//! secret, then commands: `load` and `stop` start and stop the benchmark's
+//! [`Host`] on every device, and `quit` ends the fleet. What a host tells
+//! (`t line`) the parent keeps for the benchmark.
+//!
+//! On threads ([`Threads`]) the same replica loop and the same hosts run in
+//! the benchmark's process, over the in-process network: only the process
+//! and the transport differ.
 
 use crate::bench::{now_micros, Watcher};
 use magic_sync::envelope::{to_replica::Body, ToReplica, Up};
 use magic_sync::relay::ReplicaInfo;
 use magic_sync::replica::{Replica, UplinkError};
+use magic_sync::run::memory::Network;
 use magic_sync::run::replica::Link;
 use magic_sync::run::{Delivery, Report};
 use magic_sync::sign::ServerKey;
@@ -29,6 +36,7 @@ use prost::Message as _;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -71,11 +79,93 @@ impl Apart {
 /// child, runs the fleet of `engine` until the parent says `quit`, and
 /// exits. Otherwise returns at once.
 pub fn child_if_asked(engine: &'static Engine) {
+    child_if_asked_with(engine, None);
+}
+
+/// As [`child_if_asked`], for a benchmark whose devices also run `host`
+/// (the same the parent passes its fleet).
+pub fn child_if_asked_with(engine: &'static Engine, host: Option<Host>) {
     if std::env::var(CHILD).as_deref() != Ok("fleet") {
         return;
     }
-    child(engine);
+    child(engine, host);
     std::process::exit(0);
+}
+
+/// What a benchmark runs on each device beside its replica, from `load`
+/// until [`Device::stopped`]: writes into the replica's file, say, nudging
+/// its loop after each commit. It runs in the fleet's process.
+pub type Host = fn(&Device<'_>);
+
+/// A device, as its [`Host`] sees it.
+pub struct Device<'a> {
+    /// The replica's id.
+    pub id: &'a str,
+    /// The replica's SQLite file.
+    pub path: &'a Path,
+    nudge: &'a (dyn Fn() + Sync),
+    stop: &'a AtomicBool,
+    tell: &'a (dyn Fn(&str) + Sync),
+}
+
+impl Device<'_> {
+    /// Tells the replica's loop its host wrote something.
+    pub fn nudge(&self) {
+        (self.nudge)();
+    }
+
+    /// Whether the benchmark said stop.
+    pub fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Tells the benchmark `line` (one line, no newline).
+    pub fn tell(&self, line: &str) {
+        debug_assert!(!line.contains('\n'));
+        (self.tell)(line);
+    }
+}
+
+/// Where a host runs: the replica's id, its file, and how to nudge its loop.
+type Place = (String, std::path::PathBuf, Box<dyn Fn() + Send + Sync>);
+
+/// The devices' hosts, while they run.
+#[derive(Default)]
+struct Hosts {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Hosts {
+    /// Starts `host` on every device: `(id, path, nudge)`.
+    fn load(&mut self, host: Host, devices: Vec<Place>, tell: Arc<dyn Fn(&str) + Send + Sync>) {
+        self.stop.store(false, Ordering::Relaxed);
+        for (id, path, nudge) in devices {
+            let (stop, tell) = (self.stop.clone(), tell.clone());
+            self.threads.push(std::thread::spawn(move || {
+                host(&Device {
+                    id: &id,
+                    path: &path,
+                    nudge: &*nudge,
+                    stop: &stop,
+                    tell: &*tell,
+                })
+            }));
+        }
+    }
+
+    /// Says stop; the hosts end on their own.
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Says stop and waits for every host to end.
+    fn join(&mut self) {
+        self.stop();
+        for thread in self.threads.drain(..) {
+            thread.join().expect("a host's thread");
+        }
+    }
 }
 
 /// Opens a replica's SQLite file in `dir`, trusting `key`. With
@@ -95,9 +185,124 @@ pub(crate) fn open(dir: &Path, id: &str, engine: &Engine, key: &ServerKey) -> Re
     replica
 }
 
-/// The parent's side: the hub, its serving task, the child, and the thread
-/// reading what the child tells.
-pub(crate) struct Fleet {
+/// What the fleet tells the benchmark: every row applied to the watcher,
+/// when each replica applied its first snapshot's end, and the hosts'
+/// lines.
+#[derive(Clone)]
+pub(crate) struct Heard {
+    pub(crate) watcher: Watcher,
+    pub(crate) ends: Arc<Mutex<BTreeMap<String, Instant>>>,
+    pub(crate) told: Arc<Mutex<Vec<String>>>,
+}
+
+impl Heard {
+    /// A replica applied `message` at `applied` (microseconds since 1970).
+    fn applied(&self, id: &str, message: &[u8], applied: i64) {
+        match ToReplica::decode(message).map(|m| m.body) {
+            Ok(Some(Body::Down(down))) => {
+                for table in &down.tables {
+                    for row in &table.upserts {
+                        (self.watcher)(id, &table.table, &row.data, applied);
+                    }
+                }
+            }
+            Ok(Some(Body::EndSnapshot(_))) => self.ended(id, applied),
+            _ => {}
+        }
+    }
+
+    fn ended(&self, id: &str, applied: i64) {
+        // The child's clock is the wall's; the fleet keeps instants.
+        let ago = Duration::from_micros((now_micros() - applied).max(0) as u64);
+        let at = Instant::now().checked_sub(ago).unwrap_or_else(Instant::now);
+        self.ends
+            .lock()
+            .expect("not poisoned")
+            .entry(id.to_string())
+            .or_insert(at);
+    }
+
+    fn told(&self, line: &str) {
+        self.told
+            .lock()
+            .expect("not poisoned")
+            .push(line.to_string());
+    }
+}
+
+/// The replicas on threads of the benchmark's process, over the in-process
+/// network, each running the production loop as in the child.
+pub(crate) struct Threads {
+    pub(crate) network: Network,
+    replicas: Vec<std::thread::JoinHandle<()>>,
+    devices: Vec<(String, std::path::PathBuf)>,
+    hosts: Hosts,
+    heard: Heard,
+}
+
+impl Threads {
+    pub(crate) fn start(
+        engine: &'static Engine,
+        replicas: &[ReplicaInfo],
+        key: ServerKey,
+        dir: &Path,
+        heard: Heard,
+    ) -> Threads {
+        let network = Network::new(crate::bench::MAX_MESSAGE);
+        let mut threads = Vec::new();
+        let mut devices = Vec::new();
+        for info in replicas {
+            let id = info.id.to_string();
+            let mut replica = open(dir, &id, engine, &key);
+            devices.push((id.clone(), dir.join(format!("{id}.sqlite"))));
+            let (link, heard) = (network.link(&id), heard.clone());
+            threads.push(std::thread::spawn(move || {
+                let applied = |id: &str, message: &[u8], at: i64| heard.applied(id, message, at);
+                run_replica(&mut replica, &link, &applied);
+            }));
+        }
+        Threads {
+            network,
+            replicas: threads,
+            devices,
+            hosts: Hosts::default(),
+            heard,
+        }
+    }
+
+    pub(crate) fn load(&mut self, host: Host) {
+        let devices = self
+            .devices
+            .iter()
+            .map(|(id, path)| {
+                let (network, id2) = (self.network.clone(), id.clone());
+                let nudge: Box<dyn Fn() + Send + Sync> = Box::new(move || network.nudge(&id2));
+                (id.clone(), path.clone(), nudge)
+            })
+            .collect();
+        let heard = self.heard.clone();
+        self.hosts
+            .load(host, devices, Arc::new(move |line: &str| heard.told(line)));
+    }
+
+    pub(crate) fn stop_load(&self) {
+        self.hosts.stop();
+    }
+
+    /// Stops the hosts, then the replicas (each after the message it is
+    /// applying; what waits in their inboxes is left).
+    pub(crate) fn stop(mut self) {
+        self.hosts.join();
+        self.network.close();
+        for thread in self.replicas {
+            thread.join().expect("a replica's thread");
+        }
+    }
+}
+
+/// The replicas in a child process: the hub, its serving task, the child,
+/// and the thread hearing what the child tells.
+pub(crate) struct Process {
     pub(crate) hub: Hub,
     serving: (
         tokio::sync::oneshot::Sender<()>,
@@ -109,7 +314,7 @@ pub(crate) struct Fleet {
     bye: std::sync::mpsc::Receiver<()>,
 }
 
-impl Fleet {
+impl Process {
     /// Issues each replica a secret, serves a hub on loopback, starts the
     /// child and waits until every replica is connected.
     pub(crate) async fn start(
@@ -118,9 +323,8 @@ impl Fleet {
         replicas: &[ReplicaInfo],
         key: ServerKey,
         dir: &Path,
-        watcher: Watcher,
-        ends: Arc<Mutex<BTreeMap<String, Instant>>>,
-    ) -> Fleet {
+        heard: Heard,
+    ) -> Process {
         let mut secrets = Vec::new();
         for info in replicas {
             let secret = credentials::issue(client, &info.id)
@@ -166,7 +370,7 @@ impl Fleet {
         stdin.write_all(setup.as_bytes()).expect("the fleet reads");
         stdin.flush().expect("flush");
         let (said_bye, bye) = std::sync::mpsc::channel();
-        let reader = std::thread::spawn(move || hear(stdout, &*watcher, &ends, said_bye));
+        let reader = std::thread::spawn(move || hear(stdout, &heard, said_bye));
         let started = Instant::now();
         while hub.connected().len() < replicas.len() {
             assert!(
@@ -177,7 +381,7 @@ impl Fleet {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        Fleet {
+        Process {
             hub,
             serving: (stop, task),
             child,
@@ -192,18 +396,29 @@ impl Fleet {
         self.child.id()
     }
 
-    /// Stops the child (each replica after the message it is applying),
-    /// then the hub.
+    /// Sends the child a command.
+    pub(crate) fn say(&mut self, command: &str) {
+        writeln!(self.stdin, "{command}").expect("the fleet reads");
+        self.stdin.flush().expect("flush");
+    }
+
+    /// Stops the child (its hosts, then each replica after the message it
+    /// is applying), then the hub.
     pub(crate) async fn stop(mut self) {
+        self.say("quit");
+        let Process {
+            serving: (stop, task),
+            mut child,
+            reader,
+            bye,
+            ..
+        } = self;
         tokio::task::block_in_place(|| {
-            writeln!(self.stdin, "quit").expect("the fleet reads");
-            self.stdin.flush().expect("flush");
-            self.bye.recv().expect("the fleet says bye");
-            self.reader.join().expect("the reader");
-            let status = self.child.wait().expect("the fleet ends");
+            bye.recv().expect("the fleet says bye");
+            reader.join().expect("the reader");
+            let status = child.wait().expect("the fleet ends");
             assert!(status.success(), "the fleet's process: {status}");
         });
-        let (stop, task) = self.serving;
         stop.send(()).ok();
         task.await.expect("the hub's task");
     }
@@ -212,8 +427,7 @@ impl Fleet {
 /// The parent's reader: every line the child tells, until it says bye.
 fn hear(
     stdout: BufReader<std::process::ChildStdout>,
-    watch: &crate::bench::Watch,
-    ends: &Mutex<BTreeMap<String, Instant>>,
+    heard: &Heard,
     said_bye: std::sync::mpsc::Sender<()>,
 ) {
     for line in stdout.lines() {
@@ -228,19 +442,14 @@ fn hear(
                     parts.next().expect("a row"),
                 );
                 let applied: i64 = applied.parse().expect("microseconds");
-                watch(id, table, json.as_bytes(), applied);
+                (heard.watcher)(id, table, json.as_bytes(), applied);
             }
             Some("e") => {
                 let id = parts.next().expect("an id");
                 let applied: i64 = parts.next().expect("when").parse().expect("microseconds");
-                // The child's clock is the wall's; the parent keeps instants.
-                let ago = Duration::from_micros((now_micros() - applied).max(0) as u64);
-                let at = Instant::now().checked_sub(ago).unwrap_or_else(Instant::now);
-                ends.lock()
-                    .expect("not poisoned")
-                    .entry(id.to_string())
-                    .or_insert(at);
+                heard.ended(id, applied);
             }
+            Some("t") => heard.told(line.split_once(' ').expect("`t line`").1),
             Some("bye") => {
                 said_bye.send(()).ok();
                 return;
@@ -251,8 +460,9 @@ fn hear(
     panic!("the fleet's process ended without saying bye");
 }
 
-/// The child: a thread and a socket per replica, as the parent asks.
-fn child(engine: &'static Engine) {
+/// The child: a thread and a socket per replica, and the hosts as the
+/// parent asks.
+fn child(engine: &'static Engine, host: Option<Host>) {
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines().map(|l| l.expect("a line"));
     let first = lines.next().expect("`url key dir`");
@@ -266,6 +476,7 @@ fn child(engine: &'static Engine) {
     let out = Arc::new(Mutex::new(std::io::BufWriter::new(std::io::stdout())));
     let mut sockets = Vec::new();
     let mut threads = Vec::new();
+    let mut devices = Vec::new();
     for line in lines.by_ref() {
         if line == "go" {
             break;
@@ -278,25 +489,49 @@ fn child(engine: &'static Engine) {
             })
             .expect("a socket"),
         );
+        devices.push((id.to_string(), socket.nudger()));
         let (id, dir, link, out) = (id.to_string(), dir.clone(), socket.clone(), out.clone());
         threads.push(std::thread::spawn(move || {
             let mut replica = open(Path::new(&dir), &id, engine, &key);
-            let told = Told {
-                link: &link,
-                id: &id,
-                out: &out,
-                applying: Mutex::new(None),
-            };
-            magic_sync::run::replica::replica(&mut replica, &told).expect("the replica's loop");
+            let applied = |id: &str, message: &[u8], at: i64| tell_applied(&out, id, message, at);
+            run_replica(&mut replica, &*link, &applied);
         }));
         sockets.push(socket);
     }
-    // `quit`, or the parent gone (its end of the pipe closed).
-    let command = lines.next();
-    assert!(
-        matches!(command.as_deref(), Some("quit") | None),
-        "the fleet takes `quit` only, not {command:?}"
-    );
+    let tell: Arc<dyn Fn(&str) + Send + Sync> = {
+        let out = out.clone();
+        Arc::new(move |line: &str| {
+            let mut out = out.lock().expect("not poisoned");
+            writeln!(out, "t {line}").expect("the parent reads");
+            out.flush().expect("flush");
+        })
+    };
+    let mut hosts = Hosts::default();
+    // Until `quit`, or the parent gone (its end of the pipe closed).
+    for command in lines {
+        match command.as_str() {
+            "load" => {
+                let host = host.expect("a fleet loaded has a host");
+                let devices = devices
+                    .iter()
+                    .map(|(id, nudger)| {
+                        let nudger = nudger.clone();
+                        let nudge: Box<dyn Fn() + Send + Sync> = Box::new(move || nudger.nudge());
+                        (
+                            id.clone(),
+                            Path::new(&dir).join(format!("{id}.sqlite")),
+                            nudge,
+                        )
+                    })
+                    .collect();
+                hosts.load(host, devices, tell.clone());
+            }
+            "stop" => hosts.stop(),
+            "quit" => break,
+            other => panic!("the fleet takes load, stop and quit, not `{other}`"),
+        }
+    }
+    hosts.join();
     for socket in &sockets {
         socket.close();
     }
@@ -308,17 +543,63 @@ fn child(engine: &'static Engine) {
     out.flush().expect("flush");
 }
 
-/// A replica's link in the child, telling the parent what it applied: the
-/// loop reports a message right after applying it.
-struct Told<'a> {
-    link: &'a Socket,
+/// In the child: tells the parent the rows `message` carried, or its
+/// snapshot's end, one line each.
+fn tell_applied(
+    out: &Mutex<std::io::BufWriter<std::io::Stdout>>,
+    id: &str,
+    message: &[u8],
+    at: i64,
+) {
+    let mut lines = String::new();
+    match ToReplica::decode(message).map(|m| m.body) {
+        Ok(Some(Body::Down(down))) => {
+            for table in &down.tables {
+                for row in &table.upserts {
+                    let json = std::str::from_utf8(&row.data).expect("a JSON row");
+                    debug_assert!(!json.contains('\n'), "JSON written on one line");
+                    lines.push_str(&format!("r {id} {} {at} {json}\n", table.table));
+                }
+            }
+        }
+        Ok(Some(Body::EndSnapshot(_))) => lines.push_str(&format!("e {id} {at}\n")),
+        _ => {}
+    }
+    if lines.is_empty() {
+        return;
+    }
+    let mut out = out.lock().expect("not poisoned");
+    out.write_all(lines.as_bytes()).expect("the parent reads");
+    out.flush().expect("flush");
+}
+
+/// What a replica applied, and when: `(id, message, microseconds since 1970)`.
+type Applied<'a> = dyn Fn(&str, &[u8], i64) + 'a;
+
+/// A replica's production loop over `link` until the link closes, showing
+/// `applied` every message it applied.
+fn run_replica(replica: &mut Replica, link: &dyn Link, applied: &Applied<'_>) {
+    let id = replica.id().to_string();
+    let watched = Watched {
+        link,
+        id: &id,
+        applied,
+        applying: Mutex::new(None),
+    };
+    magic_sync::run::replica::replica(replica, &watched).expect("the replica's loop");
+}
+
+/// A replica's link, watched: the loop reports a message right after
+/// applying it.
+struct Watched<'a> {
+    link: &'a dyn Link,
     id: &'a str,
-    out: &'a Mutex<std::io::BufWriter<std::io::Stdout>>,
+    applied: &'a Applied<'a>,
     /// The message being applied.
     applying: Mutex<Option<Vec<u8>>>,
 }
 
-impl Link for Told<'_> {
+impl Link for Watched<'_> {
     fn max_message_bytes(&self) -> usize {
         self.link.max_message_bytes()
     }
@@ -332,35 +613,12 @@ impl Link for Told<'_> {
     }
 
     fn report(&self, report: Report) {
-        let applied = matches!(report, Report::Applied(_)).then(now_micros);
+        let at = matches!(report, Report::Applied(_)).then(now_micros);
         self.link.report(report);
-        let (Some(applied), Some(message)) =
-            (applied, self.applying.lock().expect("not poisoned").take())
-        else {
-            return;
-        };
-        let mut lines = Vec::new();
-        match ToReplica::decode(message.as_slice()).map(|m| m.body) {
-            Ok(Some(Body::Down(down))) => {
-                for table in &down.tables {
-                    for row in &table.upserts {
-                        let json = std::str::from_utf8(&row.data).expect("a JSON row");
-                        debug_assert!(!json.contains('\n'), "JSON written on one line");
-                        lines.push(format!("r {} {} {applied} {json}\n", self.id, table.table));
-                    }
-                }
-            }
-            Ok(Some(Body::EndSnapshot(_))) => lines.push(format!("e {} {applied}\n", self.id)),
-            _ => {}
+        if let (Some(at), Some(message)) = (at, self.applying.lock().expect("not poisoned").take())
+        {
+            (self.applied)(self.id, &message, at);
         }
-        if lines.is_empty() {
-            return;
-        }
-        let mut out = self.out.lock().expect("not poisoned");
-        for line in lines {
-            out.write_all(line.as_bytes()).expect("the parent reads");
-        }
-        out.flush().expect("flush");
     }
 
     fn upload(&self, up: &Up) -> Result<(), UplinkError> {

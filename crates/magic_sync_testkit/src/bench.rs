@@ -12,17 +12,13 @@
 
 #![allow(dead_code)]
 
-pub use crate::apart::{child_if_asked, Apart};
-use magic_sync::envelope::{to_replica::Body, ToReplica};
+use crate::apart::Heard;
+pub use crate::apart::{child_if_asked, child_if_asked_with, Apart, Device, Host};
 use magic_sync::relay::{ReplicaInfo, Replicas, Settings, SnapshotPace, Transport};
-use magic_sync::replica::Replica;
-use magic_sync::run::memory::Network;
 use magic_sync::run::server::Reports;
 use magic_sync::Engine;
 use magic_sync_testdb::TestDb;
-use prost::Message;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -169,21 +165,17 @@ pub struct Fleet {
     relay_started: Instant,
     config: tokio_postgres::Config,
     engine: &'static Engine,
-    /// When each replica applied the end of its first snapshot.
-    ends: Arc<Mutex<BTreeMap<String, Instant>>>,
+    /// What the fleet tells: rows applied, snapshots' ends, hosts' lines.
+    heard: Heard,
+    /// What runs on every device beside its replica, if anything.
+    devices: Option<Host>,
     _dir: tempfile::TempDir,
 }
 
 /// Where the fleet's replicas run.
 enum Side {
-    /// Threads of this process, a thread a replica.
-    Threads {
-        network: Network,
-        stopping: Arc<AtomicBool>,
-        threads: Vec<std::thread::JoinHandle<()>>,
-    },
-    /// A child process, over WebSocket.
-    Process(crate::apart::Fleet),
+    Threads(crate::apart::Threads),
+    Process(crate::apart::Process),
 }
 
 /// The snapshots' pace a bench's relay runs with: `MAGIC_SYNC_BENCH_PACE`,
@@ -208,74 +200,102 @@ impl Fleet {
         replicas: Vec<ReplicaInfo>,
         watcher: Watcher,
     ) -> Fleet {
+        Fleet::start_with(db, engine, replicas, watcher, None).await
+    }
+
+    /// As [`start`](Self::start), with `host` to run on every device from
+    /// [`load`](Self::load) on. The benchmark's program passes the same
+    /// host to [`child_if_asked_with`] first thing.
+    pub async fn start_with(
+        db: &TestDb,
+        engine: &'static Engine,
+        replicas: Vec<ReplicaInfo>,
+        watcher: Watcher,
+        host: Option<Host>,
+    ) -> Fleet {
+        assert!(
+            std::env::var("MAGIC_SYNC_BENCH_CHILD").is_err(),
+            "the fleet's process started a fleet: the benchmark's main must call \
+             `child_if_asked` first"
+        );
         logs();
         let client = db.connect().await;
         let key = magic_sync::store::keys::public(&client)
             .await
             .expect("read the server's key");
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let ends = Arc::new(Mutex::new(BTreeMap::new()));
+        let heard = Heard {
+            watcher,
+            ends: Default::default(),
+            told: Default::default(),
+        };
         let side = match Apart::from_env() {
-            Apart::Threads => {
-                let network = Network::new(MAX_MESSAGE);
-                let stopping = Arc::new(AtomicBool::new(false));
-                let threads = replicas
-                    .iter()
-                    .map(|info| {
-                        let replica = crate::apart::open(dir.path(), &info.id, engine, &key);
-                        let (network, stopping, watcher, ends) = (
-                            network.clone(),
-                            stopping.clone(),
-                            watcher.clone(),
-                            ends.clone(),
-                        );
-                        std::thread::spawn(move || {
-                            apply_loop(replica, &network, &stopping, &*watcher, &ends)
-                        })
-                    })
-                    .collect();
-                Side::Threads {
-                    network,
-                    stopping,
-                    threads,
-                }
-            }
+            Apart::Threads => Side::Threads(crate::apart::Threads::start(
+                engine,
+                &replicas,
+                key,
+                dir.path(),
+                heard.clone(),
+            )),
             Apart::Process => Side::Process(
-                crate::apart::Fleet::start(
+                crate::apart::Process::start(
                     db.config(),
                     &client,
                     &replicas,
                     key,
                     dir.path(),
-                    watcher,
-                    ends.clone(),
+                    heard.clone(),
                 )
                 .await,
             ),
         };
-        let host = Arc::new(ClockedHost {
+        let host_list = Arc::new(ClockedHost {
             replicas: Mutex::new(replicas),
             asked: Mutex::new(Vec::new()),
         });
         let mut fleet = Fleet {
-            host,
+            host: host_list,
             replicas: side,
             relay: None,
             relay_started: Instant::now(),
             config: db.config(),
             engine,
-            ends,
+            heard,
+            devices: host,
             _dir: dir,
         };
         fleet.start_relay();
         fleet
     }
 
+    /// Starts the devices' host (the one the fleet started with) on every
+    /// device.
+    pub fn load(&mut self) {
+        let host = self.devices.expect("a fleet started with a host");
+        match &mut self.replicas {
+            Side::Threads(threads) => threads.load(host),
+            Side::Process(process) => process.say("load"),
+        }
+    }
+
+    /// Tells the devices' hosts to stop; they end on their own.
+    pub fn stop_load(&mut self) {
+        match &mut self.replicas {
+            Side::Threads(threads) => threads.stop_load(),
+            Side::Process(process) => process.say("stop"),
+        }
+    }
+
+    /// Every line the devices' hosts told so far.
+    pub fn told(&self) -> Vec<String> {
+        self.heard.told.lock().expect("not poisoned").clone()
+    }
+
     /// The child process the replicas run in, if they do.
     pub fn child_pid(&self) -> Option<u32> {
         match &self.replicas {
-            Side::Threads { .. } => None,
-            Side::Process(fleet) => Some(fleet.pid()),
+            Side::Threads(_) => None,
+            Side::Process(process) => Some(process.pid()),
         }
     }
 
@@ -297,11 +317,16 @@ impl Fleet {
         };
         let (config, host, engine) = (self.config.clone(), self.host.clone(), self.engine);
         let relay = match &self.replicas {
-            Side::Threads { network, .. } => {
-                serve(config, engine, settings, host, network.clone(), stopped)
-            }
-            Side::Process(fleet) => {
-                serve(config, engine, settings, host, fleet.hub.clone(), stopped)
+            Side::Threads(threads) => serve(
+                config,
+                engine,
+                settings,
+                host,
+                threads.network.clone(),
+                stopped,
+            ),
+            Side::Process(process) => {
+                serve(config, engine, settings, host, process.hub.clone(), stopped)
             }
         };
         self.relay = Some((stop_relay, relay));
@@ -317,7 +342,7 @@ impl Fleet {
     /// When each replica applied the end of its first snapshot: from then
     /// on it holds its rows, whether or not the server recorded it yet.
     pub fn snapshot_ends(&self) -> BTreeMap<String, Instant> {
-        self.ends.lock().expect("not poisoned").clone()
+        self.heard.ends.lock().expect("not poisoned").clone()
     }
 
     /// Stops the relay's runner; the replicas go on.
@@ -333,18 +358,8 @@ impl Fleet {
     pub async fn stop(mut self) {
         self.stop_relay().await;
         match self.replicas {
-            Side::Threads {
-                network,
-                stopping,
-                threads,
-            } => {
-                stopping.store(true, Ordering::Relaxed);
-                network.close();
-                for thread in threads {
-                    thread.join().expect("a replica's thread");
-                }
-            }
-            Side::Process(fleet) => fleet.stop().await,
+            Side::Threads(threads) => tokio::task::block_in_place(|| threads.stop()),
+            Side::Process(process) => process.stop().await,
         }
     }
 }
@@ -377,51 +392,6 @@ where
         .await
         .expect("the relay's runner");
     })
-}
-
-/// A replica's thread: apply each message, say so, and show the watcher
-/// every row it carried.
-fn apply_loop(
-    mut replica: Replica,
-    network: &Network,
-    stopping: &AtomicBool,
-    watch: &Watch,
-    ends: &Mutex<BTreeMap<String, Instant>>,
-) {
-    let id = replica.id().to_string();
-    while let Some(message) = network.next(&id) {
-        if stopping.load(Ordering::Relaxed) {
-            return;
-        }
-        let report = magic_sync::run::replica::deliver(&mut replica, &message).expect("apply");
-        let applied = now_micros();
-        if let Some(report) = report {
-            network.report(&id, report);
-        }
-        let down = match ToReplica::decode(message.as_slice()) {
-            Ok(ToReplica {
-                body: Some(Body::Down(down)),
-                ..
-            }) => down,
-            Ok(ToReplica {
-                body: Some(Body::EndSnapshot(_)),
-                ..
-            }) => {
-                let ended = Instant::now();
-                ends.lock()
-                    .expect("not poisoned")
-                    .entry(id.clone())
-                    .or_insert(ended);
-                continue;
-            }
-            _ => continue,
-        };
-        for table in &down.tables {
-            for row in &table.upserts {
-                watch(&id, &table.table, &row.data, applied);
-            }
-        }
-    }
 }
 
 /// What waits in the `sync` tables at one moment.
