@@ -785,8 +785,6 @@ async fn compare_forever(
         tracing::debug!(replica = %replica, ?compared, "a digest");
         // One found drifted waits for a snapshot, which a pass begins.
         stirred.notify_one();
-        // One found drifted waits for a snapshot, which a pass begins.
-        stirred.notify_one();
     }
 }
 
