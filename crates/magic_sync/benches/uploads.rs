@@ -5,12 +5,13 @@
 //!
 //! Each replica runs the runner's loop (`run::replica::replica`) and its
 //! host beside it, in a child process over WebSocket on loopback, as
-//! devices would (issue 22, decision 2), or with MAGIC_SYNC_BENCH_FLEET=threads
-//! on threads of this process over the in-process network
-//! (`magic_sync_testkit::apart`). The host writes on a SQLite connection of
-//! its own to the replica's file, ten rows a transaction every 100 ms, each row stamped
-//! with its commit clock, and nudges the loop after each commit. The relay's
-//! runner files uploads on its publishing connection; the server stamps
+//! devices would (issue 22, decision 2), or with
+//! MAGIC_SYNC_BENCH_FLEET=threads on threads of this process over the
+//! in-process network (`magic_sync_testkit::apart`). The host writes on a
+//! SQLite connection of its own to the replica's file, ten rows a
+//! transaction every 100 ms, each row stamped with its commit clock, and
+//! nudges the loop after each commit. The relay's runner files uploads on
+//! its publishing connection; the server stamps
 //! each row as it is inserted (`clock_timestamp()`, in the filing
 //! transaction, a moment before it commits). Meanwhile a writer updates
 //! 100 rows a second of a table that goes down to every replica.
