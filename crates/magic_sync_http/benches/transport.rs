@@ -59,8 +59,6 @@ use magic_sync::run::{Delivery, Report};
 use magic_sync::sign::ServerKey;
 use magic_sync::{Engine, Row};
 use magic_sync_http::client::{Settings as ClientSettings, Socket};
-use magic_sync_http::credentials::{self, Credentials};
-use magic_sync_http::server::{serve, Hub, Security, Settings as HubSettings};
 use prost::Message as _;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -80,8 +78,8 @@ struct Item {
     stamp: i64,
 }
 
-/// Both transports' largest message.
-const MAX_MESSAGE: usize = 1 << 20;
+/// Both transports' largest message (the hub's, `serve_hub`).
+const MAX_MESSAGE: usize = magic_sync_testkit::bench::MAX_MESSAGE;
 
 fn engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
@@ -715,36 +713,13 @@ async fn run(scenario: &Scenario, kind: Kind, clients: Clients, load: Load) -> F
             (side, start_relay(db.config(), infos, network))
         }
         Kind::Socket => {
-            let mut replicas = Vec::new();
-            for id in &ids {
-                let secret = credentials::issue(&client, id)
-                    .await
-                    .expect("issue a secret");
-                replicas.push((id.clone(), secret));
-            }
-            let hub = Hub::new(
-                HubSettings {
-                    max_message_bytes: MAX_MESSAGE,
-                    ..HubSettings::default()
-                },
-                Credentials::new(db.config()),
-            );
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("a port");
-            let url = format!("ws://{}", listener.local_addr().unwrap());
-            let (stop_serving, stopped) = tokio::sync::oneshot::channel::<()>();
-            let task = {
-                let hub = hub.clone();
-                tokio::spawn(async move {
-                    serve(hub, listener, Security::Plain, async {
-                        stopped.await.ok();
-                    })
-                    .await
-                    .expect("serve");
-                })
-            };
-            serving = Some((stop_serving, task));
+            let magic_sync_testkit::apart::Served {
+                hub,
+                url,
+                secrets: replicas,
+                serving: served,
+            } = magic_sync_testkit::apart::serve_hub(db.config(), &client, &ids).await;
+            serving = Some(served);
             let started = Instant::now();
             let side = match clients {
                 Clients::Threads => Side::Local(Local::sockets(&url, &replicas, dir.path(), key)),

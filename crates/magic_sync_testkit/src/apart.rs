@@ -300,6 +300,65 @@ impl Threads {
     }
 }
 
+/// A hub served on loopback, and what replicas need to reach it.
+pub struct Served {
+    pub hub: Hub,
+    /// `ws://127.0.0.1:port`.
+    pub url: String,
+    /// Each replica's id and the secret issued to it.
+    pub secrets: Vec<(String, String)>,
+    /// How to stop serving, and the serving task.
+    pub serving: (
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    ),
+}
+
+/// Issues each of `ids` a secret and serves a hub on loopback (plain
+/// WebSocket, messages of at most [`crate::bench::MAX_MESSAGE`], the rest
+/// by default) until told to stop.
+pub async fn serve_hub(
+    config: tokio_postgres::Config,
+    client: &tokio_postgres::Client,
+    ids: &[String],
+) -> Served {
+    let mut secrets = Vec::new();
+    for id in ids {
+        let secret = credentials::issue(client, id)
+            .await
+            .expect("issue a secret");
+        secrets.push((id.clone(), secret));
+    }
+    let hub = Hub::new(
+        HubSettings {
+            max_message_bytes: crate::bench::MAX_MESSAGE,
+            ..HubSettings::default()
+        },
+        Credentials::new(config),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let url = format!("ws://{}", listener.local_addr().expect("an address"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = {
+        let hub = hub.clone();
+        tokio::spawn(async move {
+            serve(hub, listener, Security::Plain, async {
+                stopped.await.ok();
+            })
+            .await
+            .expect("serve the hub");
+        })
+    };
+    Served {
+        hub,
+        url,
+        secrets,
+        serving: (stop, task),
+    }
+}
+
 /// The replicas in a child process: the hub, its serving task, the child,
 /// and the thread hearing what the child tells.
 pub(crate) struct Process {
@@ -325,35 +384,13 @@ impl Process {
         dir: &Path,
         heard: Heard,
     ) -> Process {
-        let mut secrets = Vec::new();
-        for info in replicas {
-            let secret = credentials::issue(client, &info.id)
-                .await
-                .expect("issue a secret");
-            secrets.push((info.id.to_string(), secret));
-        }
-        let hub = Hub::new(
-            HubSettings {
-                max_message_bytes: crate::bench::MAX_MESSAGE,
-                ..HubSettings::default()
-            },
-            Credentials::new(config),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a port");
-        let url = format!("ws://{}", listener.local_addr().expect("an address"));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = {
-            let hub = hub.clone();
-            tokio::spawn(async move {
-                serve(hub, listener, Security::Plain, async {
-                    stopped.await.ok();
-                })
-                .await
-                .expect("serve the hub");
-            })
-        };
+        let ids: Vec<String> = replicas.iter().map(|r| r.id.to_string()).collect();
+        let Served {
+            hub,
+            url,
+            secrets,
+            serving,
+        } = serve_hub(config, client, &ids).await;
         let mut child = std::process::Command::new(std::env::current_exe().expect("this program"))
             .env(CHILD, "fleet")
             .stdin(std::process::Stdio::piped())
@@ -383,7 +420,7 @@ impl Process {
         }
         Process {
             hub,
-            serving: (stop, task),
+            serving,
             child,
             stdin,
             reader,
