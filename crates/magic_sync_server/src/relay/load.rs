@@ -98,6 +98,9 @@ pub(crate) struct Loader<'a> {
     /// The declarations as a replica is told them, with their
     /// fingerprint, which a snapshot's end carries.
     pub described: &'a crate::envelope::ReplicaSchema,
+    /// Where a small pass keeps its statements prepared: its difference is
+    /// read by plans PostgreSQL made once.
+    pub cache: Option<&'a crate::store::plan::Cache>,
 }
 
 impl Loader<'_> {
@@ -278,7 +281,12 @@ impl Loader<'_> {
             Rows::Closed(_, replica) => To::Only(replica),
             Rows::Difference | Rows::Planned => To::Column,
         };
-        let portal = tx.bind(sql.as_str(), &[]).await?;
+        let portal = match (self.cache, rows) {
+            (Some(cache), Rows::Difference) => {
+                tx.bind(&cache.statement(tx, &sql).await?, &[]).await?
+            }
+            _ => tx.bind(sql.as_str(), &[]).await?,
+        };
         let chunk = self.settings.chunk_rows.max(1);
         let mut rows = tx.query_portal(&portal, chunk).await?;
         // Rows of the table that cannot go. Once there is one, nothing more

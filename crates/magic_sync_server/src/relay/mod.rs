@@ -334,6 +334,8 @@ pub struct Relay {
     started: bool,
     /// What the planner's tables hold between passes.
     leftovers: plan::Leftovers,
+    /// The planner's statements, prepared on the relay's connection.
+    plan_cache: plan::Cache,
     /// The outbox's statements, prepared on the relay's connection.
     statements: Option<crate::store::outbox::Statements>,
     /// When a pass last measured the outboxes against their bound.
@@ -420,6 +422,7 @@ impl Relay {
             prepared: false,
             started: false,
             leftovers: plan::Leftovers::default(),
+            plan_cache: Default::default(),
             statements: None,
             outbox_checked: None,
             commit_times: None,
@@ -827,6 +830,7 @@ impl Relay {
             deployment: work.map(|w| (w, self.deploy_chunk)),
             worked: Default::default(),
             ruled_out: Default::default(),
+            cache: Some(&self.plan_cache),
         };
         let t0 = std::time::Instant::now();
         let planned = planner.plan().await?;
@@ -925,6 +929,7 @@ impl Relay {
                 max_message_bytes,
                 removed: plan.removed.as_ref(),
                 described: &context.described,
+                cache: (plan.planned.sends <= plan::CACHED_UP_TO).then_some(&self.plan_cache),
             };
             let kept: Vec<String> = observed.kept.iter().map(|o| o.id.clone()).collect();
             let source = load::Source::Difference {

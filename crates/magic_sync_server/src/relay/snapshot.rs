@@ -343,6 +343,7 @@ impl Snapshot {
             max_message_bytes: sender.transport.max_message_bytes(),
             removed: None,
             described: &context.described,
+            cache: None,
         };
         let t0 = std::time::Instant::now();
         let source = match closed {
@@ -525,6 +526,7 @@ async fn plan_snapshot(
             deployment: None,
             worked: Default::default(),
             ruled_out: ruled_out.clone(),
+            cache: None,
         };
         let rows = planner.provision().await?;
         if !blocks.any {

@@ -276,6 +276,46 @@ pub(crate) struct Planner<'a, 't> {
     /// provisioning does not scan them by their rule again (rows of them
     /// that come as parents or followers are still planned).
     pub ruled_out: BTreeSet<&'static str>,
+    /// Statements prepared on this connection, by their text.
+    pub cache: Option<&'a Cache>,
+}
+
+/// The most rows the planner's tables may hold between them for a statement
+/// to run by a plan PostgreSQL made once and kept ([`Cache`]).
+pub(crate) const CACHED_UP_TO: u64 = 1_000;
+
+/// The most statements a [`Cache`] keeps.
+const CACHED_STATEMENTS: usize = 1_000;
+
+/// The planner's statements prepared on the relay's connection, by their
+/// text, so that a small pass runs each by the plan PostgreSQL made the
+/// first time (a statement without parameters keeps one plan) instead of
+/// parsing and planning it again: most of a one-row pass was that
+/// (decision 142). A planner table dropped and made again, or truncated,
+/// makes PostgreSQL plan again by itself.
+#[derive(Debug, Default)]
+pub(crate) struct Cache(
+    std::sync::Mutex<std::collections::HashMap<String, tokio_postgres::Statement>>,
+);
+
+impl Cache {
+    /// `sql` prepared: once, the first time it is asked for (up to
+    /// [`CACHED_STATEMENTS`] statements; beyond, each time).
+    pub(crate) async fn statement(
+        &self,
+        tx: &Transaction<'_>,
+        sql: &str,
+    ) -> Result<tokio_postgres::Statement> {
+        if let Some(s) = self.0.lock().expect("not poisoned").get(sql) {
+            return Ok(s.clone());
+        }
+        let statement = tx.prepare(sql).await?;
+        let mut statements = self.0.lock().expect("not poisoned");
+        if statements.len() < CACHED_STATEMENTS {
+            statements.insert(sql.to_string(), statement.clone());
+        }
+        Ok(statement)
+    }
 }
 
 /// A table given through groups.
@@ -376,10 +416,29 @@ impl Planner<'_, '_> {
         Ok(n)
     }
 
+    /// The statement `sql` prepared, when it is one statement, a cache is
+    /// kept, and the pass is small: a plan made on a few rows is kept for
+    /// a few rows; a large pass is planned for the rows it has.
+    async fn cached(&self, sql: &str) -> Result<Option<tokio_postgres::Statement>> {
+        let Some(cache) = self.cache else {
+            return Ok(None);
+        };
+        let small = self.deployment.is_none()
+            && self.filled.lock().expect("not poisoned").total() <= CACHED_UP_TO;
+        if !small || sql.trim_end().trim_end_matches(';').contains(';') {
+            return Ok(None);
+        }
+        let statement = cache.statement(self.tx, sql).await?;
+        Ok(Some(statement))
+    }
+
     /// Runs a statement, tracing how long it took.
     pub(crate) async fn run(&self, sql: &str) -> Result<u64> {
         let started = std::time::Instant::now();
-        let n = simple(self.tx, sql).await?.1;
+        let n = match self.cached(sql).await? {
+            Some(statement) => self.tx.execute(&statement, &[]).await?,
+            None => simple(self.tx, sql).await?.1,
+        };
         if tracing::enabled!(target: "magic_sync::plan", tracing::Level::TRACE) {
             let statement: String = sql.split_whitespace().collect::<Vec<_>>().join(" ");
             tracing::trace!(

@@ -127,6 +127,11 @@ impl Filled {
         self.0.contains_key(&table)
     }
 
+    /// The rows every table was given.
+    pub fn total(&self) -> u64 {
+        self.0.values().sum()
+    }
+
     /// The rows `table` was given.
     pub fn rows(&self, table: Scratch) -> u64 {
         self.0.get(&table).copied().unwrap_or(0)
