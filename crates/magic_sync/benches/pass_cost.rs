@@ -1,7 +1,11 @@
 //! The fixed cost of a pass: how many round trips and statements the relay
 //! makes on its connection when nothing changed, when one row of one
 //! replica changed, and when one row every replica holds changed; and what
-//! publishing the messages and hearing the acknowledgements cost beside it.
+//! publishing the messages and hearing the acknowledgements cost beside it;
+//! and the one-row case again while a till is away with
+//! `MAGIC_SYNC_BENCH_WAITING` messages (default 40,000, under the outbox's
+//! bound of 50,000) waiting for it: what an outbox that grew costs the
+//! others' passes and publishing, which should be nothing.
 //!
 //! cargo bench -p magic_sync --features postgres,sqlite --bench pass_cost
 //!
@@ -23,6 +27,9 @@ use std::time::{Duration, Instant};
 
 const TILLS: usize = 10;
 
+/// The till that goes away in the last case.
+const AWAY: &str = "u11";
+
 /// What one case cost, over its rounds.
 #[derive(Default)]
 struct Cost {
@@ -35,6 +42,13 @@ struct Cost {
 }
 
 impl Cost {
+    /// The pass's median time.
+    fn median(&self) -> Duration {
+        let mut times = self.pass_time.clone();
+        times.sort();
+        times.get(times.len() / 2).copied().unwrap_or_default()
+    }
+
     fn print(&self, case: &str) {
         let range = |v: &[Counts]| {
             format!(
@@ -44,9 +58,7 @@ impl Cost {
                 span(v.iter().map(|c| c.parsed))
             )
         };
-        let mut times = self.pass_time.clone();
-        times.sort();
-        let median = times.get(times.len() / 2).copied().unwrap_or_default();
+        let median = self.median();
         println!("{case}:");
         for line in &self.trace {
             println!("    | {line}");
@@ -77,6 +89,7 @@ async fn main() {
         let region = if i % 2 == 0 { "south" } else { "north" };
         fleet.add(&format!("u{i}"), Some(region));
     }
+    fleet.add(AWAY, Some("north"));
     fleet.sync().await;
     // As production runs it: the defaults, on a connection counted.
     let (client, counter) = wire::connect(&fleet.db).await;
@@ -106,10 +119,69 @@ async fn main() {
     })
     .await;
     all.print(&format!(
-        "one row every till holds changed (a product, {TILLS} tills)"
+        "one row every till holds changed (a product, {} tills)",
+        TILLS + 1
     ));
     fleet.check().await;
+
+    // A till away, its outbox grown: messages put there directly, numbered
+    // past anything the relay writes, never sent (it is cut off).
+    let waiting = env_u64("MAGIC_SYNC_BENCH_WAITING", 40_000);
+    fleet.network.cut(AWAY, true);
+    fleet
+        .writer
+        .batch_execute(&format!(
+            "WITH b AS (
+                 INSERT INTO sync.bodies (hash, bytes)
+                 SELECT sha256(b), b FROM (SELECT convert_to(rpad('away ' || i, 200, '.'), 'UTF8') AS b
+                 FROM generate_series(1, {waiting}) i) m RETURNING id)
+             INSERT INTO sync.outbox (replica, number, nonce, head, body, seal)
+             SELECT '{AWAY}', {FAR} + row_number() OVER (), '\\x00', '\\x00', id, '\\x00' FROM b;
+             ANALYZE sync.outbox; ANALYZE sync.bodies;"
+        ))
+        .await
+        .unwrap();
+    let away = measure(&mut fleet, &counter, rounds, |i| {
+        format!(
+            "UPDATE orders SET placed_at = placed_at + interval '{} seconds' WHERE id = 1",
+            i + 1
+        )
+    })
+    .await;
+    away.print(&format!(
+        "one row of one till changed, {waiting} messages waiting for a till away"
+    ));
+    println!(
+        "  away against none waiting, pass median: {:.2}x",
+        away.median().as_secs_f64() / one.median().as_secs_f64()
+    );
+    // Back: the messages put there go, the till takes what it missed.
+    fleet
+        .writer
+        .batch_execute(&format!(
+            "DELETE FROM sync.outbox WHERE replica = '{AWAY}' AND number > {FAR}"
+        ))
+        .await
+        .unwrap();
+    fleet.network.cut(AWAY, false);
+    fleet.sync().await;
+    // The next pass that writes forgets what no message carries.
+    fleet
+        .write("UPDATE products SET price = 9.5 WHERE id = 1")
+        .await;
+    fleet.sync().await;
+    fleet.check().await;
+    let left: i64 = fleet
+        .writer
+        .query_one("SELECT count(*) FROM sync.bodies", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(left < 100, "{left} bodies left once every till is back");
 }
+
+/// Past any message number the relay draws in this run.
+const FAR: i64 = 1_000_000_000;
 
 /// `rounds` times: `write(round)` (if any) committed, then one pass, and
 /// if it wrote messages, their publishing, delivery and acknowledgement.

@@ -2,7 +2,7 @@
 //! in-process network, and replicas on real SQLite files. One binary, so the
 //! throwaway cluster starts once.
 
-use magic_sync_testkit::{fleet, gate, shop};
+use magic_sync_testkit::{fleet, gate, shop, wire};
 
 mod deploy;
 
@@ -13,6 +13,7 @@ mod digests;
 mod hostile;
 mod isolation;
 mod keys;
+mod outbox;
 mod quarantine;
 mod relay;
 mod scenarios;

@@ -83,6 +83,13 @@ pub async fn publish<T: Transport>(
         if last_page {
             break;
         }
+        // A replica a send failed to is skipped whole: the next page begins
+        // after the last of its messages, however many wait (an outbox
+        // grows while its replica is away, up to
+        // `Settings::outbox_messages`).
+        if failed.contains_key(after.0.as_str()) {
+            after.1 = i64::MAX;
+        }
     }
     if published.sent > 0 || !failed.is_empty() {
         published.failed = record_failures(client, failed).await?;

@@ -37,6 +37,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (28, include_str!("028_uploads_answered.sql")),
     (29, include_str!("029_snapshot_ended.sql")),
     (30, include_str!("030_wake.sql")),
+    (31, include_str!("031_bodies_freed.sql")),
 ];
 
 /// The version this build brings the schema to.

@@ -1,0 +1,189 @@
+//! The outbox while a replica is away: its messages wait, up to the bound,
+//! and cost the others' passes and publishing nothing. Counted in rows read
+//! through PostgreSQL's statistics views, never in time.
+
+use crate::fleet::Fleet;
+use crate::shop;
+use std::collections::BTreeMap;
+use tokio_postgres::Client;
+
+/// Messages put in the away till's outbox: several of the publisher's pages
+/// (512 messages each).
+const WAITING: i64 = 3_000;
+
+/// Past any message number the relay draws in a test.
+const FAR: i64 = 1_000_000_000;
+
+/// Rows read so far from each table of the `sync` schema, by sequential
+/// and index scans. `client` must be the one that did the reading: its
+/// counts are sent to the shared statistics first.
+async fn reads(client: &Client) -> BTreeMap<String, i64> {
+    client
+        .batch_execute("SELECT pg_stat_force_next_flush()")
+        .await
+        .unwrap();
+    client
+        .query(
+            "SELECT relname::text, coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)
+             FROM pg_stat_user_tables WHERE schemaname = 'sync'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// What reading `after` counted beyond `before`, of `table`.
+fn read_of(before: &BTreeMap<String, i64>, after: &BTreeMap<String, i64>, table: &str) -> i64 {
+    after.get(table).copied().unwrap_or(0) - before.get(table).copied().unwrap_or(0)
+}
+
+/// Bodies that no message carries and no pass will look at: leaked.
+async fn leaked(client: &Client) -> i64 {
+    client
+        .query_one(
+            "SELECT count(*) FROM sync.bodies b
+             WHERE NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.body = b.id)
+               AND NOT EXISTS (SELECT 1 FROM sync.freed f WHERE f.body = b.id)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn a_till_away_with_its_outbox_grown_costs_the_others_passes_and_publishing_nothing() {
+    let mut fleet = Fleet::new(shop::ROWS).await;
+    fleet.add("u1", Some("north"));
+    fleet.add("u3", Some("north"));
+    // The outboxes' bound is checked once an hour, as a pass reads them
+    // whole for it (every 10 s by default; every pass in tests).
+    fleet
+        .reconfigure(|s| s.outbox_check_every = std::time::Duration::from_secs(3600))
+        .await;
+    // The relay's connection, its statements counted.
+    let (client, counter) = crate::wire::connect(&fleet.db).await;
+    fleet.reconnect_on(client).await;
+    fleet.sync().await;
+    fleet.network.cut("u3", true);
+    // u3's outbox, grown while it is away: messages no pass wrote, numbered
+    // past any it will, each with a body of its own.
+    fleet
+        .writer
+        .batch_execute(&format!(
+            "WITH b AS (
+                 INSERT INTO sync.bodies (hash, bytes)
+                 SELECT sha256(('away ' || i)::bytea), ('away ' || i)::bytea
+                 FROM generate_series(1, {WAITING}) i RETURNING id)
+             INSERT INTO sync.outbox (replica, number, nonce, head, body, seal)
+             SELECT 'u3', {FAR} + row_number() OVER (), '\\x00', '\\x00', id, '\\x00' FROM b"
+        ))
+        .await
+        .unwrap();
+    fleet
+        .write("UPDATE orders SET placed_at = placed_at + interval '1 hour' WHERE id = 1")
+        .await;
+
+    let before = reads(&fleet.client).await;
+    let recorded = fleet.pass().await;
+    let after = reads(&fleet.client).await;
+    assert_eq!(recorded.messages, 1, "u1's order: {recorded:?}");
+    let bodies = read_of(&before, &after, "bodies");
+    assert!(
+        bodies < 100,
+        "the pass read {bodies} rows of sync.bodies with {WAITING} messages waiting for u3"
+    );
+
+    let before = counter.counts();
+    fleet.publish().await;
+    let statements = (counter.counts() - before).statements;
+    // The first page holds u3's first 512 messages; its send fails, and
+    // the rest of its outbox is skipped, not read page after page (six
+    // pages would be).
+    assert!(
+        statements <= 6,
+        "publishing ran {statements} statements with {WAITING} messages waiting for u3"
+    );
+    assert_eq!(fleet.network.queued("u1"), 1, "u1's message went");
+
+    // u3 back: the messages put there go first, and it takes what it missed.
+    fleet
+        .writer
+        .batch_execute(&format!(
+            "DELETE FROM sync.outbox WHERE replica = 'u3' AND number > {FAR}"
+        ))
+        .await
+        .unwrap();
+    fleet.network.cut("u3", false);
+    fleet.sync().await;
+    fleet
+        .write("UPDATE products SET price = 3 WHERE id = 1")
+        .await;
+    fleet.sync().await;
+    fleet.check().await;
+    let left: i64 = fleet
+        .client
+        .query_one("SELECT count(*) FROM sync.bodies", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        left < 10,
+        "{left} bodies left: those of the messages put there are forgotten"
+    );
+    assert_eq!(leaked(&fleet.client).await, 0);
+}
+
+#[tokio::test]
+async fn a_body_several_tills_share_stays_until_the_last_of_them_acknowledges() {
+    let mut fleet = Fleet::new(shop::ROWS).await;
+    for id in ["u1", "u2", "u3"] {
+        fleet.add(id, Some("north"));
+    }
+    fleet.sync().await;
+    fleet.network.cut("u3", true);
+    fleet
+        .write("UPDATE products SET price = 3 WHERE id = 1")
+        .await;
+    let recorded = fleet.pass().await;
+    assert_eq!(recorded.messages, 3, "{recorded:?}");
+    let shared: i64 = fleet
+        .client
+        .query_one("SELECT DISTINCT body FROM sync.outbox", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // u1 and u2 take it and acknowledge: their messages go, u3's stays.
+    fleet.deliver().await;
+    fleet
+        .write("UPDATE products SET price = 4 WHERE id = 2")
+        .await;
+    fleet.record().await;
+    let kept: i64 = fleet
+        .client
+        .query_one("SELECT count(*) FROM sync.bodies WHERE id = $1", &[&shared])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, 1, "u3's message still carries the body");
+
+    // u3 back: it takes both, and the next pass that writes forgets them.
+    fleet.network.cut("u3", false);
+    fleet.sync().await;
+    fleet
+        .write("UPDATE products SET price = 5 WHERE id = 3")
+        .await;
+    fleet.sync().await;
+    fleet.check().await;
+    let kept: i64 = fleet
+        .client
+        .query_one("SELECT count(*) FROM sync.bodies WHERE id = $1", &[&shared])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, 0, "no message carries the body any more");
+    assert_eq!(leaked(&fleet.client).await, 0);
+}
