@@ -2,10 +2,12 @@
 //! makes on its connection when nothing changed, when one row of one
 //! replica changed, and when one row every replica holds changed; and what
 //! publishing the messages and hearing the acknowledgements cost beside it;
-//! and the one-row case again while a till is away with
-//! `MAGIC_SYNC_BENCH_WAITING` messages (default 40,000, under the outbox's
-//! bound of 50,000) waiting for it: what an outbox that grew costs the
-//! others' passes and publishing, which should be nothing.
+//! and the one-row case again while `MAGIC_SYNC_BENCH_AWAY` tills (default
+//! 10) are away with `MAGIC_SYNC_BENCH_WAITING` messages each (default
+//! 4,000; the outbox's bound is 50,000) waiting for them: what outboxes
+//! that grew cost the others' passes and publishing, which should be
+//! nothing. Publishing remembers the tills away, as the runner does
+//! (`relay::Away`, with the default settings' waits).
 //!
 //! cargo bench -p magic_sync --features postgres,sqlite --bench pass_cost
 //!
@@ -27,14 +29,12 @@ use std::time::{Duration, Instant};
 
 const TILLS: usize = 10;
 
-/// The till that goes away in the last case.
-const AWAY: &str = "u11";
-
 /// What one case cost, over its rounds.
 #[derive(Default)]
 struct Cost {
     pass: Vec<Counts>,
     publish: Vec<Counts>,
+    publish_time: Vec<Duration>,
     heed: Vec<Counts>,
     pass_time: Vec<Duration>,
     /// The last pass's requests, when traced.
@@ -44,9 +44,7 @@ struct Cost {
 impl Cost {
     /// The pass's median time.
     fn median(&self) -> Duration {
-        let mut times = self.pass_time.clone();
-        times.sort();
-        times.get(times.len() / 2).copied().unwrap_or_default()
+        median_of(&self.pass_time)
     }
 
     fn print(&self, case: &str) {
@@ -65,10 +63,24 @@ impl Cost {
         }
         println!("  pass:    {} (median {})", range(&self.pass), show(median));
         if !self.publish.is_empty() {
-            println!("  publish: {}", range(&self.publish));
+            let mut trips: Vec<u64> = self.publish.iter().map(|c| c.round_trips).collect();
+            trips.sort();
+            println!(
+                "  publish: {} (median {} round trips, {})",
+                range(&self.publish),
+                trips[trips.len() / 2],
+                show(median_of(&self.publish_time))
+            );
             println!("  heed:    {}", range(&self.heed));
         }
     }
+}
+
+/// The median of `times`.
+fn median_of(times: &[Duration]) -> Duration {
+    let mut times = times.to_vec();
+    times.sort();
+    times.get(times.len() / 2).copied().unwrap_or_default()
 }
 
 /// The least and the most of `values`, or the one value they all are.
@@ -89,7 +101,12 @@ async fn main() {
         let region = if i % 2 == 0 { "south" } else { "north" };
         fleet.add(&format!("u{i}"), Some(region));
     }
-    fleet.add(AWAY, Some("north"));
+    let away_tills: Vec<String> = (1..=env_u64("MAGIC_SYNC_BENCH_AWAY", 10))
+        .map(|i| format!("u{}", TILLS as u64 + i))
+        .collect();
+    for id in &away_tills {
+        fleet.add(id, Some("north"));
+    }
     fleet.sync().await;
     // As production runs it: the defaults, on a connection counted.
     let (client, counter) = wire::connect(&fleet.db).await;
@@ -120,25 +137,32 @@ async fn main() {
     .await;
     all.print(&format!(
         "one row every till holds changed (a product, {} tills)",
-        TILLS + 1
+        TILLS + away_tills.len()
     ));
     fleet.check().await;
 
-    // A till away, its outbox grown: messages put there directly, numbered
-    // past anything the relay writes, never sent (it is cut off).
-    let waiting = env_u64("MAGIC_SYNC_BENCH_WAITING", 40_000);
-    fleet.network.cut(AWAY, true);
+    // Tills away, their outboxes grown: messages put there directly,
+    // numbered past anything the relay writes, never sent (they are cut
+    // off).
+    let waiting = env_u64("MAGIC_SYNC_BENCH_WAITING", 4_000);
+    for id in &away_tills {
+        fleet.network.cut(id, true);
+        fleet
+            .writer
+            .batch_execute(&format!(
+                "WITH b AS (
+                     INSERT INTO sync.bodies (hash, bytes)
+                     SELECT sha256(b), b FROM (SELECT convert_to(rpad('{id} ' || i, 200, '.'), 'UTF8') AS b
+                     FROM generate_series(1, {waiting}) i) m RETURNING id)
+                 INSERT INTO sync.outbox (replica, number, nonce, head, body, seal)
+                 SELECT '{id}', {FAR} + row_number() OVER (), '\\x00', '\\x00', id, '\\x00' FROM b"
+            ))
+            .await
+            .unwrap();
+    }
     fleet
         .writer
-        .batch_execute(&format!(
-            "WITH b AS (
-                 INSERT INTO sync.bodies (hash, bytes)
-                 SELECT sha256(b), b FROM (SELECT convert_to(rpad('away ' || i, 200, '.'), 'UTF8') AS b
-                 FROM generate_series(1, {waiting}) i) m RETURNING id)
-             INSERT INTO sync.outbox (replica, number, nonce, head, body, seal)
-             SELECT '{AWAY}', {FAR} + row_number() OVER (), '\\x00', '\\x00', id, '\\x00' FROM b;
-             ANALYZE sync.outbox; ANALYZE sync.bodies;"
-        ))
+        .batch_execute("ANALYZE sync.outbox; ANALYZE sync.bodies;")
         .await
         .unwrap();
     let away = measure(&mut fleet, &counter, rounds, |i| {
@@ -149,21 +173,22 @@ async fn main() {
     })
     .await;
     away.print(&format!(
-        "one row of one till changed, {waiting} messages waiting for a till away"
+        "one row of one till changed, {} tills away with {waiting} messages waiting each",
+        away_tills.len()
     ));
     println!(
         "  away against none waiting, pass median: {:.2}x",
         away.median().as_secs_f64() / one.median().as_secs_f64()
     );
-    // Back: the messages put there go, the till takes what it missed.
+    // Back: the messages put there go, the tills take what they missed.
     fleet
         .writer
-        .batch_execute(&format!(
-            "DELETE FROM sync.outbox WHERE replica = '{AWAY}' AND number > {FAR}"
-        ))
+        .batch_execute(&format!("DELETE FROM sync.outbox WHERE number > {FAR}"))
         .await
         .unwrap();
-    fleet.network.cut(AWAY, false);
+    for id in &away_tills {
+        fleet.network.cut(id, false);
+    }
     fleet.sync().await;
     // The next pass that writes forgets what no message carries.
     fleet
@@ -192,6 +217,8 @@ async fn measure(
     write: impl Fn(usize) -> String,
 ) -> Cost {
     let mut cost = Cost::default();
+    let settings = magic_sync::relay::Settings::default();
+    let mut away = magic_sync::relay::Away::new(settings.backoff_min, settings.backoff_max);
     for round in 0..rounds {
         let sql = write(round);
         if !sql.is_empty() {
@@ -209,7 +236,11 @@ async fn measure(
             continue;
         }
         let before = counter.counts();
-        fleet.publish().await;
+        let started = Instant::now();
+        magic_sync::relay::publish_beside(&fleet.client, &fleet.network, 16, &mut away)
+            .await
+            .expect("publishing");
+        cost.publish_time.push(started.elapsed());
         cost.publish.push(counter.counts() - before);
         for (id, unit) in &mut fleet.units {
             for message in fleet.network.take(id) {

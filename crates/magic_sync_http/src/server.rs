@@ -276,6 +276,10 @@ impl Inner {
         peer.conn = Some(Conn { tx, generation });
         peer.lost_at = None;
         peer.room.notify_waiters();
+        drop(peers);
+        // What waits for the replica goes now, not when the publisher would
+        // next have tried it.
+        self.reported.notify_waiters();
         generation
     }
 
@@ -409,6 +413,17 @@ impl Inner {
 impl Transport for Hub {
     fn max_message_bytes(&self) -> usize {
         self.inner.settings.max_message_bytes
+    }
+
+    /// Connected, or lost within the window in which it may resume.
+    fn reachable(&self, replica: &ReplicaId) -> Option<bool> {
+        let peers = self.inner.peers();
+        Some(peers.get(replica.as_str()).is_some_and(|peer| {
+            peer.conn.is_some()
+                || peer
+                    .lost_at
+                    .is_some_and(|at| at.elapsed() < self.inner.settings.resume_window)
+        }))
     }
 
     async fn send(&self, replica: &ReplicaId, id: &str, message: Vec<u8>) -> Result<(), SendError> {

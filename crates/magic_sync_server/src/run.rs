@@ -804,9 +804,14 @@ async fn publish_forever<T: Transport, R: Reports>(
     measured: &Mutex<Measured>,
     digests: &Digests,
 ) -> Result<()> {
+    let mut away = crate::relay::Away::new(settings.backoff_min, settings.backoff_max);
     loop {
         let started = std::time::Instant::now();
         let said = reports.drain();
+        // A replica heard from is connected: what waits for it goes now.
+        for (replica, _) in &said {
+            away.back(replica);
+        }
         // An acknowledgement alone is nothing a pass acts on soon.
         let news = said.iter().any(|(_, r)| !matches!(r, Report::Applied(_)));
         let (heeded, heard) = hear(publisher, engine, transport, said).await?;
@@ -836,16 +841,18 @@ async fn publish_forever<T: Transport, R: Reports>(
             crate::store::figures::write(publisher, period).await?;
         }
         let started = std::time::Instant::now();
-        let published = crate::relay::publish(publisher, transport, settings.concurrency).await?;
+        crate::relay::publish_beside(publisher, transport, settings.concurrency, &mut away).await?;
         crate::relay::trace("publish", started);
-        // A send that failed is tried again soon. Otherwise only a pass
-        // brings new messages, and it says so; what the transport took and
-        // no acknowledgement covered goes again after RESEND_AFTER (30 s),
-        // which a look every second catches.
-        let again = match published.failed.is_empty() {
-            true => PUBLISH_AT_LEAST_EVERY,
-            false => settings.backoff_min,
-        };
+        // A replica a send failed to is tried again when its wait is over
+        // (from `backoff_min`, doubling to `backoff_max`), or once it is
+        // heard from. Otherwise only a pass brings new messages, and it
+        // says so; what the transport took and no acknowledgement covered
+        // goes again after RESEND_AFTER (30 s), which a look every second
+        // catches.
+        let again = away.next_try().map_or(PUBLISH_AT_LEAST_EVERY, |due| {
+            due.saturating_duration_since(std::time::Instant::now())
+                .min(PUBLISH_AT_LEAST_EVERY)
+        });
         tokio::select! {
             () = written.notified() => {}
             () = reports.wait() => {}

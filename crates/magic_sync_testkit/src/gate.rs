@@ -58,4 +58,8 @@ impl Transport for Gate {
         }
         self.network.send(replica, id, message).await
     }
+
+    fn reachable(&self, replica: &ReplicaId) -> Option<bool> {
+        self.network.reachable(replica)
+    }
 }

@@ -290,6 +290,10 @@ impl magic_sync_server::relay::Transport for Network {
         self.max_message_bytes
     }
 
+    fn reachable(&self, replica: &crate::ReplicaId) -> Option<bool> {
+        Some(!self.is_cut(replica))
+    }
+
     async fn send(
         &self,
         replica: &crate::ReplicaId,

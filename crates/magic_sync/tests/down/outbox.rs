@@ -187,3 +187,76 @@ async fn a_body_several_tills_share_stays_until_the_last_of_them_acknowledges() 
     assert_eq!(kept, 0, "no message carries the body any more");
     assert_eq!(leaked(&fleet.client).await, 0);
 }
+
+#[tokio::test]
+async fn publishing_passes_over_a_till_away_until_it_is_back() {
+    let mut fleet = Fleet::new(shop::ROWS).await;
+    fleet.add("u1", Some("north"));
+    fleet.add("u3", Some("north"));
+    fleet.sync().await;
+    fleet.network.cut("u3", true);
+    fleet
+        .writer
+        .batch_execute(&format!(
+            "WITH b AS (
+                 INSERT INTO sync.bodies (hash, bytes)
+                 SELECT sha256(('away ' || i)::bytea), ('away ' || i)::bytea
+                 FROM generate_series(1, {WAITING}) i RETURNING id)
+             INSERT INTO sync.outbox (replica, number, nonce, head, body, seal)
+             SELECT 'u3', {FAR} + row_number() OVER (), '\\x00', '\\x00', id, '\\x00' FROM b;
+             -- As autovacuum would once this many rows came: PostgreSQL
+             -- plans the open range's scan of the outbox by what it knows.
+             ANALYZE sync.outbox"
+        ))
+        .await
+        .unwrap();
+    // Waits long enough that only its being back ends them here.
+    let hour = std::time::Duration::from_secs(3600);
+    let mut away = magic_sync::relay::Away::new(hour, hour);
+    let published = magic_sync::relay::publish_beside(&fleet.client, &fleet.network, 16, &mut away)
+        .await
+        .unwrap();
+    assert_eq!(published.failed.len(), 1, "{published:?}");
+    assert!(away.next_try().is_some(), "u3 is away");
+
+    // A product every till holds changes: u1 takes it, and the publish
+    // reads nothing of what waits for u3.
+    fleet
+        .write("UPDATE products SET price = 3 WHERE id = 1")
+        .await;
+    let recorded = fleet.pass().await;
+    assert_eq!(recorded.messages, 2, "{recorded:?}");
+    let before = reads(&fleet.client).await;
+    let published = magic_sync::relay::publish_beside(&fleet.client, &fleet.network, 16, &mut away)
+        .await
+        .unwrap();
+    let after = reads(&fleet.client).await;
+    let outbox = read_of(&before, &after, "outbox");
+    assert!(
+        outbox < 100,
+        "publishing read {outbox} rows of sync.outbox with u3 away and {WAITING} messages waiting for it"
+    );
+    assert_eq!(published.sent, 1, "u1's message: {published:?}");
+    assert!(
+        published.failed.is_empty(),
+        "u3 was not tried: {published:?}"
+    );
+    assert_eq!(fleet.network.queued("u1"), 1);
+
+    // u3 back: the next publish sends it what waits, its wait not over.
+    fleet
+        .writer
+        .batch_execute(&format!(
+            "DELETE FROM sync.outbox WHERE replica = 'u3' AND number > {FAR}"
+        ))
+        .await
+        .unwrap();
+    fleet.network.cut("u3", false);
+    let published = magic_sync::relay::publish_beside(&fleet.client, &fleet.network, 16, &mut away)
+        .await
+        .unwrap();
+    assert!(published.sent >= 1, "{published:?}");
+    assert_eq!(away.next_try(), None, "u3 is back");
+    fleet.sync().await;
+    fleet.check().await;
+}

@@ -35,7 +35,7 @@ pub use crate::store::plan::Planned;
 pub(crate) use deployment::declared;
 pub use digests::{compare_digest, Compared, Heard};
 pub use pace::SnapshotPace;
-pub use publish::{publish, RESEND_AFTER};
+pub use publish::{publish, publish_beside, Away, RESEND_AFTER};
 pub use replies::{acknowledge_all, gap};
 pub use snapshot::{Failed, Snapshot, Streamed};
 
@@ -135,6 +135,14 @@ pub trait Transport: Send + Sync {
                 "this transport carries no answers to uploads (replica `{replica}`)"
             )))
         }
+    }
+    /// Whether `replica` can be sent to now, as far as the transport knows
+    /// (connected, say); `None`, the default, when it cannot tell. A
+    /// replica a send failed to is passed over by publishing until its
+    /// wait is over ([`Away`]), unless the transport says it is back.
+    fn reachable(&self, replica: &ReplicaId) -> Option<bool> {
+        let _ = replica;
+        None
     }
     /// `replica` said what it had no business saying: an acknowledgement
     /// whose seal is not of a message sent to it, or an upload larger than

@@ -40,12 +40,89 @@ pub async fn publish<T: Transport>(
     transport: &T,
     concurrency: usize,
 ) -> Result<Published> {
+    let mut away = Away::new(RESEND_AFTER, RESEND_AFTER);
+    publish_beside(client, transport, concurrency, &mut away).await
+}
+
+/// Replicas a send failed to, passed over by publishing until their next
+/// try is due, so that however many messages wait for a replica away, the
+/// others' publishing reads none of them. The wait doubles with each
+/// failure, between the bounds given, and ends when a send to the replica
+/// goes through or it is heard from ([`Away::back`]).
+#[derive(Debug)]
+pub struct Away {
+    replicas: HashMap<ReplicaId, (std::time::Instant, std::time::Duration)>,
+    least: std::time::Duration,
+    most: std::time::Duration,
+}
+
+impl Away {
+    /// None away yet; a replica a send fails to waits `least` before it is
+    /// tried again, twice as long after each failure since, up to `most`.
+    pub fn new(least: std::time::Duration, most: std::time::Duration) -> Away {
+        Away {
+            replicas: HashMap::new(),
+            least,
+            most: most.max(least),
+        }
+    }
+
+    /// A send to `replica` failed.
+    fn failed(&mut self, replica: &ReplicaId) {
+        let wait = match self.replicas.get(replica) {
+            Some((_, wait)) => (*wait * 2).min(self.most),
+            None => self.least,
+        };
+        self.replicas
+            .insert(replica.clone(), (std::time::Instant::now() + wait, wait));
+    }
+
+    /// `replica` is reachable: a send to it went through, or it was heard
+    /// from.
+    pub fn back(&mut self, replica: &ReplicaId) {
+        self.replicas.remove(replica);
+    }
+
+    /// The replicas to pass over now: those whose wait is not over, unless
+    /// `transport` says they are back.
+    fn passed_over(&self, transport: &impl Transport) -> std::collections::BTreeSet<String> {
+        let now = std::time::Instant::now();
+        self.replicas
+            .iter()
+            .filter(|(r, (due, _))| *due > now && transport.reachable(r) != Some(true))
+            .map(|(r, _)| r.to_string())
+            .collect()
+    }
+
+    /// Forgets the replicas that were due by `began` and failed no send
+    /// since: nothing waited for them.
+    fn settle(&mut self, began: std::time::Instant) {
+        self.replicas.retain(|_, (due, _)| *due > began);
+    }
+
+    /// When the first replica away is due to be tried again.
+    pub fn next_try(&self) -> Option<std::time::Instant> {
+        self.replicas.values().map(|(due, _)| *due).min()
+    }
+}
+
+/// [`publish`], passing over the replicas `away` holds until they are due,
+/// and adding to it those a send fails to.
+pub async fn publish_beside<T: Transport>(
+    client: &Client,
+    transport: &T,
+    concurrency: usize,
+    away: &mut Away,
+) -> Result<Published> {
+    let began = std::time::Instant::now();
     let mut published = Published::default();
     let mut failed: HashMap<ReplicaId, String> = HashMap::new();
+    let mut sent_to = std::collections::HashSet::new();
     let mut after = (String::new(), 0i64);
     let mut epoch: Option<Epoch> = None;
     loop {
-        let page = read_page(client, &after, &mut epoch).await?;
+        let skip = away.passed_over(transport);
+        let page = read_page(client, &after, &mut epoch, &skip).await?;
         let Some(last) = page.last() else {
             break;
         };
@@ -67,9 +144,14 @@ pub async fn publish<T: Transport>(
             if let Some(n) = taken {
                 taken_replicas.push(replica.to_string());
                 taken_numbers.push(n);
+                sent_to.insert(replica.clone());
             }
-            if let Some(why) = failure {
-                failed.insert(replica, why);
+            match failure {
+                Some(why) => {
+                    away.failed(&replica);
+                    failed.insert(replica, why);
+                }
+                None => away.back(&replica),
             }
         }
         // Taken by the transport, not marked sent: sent again, and
@@ -83,16 +165,11 @@ pub async fn publish<T: Transport>(
         if last_page {
             break;
         }
-        // A replica a send failed to is skipped whole: the next page begins
-        // after the last of its messages, however many wait (an outbox
-        // grows while its replica is away, up to
-        // `Settings::outbox_messages`).
-        if failed.contains_key(after.0.as_str()) {
-            after.1 = i64::MAX;
-        }
     }
+    // A replica that was due and failed no send had nothing waiting.
+    away.settle(began);
     if published.sent > 0 || !failed.is_empty() {
-        published.failed = record_failures(client, failed).await?;
+        published.failed = record_failures(client, failed, &sent_to).await?;
     }
     Ok(published)
 }
@@ -109,8 +186,9 @@ async fn read_page(
     client: &Client,
     after: &(String, i64),
     epoch: &mut Option<Epoch>,
+    skip: &std::collections::BTreeSet<String>,
 ) -> Result<Vec<Waiting>> {
-    let page = store::outbox::page(client, after, PAGE, PAGE_BYTES, RESEND_AFTER);
+    let page = store::outbox::page(client, after, PAGE, PAGE_BYTES, RESEND_AFTER, skip);
     match epoch {
         Some(_) => page.await,
         None => {
@@ -142,13 +220,19 @@ fn queues(page: Vec<Waiting>, failed: &HashMap<ReplicaId, String>) -> Vec<Vec<Wa
 async fn record_failures(
     client: &Client,
     failed: HashMap<ReplicaId, String>,
+    sent: &std::collections::HashSet<ReplicaId>,
 ) -> Result<Vec<(ReplicaId, String)>> {
+    let sent_whole: Vec<&str> = sent
+        .iter()
+        .filter(|r| !failed.contains_key(*r))
+        .map(ReplicaId::as_str)
+        .collect();
     let (ids, errors): (Vec<ReplicaId>, Vec<String>) = failed.into_iter().unzip();
     let failed_ids: Vec<&str> = ids.iter().map(ReplicaId::as_str).collect();
     // Independent statements, sent together: one round trip.
     tokio::try_join!(
         store::outbox::failed(client, &failed_ids, &errors),
-        store::outbox::recovered(client, &failed_ids)
+        store::outbox::recovered(client, &sent_whole)
     )?;
     let mut failed: Vec<(ReplicaId, String)> = ids.into_iter().zip(errors).collect();
     failed.sort();

@@ -222,31 +222,61 @@ pub(crate) struct Waiting {
 /// The messages after `after` (replica, number) in order that were never
 /// sent, or were sent more than `resend` ago and are still not
 /// acknowledged: at most `limit`, and whole messages until their bytes
-/// pass `bytes` (at least one).
+/// pass `bytes` (at least one). The replicas in `skip` are passed over
+/// without reading a row of theirs: the outbox is read in ranges of the
+/// primary key between them, each by the index, in one statement.
 pub(crate) async fn page(
     client: &impl GenericClient,
     after: &(String, i64),
     limit: i64,
     bytes: i64,
     resend: Duration,
+    skip: &std::collections::BTreeSet<String>,
 ) -> Result<Vec<Waiting>> {
     let resend = resend.as_secs_f64();
+    // The ranges before each replica passed over, from `after` on; the
+    // last one is open.
+    let (mut lows, mut numbers, mut highs) = (Vec::new(), Vec::new(), Vec::new());
+    let mut low = after.clone();
+    for replica in skip.range(after.0.clone()..) {
+        lows.push(low.0);
+        numbers.push(low.1);
+        highs.push(replica.clone());
+        low = (replica.clone(), i64::MAX);
+    }
     // Typed, so parsed and run in one round trip.
-    let params: [(&(dyn ToSql + Sync), Type); 5] = [
-        (&after.0, Type::TEXT),
-        (&after.1, Type::INT8),
+    let params: [(&(dyn ToSql + Sync), Type); 8] = [
+        (&low.0, Type::TEXT),
+        (&low.1, Type::INT8),
         (&limit, Type::INT8),
         (&bytes, Type::INT8),
         (&resend, Type::FLOAT8),
+        (&lows, Type::TEXT_ARRAY),
+        (&numbers, Type::INT8_ARRAY),
+        (&highs, Type::TEXT_ARRAY),
     ];
     let rows = client
         .query_typed(
             "SELECT replica, number, nonce, head, bytes, hash, seal FROM (
                  SELECT o.replica, o.number, o.nonce, o.head, b.bytes, b.hash, o.seal,
                         sum(length(b.bytes)) OVER (ORDER BY o.replica, o.number) - length(b.bytes) AS before
-                 FROM sync.outbox o JOIN sync.bodies b ON b.id = o.body
-                 WHERE (o.replica, o.number) > ($1, $2)
-                   AND (o.sent_at IS NULL OR o.sent_at < now() - $5::float8 * interval '1 second')
+                 FROM (
+                     SELECT w.* FROM unnest($6::text[], $7::int8[], $8::text[]) AS r (low, number, high)
+                     CROSS JOIN LATERAL (
+                         SELECT o.replica, o.number, o.nonce, o.head, o.body, o.seal
+                         FROM sync.outbox o
+                         WHERE (o.replica, o.number) > (r.low, r.number) AND o.replica < r.high
+                           AND (o.sent_at IS NULL OR o.sent_at < now() - $5::float8 * interval '1 second')
+                         ORDER BY o.replica, o.number LIMIT $3) w
+                     UNION ALL
+                     (SELECT o.replica, o.number, o.nonce, o.head, o.body, o.seal
+                      FROM sync.outbox o
+                      WHERE (o.replica, o.number) > ($1, $2)
+                        AND (o.sent_at IS NULL OR o.sent_at < now() - $5::float8 * interval '1 second')
+                      ORDER BY o.replica, o.number LIMIT $3)
+                 ) o
+                 CROSS JOIN LATERAL (SELECT b.bytes, b.hash FROM sync.bodies b
+                                     WHERE b.id = o.body OFFSET 0) b
                  ORDER BY o.replica, o.number LIMIT $3) page
              WHERE before < $4",
             &params,
@@ -277,10 +307,17 @@ pub(crate) async fn mark_sent(
 ) -> Result<()> {
     client
         .query_typed(
+            // Each replica's messages looked up by the key, in a fenced
+            // lateral: a join PostgreSQL might hash would scan the outbox
+            // whole, and with it whatever waits for replicas away.
             "UPDATE sync.outbox o SET sent_at = now()
-             FROM unnest($1::text[], $2::int8[]) AS t (replica, number)
-             WHERE o.replica = t.replica AND o.number <= t.number
-               AND (o.sent_at IS NULL OR o.sent_at < now() - $3::float8 * interval '1 second')",
+             WHERE o.ctid = ANY (ARRAY (
+                 SELECT m.ctid FROM unnest($1::text[], $2::int8[]) AS t (replica, number)
+                 CROSS JOIN LATERAL (
+                     SELECT w.ctid FROM sync.outbox w
+                     WHERE w.replica = t.replica AND w.number <= t.number
+                       AND (w.sent_at IS NULL OR w.sent_at < now() - $3::float8 * interval '1 second')
+                     OFFSET 0) m))",
             &[
                 (&replicas, Type::TEXT_ARRAY),
                 (&numbers, Type::INT8_ARRAY),
@@ -314,16 +351,19 @@ pub(crate) async fn failed(
     Ok(())
 }
 
-/// Clears the send error of every replica but `failing` that is sent to
-/// whole again.
-pub(crate) async fn recovered(client: &impl GenericClient, failing: &[&str]) -> Result<()> {
+/// Clears the send error of the replicas `sent` (every send to them in a
+/// publish went through), unless they wait for a snapshot. By their keys:
+/// nothing of a replica away is read, however much waits for it.
+pub(crate) async fn recovered(client: &impl GenericClient, sent: &[&str]) -> Result<()> {
+    if sent.is_empty() {
+        return Ok(());
+    }
     client
-        .execute(
+        .query_typed(
             "UPDATE sync.replicas SET last_error = NULL
-             WHERE last_error IS NOT NULL AND NOT (id = ANY($1))
-               AND NOT provision AND snapshot_attempt IS NULL
-               AND NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.replica = id AND o.sent_at IS NULL)",
-            &[&failing],
+             WHERE id = ANY($1) AND last_error IS NOT NULL
+               AND NOT provision AND snapshot_attempt IS NULL",
+            &[(&sent, Type::TEXT_ARRAY)],
         )
         .await?;
     Ok(())
