@@ -22,6 +22,12 @@
 //! 2. Higher rates (2,000 and 4,000 changes per second, 20 s each): row
 //!    deliveries per second applied, and whether the backlog stays bounded.
 //!
+//! 3. Away: MAGIC_SYNC_BENCH_AWAY replicas (default 10, one per region; 0
+//!    skips it) are switched off for good, their connections closed, and
+//!    the paced load runs again: the others' latency against part 1's,
+//!    which a replica away should not move (what it is sent waits in its
+//!    outbox, and publishing passes it over).
+//!
 //! MAGIC_SYNC_BENCH_RATE sets the paced rate (default 1,000 changes per
 //! second); MAGIC_SYNC_BENCH_HIGHER=no skips part 2.
 //!
@@ -256,7 +262,7 @@ async fn main() {
     let infos = (0..REPLICAS)
         .map(|i| ReplicaInfo::live(format!("r{i:03}"), Some(&(i as i64 % REGIONS).to_string())))
         .collect();
-    let fleet = Fleet::start(&db, engine, infos, watch(seen.clone())).await;
+    let mut fleet = Fleet::start(&db, engine, infos, watch(seen.clone())).await;
     // Provisioned and confirmed, every one. Both counts in one statement,
     // so they are of one moment: read apart, an empty list could be counted
     // as nothing waiting, then the list the first pass committed as complete.
@@ -371,5 +377,34 @@ async fn main() {
         }
     }
 
+    // 3. Replicas away: one of each region's ten switched off for good,
+    //    what they are sent waiting in their outboxes; the others at the
+    //    paced rate again, against part 1.
+    let away = support::env_u64("MAGIC_SYNC_BENCH_AWAY", 10) as usize;
+    if away > 0 {
+        for i in 0..away.min(REPLICAS) {
+            fleet.away(&format!("r{i:03}"));
+        }
+        let gone = paced(&db, &client, &seen, rate, seconds).await;
+        let waiting: i64 = client
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM sync.outbox WHERE replica < 'r{:03}'",
+                    away.min(REPLICAS)
+                ),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        println!(
+            "{away} replicas away (one a region), the others at {rate} changes/s for {seconds} s: commit-to-applied p50 {:.1} ms, p99 {:.1} ms ({} deliveries measured); p50 {:.2}x, p99 {:.2}x of none away; {waiting} messages waiting for those away at the end",
+            gone.p50,
+            gone.p99,
+            gone.measured,
+            gone.p50 / run.p50,
+            gone.p99 / run.p99
+        );
+    }
     fleet.stop().await;
 }

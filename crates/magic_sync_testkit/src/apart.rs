@@ -533,7 +533,8 @@ fn child(engine: &'static Engine, host: Option<Host>) {
             let applied = |id: &str, message: &[u8], at: i64| tell_applied(&out, id, message, at);
             run_replica(&mut replica, &*link, &applied);
         }));
-        sockets.push(socket);
+        let added = devices.last().expect("just added").0.clone();
+        sockets.push((added, socket));
     }
     let tell: Arc<dyn Fn(&str) + Send + Sync> = {
         let out = out.clone();
@@ -565,11 +566,19 @@ fn child(engine: &'static Engine, host: Option<Host>) {
             }
             "stop" => hosts.stop(),
             "quit" => break,
-            other => panic!("the fleet takes load, stop and quit, not `{other}`"),
+            other => match other.strip_prefix("away ") {
+                // The socket closed, the replica's loop ends.
+                Some(id) => {
+                    for (_, socket) in sockets.iter().filter(|(of, _)| of == id) {
+                        socket.close();
+                    }
+                }
+                None => panic!("the fleet takes load, stop, away and quit, not `{other}`"),
+            },
         }
     }
     hosts.join();
-    for socket in &sockets {
+    for (_, socket) in &sockets {
         socket.close();
     }
     for thread in threads {

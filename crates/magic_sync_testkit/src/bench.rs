@@ -286,6 +286,17 @@ impl Fleet {
         }
     }
 
+    /// Takes the replica `id` away for good, as a device switched off: its
+    /// connection closes (or, in this process, the network stops reaching
+    /// it) and its loop ends. The relay still lists it, so what it is sent
+    /// waits in its outbox.
+    pub fn away(&mut self, id: &str) {
+        match &mut self.replicas {
+            Side::Threads(threads) => threads.network.cut(id, true),
+            Side::Process(process) => process.say(&format!("away {id}")),
+        }
+    }
+
     /// Every line the devices' hosts told so far.
     pub fn told(&self) -> Vec<String> {
         self.heard.told.lock().expect("not poisoned").clone()
