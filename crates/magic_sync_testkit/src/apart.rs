@@ -13,7 +13,8 @@
 //! benchmark's [`Watch`] on a thread of its own. Its standard input takes
 //! the hub's address, the server's key, the directory and each replica's
 //! secret, then commands: `load` and `stop` start and stop the benchmark's
-//! [`Host`] on every device, and `quit` ends the fleet. What a host tells
+//! [`Host`] on every device, `away id` closes that replica's socket for
+//! good (a device switched off), and `quit` ends the fleet. What a host tells
 //! (`t line`) the parent keeps for the benchmark.
 //!
 //! On threads ([`Threads`]) the same replica loop and the same hosts run in
