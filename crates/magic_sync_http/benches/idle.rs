@@ -4,7 +4,9 @@
 //! cargo bench -p magic_sync_http --bench idle
 //!
 //! The server runs in a child process of its own, so its memory is its
-//! alone: a `Hub` served on loopback with its default settings, checking
+//! alone: a `Hub` served on loopback with its default settings (its bounds on
+//! connections, overall and from one address, raised to the fleet's size:
+//! every replica comes from loopback here), checking
 //! secrets against a test database, and no relay (nothing is sent but the
 //! hub's pings: the figures are the transport's). This process holds the
 //! replicas: raw WebSocket clients (tokio-tungstenite, HTTP Basic
@@ -121,7 +123,17 @@ fn server_main() {
     let mut lines = std::io::stdin().lock().lines().map(|l| l.expect("a line"));
     let conninfo = lines.next().expect("the database");
     let config: tokio_postgres::Config = conninfo.parse().expect("a conninfo");
-    let hub = Hub::new(Settings::default(), Credentials::new(config));
+    // Every replica comes from one address here, loopback; a fleet's
+    // devices come from many. The bounds are raised to the fleet's size,
+    // never lowered.
+    let connections = env_u64("MAGIC_SYNC_BENCH_CONNECTIONS", 1_000) as usize;
+    let defaults = Settings::default();
+    let settings = Settings {
+        max_connections: defaults.max_connections.max(connections),
+        max_connections_per_address: defaults.max_connections_per_address.max(connections),
+        ..defaults
+    };
+    let hub = Hub::new(settings, Credentials::new(config));
     let listener = runtime
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .expect("a port");

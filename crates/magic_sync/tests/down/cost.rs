@@ -32,10 +32,11 @@ async fn fifty_tills_holding_one_customer() -> Fleet {
     fleet
 }
 
-/// Rows read from each table so far, by sequential and index scans, and
+/// Rows read from each host table so far, by sequential and index scans, and
 /// the number of sequential scans, as PostgreSQL counts them. `client`
 /// must be the relay's: its counts are sent to the shared statistics first.
-async fn reads(client: &Client) -> BTreeMap<String, (i64, i64)> {
+/// Of the host's tables (`public`), or of `schema`'s.
+pub(crate) async fn reads_in(client: &Client, schema: &str) -> BTreeMap<String, (i64, i64)> {
     // The backend sends its counts on its way to idle after this statement.
     client
         .batch_execute("SELECT pg_stat_force_next_flush()")
@@ -44,14 +45,18 @@ async fn reads(client: &Client) -> BTreeMap<String, (i64, i64)> {
     client
         .query(
             "SELECT relname::text, coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0), coalesce(seq_scan, 0)
-             FROM pg_stat_user_tables WHERE schemaname = 'public'",
-            &[],
+             FROM pg_stat_user_tables WHERE schemaname = $1",
+            &[&schema],
         )
         .await
         .unwrap()
         .iter()
         .map(|r| (r.get(0), (r.get(1), r.get(2))))
         .collect()
+}
+
+async fn reads(client: &Client) -> BTreeMap<String, (i64, i64)> {
+    reads_in(client, "public").await
 }
 
 /// What one pass read of each table: rows, and sequential scans.

@@ -15,24 +15,32 @@ const WAITING: i64 = 3_000;
 const FAR: i64 = 1_000_000_000;
 
 /// Rows read so far from each table of the `sync` schema, by sequential
-/// and index scans. `client` must be the one that did the reading: its
-/// counts are sent to the shared statistics first.
+/// and index scans, by `client`'s statements among others.
 async fn reads(client: &Client) -> BTreeMap<String, i64> {
-    client
-        .batch_execute("SELECT pg_stat_force_next_flush()")
+    crate::cost::reads_in(client, "sync")
+        .await
+        .into_iter()
+        .map(|(t, (rows, _))| (t, rows))
+        .collect()
+}
+
+/// Puts `WAITING` messages in `replica`'s outbox, as if written while it
+/// was away: numbered past any message the relay draws, each with a body
+/// of its own. `then` runs in the same batch.
+async fn put_waiting(fleet: &Fleet, replica: &str, then: &str) {
+    fleet
+        .writer
+        .batch_execute(&format!(
+            "WITH b AS (
+                 INSERT INTO sync.bodies (hash, bytes)
+                 SELECT sha256(('away ' || i)::bytea), ('away ' || i)::bytea
+                 FROM generate_series(1, {WAITING}) i RETURNING id)
+             INSERT INTO sync.outbox (replica, number, nonce, head, body, seal)
+             SELECT '{replica}', {FAR} + row_number() OVER (), '\\x00', '\\x00', id, '\\x00' FROM b;
+             {then}"
+        ))
         .await
         .unwrap();
-    client
-        .query(
-            "SELECT relname::text, coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)
-             FROM pg_stat_user_tables WHERE schemaname = 'sync'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect()
 }
 
 /// What reading `after` counted beyond `before`, of `table`.
@@ -69,20 +77,8 @@ async fn a_till_away_with_its_outbox_grown_costs_the_others_passes_and_publishin
     fleet.reconnect_on(client).await;
     fleet.sync().await;
     fleet.network.cut("u3", true);
-    // u3's outbox, grown while it is away: messages no pass wrote, numbered
-    // past any it will, each with a body of its own.
-    fleet
-        .writer
-        .batch_execute(&format!(
-            "WITH b AS (
-                 INSERT INTO sync.bodies (hash, bytes)
-                 SELECT sha256(('away ' || i)::bytea), ('away ' || i)::bytea
-                 FROM generate_series(1, {WAITING}) i RETURNING id)
-             INSERT INTO sync.outbox (replica, number, nonce, head, body, seal)
-             SELECT 'u3', {FAR} + row_number() OVER (), '\\x00', '\\x00', id, '\\x00' FROM b"
-        ))
-        .await
-        .unwrap();
+    // u3's outbox, grown while it is away.
+    put_waiting(&fleet, "u3", "").await;
     fleet
         .write("UPDATE orders SET placed_at = placed_at + interval '1 hour' WHERE id = 1")
         .await;
@@ -195,21 +191,9 @@ async fn publishing_passes_over_a_till_away_until_it_is_back() {
     fleet.add("u3", Some("north"));
     fleet.sync().await;
     fleet.network.cut("u3", true);
-    fleet
-        .writer
-        .batch_execute(&format!(
-            "WITH b AS (
-                 INSERT INTO sync.bodies (hash, bytes)
-                 SELECT sha256(('away ' || i)::bytea), ('away ' || i)::bytea
-                 FROM generate_series(1, {WAITING}) i RETURNING id)
-             INSERT INTO sync.outbox (replica, number, nonce, head, body, seal)
-             SELECT 'u3', {FAR} + row_number() OVER (), '\\x00', '\\x00', id, '\\x00' FROM b;
-             -- As autovacuum would once this many rows came: PostgreSQL
-             -- plans the open range's scan of the outbox by what it knows.
-             ANALYZE sync.outbox"
-        ))
-        .await
-        .unwrap();
+    // As autovacuum would once this many rows came: PostgreSQL plans the
+    // open range's scan of the outbox by what it knows.
+    put_waiting(&fleet, "u3", "ANALYZE sync.outbox").await;
     // Waits long enough that only its being back ends them here.
     let hour = std::time::Duration::from_secs(3600);
     let mut away = magic_sync::relay::Away::new(hour, hour);
