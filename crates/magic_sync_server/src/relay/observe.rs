@@ -61,10 +61,15 @@ pub(crate) struct Observation {
 /// its that streams is ended); one no longer live, or gone, is forgotten.
 pub(crate) async fn observe(tx: &Transaction<'_>, replicas: &[ReplicaInfo]) -> Result<Observation> {
     let listed = listed(replicas)?;
-    let known = store::replicas::known(tx).await?;
+    // Both read at once, one round trip: in a steady fleet nothing changed,
+    // and the live replicas read beside the known ones are the answer.
+    let (known, live) = tokio::try_join!(store::replicas::known(tx), store::replicas::live(tx))?;
     let changes = Changes::between(replicas, &listed, &known);
+    if changes.is_empty() {
+        return Ok(sorted(live, changes.forget));
+    }
     changes.write(tx).await?;
-    read(tx, changes.forget).await
+    Ok(sorted(store::replicas::live(tx).await?, changes.forget))
 }
 
 /// The ids the host lists, refusing a list that cannot be a fleet.
@@ -132,6 +137,14 @@ impl<'r> Changes<'r> {
         changes
     }
 
+    /// Whether nothing became of any replica.
+    fn is_empty(&self) -> bool {
+        self.forget.is_empty()
+            && self.provision.is_empty()
+            && self.quiet.is_empty()
+            && self.gone.is_empty()
+    }
+
     async fn write(&self, tx: &Transaction<'_>) -> Result<()> {
         for (id, part) in &self.provision {
             store::replicas::wait_for_snapshot(tx, id, *part).await?;
@@ -144,14 +157,14 @@ impl<'r> Changes<'r> {
     }
 }
 
-/// The live replicas as they stand now: kept up, waiting for a snapshot,
-/// or streaming one.
-async fn read(tx: &Transaction<'_>, forgotten: Vec<String>) -> Result<Observation> {
+/// The live replicas as they stand now (`live`): kept up, waiting for a
+/// snapshot, or streaming one.
+fn sorted(live: Vec<store::replicas::Live>, forgotten: Vec<String>) -> Observation {
     let mut observation = Observation {
         forgotten,
         ..Observation::default()
     };
-    for live in store::replicas::live(tx).await? {
+    for live in live {
         match (live.provision, live.streaming) {
             (_, true) => observation.streaming.push(live.id),
             (true, false) => observation.waiting.push(live.id),
@@ -163,5 +176,5 @@ async fn read(tx: &Transaction<'_>, forgotten: Vec<String>) -> Result<Observatio
             }),
         }
     }
-    Ok(observation)
+    observation
 }
