@@ -725,15 +725,7 @@ async fn run(scenario: &Scenario, kind: Kind, clients: Clients, load: Load) -> F
                 Clients::Threads => Side::Local(Local::sockets(&url, &replicas, dir.path(), key)),
                 Clients::Process => Side::Child(Child::start(&url, &replicas, dir.path(), key)),
             };
-            while hub.connected().len() < ids.len() {
-                assert!(
-                    started.elapsed() < Duration::from_secs(120),
-                    "{} of {} replicas connected in 120 s",
-                    hub.connected().len(),
-                    ids.len()
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            magic_sync_testkit::apart::until_connected(&hub, ids.len()).await;
             figures.connected_in = Some(started.elapsed());
             (side, start_relay(db.config(), infos, hub))
         }

@@ -315,6 +315,20 @@ pub struct Served {
     ),
 }
 
+/// Waits until `replicas` replicas are connected to `hub`; panics after
+/// 120 s, saying how many were.
+pub async fn until_connected(hub: &Hub, replicas: usize) {
+    let started = Instant::now();
+    while hub.connected().len() < replicas {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "{} of {replicas} replicas connected in 120 s",
+            hub.connected().len(),
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Issues each of `ids` a secret and serves a hub on loopback (plain
 /// WebSocket, messages of at most [`crate::bench::MAX_MESSAGE`], the rest
 /// by default) until told to stop.
@@ -409,16 +423,7 @@ impl Process {
         stdin.flush().expect("flush");
         let (said_bye, bye) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || hear(stdout, &heard, said_bye));
-        let started = Instant::now();
-        while hub.connected().len() < replicas.len() {
-            assert!(
-                started.elapsed() < Duration::from_secs(120),
-                "{} of {} replicas connected in 120 s",
-                hub.connected().len(),
-                replicas.len()
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        until_connected(&hub, replicas.len()).await;
         Process {
             hub,
             serving,
