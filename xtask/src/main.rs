@@ -1,9 +1,10 @@
 //! `cargo xtask test [ARGS...]`: the README's test command.
 //!
 //! The tests need PostgreSQL's server binaries (they start a throwaway
-//! cluster of their own when `DATABASE_URL` is unset) and, for the
-//! dashboard's page, Debian's Chromium. On a fresh machine neither may be
-//! there; this installs whichever is missing with `apt-get` (through `sudo
+//! cluster of their own when `DATABASE_URL` is unset), `nats-server` for the
+//! broker transport's (each starts its own) and, for the dashboard's page,
+//! Debian's Chromium. On a fresh machine none may be there; this installs
+//! whichever is missing with `apt-get` (through `sudo
 //! -n` when not root), then runs `cargo test --workspace --all-features`
 //! with any further arguments. `.ci/run` calls the same command, so what a
 //! newcomer runs is what CI runs.
@@ -23,7 +24,7 @@ fn main() -> ExitCode {
         },
         _ => {
             eprintln!(
-                "usage: cargo xtask test [ARGS...]\n\n  test  installs PostgreSQL and Chromium \
+                "usage: cargo xtask test [ARGS...]\n\n  test  installs PostgreSQL, nats-server and Chromium \
                  when missing, then runs cargo test --workspace --all-features [ARGS...]"
             );
             ExitCode::from(2)
@@ -47,6 +48,14 @@ fn test(extra: Vec<String>) -> Result<ExitCode, String> {
         apt.install("chromium")?;
         if !have_chromium() {
             return Err("installed chromium, and still no `chromium` is on PATH".into());
+        }
+    }
+    if have_nats_server() {
+        println!("xtask: nats-server is installed");
+    } else {
+        apt.install("nats-server")?;
+        if !have_nats_server() {
+            return Err("installed nats-server, and still no `nats-server` is found".into());
         }
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -88,6 +97,12 @@ fn have_initdb() -> bool {
             .flatten()
             .any(|v| v.path().join("bin/initdb").is_file())
     })
+}
+
+/// Where the broker transport's tests look for it: on `PATH`, or where
+/// Debian's package puts it (`/usr/sbin`, which a user's `PATH` may lack).
+fn have_nats_server() -> bool {
+    runs("nats-server", &["--version"]) || Path::new("/usr/sbin/nats-server").is_file()
 }
 
 fn have_chromium() -> bool {

@@ -1,7 +1,8 @@
 //! What travels between a replica's loop and the server's, as both runners
 //! see it: what a replica reports, and what reaches it.
 
-use crate::envelope::{Ack, Filed, Gap, Up};
+use crate::envelope::{from_server, Ack, Filed, FromServer, Gap, Up};
+use prost::Message as _;
 
 /// Rows (and keys gone) one upload carries at most. A replica's uplink
 /// keeps within it; the server refuses a larger upload unfiled, as it
@@ -48,6 +49,42 @@ impl Report {
         }
         Report::Upload(up)
     }
+
+    /// What was said as the one `Up` a transport that carries bytes sends:
+    /// [`Report::from_up`] reads it back.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Report::Applied(ack) => Up {
+                applied: Some(ack.clone()),
+                ..Up::default()
+            }
+            .encode_to_vec(),
+            Report::Gap(gap) => Up {
+                gap: Some(gap.clone()),
+                ..Up::default()
+            }
+            .encode_to_vec(),
+            Report::Upload(up) => up.encode_to_vec(),
+        }
+    }
+}
+
+/// A sealed `ToReplica` as the one `FromServer` a transport that carries
+/// bytes sends down.
+pub fn message_frame(message: Vec<u8>) -> Vec<u8> {
+    FromServer {
+        body: Some(from_server::Body::Message(message)),
+    }
+    .encode_to_vec()
+}
+
+/// The answer to an upload as the one `FromServer` a transport that
+/// carries bytes sends down.
+pub fn filed_frame(filed: Filed) -> Vec<u8> {
+    FromServer {
+        body: Some(from_server::Body::Filed(filed)),
+    }
+    .encode_to_vec()
 }
 
 /// What reached a replica through its link.
@@ -62,4 +99,65 @@ pub enum Delivery {
     Quiet,
     /// The link is closed: the loop ends.
     Closed,
+}
+
+impl Delivery {
+    /// What a `FromServer` frame carries: a message or an answer, or
+    /// nothing (an empty frame, from a newer server).
+    pub fn decode(frame: &[u8]) -> Result<Option<Delivery>, prost::DecodeError> {
+        Ok(match FromServer::decode(frame)?.body {
+            Some(from_server::Body::Message(m)) => Some(Delivery::Message(m)),
+            Some(from_server::Body::Filed(f)) => Some(Delivery::Filed(f)),
+            None => None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::envelope::Backlog;
+
+    #[test]
+    fn what_is_said_and_sent_travels_as_it_was() {
+        let ack = Ack {
+            epoch: vec![1; 16],
+            number: 7,
+            nonce: vec![2; 16],
+            seal: vec![3; 32],
+            answered: 9,
+        };
+        let gap = Gap {
+            epoch: vec![1; 16],
+            number: 9,
+        };
+        let upload = Up {
+            send_id: vec![4; 16],
+            applied: Some(ack.clone()),
+            backlog: Some(Backlog::default()),
+            ..Up::default()
+        };
+        for said in [
+            Report::Applied(ack),
+            Report::Gap(gap),
+            Report::Upload(upload),
+        ] {
+            let heard = Report::from_up(Up::decode(said.encode().as_slice()).unwrap());
+            assert_eq!(heard, said);
+        }
+        let filed = Filed {
+            send_id: vec![5; 16],
+            ..Filed::default()
+        };
+        assert_eq!(
+            Delivery::decode(&message_frame(vec![6; 10])).unwrap(),
+            Some(Delivery::Message(vec![6; 10]))
+        );
+        assert_eq!(
+            Delivery::decode(&filed_frame(filed.clone())).unwrap(),
+            Some(Delivery::Filed(filed))
+        );
+        assert_eq!(Delivery::decode(&[]).unwrap(), None);
+        assert!(Delivery::decode(&[0xff, 0xff]).is_err());
+    }
 }

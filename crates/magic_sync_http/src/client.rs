@@ -8,10 +8,9 @@
 //! while. What the replica says while disconnected is dropped, for the same
 //! reasons.
 
-use crate::frame;
 use futures_util::{SinkExt, StreamExt};
 use magic_sync::backoff::Backoff;
-use magic_sync::envelope::{from_server, FromServer, Up};
+use magic_sync::envelope::Up;
 use magic_sync::replica::UplinkError;
 use magic_sync::run::replica::Link;
 use magic_sync::run::{Delivery, Report};
@@ -248,7 +247,7 @@ impl Link for Socket {
 
     fn report(&self, report: Report) {
         if self.is_connected() {
-            let _ = self.out.send(frame::up(&report));
+            let _ = self.out.send(report.encode());
         }
     }
 
@@ -387,10 +386,9 @@ async fn session(
                 };
                 match frame {
                     Message::Binary(bytes) => {
-                        let delivery = match FromServer::decode(bytes) {
-                            Ok(FromServer { body: Some(from_server::Body::Message(m)) }) => Delivery::Message(m),
-                            Ok(FromServer { body: Some(from_server::Body::Filed(f)) }) => Delivery::Filed(f),
-                            Ok(FromServer { body: None }) => continue,
+                        let delivery = match Delivery::decode(&bytes) {
+                            Ok(Some(delivery)) => delivery,
+                            Ok(None) => continue,
                             Err(e) => return gone(format!("the server sent a frame that does not decode: {e}")),
                         };
                         if feed.send(delivery).is_err() {

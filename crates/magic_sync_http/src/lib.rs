@@ -24,7 +24,6 @@
 pub mod cli;
 pub mod client;
 pub mod credentials;
-mod frame;
 mod guard;
 pub mod server;
 

@@ -9,7 +9,6 @@
 //! is not connected, a send fails and the rest waits in the outbox.
 
 use crate::credentials::{Checked, Credentials};
-use crate::frame;
 use crate::guard::{self, Guard};
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{ConnectInfo, State};
@@ -434,7 +433,7 @@ impl Transport for Hub {
             .nth(1)
             .and_then(|n| n.parse().ok())
             .unwrap_or(0);
-        let frame = axum::body::Bytes::from(frame::message(message));
+        let frame = axum::body::Bytes::from(magic_sync::run::message_frame(message));
         // A replica slower than the server waits to take more: the send
         // waits for room, as long as a frame may take to be taken.
         let deadline = tokio::time::Instant::now() + self.inner.settings.write_timeout;
@@ -466,7 +465,7 @@ impl Transport for Hub {
     }
 
     async fn answer(&self, replica: &ReplicaId, filed: Filed) -> Result<(), SendError> {
-        let frame = axum::body::Bytes::from(frame::filed(filed));
+        let frame = axum::body::Bytes::from(magic_sync::run::filed_frame(filed));
         let peers = self.inner.peers();
         let conn = peers
             .get(replica.as_str())

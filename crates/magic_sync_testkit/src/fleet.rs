@@ -725,6 +725,12 @@ pub async fn server_rows(client: &Client, table: &magic_sync::Table) -> BTreeMap
 
 /// Every live (not retired) row of `table` a replica holds, by key.
 pub fn replica_rows(replica: &Replica, table: &magic_sync::Table) -> BTreeMap<String, String> {
+    rows_in(replica.connection(), table)
+}
+
+/// Every live (not retired) row of `table` in a replica's database, read
+/// on a connection of the caller's, by key.
+pub fn rows_in(conn: &rusqlite::Connection, table: &magic_sync::Table) -> BTreeMap<String, String> {
     let cols: Vec<String> = table.columns.iter().map(|c| ident(c.name)).collect();
     let live = table
         .retired
@@ -735,7 +741,6 @@ pub fn replica_rows(replica: &Replica, table: &magic_sync::Table) -> BTreeMap<St
         cols.join(", "),
         ident(table.name)
     );
-    let conn = replica.connection();
     let mut stmt = conn.prepare(&sql).unwrap();
     let rows = stmt
         .query_map([], |row| {

@@ -6,7 +6,9 @@
 //!   what was applied.
 //! - [`memory`]: an in-process network between them, for tests and examples.
 
-pub use magic_sync_core::link::{upload_rows, Delivery, Report, MAX_UPLOAD_ROWS};
+pub use magic_sync_core::link::{
+    filed_frame, message_frame, upload_rows, Delivery, Report, MAX_UPLOAD_ROWS,
+};
 
 pub mod memory;
 #[cfg(feature = "sqlite")]

@@ -1,0 +1,392 @@
+//! The server's side: a [`Broker`] publishes each replica's messages to a
+//! stream of that replica's own, and hands the relay what replicas said.
+//!
+//! - **Down.** Each replica has a work-queue stream, `MAGIC_SYNC_R_<token>`,
+//!   on the subject `magic_sync.down.<token>`. A message leaves the stream
+//!   when the replica's consumer acknowledges it, which the replica does
+//!   once its loop applied it. A send is taken when the broker stored it:
+//!   from then on the broker keeps it across its own restarts, for
+//!   [`Settings::keep_for`]. A stream that is full refuses more (the send
+//!   fails and the message waits in the outbox, as for a replica out of
+//!   reach); one whose oldest message outlived `keep_for` drops it, and the
+//!   replica, finding the gap, is provisioned again.
+//! - **Up.** Every replica publishes to `magic_sync.up.<token>`, which the
+//!   broker lets only that replica do; the subject names the replica. One
+//!   stream, `MAGIC_SYNC_UP`, keeps what they said until the server's
+//!   consumer takes it. What is taken is acknowledged to the broker once
+//!   the relay drained it, so the broker never hands the server more than
+//!   [`Settings::queued`] reports not yet drained: memory for what replicas
+//!   say is bounded by the broker, not by how fast they talk. A replica
+//!   that floods is held to [`Settings::queued_per_replica`] waiting reports
+//!   of its own; past that its oldest go, and it sends its rows again, as
+//!   after any lost upload.
+
+use crate::{down_subject, replica_of, stream_of, Error, Result, UP, UP_CONSUMER, UP_STREAM};
+use async_nats::jetstream::{self, consumer, stream, AckKind};
+use futures_util::StreamExt;
+use magic_sync::envelope::{Filed, Up};
+use magic_sync::relay::{SendError, Transport};
+use magic_sync::run::server::Reports;
+use magic_sync::run::Report;
+use magic_sync::ReplicaId;
+use prost::Message as _;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// How the server uses the broker.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The broker's address (`nats://host:4222`).
+    pub url: String,
+    /// The most bytes of one message; by default what the broker takes
+    /// (its `max_payload`), less room for headers.
+    pub max_message_bytes: Option<usize>,
+    /// How long a replica's stream keeps a message it has not taken.
+    pub keep_for: Duration,
+    /// The most bytes a replica's stream keeps.
+    pub keep_bytes: i64,
+    /// The most messages a replica's stream keeps.
+    pub keep_messages: i64,
+    /// How long the broker may take to say it stored a message.
+    pub publish_timeout: Duration,
+    /// Reports the broker hands the server before the relay drained them.
+    pub queued: i64,
+    /// Reports of one replica the upload stream keeps waiting.
+    pub queued_per_replica: i64,
+    /// How long a report taken and not drained stays the server's before
+    /// the broker hands it over again (after a server that died, say).
+    pub ack_wait: Duration,
+}
+
+impl Settings {
+    /// Settings for the broker at `url`, the rest by default.
+    pub fn new(url: impl Into<String>) -> Settings {
+        Settings {
+            url: url.into(),
+            max_message_bytes: None,
+            keep_for: Duration::from_secs(2 * 24 * 3600),
+            keep_bytes: 256 << 20,
+            keep_messages: 100_000,
+            publish_timeout: Duration::from_secs(5),
+            queued: 256,
+            queued_per_replica: 64,
+            ack_wait: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Header room left in a broker message beside the payload.
+const HEADER_ROOM: usize = 1024;
+
+/// A report taken from the broker, with what acknowledges it there.
+type Taken = (ReplicaId, Report, jetstream::message::Acker);
+
+struct Inner {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    settings: Settings,
+    max_message_bytes: usize,
+    /// Replicas whose stream this process made sure of.
+    streams: Mutex<HashSet<ReplicaId>>,
+    reports: Mutex<Vec<Taken>>,
+    reported: Notify,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker")
+            .field("url", &self.settings.url)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The relay's transport and reports through NATS JetStream.
+#[derive(Debug, Clone)]
+pub struct Broker {
+    inner: Arc<Inner>,
+    consuming: Arc<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if Arc::strong_count(&self.consuming) == 1 {
+            self.consuming.abort();
+        }
+    }
+}
+
+impl Broker {
+    /// Connects as the server (`seed`, its nkey seed), makes sure of the
+    /// upload stream and the server's consumer of it, and starts taking
+    /// what replicas say. Connecting again after a loss is the client's:
+    /// sends fail meanwhile, and messages wait in the outbox.
+    pub async fn connect(settings: Settings, seed: &str) -> Result<Broker> {
+        let client = async_nats::ConnectOptions::with_nkey(seed.to_string())
+            .name("magic_sync server")
+            .max_reconnects(None)
+            .connect(&settings.url)
+            .await
+            .map_err(|e| Error::broker(&format!("connecting to {}", settings.url), e))?;
+        let payload = client.server_info().max_payload;
+        let max_message_bytes = settings
+            .max_message_bytes
+            .unwrap_or(payload.saturating_sub(HEADER_ROOM));
+        if max_message_bytes + HEADER_ROOM > payload || max_message_bytes < 4096 {
+            return Err(Error::Settings(format!(
+                "messages of {max_message_bytes} bytes do not fit the broker's max_payload ({payload} bytes, {HEADER_ROOM} kept for headers)"
+            )));
+        }
+        let js = jetstream::new(client.clone());
+        let inner = Arc::new(Inner {
+            client,
+            js,
+            settings,
+            max_message_bytes,
+            streams: Mutex::new(HashSet::new()),
+            reports: Mutex::new(Vec::new()),
+            reported: Notify::new(),
+        });
+        // The first set-up fails the call; later ones are retried.
+        let uploads = inner.uploads().await?;
+        let consuming = tokio::spawn(consume(inner.clone(), Some(uploads)));
+        Ok(Broker {
+            inner,
+            consuming: Arc::new(consuming),
+        })
+    }
+
+    /// Makes sure `replica`'s stream exists, so that its mailbox can open
+    /// before the server first sends to it. Sending does the same.
+    pub async fn prepare(&self, replica: &str) -> Result<()> {
+        self.inner
+            .stream(&ReplicaId::from(replica.to_string()))
+            .await
+    }
+
+    /// The broker's client, as the server connected.
+    pub fn client(&self) -> &async_nats::Client {
+        &self.inner.client
+    }
+}
+
+impl Inner {
+    /// `replica`'s stream, made if missing.
+    async fn stream(&self, replica: &ReplicaId) -> Result<()> {
+        if self.streams.lock().expect("not poisoned").contains(replica) {
+            return Ok(());
+        }
+        let s = &self.settings;
+        self.js
+            .get_or_create_stream(stream::Config {
+                name: stream_of(replica),
+                subjects: vec![down_subject(replica)],
+                retention: stream::RetentionPolicy::WorkQueue,
+                discard: stream::DiscardPolicy::New,
+                max_age: s.keep_for,
+                max_bytes: s.keep_bytes,
+                max_messages: s.keep_messages,
+                max_message_size: i32::try_from(self.max_message_bytes + HEADER_ROOM)
+                    .unwrap_or(i32::MAX),
+                storage: stream::StorageType::File,
+                duplicate_window: Duration::from_secs(120),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::broker(&format!("the stream of replica `{replica}`"), e))?;
+        self.streams
+            .lock()
+            .expect("not poisoned")
+            .insert(replica.clone());
+        Ok(())
+    }
+
+    /// The upload stream and the server's consumer of it.
+    async fn uploads(&self) -> Result<consumer::PullConsumer> {
+        let s = &self.settings;
+        let stream = self
+            .js
+            .get_or_create_stream(stream::Config {
+                name: UP_STREAM.to_string(),
+                subjects: vec![format!("{UP}.*")],
+                retention: stream::RetentionPolicy::WorkQueue,
+                discard: stream::DiscardPolicy::Old,
+                max_messages_per_subject: s.queued_per_replica,
+                max_message_size: i32::try_from(self.max_message_bytes + HEADER_ROOM)
+                    .unwrap_or(i32::MAX),
+                storage: stream::StorageType::File,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::broker("the upload stream", e))?;
+        stream
+            .get_or_create_consumer(
+                UP_CONSUMER,
+                consumer::pull::Config {
+                    durable_name: Some(UP_CONSUMER.to_string()),
+                    ack_policy: consumer::AckPolicy::Explicit,
+                    ack_wait: s.ack_wait,
+                    max_ack_pending: s.queued,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| Error::broker("the server's consumer of uploads", e))
+    }
+
+    async fn publish(&self, replica: &ReplicaId, id: Option<&str>, frame: Vec<u8>) -> Result<()> {
+        self.stream(replica).await?;
+        let mut headers = async_nats::HeaderMap::new();
+        if let Some(id) = id {
+            // The broker keeps one copy of a message sent twice.
+            headers.insert("Nats-Msg-Id", id);
+        }
+        let stored = self
+            .js
+            .publish_with_headers(down_subject(replica), headers, frame.into())
+            .await
+            .map_err(|e| Error::broker("publishing", e))?;
+        match tokio::time::timeout(self.settings.publish_timeout, stored).await {
+            Err(_) => Err(Error::Broker(format!(
+                "the broker did not say it stored a message in {:?}",
+                self.settings.publish_timeout
+            ))),
+            Ok(Err(e)) => {
+                // A stream lost with the broker's storage is made again.
+                self.streams.lock().expect("not poisoned").remove(replica);
+                Err(Error::broker("storing", e))
+            }
+            Ok(Ok(_)) => Ok(()),
+        }
+    }
+}
+
+/// Takes what replicas say, for as long as the broker is kept; after a
+/// failure, sets the consumer up again and goes on.
+async fn consume(inner: Arc<Inner>, mut ready: Option<consumer::PullConsumer>) {
+    let mut backoff =
+        magic_sync::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    loop {
+        let consumer = match ready.take() {
+            Some(consumer) => consumer,
+            None => match inner.uploads().await {
+                Ok(consumer) => consumer,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot take what replicas say yet");
+                    tokio::time::sleep(backoff.next_wait()).await;
+                    continue;
+                }
+            },
+        };
+        let mut messages = match consumer
+            .stream()
+            .heartbeat(Duration::from_secs(5))
+            .expires(Duration::from_secs(30))
+            .messages()
+            .await
+        {
+            Ok(messages) => messages,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot take what replicas say yet");
+                tokio::time::sleep(backoff.next_wait()).await;
+                continue;
+            }
+        };
+        while let Some(message) = messages.next().await {
+            let message = match message {
+                Ok(message) => message,
+                Err(e) => {
+                    tracing::warn!(error = %e, "taking what replicas say failed; taking it again");
+                    break;
+                }
+            };
+            backoff.reset();
+            let (message, acker) = message.split();
+            let Some(replica) = message
+                .subject
+                .strip_prefix(UP)
+                .and_then(|t| t.strip_prefix('.'))
+                .and_then(replica_of)
+            else {
+                tracing::warn!(subject = %message.subject, "a report on a subject that names no replica is dropped");
+                let _ = acker.ack_with(AckKind::Term).await;
+                continue;
+            };
+            match Up::decode(message.payload.as_ref()) {
+                Ok(up) => {
+                    inner.reports.lock().expect("not poisoned").push((
+                        replica,
+                        Report::from_up(up),
+                        acker,
+                    ));
+                    inner.reported.notify_waiters();
+                }
+                Err(e) => {
+                    tracing::warn!(replica = %replica, error = %e, "a report that does not decode is dropped");
+                    let _ = acker.ack_with(AckKind::Term).await;
+                }
+            }
+        }
+        tokio::time::sleep(backoff.next_wait()).await;
+    }
+}
+
+impl Transport for Broker {
+    fn max_message_bytes(&self) -> usize {
+        self.inner.max_message_bytes
+    }
+
+    async fn send(&self, replica: &ReplicaId, id: &str, message: Vec<u8>) -> Result<(), SendError> {
+        self.inner
+            .publish(replica, Some(id), magic_sync::run::message_frame(message))
+            .await
+            .map_err(|e| SendError(e.to_string()))
+    }
+
+    async fn answer(&self, replica: &ReplicaId, filed: Filed) -> Result<(), SendError> {
+        self.inner
+            .publish(replica, None, magic_sync::run::filed_frame(filed))
+            .await
+            .map_err(|e| SendError(e.to_string()))
+    }
+
+    /// The broker cannot close one replica's connection; what it said was
+    /// refused, and this says so where an operator looks.
+    fn misbehaved(&self, replica: &ReplicaId, why: &str) {
+        tracing::warn!(replica = %replica, why, "a replica misbehaved; what it said was refused");
+    }
+}
+
+impl Reports for Broker {
+    fn drain(&self) -> Vec<(ReplicaId, Report)> {
+        let taken: Vec<Taken> =
+            std::mem::take(&mut *self.inner.reports.lock().expect("not poisoned"));
+        let mut reports = Vec::with_capacity(taken.len());
+        let mut ackers = Vec::with_capacity(taken.len());
+        for (replica, report, acker) in taken {
+            reports.push((replica, report));
+            ackers.push(acker);
+        }
+        if !ackers.is_empty() {
+            // Drained: the broker may hand over more.
+            tokio::spawn(async move {
+                for acker in ackers {
+                    let _ = acker.ack().await;
+                }
+            });
+        }
+        reports
+    }
+
+    async fn wait(&self) {
+        let notified = self.inner.reported.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if !self.inner.reports.lock().expect("not poisoned").is_empty() {
+            return;
+        }
+        notified.await;
+    }
+}

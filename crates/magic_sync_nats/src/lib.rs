@@ -1,0 +1,113 @@
+//! magic_sync's broker transport: replicas reached through NATS JetStream
+//! rather than a socket each to the server.
+//!
+//! - [`broker`]: the server's side. A [`broker::Broker`] is the relay's
+//!   [`magic_sync::relay::Transport`] and its
+//!   [`magic_sync::run::server::Reports`]: it publishes each replica's
+//!   messages to a stream of that replica's own, and consumes the one
+//!   stream every replica's reports and uploads land in.
+//! - [`mailbox`]: the replica's side. A [`mailbox::Mailbox`] is a
+//!   [`magic_sync::run::replica::Link`]: it reads the replica's stream
+//!   through a consumer it alone may use, and publishes what the replica
+//!   says to its own upload subject.
+//! - [`access`]: each replica's credentials on the broker (an nkey) and
+//!   the broker's `authorization` block that confines each to its own
+//!   subjects.
+//!
+//! The broker is trusted with delivery, never with content: every message
+//! and answer is signed by the server and verified by the replica, as over
+//! the socket. Who spoke is the broker's to say: a replica may publish only
+//! to `magic_sync.up.<its token>`, so the subject an upload came on names
+//! its replica, never anything inside it.
+//!
+//! Nothing here needs a newer server than Debian's `nats-server` (2.9).
+
+pub mod access;
+pub mod broker;
+pub mod mailbox;
+
+use magic_sync::ReplicaId;
+
+/// The subject prefix of what the server sends a replica.
+pub const DOWN: &str = "magic_sync.down";
+/// The subject prefix of what replicas say.
+pub const UP: &str = "magic_sync.up";
+/// The stream every replica's reports and uploads land in.
+pub const UP_STREAM: &str = "MAGIC_SYNC_UP";
+/// The server's consumer of [`UP_STREAM`].
+pub const UP_CONSUMER: &str = "server";
+/// The name of each replica's consumer of its own stream.
+pub const CONSUMER: &str = "replica";
+
+/// A replica's id as one subject token: its bytes in hex, so that no id can
+/// hold a `.`, `*`, `>` or space and reach another replica's subjects.
+pub fn token(replica: &str) -> String {
+    hex::encode(replica.as_bytes())
+}
+
+/// The replica a token names, if it names one.
+pub fn replica_of(token: &str) -> Option<ReplicaId> {
+    let bytes = hex::decode(token).ok()?;
+    String::from_utf8(bytes).ok().map(ReplicaId::from)
+}
+
+/// The subject the server publishes `replica`'s messages to.
+pub fn down_subject(replica: &str) -> String {
+    format!("{DOWN}.{}", token(replica))
+}
+
+/// The stream that keeps `replica`'s messages until it takes them.
+pub fn stream_of(replica: &str) -> String {
+    format!("MAGIC_SYNC_R_{}", token(replica))
+}
+
+/// The subject `replica` publishes what it says to.
+pub fn up_subject(replica: &str) -> String {
+    format!("{UP}.{}", token(replica))
+}
+
+/// The inbox prefix of `replica`'s connection: the only subjects it may
+/// subscribe to, so that no other replica's answers from the broker reach it.
+pub fn inbox_of(replica: &str) -> String {
+    format!("_INBOX_{}", token(replica))
+}
+
+/// What went wrong in the broker transport itself.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Connecting to the broker, or a request it refused.
+    #[error("the broker: {0}")]
+    Broker(String),
+    /// A setting that cannot work, named.
+    #[error("{0}")]
+    Settings(String),
+    /// A file or a thread.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    pub(crate) fn broker(what: &str, e: impl std::fmt::Display) -> Error {
+        Error::Broker(format!("{what}: {e}"))
+    }
+}
+
+/// This crate's results.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_keep_ids_apart_and_come_back_whole() {
+        for id in ["till-1", "a.b", "*", ">", "with space", "ü", ""] {
+            let t = token(id);
+            assert!(t.chars().all(|c| c.is_ascii_hexdigit()), "{id}: {t}");
+            assert_eq!(replica_of(&t).as_deref(), Some(id));
+        }
+        assert_ne!(token("a.b"), token("a") + "." + &token("b"));
+        assert_eq!(replica_of("zz"), None);
+        assert_eq!(replica_of("ff"), None, "not UTF-8");
+    }
+}

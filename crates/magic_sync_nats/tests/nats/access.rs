@@ -1,0 +1,186 @@
+//! A replica holding its own credentials on the broker cannot read another
+//! replica's messages, nor speak as it: the broker refuses, and the server
+//! hears only what each said on its own subject.
+
+use crate::server::Nats;
+use async_nats::jetstream;
+use magic_sync::relay::Transport;
+use magic_sync::run::server::Reports;
+use magic_sync::run::Report;
+use magic_sync::ReplicaId;
+use magic_sync_nats::broker::{Broker, Settings};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Connects as `replica` with `seed`, its inbox under `inbox`, noting every
+/// error the broker sends back.
+async fn connect_as(
+    nats: &Nats,
+    seed: &str,
+    inbox: &str,
+) -> (async_nats::Client, Arc<Mutex<Vec<String>>>) {
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let noted = errors.clone();
+    let client = async_nats::ConnectOptions::with_nkey(seed.to_string())
+        .custom_inbox_prefix(inbox)
+        .request_timeout(Some(Duration::from_secs(2)))
+        .event_callback(move |event| {
+            let noted = noted.clone();
+            async move {
+                if let async_nats::Event::ServerError(e) = event {
+                    noted.lock().unwrap().push(e.to_string());
+                }
+            }
+        })
+        .connect(nats.url())
+        .await
+        .expect("a replica connects with its own credentials");
+    (client, errors)
+}
+
+/// Waits until `reports` holds something; gives up after 20 s.
+async fn heard(broker: &Broker) -> Vec<(ReplicaId, Report)> {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let drained = broker.drain();
+            if !drained.is_empty() {
+                return drained;
+            }
+            broker.wait().await;
+        }
+    })
+    .await
+    .expect("the server hears the replica")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_its_own_credentials_cannot_read_another_s_messages_nor_speak_as_it() {
+    let nats = Nats::start(&["till a", "till b"]);
+    let broker = Broker::connect(Settings::new(nats.url()), nats.server.seed())
+        .await
+        .expect("the server connects");
+    let b = ReplicaId::from("till b".to_string());
+    broker
+        .send(&b, "e-1-n", b"for till b only".to_vec())
+        .await
+        .expect("the broker keeps b's message");
+
+    // a, as itself, reaching for b's subject and b's stream.
+    let (a, errors) = connect_as(
+        &nats,
+        nats.seed("till a"),
+        &magic_sync_nats::inbox_of("till a"),
+    )
+    .await;
+    let mut snooping = a
+        .subscribe(magic_sync_nats::down_subject("till b"))
+        .await
+        .expect("the client sends the subscription");
+    let js = jetstream::new(a.clone());
+    let stream = magic_sync_nats::stream_of("till b");
+    let consumer = js
+        .create_consumer_on_stream(
+            jetstream::consumer::pull::Config {
+                durable_name: Some(magic_sync_nats::CONSUMER.to_string()),
+                ..Default::default()
+            },
+            &stream,
+        )
+        .await;
+    assert!(consumer.is_err(), "a made a consumer of b's stream");
+    let info = js.get_stream(&stream).await;
+    assert!(info.is_err(), "a read b's stream's state");
+    // Speaking as b: refused by the broker, never stored.
+    a.publish(
+        magic_sync_nats::up_subject("till b"),
+        report_bytes(1).into(),
+    )
+    .await
+    .unwrap();
+    // Then as itself: what it says on its own subject is heard, as its own.
+    a.publish(
+        magic_sync_nats::up_subject("till a"),
+        report_bytes(2).into(),
+    )
+    .await
+    .unwrap();
+    a.flush().await.unwrap();
+    let reports = heard(&broker).await;
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    assert_eq!(reports[0].0.as_str(), "till a");
+    assert!(
+        matches!(&reports[0].1, Report::Applied(ack) if ack.number == 2),
+        "{reports:?}"
+    );
+    // The broker said no to the subscription and to the publish, and the
+    // subscription never saw b's message (sent again now that it is open).
+    broker
+        .send(&b, "e-2-n", b"for till b only, again".to_vec())
+        .await
+        .unwrap();
+    let seen = tokio::time::timeout(
+        Duration::from_millis(500),
+        futures_util::StreamExt::next(&mut snooping),
+    )
+    .await;
+    assert!(
+        !matches!(seen, Ok(Some(_))),
+        "a read a message of b's subject"
+    );
+    let errors = errors.lock().unwrap().clone();
+    let violations = |what: &str| {
+        errors
+            .iter()
+            .filter(|e| e.contains("ermissions") && e.contains(what))
+            .count()
+    };
+    assert!(violations("Subscription") >= 1, "{errors:?}");
+    assert!(violations("Publish") >= 1, "{errors:?}");
+
+    // With its own inbox prefix set to b's, a cannot even ask: the broker
+    // refuses it the inbox.
+    let (borrowed, errors) = connect_as(
+        &nats,
+        nats.seed("till a"),
+        &magic_sync_nats::inbox_of("till b"),
+    )
+    .await;
+    let asked = jetstream::new(borrowed)
+        .create_consumer_on_stream(
+            jetstream::consumer::pull::Config {
+                durable_name: Some(magic_sync_nats::CONSUMER.to_string()),
+                ..Default::default()
+            },
+            &magic_sync_nats::stream_of("till a"),
+        )
+        .await;
+    assert!(asked.is_err(), "answered in another's inbox");
+    assert!(
+        errors
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e.contains("ermissions")),
+        "{:?}",
+        errors.lock().unwrap()
+    );
+
+    // And b's message waits for b, whole.
+    let stored = jetstream::new(broker.client().clone())
+        .get_stream(&stream)
+        .await
+        .unwrap()
+        .get_info()
+        .await
+        .unwrap();
+    assert_eq!(stored.state.messages, 2);
+}
+
+/// An acknowledgement of message `number`, as a replica says it.
+fn report_bytes(number: u64) -> Vec<u8> {
+    Report::Applied(magic_sync::envelope::Ack {
+        number,
+        ..Default::default()
+    })
+    .encode()
+}

@@ -1,0 +1,142 @@
+//! A throwaway `nats-server` with JetStream, started by the test that needs
+//! it on a free port of loopback, with a store of its own that outlives a
+//! restart. Stopped when dropped.
+#![allow(dead_code)]
+
+use magic_sync_nats::access::{Access, Credentials};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where `nats-server` is: `MAGIC_SYNC_NATS_SERVER`, else on `PATH`, else
+/// where Debian's package puts it.
+pub fn binary() -> PathBuf {
+    if let Ok(path) = std::env::var("MAGIC_SYNC_NATS_SERVER") {
+        return path.into();
+    }
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .chain(["/usr/sbin".into(), "/usr/bin".into()])
+        .map(|dir: PathBuf| dir.join("nats-server"))
+        .find(|p| p.is_file());
+    on_path.unwrap_or_else(|| {
+        panic!(
+            "no nats-server found (set MAGIC_SYNC_NATS_SERVER, or `apt-get install nats-server`; \
+             `cargo xtask test` installs it)"
+        )
+    })
+}
+
+/// A broker and the credentials it lets in.
+pub struct Nats {
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub addr: SocketAddr,
+    pub server: Credentials,
+    pub replicas: Vec<(String, Credentials)>,
+}
+
+impl Nats {
+    /// A broker letting in the server and `replicas`, each with new
+    /// credentials.
+    pub fn start(replicas: &[&str]) -> Nats {
+        let server = Credentials::issue();
+        let replicas: Vec<(String, Credentials)> = replicas
+            .iter()
+            .map(|r| (r.to_string(), Credentials::issue()))
+            .collect();
+        let addr = {
+            let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
+            listener.local_addr().expect("its address")
+        };
+        let dir = tempfile::tempdir().expect("a directory");
+        let mut access = Access::new(server.public_key());
+        for (replica, credentials) in &replicas {
+            access = access.replica(replica, credentials.public_key());
+        }
+        let config = format!(
+            "listen: {addr:?}\nmax_payload: 1MB\njetstream {{\n  store_dir: {:?}\n  max_memory_store: 64MB\n  max_file_store: 2GB\n}}\n{}",
+            dir.path().join("store").display().to_string(),
+            access.authorization()
+        );
+        std::fs::write(dir.path().join("nats.conf"), config).expect("the configuration");
+        let mut nats = Nats {
+            child: None,
+            dir,
+            addr,
+            server,
+            replicas,
+        };
+        nats.run();
+        nats
+    }
+
+    fn run(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("nats.log"))
+            .expect("the log");
+        let child = Command::new(binary())
+            .arg("-c")
+            .arg(self.dir.path().join("nats.conf"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("the log"))
+            .stderr(log)
+            .spawn()
+            .expect("nats-server starts");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "nats-server did not listen on {} in 20 s:\n{}",
+                self.addr,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The broker's address.
+    pub fn url(&self) -> String {
+        format!("nats://{}", self.addr)
+    }
+
+    /// The seed of `replica`.
+    pub fn seed(&self, replica: &str) -> &str {
+        self.replicas
+            .iter()
+            .find(|(r, _)| r == replica)
+            .map(|(_, c)| c.seed())
+            .expect("a replica the broker lets in")
+    }
+
+    /// Kills the broker at once (as a crash would), then starts it again on
+    /// the same port and store.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.run();
+    }
+
+    /// Kills the broker at once.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// What the broker logged.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("nats.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,339 @@
+//! The random walk through the broker: seeded server writes over the whole
+//! shop while the relay and every replica's loop run as in production, the
+//! replicas' hosts writing sales beside them. Midway one replica goes
+//! offline, the broker is killed and started again, and the replica comes
+//! back only after. At each checkpoint every replica holds exactly what the
+//! reference says (and no row without the rows it points at), and every
+//! sale written on a replica is filed under that replica.
+//!
+//! `MAGIC_SYNC_SEED=n` replays one seed; `MAGIC_SYNC_SEEDS` and
+//! `MAGIC_SYNC_STEPS` change the budget.
+
+use crate::server::Nats;
+use magic_sync::catalog::Catalog;
+use magic_sync::relay::{ReplicaInfo, Settings as RelaySettings};
+use magic_sync::replica::Replica;
+use magic_sync::Engine;
+use magic_sync_nats::broker::{Broker, Settings};
+use magic_sync_nats::mailbox::{self, Mailbox};
+use magic_sync_testkit::walk::{env, pick, seeds, write, REGIONS};
+use magic_sync_testkit::{fleet, shop, wanted};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const UNITS: [&str; 4] = ["u1", "u2", "u3", "u4"];
+
+/// A replica's loop on a thread of its own, over its mailbox.
+struct Running {
+    mailbox: Arc<Mailbox>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+struct Walk {
+    nats: Nats,
+    engine: Engine,
+    catalog: Catalog,
+    client: tokio_postgres::Client,
+    key: magic_sync::sign::ServerKey,
+    dir: tempfile::TempDir,
+    running: BTreeMap<&'static str, Running>,
+    /// Sales written on each replica, by id.
+    sales: BTreeMap<String, &'static str>,
+}
+
+impl Walk {
+    fn path(&self, unit: &str) -> PathBuf {
+        self.dir.path().join(format!("{unit}.sqlite"))
+    }
+
+    fn start(&mut self, unit: &'static str) {
+        let settings = mailbox::Settings {
+            backoff_min: Duration::from_millis(20),
+            backoff_max: Duration::from_millis(500),
+            ack_wait: Duration::from_secs(5),
+            heartbeat: Duration::from_secs(1),
+            ..mailbox::Settings::new(self.nats.url(), unit, self.nats.seed(unit))
+        };
+        let mailbox = Arc::new(Mailbox::open(settings).unwrap());
+        let (path, link, key, engine) = (
+            self.path(unit),
+            mailbox.clone(),
+            self.key,
+            self.engine.clone(),
+        );
+        let thread = std::thread::spawn(move || {
+            let mut replica = Replica::open(&path, unit, &engine).unwrap();
+            replica.trust(&key).unwrap();
+            magic_sync::run::replica::replica(&mut replica, &*link).unwrap();
+        });
+        self.running.insert(unit, Running { mailbox, thread });
+    }
+
+    fn stop(&mut self, unit: &str) {
+        let running = self.running.remove(unit).expect("running");
+        running.mailbox.close();
+        running.thread.join().unwrap();
+    }
+
+    /// A sale written by `unit`'s host, beside its loop.
+    fn sell(&mut self, unit: &'static str, n: usize) {
+        let id = format!("{unit}-s{n}");
+        let conn = rusqlite::Connection::open(self.path(unit)).unwrap();
+        conn.busy_timeout(Duration::from_secs(10)).unwrap();
+        conn.execute(
+            "INSERT INTO sales (id, unit_id, customer_id, total, version) VALUES (?1, ?2, NULL, '1.50', 1)",
+            [&id, unit],
+        )
+        .unwrap();
+        if let Some(running) = self.running.get(unit) {
+            running.mailbox.nudger().nudge();
+        }
+        self.sales.insert(id, unit);
+    }
+
+    /// What is wrong with the fleet now; empty when every replica is exact.
+    async fn problems(&self) -> String {
+        let mut problems = String::new();
+        for (i, unit) in UNITS.iter().enumerate() {
+            let Ok(conn) = rusqlite::Connection::open(self.path(unit)) else {
+                let _ = writeln!(problems, "  {unit} has no database yet");
+                continue;
+            };
+            let ready = magic_sync::replica::status(&conn).is_ok_and(|s| s.ready);
+            if !ready {
+                let _ = writeln!(problems, "  {unit} is not ready");
+                continue;
+            }
+            let should = wanted::wanted(
+                &self.client,
+                &self.engine,
+                &self.catalog,
+                &wanted::Replica {
+                    id: unit,
+                    partition: Some(REGIONS[i % 2]),
+                },
+            )
+            .await;
+            for table in self.engine.down_tables() {
+                let server = fleet::server_rows(&self.client, table).await;
+                let held = fleet::rows_in(&conn, table);
+                let expected: BTreeMap<&String, Option<&String>> = should[table.name]
+                    .iter()
+                    .map(|k| (k, server.get(k)))
+                    .collect();
+                let have: BTreeMap<&String, Option<&String>> =
+                    held.iter().map(|(k, v)| (k, Some(v))).collect();
+                if expected != have {
+                    let _ = writeln!(
+                        problems,
+                        "  {unit} {}: holds {have:?}, should {expected:?}",
+                        table.name
+                    );
+                }
+            }
+        }
+        let filed: BTreeMap<String, String> = self
+            .client
+            .query("SELECT id, unit_id FROM sales", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        for (id, unit) in &self.sales {
+            if filed.get(id).map(String::as_str) != Some(*unit) {
+                let _ = writeln!(
+                    problems,
+                    "  sale {id} of {unit} filed as {:?}",
+                    filed.get(id)
+                );
+            }
+        }
+        problems
+    }
+
+    /// Waits until every replica is exact; fails after a minute, saying
+    /// what differs.
+    async fn settle(&self, seed: u64, when: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let problems = self.problems().await;
+            if problems.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "seed {seed}, {when}: the fleet did not converge:\n{problems}\nthe broker's log:\n{}",
+                self.nats.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_stays_exact_through_the_broker_across_its_restart() {
+    let steps = env("MAGIC_SYNC_STEPS").unwrap_or(30);
+    for seed in seeds(2, 0x4a75) {
+        println!("broker walk: seed {seed} ({steps} steps); replay with MAGIC_SYNC_SEED={seed}");
+        walk(seed, steps).await;
+    }
+}
+
+async fn walk(seed: u64, steps: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (db, client) = shop::installed().await;
+    client.batch_execute(shop::ROWS).await.unwrap();
+    let engine = shop::engine();
+    let catalog = Catalog::read(&client, &engine).await.unwrap();
+    let key = magic_sync::store::keys::public(&client).await.unwrap();
+    let nats = Nats::start(&UNITS);
+    let broker = Broker::connect(Settings::new(nats.url()), nats.server.seed())
+        .await
+        .unwrap();
+    let fleet: Vec<ReplicaInfo> = UNITS
+        .iter()
+        .enumerate()
+        .map(|(i, u)| ReplicaInfo::live(*u, Some(REGIONS[i % 2])))
+        .collect();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let relay = {
+        let (config, engine, broker) = (db.config(), engine.clone(), broker.clone());
+        tokio::spawn(async move {
+            let settings = RelaySettings {
+                chunk_rows: 50,
+                backoff_max: Duration::from_millis(500),
+                ..RelaySettings::default()
+            };
+            magic_sync::run::server::server(
+                config,
+                engine,
+                settings,
+                &fleet,
+                &broker,
+                &broker,
+                async {
+                    let _ = stopped.await;
+                },
+            )
+            .await
+            .unwrap();
+        })
+    };
+    let mut walk = Walk {
+        nats,
+        engine,
+        catalog,
+        client,
+        key,
+        dir: tempfile::tempdir().unwrap(),
+        running: BTreeMap::new(),
+        sales: BTreeMap::new(),
+    };
+    for unit in UNITS {
+        walk.start(unit);
+    }
+    walk.settle(seed, "provisioned").await;
+    let away = pick(&mut rng, &UNITS);
+    let mut provisioned = 0;
+    let (gone, restart, back) = (steps / 3, steps / 2, 2 * steps / 3);
+    for step in 0..steps {
+        let mut done = Vec::new();
+        if step == gone {
+            walk.stop(away);
+            provisioned = snapshot_number(&walk.client, away).await;
+            // Something for it to find waiting: every till holds products.
+            walk.client
+                .batch_execute("UPDATE products SET name = name || '!'")
+                .await
+                .unwrap();
+            done.push(format!("{away} goes offline; every product renamed"));
+        }
+        if step == restart {
+            // The message is in the broker before it dies.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while waiting(&broker, away).await == 0 {
+                assert!(
+                    Instant::now() < deadline,
+                    "seed {seed}: nothing waits for {away}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            walk.nats.restart();
+            done.push("the broker is killed and started again".to_string());
+        }
+        if step == back {
+            // Asked until the server's client is back with the broker.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let kept = loop {
+                match waiting(&broker, away).await {
+                    0 if Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    kept => break kept,
+                }
+            };
+            assert!(
+                kept > 0,
+                "seed {seed}: what waited for {away} was lost with the broker"
+            );
+            walk.start(away);
+            done.push(format!("{away} comes back to {kept} messages waiting"));
+        }
+        for _ in 0..rng.gen_range(1..=3) {
+            let sql = write(&mut rng, &UNITS);
+            // A write the schema refuses (a foreign key) changes nothing.
+            let ok = walk.client.batch_execute(&sql).await.is_ok();
+            done.push(format!("{sql} [{}]", if ok { "ok" } else { "refused" }));
+        }
+        if rng.gen_bool(0.3) {
+            let unit = pick(&mut rng, &UNITS);
+            walk.sell(unit, walk.sales.len());
+            done.push(format!("{unit} sells"));
+        }
+        println!("seed {seed} step {step}: {}", done.join(" | "));
+        if step == gone - 1 || step == steps - 1 {
+            walk.settle(seed, &format!("step {step}")).await;
+        }
+    }
+    walk.settle(seed, "the end").await;
+    // What waited for the replica away was kept across the restart: it
+    // followed on from it, and was not provisioned again.
+    assert_eq!(
+        snapshot_number(&walk.client, away).await,
+        provisioned,
+        "seed {seed}: {away} was provisioned again"
+    );
+    for unit in UNITS {
+        walk.stop(unit);
+    }
+    let _ = stop.send(());
+    relay.await.unwrap();
+    drop(broker);
+}
+
+/// The snapshot a replica was last provisioned with.
+async fn snapshot_number(client: &tokio_postgres::Client, unit: &str) -> i64 {
+    client
+        .query_one(
+            "SELECT snapshot_number FROM sync.replicas WHERE id = $1",
+            &[&unit],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Messages waiting in `unit`'s stream on the broker.
+async fn waiting(broker: &Broker, unit: &str) -> u64 {
+    let js = async_nats::jetstream::new(broker.client().clone());
+    match js.get_stream(magic_sync_nats::stream_of(unit)).await {
+        Ok(mut stream) => stream.info().await.map_or(0, |i| i.state.messages),
+        Err(_) => 0,
+    }
+}
