@@ -1,15 +1,19 @@
-//! The down path over the WebSocket transport against the in-process
-//! network, in one process, on the same data (issue 13).
+//! The down path over the WebSocket transport and through NATS JetStream,
+//! against the in-process network, in one process, on the same data
+//! (issues 13 and 23).
 //!
 //! cargo bench -p magic_sync_http --bench transport
 //!
-//! Each scenario runs twice, on a database of its own each time: once with
-//! the relay's runner (`run::server`) publishing into the in-process
-//! `Network`, whose replicas are threads of this process; once publishing
-//! into a `Hub` served on loopback, whose replicas are `Socket` clients,
-//! each running the replica's loop (`run::replica::replica`) over its
-//! socket. The replicas' side is the same code both times: the loop, a
-//! SQLite file per replica, and a link wrapped to see what is applied.
+//! Each scenario runs three times, on a database of its own each time:
+//! once with the relay's runner (`run::server`) publishing into the
+//! in-process `Network`, whose replicas are threads of this process; once
+//! publishing into a `Hub` served on loopback, whose replicas are `Socket`
+//! clients; once publishing through a `nats-server` this program starts
+//! (Debian's 2.9, JetStream on its file store), whose replicas read their
+//! `Mailbox`. Each replica runs the replica's loop (`run::replica::replica`)
+//! over its link. The replicas' side is the same code every time: the loop,
+//! a SQLite file per replica, and a link wrapped to see what is applied.
+//! MAGIC_SYNC_BENCH_KINDS (default `memory,socket,broker`) picks the runs.
 //!
 //! - Provisioning: the clock starts as the runner starts (socket replicas
 //!   already connected and authenticated; the time that took is printed
@@ -26,6 +30,10 @@
 //!   10 s: a pass carries a change or two, so the transport's share of the
 //!   latency is largest), then MAGIC_SYNC_BENCH_RATE changes/s (default
 //!   500) for MAGIC_SYNC_BENCH_SECONDS (default 20).
+//! - Deliveries a second: single-row updates as fast as two writers can
+//!   commit them for MAGIC_SYNC_BENCH_BURST_SECONDS (default 5), then
+//!   until every replica applied the last: the messages applied by all
+//!   replicas over that time, and the changes written over it.
 //!
 //! The socket replicas run in a child process by default, as a fleet of
 //! devices would not share the server's process (both processes share the
@@ -38,14 +46,17 @@
 //! one scenario only.
 //!
 //! Beside the times, the CPU time of the server's process and the
-//! replicas' (this process, and the child when there is one; PostgreSQL's
-//! is not counted, the writers' client side is, alike in both runs) while
+//! replicas' (this process, the child when there is one, and the broker's
+//! when it carries the messages; PostgreSQL's
+//! is not counted, the writers' client side is, alike in every run) while
 //! provisioning and in the paced load: what the transport costs where
 //! latency hides it.
 //!
-//! Both transports carry messages of at most 1 MiB (the in-process
-//! network's size in the engine's benchmarks); the hub's other settings
-//! are its defaults (16 MiB unacknowledged per replica).
+//! Every transport carries messages of at most 1 MiB (the broker is
+//! started with a payload limit of 2 MiB, headers included); the hub's other
+//! settings are its defaults (16 MiB unacknowledged per replica), and so
+//! are the broker transport's (each replica's stream on disk, the server
+//! waiting for the broker to say it stored each message).
 
 use magic_sync_testkit::bench as support;
 
@@ -59,6 +70,8 @@ use magic_sync::run::{Delivery, Report};
 use magic_sync::sign::ServerKey;
 use magic_sync::{Engine, Row};
 use magic_sync_http::client::{Settings as ClientSettings, Socket};
+use magic_sync_nats::broker::{Broker, Settings as BrokerSettings};
+use magic_sync_nats::mailbox::{self, Mailbox};
 use prost::Message as _;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -225,6 +238,7 @@ struct Local {
     seen: Arc<Seen>,
     network: Option<Network>,
     sockets: Vec<Arc<Socket>>,
+    mailboxes: Vec<Arc<Mailbox>>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
@@ -248,6 +262,7 @@ impl Local {
             seen,
             network: Some(network.clone()),
             sockets: Vec::new(),
+            mailboxes: Vec::new(),
             threads,
         }
     }
@@ -280,7 +295,50 @@ impl Local {
             seen,
             network: None,
             sockets,
+            mailboxes: Vec::new(),
             threads,
+        }
+    }
+
+    /// Each reading its mailbox on the broker at `url`: `(id, seed)`.
+    fn mailboxes(url: &str, replicas: &[(String, String)], dir: &Path, key: ServerKey) -> Local {
+        let seen = Arc::new(Seen::default());
+        let mut mailboxes = Vec::new();
+        let mut threads = Vec::new();
+        for (id, seed) in replicas {
+            let mailbox = Arc::new(
+                Mailbox::open(mailbox::Settings {
+                    max_message_bytes: MAX_MESSAGE,
+                    ..mailbox::Settings::new(url, id, seed)
+                })
+                .expect("a mailbox"),
+            );
+            let (id, path, link, seen) = (
+                id.clone(),
+                dir.join(format!("{id}.sqlite")),
+                mailbox.clone(),
+                seen.clone(),
+            );
+            threads.push(std::thread::spawn(move || {
+                run_replica(&id, &path, &*link, &seen, key)
+            }));
+            mailboxes.push(mailbox);
+        }
+        Local {
+            seen,
+            network: None,
+            sockets: Vec::new(),
+            mailboxes,
+            threads,
+        }
+    }
+
+    /// Over sockets to a `ws://` url, or mailboxes on a `nats://` broker.
+    fn remote(url: &str, replicas: &[(String, String)], dir: &Path, key: ServerKey) -> Local {
+        if url.starts_with("nats://") {
+            Local::mailboxes(url, replicas, dir, key)
+        } else {
+            Local::sockets(url, replicas, dir, key)
         }
     }
 
@@ -309,6 +367,9 @@ impl Local {
         }
         for socket in &self.sockets {
             socket.close();
+        }
+        for mailbox in &self.mailboxes {
+            mailbox.close();
         }
         for thread in self.threads {
             thread.join().expect("a replica's thread");
@@ -382,7 +443,7 @@ impl Child {
     }
 }
 
-/// The child: replicas over sockets, as the parent asks.
+/// The child: replicas over sockets or mailboxes, as the parent asks.
 fn child_main() {
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines().map(|l| l.expect("a line"));
@@ -398,7 +459,7 @@ fn child_main() {
         let (id, secret) = line.split_once(' ').expect("`id secret`");
         replicas.push((id.to_string(), secret.to_string()));
     }
-    let local = Local::sockets(url, &replicas, Path::new(dir), key);
+    let local = Local::remote(url, &replicas, Path::new(dir), key);
     println!("started");
     for command in lines {
         match command.as_str() {
@@ -503,13 +564,25 @@ impl Replicas for Host {
 enum Kind {
     Memory,
     Socket,
+    Broker,
 }
 
 impl Kind {
+    const ALL: [Kind; 3] = [Kind::Memory, Kind::Socket, Kind::Broker];
+
     fn name(self) -> &'static str {
         match self {
             Kind::Memory => "in-process",
             Kind::Socket => "socket",
+            Kind::Broker => "broker",
+        }
+    }
+
+    fn key(self) -> &'static str {
+        match self {
+            Kind::Memory => "memory",
+            Kind::Socket => "socket",
+            Kind::Broker => "broker",
         }
     }
 }
@@ -559,6 +632,12 @@ struct Figures {
     paced_cpu: Duration,
     /// Messages the replicas applied in the paced load.
     paced_messages: u64,
+    /// Changes written in the burst.
+    burst_changes: u64,
+    /// Messages the replicas applied from the burst.
+    burst_messages: u64,
+    /// From the burst's first write until every replica applied its last.
+    burst_time: Duration,
 }
 
 async fn prepared(scenario: &Scenario) -> magic_sync_testdb::TestDb {
@@ -668,12 +747,14 @@ async fn paced(
     replicas: usize,
     items: i64,
     load: Load,
-) -> (Latencies, u64, u64) {
+) -> (Latencies, u64, u64, Duration) {
     side.latencies();
     side.measure(true);
+    let began = Instant::now();
     let changes = write(db, items, load).await;
-    let limit = Duration::from_secs(30);
+    let limit = Duration::from_secs(120);
     let settled = support::settle(client, replicas, limit).await;
+    let took = began.elapsed();
     // An acknowledgement is sent after the latency is taken.
     tokio::time::sleep(Duration::from_millis(200)).await;
     side.measure(false);
@@ -688,10 +769,16 @@ async fn paced(
     // two changes of one row in one pass are one delivery. Rare here
     // (thousands of rows a replica), and counted as never applied.
     let missing = (changes as usize).saturating_sub(applied.len());
-    (Latencies::new(applied, missing), changes, messages)
+    (Latencies::new(applied, missing), changes, messages, took)
 }
 
-async fn run(scenario: &Scenario, kind: Kind, clients: Clients, load: Load) -> Figures {
+async fn run(
+    scenario: &Scenario,
+    kind: Kind,
+    clients: Clients,
+    load: Load,
+    burst: Load,
+) -> Figures {
     let db = prepared(scenario).await;
     let client = db.connect().await;
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -706,6 +793,7 @@ async fn run(scenario: &Scenario, kind: Kind, clients: Clients, load: Load) -> F
         .await
         .expect("the server's key");
     let mut serving = None;
+    let mut broker_server = None;
     let (mut side, relay) = match kind {
         Kind::Memory => {
             let network = Network::new(MAX_MESSAGE);
@@ -729,15 +817,48 @@ async fn run(scenario: &Scenario, kind: Kind, clients: Clients, load: Load) -> F
             figures.connected_in = Some(started.elapsed());
             (side, start_relay(db.config(), infos, hub))
         }
+        Kind::Broker => {
+            let named: Vec<&str> = ids.iter().map(String::as_str).collect();
+            let nats = magic_sync_testkit::nats::Nats::start(&named);
+            let broker = Broker::connect(
+                BrokerSettings {
+                    max_message_bytes: Some(MAX_MESSAGE),
+                    ..BrokerSettings::new(nats.url())
+                },
+                nats.server.seed(),
+            )
+            .await
+            .expect("the server connects to the broker");
+            // Each replica's stream, so that its mailbox opens at once.
+            for id in &ids {
+                broker.prepare(id).await.expect("a replica's stream");
+            }
+            let replicas: Vec<(String, String)> = nats
+                .replicas
+                .iter()
+                .map(|(id, c)| (id.clone(), c.seed().to_string()))
+                .collect();
+            let side = match clients {
+                Clients::Threads => {
+                    Side::Local(Local::mailboxes(&nats.url(), &replicas, dir.path(), key))
+                }
+                Clients::Process => {
+                    Side::Child(Child::start(&nats.url(), &replicas, dir.path(), key))
+                }
+            };
+            broker_server = Some(nats);
+            (side, start_relay(db.config(), infos, broker))
+        }
     };
-    let cpu_before = side.cpu();
+    let cpu_before = side.cpu() + broker_cpu(&broker_server);
     let started = now_micros();
     let began = Instant::now();
     loop {
         let (ended, last) = side.ended();
         if ended == scenario.replicas {
             figures.provision = Duration::from_micros((last - started).max(0) as u64);
-            figures.provision_cpu = side.cpu().saturating_sub(cpu_before);
+            figures.provision_cpu =
+                (side.cpu() + broker_cpu(&broker_server)).saturating_sub(cpu_before);
             break;
         }
         assert!(
@@ -756,15 +877,21 @@ async fn run(scenario: &Scenario, kind: Kind, clients: Clients, load: Load) -> F
             "{}",
             support::describe_settle(&settled, limit, scenario.replicas)
         );
-        let (light, _, _) = paced(&db, &client, &mut side, scenario.replicas, items, LIGHT).await;
+        let (light, _, _, _) =
+            paced(&db, &client, &mut side, scenario.replicas, items, LIGHT).await;
         figures.light = Some(light);
-        let cpu_before = side.cpu();
-        let (latencies, changes, messages) =
+        let cpu_before = side.cpu() + broker_cpu(&broker_server);
+        let (latencies, changes, messages, _) =
             paced(&db, &client, &mut side, scenario.replicas, items, load).await;
-        figures.paced_cpu = side.cpu().saturating_sub(cpu_before);
+        figures.paced_cpu = (side.cpu() + broker_cpu(&broker_server)).saturating_sub(cpu_before);
         figures.paced = Some(latencies);
         figures.paced_messages = messages;
         figures.paced_rate = changes as f64 / load.seconds as f64;
+        let (_, changes, messages, took) =
+            paced(&db, &client, &mut side, scenario.replicas, items, burst).await;
+        figures.burst_changes = changes;
+        figures.burst_messages = messages;
+        figures.burst_time = took;
     }
     let (stop, task) = relay;
     stop.send(()).ok();
@@ -774,6 +901,7 @@ async fn run(scenario: &Scenario, kind: Kind, clients: Clients, load: Load) -> F
         stop.send(()).ok();
         task.await.expect("the server's task");
     }
+    drop(broker_server);
     figures
 }
 
@@ -810,11 +938,21 @@ async fn parent() {
         rate: env_u64("MAGIC_SYNC_BENCH_RATE", 500),
         seconds: env_u64("MAGIC_SYNC_BENCH_SECONDS", 20),
     };
+    // As fast as the writers commit.
+    let burst = Load {
+        rate: 1_000_000,
+        seconds: env_u64("MAGIC_SYNC_BENCH_BURST_SECONDS", 5),
+    };
     let rounds = env_u64("MAGIC_SYNC_BENCH_ROUNDS", 1).max(1);
     let clients = match std::env::var("MAGIC_SYNC_BENCH_CLIENTS").as_deref() {
         Ok("threads") => Clients::Threads,
         _ => Clients::Process,
     };
+    let picked = std::env::var("MAGIC_SYNC_BENCH_KINDS").unwrap_or_default();
+    let kinds: Vec<Kind> = Kind::ALL
+        .into_iter()
+        .filter(|k| picked.is_empty() || picked.split(',').any(|p| p.trim() == k.key()))
+        .collect();
     let only = std::env::var("MAGIC_SYNC_BENCH_SCENARIOS").unwrap_or_default();
     let scenarios: Vec<Scenario> = [
         Scenario {
@@ -834,7 +972,12 @@ async fn parent() {
     .filter(|s| only.is_empty() || only.split(',').any(|o| o.trim() == s.name))
     .collect();
     println!(
-        "transport: in-process network against WebSocket on loopback; socket replicas {}; {rounds} round(s)",
+        "transport: {}; remote replicas {}; {rounds} round(s)",
+        kinds
+            .iter()
+            .map(|k| k.name())
+            .collect::<Vec<_>>()
+            .join(", "),
         match clients {
             Clients::Process => "in a child process",
             Clients::Threads => "on threads of this process",
@@ -844,13 +987,11 @@ async fn parent() {
     let mut results: HashMap<(&str, Kind), Vec<Figures>> = HashMap::new();
     for round in 0..rounds {
         for scenario in &scenarios {
-            let order = if round % 2 == 0 {
-                [Kind::Memory, Kind::Socket]
-            } else {
-                [Kind::Socket, Kind::Memory]
-            };
+            // Each round begins with the next transport.
+            let mut order = kinds.clone();
+            order.rotate_left(round as usize % kinds.len().max(1));
             for kind in order {
-                let f = run(scenario, kind, clients, load).await;
+                let f = run(scenario, kind, clients, load, burst).await;
                 let mut line = format!(
                     "round {}: {} ({} x {} rows), {}: provisioned in {} ({} CPU in the server's and replicas' processes)",
                     round + 1,
@@ -885,33 +1026,60 @@ async fn parent() {
                         show(f.paced_cpu),
                         f.paced_cpu.as_secs_f64() * 1e6 / f.paced_messages.max(1) as f64
                     );
+                    println!(
+                        "  burst for {} s: {} changes, {} messages applied in {}: {:.0} deliveries/s, {:.0} changes/s",
+                        burst.seconds,
+                        f.burst_changes,
+                        f.burst_messages,
+                        show(f.burst_time),
+                        deliveries(&f),
+                        f.burst_changes as f64 / f.burst_time.as_secs_f64()
+                    );
                 }
                 results.entry((scenario.name, kind)).or_default().push(f);
             }
         }
     }
     println!();
-    // Each round's two runs ran back to back: the ratio is taken within a
-    // round, then the median of the rounds' ratios.
+    // A round's runs ran back to back: each ratio is taken within a round,
+    // then the median of the rounds' ratios.
     println!(
-        "| medians of {rounds} round(s) | in-process | socket | socket / in-process (each round's) |"
+        "| medians of {rounds} round(s) | {} | socket / in-process | broker / socket |",
+        kinds
+            .iter()
+            .map(|k| k.name())
+            .collect::<Vec<_>>()
+            .join(" | ")
     );
-    println!("| --- | --- | --- | --- |");
-    let row = |scenario: &str, what: String, get: &dyn Fn(&Figures) -> f64| {
-        let [memory, socket]: [Vec<f64>; 2] = [Kind::Memory, Kind::Socket].map(|kind| {
+    println!("| --- |{} --- | --- |", " --- |".repeat(kinds.len()));
+    let row = |scenario: &str, what: String, unit: &str, get: &dyn Fn(&Figures) -> f64| {
+        let of = |kind: Kind| -> Vec<f64> {
             results
                 .get(&(scenario, kind))
                 .map(|fs| fs.iter().map(get).collect())
                 .unwrap_or_default()
-        });
-        let ratios: Vec<f64> = memory.iter().zip(&socket).map(|(m, s)| s / m).collect();
-        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        };
+        let ratio = |over: Kind, under: Kind| {
+            let ratios: Vec<f64> = of(over)
+                .iter()
+                .zip(&of(under))
+                .map(|(a, b)| a / b)
+                .collect();
+            if ratios.is_empty() {
+                return "-".to_string();
+            }
+            let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+            format!("**{:.2}x** ({})", median(ratios.clone()), each.join(", "))
+        };
+        let medians: Vec<String> = kinds
+            .iter()
+            .map(|&k| format!("{:.1} {unit}", median(of(k))))
+            .collect();
         println!(
-            "| {scenario}: {what} | {:.1} ms | {:.1} ms | **{:.2}x** ({}) |",
-            median(memory),
-            median(socket),
-            median(ratios.clone()),
-            each.join(", ")
+            "| {scenario}: {what} | {} | {} | {} |",
+            medians.join(" | "),
+            ratio(Kind::Socket, Kind::Memory),
+            ratio(Kind::Broker, Kind::Socket)
         );
     };
     for scenario in &scenarios {
@@ -921,11 +1089,13 @@ async fn parent() {
                 "provisioning {} x {} rows",
                 scenario.replicas, scenario.rows_each
             ),
+            "ms",
             &|f| f.provision.as_secs_f64() * 1e3,
         );
         row(
             scenario.name,
             "provisioning, CPU time (relay and replicas)".to_string(),
+            "ms",
             &|f| f.provision_cpu.as_secs_f64() * 1e3,
         );
         if scenario.steady {
@@ -933,6 +1103,7 @@ async fn parent() {
                 row(
                     scenario.name,
                     format!("light {}/s, latency {name}", LIGHT.rate),
+                    "ms",
                     &|f| ms(f.light.as_ref().and_then(|l| l.quantile(p))),
                 );
             }
@@ -940,14 +1111,42 @@ async fn parent() {
                 row(
                     scenario.name,
                     format!("paced {}/s, latency {name}", load.rate),
+                    "ms",
                     &|f| ms(f.paced.as_ref().and_then(|l| l.quantile(p))),
                 );
             }
             row(
                 scenario.name,
                 format!("paced {}/s, CPU time (relay and replicas)", load.rate),
+                "ms",
                 &|f| f.paced_cpu.as_secs_f64() * 1e3,
+            );
+            row(
+                scenario.name,
+                "burst, deliveries (messages applied) a second".to_string(),
+                "/s",
+                &deliveries,
+            );
+            row(
+                scenario.name,
+                "burst, changes carried a second".to_string(),
+                "/s",
+                &|f| f.burst_changes as f64 / f.burst_time.as_secs_f64(),
             );
         }
     }
+}
+
+/// CPU time of the broker's process so far, when there is one: counted
+/// with the server's, as the hub is part of the server's process.
+fn broker_cpu(broker: &Option<magic_sync_testkit::nats::Nats>) -> Duration {
+    broker
+        .as_ref()
+        .and_then(|b| b.pid())
+        .map_or(Duration::ZERO, cpu)
+}
+
+/// Messages the replicas applied a second in the burst.
+fn deliveries(f: &Figures) -> f64 {
+    f.burst_messages as f64 / f.burst_time.as_secs_f64()
 }

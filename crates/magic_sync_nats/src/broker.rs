@@ -45,7 +45,10 @@ pub struct Settings {
     pub max_message_bytes: Option<usize>,
     /// How long a replica's stream keeps a message it has not taken.
     pub keep_for: Duration,
-    /// The most bytes a replica's stream keeps.
+    /// The most bytes a replica's stream keeps; -1 (the default) for no
+    /// bound of its own beyond `keep_messages`. The broker reserves a
+    /// bound, for every replica, against its `max_file_store`: 100,000
+    /// replicas of 64 MiB reserve 6.4 TB.
     pub keep_bytes: i64,
     /// The most messages a replica's stream keeps.
     pub keep_messages: i64,
@@ -67,8 +70,8 @@ impl Settings {
             url: url.into(),
             max_message_bytes: None,
             keep_for: Duration::from_secs(2 * 24 * 3600),
-            keep_bytes: 256 << 20,
-            keep_messages: 100_000,
+            keep_bytes: -1,
+            keep_messages: 50_000,
             publish_timeout: Duration::from_secs(5),
             queued: 256,
             queued_per_replica: 64,
@@ -76,6 +79,10 @@ impl Settings {
         }
     }
 }
+
+/// How long the broker remembers a message's id, to keep one copy of a
+/// message sent twice.
+const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
 /// Header room left in a broker message beside the payload.
 const HEADER_ROOM: usize = 1024;
@@ -191,7 +198,8 @@ impl Inner {
                 max_message_size: i32::try_from(self.max_message_bytes + HEADER_ROOM)
                     .unwrap_or(i32::MAX),
                 storage: stream::StorageType::File,
-                duplicate_window: Duration::from_secs(120),
+                // The broker refuses a window longer than what it keeps.
+                duplicate_window: DUPLICATE_WINDOW.min(s.keep_for),
                 ..Default::default()
             })
             .await

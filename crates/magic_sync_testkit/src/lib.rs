@@ -12,6 +12,7 @@ pub mod apart;
 pub mod bench;
 pub mod fleet;
 pub mod gate;
+pub mod nats;
 pub mod pgbench;
 pub mod shop;
 pub mod walk;

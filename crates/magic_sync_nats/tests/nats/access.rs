@@ -2,13 +2,13 @@
 //! replica's messages, nor speak as it: the broker refuses, and the server
 //! hears only what each said on its own subject.
 
-use crate::server::Nats;
 use async_nats::jetstream;
 use magic_sync::relay::Transport;
 use magic_sync::run::server::Reports;
 use magic_sync::run::Report;
 use magic_sync::ReplicaId;
 use magic_sync_nats::broker::{Broker, Settings};
+use magic_sync_testkit::nats::Nats;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -3,5 +3,4 @@
 //! random walk through the broker across its restart.
 
 mod access;
-mod server;
 mod walk;

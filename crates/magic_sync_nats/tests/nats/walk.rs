@@ -9,13 +9,13 @@
 //! `MAGIC_SYNC_SEED=n` replays one seed; `MAGIC_SYNC_SEEDS` and
 //! `MAGIC_SYNC_STEPS` change the budget.
 
-use crate::server::Nats;
 use magic_sync::catalog::Catalog;
 use magic_sync::relay::{ReplicaInfo, Settings as RelaySettings};
 use magic_sync::replica::Replica;
 use magic_sync::Engine;
 use magic_sync_nats::broker::{Broker, Settings};
 use magic_sync_nats::mailbox::{self, Mailbox};
+use magic_sync_testkit::nats::Nats;
 use magic_sync_testkit::walk::{env, pick, seeds, write, REGIONS};
 use magic_sync_testkit::{fleet, shop, wanted};
 use rand::rngs::StdRng;
@@ -44,6 +44,12 @@ struct Walk {
     running: BTreeMap<&'static str, Running>,
     /// Sales written on each replica, by id.
     sales: BTreeMap<String, &'static str>,
+    broker: Broker,
+    relay: Option<(
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    )>,
+    _db: magic_sync_testdb::TestDb,
 }
 
 impl Walk {
@@ -74,7 +80,7 @@ impl Walk {
         self.running.insert(unit, Running { mailbox, thread });
     }
 
-    fn stop(&mut self, unit: &str) {
+    fn stop(&mut self, unit: &'static str) {
         let running = self.running.remove(unit).expect("running");
         running.mailbox.close();
         running.thread.join().unwrap();
@@ -185,59 +191,86 @@ async fn every_replica_stays_exact_through_the_broker_across_its_restart() {
     }
 }
 
+impl Walk {
+    /// The shop, its relay through a new broker, and every unit's loop;
+    /// `keep_for` bounds how long the broker keeps a message not taken.
+    async fn begin(keep_for: Option<Duration>) -> Walk {
+        let (db, client) = shop::installed().await;
+        client.batch_execute(shop::ROWS).await.unwrap();
+        let engine = shop::engine();
+        let catalog = Catalog::read(&client, &engine).await.unwrap();
+        let key = magic_sync::store::keys::public(&client).await.unwrap();
+        let nats = Nats::start(&UNITS);
+        let mut settings = Settings::new(nats.url());
+        if let Some(keep_for) = keep_for {
+            settings.keep_for = keep_for;
+        }
+        let broker = Broker::connect(settings, nats.server.seed()).await.unwrap();
+        let fleet: Vec<ReplicaInfo> = UNITS
+            .iter()
+            .enumerate()
+            .map(|(i, u)| ReplicaInfo::live(*u, Some(REGIONS[i % 2])))
+            .collect();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let relay = {
+            let (config, engine, broker) = (db.config(), engine.clone(), broker.clone());
+            tokio::spawn(async move {
+                let settings = RelaySettings {
+                    chunk_rows: 50,
+                    backoff_max: Duration::from_millis(500),
+                    ..RelaySettings::default()
+                };
+                magic_sync::run::server::server(
+                    config,
+                    engine,
+                    settings,
+                    &fleet,
+                    &broker,
+                    &broker,
+                    async {
+                        let _ = stopped.await;
+                    },
+                )
+                .await
+                .unwrap();
+            })
+        };
+        let mut walk = Walk {
+            nats,
+            engine,
+            catalog,
+            client,
+            key,
+            dir: tempfile::tempdir().unwrap(),
+            running: BTreeMap::new(),
+            sales: BTreeMap::new(),
+            broker,
+            relay: Some((stop, relay)),
+            _db: db,
+        };
+        for unit in UNITS {
+            walk.start(unit);
+        }
+        walk
+    }
+
+    /// Stops every loop and the relay.
+    async fn end(mut self) {
+        let running: Vec<&str> = self.running.keys().copied().collect();
+        for unit in running {
+            self.stop(unit);
+        }
+        if let Some((stop, relay)) = self.relay.take() {
+            let _ = stop.send(());
+            relay.await.unwrap();
+        }
+    }
+}
+
 async fn walk(seed: u64, steps: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let (db, client) = shop::installed().await;
-    client.batch_execute(shop::ROWS).await.unwrap();
-    let engine = shop::engine();
-    let catalog = Catalog::read(&client, &engine).await.unwrap();
-    let key = magic_sync::store::keys::public(&client).await.unwrap();
-    let nats = Nats::start(&UNITS);
-    let broker = Broker::connect(Settings::new(nats.url()), nats.server.seed())
-        .await
-        .unwrap();
-    let fleet: Vec<ReplicaInfo> = UNITS
-        .iter()
-        .enumerate()
-        .map(|(i, u)| ReplicaInfo::live(*u, Some(REGIONS[i % 2])))
-        .collect();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let relay = {
-        let (config, engine, broker) = (db.config(), engine.clone(), broker.clone());
-        tokio::spawn(async move {
-            let settings = RelaySettings {
-                chunk_rows: 50,
-                backoff_max: Duration::from_millis(500),
-                ..RelaySettings::default()
-            };
-            magic_sync::run::server::server(
-                config,
-                engine,
-                settings,
-                &fleet,
-                &broker,
-                &broker,
-                async {
-                    let _ = stopped.await;
-                },
-            )
-            .await
-            .unwrap();
-        })
-    };
-    let mut walk = Walk {
-        nats,
-        engine,
-        catalog,
-        client,
-        key,
-        dir: tempfile::tempdir().unwrap(),
-        running: BTreeMap::new(),
-        sales: BTreeMap::new(),
-    };
-    for unit in UNITS {
-        walk.start(unit);
-    }
+    let mut walk = Walk::begin(None).await;
+    let broker = walk.broker.clone();
     walk.settle(seed, "provisioned").await;
     let away = pick(&mut rng, &UNITS);
     let mut provisioned = 0;
@@ -309,12 +342,7 @@ async fn walk(seed: u64, steps: u64) {
         provisioned,
         "seed {seed}: {away} was provisioned again"
     );
-    for unit in UNITS {
-        walk.stop(unit);
-    }
-    let _ = stop.send(());
-    relay.await.unwrap();
-    drop(broker);
+    walk.end().await;
 }
 
 /// The snapshot a replica was last provisioned with.
@@ -336,4 +364,40 @@ async fn waiting(broker: &Broker, unit: &str) -> u64 {
         Ok(mut stream) => stream.info().await.map_or(0, |i| i.state.messages),
         Err(_) => 0,
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_away_longer_than_the_broker_keeps_its_messages_is_provisioned_again() {
+    let mut walk = Walk::begin(Some(Duration::from_secs(2))).await;
+    walk.settle(0, "provisioned").await;
+    let before = snapshot_number(&walk.client, "u1").await;
+    walk.stop("u1");
+    walk.client
+        .batch_execute("UPDATE products SET name = name || '!'")
+        .await
+        .unwrap();
+    // The message waits for u1, then outlives what the broker keeps.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while waiting(&walk.broker, "u1").await == 0 {
+        assert!(Instant::now() < deadline, "nothing waits for u1");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while waiting(&walk.broker, "u1").await > 0 {
+        assert!(Instant::now() < deadline, "the broker keeps u1's message");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Back, it finds the next message after a gap, and is provisioned
+    // again: exact, with nothing of the lost message missing.
+    walk.client
+        .batch_execute("UPDATE customers SET name = name || '!'")
+        .await
+        .unwrap();
+    walk.start("u1");
+    walk.settle(0, "back after its messages expired").await;
+    let after = snapshot_number(&walk.client, "u1").await;
+    assert!(
+        after > before,
+        "u1 was not provisioned again: {before} then {after}"
+    );
+    walk.end().await;
 }

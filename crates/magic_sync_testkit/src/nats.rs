@@ -1,7 +1,7 @@
 //! A throwaway `nats-server` with JetStream, started by the test that needs
 //! it on a free port of loopback, with a store of its own that outlives a
-//! restart. Stopped when dropped.
-#![allow(dead_code)]
+//! restart. Stopped when dropped. For the broker transport's tests and
+//! benchmarks.
 
 use magic_sync_nats::access::{Access, Credentials};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -57,7 +57,7 @@ impl Nats {
             access = access.replica(replica, credentials.public_key());
         }
         let config = format!(
-            "listen: {addr:?}\nmax_payload: 1MB\njetstream {{\n  store_dir: {:?}\n  max_memory_store: 64MB\n  max_file_store: 2GB\n}}\n{}",
+            "listen: {addr:?}\nmax_payload: 2MB\njetstream {{\n  store_dir: {:?}\n  max_memory_store: 64MB\n  max_file_store: 2GB\n}}\n{}",
             dir.path().join("store").display().to_string(),
             access.authorization()
         );
@@ -98,6 +98,11 @@ impl Nats {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The broker's process, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// The broker's address.
