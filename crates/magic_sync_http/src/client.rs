@@ -13,6 +13,7 @@ use magic_sync::backoff::Backoff;
 use magic_sync::envelope::Up;
 use magic_sync::replica::UplinkError;
 use magic_sync::run::replica::Link;
+use magic_sync::run::{host_of, is_loopback};
 use magic_sync::run::{Delivery, Report};
 use prost::Message as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -91,25 +92,6 @@ impl Settings {
             allow_plain: false,
         }
     }
-}
-
-/// The host of an address without its scheme: `host`, `host:port`,
-/// `[v6]:port`, with any path after.
-fn host_of(rest: &str) -> &str {
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
-    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
-    if let Some(v6) = authority.strip_prefix('[') {
-        return v6.split(']').next().unwrap_or(v6);
-    }
-    authority.split(':').next().unwrap_or(authority)
-}
-
-/// Whether `host` names this machine.
-fn is_loopback(host: &str) -> bool {
-    host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// What the socket's thread shares with the replica's loop.

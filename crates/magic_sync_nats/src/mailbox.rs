@@ -23,7 +23,7 @@ use magic_sync::backoff::Backoff;
 use magic_sync::envelope::Up;
 use magic_sync::replica::UplinkError;
 use magic_sync::run::replica::Link;
-use magic_sync::run::{Delivery, Report};
+use magic_sync::run::{host_of, is_loopback, Delivery, Report};
 use prost::Message as _;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -53,6 +53,12 @@ pub struct Settings {
     /// How long the broker may go without a sign of life on the consumer
     /// before the mailbox reads afresh.
     pub heartbeat: Duration,
+    /// Allow `nats://` (no TLS) to a broker that is not on this machine.
+    /// Off by default: the rows the replica holds would cross the network
+    /// in the clear (the seed never does: the broker checks a signature of
+    /// its challenge). For a network where a proxy or leaf node beside the
+    /// replica ends TLS.
+    pub allow_plain: bool,
 }
 
 impl std::fmt::Debug for Settings {
@@ -66,6 +72,7 @@ impl std::fmt::Debug for Settings {
             .field("backoff_max", &self.backoff_max)
             .field("ack_wait", &self.ack_wait)
             .field("heartbeat", &self.heartbeat)
+            .field("allow_plain", &self.allow_plain)
             .finish()
     }
 }
@@ -86,6 +93,7 @@ impl Settings {
             backoff_max: Duration::from_secs(10),
             ack_wait: Duration::from_secs(30),
             heartbeat: Duration::from_secs(5),
+            allow_plain: false,
         }
     }
 }
@@ -134,6 +142,16 @@ impl Mailbox {
                 "the broker `{}` is not a nats:// or tls:// address",
                 settings.url
             )));
+        }
+        if let Some(host) = settings.url.strip_prefix("nats://").map(host_of) {
+            if !settings.allow_plain && !is_loopback(host) {
+                return Err(crate::Error::Settings(format!(
+                    "the broker `{}` is nats:// to another machine: the rows the replica \
+                     holds would cross the network in the clear; use tls://, or allow plain \
+                     nats:// (`allow_plain`) where a proxy beside the replica ends TLS",
+                    settings.url
+                )));
+            }
         }
         crate::access::Credentials::from_seed(&settings.seed)?;
         let (feed, incoming) = std_mpsc::channel();
@@ -448,5 +466,32 @@ impl Thread {
                 () = self.shared.stop.notified() => return Ended::Stopped,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Mailbox, Settings};
+    use crate::access::Credentials;
+
+    #[test]
+    fn plain_nats_is_for_this_machine_unless_allowed_and_the_seed_must_be_one() {
+        let seed = Credentials::issue().seed().to_string();
+        let remote = Settings::new("nats://10.0.0.5:4222", "till-1", &seed);
+        let err = Mailbox::open(remote.clone()).expect_err("plain to another machine");
+        assert!(err.to_string().contains("tls://"), "{err}");
+        assert!(
+            !format!("{remote:?}").contains(&seed),
+            "the seed is never printed"
+        );
+        let wrong = Settings::new("nats://127.0.0.1:4222", "till-1", "not a seed");
+        assert!(Mailbox::open(wrong).is_err());
+        let http = Settings::new("http://127.0.0.1:4222", "till-1", &seed);
+        assert!(Mailbox::open(http).is_err());
+        let allowed = Settings {
+            allow_plain: true,
+            ..remote
+        };
+        Mailbox::open(allowed).expect("allowed").close();
     }
 }

@@ -7,7 +7,8 @@
 //! - [`memory`]: an in-process network between them, for tests and examples.
 
 pub use magic_sync_core::link::{
-    filed_frame, message_frame, upload_rows, Delivery, Report, MAX_UPLOAD_ROWS,
+    filed_frame, host_of, is_loopback, message_frame, upload_rows, Delivery, Report,
+    MAX_UPLOAD_ROWS,
 };
 
 pub mod memory;
