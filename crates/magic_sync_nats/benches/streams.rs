@@ -4,12 +4,14 @@
 //!
 //! cargo bench -p magic_sync_nats --bench streams
 //!
-//! - MAGIC_SYNC_BENCH_STREAMS replicas (default 10,000): each one's stream
+//! - MAGIC_SYNC_BENCH_STREAMS replicas (default 9,000): each one's stream
 //!   made (`Broker::prepare`), then one message of MAGIC_SYNC_BENCH_BYTES
 //!   (default 1,024) sent to each through the relay's `Transport::send`,
 //!   which waits for the broker to say it stored it. Timed, with the
 //!   broker's resident memory and its store on disk before and after: the
-//!   cost of a replica to the broker.
+//!   cost of a replica to the broker, with the files it holds open: each
+//!   stream keeps two, so the broker's limit of open files bounds the
+//!   streams it holds (20,000 here: the default stays under it).
 //! - The broker killed and started again on the same store: the time until
 //!   it answers for the last replica's stream, and its memory after.
 //! - MAGIC_SYNC_BENCH_READERS of them (default 100) read their mailboxes
@@ -42,6 +44,11 @@ fn rss(pid: u32) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// Files process `pid` holds open.
+fn open_files(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
 /// Bytes under `dir`.
 fn disk(dir: &std::path::Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -71,7 +78,7 @@ fn main() {
 }
 
 async fn run() {
-    let streams = env_u64("MAGIC_SYNC_BENCH_STREAMS", 10_000) as usize;
+    let streams = env_u64("MAGIC_SYNC_BENCH_STREAMS", 9_000) as usize;
     let bytes = env_u64("MAGIC_SYNC_BENCH_BYTES", 1_024) as usize;
     let readers = (env_u64("MAGIC_SYNC_BENCH_READERS", 100) as usize).min(streams);
     let messages = env_u64("MAGIC_SYNC_BENCH_MESSAGES", 200);
@@ -93,7 +100,7 @@ async fn run() {
     let made = began.elapsed();
     let (rss1, disk1) = (rss(nats_pid(&nats)), disk(&store));
     println!(
-        "  {streams} streams made in {} ({:.0}/s); broker RSS {} -> {} ({:.1} KiB a stream), store {} -> {}",
+        "  {streams} streams made in {} ({:.0}/s); broker RSS {} -> {} ({:.1} KiB a stream), store {} -> {}, {} files open",
         show(made),
         streams as f64 / made.as_secs_f64(),
         mib(rss0),
@@ -101,6 +108,7 @@ async fn run() {
         (rss1.saturating_sub(rss0)) as f64 / 1024.0 / streams as f64,
         mib(disk0),
         mib(disk1),
+        open_files(nats_pid(&nats)),
     );
     let began = Instant::now();
     for (n, id) in ids.iter().enumerate() {
