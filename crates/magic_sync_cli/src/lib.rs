@@ -176,6 +176,37 @@ pub enum Command {
         #[arg(long)]
         rotate: bool,
     },
+    /// The replicas' keys on a NATS broker (`magic_sync_nats`), kept by the
+    /// server: enrol or revoke a replica, and write the broker's
+    /// `authorization` block from what is kept.
+    #[command(subcommand)]
+    Broker(Broker),
+}
+
+/// `broker`'s commands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Broker {
+    /// Draws new credentials for a replica (replacing any it had), keeps
+    /// the public key, and prints the seed: hand it to the replica. It is
+    /// printed this once and kept nowhere.
+    Enrol {
+        /// The replica.
+        replica: String,
+    },
+    /// Takes a replica's key away: the next block leaves it out.
+    Revoke {
+        /// The replica.
+        replica: String,
+    },
+    /// Prints the broker's `authorization { ... }` block: the server's
+    /// user and every replica enrolled, each confined to its own subjects.
+    /// Write it into the broker's configuration and reload the broker.
+    Authorization {
+        /// The server's public nkey (`U...`), whose seed the relay
+        /// connects with.
+        #[arg(long, value_name = "KEY")]
+        server: String,
+    },
 }
 
 /// `deploy`, for a host to mount in its own binary: only the host knows
@@ -306,6 +337,9 @@ pub enum Error {
     /// The read failed.
     #[error(transparent)]
     Read(#[from] ops::Error),
+    /// Keeping or reading the replicas' keys on a broker failed.
+    #[error("the broker's keys: {0}")]
+    Broker(#[from] magic_sync_nats::Error),
     /// Reading or replacing the server's key failed.
     #[error("the server's key: {0}")]
     Key(#[from] magic_sync::Error),
@@ -329,6 +363,10 @@ pub enum Error {
     /// An argument out of its range.
     #[error("{0}")]
     Argument(&'static str),
+    /// `broker authorization --server` given something not a user's
+    /// public nkey. What was given is not repeated: it may be a seed.
+    #[error("--server is not a user's public nkey (U..., 56 characters); a seed (S...) is the secret and goes only to the relay")]
+    NotAUserKey,
     /// The dashboard's token could not be read.
     #[error("reading the dashboard's token from {path}: {why}")]
     Token {
@@ -479,7 +517,54 @@ pub async fn run(
             })?;
             Ok(Outcome::Fine)
         }
+        Command::Broker(command) => broker(command, json, client, out).await,
     }
+}
+
+async fn broker(
+    command: &Broker,
+    json: bool,
+    client: &Client,
+    out: &mut dyn Write,
+) -> Result<Outcome, Error> {
+    use magic_sync_nats::access::{self, Access};
+    let read = match command {
+        Broker::Enrol { replica } => {
+            let credentials = access::enrol(client, replica).await?;
+            serde_json::json!({
+                "replica": replica,
+                "public_key": credentials.public_key(),
+                "seed": credentials.seed(),
+            })
+        }
+        Broker::Revoke { replica } => {
+            serde_json::json!({ "replica": replica, "revoked": access::revoke(client, replica).await? })
+        }
+        Broker::Authorization { server } => {
+            if !access::is_public_key(server) {
+                return Err(Error::NotAUserKey);
+            }
+            let block = Access::read(client, server).await?.authorization();
+            serde_json::json!({ "authorization": block })
+        }
+    };
+    emit(out, json, &read, |read| {
+        if let Some(seed) = read["seed"].as_str() {
+            format!("{seed}\n")
+        } else if let Some(block) = read["authorization"].as_str() {
+            block.to_string()
+        } else {
+            format!(
+                "{}\n",
+                if read["revoked"].as_bool() == Some(true) {
+                    "revoked"
+                } else {
+                    "had no key"
+                }
+            )
+        }
+    })?;
+    Ok(Outcome::Fine)
 }
 
 /// Reads whether the fleet is settled (or caught up) every `every` until it

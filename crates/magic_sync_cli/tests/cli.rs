@@ -521,3 +521,49 @@ async fn indexes_names_each_missing_index_and_the_statement_that_makes_it() {
         "every index the relay needs is in place\n"
     );
 }
+
+#[tokio::test]
+async fn broker_enrols_revokes_and_writes_the_block_from_the_keys_kept() {
+    let db = fleet().await;
+    let server = magic_sync_nats::access::Credentials::issue();
+    let out = magic_sync(&db.url(), &["broker", "enrol", "till-1"]);
+    assert!(out.status.success(), "{out:?}");
+    let seed = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let till = magic_sync_nats::access::Credentials::from_seed(&seed).expect("a seed");
+    let out = magic_sync(&db.url(), &["--json", "broker", "enrol", "till-2"]);
+    let enrolled: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(enrolled["replica"], "till-2");
+    let out = magic_sync(
+        &db.url(),
+        &["broker", "authorization", "--server", server.public_key()],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let block = String::from_utf8(out.stdout).unwrap();
+    assert!(block.starts_with("authorization {"), "{block}");
+    assert!(block.contains(server.public_key()) && block.contains(till.public_key()));
+    assert!(block.contains(enrolled["public_key"].as_str().unwrap()));
+    assert!(!block.contains(&seed), "a seed in the block");
+
+    let out = magic_sync(&db.url(), &["broker", "revoke", "till-2"]);
+    assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), "revoked");
+    let out = magic_sync(&db.url(), &["broker", "revoke", "till-2"]);
+    assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), "had no key");
+    let out = magic_sync(
+        &db.url(),
+        &["broker", "authorization", "--server", server.public_key()],
+    );
+    let block = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        !block.contains(enrolled["public_key"].as_str().unwrap()),
+        "revoked, still let in"
+    );
+
+    let out = magic_sync(
+        &db.url(),
+        &["broker", "authorization", "--server", till.seed()],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("not a user's public nkey"), "{said}");
+    assert!(!said.contains(till.seed()), "the seed was printed: {said}");
+}

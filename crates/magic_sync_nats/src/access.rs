@@ -8,9 +8,13 @@
 //! subscribe only under its own inbox prefix. It cannot read another
 //! replica's subject or stream, nor speak as another.
 //!
-//! The block is plain configuration: write it where the broker's
-//! configuration includes it and reload the broker (`nats-server
-//! --signal reload`) when a replica is enrolled or revoked.
+//! The server keeps each replica's public key (`sync.broker_keys`):
+//! [`enrol`] draws a replica's credentials, keeps the public key and
+//! returns the seed once, to hand to the replica; [`revoke`] takes it
+//! away; [`Access::read`] is every replica's key, for the block. The block
+//! is plain configuration: write it where the broker's configuration
+//! includes it and reload the broker (`nats-server --signal reload`) when a
+//! replica is enrolled or revoked.
 
 use crate::{inbox_of, stream_of, up_subject, CONSUMER};
 use magic_sync::ReplicaId;
@@ -63,6 +67,27 @@ impl Credentials {
     }
 }
 
+/// Enrols `replica` on the broker: new credentials, whose public key the
+/// server keeps, replacing any it had. The seed is in what this returns
+/// and nowhere else: hand it to the replica.
+pub async fn enrol(client: &tokio_postgres::Client, replica: &str) -> crate::Result<Credentials> {
+    let credentials = Credentials::issue();
+    magic_sync::store::broker_keys::set(client, replica, credentials.public_key()).await?;
+    Ok(credentials)
+}
+
+/// Takes `replica`'s key away: the next block written leaves it out.
+/// Whether it had one.
+pub async fn revoke(client: &tokio_postgres::Client, replica: &str) -> crate::Result<bool> {
+    Ok(magic_sync::store::broker_keys::revoke(client, replica).await?)
+}
+
+/// Whether `key` is a user's public nkey.
+pub fn is_public_key(key: &str) -> bool {
+    nkeys::KeyPair::from_public_key(key)
+        .is_ok_and(|k| k.key_pair_type() == nkeys::KeyPairType::User)
+}
+
 /// The broker's users: the server's key and each replica's.
 #[derive(Debug, Clone, Default)]
 pub struct Access {
@@ -77,6 +102,16 @@ impl Access {
             server: vec![server.to_string()],
             replicas: Vec::new(),
         }
+    }
+
+    /// Access for the server whose public key is `server` and every
+    /// replica enrolled ([`enrol`]).
+    pub async fn read(client: &tokio_postgres::Client, server: &str) -> crate::Result<Access> {
+        let mut access = Access::new(server);
+        for (replica, public) in magic_sync::store::broker_keys::all(client).await? {
+            access = access.replica(&replica, &public);
+        }
+        Ok(access)
     }
 
     /// Lets `replica` in with the public key `public`.

@@ -84,6 +84,9 @@ pub enum Error {
     /// A file or a thread.
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// The server's database, keeping the replicas' keys.
+    #[error(transparent)]
+    Store(#[from] magic_sync::Error),
 }
 
 impl Error {

@@ -47,19 +47,32 @@ impl Nats {
             .iter()
             .map(|r| (r.to_string(), Credentials::issue()))
             .collect();
+        let mut access = Access::new(server.public_key());
+        for (replica, credentials) in &replicas {
+            access = access.replica(replica, credentials.public_key());
+        }
+        Nats::launch(server, replicas, &access.authorization())
+    }
+
+    /// A broker whose users are those of `authorization` (an
+    /// `authorization { ... }` block), as a host would configure it.
+    pub fn start_with(authorization: &str) -> Nats {
+        Nats::launch(Credentials::issue(), Vec::new(), authorization)
+    }
+
+    fn launch(
+        server: Credentials,
+        replicas: Vec<(String, Credentials)>,
+        authorization: &str,
+    ) -> Nats {
         let addr = {
             let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
             listener.local_addr().expect("its address")
         };
         let dir = tempfile::tempdir().expect("a directory");
-        let mut access = Access::new(server.public_key());
-        for (replica, credentials) in &replicas {
-            access = access.replica(replica, credentials.public_key());
-        }
         let config = format!(
-            "listen: {addr:?}\nmax_payload: 2MB\njetstream {{\n  store_dir: {:?}\n  max_memory_store: 64MB\n  max_file_store: 2GB\n}}\n{}",
+            "listen: {addr:?}\nmax_payload: 2MB\njetstream {{\n  store_dir: {:?}\n  max_memory_store: 64MB\n  max_file_store: 2GB\n}}\n{authorization}",
             dir.path().join("store").display().to_string(),
-            access.authorization()
         );
         std::fs::write(dir.path().join("nats.conf"), config).expect("the configuration");
         let mut nats = Nats {

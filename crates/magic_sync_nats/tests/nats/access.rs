@@ -184,3 +184,56 @@ fn report_bytes(number: u64) -> Vec<u8> {
     })
     .encode()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_broker_lets_in_the_replicas_enrolled_and_not_those_revoked() {
+    use magic_sync_nats::access::{self, Access, Credentials};
+    let db = magic_sync_testdb::database().await;
+    let mut client = db.connect().await;
+    magic_sync::schema::migrate(&mut client).await.unwrap();
+    let server = Credentials::issue();
+    let first = access::enrol(&client, "till 1").await.unwrap();
+    let kept = access::enrol(&client, "till 2").await.unwrap();
+    // Enrolled again: the new key replaces the old.
+    let second = access::enrol(&client, "till 1").await.unwrap();
+    assert!(access::revoke(&client, "till 2").await.unwrap());
+    assert!(!access::revoke(&client, "till 2").await.unwrap());
+    let block = Access::read(&client, server.public_key())
+        .await
+        .unwrap()
+        .authorization();
+    assert!(block.contains(second.public_key()), "{block}");
+    assert!(
+        !block.contains(first.public_key()),
+        "replaced, and still let in"
+    );
+    assert!(
+        !block.contains(kept.public_key()),
+        "revoked, and still let in"
+    );
+    for secret in [first.seed(), second.seed(), kept.seed()] {
+        assert!(!block.contains(secret));
+    }
+    let stored: String = client
+        .query_one(
+            "SELECT string_agg(public_key, ' ') FROM sync.broker_keys",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!stored.contains("SU"), "a seed was kept: {stored}");
+    // And the broker started with that block lets in exactly those.
+    let nats = Nats::start_with(&block);
+    let connect = |seed: &str| {
+        async_nats::ConnectOptions::with_nkey(seed.to_string())
+            .custom_inbox_prefix(magic_sync_nats::inbox_of("till 1"))
+            .connect(nats.url())
+    };
+    assert!(connect(second.seed()).await.is_ok());
+    assert!(connect(first.seed()).await.is_err(), "an old key connected");
+    assert!(
+        connect(kept.seed()).await.is_err(),
+        "a revoked key connected"
+    );
+}

@@ -22,6 +22,7 @@
 //!   the runner's [`figures`].
 
 pub(crate) mod acks;
+pub mod broker_keys;
 pub(crate) mod checkpoints;
 pub mod credentials;
 pub(crate) mod deployment;

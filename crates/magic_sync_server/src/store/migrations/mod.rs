@@ -38,6 +38,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (29, include_str!("029_snapshot_ended.sql")),
     (30, include_str!("030_wake.sql")),
     (31, include_str!("031_bodies_freed.sql")),
+    (32, include_str!("032_broker_keys.sql")),
 ];
 
 /// The version this build brings the schema to.
