@@ -186,6 +186,11 @@ pub enum Command {
 /// `broker`'s commands.
 #[derive(Debug, Clone, Subcommand)]
 pub enum Broker {
+    /// Draws the server's own key pair on the broker and prints both
+    /// halves: the seed is the relay's secret (keep it with the database's
+    /// password and give it to `Broker::connect` on every start); the
+    /// public key goes to `broker authorization --server`. Kept nowhere.
+    Server,
     /// Draws new credentials for a replica (replacing any it had), keeps
     /// the public key, and prints the seed: hand it to the replica. It is
     /// printed this once and kept nowhere.
@@ -529,6 +534,13 @@ async fn broker(
 ) -> Result<Outcome, Error> {
     use magic_sync_nats::access::{self, Access};
     let read = match command {
+        Broker::Server => {
+            let credentials = access::Credentials::issue();
+            serde_json::json!({
+                "public_key": credentials.public_key(),
+                "seed": credentials.seed(),
+            })
+        }
         Broker::Enrol { replica } => {
             let credentials = access::enrol(client, replica).await?;
             serde_json::json!({
@@ -549,7 +561,13 @@ async fn broker(
         }
     };
     emit(out, json, &read, |read| {
-        if let Some(seed) = read["seed"].as_str() {
+        if read["replica"].is_null() && read["seed"].is_string() {
+            format!(
+                "public key: {}\nseed: {}\n",
+                read["public_key"].as_str().unwrap_or(""),
+                read["seed"].as_str().unwrap_or("")
+            )
+        } else if let Some(seed) = read["seed"].as_str() {
             format!("{seed}\n")
         } else if let Some(block) = read["authorization"].as_str() {
             block.to_string()

@@ -525,7 +525,11 @@ async fn indexes_names_each_missing_index_and_the_statement_that_makes_it() {
 #[tokio::test]
 async fn broker_enrols_revokes_and_writes_the_block_from_the_keys_kept() {
     let db = fleet().await;
-    let server = magic_sync_nats::access::Credentials::issue();
+    let out = magic_sync(&db.url(), &["--json", "broker", "server"]);
+    let drawn: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let server =
+        magic_sync_nats::access::Credentials::from_seed(drawn["seed"].as_str().unwrap()).unwrap();
+    assert_eq!(drawn["public_key"], server.public_key());
     let out = magic_sync(&db.url(), &["broker", "enrol", "till-1"]);
     assert!(out.status.success(), "{out:?}");
     let seed = String::from_utf8(out.stdout).unwrap().trim().to_string();

@@ -12,7 +12,8 @@ use futures_util::{SinkExt, StreamExt};
 use magic_sync::backoff::Backoff;
 use magic_sync::envelope::Up;
 use magic_sync::replica::UplinkError;
-use magic_sync::run::replica::Link;
+pub use magic_sync::run::replica::Nudger;
+use magic_sync::run::replica::{Incoming, Link};
 use magic_sync::run::{host_of, is_loopback};
 use magic_sync::run::{Delivery, Report};
 use prost::Message as _;
@@ -109,23 +110,11 @@ struct Shared {
 /// A replica's connection to the server, kept open by a thread of its own.
 #[derive(Debug)]
 pub struct Socket {
-    incoming: Mutex<std_mpsc::Receiver<Delivery>>,
-    feed: std_mpsc::Sender<Delivery>,
+    incoming: Incoming,
     out: mpsc::UnboundedSender<Vec<u8>>,
     shared: Arc<Shared>,
     max_message_bytes: usize,
     thread: Option<std::thread::JoinHandle<()>>,
-}
-
-/// Tells a replica's loop its host wrote something ([`Socket::nudger`]).
-#[derive(Debug, Clone)]
-pub struct Nudger(std_mpsc::Sender<Delivery>);
-
-impl Nudger {
-    /// The loop looks for what to send up now.
-    pub fn nudge(&self) {
-        let _ = self.0.send(Delivery::Quiet);
-    }
 }
 
 impl Socket {
@@ -153,7 +142,8 @@ impl Socket {
                 "wss:// needs magic_sync_http's `tls` feature".into(),
             ));
         }
-        let (feed, incoming) = std_mpsc::channel();
+        let incoming = Incoming::default();
+        let feed = incoming.feed();
         let (out, out_rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared::default());
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -161,14 +151,13 @@ impl Socket {
             .build()?;
         let max_message_bytes = settings.max_message_bytes;
         let thread = {
-            let (feed, shared) = (feed.clone(), shared.clone());
+            let shared = shared.clone();
             std::thread::Builder::new()
                 .name(format!("magic_sync socket {}", settings.replica))
                 .spawn(move || runtime.block_on(run(settings, feed, out_rx, shared)))?
         };
         Ok(Socket {
-            incoming: Mutex::new(incoming),
-            feed,
+            incoming,
             out,
             shared,
             max_message_bytes,
@@ -193,7 +182,7 @@ impl Socket {
 
     /// A handle the host nudges when it wrote something.
     pub fn nudger(&self) -> Nudger {
-        Nudger(self.feed.clone())
+        self.incoming.nudger()
     }
 
     /// Closes the connection and stops connecting: the replica's loop
@@ -219,12 +208,7 @@ impl Link for Socket {
     }
 
     fn next(&self, timeout: Duration) -> Delivery {
-        let incoming = self.incoming.lock().expect("not poisoned");
-        match incoming.recv_timeout(timeout) {
-            Ok(delivery) => delivery,
-            Err(std_mpsc::RecvTimeoutError::Timeout) => Delivery::Quiet,
-            Err(std_mpsc::RecvTimeoutError::Disconnected) => Delivery::Closed,
-        }
+        self.incoming.next(timeout)
     }
 
     fn report(&self, report: Report) {

@@ -22,7 +22,8 @@ use futures_util::StreamExt;
 use magic_sync::backoff::Backoff;
 use magic_sync::envelope::Up;
 use magic_sync::replica::UplinkError;
-use magic_sync::run::replica::Link;
+pub use magic_sync::run::replica::Nudger;
+use magic_sync::run::replica::{Incoming, Link};
 use magic_sync::run::{host_of, is_loopback, Delivery, Report};
 use prost::Message as _;
 use std::collections::VecDeque;
@@ -121,8 +122,7 @@ struct Shared {
 /// A replica's mailbox on the broker, read by a thread of its own.
 #[derive(Debug)]
 pub struct Mailbox {
-    incoming: Mutex<std_mpsc::Receiver<Delivery>>,
-    feed: std_mpsc::Sender<Delivery>,
+    incoming: Incoming,
     out: mpsc::UnboundedSender<Out>,
     /// Deliveries from the broker the loop has taken.
     taken: AtomicU64,
@@ -154,7 +154,8 @@ impl Mailbox {
             }
         }
         crate::access::Credentials::from_seed(&settings.seed)?;
-        let (feed, incoming) = std_mpsc::channel();
+        let incoming = Incoming::default();
+        let feed = incoming.feed();
         let (out, out_rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared::default());
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -162,14 +163,13 @@ impl Mailbox {
             .build()?;
         let max_message_bytes = settings.max_message_bytes;
         let thread = {
-            let (feed, shared) = (feed.clone(), shared.clone());
+            let shared = shared.clone();
             std::thread::Builder::new()
                 .name(format!("magic_sync mailbox {}", settings.replica))
                 .spawn(move || runtime.block_on(run(settings, feed, out_rx, shared)))?
         };
         Ok(Mailbox {
-            incoming: Mutex::new(incoming),
-            feed,
+            incoming,
             out,
             taken: AtomicU64::new(0),
             done: AtomicU64::new(0),
@@ -189,14 +189,14 @@ impl Mailbox {
         self.shared.readings.load(Ordering::Relaxed)
     }
 
-    /// Why reading last stopped or failed to begin.
+    /// Why reading last stopped or failed to begin; `None` while it reads.
     pub fn last_error(&self) -> Option<String> {
         self.shared.last_error.lock().expect("not poisoned").clone()
     }
 
     /// A handle the host nudges when it wrote something.
     pub fn nudger(&self) -> Nudger {
-        Nudger(self.feed.clone())
+        self.incoming.nudger()
     }
 
     /// Stops reading: the replica's loop sees the link end.
@@ -211,17 +211,6 @@ impl Mailbox {
         if self.done.swap(taken, Ordering::AcqRel) < taken {
             let _ = self.out.send(Out::Done(taken));
         }
-    }
-}
-
-/// Tells a replica's loop its host wrote something ([`Mailbox::nudger`]).
-#[derive(Debug, Clone)]
-pub struct Nudger(std_mpsc::Sender<Delivery>);
-
-impl Nudger {
-    /// The loop looks for what to send up now.
-    pub fn nudge(&self) {
-        let _ = self.0.send(Delivery::Quiet);
     }
 }
 
@@ -242,17 +231,11 @@ impl Link for Mailbox {
     fn next(&self, timeout: Duration) -> Delivery {
         // The loop asks again only once it dealt with what it had.
         self.dealt_with();
-        let incoming = self.incoming.lock().expect("not poisoned");
-        match incoming.recv_timeout(timeout) {
-            Ok(delivery) => {
-                if matches!(delivery, Delivery::Message(_) | Delivery::Filed(_)) {
-                    self.taken.fetch_add(1, Ordering::AcqRel);
-                }
-                delivery
-            }
-            Err(std_mpsc::RecvTimeoutError::Timeout) => Delivery::Quiet,
-            Err(std_mpsc::RecvTimeoutError::Disconnected) => Delivery::Closed,
+        let delivery = self.incoming.next(timeout);
+        if matches!(delivery, Delivery::Message(_) | Delivery::Filed(_)) {
+            self.taken.fetch_add(1, Ordering::AcqRel);
         }
+        delivery
     }
 
     fn report(&self, report: Report) {
@@ -413,6 +396,8 @@ impl Thread {
         };
         self.shared.reading.store(true, Ordering::Release);
         self.shared.readings.fetch_add(1, Ordering::Relaxed);
+        // What went wrong before is over.
+        *self.shared.last_error.lock().expect("not poisoned") = None;
         let up = up_subject(&settings.replica);
         let gone = |why: String| Ended::Failed {
             why,

@@ -6,6 +6,7 @@ use crate::envelope::Up;
 use crate::error::Result;
 use crate::{Outcome, Replica, Uplink, UplinkError};
 pub use magic_sync_core::link::{Delivery, Report};
+use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A replica's side of its transport: what its loop waits on, and how it
@@ -27,6 +28,63 @@ pub trait Link {
     /// (the rows wait); more than a message may carry is
     /// [`UplinkError::Refused`].
     fn upload(&self, up: &Up) -> std::result::Result<(), UplinkError>;
+}
+
+/// What a link's own thread hands the replica's loop, in order, with the
+/// host's nudges among it: the queue a link over a network keeps between
+/// its thread and [`Link::next`].
+#[derive(Debug)]
+pub struct Incoming {
+    queue: Mutex<mpsc::Receiver<Delivery>>,
+    feed: mpsc::Sender<Delivery>,
+}
+
+impl Default for Incoming {
+    fn default() -> Self {
+        let (feed, queue) = mpsc::channel();
+        Incoming {
+            queue: Mutex::new(queue),
+            feed,
+        }
+    }
+}
+
+impl Incoming {
+    /// Where the link's thread puts what arrives.
+    pub fn feed(&self) -> mpsc::Sender<Delivery> {
+        self.feed.clone()
+    }
+
+    /// A handle the host nudges when it wrote something.
+    pub fn nudger(&self) -> Nudger {
+        Nudger(self.feed.clone())
+    }
+
+    /// What comes next, waiting up to `timeout`: [`Delivery::Quiet`] when
+    /// nothing came, [`Delivery::Closed`] once every feed is gone.
+    pub fn next(&self, timeout: Duration) -> Delivery {
+        match self
+            .queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .recv_timeout(timeout)
+        {
+            Ok(delivery) => delivery,
+            Err(mpsc::RecvTimeoutError::Timeout) => Delivery::Quiet,
+            Err(mpsc::RecvTimeoutError::Disconnected) => Delivery::Closed,
+        }
+    }
+}
+
+/// Tells a replica's loop its host wrote something ([`Incoming::nudger`]).
+#[derive(Debug, Clone)]
+pub struct Nudger(mpsc::Sender<Delivery>);
+
+impl Nudger {
+    /// The loop looks for what to send up now.
+    pub fn nudge(&self) {
+        let _ = self.0.send(Delivery::Quiet);
+    }
 }
 
 /// Applies one message as the transport delivered it, and returns what to

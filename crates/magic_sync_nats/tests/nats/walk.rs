@@ -335,6 +335,17 @@ async fn walk(seed: u64, steps: u64) {
         }
     }
     walk.settle(seed, "the end").await;
+    for (unit, running) in &walk.running {
+        assert!(
+            running.mailbox.is_reading(),
+            "seed {seed}: {unit} is not reading"
+        );
+        assert_eq!(
+            running.mailbox.last_error(),
+            None,
+            "seed {seed}: {unit} reads, and still says what went wrong before"
+        );
+    }
     // What waited for the replica away was kept across the restart: it
     // followed on from it, and was not provisioned again.
     assert_eq!(
