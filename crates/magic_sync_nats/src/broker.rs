@@ -21,7 +21,9 @@
 //!   of its own; past that its oldest go, and it sends its rows again, as
 //!   after any lost upload.
 
-use crate::{down_subject, replica_of, stream_of, Error, Result, UP, UP_CONSUMER, UP_STREAM};
+use crate::{
+    down_subject, replica_of, stream_of, Error, Reach, Result, UP, UP_CONSUMER, UP_STREAM,
+};
 use async_nats::jetstream::{self, consumer, stream, AckKind};
 use futures_util::StreamExt;
 use magic_sync::envelope::{Filed, Up};
@@ -31,6 +33,7 @@ use magic_sync::run::Report;
 use magic_sync::ReplicaId;
 use prost::Message as _;
 use std::collections::HashSet;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -61,6 +64,12 @@ pub struct Settings {
     /// How long a report taken and not drained stays the server's before
     /// the broker hands it over again (after a server that died, say).
     pub ack_wait: Duration,
+    /// Trust only the certificates in this PEM file for the broker's TLS,
+    /// and require TLS. `None` trusts the system's roots.
+    pub trust: Option<PathBuf>,
+    /// Allow `nats://` (no TLS) to a broker on another machine: every row
+    /// sent would cross the network in the clear. Off by default.
+    pub allow_plain: bool,
 }
 
 impl Settings {
@@ -76,6 +85,16 @@ impl Settings {
             queued: 256,
             queued_per_replica: 64,
             ack_wait: Duration::from_secs(60),
+            trust: None,
+            allow_plain: false,
+        }
+    }
+
+    fn reach(&self) -> Reach<'_> {
+        Reach {
+            url: &self.url,
+            trust: self.trust.as_deref(),
+            allow_plain: self.allow_plain,
         }
     }
 }
@@ -131,7 +150,10 @@ impl Broker {
     /// what replicas say. Connecting again after a loss is the client's:
     /// sends fail meanwhile, and messages wait in the outbox.
     pub async fn connect(settings: Settings, seed: &str) -> Result<Broker> {
-        let client = async_nats::ConnectOptions::with_nkey(seed.to_string())
+        settings.reach().check("the server sends")?;
+        let client = settings
+            .reach()
+            .apply(async_nats::ConnectOptions::with_nkey(seed.to_string()))
             .name("magic_sync server")
             .max_reconnects(None)
             .connect(&settings.url)

@@ -26,7 +26,9 @@ pub mod access;
 pub mod broker;
 pub mod mailbox;
 
+use magic_sync::run::{host_of, is_loopback};
 use magic_sync::ReplicaId;
+use std::path::{Path, PathBuf};
 
 /// The subject prefix of what the server sends a replica.
 pub const DOWN: &str = "magic_sync.down";
@@ -70,6 +72,64 @@ pub fn up_subject(replica: &str) -> String {
 /// subscribe to, so that no other replica's answers from the broker reach it.
 pub fn inbox_of(replica: &str) -> String {
     format!("_INBOX_{}", token(replica))
+}
+
+/// How a side of the link reaches the broker: its address, and what it
+/// trusts of the broker's TLS.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reach<'a> {
+    pub url: &'a str,
+    pub trust: Option<&'a Path>,
+    pub allow_plain: bool,
+}
+
+impl Reach<'_> {
+    /// Refuses an address that is not NATS, plain `nats://` to another
+    /// machine unless allowed (what crosses would be readable on the way),
+    /// and a trust file that holds no certificate.
+    pub(crate) fn check(&self, who: &str) -> Result<()> {
+        let url = self.url;
+        if !url.starts_with("nats://") && !url.starts_with("tls://") {
+            return Err(Error::Settings(format!(
+                "the broker `{url}` is not a nats:// or tls:// address"
+            )));
+        }
+        if let Some(host) = url.strip_prefix("nats://").map(host_of) {
+            if !self.allow_plain && self.trust.is_none() && !is_loopback(host) {
+                return Err(Error::Settings(format!(
+                    "the broker `{url}` is nats:// to another machine: the rows {who} \
+                     would cross the network in the clear; use tls://, or allow plain \
+                     nats:// (`allow_plain`) where a proxy beside it ends TLS"
+                )));
+            }
+        }
+        if let Some(path) = self.trust {
+            let pem = std::fs::read_to_string(path).map_err(|e| {
+                Error::Settings(format!(
+                    "the broker's certificates `{}` cannot be read: {e}",
+                    path.display()
+                ))
+            })?;
+            if !pem.contains("-----BEGIN CERTIFICATE-----") {
+                return Err(Error::Settings(format!(
+                    "the broker's certificates `{}` hold no PEM certificate",
+                    path.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// `options` trusting what `trust` names, and requiring TLS if it names
+    /// anything.
+    pub(crate) fn apply(&self, options: async_nats::ConnectOptions) -> async_nats::ConnectOptions {
+        match self.trust {
+            Some(path) => options
+                .add_root_certificates(PathBuf::from(path))
+                .require_tls(true),
+            None => options,
+        }
+    }
 }
 
 /// What went wrong in the broker transport itself.

@@ -16,7 +16,7 @@
 //! first message the replica has not dealt with, in order. Nothing it had
 //! been handed before is sent ahead of what it had not.
 
-use crate::{inbox_of, stream_of, up_subject, CONSUMER};
+use crate::{inbox_of, stream_of, up_subject, Reach, CONSUMER};
 use async_nats::jetstream::{self, consumer, message::Acker};
 use futures_util::StreamExt;
 use magic_sync::backoff::Backoff;
@@ -24,9 +24,10 @@ use magic_sync::envelope::Up;
 use magic_sync::replica::UplinkError;
 pub use magic_sync::run::replica::Nudger;
 use magic_sync::run::replica::{Incoming, Link};
-use magic_sync::run::{host_of, is_loopback, Delivery, Report};
+use magic_sync::run::{Delivery, Report};
 use prost::Message as _;
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, Mutex};
 use std::time::Duration;
@@ -60,6 +61,10 @@ pub struct Settings {
     /// its challenge). For a network where a proxy or leaf node beside the
     /// replica ends TLS.
     pub allow_plain: bool,
+    /// Trust only the certificates in this PEM file for the broker's TLS
+    /// (a private certificate authority, say), and require TLS. `None`
+    /// trusts the system's roots.
+    pub trust: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -74,6 +79,7 @@ impl std::fmt::Debug for Settings {
             .field("ack_wait", &self.ack_wait)
             .field("heartbeat", &self.heartbeat)
             .field("allow_plain", &self.allow_plain)
+            .field("trust", &self.trust)
             .finish()
     }
 }
@@ -95,6 +101,15 @@ impl Settings {
             ack_wait: Duration::from_secs(30),
             heartbeat: Duration::from_secs(5),
             allow_plain: false,
+            trust: None,
+        }
+    }
+
+    fn reach(&self) -> Reach<'_> {
+        Reach {
+            url: &self.url,
+            trust: self.trust.as_deref(),
+            allow_plain: self.allow_plain,
         }
     }
 }
@@ -137,22 +152,7 @@ impl Mailbox {
     /// Starts reading: returns at once, and connects (again) in the
     /// background until closed.
     pub fn open(settings: Settings) -> crate::Result<Mailbox> {
-        if !settings.url.starts_with("nats://") && !settings.url.starts_with("tls://") {
-            return Err(crate::Error::Settings(format!(
-                "the broker `{}` is not a nats:// or tls:// address",
-                settings.url
-            )));
-        }
-        if let Some(host) = settings.url.strip_prefix("nats://").map(host_of) {
-            if !settings.allow_plain && !is_loopback(host) {
-                return Err(crate::Error::Settings(format!(
-                    "the broker `{}` is nats:// to another machine: the rows the replica \
-                     holds would cross the network in the clear; use tls://, or allow plain \
-                     nats:// (`allow_plain`) where a proxy beside the replica ends TLS",
-                    settings.url
-                )));
-            }
-        }
+        settings.reach().check("the replica holds")?;
         crate::access::Credentials::from_seed(&settings.seed)?;
         let incoming = Incoming::default();
         let feed = incoming.feed();
@@ -286,7 +286,10 @@ async fn run(
 ) {
     let mut backoff = Backoff::new(settings.backoff_min, settings.backoff_max);
     let client = loop {
-        let connecting = async_nats::ConnectOptions::with_nkey(settings.seed.clone())
+        let options = settings
+            .reach()
+            .apply(async_nats::ConnectOptions::with_nkey(settings.seed.clone()));
+        let connecting = options
             .name(format!("magic_sync replica {}", settings.replica))
             .custom_inbox_prefix(inbox_of(&settings.replica))
             .max_reconnects(None)

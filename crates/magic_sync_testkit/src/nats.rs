@@ -36,12 +36,25 @@ pub struct Nats {
     pub addr: SocketAddr,
     pub server: Credentials,
     pub replicas: Vec<(String, Credentials)>,
+    /// With TLS: the PEM file of the broker's own (self-signed)
+    /// certificate, for `localhost` and `127.0.0.1`, which a client trusts.
+    pub certificate: Option<PathBuf>,
 }
 
 impl Nats {
     /// A broker letting in the server and `replicas`, each with new
     /// credentials.
     pub fn start(replicas: &[&str]) -> Nats {
+        Nats::start_as(replicas, false)
+    }
+
+    /// As [`Nats::start`], with TLS required of every client, under a new
+    /// self-signed certificate ([`Nats::certificate`]).
+    pub fn start_tls(replicas: &[&str]) -> Nats {
+        Nats::start_as(replicas, true)
+    }
+
+    fn start_as(replicas: &[&str], tls: bool) -> Nats {
         let server = Credentials::issue();
         let replicas: Vec<(String, Credentials)> = replicas
             .iter()
@@ -51,27 +64,48 @@ impl Nats {
         for (replica, credentials) in &replicas {
             access = access.replica(replica, credentials.public_key());
         }
-        Nats::launch(server, replicas, &access.authorization())
+        Nats::launch(server, replicas, &access.authorization(), tls)
     }
 
     /// A broker whose users are those of `authorization` (an
     /// `authorization { ... }` block), as a host would configure it.
     pub fn start_with(authorization: &str) -> Nats {
-        Nats::launch(Credentials::issue(), Vec::new(), authorization)
+        Nats::launch(Credentials::issue(), Vec::new(), authorization, false)
     }
 
     fn launch(
         server: Credentials,
         replicas: Vec<(String, Credentials)>,
         authorization: &str,
+        tls: bool,
     ) -> Nats {
         let addr = {
             let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
             listener.local_addr().expect("its address")
         };
         let dir = tempfile::tempdir().expect("a directory");
+        let certificate = tls.then(|| dir.path().join("broker.pem"));
+        let tls_block = match &certificate {
+            None => String::new(),
+            Some(pem) => {
+                let key = dir.path().join("broker.key");
+                let rcgen::CertifiedKey { cert, key_pair } =
+                    rcgen::generate_simple_self_signed(vec![
+                        "localhost".to_string(),
+                        "127.0.0.1".to_string(),
+                    ])
+                    .expect("a certificate");
+                std::fs::write(pem, cert.pem()).expect("the certificate");
+                std::fs::write(&key, key_pair.serialize_pem()).expect("its key");
+                format!(
+                    "tls {{\n  cert_file: {:?}\n  key_file: {:?}\n}}\n",
+                    pem.display().to_string(),
+                    key.display().to_string()
+                )
+            }
+        };
         let config = format!(
-            "listen: {addr:?}\nmax_payload: 2MB\njetstream {{\n  store_dir: {:?}\n  max_memory_store: 64MB\n  max_file_store: 2GB\n}}\n{authorization}",
+            "listen: {addr:?}\nmax_payload: 2MB\njetstream {{\n  store_dir: {:?}\n  max_memory_store: 64MB\n  max_file_store: 2GB\n}}\n{tls_block}{authorization}",
             dir.path().join("store").display().to_string(),
         );
         std::fs::write(dir.path().join("nats.conf"), config).expect("the configuration");
@@ -81,6 +115,7 @@ impl Nats {
             addr,
             server,
             replicas,
+            certificate,
         };
         nats.run();
         nats
@@ -118,9 +153,14 @@ impl Nats {
         self.child.as_ref().map(Child::id)
     }
 
-    /// The broker's address.
+    /// The broker's address: `tls://` when it requires TLS.
     pub fn url(&self) -> String {
-        format!("nats://{}", self.addr)
+        let scheme = if self.certificate.is_some() {
+            "tls"
+        } else {
+            "nats"
+        };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// The seed of `replica`.
