@@ -39,7 +39,9 @@ pub fn run(args: Args) -> ExitCode {
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     {
         let (socket, done, args) = (socket.clone(), done.clone(), args.replica.clone());
-        std::thread::spawn(move || magic_sync_http::cli::tell(&socket, &done, &args));
+        std::thread::spawn(move || {
+            magic_sync::run::process::tell(&*socket, &done, &args.id, &args.server);
+        });
     }
     if args.until_stdin_closes {
         let socket = socket.clone();

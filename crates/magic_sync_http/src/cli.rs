@@ -17,9 +17,11 @@
 
 use crate::client::{Settings, Socket};
 use magic_sync::replica::{Replica, ServerKey};
+use magic_sync::run::process::Connecting;
 use magic_sync::Engine;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 /// A replica process's arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -61,16 +63,7 @@ pub struct ReplicaArgs {
     pub replica: ReplicaCommand,
 }
 
-/// Reads the secret: the first line of the file, without its end.
-pub fn read_secret(path: &std::path::Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read the secret file {}: {e}", path.display()))?;
-    let secret = text.lines().next().unwrap_or("").trim().to_string();
-    if secret.is_empty() {
-        return Err(format!("the secret file {} is empty", path.display()));
-    }
-    Ok(secret)
-}
+pub use magic_sync::run::process::read_secret;
 
 /// Opens the replica and its socket as `args` say.
 pub fn open(args: &ReplicaCommand, engine: &Engine) -> Result<(Replica, Socket), String> {
@@ -89,7 +82,7 @@ pub fn open(args: &ReplicaCommand, engine: &Engine) -> Result<(Replica, Socket),
 
 /// Runs the replica `args` names until its socket closes, its database
 /// fails, or the process gets SIGTERM or Ctrl-C: what the server sends is
-/// applied, what the host writes goes up.
+/// applied, what the host writes goes up (`magic_sync::run::process::run`).
 pub fn run_replica(args: &ReplicaArgs, engine: &'static Engine) -> ExitCode {
     let (mut replica, socket) = match open(&args.replica, engine) {
         Ok(opened) => opened,
@@ -98,65 +91,24 @@ pub fn run_replica(args: &ReplicaArgs, engine: &'static Engine) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let socket = std::sync::Arc::new(socket);
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let telling = {
-        let (socket, done, args) = (socket.clone(), done.clone(), args.replica.clone());
-        std::thread::spawn(move || tell(&socket, &done, &args))
-    };
-    // SIGTERM or Ctrl-C closes the link: the loop finishes the message it
-    // applies (a transaction of its own) and ends, and the process exits
-    // as it does when the server goes away.
-    {
-        let socket = socket.clone();
-        std::thread::spawn(move || {
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            runtime.block_on(magic_sync::run::server::stop_signal());
-            socket.close();
-        });
-    }
-    let ran = magic_sync::run::replica::replica(&mut replica, &*socket);
-    done.store(true, std::sync::atomic::Ordering::Release);
-    let _ = telling.join();
-    match ran {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("magic-sync-replica `{}`: {e}", args.replica.id);
-            ExitCode::FAILURE
-        }
-    }
+    let args = &args.replica;
+    magic_sync::run::process::run(&mut replica, Arc::new(socket), &args.id, &args.server)
 }
 
-/// Says on standard error when the replica connects, and why it cannot
-/// (wrong credentials, no server), each time that changes: a replica that
-/// keeps trying is never silent about why.
-pub fn tell(socket: &Socket, done: &std::sync::atomic::AtomicBool, args: &ReplicaCommand) {
-    let (mut connects, mut told) = (0, None::<String>);
-    while !done.load(std::sync::atomic::Ordering::Acquire) {
-        let now = socket.connects();
-        if now != connects && socket.is_connected() {
-            connects = now;
-            told = None;
-            eprintln!(
-                "magic-sync-replica `{}`: connected to {}",
-                args.id, args.server
-            );
-        } else if !socket.is_connected() {
-            let error = socket.last_error();
-            if error.is_some() && error != told {
-                eprintln!(
-                    "magic-sync-replica `{}`: {}; trying again",
-                    args.id,
-                    error.as_deref().unwrap_or_default()
-                );
-                told = error;
-            }
-        }
-        std::thread::sleep(std::time::Duration::from_millis(200));
+impl Connecting for Socket {
+    fn connects(&self) -> u64 {
+        Socket::connects(self)
+    }
+
+    fn is_connected(&self) -> bool {
+        Socket::is_connected(self)
+    }
+
+    fn last_error(&self) -> Option<String> {
+        Socket::last_error(self)
+    }
+
+    fn close(&self) {
+        Socket::close(self);
     }
 }

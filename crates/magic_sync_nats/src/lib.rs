@@ -20,10 +20,14 @@
 //! to `magic_sync.up.<its token>`, so the subject an upload came on names
 //! its replica, never anything inside it.
 //!
+//! - [`cli`]: a replica process's arguments and body, for the host's
+//!   binary.
+//!
 //! Nothing here needs a newer server than Debian's `nats-server` (2.9).
 
 pub mod access;
 pub mod broker;
+pub mod cli;
 pub mod mailbox;
 
 use magic_sync::run::{host_of, is_loopback};

@@ -5,6 +5,8 @@
 //! - [`replica`]: a replica's loop: apply each message as it arrives, and say
 //!   what was applied.
 //! - [`memory`]: an in-process network between them, for tests and examples.
+//! - [`process`]: what a replica process does around its loop, whatever
+//!   link it reads (the transports' `cli` modules are built on it).
 
 pub use magic_sync_core::link::{
     filed_frame, host_of, is_loopback, message_frame, upload_rows, Delivery, Report,
@@ -12,6 +14,8 @@ pub use magic_sync_core::link::{
 };
 
 pub mod memory;
+#[cfg(all(feature = "postgres", feature = "sqlite"))]
+pub mod process;
 #[cfg(feature = "sqlite")]
 pub use magic_sync_replica::run as replica;
 #[cfg(feature = "postgres")]

@@ -412,3 +412,83 @@ async fn a_replica_away_longer_than_the_broker_keeps_its_messages_is_provisioned
     );
     walk.end().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_process_run_from_its_command_line_follows_on_through_the_broker() {
+    use clap::Parser;
+    use magic_sync_nats::cli::{self, ReplicaArgs};
+    let mut walk = Walk::begin(None).await;
+    walk.settle(0, "provisioned").await;
+    let provisioned = snapshot_number(&walk.client, "u1").await;
+    walk.stop("u1");
+
+    // The host's binary, as an operator starts it: the seed in a file.
+    let seed_file = walk.dir.path().join("u1.seed");
+    std::fs::write(&seed_file, format!("{}\n", walk.nats.seed("u1"))).unwrap();
+    let (url, key, db) = (walk.nats.url(), walk.key.to_string(), walk.path("u1"));
+    let parse = |seed_file: &std::path::Path| {
+        ReplicaArgs::try_parse_from([
+            "till".as_ref(),
+            "--broker".as_ref(),
+            url.as_ref(),
+            "--id".as_ref(),
+            "u1".as_ref(),
+            "--seed-file".as_ref(),
+            seed_file.as_os_str(),
+            "--server-key".as_ref(),
+            key.as_ref(),
+            "--db".as_ref(),
+            db.as_os_str(),
+        ])
+        .expect("the arguments parse")
+    };
+    // A seed file that is not there, and one that holds no seed: refused
+    // before anything connects, naming the file and never its content.
+    let missing = walk.dir.path().join("no.seed");
+    let err = cli::open(&parse(&missing).replica, &walk.engine).expect_err("no seed file");
+    assert!(err.contains(&missing.display().to_string()), "{err}");
+    let garbled = walk.dir.path().join("garbled.seed");
+    std::fs::write(&garbled, "SUAGARBLEDSEED\n").unwrap();
+    let err = cli::open(&parse(&garbled).replica, &walk.engine).expect_err("not a seed");
+    assert!(!err.contains("SUAGARBLEDSEED"), "{err}");
+
+    let args = parse(&seed_file);
+    let (mut replica, mailbox) = cli::open(&args.replica, &walk.engine).expect("it opens");
+    let mailbox = Arc::new(mailbox);
+    let process = {
+        let (link, url) = (mailbox.clone(), url.clone());
+        std::thread::spawn(move || magic_sync::run::process::serve(&mut replica, &link, "u1", &url))
+    };
+    // What the server writes reaches it, and what its host writes goes up.
+    walk.client
+        .batch_execute("UPDATE products SET name = name || '?'")
+        .await
+        .unwrap();
+    {
+        let conn = rusqlite::Connection::open(walk.path("u1")).unwrap();
+        conn.busy_timeout(Duration::from_secs(10)).unwrap();
+        conn.execute(
+            "INSERT INTO sales (id, unit_id, customer_id, total, version) VALUES ('u1-cli', 'u1', NULL, '2.00', 1)",
+            [],
+        )
+        .unwrap();
+        mailbox.nudger().nudge();
+        walk.sales.insert("u1-cli".to_string(), "u1");
+    }
+    walk.settle(0, "the process followed on").await;
+    assert_eq!(
+        snapshot_number(&walk.client, "u1").await,
+        provisioned,
+        "the process resumed the replica's file, with no new snapshot"
+    );
+    assert_eq!(mailbox.last_error(), None);
+
+    // Closing the link (what SIGTERM does) ends the process with success.
+    mailbox.close();
+    let exit = process.join().unwrap();
+    assert_eq!(
+        format!("{exit:?}"),
+        format!("{:?}", std::process::ExitCode::SUCCESS)
+    );
+    walk.end().await;
+}

@@ -1,0 +1,146 @@
+//! What a replica process does around its loop, whatever link it reads:
+//! the secret it reads from a file, what it tells its operator about the
+//! link, and how a signal ends it. The socket's `magic_sync_http::cli` and
+//! the broker's `magic_sync_nats::cli` are each this with their own
+//! arguments.
+
+use crate::replica::Replica;
+use crate::run::replica::Link;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A link that connects to something and can say how that goes.
+pub trait Connecting: Link + Send + Sync + 'static {
+    /// Times it connected (or began reading) so far.
+    fn connects(&self) -> u64;
+    /// Whether it is connected now.
+    fn is_connected(&self) -> bool;
+    /// Why it last failed to connect, or was cut off; `None` while it is
+    /// connected.
+    fn last_error(&self) -> Option<String>;
+    /// Ends the link: the replica's loop finishes the message it applies
+    /// and returns.
+    fn close(&self);
+}
+
+/// The first line of the file at `path`, without its end: a secret or a
+/// seed kept out of the command line (where `ps` would show it). Errors
+/// name the file, never its content.
+pub fn read_secret(path: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read the secret file {}: {e}", path.display()))?;
+    let secret = text.lines().next().unwrap_or("").trim().to_string();
+    if secret.is_empty() {
+        return Err(format!("the secret file {} is empty", path.display()));
+    }
+    Ok(secret)
+}
+
+/// Says on standard error when the link connects, and why it cannot (wrong
+/// credentials, nothing listening, a certificate not trusted), each time
+/// that changes, until `done`: a replica that keeps trying is never silent
+/// about why. `address` is where it connects, as the operator gave it.
+pub fn tell<L: Connecting + ?Sized>(link: &L, done: &AtomicBool, id: &str, address: &str) {
+    let (mut connects, mut told) = (0, None::<String>);
+    while !done.load(Ordering::Acquire) {
+        let now = link.connects();
+        if now != connects && link.is_connected() {
+            connects = now;
+            told = None;
+            eprintln!("magic-sync-replica `{id}`: connected to {address}");
+        } else if !link.is_connected() {
+            let error = link.last_error();
+            if error.is_some() && error != told {
+                eprintln!(
+                    "magic-sync-replica `{id}`: {}; trying again",
+                    error.as_deref().unwrap_or_default()
+                );
+                told = error;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Runs the replica's loop over `link` until the link closes or the
+/// database fails, telling the operator how the link goes meanwhile
+/// ([`tell`]). Success when the link closed; the loop's error, printed,
+/// otherwise.
+pub fn serve<L: Connecting>(
+    replica: &mut Replica,
+    link: &Arc<L>,
+    id: &str,
+    address: &str,
+) -> ExitCode {
+    let done = Arc::new(AtomicBool::new(false));
+    let telling = {
+        let (link, done, id, address) = (
+            link.clone(),
+            done.clone(),
+            id.to_string(),
+            address.to_string(),
+        );
+        std::thread::spawn(move || tell(&*link, &done, &id, &address))
+    };
+    let ran = crate::run::replica::replica(replica, &**link);
+    done.store(true, Ordering::Release);
+    let _ = telling.join();
+    match ran {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("magic-sync-replica `{id}`: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// [`serve`], with SIGTERM or Ctrl-C closing the link: the loop finishes
+/// the message it applies (a transaction of its own) and ends, and the
+/// process exits as it does when the link goes away. A replica process's
+/// body once its replica and link are open.
+pub fn run<L: Connecting>(
+    replica: &mut Replica,
+    link: Arc<L>,
+    id: &str,
+    address: &str,
+) -> ExitCode {
+    {
+        let link = link.clone();
+        std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(crate::run::server::stop_signal());
+            link.close();
+        });
+    }
+    serve(replica, &link, id, address)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_secret;
+
+    #[test]
+    fn a_secret_is_the_first_line_and_errors_name_the_file_not_its_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        std::fs::write(&path, "  s3cret \nsomething else\n").unwrap();
+        assert_eq!(read_secret(&path).unwrap(), "s3cret");
+        std::fs::write(&path, "\nSECOND-LINE").unwrap();
+        let err = read_secret(&path).unwrap_err();
+        assert!(
+            err.contains("is empty") && err.contains(&path.display().to_string()),
+            "{err}"
+        );
+        assert!(!err.contains("SECOND-LINE"), "{err}");
+        let missing = dir.path().join("missing");
+        assert!(read_secret(&missing).unwrap_err().contains("cannot read"));
+    }
+}
