@@ -17,7 +17,7 @@
 
 use crate::client::{Settings, Socket};
 use magic_sync::replica::{Replica, ServerKey};
-use magic_sync::run::process::Connecting;
+use magic_sync::run::process::{open_replica, Connecting};
 use magic_sync::Engine;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -68,11 +68,7 @@ pub use magic_sync::run::process::read_secret;
 /// Opens the replica and its socket as `args` say.
 pub fn open(args: &ReplicaCommand, engine: &Engine) -> Result<(Replica, Socket), String> {
     let secret = read_secret(&args.secret_file)?;
-    let mut replica = Replica::open(&args.db, &args.id, engine)
-        .map_err(|e| format!("cannot open the replica at {}: {e}", args.db.display()))?;
-    replica
-        .trust(&args.server_key)
-        .map_err(|e| format!("the replica at {}: {e}", args.db.display()))?;
+    let replica = open_replica(&args.db, &args.id, &args.server_key, engine)?;
     let mut settings = Settings::new(args.server.clone(), args.id.clone(), secret);
     settings.trust.clone_from(&args.trust);
     settings.allow_plain = args.allow_plain;

@@ -19,7 +19,7 @@
 
 use crate::mailbox::{Mailbox, Settings};
 use magic_sync::replica::{Replica, ServerKey};
-use magic_sync::run::process::{read_secret, Connecting};
+use magic_sync::run::process::{open_replica, read_secret, Connecting};
 use magic_sync::Engine;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -70,11 +70,7 @@ pub struct ReplicaArgs {
 /// wrong and where, never the seed.
 pub fn open(args: &ReplicaCommand, engine: &Engine) -> Result<(Replica, Mailbox), String> {
     let seed = read_secret(&args.seed_file)?;
-    let mut replica = Replica::open(&args.db, &args.id, engine)
-        .map_err(|e| format!("cannot open the replica at {}: {e}", args.db.display()))?;
-    replica
-        .trust(&args.server_key)
-        .map_err(|e| format!("the replica at {}: {e}", args.db.display()))?;
+    let replica = open_replica(&args.db, &args.id, &args.server_key, engine)?;
     let settings = Settings {
         trust: args.trust.clone(),
         allow_plain: args.allow_plain,

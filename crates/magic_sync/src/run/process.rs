@@ -39,6 +39,22 @@ pub fn read_secret(path: &Path) -> Result<String, String> {
     Ok(secret)
 }
 
+/// Opens (or creates) the replica `id` in the SQLite file `db`, pinned to
+/// the server's `key`: what a replica process does before its link.
+pub fn open_replica(
+    db: &Path,
+    id: &str,
+    key: &crate::sign::ServerKey,
+    engine: &crate::Engine,
+) -> Result<Replica, String> {
+    let mut replica = Replica::open(db, id, engine)
+        .map_err(|e| format!("cannot open the replica at {}: {e}", db.display()))?;
+    replica
+        .trust(key)
+        .map_err(|e| format!("the replica at {}: {e}", db.display()))?;
+    Ok(replica)
+}
+
 /// Says on standard error when the link connects, and why it cannot (wrong
 /// credentials, nothing listening, a certificate not trusted), each time
 /// that changes, until `done`: a replica that keeps trying is never silent

@@ -2,9 +2,9 @@
 //! replica's messages, nor speak as it: the broker refuses, and the server
 //! hears only what each said on its own subject.
 
+use crate::heard;
 use async_nats::jetstream;
 use magic_sync::relay::Transport;
-use magic_sync::run::server::Reports;
 use magic_sync::run::Report;
 use magic_sync::ReplicaId;
 use magic_sync_nats::broker::{Broker, Settings};
@@ -36,21 +36,6 @@ async fn connect_as(
         .await
         .expect("a replica connects with its own credentials");
     (client, errors)
-}
-
-/// Waits until `reports` holds something; gives up after 20 s.
-async fn heard(broker: &Broker) -> Vec<(ReplicaId, Report)> {
-    tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
-            let drained = broker.drain();
-            if !drained.is_empty() {
-                return drained;
-            }
-            broker.wait().await;
-        }
-    })
-    .await
-    .expect("the server hears the replica")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,3 +5,24 @@
 mod access;
 mod tls;
 mod walk;
+
+use magic_sync::run::server::Reports;
+use magic_sync::run::Report;
+use magic_sync::ReplicaId;
+use magic_sync_nats::broker::Broker;
+use std::time::Duration;
+
+/// Waits until `reports` holds something; gives up after 20 s.
+pub(crate) async fn heard(broker: &Broker) -> Vec<(ReplicaId, Report)> {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let drained = broker.drain();
+            if !drained.is_empty() {
+                return drained;
+            }
+            broker.wait().await;
+        }
+    })
+    .await
+    .expect("the server hears the replica")
+}

@@ -5,7 +5,6 @@
 
 use magic_sync::relay::Transport;
 use magic_sync::run::replica::Link;
-use magic_sync::run::server::Reports;
 use magic_sync::run::{Delivery, Report};
 use magic_sync::ReplicaId;
 use magic_sync_nats::broker::{self, Broker};
@@ -56,17 +55,7 @@ async fn both_sides_reach_a_broker_that_requires_tls_through_the_certificate_the
         number: 1,
         ..Default::default()
     }));
-    let heard = tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
-            let drained = broker.drain();
-            if !drained.is_empty() {
-                return drained;
-            }
-            broker.wait().await;
-        }
-    })
-    .await
-    .expect("the server hears the till");
+    let heard = crate::heard(&broker).await;
     assert_eq!(heard.len(), 1, "{heard:?}");
     assert_eq!(heard[0].0, till);
     assert!(matches!(&heard[0].1, Report::Applied(ack) if ack.number == 1));
