@@ -13,7 +13,11 @@
 //! `Mailbox`. Each replica runs the replica's loop (`run::replica::replica`)
 //! over its link. The replicas' side is the same code every time: the loop,
 //! a SQLite file per replica, and a link wrapped to see what is applied.
-//! MAGIC_SYNC_BENCH_KINDS (default `memory,socket,broker`) picks the runs.
+//! MAGIC_SYNC_BENCH_KINDS (default `memory,socket,broker`) picks the runs;
+//! `socket-tls` and `broker-tls` are the same two over TLS (`wss://` to the
+//! hub, `tls://` to a broker requiring it, each under a self-signed
+//! certificate its clients trust), and their ratios to the plain runs are
+//! what encryption costs.
 //!
 //! - Provisioning: the clock starts as the runner starts (socket replicas
 //!   already connected and authenticated; the time that took is printed
@@ -72,6 +76,7 @@ use magic_sync::run::{Delivery, Report};
 use magic_sync::sign::ServerKey;
 use magic_sync::{Engine, Row};
 use magic_sync_http::client::{Settings as ClientSettings, Socket};
+use magic_sync_http::server::Security;
 use magic_sync_nats::broker::{Broker, Settings as BrokerSettings};
 use magic_sync_nats::mailbox::{self, Mailbox};
 use prost::Message as _;
@@ -270,7 +275,13 @@ impl Local {
     }
 
     /// Each over a socket of its own to `url`: `(id, secret)`.
-    fn sockets(url: &str, replicas: &[(String, String)], dir: &Path, key: ServerKey) -> Local {
+    fn sockets(
+        url: &str,
+        replicas: &[(String, String)],
+        dir: &Path,
+        key: ServerKey,
+        trust: Option<&Path>,
+    ) -> Local {
         let seen = Arc::new(Seen::default());
         let mut sockets = Vec::new();
         let mut threads = Vec::new();
@@ -278,6 +289,7 @@ impl Local {
             let socket = Arc::new(
                 Socket::connect(ClientSettings {
                     max_message_bytes: MAX_MESSAGE,
+                    trust: trust.map(Path::to_path_buf),
                     ..ClientSettings::new(url, id, secret)
                 })
                 .expect("a socket"),
@@ -303,7 +315,13 @@ impl Local {
     }
 
     /// Each reading its mailbox on the broker at `url`: `(id, seed)`.
-    fn mailboxes(url: &str, replicas: &[(String, String)], dir: &Path, key: ServerKey) -> Local {
+    fn mailboxes(
+        url: &str,
+        replicas: &[(String, String)],
+        dir: &Path,
+        key: ServerKey,
+        trust: Option<&Path>,
+    ) -> Local {
         let seen = Arc::new(Seen::default());
         let mut mailboxes = Vec::new();
         let mut threads = Vec::new();
@@ -311,6 +329,7 @@ impl Local {
             let mailbox = Arc::new(
                 Mailbox::open(mailbox::Settings {
                     max_message_bytes: MAX_MESSAGE,
+                    trust: trust.map(Path::to_path_buf),
                     ..mailbox::Settings::new(url, id, seed)
                 })
                 .expect("a mailbox"),
@@ -335,12 +354,19 @@ impl Local {
         }
     }
 
-    /// Over sockets to a `ws://` url, or mailboxes on a `nats://` broker.
-    fn remote(url: &str, replicas: &[(String, String)], dir: &Path, key: ServerKey) -> Local {
-        if url.starts_with("nats://") {
-            Local::mailboxes(url, replicas, dir, key)
+    /// Over sockets to a `ws://` or `wss://` url, or mailboxes on a
+    /// `nats://` or `tls://` broker; `trust`, the certificate to trust.
+    fn remote(
+        url: &str,
+        replicas: &[(String, String)],
+        dir: &Path,
+        key: ServerKey,
+        trust: Option<&Path>,
+    ) -> Local {
+        if url.starts_with("nats://") || url.starts_with("tls://") {
+            Local::mailboxes(url, replicas, dir, key, trust)
         } else {
-            Local::sockets(url, replicas, dir, key)
+            Local::sockets(url, replicas, dir, key, trust)
         }
     }
 
@@ -388,8 +414,19 @@ struct Child {
 }
 
 impl Child {
-    fn start(url: &str, replicas: &[(String, String)], dir: &Path, key: ServerKey) -> Child {
-        let mut child = std::process::Command::new(std::env::current_exe().expect("this program"))
+    fn start(
+        url: &str,
+        replicas: &[(String, String)],
+        dir: &Path,
+        key: ServerKey,
+        trust: Option<&Path>,
+    ) -> Child {
+        let mut command =
+            std::process::Command::new(std::env::current_exe().expect("this program"));
+        if let Some(trust) = trust {
+            command.env("MAGIC_SYNC_BENCH_TRUST", trust);
+        }
+        let mut child = command
             .env("MAGIC_SYNC_BENCH_CHILD", "replicas")
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
@@ -461,7 +498,8 @@ fn child_main() {
         let (id, secret) = line.split_once(' ').expect("`id secret`");
         replicas.push((id.to_string(), secret.to_string()));
     }
-    let local = Local::remote(url, &replicas, Path::new(dir), key);
+    let trust = std::env::var_os("MAGIC_SYNC_BENCH_TRUST").map(std::path::PathBuf::from);
+    let local = Local::remote(url, &replicas, Path::new(dir), key, trust.as_deref());
     println!("started");
     for command in lines {
         match command.as_str() {
@@ -567,16 +605,36 @@ enum Kind {
     Memory,
     Socket,
     Broker,
+    SocketTls,
+    BrokerTls,
 }
 
 impl Kind {
-    const ALL: [Kind; 3] = [Kind::Memory, Kind::Socket, Kind::Broker];
+    const ALL: [Kind; 5] = [
+        Kind::Memory,
+        Kind::Socket,
+        Kind::Broker,
+        Kind::SocketTls,
+        Kind::BrokerTls,
+    ];
+    /// What runs unless MAGIC_SYNC_BENCH_KINDS says otherwise.
+    const DEFAULT: [Kind; 3] = [Kind::Memory, Kind::Socket, Kind::Broker];
+    /// The ratios the summary gives, where both runs ran: each transport
+    /// against the one before it, and TLS against plain.
+    const RATIOS: [(Kind, Kind); 4] = [
+        (Kind::Socket, Kind::Memory),
+        (Kind::Broker, Kind::Socket),
+        (Kind::SocketTls, Kind::Socket),
+        (Kind::BrokerTls, Kind::Broker),
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Kind::Memory => "in-process",
             Kind::Socket => "socket",
             Kind::Broker => "broker",
+            Kind::SocketTls => "socket TLS",
+            Kind::BrokerTls => "broker TLS",
         }
     }
 
@@ -585,6 +643,8 @@ impl Kind {
             Kind::Memory => "memory",
             Kind::Socket => "socket",
             Kind::Broker => "broker",
+            Kind::SocketTls => "socket-tls",
+            Kind::BrokerTls => "broker-tls",
         }
     }
 }
@@ -774,6 +834,17 @@ async fn paced(
     (Latencies::new(applied, missing), changes, messages, took)
 }
 
+/// A self-signed certificate for `localhost`, and its key, as PEM files in
+/// `dir`.
+fn self_signed(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let rcgen::CertifiedKey { cert, key_pair } =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("a certificate");
+    let (cert_path, key_path) = (dir.join("hub.crt"), dir.join("hub.key"));
+    std::fs::write(&cert_path, cert.pem()).expect("the certificate");
+    std::fs::write(&key_path, key_pair.serialize_pem()).expect("its key");
+    (cert_path, key_path)
+}
+
 async fn run(
     scenario: &Scenario,
     kind: Kind,
@@ -802,29 +873,49 @@ async fn run(
             let side = Side::Local(Local::memory(&network, &ids, dir.path(), key));
             (side, start_relay(db.config(), infos, network))
         }
-        Kind::Socket => {
+        Kind::Socket | Kind::SocketTls => {
+            let (security, trust) = if kind == Kind::SocketTls {
+                let (cert, key) = self_signed(dir.path());
+                let acceptor =
+                    magic_sync_http::server::tls_acceptor(&cert, &key).expect("a TLS acceptor");
+                (Security::Tls(acceptor), Some(cert))
+            } else {
+                (Security::Plain, None)
+            };
             let magic_sync_testkit::apart::Served {
                 hub,
                 url,
                 secrets: replicas,
                 serving: served,
-            } = magic_sync_testkit::apart::serve_hub(db.config(), &client, &ids).await;
+            } = magic_sync_testkit::apart::serve_hub_with(db.config(), &client, &ids, security)
+                .await;
             serving = Some(served);
             let started = Instant::now();
+            let trust = trust.as_deref();
             let side = match clients {
-                Clients::Threads => Side::Local(Local::sockets(&url, &replicas, dir.path(), key)),
-                Clients::Process => Side::Child(Child::start(&url, &replicas, dir.path(), key)),
+                Clients::Threads => {
+                    Side::Local(Local::sockets(&url, &replicas, dir.path(), key, trust))
+                }
+                Clients::Process => {
+                    Side::Child(Child::start(&url, &replicas, dir.path(), key, trust))
+                }
             };
             magic_sync_testkit::apart::until_connected(&hub, ids.len()).await;
             figures.connected_in = Some(started.elapsed());
             (side, start_relay(db.config(), infos, hub))
         }
-        Kind::Broker => {
+        Kind::Broker | Kind::BrokerTls => {
             let named: Vec<&str> = ids.iter().map(String::as_str).collect();
-            let nats = magic_sync_testkit::nats::Nats::start(&named);
+            let nats = if kind == Kind::BrokerTls {
+                magic_sync_testkit::nats::Nats::start_tls(&named)
+            } else {
+                magic_sync_testkit::nats::Nats::start(&named)
+            };
+            let trust = nats.certificate.clone();
             let broker = Broker::connect(
                 BrokerSettings {
                     max_message_bytes: Some(MAX_MESSAGE),
+                    trust: trust.clone(),
                     ..BrokerSettings::new(nats.url())
                 },
                 nats.server.seed(),
@@ -841,12 +932,20 @@ async fn run(
                 .map(|(id, c)| (id.clone(), c.seed().to_string()))
                 .collect();
             let side = match clients {
-                Clients::Threads => {
-                    Side::Local(Local::mailboxes(&nats.url(), &replicas, dir.path(), key))
-                }
-                Clients::Process => {
-                    Side::Child(Child::start(&nats.url(), &replicas, dir.path(), key))
-                }
+                Clients::Threads => Side::Local(Local::mailboxes(
+                    &nats.url(),
+                    &replicas,
+                    dir.path(),
+                    key,
+                    trust.as_deref(),
+                )),
+                Clients::Process => Side::Child(Child::start(
+                    &nats.url(),
+                    &replicas,
+                    dir.path(),
+                    key,
+                    trust.as_deref(),
+                )),
             };
             broker_server = Some(nats);
             (side, start_relay(db.config(), infos, broker))
@@ -951,9 +1050,17 @@ async fn parent() {
         _ => Clients::Process,
     };
     let picked = std::env::var("MAGIC_SYNC_BENCH_KINDS").unwrap_or_default();
-    let kinds: Vec<Kind> = Kind::ALL
+    let kinds: Vec<Kind> = if picked.is_empty() {
+        Kind::DEFAULT.to_vec()
+    } else {
+        Kind::ALL
+            .into_iter()
+            .filter(|k| picked.split(',').any(|p| p.trim() == k.key()))
+            .collect()
+    };
+    let ratios: Vec<(Kind, Kind)> = Kind::RATIOS
         .into_iter()
-        .filter(|k| picked.is_empty() || picked.split(',').any(|p| p.trim() == k.key()))
+        .filter(|(a, b)| kinds.contains(a) && kinds.contains(b))
         .collect();
     let only = std::env::var("MAGIC_SYNC_BENCH_SCENARIOS").unwrap_or_default();
     let scenarios: Vec<Scenario> = [
@@ -1046,14 +1153,19 @@ async fn parent() {
     // A round's runs ran back to back: each ratio is taken within a round,
     // then the median of the rounds' ratios.
     println!(
-        "| medians of {rounds} round(s) | {} | socket / in-process | broker / socket |",
+        "| medians of {rounds} round(s) | {} | {} |",
         kinds
             .iter()
             .map(|k| k.name())
             .collect::<Vec<_>>()
+            .join(" | "),
+        ratios
+            .iter()
+            .map(|(a, b)| format!("{} / {}", a.name(), b.name()))
+            .collect::<Vec<_>>()
             .join(" | ")
     );
-    println!("| --- |{} --- | --- |", " --- |".repeat(kinds.len()));
+    println!("| --- |{}", " --- |".repeat(kinds.len() + ratios.len()));
     let row = |scenario: &str, what: String, unit: &str, get: &dyn Fn(&Figures) -> f64| {
         let of = |kind: Kind| -> Vec<f64> {
             results
@@ -1077,11 +1189,11 @@ async fn parent() {
             .iter()
             .map(|&k| format!("{:.1} {unit}", median(of(k))))
             .collect();
+        let shown: Vec<String> = ratios.iter().map(|&(a, b)| ratio(a, b)).collect();
         println!(
-            "| {scenario}: {what} | {} | {} | {} |",
+            "| {scenario}: {what} | {} | {} |",
             medians.join(" | "),
-            ratio(Kind::Socket, Kind::Memory),
-            ratio(Kind::Broker, Kind::Socket)
+            shown.join(" | ")
         );
     };
     for scenario in &scenarios {

@@ -337,6 +337,17 @@ pub async fn serve_hub(
     client: &tokio_postgres::Client,
     ids: &[String],
 ) -> Served {
+    serve_hub_with(config, client, ids, Security::Plain).await
+}
+
+/// As [`serve_hub`], over `security`: with TLS, the url is `wss://localhost`
+/// (the name a certificate for the test would carry).
+pub async fn serve_hub_with(
+    config: tokio_postgres::Config,
+    client: &tokio_postgres::Client,
+    ids: &[String],
+    security: Security,
+) -> Served {
     let mut secrets = Vec::new();
     for id in ids {
         let secret = credentials::issue(client, id)
@@ -354,12 +365,17 @@ pub async fn serve_hub(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("a port");
-    let url = format!("ws://{}", listener.local_addr().expect("an address"));
+    let port = listener.local_addr().expect("an address").port();
+    let url = if matches!(security, Security::Plain) {
+        format!("ws://127.0.0.1:{port}")
+    } else {
+        format!("wss://localhost:{port}")
+    };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = {
         let hub = hub.clone();
         tokio::spawn(async move {
-            serve(hub, listener, Security::Plain, async {
+            serve(hub, listener, security, async {
                 stopped.await.ok();
             })
             .await
