@@ -8,15 +8,22 @@
 //!
 //! With DATABASE_URL set it uses that database; otherwise it keeps a
 //! PostgreSQL cluster of its own under the data folder. Run it again and it
-//! continues from where it was. Ctrl-C stops it cleanly.
+//! continues from where it was. Ctrl-C stops it cleanly. With `--broker`
+//! the tills read their mailboxes on a `nats-server` the demo starts
+//! (over TLS, each till enrolled with a key of its own) instead of holding
+//! a socket to the server.
 
 use clap::Parser;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use magic_sync::ops::{self, ReplicaState, Scope};
+use magic_sync::relay::Transport;
 use magic_sync::relay::{ReplicaInfo, Replicas, Settings as RelaySettings};
+use magic_sync::run::server::Reports;
 use magic_sync::sign::ServerKey;
 use magic_sync_http::credentials::{self, Credentials};
 use magic_sync_http::server::{serve, Hub, Security, Settings as HubSettings};
+use magic_sync_nats::access;
+use magic_sync_nats::broker::{self, Broker};
 use rand::Rng;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -44,6 +51,10 @@ struct Args {
     /// The PostgreSQL database, as a URL.
     #[arg(long, env = "DATABASE_URL")]
     database_url: Option<String>,
+    /// Run the tills through a NATS JetStream broker (a `nats-server` the
+    /// demo starts, over TLS) rather than over sockets to the server.
+    #[arg(long)]
+    broker: bool,
 }
 
 /// Every till is live, in one region.
@@ -62,9 +73,16 @@ impl Replicas for Tills {
 fn main() -> ExitCode {
     // The demo starts its tills as this same program, so that they are
     // always of the same build: `demo till ...` is `magic-sync-replica ...`.
-    if std::env::args().nth(1).as_deref() == Some("till") {
-        let args = demo::till::Args::parse_from(std::env::args().skip(1));
-        return demo::till::run(args);
+    match std::env::args().nth(1).as_deref() {
+        Some("till") => {
+            return demo::till::run(demo::till::Args::parse_from(std::env::args().skip(1)))
+        }
+        Some("till-broker") => {
+            return demo::till::run_broker(demo::till::BrokerArgs::parse_from(
+                std::env::args().skip(1),
+            ))
+        }
+        _ => {}
     }
     demo::logs();
     let mut args = Args::parse();
@@ -238,19 +256,29 @@ fn start_till(
     let log = std::fs::File::create(args.data.join(format!("{till}.log")))?;
     let sales = args.seconds * 1000 / 200;
     let mut command = Command::new(exe);
-    command.arg("till");
+    if args.broker {
+        command
+            .arg("till-broker")
+            .arg("--broker")
+            .arg(url)
+            .arg("--seed-file")
+            .arg(args.data.join(format!("{till}.seed")));
+    } else {
+        command
+            .arg("till")
+            .arg("--server")
+            .arg(url)
+            .arg("--secret-file")
+            .arg(args.data.join(format!("{till}.secret")));
+    }
     // Its own process group: Ctrl-C reaches the demo, which stops the
     // tills itself, each closing its connection.
     #[cfg(unix)]
     std::os::unix::process::CommandExt::process_group(&mut command, 0);
     Ok(command
         .arg("--until-stdin-closes")
-        .arg("--server")
-        .arg(url)
         .arg("--id")
         .arg(till)
-        .arg("--secret-file")
-        .arg(args.data.join(format!("{till}.secret")))
         .arg("--server-key")
         .arg(key.to_string())
         .arg("--trust")
@@ -385,18 +413,13 @@ async fn run(args: Args) -> Fallible<ExitCode> {
     let (config, cluster) = database(&args)?;
     let mut client = connect(&config).await?;
     install(&mut client, &tills).await?;
-    secrets(&client, &args.data, &tills).await?;
     // Each till is given the server's key with its secret, and applies
     // only what that key signed.
     let key = magic_sync::store::keys::public(&client).await?;
 
-    let hub = Hub::new(HubSettings::default(), Credentials::new(config.clone()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     // TLS, as a fleet runs it: a certificate of the demo's own, which the
     // tills are told to trust.
     let certificate = certificate(&args.data)?;
-    let acceptor = magic_sync_http::server::tls_acceptor(&certificate.0, &certificate.1)?;
-    let url = format!("wss://localhost:{}", listener.local_addr()?.port());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -404,29 +427,33 @@ async fn run(args: Args) -> Fallible<ExitCode> {
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let serving = tokio::spawn(serve(
-        hub.clone(),
-        listener,
-        Security::Tls(acceptor),
-        stopped(),
-    ));
-    let relay = {
-        let (hub, config, tills, stopped) =
-            (hub.clone(), config.clone(), Tills(tills.clone()), stopped());
-        tokio::spawn(async move {
-            magic_sync::run::server::server(
-                config,
-                demo::engine().clone(),
-                RelaySettings::default(),
-                &tills,
-                &hub,
-                &hub,
-                stopped,
-            )
-            .await
-        })
+    let (link, url) = if args.broker {
+        let (broker, nats, url) = through_broker(&args, &client, &tills, &certificate).await?;
+        (Link::Broker(broker, nats), url)
+    } else {
+        secrets(&client, &args.data, &tills).await?;
+        let hub = Hub::new(HubSettings::default(), Credentials::new(config.clone()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let acceptor = magic_sync_http::server::tls_acceptor(&certificate.0, &certificate.1)?;
+        let url = format!("wss://localhost:{}", listener.local_addr()?.port());
+        let serving = tokio::spawn(serve(
+            hub.clone(),
+            listener,
+            Security::Tls(acceptor),
+            stopped(),
+        ));
+        (Link::Socket(hub, serving), url)
     };
-    println!("server listening on {url}; starting {} tills", tills.len());
+    let relay = match &link {
+        Link::Socket(hub, _) => spawn_relay(&config, &tills, hub.clone(), stopped()),
+        Link::Broker(broker, _) => spawn_relay(&config, &tills, broker.clone(), stopped()),
+    };
+    let listening = if args.broker {
+        "broker"
+    } else {
+        "server listening"
+    };
+    println!("{listening} on {url}; starting {} tills", tills.len());
     let mut children = Vec::new();
     for till in &tills {
         children.push(start_till(&args, &url, &key, &certificate.0, till)?);
@@ -453,9 +480,15 @@ async fn run(args: Args) -> Fallible<ExitCode> {
     }
     let _ = stop_tx.send(true);
     relay.await??;
-    serving.await??;
+    match link {
+        Link::Socket(hub, serving) => {
+            serving.await??;
+            drop(hub);
+        }
+        Link::Broker(broker, nats) => drop((broker, nats)),
+    }
     // Every connection closes before the database stops.
-    drop((hub, client));
+    drop(client);
     drop(cluster);
     match outcome? {
         Live::Converged(overview) => {
@@ -471,6 +504,139 @@ async fn run(args: Args) -> Fallible<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// How the server reaches its tills.
+enum Link {
+    /// Sockets to a hub it serves.
+    Socket(
+        Hub,
+        tokio::task::JoinHandle<Result<(), magic_sync_http::Error>>,
+    ),
+    /// A broker, and the `nats-server` the demo started.
+    Broker(Broker, Stopped),
+}
+
+/// A process stopped when this is dropped, however the demo ends.
+struct Stopped(Child);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The relay's runner over `link`, until `stopped`.
+fn spawn_relay<L: Transport + Reports + Send + Sync + 'static>(
+    config: &tokio_postgres::Config,
+    tills: &[String],
+    link: L,
+    stopped: impl std::future::Future<Output = ()> + Send + 'static,
+) -> tokio::task::JoinHandle<magic_sync::Result<()>> {
+    let (config, tills) = (config.clone(), Tills(tills.to_vec()));
+    tokio::spawn(async move {
+        magic_sync::run::server::server(
+            config,
+            demo::engine().clone(),
+            RelaySettings::default(),
+            &tills,
+            &link,
+            &link,
+            stopped,
+        )
+        .await
+    })
+}
+
+/// The broker's side of the demo: the server's key pair on the broker
+/// (drawn once, kept in the data folder), each till enrolled (a new seed
+/// in its file every run), and a `nats-server` of the demo's own on
+/// loopback, over TLS with the demo's certificate, letting in exactly
+/// those keys. Returns the server's connection to it, the broker's
+/// process, and its address.
+async fn through_broker(
+    args: &Args,
+    client: &tokio_postgres::Client,
+    tills: &[String],
+    (certificate, key): &(PathBuf, PathBuf),
+) -> Fallible<(Broker, Stopped, String)> {
+    let seed_file = args.data.join("broker-server.seed");
+    let server = match std::fs::read_to_string(&seed_file) {
+        Ok(seed) => access::Credentials::from_seed(seed.trim())?,
+        Err(_) => {
+            let drawn = access::Credentials::issue();
+            write_private(&seed_file, drawn.seed())?;
+            drawn
+        }
+    };
+    for till in tills {
+        let credentials = access::enrol(client, till).await?;
+        write_private(&args.data.join(format!("{till}.seed")), credentials.seed())?;
+    }
+    let block = access::Access::read(client, server.public_key())
+        .await?
+        .authorization();
+    let dir = std::path::absolute(args.data.join("nats"))?;
+    std::fs::create_dir_all(&dir)?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let (certificate, key) = (std::path::absolute(certificate)?, std::path::absolute(key)?);
+    write_private(
+        &dir.join("nats.conf"),
+        &format!(
+            "listen: \"127.0.0.1:{port}\"\njetstream {{ store_dir: {:?} }}\ntls {{ cert_file: {:?}, key_file: {:?} }}\n{block}",
+            dir.join("store").display().to_string(),
+            certificate.display().to_string(),
+            key.display().to_string(),
+        ),
+    )?;
+    let log = std::fs::File::create(args.data.join("nats.log"))?;
+    let mut command = Command::new(nats_server()?);
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let mut nats = Stopped(
+        command
+            .arg("-c")
+            .arg(dir.join("nats.conf"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?,
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline || !matches!(nats.0.try_wait(), Ok(None)) {
+            return Err(format!(
+                "nats-server did not start; see {}",
+                args.data.join("nats.log").display()
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let url = format!("tls://localhost:{port}");
+    let settings = broker::Settings {
+        trust: Some(certificate),
+        ..broker::Settings::new(url.clone())
+    };
+    let broker = Broker::connect(settings, server.seed()).await?;
+    for till in tills {
+        broker.prepare(till).await?;
+    }
+    Ok((broker, nats, url))
+}
+
+/// `nats-server`: on `PATH`, or where Debian's package puts it.
+fn nats_server() -> Fallible<PathBuf> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .chain(["/usr/sbin".into(), "/usr/bin".into()])
+        .map(|dir: PathBuf| dir.join("nats-server"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| "--broker needs nats-server (Debian: `apt-get install nats-server`)".into())
 }
 
 enum Live {

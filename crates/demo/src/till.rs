@@ -1,75 +1,128 @@
 //! A till of the demo's shop: the replica's loop over the network
 //! transport, as any host's replica binary runs it (a host's is this with
 //! its own declarations). With `--sell-every-ms` it also plays a till's
-//! host: it records sales and counts stock.
+//! host: it records sales and counts stock. `demo till` reaches the server
+//! over a socket; `demo till-broker` reads its mailbox on a NATS broker.
 
-use magic_sync_http::cli::{open, ReplicaCommand};
+use magic_sync::replica::Replica;
+use magic_sync::run::process::Connecting;
+use magic_sync::run::replica::Nudger;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
-#[derive(Debug, clap::Parser)]
-#[command(about = "A till of magic_sync's demo shop")]
-pub struct Args {
-    #[command(flatten)]
-    replica: ReplicaCommand,
+/// What the till's host does beside the loop.
+#[derive(Debug, clap::Args)]
+pub struct Host {
     /// Record a sale (and count a product's stock) this often, in ms.
     #[arg(long)]
     sell_every_ms: Option<u64>,
     /// Stop selling after this many sales.
     #[arg(long, default_value_t = u64::MAX)]
     sales: u64,
-    /// Close the connection and stop once standard input closes (how the
-    /// demo stops its tills).
+    /// Close the link and stop once standard input closes (how the demo
+    /// stops its tills).
     #[arg(long)]
     until_stdin_closes: bool,
+}
+
+/// A till over a socket to the server.
+#[derive(Debug, clap::Parser)]
+#[command(about = "A till of magic_sync's demo shop, over a socket to the server")]
+pub struct Args {
+    #[command(flatten)]
+    replica: magic_sync_http::cli::ReplicaCommand,
+    #[command(flatten)]
+    host: Host,
+}
+
+/// A till reading its mailbox on a NATS broker.
+#[derive(Debug, clap::Parser)]
+#[command(about = "A till of magic_sync's demo shop, through a NATS broker")]
+pub struct BrokerArgs {
+    #[command(flatten)]
+    replica: magic_sync_nats::cli::ReplicaCommand,
+    #[command(flatten)]
+    host: Host,
 }
 
 /// Runs the till `args` name until its input closes (with
 /// `--until-stdin-closes`) or its database fails.
 pub fn run(args: Args) -> ExitCode {
     crate::logs();
-    let (mut replica, socket) = match open(&args.replica, crate::engine()) {
-        Ok(opened) => opened,
+    match magic_sync_http::cli::open(&args.replica, crate::engine()) {
+        Ok((replica, socket)) => {
+            let nudger = socket.nudger();
+            let r = &args.replica;
+            serve(
+                replica,
+                Arc::new(socket),
+                nudger,
+                &r.id,
+                &r.server,
+                &r.db,
+                &args.host,
+            )
+        }
         Err(e) => {
             eprintln!("magic-sync-replica: {e}");
-            return ExitCode::FAILURE;
+            ExitCode::FAILURE
         }
-    };
-    let socket = std::sync::Arc::new(socket);
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    {
-        let (socket, done, args) = (socket.clone(), done.clone(), args.replica.clone());
-        std::thread::spawn(move || {
-            magic_sync::run::process::tell(&*socket, &done, &args.id, &args.server);
-        });
     }
-    if args.until_stdin_closes {
-        let socket = socket.clone();
+}
+
+/// [`run`], through the broker.
+pub fn run_broker(args: BrokerArgs) -> ExitCode {
+    crate::logs();
+    match magic_sync_nats::cli::open(&args.replica, crate::engine()) {
+        Ok((replica, mailbox)) => {
+            let nudger = mailbox.nudger();
+            let r = &args.replica;
+            serve(
+                replica,
+                Arc::new(mailbox),
+                nudger,
+                &r.id,
+                &r.broker,
+                &r.db,
+                &args.host,
+            )
+        }
+        Err(e) => {
+            eprintln!("magic-sync-replica: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The host beside the loop, then the loop until the link closes.
+fn serve<L: Connecting>(
+    mut replica: Replica,
+    link: Arc<L>,
+    nudger: Nudger,
+    id: &str,
+    address: &str,
+    db: &std::path::Path,
+    host: &Host,
+) -> ExitCode {
+    if host.until_stdin_closes {
+        let link = link.clone();
         std::thread::spawn(move || {
             let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
-            socket.close();
+            link.close();
         });
     }
-    if let Some(every) = args.sell_every_ms {
-        let (db, id, nudger, sales) = (
-            args.replica.db.clone(),
-            args.replica.id.clone(),
-            socket.nudger(),
-            args.sales,
-        );
+    if let Some(every) = host.sell_every_ms {
+        let (db, id, sales): (PathBuf, String, u64) =
+            (db.to_path_buf(), id.to_string(), host.sales);
         std::thread::spawn(move || {
             if let Err(e) = sell(&db, &id, Duration::from_millis(every), sales, &nudger) {
                 eprintln!("magic-sync-replica `{id}`: selling: {e}");
             }
         });
     }
-    match magic_sync::run::replica::replica(&mut replica, &*socket) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("magic-sync-replica `{}`: {e}", args.replica.id);
-            ExitCode::FAILURE
-        }
-    }
+    magic_sync::run::process::serve(&mut replica, &link, id, address)
 }
 
 /// A till's host: sells a product now and then, and counts its stock,
@@ -79,7 +132,7 @@ fn sell(
     till: &str,
     every: Duration,
     sales: u64,
-    nudger: &magic_sync_http::client::Nudger,
+    nudger: &Nudger,
 ) -> Result<(), rusqlite::Error> {
     let conn = rusqlite::Connection::open(db)?;
     conn.busy_timeout(Duration::from_secs(30))?;
