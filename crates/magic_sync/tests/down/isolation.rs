@@ -8,6 +8,7 @@ use crate::relay::{for_the_runner, product_name, start_server, start_server_unti
 use magic_sync::envelope::{Ack, Gap, RowData, Up, UpRows};
 use magic_sync::relay::ReplicaInfo;
 use magic_sync::run::Report;
+use std::time::{Duration, Instant};
 
 /// The backends of the runner's two sessions (the lock's, and the
 /// publisher's): an attempt that ends closes both, and the next opens new ones.
@@ -184,19 +185,32 @@ async fn a_relay_whose_sessions_are_killed_between_steps_goes_on_and_loses_nothi
         fleet
             .write(&format!("UPDATE products SET name = '{name}' WHERE id = 1"))
             .await;
-        let killed: i64 = fleet
-            .writer
-            .query_one(
-                // This test's relay only: the tests beside it have their
-                // own on other databases of the same cluster.
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-                 WHERE datname = current_database() AND application_name LIKE 'magic_sync relay: %'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        assert!(killed >= 1, "round {i}: no session of the relay to kill");
+        // The write before may have gone out just as the last kill was
+        // noticed, with the relay now between attempts and holding no
+        // session: kill once it holds one again.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let killed: i64 = fleet
+                .writer
+                .query_one(
+                    // This test's relay only: the tests beside it have their
+                    // own on other databases of the same cluster.
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                     WHERE datname = current_database() AND application_name LIKE 'magic_sync relay: %'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if killed >= 1 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {i}: the relay held no session for 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         until(&format!("write {i} after the kill"), || async {
             product_name(&near).as_deref() == Some(*name)
         })
