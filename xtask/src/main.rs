@@ -5,7 +5,7 @@
 //! broker transport's (each starts its own) and, for the dashboard's page,
 //! Debian's Chromium. On a fresh machine none may be there; this installs
 //! whichever is missing with `apt-get` (through `sudo
-//! -n` when not root), then runs `cargo test --workspace --all-features`
+//! -n` when not root), then runs `cargo test --workspace --all-features --no-fail-fast`
 //! with any further arguments. `.ci/run` calls the same command, so what a
 //! newcomer runs is what CI runs.
 
@@ -25,7 +25,7 @@ fn main() -> ExitCode {
         _ => {
             eprintln!(
                 "usage: cargo xtask test [ARGS...]\n\n  test  installs PostgreSQL, nats-server and Chromium \
-                 when missing, then runs cargo test --workspace --all-features [ARGS...]"
+                 when missing, then runs cargo test --workspace --all-features --no-fail-fast [ARGS...]"
             );
             ExitCode::from(2)
         }
@@ -60,7 +60,9 @@ fn test(extra: Vec<String>) -> Result<ExitCode, String> {
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
-        .args(["test", "--workspace", "--all-features"])
+        // Every test binary runs even after one fails: a CI run says all
+        // that is wrong, not only the first.
+        .args(["test", "--workspace", "--all-features", "--no-fail-fast"])
         .args(&extra)
         .status()
         .map_err(|e| format!("cannot run cargo test: {e}"))?;
