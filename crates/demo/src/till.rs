@@ -122,7 +122,8 @@ fn serve<L: Connecting>(
             }
         });
     }
-    magic_sync::run::process::serve(&mut replica, &link, id, address)
+    // SIGTERM or Ctrl-C closes the link, as in any replica process.
+    magic_sync::run::process::run(&mut replica, link, id, address)
 }
 
 /// A till's host: sells a product now and then, and counts its stock,

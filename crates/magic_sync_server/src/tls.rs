@@ -16,10 +16,43 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use std::path::Path;
 use std::sync::Arc;
+use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{Client, Config};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
-/// What connects to PostgreSQL: plain or TLS, as `sslmode` says.
-pub type Tls = tokio_postgres_rustls::MakeRustlsConnect;
+/// What connects to PostgreSQL: plain or TLS, as `sslmode` says, over TCP
+/// or a Unix socket.
+#[derive(Clone)]
+pub struct Tls(MakeRustlsConnect);
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tls")
+    }
+}
+
+impl<S> MakeTlsConnect<S> for Tls
+where
+    MakeRustlsConnect: MakeTlsConnect<S>,
+{
+    type Stream = <MakeRustlsConnect as MakeTlsConnect<S>>::Stream;
+    type TlsConnect = <MakeRustlsConnect as MakeTlsConnect<S>>::TlsConnect;
+    type Error = <MakeRustlsConnect as MakeTlsConnect<S>>::Error;
+
+    fn make_tls_connect(&mut self, hostname: &str) -> Result<Self::TlsConnect, Self::Error> {
+        // A Unix socket has no host name, which rustls refuses as a server
+        // name: every connection through a socket failed, even with
+        // `sslmode=disable`. tokio-postgres never starts TLS without a host
+        // name (PostgreSQL offers none on a socket), so the name stands in
+        // and is never checked.
+        let name = if hostname.is_empty() {
+            "localhost"
+        } else {
+            hostname
+        };
+        self.0.make_tls_connect(name)
+    }
+}
 
 /// The variable naming the root certificates to verify the server against.
 pub const ROOT_CERTIFICATES: &str = "PGSSLROOTCERT";
@@ -61,7 +94,7 @@ pub fn tls_with_roots(roots: Option<&Path>) -> Result<Tls> {
             .with_custom_certificate_verifier(Arc::new(Unchecked(provider))),
     }
     .with_no_client_auth();
-    Ok(Tls::new(config))
+    Ok(Tls(MakeRustlsConnect::new(config)))
 }
 
 /// Connects as `config` says, TLS as its `sslmode` says, and drives the

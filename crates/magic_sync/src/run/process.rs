@@ -123,18 +123,26 @@ pub fn run<L: Connecting>(
     id: &str,
     address: &str,
 ) -> ExitCode {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
     {
-        let link = link.clone();
-        std::thread::spawn(move || {
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
+        Ok(runtime) => {
+            // The handlers are in place before the loop starts: a SIGTERM
+            // from then on closes the link, and never kills the process
+            // half-way (SIGTERM's default). Made outside a runtime, they
+            // panicked on their thread, and SIGTERM killed the process.
+            let signalled = {
+                let _entered = runtime.enter();
+                crate::run::server::stop_signal()
             };
-            runtime.block_on(crate::run::server::stop_signal());
-            link.close();
-        });
+            let link = link.clone();
+            std::thread::spawn(move || {
+                runtime.block_on(signalled);
+                link.close();
+            });
+        }
+        Err(e) => eprintln!("magic-sync-replica `{id}`: no signal handling: {e}"),
     }
     serve(replica, &link, id, address)
 }

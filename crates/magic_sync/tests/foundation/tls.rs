@@ -1,7 +1,8 @@
 //! The server's connections to PostgreSQL honour `sslmode`: against a
 //! cluster of its own with TLS on and a self-signed certificate, `require`
 //! connects over TLS (the engine's sessions too), and given root
-//! certificates the connection verifies the server against them.
+//! certificates the connection verifies the server against them; through
+//! the cluster's Unix socket it connects without TLS.
 
 use magic_sync::session::{Session, SessionSettings};
 use magic_sync_testdb::Cluster;
@@ -109,9 +110,31 @@ async fn sslmode_require_connects_over_tls_and_roots_given_are_checked() {
     );
     // A root file that is not PEM is a setup error, named.
     let err = magic_sync::tls::tls_with_roots(Some(dir.path()))
-        .err()
-        .expect("a directory is no certificate file");
+        .expect_err("a directory is no certificate file");
     assert_eq!(err.handling(), magic_sync::Handling::Stop, "{err}");
+
+    // Through the cluster's Unix socket, which has no host name for TLS:
+    // the engine's connector and sessions connect, unencrypted (PostgreSQL
+    // offers no TLS on a socket), whatever the sslmode short of `require`.
+    // Every such connection used to fail on the missing name.
+    for mode in [SslMode::Disable, SslMode::Prefer] {
+        let mut socket = tokio_postgres::Config::new();
+        socket
+            .host_path(cluster.socket_dir())
+            .port(cluster.port())
+            .user(cluster.admin_config().get_user().unwrap())
+            .dbname("postgres")
+            .ssl_mode(mode);
+        let client = magic_sync::tls::connect(&socket)
+            .await
+            .unwrap_or_else(|e| panic!("through the socket, {mode:?}: {e}"));
+        assert!(!ssl(&client).await);
+        let session = Session::open(&socket, &SessionSettings::default(), "record")
+            .await
+            .unwrap();
+        assert!(!ssl(session.client()).await);
+        session.close(Duration::from_secs(5)).await;
+    }
     drop(admin);
     tokio::task::spawn_blocking(move || cluster.stop())
         .await
