@@ -181,6 +181,19 @@ pub enum Command {
     /// `authorization` block from what is kept.
     #[command(subcommand)]
     Broker(Broker),
+    /// Installs the `sync` schema in the database, or brings it to this
+    /// build's version: what the relay does when it starts. Run it to
+    /// enrol replicas, or read the server's key, before the relay first
+    /// runs. Safe to run again, and beside a running relay.
+    Migrate,
+}
+
+impl Command {
+    /// Whether the command reads or writes the database; `broker server`
+    /// only draws a key pair.
+    pub fn needs_database(&self) -> bool {
+        !matches!(self, Command::Broker(Broker::Server))
+    }
 }
 
 /// `broker`'s commands.
@@ -345,6 +358,12 @@ pub enum Error {
     /// Keeping or reading the replicas' keys on a broker failed.
     #[error("the broker's keys: {0}")]
     Broker(#[from] magic_sync_nats::Error),
+    /// The database has no `sync` schema: nothing was installed yet.
+    #[error("this database has no sync schema yet: run `magic-sync migrate` (the relay also migrates when it starts)")]
+    NotMigrated,
+    /// Reading or installing the `sync` schema failed.
+    #[error("the sync schema: {0}")]
+    Schema(#[source] magic_sync::Error),
     /// Reading or replacing the server's key failed.
     #[error("the server's key: {0}")]
     Key(#[from] magic_sync::Error),
@@ -390,7 +409,25 @@ pub async fn run(
     client: &mut Client,
     out: &mut dyn Write,
 ) -> Result<Outcome, Error> {
+    if !matches!(command, Command::Migrate | Command::Broker(Broker::Server))
+        && magic_sync::schema::version(client)
+            .await
+            .map_err(Error::Schema)?
+            == 0
+    {
+        return Err(Error::NotMigrated);
+    }
     match command {
+        Command::Migrate => {
+            let version = magic_sync::schema::migrate(client)
+                .await
+                .map_err(Error::Schema)?;
+            let read = serde_json::json!({ "schema_version": version });
+            emit(out, json, &read, |read| {
+                format!("the sync schema is at version {}\n", read["schema_version"])
+            })?;
+            Ok(Outcome::Fine)
+        }
         Command::Overview { scope, worst } => {
             let read = ops::overview(client, &scope.scope(), *worst).await?;
             emit(out, json, &read, show::overview)?;
@@ -526,6 +563,28 @@ pub async fn run(
     }
 }
 
+/// Runs a command that needs no database ([`Command::needs_database`]):
+/// `broker server`, which draws the server's key pair on the broker and
+/// keeps it nowhere.
+pub fn run_offline(command: &Command, json: bool, out: &mut dyn Write) -> Result<Outcome, Error> {
+    let Command::Broker(Broker::Server) = command else {
+        return Err(Error::Argument("this command reads the database"));
+    };
+    let credentials = magic_sync_nats::access::Credentials::issue();
+    let read = serde_json::json!({
+        "public_key": credentials.public_key(),
+        "seed": credentials.seed(),
+    });
+    emit(out, json, &read, |read| {
+        format!(
+            "public key: {}\nseed: {}\n",
+            read["public_key"].as_str().unwrap_or(""),
+            read["seed"].as_str().unwrap_or("")
+        )
+    })?;
+    Ok(Outcome::Fine)
+}
+
 async fn broker(
     command: &Broker,
     json: bool,
@@ -534,13 +593,7 @@ async fn broker(
 ) -> Result<Outcome, Error> {
     use magic_sync_nats::access::{self, Access};
     let read = match command {
-        Broker::Server => {
-            let credentials = access::Credentials::issue();
-            serde_json::json!({
-                "public_key": credentials.public_key(),
-                "seed": credentials.seed(),
-            })
-        }
+        Broker::Server => return run_offline(&Command::Broker(Broker::Server), json, out),
         Broker::Enrol { replica } => {
             let credentials = access::enrol(client, replica).await?;
             serde_json::json!({
@@ -561,13 +614,7 @@ async fn broker(
         }
     };
     emit(out, json, &read, |read| {
-        if read["replica"].is_null() && read["seed"].is_string() {
-            format!(
-                "public key: {}\nseed: {}\n",
-                read["public_key"].as_str().unwrap_or(""),
-                read["seed"].as_str().unwrap_or("")
-            )
-        } else if let Some(seed) = read["seed"].as_str() {
+        if let Some(seed) = read["seed"].as_str() {
             format!("{seed}\n")
         } else if let Some(block) = read["authorization"].as_str() {
             block.to_string()

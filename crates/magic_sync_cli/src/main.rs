@@ -20,6 +20,12 @@ async fn main() -> ExitCode {
 }
 
 async fn main_with(cli: &Cli) -> Result<u8, String> {
+    if !cli.command.needs_database() {
+        let mut out = std::io::stdout().lock();
+        let outcome = magic_sync_cli::run_offline(&cli.command, cli.json, &mut out)
+            .map_err(|e| e.to_string())?;
+        return Ok(outcome.exit_code());
+    }
     let url = std::env::var("DATABASE_URL")
         .map_err(|_| "DATABASE_URL is not set: it names the server's database".to_string())?;
     // Errors are told without the URL: it may hold a password.

@@ -523,6 +523,61 @@ async fn indexes_names_each_missing_index_and_the_statement_that_makes_it() {
 }
 
 #[tokio::test]
+async fn a_database_not_migrated_says_to_migrate_and_migrate_installs_the_schema() {
+    let db = magic_sync_testdb::database().await;
+    // Before the relay ever ran: every command that reads the database
+    // says what to do, rather than that a relation does not exist.
+    for args in [&["overview"][..], &["key"], &["broker", "enrol", "till-1"]] {
+        let out = magic_sync(&db.url(), args);
+        assert_eq!(
+            out.status.code(),
+            Some(i32::from(magic_sync_cli::EXIT_ERROR)),
+            "{args:?}: {out:?}"
+        );
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            said.contains("run `magic-sync migrate`"),
+            "{args:?}: {said}"
+        );
+        assert!(!said.contains("does not exist"), "{args:?}: {said}");
+    }
+    let out = magic_sync(&db.url(), &["--json", "migrate"]);
+    assert!(out.status.success(), "{out:?}");
+    let migrated: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        migrated["schema_version"].as_i64(),
+        Some(i64::from(magic_sync::schema::CURRENT))
+    );
+    // Again: nothing to do, the same version.
+    let out = magic_sync(&db.url(), &["migrate"]);
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        format!(
+            "the sync schema is at version {}",
+            magic_sync::schema::CURRENT
+        )
+    );
+    let out = magic_sync(&db.url(), &["broker", "enrol", "till-1"]);
+    assert!(out.status.success(), "{out:?}");
+    let out = magic_sync(&db.url(), &["key"]);
+    assert!(out.status.success(), "{out:?}");
+}
+
+#[test]
+fn broker_server_draws_a_key_pair_without_a_database() {
+    let out = Command::new(env!("CARGO_BIN_EXE_magic-sync"))
+        .args(["--json", "broker", "server"])
+        .env_remove("DATABASE_URL")
+        .output()
+        .expect("the binary runs");
+    assert!(out.status.success(), "{out:?}");
+    let drawn: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let server =
+        magic_sync_nats::access::Credentials::from_seed(drawn["seed"].as_str().unwrap()).unwrap();
+    assert_eq!(drawn["public_key"], server.public_key());
+}
+
+#[tokio::test]
 async fn broker_enrols_revokes_and_writes_the_block_from_the_keys_kept() {
     let db = fleet().await;
     let out = magic_sync(&db.url(), &["--json", "broker", "server"]);
