@@ -130,6 +130,9 @@ struct Shared {
     /// Times it began reading.
     readings: AtomicU64,
     last_error: Mutex<Option<String>>,
+    /// The broker's last refusal of a subject (a permissions violation):
+    /// what explains the timeouts that follow it.
+    refused: Mutex<Option<String>>,
     stopping: AtomicBool,
     stop: Notify,
 }
@@ -289,7 +292,19 @@ async fn run(
         let options = settings
             .reach()
             .apply(async_nats::ConnectOptions::with_nkey(settings.seed.clone()));
+        let noting = shared.clone();
         let connecting = options
+            .event_callback(move |event| {
+                let noting = noting.clone();
+                async move {
+                    if let async_nats::Event::ServerError(e) = event {
+                        let e = e.to_string();
+                        if e.contains("ermissions") {
+                            *noting.refused.lock().expect("not poisoned") = Some(e);
+                        }
+                    }
+                }
+            })
             .name(format!("magic_sync replica {}", settings.replica))
             .custom_inbox_prefix(inbox_of(&settings.replica))
             .max_reconnects(None)
@@ -297,7 +312,15 @@ async fn run(
         let failed = tokio::select! {
             connected = connecting => match connected {
                 Ok(client) => break client,
-                Err(e) => format!("connecting to {}: {e}", settings.url),
+                Err(e) => {
+                    let mut why = format!("connecting to {}: {e}", settings.url);
+                    if why.contains("certificate") {
+                        why.push_str(
+                            " (is the broker's certificate, or its authority, the one `trust` names?)",
+                        );
+                    }
+                    why
+                }
             },
             () = shared.stop.notified() => {
                 let _ = feed.send(Delivery::Closed);
@@ -327,9 +350,19 @@ async fn run(
         thread.shared.reading.store(false, Ordering::Release);
         match ended {
             Ended::Stopped => break,
-            Ended::Failed { why, was_reading } => {
+            Ended::Failed {
+                mut why,
+                was_reading,
+            } => {
                 if was_reading {
                     backoff.reset();
+                }
+                if let Some(refused) = thread.shared.refused.lock().expect("not poisoned").take() {
+                    why = format!(
+                        "{why}; the broker refused this connection a subject ({refused}): is this \
+                         seed the one enrolled for `{}`?",
+                        thread.settings.replica
+                    );
                 }
                 *thread.shared.last_error.lock().expect("not poisoned") = Some(why);
             }

@@ -222,3 +222,44 @@ async fn the_broker_lets_in_the_replicas_enrolled_and_not_those_revoked() {
         "a revoked key connected"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mailbox_given_another_replica_s_seed_says_so() {
+    use magic_sync_nats::mailbox::{Mailbox, Settings as MailboxSettings};
+    let nats = Nats::start(&["till a", "till b"]);
+    let broker = Broker::connect(Settings::new(nats.url()), nats.server.seed())
+        .await
+        .unwrap();
+    broker.prepare("till a").await.unwrap();
+    // Till a's id with till b's seed: the broker lets the connection in
+    // (the seed is b's) and refuses it a's subjects.
+    let mailbox = Mailbox::open(MailboxSettings::new(
+        nats.url(),
+        "till a",
+        nats.seed("till b"),
+    ))
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let why = loop {
+        if let Some(why) = mailbox.last_error() {
+            if why.contains("enrolled") {
+                break why;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never said why: {:?}",
+            mailbox.last_error()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        why.contains("is this seed the one enrolled for `till a`?"),
+        "{why}"
+    );
+    assert!(why.contains("ermissions"), "{why}");
+    assert!(
+        !why.contains(nats.seed("till b")),
+        "the seed printed: {why}"
+    );
+}

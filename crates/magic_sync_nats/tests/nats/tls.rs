@@ -83,6 +83,7 @@ async fn a_side_that_trusts_another_certificate_never_connects_and_says_why() {
         refused.to_string().to_lowercase().contains("certificate"),
         "{refused}"
     );
+    assert!(refused.to_string().contains("`trust`"), "{refused}");
 
     let mailbox = Mailbox::open(reading(&nats, "till a", &wrong)).expect("settings");
     // It keeps trying; wait for it to have said why it cannot read.
@@ -95,6 +96,7 @@ async fn a_side_that_trusts_another_certificate_never_connects_and_says_why() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert!(why.to_lowercase().contains("certificate"), "{why}");
+    assert!(why.contains("`trust`"), "says where to look: {why}");
     assert!(!mailbox.is_reading());
     assert!(
         matches!(
