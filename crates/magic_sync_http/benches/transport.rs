@@ -70,6 +70,7 @@ use magic_sync::envelope::{to_replica::Body, ToReplica, Up};
 use magic_sync::relay::{ReplicaInfo, Replicas, Transport};
 use magic_sync::replica::{Replica, UplinkError};
 use magic_sync::run::memory::Network;
+use magic_sync::run::process::Connecting;
 use magic_sync::run::replica::Link;
 use magic_sync::run::server::Reports;
 use magic_sync::run::{Delivery, Report};
@@ -244,8 +245,8 @@ fn run_replica(id: &str, path: &Path, link: &dyn Link, seen: &Seen, key: ServerK
 struct Local {
     seen: Arc<Seen>,
     network: Option<Network>,
-    sockets: Vec<Arc<Socket>>,
-    mailboxes: Vec<Arc<Mailbox>>,
+    /// The links over a network, to close when done.
+    links: Vec<Arc<dyn Connecting>>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
@@ -268,8 +269,7 @@ impl Local {
         Local {
             seen,
             network: Some(network.clone()),
-            sockets: Vec::new(),
-            mailboxes: Vec::new(),
+            links: Vec::new(),
             threads,
         }
     }
@@ -282,36 +282,14 @@ impl Local {
         key: ServerKey,
         trust: Option<&Path>,
     ) -> Local {
-        let seen = Arc::new(Seen::default());
-        let mut sockets = Vec::new();
-        let mut threads = Vec::new();
-        for (id, secret) in replicas {
-            let socket = Arc::new(
-                Socket::connect(ClientSettings {
-                    max_message_bytes: MAX_MESSAGE,
-                    trust: trust.map(Path::to_path_buf),
-                    ..ClientSettings::new(url, id, secret)
-                })
-                .expect("a socket"),
-            );
-            let (id, path, link, seen) = (
-                id.clone(),
-                dir.join(format!("{id}.sqlite")),
-                socket.clone(),
-                seen.clone(),
-            );
-            threads.push(std::thread::spawn(move || {
-                run_replica(&id, &path, &*link, &seen, key)
-            }));
-            sockets.push(socket);
-        }
-        Local {
-            seen,
-            network: None,
-            sockets,
-            mailboxes: Vec::new(),
-            threads,
-        }
+        Local::linked(replicas, dir, key, |id, secret| {
+            Socket::connect(ClientSettings {
+                max_message_bytes: MAX_MESSAGE,
+                trust: trust.map(Path::to_path_buf),
+                ..ClientSettings::new(url, id, secret)
+            })
+            .expect("a socket")
+        })
     }
 
     /// Each reading its mailbox on the broker at `url`: `(id, seed)`.
@@ -322,34 +300,44 @@ impl Local {
         key: ServerKey,
         trust: Option<&Path>,
     ) -> Local {
+        Local::linked(replicas, dir, key, |id, seed| {
+            Mailbox::open(mailbox::Settings {
+                max_message_bytes: MAX_MESSAGE,
+                trust: trust.map(Path::to_path_buf),
+                ..mailbox::Settings::new(url, id, seed)
+            })
+            .expect("a mailbox")
+        })
+    }
+
+    /// Each replica's loop on a thread of its own, over the link `open`
+    /// makes for it from `(id, secret)`.
+    fn linked<L: Connecting>(
+        replicas: &[(String, String)],
+        dir: &Path,
+        key: ServerKey,
+        open: impl Fn(&str, &str) -> L,
+    ) -> Local {
         let seen = Arc::new(Seen::default());
-        let mut mailboxes = Vec::new();
+        let mut links: Vec<Arc<dyn Connecting>> = Vec::new();
         let mut threads = Vec::new();
-        for (id, seed) in replicas {
-            let mailbox = Arc::new(
-                Mailbox::open(mailbox::Settings {
-                    max_message_bytes: MAX_MESSAGE,
-                    trust: trust.map(Path::to_path_buf),
-                    ..mailbox::Settings::new(url, id, seed)
-                })
-                .expect("a mailbox"),
-            );
-            let (id, path, link, seen) = (
+        for (id, secret) in replicas {
+            let link = Arc::new(open(id, secret));
+            let (id, path, looped, seen) = (
                 id.clone(),
                 dir.join(format!("{id}.sqlite")),
-                mailbox.clone(),
+                link.clone(),
                 seen.clone(),
             );
             threads.push(std::thread::spawn(move || {
-                run_replica(&id, &path, &*link, &seen, key)
+                run_replica(&id, &path, &*looped, &seen, key)
             }));
-            mailboxes.push(mailbox);
+            links.push(link);
         }
         Local {
             seen,
             network: None,
-            sockets: Vec::new(),
-            mailboxes,
+            links,
             threads,
         }
     }
@@ -393,11 +381,8 @@ impl Local {
         if let Some(network) = &self.network {
             network.close();
         }
-        for socket in &self.sockets {
-            socket.close();
-        }
-        for mailbox in &self.mailboxes {
-            mailbox.close();
+        for link in &self.links {
+            link.close();
         }
         for thread in self.threads {
             thread.join().expect("a replica's thread");
@@ -1152,19 +1137,16 @@ async fn parent() {
     println!();
     // A round's runs ran back to back: each ratio is taken within a round,
     // then the median of the rounds' ratios.
-    println!(
-        "| medians of {rounds} round(s) | {} | {} |",
-        kinds
-            .iter()
-            .map(|k| k.name())
-            .collect::<Vec<_>>()
-            .join(" | "),
-        ratios
-            .iter()
-            .map(|(a, b)| format!("{} / {}", a.name(), b.name()))
-            .collect::<Vec<_>>()
-            .join(" | ")
-    );
+    let heads: Vec<String> = kinds
+        .iter()
+        .map(|k| k.name().to_string())
+        .chain(
+            ratios
+                .iter()
+                .map(|(a, b)| format!("{} / {}", a.name(), b.name())),
+        )
+        .collect();
+    println!("| medians of {rounds} round(s) | {} |", heads.join(" | "));
     println!("| --- |{}", " --- |".repeat(kinds.len() + ratios.len()));
     let row = |scenario: &str, what: String, unit: &str, get: &dyn Fn(&Figures) -> f64| {
         let of = |kind: Kind| -> Vec<f64> {
@@ -1189,12 +1171,11 @@ async fn parent() {
             .iter()
             .map(|&k| format!("{:.1} {unit}", median(of(k))))
             .collect();
-        let shown: Vec<String> = ratios.iter().map(|&(a, b)| ratio(a, b)).collect();
-        println!(
-            "| {scenario}: {what} | {} | {} |",
-            medians.join(" | "),
-            shown.join(" | ")
-        );
+        let cells: Vec<String> = medians
+            .into_iter()
+            .chain(ratios.iter().map(|&(a, b)| ratio(a, b)))
+            .collect();
+        println!("| {scenario}: {what} | {} |", cells.join(" | "));
     };
     for scenario in &scenarios {
         row(

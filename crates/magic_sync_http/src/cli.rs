@@ -3,13 +3,22 @@
 //! the binary is the host's; this is all of its body:
 //!
 //! ```no_run
-//! # fn engine() -> &'static magic_sync::Engine {
-//! #     Box::leak(Box::new(magic_sync::Engine::builder().build().unwrap()))
-//! # }
 //! use clap::Parser;
+//! use std::sync::OnceLock;
+//!
+//! /// The host's declarations, made once and kept for the program's life.
+//! fn engine() -> &'static magic_sync::Engine {
+//!     static ENGINE: OnceLock<magic_sync::Engine> = OnceLock::new();
+//!     ENGINE.get_or_init(|| {
+//!         magic_sync::Engine::builder()
+//!             // .table::<Artist>().table::<Album>() ...: the host's tables
+//!             .build()
+//!             .expect("the declarations hold together")
+//!     })
+//! }
+//!
 //! fn main() -> std::process::ExitCode {
 //!     let args = magic_sync_http::cli::ReplicaArgs::parse();
-//!     // The engine lives as long as the program (a `OnceLock`, or leaked).
 //!     // The foreign keys among its tables come from the server.
 //!     magic_sync_http::cli::run_replica(&args, engine())
 //! }
