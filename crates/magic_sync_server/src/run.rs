@@ -524,6 +524,12 @@ struct Book {
     streamed: (u64, u64),
     /// Failed, to be put back to waiting on the lock's connection.
     failed: Vec<Failed>,
+    /// A snapshot ended since the pass began: news the pass may not have
+    /// seen (its end committed after the pass read), so another pass goes
+    /// before the relay rests. Without it, changes held back for the end
+    /// of a snapshot that ended mid-pass waited for the next wake, up to
+    /// `idle_longest`.
+    ended: bool,
 }
 
 impl Book {
@@ -533,6 +539,7 @@ impl Book {
         settings: &Settings,
     ) {
         self.running.remove(&replica);
+        self.ended = true;
         match result {
             Ok(streamed) => {
                 self.streamed.0 += streamed.messages;
@@ -597,6 +604,7 @@ async fn record_forever<H: Replicas, T: Transport>(
     loop {
         let replicas = host.replicas().await?;
         let started = std::time::Instant::now();
+        book.ended = false;
         let pass = relay.record(client, &replicas, workers.transport.max_message_bytes());
         let recorded = beside_snapshots(pass, &mut streaming, &mut book, &settings).await;
         let recorded = match recorded {
@@ -637,7 +645,11 @@ async fn record_forever<H: Replicas, T: Transport>(
                 streaming.push(workers.stream(snapshot));
             }
         }
-        if recorded.messages == 0 && recorded.planned.notes == 0 && recorded.deployed.is_none() {
+        if recorded.messages == 0
+            && recorded.planned.notes == 0
+            && recorded.deployed.is_none()
+            && !book.ended
+        {
             rest(client, wakes, &mut streaming, &mut book, &settings).await?;
         }
     }
