@@ -158,15 +158,7 @@ impl Broker {
             .max_reconnects(None)
             .connect(&settings.url)
             .await
-            .map_err(|e| {
-                let mut why = format!("connecting to {}: {e}", settings.url);
-                if why.contains("certificate") {
-                    why.push_str(
-                        " (is the broker's certificate, or its authority, the one `trust` names?)",
-                    );
-                }
-                Error::Broker(why)
-            })?;
+            .map_err(|e| Error::Broker(settings.reach().not_connected(&e)))?;
         let payload = client.server_info().max_payload;
         let max_message_bytes = settings
             .max_message_bytes

@@ -124,6 +124,18 @@ impl Reach<'_> {
         Ok(())
     }
 
+    /// Why connecting failed, as the operator reads it: a certificate not
+    /// trusted points at `trust`, where the fix lies.
+    pub(crate) fn not_connected(&self, e: &impl std::fmt::Display) -> String {
+        let mut why = format!("connecting to {}: {e}", self.url);
+        if why.contains("certificate") {
+            why.push_str(
+                " (is the broker's certificate, or its authority, the one `trust` names?)",
+            );
+        }
+        why
+    }
+
     /// `options` trusting what `trust` names, and requiring TLS if it names
     /// anything.
     pub(crate) fn apply(&self, options: async_nats::ConnectOptions) -> async_nats::ConnectOptions {

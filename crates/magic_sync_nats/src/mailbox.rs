@@ -312,15 +312,7 @@ async fn run(
         let failed = tokio::select! {
             connected = connecting => match connected {
                 Ok(client) => break client,
-                Err(e) => {
-                    let mut why = format!("connecting to {}: {e}", settings.url);
-                    if why.contains("certificate") {
-                        why.push_str(
-                            " (is the broker's certificate, or its authority, the one `trust` names?)",
-                        );
-                    }
-                    why
-                }
+                Err(e) => settings.reach().not_connected(&e),
             },
             () = shared.stop.notified() => {
                 let _ = feed.send(Delivery::Closed);
