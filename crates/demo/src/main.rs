@@ -459,10 +459,29 @@ async fn run(args: Args) -> Fallible<ExitCode> {
         children.push(start_till(&args, &url, &key, &certificate.0, till)?);
     }
 
-    let outcome = tokio::select! {
-        outcome = live(&args, &config, &client, &tills) => outcome,
+    let mut outcome = tokio::select! {
+        outcome = live(&args, &config, &client, &tills, &mut children) => outcome,
         () = magic_sync::run::server::stop_signal() => Ok(Live::Interrupted),
     };
+    // What went wrong is in the tills' own words, and the broker's.
+    if let Ok(Live::Diverged(report)) = &mut outcome {
+        report.push_str(&said_last(&args, &tills, &mut children));
+        if let Link::Broker(broker, _) = &link {
+            report.push_str("\nthe broker holds:\n");
+            for till in &tills {
+                let line = broker
+                    .describe(till)
+                    .await
+                    .unwrap_or_else(|e| e.to_string());
+                report.push_str(&format!("    {till}: {line}\n"));
+            }
+            let line = broker
+                .describe_uploads()
+                .await
+                .unwrap_or_else(|e| e.to_string());
+            report.push_str(&format!("    {line}\n"));
+        }
+    }
     // Closing their input stops the tills; one that does not stop in
     // time is killed (its file is safe: every write is a transaction).
     for child in &mut children {
@@ -515,6 +534,46 @@ enum Link {
     ),
     /// A broker, and the `nats-server` the demo started.
     Broker(Broker, Stopped),
+}
+
+/// Whether each till still runs, and the last lines each wrote to its log
+/// (and the broker to its own, but for its notices): where a demo that did
+/// not converge says why.
+fn said_last(args: &Args, tills: &[String], children: &mut [Child]) -> String {
+    const LINES: usize = 12;
+    let tail = |path: &Path, keep: &dyn Fn(&str) -> bool| -> String {
+        match std::fs::read_to_string(path) {
+            Ok(text) => {
+                let lines: Vec<&str> = text.lines().filter(|l| keep(l)).collect();
+                let from = lines.len().saturating_sub(LINES);
+                lines[from..].iter().map(|l| format!("    {l}\n")).collect()
+            }
+            Err(e) => format!("    (cannot read {}: {e})\n", path.display()),
+        }
+    };
+    let mut out = String::new();
+    for (till, child) in tills.iter().zip(children.iter_mut()) {
+        let state = match child.try_wait() {
+            Ok(None) => "runs".to_string(),
+            Ok(Some(status)) => format!("exited early ({status})"),
+            Err(e) => format!("unknown ({e})"),
+        };
+        let log = args.data.join(format!("{till}.log"));
+        out.push_str(&format!(
+            "\n{till} {state}; the end of {}:\n{}",
+            log.display(),
+            tail(&log, &|_| true)
+        ));
+    }
+    if args.broker {
+        let log = args.data.join("nats.log");
+        out.push_str(&format!(
+            "\nthe broker's warnings and errors, from {}:\n{}",
+            log.display(),
+            tail(&log, &|l| !l.contains("[INF]"))
+        ));
+    }
+    out
 }
 
 /// A process stopped when this is dropped, however the demo ends.
@@ -652,6 +711,7 @@ async fn live(
     config: &tokio_postgres::Config,
     client: &tokio_postgres::Client,
     tills: &[String],
+    children: &mut [Child],
 ) -> Fallible<Live> {
     // The operator's reads take transactions: a connection of their own.
     let mut ops_client = connect(config).await?;
@@ -676,6 +736,21 @@ async fn live(
     loop {
         tick.tick().await;
         let now = Instant::now();
+        // A till runs until the demo ends it: one that stopped will not
+        // converge, and its log says why.
+        let stopped: Vec<&str> = tills
+            .iter()
+            .zip(children.iter_mut())
+            .filter_map(|(till, child)| {
+                (!matches!(child.try_wait(), Ok(None))).then_some(till.as_str())
+            })
+            .collect();
+        if !stopped.is_empty() {
+            return Ok(Live::Diverged(format!(
+                "{} stopped before converging:",
+                stopped.join(", ")
+            )));
+        }
         if now < writes_end {
             write(client, tills).await?;
             writes += 1;

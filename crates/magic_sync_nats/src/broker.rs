@@ -22,7 +22,7 @@
 //!   after any lost upload.
 
 use crate::{
-    down_subject, replica_of, stream_of, Error, Reach, Result, UP, UP_CONSUMER, UP_STREAM,
+    down_subject, replica_of, stream_of, Error, Reach, Result, CONSUMER, UP, UP_CONSUMER, UP_STREAM,
 };
 use async_nats::jetstream::{self, consumer, stream, AckKind};
 use futures_util::StreamExt;
@@ -193,6 +193,69 @@ impl Broker {
         self.inner
             .stream(&ReplicaId::from(replica.to_string()))
             .await
+    }
+
+    /// Where `replica`'s mailbox stands on the broker, in a line an
+    /// operator reads: messages waiting in its stream, and what its
+    /// consumer was handed, acknowledged and has yet to take. What tells a
+    /// replica that does not read (no consumer) from one that reads and
+    /// does not acknowledge.
+    pub async fn describe(&self, replica: &str) -> Result<String> {
+        let name = stream_of(replica);
+        let mut stream = match self.inner.js.get_stream(&name).await {
+            Ok(stream) => stream,
+            Err(e) => return Ok(format!("no stream `{name}` ({e})")),
+        };
+        let waiting = stream
+            .info()
+            .await
+            .map_err(|e| Error::broker(&format!("the stream `{name}`"), e))?
+            .state
+            .messages;
+        let consumer = match stream.consumer_info(CONSUMER).await {
+            Ok(info) => format!(
+                "its consumer was handed up to #{}, {} of them not acknowledged ({} handed again), \
+                 {} yet to hand, {} pull requests waiting",
+                info.delivered.stream_sequence,
+                info.num_ack_pending,
+                info.num_redelivered,
+                info.num_pending,
+                info.num_waiting
+            ),
+            Err(e) => format!("no consumer reads it ({e})"),
+        };
+        Ok(format!(
+            "{waiting} messages waiting in `{name}`; {consumer}"
+        ))
+    }
+
+    /// What waits for the server in the upload stream, as [`describe`]
+    /// says it for a replica.
+    ///
+    /// [`describe`]: Broker::describe
+    pub async fn describe_uploads(&self) -> Result<String> {
+        let mut stream = self
+            .inner
+            .js
+            .get_stream(UP_STREAM)
+            .await
+            .map_err(|e| Error::broker("the upload stream", e))?;
+        let waiting = stream
+            .info()
+            .await
+            .map_err(|e| Error::broker("the upload stream", e))?
+            .state
+            .messages;
+        let consumer = match stream.consumer_info(UP_CONSUMER).await {
+            Ok(info) => format!(
+                "the server was handed up to #{}, {} of them not yet drained, {} yet to hand",
+                info.delivered.stream_sequence, info.num_ack_pending, info.num_pending
+            ),
+            Err(e) => format!("the server's consumer is missing ({e})"),
+        };
+        Ok(format!(
+            "{waiting} reports waiting in `{UP_STREAM}`; {consumer}"
+        ))
     }
 
     /// The broker's client, as the server connected.

@@ -1,8 +1,10 @@
 //! The broker transport against a real `nats-server` (started by each test,
 //! as PostgreSQL is) and a real relay: what replicas may reach, and the
-//! random walk through the broker across its restart, and TLS to it.
+//! random walk through the broker across its restart, TLS to it, and what
+//! the broker says it holds for a replica.
 
 mod access;
+mod describe;
 mod tls;
 mod walk;
 
