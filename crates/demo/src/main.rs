@@ -469,16 +469,16 @@ async fn run(args: Args) -> Fallible<ExitCode> {
         if let Link::Broker(broker, _) = &link {
             report.push_str("\nthe broker holds:\n");
             for till in &tills {
-                let line = broker
-                    .describe(till)
-                    .await
-                    .unwrap_or_else(|e| e.to_string());
+                let line = match broker.standing(till).await {
+                    Ok(standing) => standing.to_string(),
+                    Err(e) => e.to_string(),
+                };
                 report.push_str(&format!("    {till}: {line}\n"));
             }
-            let line = broker
-                .describe_uploads()
-                .await
-                .unwrap_or_else(|e| e.to_string());
+            let line = match broker.uploads_standing().await {
+                Ok(standing) => standing.to_string(),
+                Err(e) => e.to_string(),
+            };
             report.push_str(&format!("    {line}\n"));
         }
     }

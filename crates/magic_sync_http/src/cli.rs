@@ -119,38 +119,3 @@ impl Connecting for Socket {
         Socket::close(self);
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::ReplicaArgs;
-    use clap::Parser;
-    use magic_sync::sign::Signer;
-
-    #[test]
-    fn a_server_key_beginning_with_a_hyphen_is_taken_as_the_key() {
-        // The first of a fixed run of keys that begins with `-`.
-        let key = (0..u16::MAX)
-            .map(|i| {
-                let mut seed = [0u8; 32];
-                seed[..2].copy_from_slice(&i.to_le_bytes());
-                Signer::new(&seed, Vec::new()).public().to_string()
-            })
-            .find(|k| k.starts_with('-'))
-            .expect("one key in 64 begins with `-`");
-        let args = ReplicaArgs::try_parse_from([
-            "till",
-            "--server",
-            "wss://server.example",
-            "--id",
-            "till-1",
-            "--secret-file",
-            "till.secret",
-            "--server-key",
-            &key,
-            "--db",
-            "till.sqlite",
-        ])
-        .unwrap_or_else(|e| panic!("`--server-key {key}` refused: {e}"));
-        assert_eq!(args.replica.server_key.to_string(), key);
-    }
-}

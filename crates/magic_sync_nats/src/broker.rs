@@ -195,72 +195,146 @@ impl Broker {
             .await
     }
 
-    /// Where `replica`'s mailbox stands on the broker, in a line an
-    /// operator reads: messages waiting in its stream, and what its
-    /// consumer was handed, acknowledged and has yet to take. What tells a
-    /// replica that does not read (no consumer) from one that reads and
-    /// does not acknowledge.
-    pub async fn describe(&self, replica: &str) -> Result<String> {
-        let name = stream_of(replica);
-        let mut stream = match self.inner.js.get_stream(&name).await {
-            Ok(stream) => stream,
-            Err(e) => return Ok(format!("no stream `{name}` ({e})")),
-        };
-        let waiting = stream
-            .info()
-            .await
-            .map_err(|e| Error::broker(&format!("the stream `{name}`"), e))?
-            .state
-            .messages;
-        let consumer = match stream.consumer_info(CONSUMER).await {
-            Ok(info) => format!(
-                "its consumer was handed up to #{}, {} of them not acknowledged ({} handed again), \
-                 {} yet to hand, {} pull requests waiting",
-                info.delivered.stream_sequence,
-                info.num_ack_pending,
-                info.num_redelivered,
-                info.num_pending,
-                info.num_waiting
-            ),
-            Err(e) => format!("no consumer reads it ({e})"),
-        };
-        Ok(format!(
-            "{waiting} messages waiting in `{name}`; {consumer}"
-        ))
+    /// Where `replica`'s mailbox stands on the broker ([`Standing`]).
+    pub async fn standing(&self, replica: &str) -> Result<Standing> {
+        standing(&self.inner.js, &stream_of(replica), CONSUMER).await
     }
 
-    /// What waits for the server in the upload stream, as [`describe`]
-    /// says it for a replica.
+    /// Where the reports waiting for the server stand, as [`standing`]
+    /// says it of a replica's messages.
     ///
-    /// [`describe`]: Broker::describe
-    pub async fn describe_uploads(&self) -> Result<String> {
-        let mut stream = self
-            .inner
-            .js
-            .get_stream(UP_STREAM)
-            .await
-            .map_err(|e| Error::broker("the upload stream", e))?;
-        let waiting = stream
-            .info()
-            .await
-            .map_err(|e| Error::broker("the upload stream", e))?
-            .state
-            .messages;
-        let consumer = match stream.consumer_info(UP_CONSUMER).await {
-            Ok(info) => format!(
-                "the server was handed up to #{}, {} of them not yet drained, {} yet to hand",
-                info.delivered.stream_sequence, info.num_ack_pending, info.num_pending
-            ),
-            Err(e) => format!("the server's consumer is missing ({e})"),
-        };
-        Ok(format!(
-            "{waiting} reports waiting in `{UP_STREAM}`; {consumer}"
-        ))
+    /// [`standing`]: Broker::standing
+    pub async fn uploads_standing(&self) -> Result<Standing> {
+        standing(&self.inner.js, UP_STREAM, UP_CONSUMER).await
     }
 
     /// The broker's client, as the server connected.
     pub fn client(&self) -> &async_nats::Client {
         &self.inner.client
+    }
+}
+
+/// Where a stream and its one consumer stand on the broker: a replica's
+/// messages and the replica's consumer, or the reports and the server's.
+/// What tells a replica that never reads (no consumer: it is not running,
+/// or cannot connect) from one that reads and is slow (messages handed and
+/// not acknowledged).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Standing {
+    /// The stream's name.
+    pub stream: String,
+    /// Messages the stream keeps; `None` when there is no such stream.
+    pub waiting: Option<u64>,
+    /// Its consumer; `None` when nothing reads the stream.
+    pub consumer: Option<Reading>,
+}
+
+/// What a stream's consumer was handed and has dealt with.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Reading {
+    /// The stream's last message handed to it.
+    pub handed_up_to: u64,
+    /// Handed and not yet acknowledged.
+    pub not_acknowledged: usize,
+    /// Handed more than once (not acknowledged in time).
+    pub handed_again: usize,
+    /// In the stream and not yet handed.
+    pub yet_to_hand: u64,
+}
+
+impl std::fmt::Display for Standing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Some(waiting) = self.waiting else {
+            return write!(f, "no stream `{}`", self.stream);
+        };
+        write!(f, "{waiting} messages waiting in `{}`; ", self.stream)?;
+        match &self.consumer {
+            None => write!(f, "no consumer reads it"),
+            Some(r) => write!(
+                f,
+                "its consumer was handed up to #{}, {} of them not acknowledged \
+                 ({} handed again), {} yet to hand",
+                r.handed_up_to, r.not_acknowledged, r.handed_again, r.yet_to_hand
+            ),
+        }
+    }
+}
+
+/// Where `stream` and its consumer `consumer` stand; reads only.
+async fn standing(js: &jetstream::Context, stream: &str, consumer: &str) -> Result<Standing> {
+    let unknown = |e: &dyn std::fmt::Display| e.to_string().contains("not found");
+    let mut found = match js.get_stream(stream).await {
+        Ok(found) => found,
+        Err(e) if unknown(&e) => {
+            return Ok(Standing {
+                stream: stream.to_string(),
+                waiting: None,
+                consumer: None,
+            })
+        }
+        Err(e) => return Err(Error::broker(&format!("the stream `{stream}`"), e)),
+    };
+    let waiting = found
+        .info()
+        .await
+        .map_err(|e| Error::broker(&format!("the stream `{stream}`"), e))?
+        .state
+        .messages;
+    let consumer = match found.consumer_info(consumer).await {
+        Ok(info) => Some(Reading {
+            handed_up_to: info.delivered.stream_sequence,
+            not_acknowledged: info.num_ack_pending,
+            handed_again: info.num_redelivered,
+            yet_to_hand: info.num_pending,
+        }),
+        Err(e) if unknown(&e) => None,
+        Err(e) => {
+            return Err(Error::broker(
+                &format!("the consumer `{consumer}` of `{stream}`"),
+                e,
+            ))
+        }
+    };
+    Ok(Standing {
+        stream: stream.to_string(),
+        waiting: Some(waiting),
+        consumer,
+    })
+}
+
+/// A connection as the server that only asks the broker where streams
+/// stand: it takes no report, so it may run beside the relay (as
+/// `magic-sync broker status` does).
+#[derive(Debug, Clone)]
+pub struct Inspector {
+    js: jetstream::Context,
+}
+
+impl Inspector {
+    /// Connects as the server (`seed`), as [`Broker::connect`] does, and
+    /// makes nothing.
+    pub async fn connect(settings: &Settings, seed: &str) -> Result<Inspector> {
+        settings.reach().check("the server sends")?;
+        let client = settings
+            .reach()
+            .apply(async_nats::ConnectOptions::with_nkey(seed.to_string()))
+            .name("magic_sync inspector")
+            .connect(&settings.url)
+            .await
+            .map_err(|e| Error::Broker(settings.reach().not_connected(&e)))?;
+        Ok(Inspector {
+            js: jetstream::new(client),
+        })
+    }
+
+    /// [`Broker::standing`].
+    pub async fn standing(&self, replica: &str) -> Result<Standing> {
+        standing(&self.js, &stream_of(replica), CONSUMER).await
+    }
+
+    /// [`Broker::uploads_standing`].
+    pub async fn uploads_standing(&self) -> Result<Standing> {
+        standing(&self.js, UP_STREAM, UP_CONSUMER).await
     }
 }
 

@@ -4,7 +4,7 @@
 //! the broker says it holds for a replica.
 
 mod access;
-mod describe;
+mod standing;
 mod tls;
 mod walk;
 
