@@ -178,7 +178,8 @@ pub enum Command {
     },
     /// The replicas' keys on a NATS broker (`magic_sync_nats`), kept by the
     /// server: enrol or revoke a replica, and write the broker's
-    /// `authorization` block from what is kept.
+    /// `authorization` block from what is kept; and where each replica
+    /// stands on the broker.
     #[command(subcommand)]
     Broker(Broker),
     /// Installs the `sync` schema in the database, or brings it to this
@@ -225,6 +226,51 @@ pub enum Broker {
         #[arg(long, value_name = "KEY")]
         server: String,
     },
+    /// Where each replica stands on the broker: messages waiting in its
+    /// stream, whether it reads them, what it was handed and has not
+    /// acknowledged; and the reports waiting for the server. A replica
+    /// that never reads (not running, or cannot connect) shows no
+    /// consumer. Connects as the server and takes nothing, so it runs
+    /// beside the relay.
+    Status {
+        /// The broker: tls://host:4222, or nats://host:4222 on this
+        /// machine.
+        #[arg(long, env = "MAGIC_SYNC_BROKER")]
+        broker: String,
+        /// A file holding the server's seed on the broker (its first
+        /// line), as `broker server` printed it.
+        #[arg(long)]
+        seed_file: std::path::PathBuf,
+        /// PEM certificates to trust for the broker's TLS in place of the
+        /// system's roots; TLS is then required.
+        #[arg(long)]
+        trust: Option<std::path::PathBuf>,
+        /// Allow nats:// (no TLS) to a broker on another machine.
+        #[arg(long)]
+        allow_plain: bool,
+        /// The replicas to read; every replica enrolled when none is
+        /// named.
+        replicas: Vec<String>,
+    },
+}
+
+/// `broker status`: where each replica stands on the broker, and the
+/// reports waiting for the server.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BrokerStatus {
+    /// Each replica read, in the order named (or by id).
+    pub replicas: Vec<ReplicaStanding>,
+    /// The upload stream and the server's consumer of it.
+    pub uploads: magic_sync_nats::broker::Standing,
+}
+
+/// One replica's line of [`BrokerStatus`].
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReplicaStanding {
+    /// The replica.
+    pub replica: String,
+    /// Its stream and consumer.
+    pub standing: magic_sync_nats::broker::Standing,
 }
 
 /// `deploy`, for a host to mount in its own binary: only the host knows
@@ -391,6 +437,18 @@ pub enum Error {
     /// public nkey. What was given is not repeated: it may be a seed.
     #[error("--server is not a user's public nkey (U..., 56 characters); a seed (S...) is the secret and goes only to the relay")]
     NotAUserKey,
+    /// Asking the broker where replicas stand failed.
+    #[error("asking the broker: {0}")]
+    BrokerStatus(#[source] magic_sync_nats::Error),
+    /// The server's seed on the broker could not be read. Only the file
+    /// is named, never what it holds.
+    #[error("reading the server's seed from {path}: {why}")]
+    SeedFile {
+        /// The file named.
+        path: std::path::PathBuf,
+        /// What was wrong.
+        why: String,
+    },
     /// The dashboard's token could not be read.
     #[error("reading the dashboard's token from {path}: {why}")]
     Token {
@@ -604,6 +662,62 @@ async fn broker(
         }
         Broker::Revoke { replica } => {
             serde_json::json!({ "replica": replica, "revoked": access::revoke(client, replica).await? })
+        }
+        Broker::Status {
+            broker,
+            seed_file,
+            trust,
+            allow_plain,
+            replicas,
+        } => {
+            let seed = std::fs::read_to_string(seed_file)
+                .map_err(|e| e.to_string())
+                .and_then(|text| {
+                    let seed = text.lines().next().unwrap_or("").trim().to_string();
+                    if seed.is_empty() {
+                        Err("the file is empty".to_string())
+                    } else {
+                        Ok(seed)
+                    }
+                })
+                .map_err(|why| Error::SeedFile {
+                    path: seed_file.clone(),
+                    why,
+                })?;
+            let settings = magic_sync_nats::broker::Settings {
+                trust: trust.clone(),
+                allow_plain: *allow_plain,
+                ..magic_sync_nats::broker::Settings::new(broker.clone())
+            };
+            let inspector = magic_sync_nats::broker::Inspector::connect(&settings, &seed)
+                .await
+                .map_err(Error::BrokerStatus)?;
+            let names = if replicas.is_empty() {
+                magic_sync::store::broker_keys::all(client)
+                    .await
+                    .map_err(|e| Error::BrokerStatus(e.into()))?
+                    .into_iter()
+                    .map(|(replica, _)| replica)
+                    .collect()
+            } else {
+                replicas.clone()
+            };
+            let mut read = BrokerStatus {
+                replicas: Vec::with_capacity(names.len()),
+                uploads: inspector
+                    .uploads_standing()
+                    .await
+                    .map_err(Error::BrokerStatus)?,
+            };
+            for replica in names {
+                let standing = inspector
+                    .standing(&replica)
+                    .await
+                    .map_err(Error::BrokerStatus)?;
+                read.replicas.push(ReplicaStanding { replica, standing });
+            }
+            emit(out, json, &read, show::broker_status)?;
+            return Ok(Outcome::Fine);
         }
         Broker::Authorization { server } => {
             if !access::is_public_key(server) {

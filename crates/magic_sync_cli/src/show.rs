@@ -301,3 +301,32 @@ pub fn describe(c: &Concern) -> String {
         }
     }
 }
+
+/// `broker status`: a row per replica, then the reports waiting for the
+/// server.
+pub fn broker_status(read: &crate::BrokerStatus) -> String {
+    let mut t = table(&[
+        "replica",
+        "waiting",
+        "reads",
+        "handed up to",
+        "not acknowledged",
+        "handed again",
+        "yet to hand",
+    ]);
+    for r in &read.replicas {
+        let s = &r.standing;
+        let c = s.consumer.as_ref();
+        t.add_row(vec![
+            r.replica.clone(),
+            s.waiting
+                .map_or_else(|| "no stream".into(), |w| w.to_string()),
+            if c.is_some() { "yes" } else { "no" }.into(),
+            or_dash(c.map(|c| c.handed_up_to)),
+            or_dash(c.map(|c| c.not_acknowledged)),
+            or_dash(c.map(|c| c.handed_again)),
+            or_dash(c.map(|c| c.yet_to_hand)),
+        ]);
+    }
+    format!("{t}\nreports: {}\n", read.uploads)
+}

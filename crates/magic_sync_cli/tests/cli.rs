@@ -626,3 +626,133 @@ async fn broker_enrols_revokes_and_writes_the_block_from_the_keys_kept() {
     assert!(said.contains("not a user's public nkey"), "{said}");
     assert!(!said.contains(till.seed()), "the seed was printed: {said}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_status_says_which_replicas_read_and_takes_no_report() {
+    use magic_sync::relay::Transport;
+    use magic_sync::run::replica::Link;
+    use magic_sync::run::server::Reports;
+    use magic_sync::ReplicaId;
+    use magic_sync_nats::broker::{self, Broker};
+
+    let db = fleet().await;
+    let nats = magic_sync_testkit::nats::Nats::start(&["till-1", "till-2"]);
+    for till in ["till-1", "till-2"] {
+        magic_sync(&db.url(), &["broker", "enrol", till]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let seed_file = dir.path().join("server.seed");
+    std::fs::write(&seed_file, format!("{}\n", nats.server.seed())).unwrap();
+    let seed_arg = seed_file.to_str().unwrap().to_string();
+    let url = nats.url();
+    let status = |replicas: &[&str]| {
+        let mut args = vec![
+            "--json",
+            "broker",
+            "status",
+            "--broker",
+            &url,
+            "--seed-file",
+        ];
+        args.push(&seed_arg);
+        args.extend_from_slice(replicas);
+        let out = magic_sync(&db.url(), &args);
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+
+    // The relay has sent till-1 two messages, and till-2 none; till-1 has
+    // reported once, and the relay has not drained it yet.
+    let relay = Broker::connect(broker::Settings::new(url.clone()), nats.server.seed())
+        .await
+        .unwrap();
+    let till_1 = ReplicaId::from("till-1".to_string());
+    for id in ["e-1-n", "e-2-n"] {
+        relay.send(&till_1, id, b"rows".to_vec()).await.unwrap();
+    }
+    let mailbox = magic_sync_nats::mailbox::Mailbox::open(magic_sync_nats::mailbox::Settings::new(
+        url.clone(),
+        "till-1",
+        nats.seed("till-1"),
+    ))
+    .unwrap();
+    let first = tokio::task::block_in_place(|| mailbox.next(std::time::Duration::from_secs(20)));
+    assert!(
+        matches!(first, magic_sync::run::Delivery::Message(_)),
+        "{first:?}"
+    );
+    mailbox.report(magic_sync::run::Report::Applied(
+        magic_sync::envelope::Ack {
+            number: 1,
+            ..Default::default()
+        },
+    ));
+    // The relay's consumer takes the report; it waits there, not drained.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let read = loop {
+        let read = status(&[]);
+        if read["uploads"]["consumer"]["not_acknowledged"] == 1 {
+            break read;
+        }
+        assert!(std::time::Instant::now() < deadline, "{read:#}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    // Every replica enrolled, by id. till-1 reads: it dealt with the first
+    // message when it reported, and holds the second. Nothing was sent to
+    // till-2 yet, so it has no stream.
+    assert_eq!(read["replicas"][0]["replica"], "till-1");
+    let one = &read["replicas"][0]["standing"];
+    assert_eq!(one["waiting"], 1, "{read:#}");
+    assert_eq!(one["consumer"]["handed_up_to"], 2, "{read:#}");
+    assert_eq!(one["consumer"]["not_acknowledged"], 1, "{read:#}");
+    assert_eq!(read["replicas"][1]["replica"], "till-2");
+    let two = &read["replicas"][1]["standing"];
+    assert_eq!(two["waiting"], Value::Null, "{read:#}");
+    assert_eq!(two["consumer"], Value::Null, "{read:#}");
+
+    // Asking took nothing from the relay: the report is still its own.
+    let heard = relay.drain();
+    assert_eq!(heard.len(), 1, "{heard:?}");
+    assert_eq!(heard[0].0, till_1);
+
+    // A replica named; and the table for people.
+    assert_eq!(status(&["till-2"])["replicas"].as_array().unwrap().len(), 1);
+    let out = magic_sync(
+        &db.url(),
+        &[
+            "broker",
+            "status",
+            "--broker",
+            &url,
+            "--seed-file",
+            &seed_arg,
+            "till-2",
+        ],
+    );
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        table.contains("till-2") && table.contains("reports:"),
+        "{table}"
+    );
+
+    // A seed file that cannot serve is named, and never printed.
+    let empty = dir.path().join("empty.seed");
+    std::fs::write(&empty, "\n").unwrap();
+    let out = magic_sync(
+        &db.url(),
+        &[
+            "broker",
+            "status",
+            "--broker",
+            &url,
+            "--seed-file",
+            empty.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("empty.seed") && said.contains("empty"),
+        "{said}"
+    );
+}
