@@ -643,20 +643,19 @@ async fn broker_status_says_which_replicas_read_and_takes_no_report() {
     let dir = tempfile::tempdir().unwrap();
     let seed_file = dir.path().join("server.seed");
     std::fs::write(&seed_file, format!("{}\n", nats.server.seed())).unwrap();
-    let seed_arg = seed_file.to_str().unwrap().to_string();
     let url = nats.url();
-    let status = |replicas: &[&str]| {
-        let mut args = vec![
-            "--json",
-            "broker",
-            "status",
-            "--broker",
-            &url,
-            "--seed-file",
-        ];
-        args.push(&seed_arg);
+    // `broker status` with the seed in `seed`, as JSON or a table.
+    let run = |json: bool, seed: &std::path::Path, replicas: &[&str]| {
+        let mut args = vec!["broker", "status", "--broker", &url, "--seed-file"];
+        args.push(seed.to_str().unwrap());
         args.extend_from_slice(replicas);
-        let out = magic_sync(&db.url(), &args);
+        if json {
+            args.insert(0, "--json");
+        }
+        magic_sync(&db.url(), &args)
+    };
+    let status = |replicas: &[&str]| {
+        let out = run(true, &seed_file, replicas);
         assert!(out.status.success(), "{out:?}");
         serde_json::from_slice::<Value>(&out.stdout).unwrap()
     };
@@ -717,38 +716,17 @@ async fn broker_status_says_which_replicas_read_and_takes_no_report() {
 
     // A replica named; and the table for people.
     assert_eq!(status(&["till-2"])["replicas"].as_array().unwrap().len(), 1);
-    let out = magic_sync(
-        &db.url(),
-        &[
-            "broker",
-            "status",
-            "--broker",
-            &url,
-            "--seed-file",
-            &seed_arg,
-            "till-2",
-        ],
-    );
-    let table = String::from_utf8(out.stdout).unwrap();
+    let table = String::from_utf8(run(false, &seed_file, &["till-2"]).stdout).unwrap();
     assert!(
-        table.contains("till-2") && table.contains("reports:"),
+        table.contains("till-2") && table.contains("no stream"),
         "{table}"
     );
+    assert!(table.contains("waiting in `MAGIC_SYNC_UP`"), "{table}");
 
     // A seed file that cannot serve is named, and never printed.
     let empty = dir.path().join("empty.seed");
     std::fs::write(&empty, "\n").unwrap();
-    let out = magic_sync(
-        &db.url(),
-        &[
-            "broker",
-            "status",
-            "--broker",
-            &url,
-            "--seed-file",
-            empty.to_str().unwrap(),
-        ],
-    );
+    let out = run(false, &empty, &[]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
