@@ -467,19 +467,10 @@ async fn run(args: Args) -> Fallible<ExitCode> {
     if let Ok(Live::Diverged(report)) = &mut outcome {
         report.push_str(&said_last(&args, &tills, &mut children));
         if let Link::Broker(broker, _) = &link {
-            report.push_str("\nthe broker holds:\n");
-            for till in &tills {
-                let line = match broker.standing(till).await {
-                    Ok(standing) => standing.to_string(),
-                    Err(e) => e.to_string(),
-                };
-                report.push_str(&format!("    {till}: {line}\n"));
-            }
-            let line = match broker.uploads_standing().await {
-                Ok(standing) => standing.to_string(),
-                Err(e) => e.to_string(),
-            };
-            report.push_str(&format!("    {line}\n"));
+            report.push_str(&format!(
+                "\nwhat the broker holds (`magic-sync broker status`):\n{}",
+                broker_status(broker, &tills).await
+            ));
         }
     }
     // Closing their input stops the tills; one that does not stop in
@@ -576,6 +567,28 @@ fn said_last(args: &Args, tills: &[String], children: &mut [Child]) -> String {
     out
 }
 
+/// `magic-sync broker status` for the tills, as the server's connection
+/// reads it; or why it cannot be read.
+async fn broker_status(broker: &Broker, tills: &[String]) -> String {
+    let mut read = match broker.uploads_standing().await {
+        Ok(uploads) => magic_sync_cli::BrokerStatus {
+            replicas: Vec::new(),
+            uploads,
+        },
+        Err(e) => return format!("{e}\n"),
+    };
+    for till in tills {
+        match broker.standing(till).await {
+            Ok(standing) => read.replicas.push(magic_sync_cli::ReplicaStanding {
+                replica: till.clone(),
+                standing,
+            }),
+            Err(e) => return format!("{till}: {e}\n"),
+        }
+    }
+    magic_sync_cli::show::broker_status(&read)
+}
+
 /// A process stopped when this is dropped, however the demo ends.
 struct Stopped(Child);
 
@@ -664,23 +677,27 @@ async fn through_broker(
             .stderr(log)
             .spawn()?,
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > deadline || !matches!(nats.0.try_wait(), Ok(None)) {
-            return Err(format!(
-                "nats-server did not start; see {}",
-                args.data.join("nats.log").display()
-            )
-            .into());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     let url = format!("tls://localhost:{port}");
     let settings = broker::Settings {
         trust: Some(certificate),
         ..broker::Settings::new(url.clone())
     };
-    let broker = Broker::connect(settings, server.seed()).await?;
+    // Ready once the server's connection is taken (a bare probe of the
+    // port would leave a failed TLS handshake in the broker's log).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let broker = loop {
+        match Broker::connect(settings.clone(), server.seed()).await {
+            Ok(broker) => break broker,
+            Err(e) if Instant::now() > deadline || !matches!(nats.0.try_wait(), Ok(None)) => {
+                return Err(format!(
+                    "nats-server did not start ({e}); see {}",
+                    args.data.join("nats.log").display()
+                )
+                .into());
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
     for till in tills {
         broker.prepare(till).await?;
     }
