@@ -190,10 +190,15 @@ pub enum Command {
 }
 
 impl Command {
-    /// Whether the command reads or writes the database; `broker server`
-    /// only draws a key pair.
+    /// Whether the command reads or writes the database: `broker server`
+    /// only draws a key pair, and `broker status` with replicas named only
+    /// asks the broker.
     pub fn needs_database(&self) -> bool {
-        !matches!(self, Command::Broker(Broker::Server))
+        match self {
+            Command::Broker(Broker::Server) => false,
+            Command::Broker(Broker::Status { replicas, .. }) => replicas.is_empty(),
+            _ => true,
+        }
     }
 }
 
@@ -623,11 +628,19 @@ pub async fn run(
 
 /// Runs a command that needs no database ([`Command::needs_database`]):
 /// `broker server`, which draws the server's key pair on the broker and
-/// keeps it nowhere.
-pub fn run_offline(command: &Command, json: bool, out: &mut dyn Write) -> Result<Outcome, Error> {
-    let Command::Broker(Broker::Server) = command else {
-        return Err(Error::Argument("this command reads the database"));
-    };
+/// keeps it nowhere, or `broker status` for the replicas named.
+pub async fn run_offline(
+    command: &Command,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<Outcome, Error> {
+    match command {
+        Command::Broker(status @ Broker::Status { replicas, .. }) if !replicas.is_empty() => {
+            return broker_status(status, None, json, out).await;
+        }
+        Command::Broker(Broker::Server) => {}
+        _ => return Err(Error::Argument("this command reads the database")),
+    }
     let credentials = magic_sync_nats::access::Credentials::issue();
     let read = serde_json::json!({
         "public_key": credentials.public_key(),
@@ -651,7 +664,7 @@ async fn broker(
 ) -> Result<Outcome, Error> {
     use magic_sync_nats::access::{self, Access};
     let read = match command {
-        Broker::Server => return run_offline(&Command::Broker(Broker::Server), json, out),
+        Broker::Server => return run_offline(&Command::Broker(Broker::Server), json, out).await,
         Broker::Enrol { replica } => {
             let credentials = access::enrol(client, replica).await?;
             serde_json::json!({
@@ -663,62 +676,7 @@ async fn broker(
         Broker::Revoke { replica } => {
             serde_json::json!({ "replica": replica, "revoked": access::revoke(client, replica).await? })
         }
-        Broker::Status {
-            broker,
-            seed_file,
-            trust,
-            allow_plain,
-            replicas,
-        } => {
-            let seed = std::fs::read_to_string(seed_file)
-                .map_err(|e| e.to_string())
-                .and_then(|text| {
-                    let seed = text.lines().next().unwrap_or("").trim().to_string();
-                    if seed.is_empty() {
-                        Err("the file is empty".to_string())
-                    } else {
-                        Ok(seed)
-                    }
-                })
-                .map_err(|why| Error::SeedFile {
-                    path: seed_file.clone(),
-                    why,
-                })?;
-            let settings = magic_sync_nats::broker::Settings {
-                trust: trust.clone(),
-                allow_plain: *allow_plain,
-                ..magic_sync_nats::broker::Settings::new(broker.clone())
-            };
-            let inspector = magic_sync_nats::broker::Inspector::connect(&settings, &seed)
-                .await
-                .map_err(Error::BrokerStatus)?;
-            let names = if replicas.is_empty() {
-                magic_sync::store::broker_keys::all(client)
-                    .await
-                    .map_err(|e| Error::BrokerStatus(e.into()))?
-                    .into_iter()
-                    .map(|(replica, _)| replica)
-                    .collect()
-            } else {
-                replicas.clone()
-            };
-            let mut read = BrokerStatus {
-                replicas: Vec::with_capacity(names.len()),
-                uploads: inspector
-                    .uploads_standing()
-                    .await
-                    .map_err(Error::BrokerStatus)?,
-            };
-            for replica in names {
-                let standing = inspector
-                    .standing(&replica)
-                    .await
-                    .map_err(Error::BrokerStatus)?;
-                read.replicas.push(ReplicaStanding { replica, standing });
-            }
-            emit(out, json, &read, show::broker_status)?;
-            return Ok(Outcome::Fine);
-        }
+        Broker::Status { .. } => return broker_status(command, Some(client), json, out).await,
         Broker::Authorization { server } => {
             if !access::is_public_key(server) {
                 return Err(Error::NotAUserKey);
@@ -743,6 +701,73 @@ async fn broker(
             )
         }
     })?;
+    Ok(Outcome::Fine)
+}
+
+/// `broker status`: the replicas named, or (with `client`) every one
+/// enrolled.
+async fn broker_status(
+    command: &Broker,
+    client: Option<&Client>,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<Outcome, Error> {
+    let Broker::Status {
+        broker,
+        seed_file,
+        trust,
+        allow_plain,
+        replicas,
+    } = command
+    else {
+        return Err(Error::Argument("not broker status"));
+    };
+    let seed = std::fs::read_to_string(seed_file)
+        .map_err(|e| e.to_string())
+        .and_then(|text| {
+            let seed = text.lines().next().unwrap_or("").trim().to_string();
+            if seed.is_empty() {
+                Err("the file is empty".to_string())
+            } else {
+                Ok(seed)
+            }
+        })
+        .map_err(|why| Error::SeedFile {
+            path: seed_file.clone(),
+            why,
+        })?;
+    let settings = magic_sync_nats::broker::Settings {
+        trust: trust.clone(),
+        allow_plain: *allow_plain,
+        ..magic_sync_nats::broker::Settings::new(broker.clone())
+    };
+    let inspector = magic_sync_nats::broker::Inspector::connect(&settings, &seed)
+        .await
+        .map_err(Error::BrokerStatus)?;
+    let names = match client {
+        Some(client) if replicas.is_empty() => magic_sync::store::broker_keys::all(client)
+            .await
+            .map_err(|e| Error::BrokerStatus(e.into()))?
+            .into_iter()
+            .map(|(replica, _)| replica)
+            .collect(),
+        _ => replicas.clone(),
+    };
+    let mut read = BrokerStatus {
+        replicas: Vec::with_capacity(names.len()),
+        uploads: inspector
+            .uploads_standing()
+            .await
+            .map_err(Error::BrokerStatus)?,
+    };
+    for replica in names {
+        let standing = inspector
+            .standing(&replica)
+            .await
+            .map_err(Error::BrokerStatus)?;
+        read.replicas.push(ReplicaStanding { replica, standing });
+    }
+    emit(out, json, &read, show::broker_status)?;
     Ok(Outcome::Fine)
 }
 

@@ -23,6 +23,7 @@ async fn main_with(cli: &Cli) -> Result<u8, String> {
     if !cli.command.needs_database() {
         let mut out = std::io::stdout().lock();
         let outcome = magic_sync_cli::run_offline(&cli.command, cli.json, &mut out)
+            .await
             .map_err(|e| e.to_string())?;
         return Ok(outcome.exit_code());
     }

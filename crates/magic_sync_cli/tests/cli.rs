@@ -723,6 +723,26 @@ async fn broker_status_says_which_replicas_read_and_takes_no_report() {
     );
     assert!(table.contains("waiting in `MAGIC_SYNC_UP`"), "{table}");
 
+    // Replicas named, no database is needed: only the broker is asked.
+    let offline = Command::new(env!("CARGO_BIN_EXE_magic-sync"))
+        .args([
+            "--json",
+            "broker",
+            "status",
+            "--broker",
+            &url,
+            "--seed-file",
+        ])
+        .arg(&seed_file)
+        .arg("till-1")
+        .env_remove("DATABASE_URL")
+        .output()
+        .expect("the binary runs");
+    assert!(offline.status.success(), "{offline:?}");
+    let read: Value = serde_json::from_slice(&offline.stdout).unwrap();
+    assert_eq!(read["replicas"][0]["replica"], "till-1", "{read:#}");
+    assert_eq!(read["replicas"][0]["standing"]["waiting"], 1, "{read:#}");
+
     // A seed file that cannot serve is named, and never printed.
     let empty = dir.path().join("empty.seed");
     std::fs::write(&empty, "\n").unwrap();
