@@ -247,7 +247,8 @@ impl std::fmt::Display for Standing {
         let Some(waiting) = self.waiting else {
             return write!(f, "no stream `{}`", self.stream);
         };
-        write!(f, "{waiting} messages waiting in `{}`; ", self.stream)?;
+        let noun = if waiting == 1 { "message" } else { "messages" };
+        write!(f, "{waiting} {noun} waiting in `{}`; ", self.stream)?;
         match &self.consumer {
             None => write!(f, "no consumer reads it"),
             Some(r) => write!(
