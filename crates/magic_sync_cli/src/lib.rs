@@ -447,13 +447,8 @@ pub enum Error {
     BrokerStatus(#[source] magic_sync_nats::Error),
     /// The server's seed on the broker could not be read. Only the file
     /// is named, never what it holds.
-    #[error("reading the server's seed from {path}: {why}")]
-    SeedFile {
-        /// The file named.
-        path: std::path::PathBuf,
-        /// What was wrong.
-        why: String,
-    },
+    #[error("the server's seed on the broker: {0}")]
+    SeedFile(String),
     /// The dashboard's token could not be read.
     #[error("reading the dashboard's token from {path}: {why}")]
     Token {
@@ -722,20 +717,7 @@ async fn broker_status(
     else {
         return Err(Error::Argument("not broker status"));
     };
-    let seed = std::fs::read_to_string(seed_file)
-        .map_err(|e| e.to_string())
-        .and_then(|text| {
-            let seed = text.lines().next().unwrap_or("").trim().to_string();
-            if seed.is_empty() {
-                Err("the file is empty".to_string())
-            } else {
-                Ok(seed)
-            }
-        })
-        .map_err(|why| Error::SeedFile {
-            path: seed_file.clone(),
-            why,
-        })?;
+    let seed = magic_sync::run::read_secret(seed_file).map_err(Error::SeedFile)?;
     let settings = magic_sync_nats::broker::Settings {
         trust: trust.clone(),
         allow_plain: *allow_plain,

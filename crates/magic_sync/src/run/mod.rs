@@ -7,6 +7,7 @@
 //! - [`memory`]: an in-process network between them, for tests and examples.
 //! - [`process`]: what a replica process does around its loop, whatever
 //!   link it reads (the transports' `cli` modules are built on it).
+//! - [`read_secret`]: a secret or seed from the file that keeps it.
 
 pub use magic_sync_core::link::{
     filed_frame, host_of, is_loopback, message_frame, upload_rows, Delivery, Report,
@@ -14,6 +15,8 @@ pub use magic_sync_core::link::{
 };
 
 pub mod memory;
+mod secret;
+pub use secret::read_secret;
 #[cfg(all(feature = "postgres", feature = "sqlite"))]
 pub mod process;
 #[cfg(feature = "sqlite")]
