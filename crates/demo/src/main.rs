@@ -570,23 +570,10 @@ fn said_last(args: &Args, tills: &[String], children: &mut [Child]) -> String {
 /// `magic-sync broker status` for the tills, as the server's connection
 /// reads it; or why it cannot be read.
 async fn broker_status(broker: &Broker, tills: &[String]) -> String {
-    let mut read = match broker.uploads_standing().await {
-        Ok(uploads) => magic_sync_cli::BrokerStatus {
-            replicas: Vec::new(),
-            uploads,
-        },
-        Err(e) => return format!("{e}\n"),
-    };
-    for till in tills {
-        match broker.standing(till).await {
-            Ok(standing) => read.replicas.push(magic_sync_cli::ReplicaStanding {
-                replica: till.clone(),
-                standing,
-            }),
-            Err(e) => return format!("{till}: {e}\n"),
-        }
+    match magic_sync_cli::BrokerStatus::read(&broker.inspector(), tills.to_vec()).await {
+        Ok(read) => magic_sync_cli::show::broker_status(&read),
+        Err(e) => format!("{e}\n"),
     }
-    magic_sync_cli::show::broker_status(&read)
 }
 
 /// A process stopped when this is dropped, however the demo ends.

@@ -269,6 +269,25 @@ pub struct BrokerStatus {
     pub uploads: magic_sync_nats::broker::Standing,
 }
 
+impl BrokerStatus {
+    /// Where `replicas` stand on the broker, and the reports waiting, as
+    /// `inspector` asks it.
+    pub async fn read(
+        inspector: &magic_sync_nats::broker::Inspector,
+        replicas: Vec<String>,
+    ) -> Result<BrokerStatus, magic_sync_nats::Error> {
+        let mut read = BrokerStatus {
+            replicas: Vec::with_capacity(replicas.len()),
+            uploads: inspector.uploads_standing().await?,
+        };
+        for replica in replicas {
+            let standing = inspector.standing(&replica).await?;
+            read.replicas.push(ReplicaStanding { replica, standing });
+        }
+        Ok(read)
+    }
+}
+
 /// One replica's line of [`BrokerStatus`].
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ReplicaStanding {
@@ -735,20 +754,9 @@ async fn broker_status(
             .collect(),
         _ => replicas.clone(),
     };
-    let mut read = BrokerStatus {
-        replicas: Vec::with_capacity(names.len()),
-        uploads: inspector
-            .uploads_standing()
-            .await
-            .map_err(Error::BrokerStatus)?,
-    };
-    for replica in names {
-        let standing = inspector
-            .standing(&replica)
-            .await
-            .map_err(Error::BrokerStatus)?;
-        read.replicas.push(ReplicaStanding { replica, standing });
-    }
+    let read = BrokerStatus::read(&inspector, names)
+        .await
+        .map_err(Error::BrokerStatus)?;
     emit(out, json, &read, show::broker_status)?;
     Ok(Outcome::Fine)
 }

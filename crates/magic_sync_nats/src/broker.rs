@@ -97,6 +97,19 @@ impl Settings {
             allow_plain: self.allow_plain,
         }
     }
+
+    /// A connection as the server (`seed`), named `name` on the broker;
+    /// it connects again by itself after a loss.
+    async fn connect(&self, seed: &str, name: &str) -> Result<async_nats::Client> {
+        self.reach().check("the server sends")?;
+        self.reach()
+            .apply(async_nats::ConnectOptions::with_nkey(seed.to_string()))
+            .name(name)
+            .max_reconnects(None)
+            .connect(&self.url)
+            .await
+            .map_err(|e| Error::Broker(self.reach().not_connected(&e)))
+    }
 }
 
 /// How long the broker remembers a message's id, to keep one copy of a
@@ -150,15 +163,7 @@ impl Broker {
     /// what replicas say. Connecting again after a loss is the client's:
     /// sends fail meanwhile, and messages wait in the outbox.
     pub async fn connect(settings: Settings, seed: &str) -> Result<Broker> {
-        settings.reach().check("the server sends")?;
-        let client = settings
-            .reach()
-            .apply(async_nats::ConnectOptions::with_nkey(seed.to_string()))
-            .name("magic_sync server")
-            .max_reconnects(None)
-            .connect(&settings.url)
-            .await
-            .map_err(|e| Error::Broker(settings.reach().not_connected(&e)))?;
+        let client = settings.connect(seed, "magic_sync server").await?;
         let payload = client.server_info().max_payload;
         let max_message_bytes = settings
             .max_message_bytes
@@ -195,17 +200,11 @@ impl Broker {
             .await
     }
 
-    /// Where `replica`'s mailbox stands on the broker ([`Standing`]).
-    pub async fn standing(&self, replica: &str) -> Result<Standing> {
-        standing(&self.inner.js, &stream_of(replica), CONSUMER).await
-    }
-
-    /// Where the reports waiting for the server stand, as [`standing`]
-    /// says it of a replica's messages.
-    ///
-    /// [`standing`]: Broker::standing
-    pub async fn uploads_standing(&self) -> Result<Standing> {
-        standing(&self.inner.js, UP_STREAM, UP_CONSUMER).await
+    /// Asks where streams stand over this connection ([`Inspector`]).
+    pub fn inspector(&self) -> Inspector {
+        Inspector {
+            js: self.inner.js.clone(),
+        }
     }
 
     /// The broker's client, as the server connected.
@@ -313,27 +312,24 @@ pub struct Inspector {
 
 impl Inspector {
     /// Connects as the server (`seed`), as [`Broker::connect`] does, and
-    /// makes nothing.
+    /// makes nothing. A relay's own `Broker` gives one over its connection
+    /// ([`Broker::inspector`]).
     pub async fn connect(settings: &Settings, seed: &str) -> Result<Inspector> {
-        settings.reach().check("the server sends")?;
-        let client = settings
-            .reach()
-            .apply(async_nats::ConnectOptions::with_nkey(seed.to_string()))
-            .name("magic_sync inspector")
-            .connect(&settings.url)
-            .await
-            .map_err(|e| Error::Broker(settings.reach().not_connected(&e)))?;
+        let client = settings.connect(seed, "magic_sync inspector").await?;
         Ok(Inspector {
             js: jetstream::new(client),
         })
     }
 
-    /// [`Broker::standing`].
+    /// Where `replica`'s mailbox stands on the broker.
     pub async fn standing(&self, replica: &str) -> Result<Standing> {
         standing(&self.js, &stream_of(replica), CONSUMER).await
     }
 
-    /// [`Broker::uploads_standing`].
+    /// Where the reports waiting for the server stand, as [`standing`]
+    /// says it of a replica's messages.
+    ///
+    /// [`standing`]: Inspector::standing
     pub async fn uploads_standing(&self) -> Result<Standing> {
         standing(&self.js, UP_STREAM, UP_CONSUMER).await
     }

@@ -39,9 +39,19 @@ async fn the_broker_says_whether_a_replica_reads_its_messages_and_acknowledges_t
     let broker = Broker::connect(settings.clone(), nats.server.seed())
         .await
         .expect("the server connects");
-    let till = || async { broker.standing("till a").await.expect("the broker answers") };
+    let till = || async {
+        broker
+            .inspector()
+            .standing("till a")
+            .await
+            .expect("the broker answers")
+    };
 
-    let missing = broker.standing("till b").await.expect("the broker answers");
+    let missing = broker
+        .inspector()
+        .standing("till b")
+        .await
+        .expect("the broker answers");
     assert_eq!((missing.waiting, &missing.consumer), (None, &None));
     assert!(missing.to_string().starts_with("no stream"), "{missing}");
 
@@ -104,7 +114,13 @@ async fn the_broker_says_whether_a_replica_reads_its_messages_and_acknowledges_t
         number: 2,
         ..Default::default()
     }));
-    let uploads = || async { broker.uploads_standing().await.expect("the broker answers") };
+    let uploads = || async {
+        broker
+            .inspector()
+            .uploads_standing()
+            .await
+            .expect("the broker answers")
+    };
     once(uploads, |s| {
         s.consumer.as_ref().is_some_and(|r| r.not_acknowledged == 1)
     })
