@@ -196,7 +196,7 @@ impl Command {
     pub fn needs_database(&self) -> bool {
         match self {
             Command::Broker(Broker::Server) => false,
-            Command::Broker(Broker::Status { replicas, .. }) => replicas.is_empty(),
+            Command::Broker(Broker::Status(status)) => status.replicas.is_empty(),
             _ => true,
         }
     }
@@ -237,26 +237,28 @@ pub enum Broker {
     /// that never reads (not running, or cannot connect) shows no
     /// consumer. Connects as the server and takes nothing, so it runs
     /// beside the relay.
-    Status {
-        /// The broker: tls://host:4222, or nats://host:4222 on this
-        /// machine.
-        #[arg(long, env = "MAGIC_SYNC_BROKER")]
-        broker: String,
-        /// A file holding the server's seed on the broker (its first
-        /// line), as `broker server` printed it.
-        #[arg(long)]
-        seed_file: std::path::PathBuf,
-        /// PEM certificates to trust for the broker's TLS in place of the
-        /// system's roots; TLS is then required.
-        #[arg(long)]
-        trust: Option<std::path::PathBuf>,
-        /// Allow nats:// (no TLS) to a broker on another machine.
-        #[arg(long)]
-        allow_plain: bool,
-        /// The replicas to read; every replica enrolled when none is
-        /// named.
-        replicas: Vec<String>,
-    },
+    Status(StatusArgs),
+}
+
+/// `broker status`'s arguments.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// The broker: tls://host:4222, or nats://host:4222 on this machine.
+    #[arg(long, env = "MAGIC_SYNC_BROKER")]
+    pub broker: String,
+    /// A file holding the server's seed on the broker (its first line), as
+    /// `broker server` printed it.
+    #[arg(long)]
+    pub seed_file: std::path::PathBuf,
+    /// PEM certificates to trust for the broker's TLS in place of the
+    /// system's roots; TLS is then required.
+    #[arg(long)]
+    pub trust: Option<std::path::PathBuf>,
+    /// Allow nats:// (no TLS) to a broker on another machine.
+    #[arg(long)]
+    pub allow_plain: bool,
+    /// The replicas to read; every replica enrolled when none is named.
+    pub replicas: Vec<String>,
 }
 
 /// `broker status`: where each replica stands on the broker, and the
@@ -649,12 +651,16 @@ pub async fn run_offline(
     out: &mut dyn Write,
 ) -> Result<Outcome, Error> {
     match command {
-        Command::Broker(status @ Broker::Status { replicas, .. }) if !replicas.is_empty() => {
-            return broker_status(status, None, json, out).await;
+        Command::Broker(Broker::Server) => draw_server(json, out),
+        Command::Broker(Broker::Status(status)) if !command.needs_database() => {
+            broker_status(status, None, json, out).await
         }
-        Command::Broker(Broker::Server) => {}
-        _ => return Err(Error::Argument("this command reads the database")),
+        _ => Err(Error::Argument("this command reads the database")),
     }
+}
+
+/// `broker server`: the server's key pair on the broker, kept nowhere.
+fn draw_server(json: bool, out: &mut dyn Write) -> Result<Outcome, Error> {
     let credentials = magic_sync_nats::access::Credentials::issue();
     let read = serde_json::json!({
         "public_key": credentials.public_key(),
@@ -678,7 +684,7 @@ async fn broker(
 ) -> Result<Outcome, Error> {
     use magic_sync_nats::access::{self, Access};
     let read = match command {
-        Broker::Server => return run_offline(&Command::Broker(Broker::Server), json, out).await,
+        Broker::Server => return draw_server(json, out),
         Broker::Enrol { replica } => {
             let credentials = access::enrol(client, replica).await?;
             serde_json::json!({
@@ -690,7 +696,7 @@ async fn broker(
         Broker::Revoke { replica } => {
             serde_json::json!({ "replica": replica, "revoked": access::revoke(client, replica).await? })
         }
-        Broker::Status { .. } => return broker_status(command, Some(client), json, out).await,
+        Broker::Status(status) => return broker_status(status, Some(client), json, out).await,
         Broker::Authorization { server } => {
             if !access::is_public_key(server) {
                 return Err(Error::NotAUserKey);
@@ -721,21 +727,18 @@ async fn broker(
 /// `broker status`: the replicas named, or (with `client`) every one
 /// enrolled.
 async fn broker_status(
-    command: &Broker,
+    status: &StatusArgs,
     client: Option<&Client>,
     json: bool,
     out: &mut dyn Write,
 ) -> Result<Outcome, Error> {
-    let Broker::Status {
+    let StatusArgs {
         broker,
         seed_file,
         trust,
         allow_plain,
         replicas,
-    } = command
-    else {
-        return Err(Error::Argument("not broker status"));
-    };
+    } = status;
     let seed = magic_sync::run::read_secret(seed_file).map_err(Error::SeedFile)?;
     let settings = magic_sync_nats::broker::Settings {
         trust: trust.clone(),
