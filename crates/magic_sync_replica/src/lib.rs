@@ -47,6 +47,7 @@ mod apply;
 mod described;
 mod digest;
 pub mod error;
+mod former;
 mod key;
 pub mod lite;
 mod row;
@@ -134,6 +135,9 @@ pub struct Replica {
     /// What the server last said its tables are made of.
     described: Option<envelope::ReplicaSchema>,
     tables: Tables,
+    /// Tables an earlier build made to go down that this build does not
+    /// declare, still in the file (see the `former` module).
+    former: std::collections::BTreeSet<String>,
     chain: Chain,
     /// The server key it follows now, once one is pinned.
     trusted: Option<ServerKey>,
@@ -193,22 +197,34 @@ impl Replica {
         // dozen) and a handful per table. rusqlite keeps 16, fewer than a
         // message and an upload go through, so each was parsed again.
         conn.set_prepared_statement_cache_capacity(64 + 8 * engine.tables().count());
-        create_tables(&mut conn, engine, &tables, &foreign_keys)?;
+        let former = create_tables(&mut conn, engine, &tables, &foreign_keys, told.as_ref())?;
         let chain = state::load_chain(&conn)?;
         let trusted = trust::load(&conn)?.current;
-        Ok(Replica {
+        let mut replica = Replica {
             conn,
             id: replica_id.to_string(),
             engine: engine.clone(),
             schema: Schema::new(engine, &foreign_keys),
             described: told,
             tables,
+            former,
             chain,
             trusted,
             set_aside: Default::default(),
             early: Default::default(),
             patience: Default::default(),
-        })
+        };
+        // The server may have said this build's configuration is whole
+        // while an older build ran here: what it took back then went.
+        if !replica.former.is_empty() {
+            let tx = write_transaction(&mut replica.conn)?;
+            let dropped = drop_former(&tx, &replica.schema, &replica.former)?;
+            tx.commit()?;
+            if dropped {
+                replica.former.clear();
+            }
+        }
+        Ok(replica)
     }
 
     /// Pins `key`, the server's public key as it was handed over with the
@@ -336,10 +352,18 @@ impl Replica {
                 );
             }
         }
+        let schema = retold
+            .as_ref()
+            .map(|(foreign_keys, _)| Schema::new(&self.engine, foreign_keys));
+        let dropped = !self.former.is_empty()
+            && drop_former(&tx, schema.as_ref().unwrap_or(&self.schema), &self.former)?;
         state::save_applied(&tx, &Applied::of(message))?;
         tx.commit()?;
-        if let Some((foreign_keys, tables)) = retold {
-            self.schema = Schema::new(&self.engine, &foreign_keys);
+        if dropped {
+            self.former.clear();
+        }
+        if let (Some(schema), Some((_, tables))) = (schema, retold) {
+            self.schema = schema;
             self.tables = tables;
             self.described = description.cloned();
         }
@@ -538,19 +562,15 @@ impl Replica {
     /// snapshot or a deployment is arriving, what it holds is consistent
     /// (no row without its parents) but may be part old, part new: a host
     /// that must show a new configuration whole waits for this.
+    /// A host reading on a connection of its own asks
+    /// [`configuration`](fn@configuration).
     pub fn configuration(&self) -> Result<Configuration> {
-        let own = self.schema.fingerprint();
-        let server = state::configuration(&self.conn)?;
-        Ok(Configuration {
-            complete: server.as_deref() == Some(&own.0[..]),
-            own,
-            server,
-            disagreements: self
-                .described
-                .as_ref()
-                .map(|d| self.schema.disagreements(d))
-                .unwrap_or_default(),
-        })
+        Configuration::read(
+            &self.conn,
+            &self.schema,
+            self.described.as_ref(),
+            self.former.iter().cloned().collect(),
+        )
     }
 
     /// The mark of everything the host has written here so far: ask
@@ -618,14 +638,31 @@ fn malformation(message: &ToReplica) -> Option<&'static str> {
     }
 }
 
+/// Drops the tables of `former` when the server said the declarations
+/// `schema` runs are whole here; returns whether it did.
+fn drop_former(
+    tx: &Transaction<'_>,
+    schema: &Schema,
+    former: &std::collections::BTreeSet<String>,
+) -> Result<bool> {
+    let whole = state::configuration(tx)?.as_deref() == Some(&schema.fingerprint().0[..]);
+    if whole {
+        former::drop_all(tx, former)?;
+    }
+    Ok(whole)
+}
+
 /// The declared tables, the bookkeeping and their indexes, in one
 /// transaction; and the indexes a snapshot in progress set aside, built again.
+/// Returns the tables an earlier build made to go down that `engine` does
+/// not declare (`told`: the server's last description).
 fn create_tables(
     conn: &mut Connection,
     engine: &Engine,
     tables: &Tables,
     foreign_keys: &[ForeignKey],
-) -> Result<()> {
+    told: Option<&envelope::ReplicaSchema>,
+) -> Result<std::collections::BTreeSet<String>> {
     let tx = write_transaction(conn)?;
     for table in engine.tables() {
         tx.execute_batch(&lite::create_table(table))?;
@@ -644,8 +681,9 @@ fn create_tables(
     for fk in foreign_keys {
         tx.execute_batch(&tables::foreign_key_index(fk))?;
     }
+    let former = former::open(&tx, engine, told)?;
     tx.commit()?;
-    Ok(())
+    Ok(former)
 }
 
 /// Adds the columns a new build declares that `table`, made by an older
@@ -772,6 +810,50 @@ pub struct Configuration {
     /// other lacks, or declares otherwise. A replica that disagrees takes
     /// what its build can read; the host's build wants updating.
     pub disagreements: Vec<String>,
+    /// Tables an earlier build made here that this build no longer
+    /// declares, still in the file: the server has not yet said this
+    /// build's configuration is whole. Once it does, the replica drops
+    /// them; until then the configuration is not complete.
+    pub former_tables: Vec<String>,
+}
+
+impl Configuration {
+    fn read(
+        conn: &Connection,
+        schema: &Schema,
+        described: Option<&envelope::ReplicaSchema>,
+        former_tables: Vec<String>,
+    ) -> Result<Configuration> {
+        let own = schema.fingerprint();
+        let server = state::configuration(conn)?;
+        Ok(Configuration {
+            complete: server.as_deref() == Some(&own.0[..]) && former_tables.is_empty(),
+            own,
+            server,
+            disagreements: described
+                .map(|d| schema.disagreements(d))
+                .unwrap_or_default(),
+            former_tables,
+        })
+    }
+}
+
+/// Whether the replica whose file `conn` opens, run by a build declaring
+/// `engine`, holds its configuration whole (see
+/// [`Replica::configuration`]); for a host reading on a connection of its
+/// own while the replica runs. The file must have been opened as a
+/// replica once. Reads only: a replica whose server has not described its
+/// tables yet is read with no foreign keys among them, and is not
+/// complete anyway.
+pub fn configuration(conn: &Connection, engine: &Engine) -> Result<Configuration> {
+    let described = described::load(conn)?;
+    let foreign_keys = described
+        .as_ref()
+        .map(|d| described::foreign_keys(engine, d))
+        .unwrap_or_default();
+    let schema = Schema::new(engine, &foreign_keys);
+    let former_tables = former::read(conn, engine)?;
+    Configuration::read(conn, &schema, described.as_ref(), former_tables)
 }
 
 /// Where the replica whose file `conn` opens stands (see

@@ -85,6 +85,15 @@ mod v2 {
         pub price: Option<magic_sync::Numeric>,
     }
 
+    /// Each replica's own region by its rule, rather than only as the
+    /// shops' parent.
+    #[derive(Row, Debug, Clone)]
+    #[row(table = "regions", down, partition = "id", key(id))]
+    pub struct OwnRegion {
+        pub id: String,
+        pub name: String,
+    }
+
     /// Tips, to every replica of their region.
     #[derive(Row, Debug, Clone)]
     #[row(table = "tips", down, partition = "region", key(id))]
@@ -332,8 +341,8 @@ async fn a_changed_rule_sends_exactly_the_difference_with_parents_and_followers(
     // Before: u1 held shop 1, u2 shops 2 and 3, each with its ten items and
     // its regions. After: u1 (north) holds shops 1 and 2, u2 (south) shop 3.
     // Shop 2 and its ten items move from u2 to u1; u2 lets go of the north.
-    // Shop 1 and 3 stay where they were, sent again only as their record's
-    // reason moved (held by their rule then and now: not at all).
+    // Shop 1 and 3 stay where they were, held by their rule then and now:
+    // not sent at all.
     assert_eq!(moved.sends, 11, "{moved:?}");
     assert_eq!(moved.deletes, 12, "{moved:?}");
     let items_u1_after: Vec<_> = carried(&fleet, "items")
@@ -345,6 +354,38 @@ async fn a_changed_rule_sends_exactly_the_difference_with_parents_and_followers(
         items_u1_after, items_u1_before,
         "the items u1 held stay as they were carried"
     );
+}
+
+#[tokio::test]
+async fn a_rule_change_that_moves_no_row_sends_nothing_and_keeps_every_row_as_it_was_carried() {
+    let mut fleet = fleet().await;
+    let regions_before = carried(&fleet, "regions").await;
+    // u1 (north) holds the north as shop 1's parent; u2 (south) holds the
+    // north and the south as the parents of shops 2 and 3. By the partition
+    // rule, each also wants its own region: which it holds already.
+    let by_partition = Engine::builder()
+        .table::<v2::OwnRegion>()
+        .table::<v1::Shop>()
+        .table::<v1::Item>()
+        .build()
+        .unwrap();
+    let dry = deploy::dry_run(&fleet.writer, &by_partition).await.unwrap();
+    assert_eq!(dry.changes.len(), 1, "{dry}");
+    assert_eq!(dry.changes[0].action, Action::Replan, "{dry}");
+    fleet.redeploy(by_partition).await;
+    let moved = settle(&mut fleet).await;
+    fleet.check().await;
+    assert_eq!((moved.sends, moved.deletes), (0, 0), "{moved:?}");
+    assert_eq!(carried(&fleet, "regions").await, regions_before);
+    assert!(fleet.configured());
+    // And back to rows held only as parents: still nothing moves.
+    fleet.redeploy(first_build()).await;
+    let moved = settle(&mut fleet).await;
+    fleet.check().await;
+    assert_eq!((moved.sends, moved.deletes), (0, 0), "{moved:?}");
+    assert_eq!(carried(&fleet, "regions").await, regions_before);
+    assert_eq!(fleet.provisionings, 2);
+    assert!(fleet.configured());
 }
 
 #[tokio::test]
@@ -426,6 +467,118 @@ async fn a_removed_table_is_taken_back_from_the_record_without_reading_it() {
     }
 }
 
+/// Whether the replica's file still has a table called `name`.
+fn has_table(replica: &magic_sync::replica::Replica, name: &str) -> bool {
+    replica
+        .connection()
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = ?1",
+            [name],
+            |r| r.get::<_, i64>(0),
+        )
+        .unwrap()
+        > 0
+}
+
+/// The first build without items.
+fn without_items() -> Engine {
+    Engine::builder()
+        .table::<v1::Region>()
+        .table::<v1::Shop>()
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_removed_table_leaves_replicas_that_run_the_new_build_once_the_deployment_is_whole() {
+    let mut fleet = fleet().await;
+    assert!(held(&fleet, "items").await > 0);
+    // Server and tills move to the build without items together: the tills
+    // can no longer read items, nor let go of them one by one.
+    fleet.redeploy(without_items()).await;
+    for unit in fleet.units.values() {
+        let configuration = unit.replica.configuration().unwrap();
+        assert!(has_table(&unit.replica, "items"));
+        assert_eq!(configuration.former_tables, ["items"]);
+        assert!(
+            !configuration.complete,
+            "a replica still holding rows the server takes back is not complete"
+        );
+    }
+    let moved = settle(&mut fleet).await;
+    fleet.check().await;
+    assert_eq!(fleet.provisionings, 2);
+    assert_eq!(moved.sends, 0, "{moved:?}");
+    assert_eq!(held(&fleet, "items").await, 0);
+    for (id, unit) in &fleet.units {
+        assert!(
+            !has_table(&unit.replica, "items"),
+            "{id} still has the table the server took back"
+        );
+        assert!(!has_table(&unit.replica, "_magic_sync_stale_items"));
+        let configuration = unit.replica.configuration().unwrap();
+        assert!(configuration.complete, "{id}: {configuration:?}");
+        assert!(configuration.former_tables.is_empty());
+        // Read beside the replica, on a connection of the host's own.
+        let beside = rusqlite::Connection::open(&unit.path).unwrap();
+        let read = magic_sync::replica::configuration(&beside, &without_items()).unwrap();
+        assert_eq!(read, configuration);
+    }
+    assert!(fleet.configured());
+}
+
+#[tokio::test]
+async fn a_till_moving_to_the_new_build_after_the_deployment_drops_the_table_as_it_opens() {
+    let mut fleet = fleet().await;
+    // The server first: the tills, still on the build with items, let go
+    // of every row, and are told the new build's configuration is whole.
+    fleet.redeploy_server(without_items()).await;
+    settle(&mut fleet).await;
+    fleet.check().await;
+    for unit in fleet.units.values() {
+        assert!(has_table(&unit.replica, "items"));
+        assert!(replica_rows(&unit.replica, &v1::Item::TABLE).is_empty());
+        assert!(!unit.replica.configuration().unwrap().complete);
+    }
+    // Then each till's new build opens its file: nothing more will come
+    // for items, and the table goes at once.
+    fleet.redeploy(without_items()).await;
+    for (id, unit) in &fleet.units {
+        assert!(!has_table(&unit.replica, "items"), "{id}");
+        assert!(unit.replica.configuration().unwrap().complete, "{id}");
+    }
+    let moved = settle(&mut fleet).await;
+    assert_eq!((moved.sends, moved.deletes), (0, 0), "{moved:?}");
+    fleet.check().await;
+    assert_eq!(fleet.provisionings, 2);
+}
+
+#[tokio::test]
+async fn a_till_ahead_of_its_server_keeps_the_table_until_the_server_deploys() {
+    let mut fleet = fleet().await;
+    // The tills' new build opens first: the server still sends items.
+    let ids: Vec<String> = fleet.units.keys().cloned().collect();
+    let key = fleet.key;
+    for id in &ids {
+        let path = fleet.units[id].path.clone();
+        let mut replica = magic_sync::replica::Replica::open(&path, id, &without_items()).unwrap();
+        replica.trust(&key).unwrap();
+        fleet.unit(id).replica = replica;
+    }
+    for unit in fleet.units.values() {
+        assert!(has_table(&unit.replica, "items"));
+        assert!(!unit.replica.configuration().unwrap().complete);
+    }
+    // Then the server: once its deployment is whole, the tills drop items.
+    fleet.redeploy(without_items()).await;
+    settle(&mut fleet).await;
+    fleet.check().await;
+    for (id, unit) in &fleet.units {
+        assert!(!has_table(&unit.replica, "items"), "{id}");
+        assert!(unit.replica.configuration().unwrap().complete, "{id}");
+    }
+}
+
 #[tokio::test]
 async fn a_renamed_table_is_a_removal_and_an_addition() {
     let mut fleet = fleet().await;
@@ -459,6 +612,10 @@ async fn a_renamed_table_is_a_removal_and_an_addition() {
     assert_eq!((moved.sends, moved.deletes), (10, 10), "{moved:?}");
     assert_eq!(held(&fleet, "tips").await, 0);
     assert_eq!(held(&fleet, "hints").await, 10);
+    for unit in fleet.units.values() {
+        assert!(!has_table(&unit.replica, "tips"));
+        assert!(unit.replica.configuration().unwrap().complete);
+    }
 }
 
 #[tokio::test]
