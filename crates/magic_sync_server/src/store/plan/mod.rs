@@ -26,9 +26,12 @@
 //!    is searched for what points at a row; questioned rows following a
 //!    parent it keeps; then, a round at a time, the parents and followers of
 //!    what the last round added.
-//! 3. **The difference**: kept rows it lacks, or holds at an older version or
-//!    for other reasons than now, are sent (`_ms_send`); questioned rows not
-//!    kept are taken back (`_ms_del`).
+//! 3. **The difference**: kept rows it lacks, holds at an older version, or
+//!    holds pointing elsewhere, are sent (`_ms_send`); questioned rows not
+//!    kept are taken back (`_ms_del`). A kept row held as it is, for
+//!    another reason than before (its rule sent it, and now only a row
+//!    that points at it keeps it, or the other way round), has the reason
+//!    recorded and travels nowhere: the replica's copy did not change.
 //!
 //! A replica provisioned from scratch holds nothing, so its whole set is
 //! worked out from the rows its rules send it (`_ms_f`).
@@ -1508,11 +1511,22 @@ impl Planner<'_, '_> {
                      FROM _ms_k k
                      {}
                      WHERE NOT k.held OR k.version < v.seq{again}
-                        OR k.ptrs IS DISTINCT FROM k.hptrs OR k.ruled IS DISTINCT FROM k.hruled",
+                        OR k.ptrs IS DISTINCT FROM k.hptrs",
                         newest("k")
                     ),
                 )
                 .await?;
+            self.run(&format!(
+                "UPDATE sync.held h SET ruled = x.ruled
+                 FROM (SELECT k.r, k.t, k.k::text AS k, k.ruled FROM _ms_k k
+                       {}
+                       WHERE k.held AND NOT (k.version < v.seq{again})
+                         AND k.ptrs IS NOT DISTINCT FROM k.hptrs
+                         AND k.ruled IS DISTINCT FROM k.hruled OFFSET 0) x
+                 WHERE h.replica = x.r AND h.table_name = x.t AND h.key = x.k",
+                newest("k")
+            ))
+            .await?;
         }
         let mut deletes = 0;
         if self.has(Scratch::Questioned) {
@@ -1523,11 +1537,23 @@ impl Planner<'_, '_> {
                      FROM _ms_q q
                      {}
                      WHERE (q.ruled OR NOT q.questioned)
-                       AND (q.version < v.seq OR q.ruled <> q.hruled{again})
+                       AND (q.version < v.seq{again})
                        AND NOT EXISTS (SELECT 1 FROM _ms_k k WHERE k.r = q.r AND k.t = q.t AND k.k = q.k)",
                     newest("q")
                 ))
                 .await?;
+            self.run(&format!(
+                "UPDATE sync.held h SET ruled = x.ruled
+                 FROM (SELECT q.r, q.t, q.k::text AS k, q.ruled FROM _ms_q q
+                       {}
+                       WHERE (q.ruled OR NOT q.questioned) AND q.ruled <> q.hruled
+                         AND NOT (q.version < v.seq{again})
+                         AND NOT EXISTS (SELECT 1 FROM _ms_k k WHERE k.r = q.r AND k.t = q.t AND k.k = q.k)
+                       OFFSET 0) x
+                 WHERE h.replica = x.r AND h.table_name = x.t AND h.key = x.k",
+                newest("q")
+            ))
+            .await?;
             deletes = self
                 .bulk(
                     Scratch::Delete,
