@@ -23,7 +23,10 @@ pub enum Kind {
     Float32,
     /// `double precision`
     Float64,
-    /// `text`, `varchar`, `char`, `uuid`, `citext`: anything PostgreSQL prints as text.
+    /// `text`, `varchar`, `char`, `uuid`, `citext`, `name`, and an enum
+    /// (read as its label): anything PostgreSQL prints as text. A domain
+    /// over any of these is one too: a domain is checked and read by the
+    /// type it is over, an array by its elements.
     Text,
     /// `bytea`
     Bytes,
@@ -44,6 +47,8 @@ pub enum Kind {
 impl Kind {
     /// Whether a PostgreSQL column of type `pg_type` (as `format_type` names it)
     /// can hold every value of this kind and give back only values this kind takes.
+    /// `pg_type` is a base type: a domain's is the type it is over, an enum's
+    /// `text`, an array's its elements' with `[]`.
     pub fn fits_postgres(&self, pg_type: &str) -> bool {
         let t = pg_type.trim();
         if let Some(inner) = t.strip_suffix("[]") {

@@ -12,10 +12,41 @@ use tokio_postgres::Client;
 pub struct DbColumn {
     /// Its name.
     pub name: String,
-    /// Its type, as `format_type` prints it (`bigint`, `numeric(10,2)`, `text[]`).
+    /// Its type as declared, as `format_type` prints it (`bigint`,
+    /// `numeric(10,2)`, `text[]`, `year`, `mpaa_rating[]`).
     pub type_name: String,
-    /// Whether it is declared NOT NULL.
+    /// The type it is checked against and read as: a domain's base type
+    /// (through any domains it is over), an enum as `text`, an array by its
+    /// elements (`year[]` is `integer[]`). The same as `type_name` for a
+    /// column of a base type.
+    pub base_type: String,
+    /// What its declared type is, or its elements' for an array.
+    pub type_kind: TypeKind,
+    /// Whether it is declared NOT NULL, or is of a domain that is.
     pub not_null: bool,
+}
+
+/// What a column's declared type is (or, for an array, its elements'
+/// type): what makes its [`DbColumn::base_type`] differ from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TypeKind {
+    /// A type of its own: `integer`, `text`, `numeric(10,2)`.
+    Base,
+    /// A domain, checked and read as the type it is over.
+    Domain,
+    /// An enum, checked and read as `text`.
+    Enum,
+}
+
+impl TypeKind {
+    /// The kind `pg_type.typtype` names (`d` a domain, `e` an enum).
+    fn of(typtype: &str) -> TypeKind {
+        match typtype {
+            "d" => TypeKind::Domain,
+            "e" => TypeKind::Enum,
+            _ => TypeKind::Base,
+        }
+    }
 }
 
 /// A table (or partitioned table) as the database has it.
@@ -96,9 +127,43 @@ JOIN pg_namespace n ON n.oid = c.relnamespace
 JOIN unnest($1::text[], $2::text[]) AS wanted(s, r) ON n.nspname = wanted.s AND c.relname = wanted.r
 WHERE c.relkind IN ('r', 'p')";
 
+/// Every column with its declared type and the type it is checked against.
+///
+/// `chain` walks from the column's type down to a type that is neither a
+/// domain nor an array, as deep as domains are stacked: a domain steps to
+/// the type it is over (its type modifier, `numeric(10,2)`, kept), an array
+/// to its elements (counted, to be put back as `[]`). The last step is the
+/// base type, an enum read as `text`. A domain's NOT NULL counts, unless an
+/// array stands between it and the column (it then holds for the elements).
+/// `declared` is the kind of the first type met that is not an array.
 const COLUMNS: &str = "
-SELECT a.attrelid::int8, a.attname::text, format_type(a.atttypid, a.atttypmod), a.attnotnull
+SELECT a.attrelid::int8, a.attname::text, format_type(a.atttypid, a.atttypmod),
+       checked.base_type, checked.declared, a.attnotnull OR checked.not_null
 FROM pg_attribute a
+CROSS JOIN LATERAL (
+    WITH RECURSIVE chain(type, typmod, arrays, declared, not_null, depth) AS (
+        SELECT a.atttypid, a.atttypmod, 0, NULL::text, false, 0
+        UNION ALL
+        SELECT CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.typelem END,
+               CASE WHEN t.typtype = 'd' AND t.typtypmod <> -1 THEN t.typtypmod ELSE c.typmod END,
+               c.arrays + (t.typtype <> 'd')::int,
+               coalesce(c.declared, CASE WHEN t.typtype = 'd' THEN 'd' END),
+               c.not_null OR (t.typtype = 'd' AND t.typnotnull AND c.arrays = 0),
+               c.depth + 1
+        FROM chain c
+        JOIN pg_type t ON t.oid = c.type
+        WHERE t.typtype = 'd'
+           OR (t.typelem <> 0 AND t.typsubscript = 'array_subscript_handler'::regproc)
+    )
+    SELECT CASE WHEN t.typtype = 'e' THEN 'text' ELSE format_type(c.type, c.typmod) END
+               || repeat('[]', c.arrays) AS base_type,
+           coalesce(c.declared, t.typtype::text) AS declared,
+           c.not_null
+    FROM chain c
+    JOIN pg_type t ON t.oid = c.type
+    ORDER BY c.depth DESC
+    LIMIT 1
+) checked
 WHERE a.attrelid::int8 = ANY($1) AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attrelid, a.attnum";
 
@@ -178,7 +243,9 @@ impl Catalog {
                 rel.columns.push(DbColumn {
                     name: row.get(1),
                     type_name: row.get(2),
-                    not_null: row.get(3),
+                    base_type: row.get(3),
+                    type_kind: TypeKind::of(row.get(4)),
+                    not_null: row.get(5),
                 });
             }
         }

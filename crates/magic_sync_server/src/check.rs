@@ -1,7 +1,7 @@
 //! Start-up checks: the server refuses to start while a declaration disagrees
 //! with the database, or a trigger is missing, disabled or changed.
 
-use crate::catalog::{Catalog, Relation};
+use crate::catalog::{Catalog, DbColumn, Relation, TypeKind};
 use crate::engine::Engine;
 pub use crate::error::MissingIndex;
 use crate::error::{Error, Mismatch, Result};
@@ -136,7 +136,8 @@ pub fn declarations(engine: &Engine, catalog: &Catalog) -> Result<()> {
 /// 51), and a replica compares them as canonical keys (decision 18): a
 /// `numeric(10,2)` pointing at a `numeric(12,4)` key prints `1.50` where the
 /// key prints `1.5000`, and would never find it. Types that print a value
-/// the same way (integers of any width, `text` and `varchar`) are allowed.
+/// the same way (integers of any width, `text` and `varchar`, a domain and
+/// the type it is over) are allowed.
 fn foreign_key_types(engine: &Engine, catalog: &Catalog, problems: &mut Vec<Mismatch>) {
     let family = |ty: &str| -> String {
         match ty {
@@ -146,24 +147,28 @@ fn foreign_key_types(engine: &Engine, catalog: &Catalog, problems: &mut Vec<Mism
             t => t.to_string(),
         }
     };
-    let type_of = |table: &str, column: &str| {
+    let column_of = |table: &str, column: &str| {
         let table = engine.tables().find(|t| t.name == table)?;
         let relation = catalog.relation(table.schema, table.name)?;
-        Some(relation.column(column)?.type_name.clone())
+        relation.column(column)
     };
     for fk in &catalog.foreign_keys {
         for (c, p) in fk.child_columns.iter().zip(&fk.parent_columns) {
-            let (Some(child), Some(parent)) = (type_of(fk.child, c), type_of(fk.parent, p)) else {
+            let (Some(child), Some(parent)) = (column_of(fk.child, c), column_of(fk.parent, p))
+            else {
                 continue;
             };
-            if family(&child) != family(&parent) {
+            if family(&child.base_type) != family(&parent.base_type) {
                 problems.push(Mismatch {
                     table: fk.child.to_string(),
                     column: Some(c.clone()),
                     problem: format!(
-                        "foreign key `{}` is {child} but points at `{}.{p}`, which is {parent}: \
+                        "foreign key `{}` is {} but points at `{}.{p}`, which is {}: \
                          keys are compared as they print, so a pointer must have its key's type",
-                        fk.name, fk.parent
+                        fk.name,
+                        described_type(child),
+                        fk.parent,
+                        described_type(parent)
                     ),
                 });
             }
@@ -302,10 +307,11 @@ fn check_columns(table: &Table, rel: &Relation, problems: &mut Vec<Mismatch>) {
             )));
             continue;
         };
-        if !col.kind.fits_postgres(&db.type_name) {
+        if !col.kind.fits_postgres(&db.base_type) {
             problems.push(mismatch(format!(
                 "the field is {}, which does not fit the column's type {}",
-                col.kind, db.type_name
+                col.kind,
+                described_type(db)
             )));
         }
         if !db.not_null && !col.nullable {
@@ -322,5 +328,26 @@ fn check_columns(table: &Table, rel: &Relation, problems: &mut Vec<Mismatch>) {
                 problem: "is declared as the replica's retired column, but the server table has a column of that name".into(),
             });
         }
+    }
+}
+
+/// A column's declared type for a message, with the type it is checked
+/// against when that differs: `year (a domain over integer)`,
+/// `mpaa_rating[] (an array of an enum, checked as text[])`.
+fn described_type(column: &DbColumn) -> String {
+    let (declared, base) = (&column.type_name, &column.base_type);
+    if declared == base {
+        return declared.clone();
+    }
+    let in_array = declared.ends_with("[]");
+    match (column.type_kind, in_array) {
+        (TypeKind::Domain, false) => format!("{declared} (a domain over {base})"),
+        (TypeKind::Domain, true) => format!(
+            "{declared} (an array of a domain over {})",
+            base.strip_suffix("[]").unwrap_or(base)
+        ),
+        (TypeKind::Enum, false) => format!("{declared} (an enum, checked as {base})"),
+        (TypeKind::Enum, true) => format!("{declared} (an array of an enum, checked as {base})"),
+        (TypeKind::Base, _) => format!("{declared} (checked as {base})"),
     }
 }

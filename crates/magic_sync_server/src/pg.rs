@@ -2,7 +2,9 @@
 //!
 //! Every column is selected cast to one of a few wire types chosen by its
 //! [`Kind`], so reading never depends on the exact type the database has
-//! (`integer` or `bigint`, `varchar` or `text`, ...).
+//! (`integer` or `bigint`, `varchar` or `text`, an enum, a domain or the
+//! type it is over, ...): the driver takes a value only as the type it
+//! expects, and the statement says which, whatever the column is.
 
 use crate::row::{Column, Table};
 use crate::sql::ident;
@@ -18,7 +20,11 @@ pub fn select_expr(alias: &str, column: &Column) -> String {
         Kind::Float32 | Kind::Float64 => format!("{c}::float8"),
         Kind::Text | Kind::Numeric => format!("{c}::text"),
         Kind::Json | Kind::Array(_) => format!("to_jsonb({c})"),
-        Kind::Bool | Kind::Bytes | Kind::Timestamptz | Kind::Timestamp | Kind::Date => c,
+        Kind::Bool => format!("{c}::bool"),
+        Kind::Bytes => format!("{c}::bytea"),
+        Kind::Timestamptz => format!("{c}::timestamptz"),
+        Kind::Timestamp => format!("{c}::timestamp"),
+        Kind::Date => format!("{c}::date"),
     }
 }
 

@@ -13,3 +13,4 @@ mod policy;
 mod schema;
 mod startup;
 mod tls;
+mod types;
