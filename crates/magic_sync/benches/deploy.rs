@@ -129,7 +129,7 @@ async fn until_configured(fleet: &mut Fleet, from: Instant, provisions: bool) ->
 }
 
 async fn deploy(fleet: &mut Fleet, engine: Engine, name: &str, baseline: Duration) -> Deployed {
-    let dry = magic_sync::deploy::dry_run(&fleet.writer, &engine)
+    let dry = magic_sync::deploy::dry_run(&mut fleet.writer, &engine)
         .await
         .expect("the dry run");
     println!("{name}: dry run\n{dry}");

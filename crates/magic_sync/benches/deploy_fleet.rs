@@ -225,7 +225,7 @@ async fn main() {
         .expect("count")
         .get(0);
     let (expected_sends, expected_deletes) = (moved * per_partition, moved * per_partition);
-    let dry = magic_sync::deploy::dry_run(&fleet.writer, &engine(true))
+    let dry = magic_sync::deploy::dry_run(&mut fleet.writer, &engine(true))
         .await
         .expect("the dry run");
     println!("dry run:\n{dry}");

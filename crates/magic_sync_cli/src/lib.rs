@@ -318,7 +318,7 @@ pub struct Deploy {
 /// Runs [`Deploy`] for the build whose declarations are `engine`, on a
 /// connection of its own.
 pub async fn deploy(
-    client: &Client,
+    client: &mut Client,
     engine: &magic_sync::Engine,
     args: &Deploy,
     out: &mut dyn Write,

@@ -113,10 +113,18 @@ pub struct Change {
 /// What a build changes against the last one's declarations.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Deployment {
+    /// No build has started the sync on this database yet: the first one
+    /// makes the sync schema (when it is not there) and provisions every
+    /// live replica from a snapshot; nothing is deployed.
+    pub first: bool,
     /// Tables whose fingerprints are the last build's: untouched.
     pub reused: Vec<String>,
     /// Tables with something to do, in name order.
     pub changes: Vec<Change>,
+    /// What the replicas kept up would be sent and have taken back, per
+    /// replica and table (a dry run's; empty for a deployment begun).
+    /// Replicas a changed key provisions again are not in it.
+    pub moves: crate::relay::Rehearsal,
 }
 
 impl Deployment {
@@ -128,6 +136,14 @@ impl Deployment {
 
 impl fmt::Display for Deployment {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.first {
+            return writeln!(
+                f,
+                "first start: no build has run the sync here; every live replica is provisioned \
+                 from a snapshot of the {} tables declared",
+                self.reused.len()
+            );
+        }
         if self.changes.is_empty() {
             return writeln!(f, "no change: {} tables reused", self.reused.len());
         }
@@ -161,6 +177,28 @@ impl fmt::Display for Deployment {
             if !c.held.is_empty() {
                 let largest: Vec<String> = c.held.iter().map(|(r, n)| format!("{r} {n}")).collect();
                 writeln!(f, "         largest holders: {}", largest.join(", "))?;
+            }
+        }
+        if !self.moves.moves.is_empty() {
+            let total = self.moves.totals();
+            writeln!(
+                f,
+                "{} rows sent and {} taken back over {} replicas{}:",
+                total.send,
+                total.take_back,
+                self.moves.moves.len(),
+                if self.moves.exact {
+                    ""
+                } else {
+                    " (at most: each table counted against the record as it is now)"
+                }
+            )?;
+            for (replica, tables) in &self.moves.moves {
+                let each: Vec<String> = tables
+                    .iter()
+                    .map(|(t, m)| format!("{t} +{} -{}", m.send, m.take_back))
+                    .collect();
+                writeln!(f, "  {replica}: {}", each.join(", "))?;
             }
         }
         Ok(())
@@ -369,20 +407,67 @@ async fn table_rows(client: &Client, engine: &Engine, name: &str) -> Result<u64>
 }
 
 /// What starting `engine` would change, against what the running (or
-/// last) build recorded: reads, changes nothing. The tables reused, and per
-/// table changed what is done with it, why, and how many rows it moves.
-/// The `sync` schema must be current and the declarations must match the
-/// database.
-pub async fn dry_run(client: &Client, engine: &Engine) -> Result<Deployment> {
-    crate::schema::require_current(client).await?;
+/// last) build recorded: changes nothing. The tables reused, and per
+/// table changed what is done with it, why, and how many rows it moves;
+/// then, per replica kept up and table, the rows it would be sent and
+/// have taken back, planned from the record as the deployment will plan
+/// them, in a transaction rolled back (`relay::rehearse`). The
+/// declarations must match the database. Before the first start (no sync
+/// schema yet, or no build recorded) it says so.
+pub async fn dry_run(client: &mut Client, engine: &Engine) -> Result<Deployment> {
     let catalog = Catalog::read(client, engine).await?;
     crate::check::declarations(engine, &catalog)?;
     let declared = crate::relay::declared(engine, &catalog)?;
+    let first = |declared: &Declared| {
+        let mut reused: Vec<String> = declared
+            .schema
+            .tables()
+            .iter()
+            .filter(|t| t.mirror.goes_down())
+            .map(|t| t.name.clone())
+            .collect();
+        reused.sort();
+        Deployment {
+            first: true,
+            reused,
+            ..Deployment::default()
+        }
+    };
+    if crate::schema::version(client).await? == 0 {
+        return Ok(first(&declared));
+    }
+    crate::schema::require_current(client).await?;
     let before = store::tables::recorded(client).await?;
+    if before.is_empty() {
+        return Ok(first(&declared));
+    }
     let (reused, changed) = changes(&before, &declared);
+    let changes = counted(client, engine, changed).await?;
+    let owed: Vec<crate::relay::Owed> = changes
+        .iter()
+        .filter(|c| c.action != Action::Rebuild)
+        .map(|c| crate::relay::Owed {
+            table: c.table.clone(),
+            work: c.action.work(),
+            definition: match c.action {
+                Action::Remove => before.get(&c.table).and_then(|b| b.definition.clone()),
+                _ => None,
+            },
+        })
+        .collect();
+    let moves = if owed.is_empty() {
+        crate::relay::Rehearsal {
+            exact: true,
+            ..Default::default()
+        }
+    } else {
+        crate::relay::rehearse(client, engine, &catalog, &owed).await?
+    };
     Ok(Deployment {
+        first: false,
         reused,
-        changes: counted(client, engine, changed).await?,
+        changes,
+        moves,
     })
 }
 
@@ -456,7 +541,12 @@ async fn begin_in(client: &Client, engine: &Engine, declared: &Declared) -> Resu
         store::deployment::owe(client, &owed, &build).await?;
     }
     declare(client, declared).await?;
-    Ok(Deployment { reused, changes })
+    Ok(Deployment {
+        first: first_build,
+        reused,
+        changes,
+        moves: Default::default(),
+    })
 }
 
 /// Records `declared`'s tables as the declared ones, replacing what an

@@ -235,7 +235,7 @@ async fn a_new_table_reaches_every_replica_that_wants_it_and_nobody_is_provision
     let mut fleet = fleet().await;
     let regions_before = carried(&fleet, "regions").await;
     let second = with_tips();
-    let dry = deploy::dry_run(&fleet.writer, &second).await.unwrap();
+    let dry = deploy::dry_run(&mut fleet.writer, &second).await.unwrap();
     assert_eq!(dry.reused, ["items", "regions", "shops"]);
     assert_eq!(dry.changes.len(), 1, "{dry}");
     assert_eq!(
@@ -305,7 +305,7 @@ async fn a_new_table_reaches_every_replica_that_wants_it_and_nobody_is_provision
     );
     // The next build with the same declarations has nothing to do.
     let third = with_tips();
-    assert!(deploy::dry_run(&fleet.writer, &third)
+    assert!(deploy::dry_run(&mut fleet.writer, &third)
         .await
         .unwrap()
         .is_empty());
@@ -325,7 +325,7 @@ async fn a_changed_rule_sends_exactly_the_difference_with_parents_and_followers(
         .table::<v1::Item>()
         .build()
         .unwrap();
-    let dry = deploy::dry_run(&fleet.writer, &second).await.unwrap();
+    let dry = deploy::dry_run(&mut fleet.writer, &second).await.unwrap();
     assert_eq!(dry.changes.len(), 1, "{dry}");
     assert_eq!(dry.changes[0].action, Action::Replan, "{dry}");
     assert!(
@@ -334,6 +334,31 @@ async fn a_changed_rule_sends_exactly_the_difference_with_parents_and_followers(
             .contains("rule replica(unit) → partition(region)"),
         "{dry}"
     );
+    // Per replica and table, before anything changes: shop 2 and its ten
+    // items move from u2 to u1, and u2 lets go of the north.
+    assert!(dry.moves.exact, "{dry}");
+    let per_replica: Vec<(&str, &str, u64, u64)> = dry
+        .moves
+        .moves
+        .iter()
+        .flat_map(|(r, tables)| {
+            tables
+                .iter()
+                .map(move |(t, m)| (r.as_str(), t.as_str(), m.send, m.take_back))
+        })
+        .collect();
+    assert_eq!(
+        per_replica,
+        [
+            ("u1", "items", 10, 0),
+            ("u1", "shops", 1, 0),
+            ("u2", "items", 0, 10),
+            ("u2", "regions", 0, 1),
+            ("u2", "shops", 0, 1),
+        ],
+        "{dry}"
+    );
+    assert!(dry.to_string().contains("u2: items +0 -10"), "{dry}");
     fleet.redeploy(second).await;
     let moved = settle(&mut fleet).await;
     fleet.check().await;
@@ -345,6 +370,12 @@ async fn a_changed_rule_sends_exactly_the_difference_with_parents_and_followers(
     // not sent at all.
     assert_eq!(moved.sends, 11, "{moved:?}");
     assert_eq!(moved.deletes, 12, "{moved:?}");
+    let counted = dry.moves.totals();
+    assert_eq!(
+        (counted.send, counted.take_back),
+        (moved.sends, moved.deletes),
+        "the dry run counted what the deployment moved"
+    );
     let items_u1_after: Vec<_> = carried(&fleet, "items")
         .await
         .into_iter()
@@ -369,9 +400,10 @@ async fn a_rule_change_that_moves_no_row_sends_nothing_and_keeps_every_row_as_it
         .table::<v1::Item>()
         .build()
         .unwrap();
-    let dry = deploy::dry_run(&fleet.writer, &by_partition).await.unwrap();
+    let dry = deploy::dry_run(&mut fleet.writer, &by_partition).await.unwrap();
     assert_eq!(dry.changes.len(), 1, "{dry}");
     assert_eq!(dry.changes[0].action, Action::Replan, "{dry}");
+    assert!(dry.moves.moves.is_empty(), "{dry}");
     fleet.redeploy(by_partition).await;
     let moved = settle(&mut fleet).await;
     fleet.check().await;
@@ -400,7 +432,7 @@ async fn a_column_added_sends_that_table_again_and_nothing_else() {
         .table::<v2::PricedItem>()
         .build()
         .unwrap();
-    let dry = deploy::dry_run(&fleet.writer, &second).await.unwrap();
+    let dry = deploy::dry_run(&mut fleet.writer, &second).await.unwrap();
     assert_eq!(dry.changes.len(), 1, "{dry}");
     let change = &dry.changes[0];
     assert_eq!(change.action, Action::Resend, "{dry}");
@@ -450,10 +482,12 @@ async fn a_removed_table_is_taken_back_from_the_record_without_reading_it() {
         .batch_execute("DROP TABLE items")
         .await
         .unwrap();
-    let dry = deploy::dry_run(&fleet.writer, &second).await.unwrap();
+    let dry = deploy::dry_run(&mut fleet.writer, &second).await.unwrap();
     assert_eq!(dry.changes.len(), 1, "{dry}");
     assert_eq!(dry.changes[0].action, Action::Remove);
     assert_eq!(dry.changes[0].held_total, items_held as u64);
+    assert_eq!(dry.moves.totals().take_back, items_held as u64, "{dry}");
+    assert_eq!(dry.moves.totals().send, 0, "{dry}");
     // The tills still run the build that had items: they let go of them.
     fleet.redeploy_server(second).await;
     let moved = settle(&mut fleet).await;
@@ -465,6 +499,22 @@ async fn a_removed_table_is_taken_back_from_the_record_without_reading_it() {
     for unit in fleet.units.values() {
         assert!(replica_rows(&unit.replica, &v1::Item::TABLE).is_empty());
     }
+}
+
+#[tokio::test]
+async fn a_dry_run_before_the_first_start_says_every_replica_is_provisioned() {
+    let db = magic_sync_testdb::database().await;
+    let mut client = db.connect().await;
+    client.batch_execute(SCHEMA).await.unwrap();
+    let dry = deploy::dry_run(&mut client, &first_build()).await.unwrap();
+    assert!(dry.first, "{dry}");
+    assert_eq!(dry.reused, ["items", "regions", "shops"]);
+    assert!(dry.changes.is_empty());
+    assert!(dry.to_string().starts_with("first start"), "{dry}");
+    // Migrated, with no build recorded yet: the same.
+    magic_sync::schema::migrate(&mut client).await.unwrap();
+    let dry = deploy::dry_run(&mut client, &first_build()).await.unwrap();
+    assert!(dry.first, "{dry}");
 }
 
 /// Whether the replica's file still has a table called `name`.
@@ -598,7 +648,7 @@ async fn a_renamed_table_is_a_removal_and_an_addition() {
         .table::<v2::Hint>()
         .build()
         .unwrap();
-    let dry = deploy::dry_run(&fleet.writer, &renamed).await.unwrap();
+    let dry = deploy::dry_run(&mut fleet.writer, &renamed).await.unwrap();
     let actions: Vec<(&str, Action)> = dry
         .changes
         .iter()
@@ -627,7 +677,7 @@ async fn a_change_replicas_cannot_tell_sends_nothing() {
         .table::<v1::Region>()
         .build()
         .unwrap();
-    let dry = deploy::dry_run(&fleet.writer, &same).await.unwrap();
+    let dry = deploy::dry_run(&mut fleet.writer, &same).await.unwrap();
     assert!(dry.is_empty(), "{dry}");
     fleet.redeploy(same).await;
     let moved = settle(&mut fleet).await;

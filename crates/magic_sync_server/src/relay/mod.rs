@@ -28,6 +28,7 @@ use magic_sync_core::pack;
 pub use magic_sync_core::ReplicaId;
 mod publish;
 mod reached;
+mod rehearse;
 mod replies;
 mod snapshot;
 
@@ -36,6 +37,8 @@ pub(crate) use deployment::declared;
 pub use digests::{compare_digest, Compared, Heard};
 pub use pace::SnapshotPace;
 pub use publish::{publish, publish_beside, Away, RESEND_AFTER};
+pub(crate) use rehearse::{rehearse, Owed};
+pub use rehearse::{Moves, Rehearsal};
 pub use replies::{acknowledge_all, gap};
 pub use snapshot::{Failed, Snapshot, Streamed};
 
@@ -839,6 +842,7 @@ impl Relay {
             worked: Default::default(),
             ruled_out: Default::default(),
             cache: Some(&self.plan_cache),
+            rehearsing: false,
         };
         let t0 = std::time::Instant::now();
         let planned = planner.plan().await?;

@@ -157,6 +157,11 @@ impl<'r> Changes<'r> {
     }
 }
 
+/// The replicas of `live` kept up by the passes.
+pub(crate) fn kept(live: Vec<store::replicas::Live>) -> Vec<Kept> {
+    sorted(live, Vec::new()).kept
+}
+
 /// The live replicas as they stand now (`live`): kept up, waiting for a
 /// snapshot, or streaming one.
 fn sorted(live: Vec<store::replicas::Live>, forgotten: Vec<String>) -> Observation {

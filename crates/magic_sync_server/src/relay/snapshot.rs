@@ -527,6 +527,7 @@ async fn plan_snapshot(
             worked: Default::default(),
             ruled_out: ruled_out.clone(),
             cache: None,
+            rehearsing: false,
         };
         let rows = planner.provision().await?;
         if !blocks.any {

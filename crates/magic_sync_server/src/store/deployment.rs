@@ -183,7 +183,7 @@ pub(crate) async fn next(
         }))
 }
 
-fn removed_table(
+pub(crate) fn removed_table(
     name: &str,
     definition: Option<&serde_json::Value>,
     graph: &Graph,

@@ -281,6 +281,9 @@ pub(crate) struct Planner<'a, 't> {
     pub ruled_out: BTreeSet<&'static str>,
     /// Statements prepared on this connection, by their text.
     pub cache: Option<&'a Cache>,
+    /// A dry run's plan (`crate::deploy::dry_run`): the deployment's chunk
+    /// alone, no pending note read, nothing of `sync.*` written.
+    pub rehearsing: bool,
 }
 
 /// The most rows the planner's tables may hold between them for a statement
@@ -484,8 +487,10 @@ impl Planner<'_, '_> {
     /// changes kept for them while their snapshots streamed; the result is
     /// in `_ms_send` and `_ms_del`.
     pub async fn plan(&self) -> Result<Planned> {
-        let notes = self.read_notes().await?;
-        let deferred = self.read_deferred().await?;
+        let (notes, deferred) = match self.rehearsing {
+            true => (0, 0),
+            false => (self.read_notes().await?, self.read_deferred().await?),
+        };
         if self.blocks.any && notes > 0 {
             self.release_changed().await?;
         }
@@ -1516,7 +1521,7 @@ impl Planner<'_, '_> {
                     ),
                 )
                 .await?;
-            self.run(&format!(
+            self.rerecord(&format!(
                 "UPDATE sync.held h SET ruled = x.ruled
                  FROM (SELECT k.r, k.t, k.k::text AS k, k.ruled FROM _ms_k k
                        {}
@@ -1542,7 +1547,7 @@ impl Planner<'_, '_> {
                     newest("q")
                 ))
                 .await?;
-            self.run(&format!(
+            self.rerecord(&format!(
                 "UPDATE sync.held h SET ruled = x.ruled
                  FROM (SELECT q.r, q.t, q.k::text AS k, q.ruled FROM _ms_q q
                        {}
@@ -1569,6 +1574,15 @@ impl Planner<'_, '_> {
             self.analyse(Scratch::Send).await?;
         }
         Ok((sends, deletes))
+    }
+
+    /// Records, by `sql`, why a replica holds rows it keeps as they are;
+    /// a rehearsal records nothing.
+    async fn rerecord(&self, sql: &str) -> Result<()> {
+        if !self.rehearsing {
+            self.run(sql).await?;
+        }
+        Ok(())
     }
 
     // ---- Provisioning from scratch ----
