@@ -21,6 +21,7 @@ pub mod show;
 mod watch;
 
 use clap::{Args, Parser, Subcommand};
+use magic_sync::core::schema::Fingerprint;
 use magic_sync::ops::{self, Scope};
 use std::io::Write;
 use std::net::SocketAddr;
@@ -144,18 +145,30 @@ pub enum Command {
         every: f64,
     },
     /// Waits until the fleet is settled (every live replica caught up, no
-    /// note pending, nothing waiting for a fix), or with `--caught-up` until
-    /// every live replica is caught up. Exits 0 once it is, 1 when
-    /// `--timeout` passes first, 2 as soon as something waits for a fix.
+    /// note pending, nothing waiting for a fix), with `--caught-up` until
+    /// every live replica is caught up, or with `--deployed` until the
+    /// newest build's deployment is complete on every live replica. Exits 0
+    /// once it is, 1 when `--timeout` passes first, 2 as soon as something
+    /// waits for a fix. With `--timeout`, a database with no sync schema
+    /// yet (or one the server's migrations have not reached), or no relay
+    /// started, is waited on too; without, it is an error.
     Wait {
         #[command(flatten)]
         scope: ScopeArgs,
         /// Wait until every live replica is caught up, pending notes aside.
-        #[arg(long, conflicts_with = "settled")]
+        #[arg(long, conflicts_with_all = ["settled", "deployed"])]
         caught_up: bool,
         /// Wait until the fleet is settled (the default).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "deployed")]
         settled: bool,
+        /// Wait until the deployment of the declarations the server last
+        /// started with is done and every live replica was told it holds
+        /// them whole, and acknowledged it. Given a fingerprint (hex, as a
+        /// replica of the build prints its own, `Configuration::own`), wait
+        /// for the declarations of that build: while the server runs
+        /// others (its new build has not started yet), keep waiting.
+        #[arg(long, value_name = "FINGERPRINT", value_parser = fingerprint)]
+        deployed: Option<Option<Fingerprint>>,
         /// Give up after this many seconds.
         #[arg(long, value_name = "SECONDS")]
         timeout: Option<f64>,
@@ -488,7 +501,17 @@ pub async fn run(
     client: &mut Client,
     out: &mut dyn Write,
 ) -> Result<Outcome, Error> {
+    // A wait given a timeout waits for the schema too: the relay makes it
+    // when it first starts.
+    let waits_for_schema = matches!(
+        command,
+        Command::Wait {
+            timeout: Some(_),
+            ..
+        }
+    );
     if !matches!(command, Command::Migrate | Command::Broker(Broker::Server))
+        && !waits_for_schema
         && magic_sync::schema::version(client)
             .await
             .map_err(Error::Schema)?
@@ -602,6 +625,7 @@ pub async fn run(
             scope,
             caught_up,
             settled: _,
+            deployed,
             timeout,
             every,
         } => {
@@ -615,16 +639,13 @@ pub async fn run(
             let timeout = timeout
                 .map(|t| seconds(t, "--timeout takes a number of seconds above 0"))
                 .transpose()?;
-            wait(
-                client,
-                &scope.scope(),
-                *caught_up,
-                every,
-                timeout,
-                json,
-                out,
-            )
-            .await
+            let until = match (deployed, caught_up) {
+                (Some(build), _) => Until::Deployed(build.as_ref()),
+                (None, true) => Until::CaughtUp,
+                (None, false) => Until::Settled,
+            };
+            let pace = Pace { every, timeout };
+            wait(client, &scope.scope(), until, pace, json, out).await
         }
         Command::Key { rotate } => {
             let key = if *rotate {
@@ -764,40 +785,161 @@ async fn broker_status(
     Ok(Outcome::Fine)
 }
 
-/// Reads whether the fleet is settled (or caught up) every `every` until it
-/// is, something waits for a fix, or `timeout` passes; prints the last read.
+/// What `wait` waits for.
+#[derive(Debug, Clone, Copy)]
+enum Until<'a> {
+    /// The fleet settled.
+    Settled,
+    /// Every live replica caught up.
+    CaughtUp,
+    /// The deployment of the declarations with this fingerprint (by
+    /// default, those the server last started with) complete.
+    Deployed(Option<&'a Fingerprint>),
+}
+
+/// How often `wait` reads, and for how long.
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    every: Duration,
+    timeout: Option<Duration>,
+}
+
+/// One read of what `wait` waits for.
+enum Reading {
+    Settled(ops::Settled),
+    Deployed(ops::Deployed),
+    /// No sync schema yet, or one the server's migrations have not reached:
+    /// nothing to read until a relay starts (or `migrate` runs).
+    NotMigrated(NotMigrated),
+}
+
+/// What `wait` prints when it gave up before the database had a sync
+/// schema it reads.
+#[derive(Debug, Clone, serde::Serialize)]
+struct NotMigrated {
+    /// Always false.
+    migrated: bool,
+    /// Always false: a relay makes the schema as it starts.
+    relay_started: bool,
+    /// What is missing, in words.
+    says: String,
+}
+
+impl Reading {
+    async fn read(
+        client: &mut Client,
+        scope: &Scope,
+        until: Until<'_>,
+    ) -> Result<Self, ops::Error> {
+        match until {
+            Until::Deployed(build) => ops::deployed(client, scope, build)
+                .await
+                .map(Reading::Deployed),
+            Until::Settled | Until::CaughtUp => {
+                ops::settled(client, scope).await.map(Reading::Settled)
+            }
+        }
+    }
+
+    /// `error` as what is awaited, when it is one a relay starting mends.
+    fn not_migrated(error: &ops::Error) -> Option<Self> {
+        let says = match error {
+            ops::Error::NoSyncSchema => {
+                "the database has no sync schema yet: no relay has started on it".to_string()
+            }
+            ops::Error::SchemaBehind { .. } => error.to_string(),
+            _ => return None,
+        };
+        Some(Reading::NotMigrated(NotMigrated {
+            migrated: false,
+            relay_started: false,
+            says,
+        }))
+    }
+
+    fn reached(&self, until: Until<'_>) -> bool {
+        match (self, until) {
+            (Reading::Settled(read), Until::CaughtUp) => read.caught_up,
+            (Reading::Settled(read), _) => read.settled,
+            (Reading::Deployed(read), _) => read.complete,
+            (Reading::NotMigrated(_), _) => false,
+        }
+    }
+
+    fn waits_for_fix(&self) -> bool {
+        match self {
+            Reading::Settled(read) => {
+                read.waiting_on_fix > 0 || read.quarantined > 0 || read.parked > 0
+            }
+            Reading::Deployed(read) => read.waits_for_fix(),
+            Reading::NotMigrated(_) => false,
+        }
+    }
+
+    fn emit(&self, out: &mut dyn Write, json: bool) -> Result<(), Error> {
+        match self {
+            Reading::Settled(read) => emit(out, json, read, |r| format!("{}\n", r.says)),
+            Reading::Deployed(read) => emit(out, json, read, |r| format!("{}\n", r.says)),
+            Reading::NotMigrated(read) => emit(out, json, read, |r| format!("{}\n", r.says)),
+        }
+    }
+}
+
+/// Reads what `until` names every `pace.every` until it is reached,
+/// something waits for a fix, or `pace.timeout` passes; prints the last
+/// read. Given a timeout, a database not migrated yet is waited on.
 async fn wait(
     client: &mut Client,
     scope: &Scope,
-    caught_up: bool,
-    every: Duration,
-    timeout: Option<Duration>,
+    until: Until<'_>,
+    pace: Pace,
     json: bool,
     out: &mut dyn Write,
 ) -> Result<Outcome, Error> {
-    let until = timeout.map(|t| tokio::time::Instant::now() + t);
+    let deadline = pace.timeout.map(|t| tokio::time::Instant::now() + t);
     loop {
-        let read = ops::settled(client, scope).await?;
-        let reached = if caught_up {
-            read.caught_up
-        } else {
-            read.settled
+        let read = match Reading::read(client, scope, until).await {
+            Ok(read) => read,
+            Err(e) => match Reading::not_migrated(&e).filter(|_| deadline.is_some()) {
+                Some(read) => read,
+                None => return Err(e.into()),
+            },
         };
-        let outcome = if read.waiting_on_fix > 0 || read.quarantined > 0 || read.parked > 0 {
+        let outcome = if read.waits_for_fix() {
             Some(Outcome::WaitsForFix)
-        } else if reached {
+        } else if read.reached(until) {
             Some(Outcome::Fine)
-        } else if until.is_some_and(|u| tokio::time::Instant::now() + every > u) {
+        } else if deadline.is_some_and(|d| tokio::time::Instant::now() + pace.every > d) {
             Some(Outcome::TimedOut)
         } else {
             None
         };
         if let Some(outcome) = outcome {
-            emit(out, json, &read, |r| format!("{}\n", r.says))?;
+            read.emit(out, json)?;
             return Ok(outcome);
         }
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(pace.every).await;
     }
+}
+
+/// A fingerprint of declarations, as 64 hex digits.
+fn fingerprint(text: &str) -> Result<Fingerprint, String> {
+    let digits = text.trim();
+    let bytes: Option<Vec<u8>> = (digits.len() == 64 && digits.is_ascii())
+        .then(|| {
+            (0..32)
+                .map(|i| u8::from_str_radix(&digits[2 * i..2 * i + 2], 16).ok())
+                .collect()
+        })
+        .flatten();
+    bytes
+        .and_then(|b| <[u8; 32]>::try_from(b).ok())
+        .map(Fingerprint)
+        .ok_or_else(|| {
+            "a fingerprint is 64 hex digits, as a replica prints its build's \
+             (`Configuration::own`)"
+                .to_string()
+        })
 }
 
 /// The token in `path`, without the whitespace around it; never empty.

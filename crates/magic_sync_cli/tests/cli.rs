@@ -754,3 +754,237 @@ async fn broker_status_says_which_replicas_read_and_takes_no_report() {
         "{said}"
     );
 }
+
+/// `magic-sync --json wait --deployed [FINGERPRINT]`, given a moment: its
+/// exit code and its read.
+fn deployed(url: &str, build: Option<&str>) -> (i32, Value) {
+    let mut args = vec![
+        "--json",
+        "wait",
+        "--every",
+        "0.05",
+        "--timeout",
+        "0.1",
+        "--deployed",
+    ];
+    args.extend(build);
+    let out = magic_sync(url, &args);
+    (out.status.code().unwrap(), json_of(&out))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_deployed_answers_once_the_new_build_is_held_whole_by_every_replica() {
+    use magic_sync_testkit::{fleet::Fleet, shop};
+
+    // Notices go to their region's tills; the second build sends them to
+    // every till, so its deployment plans them again.
+    let mut fleet = Fleet::new(
+        "INSERT INTO notices (id, region_id, body) VALUES
+             (1, 'north', 'one'), (2, 'south', 'two'), (3, 'north', 'three');",
+    )
+    .await;
+    fleet.add("u1", Some("north"));
+    fleet.add("u2", Some("south"));
+    fleet.sync().await;
+    fleet.check().await;
+    let url = fleet.db.url();
+    let own = |fleet: &mut Fleet, unit: &str| {
+        let configuration = fleet.unit(unit).replica.configuration().unwrap();
+        (configuration.own.to_string(), configuration.complete)
+    };
+
+    // The first build is deployed: its fingerprint is the one its replicas
+    // print as their own.
+    let (first, complete) = own(&mut fleet, "u1");
+    assert!(complete);
+    let (code, read) = deployed(&url, None);
+    assert_eq!(code, 0, "{read:#}");
+    assert_eq!(read["running"], first.as_str());
+    assert_eq!(read["wanted"], Value::Null);
+
+    // A host that knows its new build's fingerprint waits for that build:
+    // the server still runs the first.
+    let engine = shop::redeclared();
+    let second = magic_sync::catalog::Catalog::read(&fleet.client, &engine)
+        .await
+        .unwrap()
+        .schema(&engine)
+        .fingerprint()
+        .to_string();
+    assert_ne!(first, second);
+    let (code, read) = deployed(&url, Some(&second));
+    assert_eq!(code, 1, "{read:#}");
+    assert_eq!(
+        read["says"],
+        format!(
+            "the server runs the declarations {}, not {} yet: a relay of that build has not \
+             started",
+            &first[..12],
+            &second[..12]
+        )
+    );
+
+    // The second build starts: what the server last started with is the
+    // second build, its deployment not worked through yet.
+    fleet.redeploy(engine).await;
+    for build in [None, Some(second.as_str())] {
+        let (code, read) = deployed(&url, build);
+        assert_eq!(code, 1, "{read:#}");
+        assert_eq!(read["running"], second.as_str());
+        assert!(
+            read["says"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("the deployment of {} is under way", &second[..12])),
+            "{read:#}"
+        );
+    }
+    // Nor is it the first build any more that is deployed.
+    assert_eq!(deployed(&url, Some(&first)).0, 1);
+
+    // Pass by pass, each delivered: `wait --deployed` answers 0 exactly
+    // when every replica holds the second build whole by its own account,
+    // and not before each was told so and acknowledged it.
+    let mut said = Vec::new();
+    for step in 0.. {
+        assert!(step < 20, "not deployed after 20 passes: {said:#?}");
+        fleet.record().await;
+        let (code, read) = deployed(&url, None);
+        assert_eq!(code, 1, "answered before anything was delivered: {read:#}");
+        said.push(read["says"].as_str().unwrap().to_string());
+        fleet.deliver().await;
+        let (code, read) = deployed(&url, Some(&second));
+        assert_eq!(
+            code == 0,
+            fleet.configured(),
+            "the server's answer and the replicas' own differ: {read:#}"
+        );
+        if code == 0 {
+            assert_eq!(read["complete"], true);
+            assert_eq!(
+                read["says"],
+                format!("deployed: all 2 replicas hold {} whole", &second[..12])
+            );
+            break;
+        }
+        said.push(read["says"].as_str().unwrap().to_string());
+    }
+    let told = |words: &str| said.iter().any(|s| s.contains(words));
+    assert!(told("replicas not told yet that they hold"), "{said:#?}");
+    assert!(told("have not acknowledged it yet"), "{said:#?}");
+    for unit in ["u1", "u2"] {
+        assert_eq!(own(&mut fleet, unit), (second.clone(), true));
+    }
+    fleet.check().await;
+    // And as people read it.
+    assert_eq!(
+        wait(&url, &["--deployed"]),
+        (
+            0,
+            format!("deployed: all 2 replicas hold {} whole", &second[..12])
+        )
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_with_a_timeout_waits_for_the_first_relay_to_make_the_sync_schema() {
+    let db = magic_sync_testdb::database().await;
+    let url = db.url();
+    // Without a timeout, the answer stays: migrate.
+    let out = magic_sync(&url, &["wait"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("run `magic-sync migrate`"));
+    // With one, it waits, and says what it waited for.
+    for args in [
+        &["--timeout", "0.2"][..],
+        &["--deployed", "--timeout", "0.2"],
+    ] {
+        assert_eq!(
+            wait(&url, args),
+            (
+                1,
+                "the database has no sync schema yet: no relay has started on it".to_string()
+            ),
+            "{args:?}"
+        );
+    }
+    let out = magic_sync(&url, &["--json", "wait", "--timeout", "0.1"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(out.stderr.is_empty(), "{out:?}");
+    let read: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(read["migrated"], false);
+    assert_eq!(read["relay_started"], false);
+
+    // A schema the server's migrations have not brought to this build's
+    // version is waited on too.
+    let behind = magic_sync_testdb::database().await;
+    magic_sync::schema::migrate_to(&mut behind.connect().await, magic_sync::schema::CURRENT - 1)
+        .await
+        .unwrap();
+    let (code, said) = wait(&behind.url(), &["--timeout", "0.2"]);
+    assert_eq!(code, 1);
+    assert!(
+        said.contains("the server's migrations have not run yet"),
+        "{said}"
+    );
+
+    // A wait running from before the schema exists answers once the first
+    // relay started.
+    let waiter_url = format!(
+        "{url}{}application_name=magic-sync%20waiter",
+        if url.contains('?') { '&' } else { '?' }
+    );
+    let mut waiter = tokio::process::Command::new(env!("CARGO_BIN_EXE_magic-sync"))
+        .args(["wait", "--every", "0.05", "--timeout", "120"])
+        .env("DATABASE_URL", &waiter_url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut client = db.connect().await;
+    // Its reads find no schema (each ends in a rollback) while it waits.
+    loop {
+        if let Some(status) = waiter.try_wait().unwrap() {
+            let out = waiter.wait_with_output().await.unwrap();
+            panic!("the wait ended before the schema was made: {status} {out:?}");
+        }
+        let reading: bool = client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                                WHERE application_name = 'magic-sync waiter'
+                                  AND query = 'ROLLBACK')",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if reading {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // The relay's first start: it migrates, installs its triggers, records
+    // its declarations.
+    client
+        .batch_execute("CREATE TABLE shops (id bigint PRIMARY KEY)")
+        .await
+        .unwrap();
+    let engine = magic_sync::Engine::builder()
+        .table::<declared::Shop>()
+        .build()
+        .unwrap();
+    magic_sync::schema::migrate(&mut client).await.unwrap();
+    magic_sync::trigger::install(&engine, &mut client)
+        .await
+        .unwrap();
+    magic_sync::relay::Relay::new(&client, engine, Default::default())
+        .await
+        .unwrap();
+    let out = waiter.wait_with_output().await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        "settled: all 0 replicas caught up, no note pending"
+    );
+}

@@ -58,6 +58,22 @@ impl fmt::Display for Fingerprint {
     }
 }
 
+impl Fingerprint {
+    /// The fingerprint of a whole set of declarations, from each table's
+    /// name and fingerprint, in any order: what [`Schema::fingerprint`]
+    /// gives, for a reader that has only the tables' prints (the server's
+    /// `sync.tables`).
+    pub fn of_tables<'a>(tables: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> Fingerprint {
+        let mut tables: Vec<(&str, &[u8])> = tables.into_iter().collect();
+        tables.sort();
+        let mut canon = Canon::default();
+        for (name, print) in tables {
+            canon.part(name, &hex::encode(print));
+        }
+        canon.finish()
+    }
+}
+
 impl fmt::Debug for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Fingerprint({self})")
@@ -272,17 +288,12 @@ impl Schema {
     /// The tables' fingerprints together, in name order: equal for two
     /// schemas that differ only in what replicas cannot tell.
     pub fn fingerprint(&self) -> Fingerprint {
-        let mut tables: Vec<(&str, Fingerprint)> = self
+        let tables: Vec<(&str, Fingerprint)> = self
             .tables
             .iter()
             .map(|t| (t.name.as_str(), t.fingerprint()))
             .collect();
-        tables.sort();
-        let mut canon = Canon::default();
-        for (name, fingerprint) in tables {
-            canon.part(name, &fingerprint.to_string());
-        }
-        canon.finish()
+        Fingerprint::of_tables(tables.iter().map(|(name, print)| (*name, &print.0[..])))
     }
 }
 

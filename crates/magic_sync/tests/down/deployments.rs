@@ -400,7 +400,9 @@ async fn a_rule_change_that_moves_no_row_sends_nothing_and_keeps_every_row_as_it
         .table::<v1::Item>()
         .build()
         .unwrap();
-    let dry = deploy::dry_run(&mut fleet.writer, &by_partition).await.unwrap();
+    let dry = deploy::dry_run(&mut fleet.writer, &by_partition)
+        .await
+        .unwrap();
     assert_eq!(dry.changes.len(), 1, "{dry}");
     assert_eq!(dry.changes[0].action, Action::Replan, "{dry}");
     assert!(dry.moves.moves.is_empty(), "{dry}");

@@ -8,6 +8,8 @@
 //! - [`row_progress`]: where one row is, per replica.
 //! - [`health`]: what the engine waits on, each item saying whether to wait
 //!   or to deploy a fix.
+//! - [`settled`]: whether the fleet is settled; [`deployed`]: whether the
+//!   newest build's deployment is complete on every replica.
 //! - [`gauges`]: the figures a metrics endpoint exports, of one moment.
 //! - [`history`]: the runner's figures of the last hour, period by period.
 //!
@@ -24,6 +26,7 @@
 //! (`sync.notes`) newer than the version a replica holds is a change it
 //! lacks: it holds an outdated copy.
 
+mod deployed;
 mod gauges;
 mod health;
 mod history;
@@ -33,6 +36,7 @@ mod row;
 mod settled;
 mod state;
 
+pub use deployed::{deployed, Deployed};
 pub use gauges::{gauges, Gauges, Provisionings, ReplicaGauges};
 pub use health::{health, Action, Concern, Health, Item, PendingNotes};
 pub use history::{history, Figure, History};
