@@ -140,6 +140,7 @@ impl Session {
         settings: &SessionSettings,
         role: &str,
     ) -> crate::Result<Session> {
+        crate::tls::warn_once(config);
         let (client, connection) = settings
             .config(config, role)
             .connect(crate::tls::tls()?)

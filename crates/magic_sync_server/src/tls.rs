@@ -7,6 +7,13 @@
 //! libpq's `require` does. With them (a PEM file named by `PGSSLROOTCERT`,
 //! libpq's variable), the certificate must chain to one of them and name
 //! the host connected to.
+//!
+//! So only `sslmode=require` with root certificates keeps a network path
+//! from reading or changing what the server says to PostgreSQL: `prefer`
+//! falls back to plain text when anything on the way strips the offer, and
+//! `require` without roots takes any certificate. A connection over TCP to
+//! another host than this one set up so is warned about once, as the
+//! process first connects ([`caveat`]).
 
 use crate::error::{Error, Result};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -97,9 +104,67 @@ pub fn tls_with_roots(roots: Option<&Path>) -> Result<Tls> {
     Ok(Tls(MakeRustlsConnect::new(config)))
 }
 
+/// What a connection as `config` says leaves open to a network path
+/// between the server and PostgreSQL, when it leaves anything: `None` for a
+/// Unix socket, a loopback host, or `sslmode=require` with root
+/// certificates (`roots`, as `PGSSLROOTCERT` names them).
+pub fn caveat(config: &Config, roots: bool) -> Option<String> {
+    use tokio_postgres::config::{Host, SslMode};
+    let remote: Vec<&str> = config
+        .get_hosts()
+        .iter()
+        .filter_map(|h| match h {
+            Host::Tcp(name) => Some(name.as_str()),
+            #[cfg(unix)]
+            Host::Unix(_) => None,
+        })
+        .filter(|name| !is_loopback(name))
+        .collect();
+    if remote.is_empty() {
+        return None;
+    }
+    let hosts = remote.join(", ");
+    match config.get_ssl_mode() {
+        SslMode::Require if roots => None,
+        SslMode::Require => Some(format!(
+            "connections to PostgreSQL at {hosts} are encrypted but the server's certificate \
+             is not checked (sslmode=require without {ROOT_CERTIFICATES}): anyone on the path \
+             can stand in for it; set {ROOT_CERTIFICATES} to the certificates it must chain to"
+        )),
+        SslMode::Disable => Some(format!(
+            "connections to PostgreSQL at {hosts} are plain text (sslmode=disable): anyone on \
+             the path can read and change them; use sslmode=require with {ROOT_CERTIFICATES}"
+        )),
+        _ => Some(format!(
+            "connections to PostgreSQL at {hosts} fall back to plain text when TLS is not \
+             offered (sslmode=prefer), which anyone on the path can arrange; use \
+             sslmode=require with {ROOT_CERTIFICATES}"
+        )),
+    }
+}
+
+fn is_loopback(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Warns once per process of what [`caveat`] finds in `config`.
+pub(crate) fn warn_once(config: &Config) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    let roots = std::env::var_os(ROOT_CERTIFICATES).is_some();
+    if let Some(caveat) = caveat(config, roots) {
+        WARNED.call_once(|| tracing::warn!("{caveat}"));
+    }
+}
+
 /// Connects as `config` says, TLS as its `sslmode` says, and drives the
 /// connection on a task of its own.
 pub async fn connect(config: &Config) -> Result<Client> {
+    warn_once(config);
     let (client, connection) = config.connect(tls()?).await?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
@@ -156,5 +221,38 @@ impl ServerCertVerifier for Unchecked {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::caveat;
+    use tokio_postgres::Config;
+
+    fn config(text: &str) -> Config {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn only_a_remote_host_without_verified_tls_is_warned_about() {
+        for safe in [
+            "host=/run/postgresql sslmode=disable",
+            "host=localhost sslmode=prefer",
+            "host=127.0.0.1 sslmode=disable",
+            "host=::1",
+        ] {
+            assert_eq!(caveat(&config(safe), false), None, "{safe}");
+        }
+        assert_eq!(
+            caveat(&config("host=db.example sslmode=require"), true),
+            None
+        );
+        let prefer = caveat(&config("host=db.example"), true).unwrap();
+        assert!(prefer.contains("sslmode=prefer"), "{prefer}");
+        assert!(prefer.contains("db.example"), "{prefer}");
+        let unverified = caveat(&config("host=db.example sslmode=require"), false).unwrap();
+        assert!(unverified.contains("not checked"), "{unverified}");
+        let plain = caveat(&config("host=10.1.2.3 sslmode=disable"), true).unwrap();
+        assert!(plain.contains("plain text"), "{plain}");
     }
 }
