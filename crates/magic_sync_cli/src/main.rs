@@ -33,6 +33,10 @@ async fn main_with(cli: &Cli) -> Result<u8, String> {
     let config: tokio_postgres::Config = url
         .parse()
         .map_err(|_| "DATABASE_URL is not a connection string PostgreSQL reads".to_string())?;
+    let roots = std::env::var_os(magic_sync::tls::ROOT_CERTIFICATES).is_some();
+    if let Some(caveat) = magic_sync::tls::caveat(&config, roots) {
+        eprintln!("warning: {caveat}");
+    }
     let tls = magic_sync::tls::tls().map_err(|e| e.to_string())?;
     let (mut client, connection) = config
         .connect(tls)
