@@ -269,6 +269,64 @@ async fn key_prints_the_servers_key_and_rotate_replaces_it() {
     );
 }
 
+#[tokio::test]
+async fn sealed_seeds_sign_only_where_the_seed_key_is_given() {
+    let db = fleet().await;
+    let client = db.connect().await;
+    let stored = magic_sync::store::keys::public(&client).await.unwrap();
+    let key = magic_sync::store::keys::SeedKey::draw();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("seed.key");
+    std::fs::write(&file, key.to_hex()).unwrap();
+    assert_eq!(
+        magic_sync::store::keys::seal_with(&client, &key)
+            .await
+            .unwrap(),
+        1
+    );
+    let raw: Vec<u8> = client
+        .query_one("SELECT seed FROM sync.keys WHERE ordinal = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(raw.starts_with(b"ms-seal-1"), "{raw:?}");
+    // Whoever reads the database, or a backup of it, cannot sign.
+    let why = magic_sync::store::keys::public(&client)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(why.contains("MAGIC_SYNC_SEED_KEY"), "{why}");
+    let without = magic_sync(&db.url(), &["key"]);
+    assert_eq!(without.status.code(), Some(1), "{without:?}");
+    // The server's process, given the key, signs as before, and a rotation
+    // stores the new seed sealed.
+    let with = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_magic-sync"))
+            .args(args)
+            .env("DATABASE_URL", db.url())
+            .env("MAGIC_SYNC_SEED_KEY", &file)
+            .output()
+            .unwrap()
+    };
+    let out = with(&["key"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        stored.to_string()
+    );
+    let out = with(&["key", "--rotate"]);
+    assert!(out.status.success(), "{out:?}");
+    let sealed: i64 = client
+        .query_one(
+            "SELECT count(*) FROM sync.keys WHERE substring(seed FROM 1 FOR 9) = 'ms-seal-1'::bytea",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(sealed, 2);
+}
+
 /// `magic-sync wait` with `args`: its exit code and what it printed.
 fn wait(url: &str, args: &[&str]) -> (i32, String) {
     let mut all = vec!["wait", "--every", "0.05"];

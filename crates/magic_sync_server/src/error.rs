@@ -112,6 +112,13 @@ pub enum Error {
         /// What is wrong.
         why: String,
     },
+    /// The key signing seeds are sealed under (`MAGIC_SYNC_SEED_KEY`)
+    /// is missing, unreadable, or not the one they were sealed with.
+    #[error("the server's signing seeds: {why}")]
+    SeedKey {
+        /// What is wrong, and what to do.
+        why: String,
+    },
     /// The `sync` schema holds what the engine never writes there.
     #[error("the sync schema is damaged: {what}")]
     Damaged {
@@ -283,6 +290,7 @@ impl Error {
             | Error::MissingIndexes(_)
             | Error::Triggers(_)
             | Error::Tls { .. }
+            | Error::SeedKey { .. }
             | Error::Damaged { .. } => Handling::Stop,
             _ => Handling::SetAside,
         }

@@ -377,6 +377,14 @@ impl Relay {
     /// Runs the start-up checks: schema, declarations, indexes, triggers.
     pub async fn new(client: &Client, engine: Engine, settings: Settings) -> Result<Relay> {
         let catalog = crate::check::startup(&engine, client).await?;
+        let sealed = store::keys::seal(client).await?;
+        if sealed > 0 {
+            tracing::info!(
+                seeds = sealed,
+                "the signing seeds are sealed under the key {} names",
+                store::keys::SEED_KEY
+            );
+        }
         let mut relay = Self::with_catalog(&catalog, engine, settings)?;
         let declared = deployment::declared(&relay.context.engine, &catalog)?;
         let deployment = crate::deploy::begin(client, &relay.context.engine, &declared).await?;

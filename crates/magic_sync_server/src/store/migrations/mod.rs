@@ -39,6 +39,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (30, include_str!("030_wake.sql")),
     (31, include_str!("031_bodies_freed.sql")),
     (32, include_str!("032_broker_keys.sql")),
+    (33, include_str!("033_sealed_seeds.sql")),
 ];
 
 /// The version this build brings the schema to.
