@@ -21,8 +21,13 @@
 //! Given a token, every path wants it: HTTP Basic with the token as the
 //! password (any user name; a browser asks for it once and sends it with
 //! the page's reads), or `Authorization: Bearer` (a Prometheus scrape).
-//! Without one it answers anyone who reaches it, which `magic-sync
-//! dashboard` allows only on a loopback address.
+//! A token is [`MIN_TOKEN_BYTES`] bytes at least, and an address that
+//! presents wrong ones waits, longer each time. Without a token
+//! it answers anyone who reaches it, which it allows only on a loopback
+//! address. It speaks plain HTTP, so beyond loopback the token and every
+//! read would cross the network in the clear: it serves there only when
+//! told the operator accepts that ([`Options::plain_http`]); the usual way
+//! is to listen on loopback behind a proxy that ends TLS ([`exposure`]).
 //!
 //! The reads share one connection: the handlers ask, and one loop that
 //! holds the connection answers, one read at a time. A read that fails
@@ -31,7 +36,7 @@
 //! (bad input), with the message.
 
 use crate::show;
-use axum::extract::{Query, Request, State};
+use axum::extract::{ConnectInfo, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -41,8 +46,11 @@ use magic_sync::ops::{self, Scope};
 use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::Client;
@@ -96,20 +104,31 @@ pub enum Access {
     Token(Token),
 }
 
+/// The fewest bytes a token has: guessing one is then out of reach.
+pub const MIN_TOKEN_BYTES: usize = 32;
+
 /// A token the dashboard asks for, kept as its SHA-256 so that comparing
 /// what a request presents takes the same time however much of it matches.
 #[derive(Clone)]
-pub struct Token(Arc<[u8; 32]>);
+pub struct Token {
+    digest: Arc<[u8; 32]>,
+    /// Its length, in bytes: the dashboard refuses to serve a short one.
+    bytes: usize,
+}
 
 impl Token {
-    /// The token `secret`.
+    /// The token `secret`. One shorter than [`MIN_TOKEN_BYTES`] is refused
+    /// when serving begins.
     pub fn new(secret: &str) -> Token {
-        Token(Arc::new(Sha256::digest(secret.as_bytes()).into()))
+        Token {
+            digest: Arc::new(Sha256::digest(secret.as_bytes()).into()),
+            bytes: secret.len(),
+        }
     }
 
     fn admits(&self, presented: &str) -> bool {
         let presented: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        presented == *self.0
+        presented == *self.digest
     }
 }
 
@@ -117,6 +136,67 @@ impl std::fmt::Debug for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Token(..)")
     }
+}
+
+/// How the dashboard is served.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Who may read it.
+    pub access: Access,
+    /// Names it answers to besides the loopback ones (see [`serve_for`]).
+    pub hosts: Vec<String>,
+    /// Whether the operator accepts plain HTTP on an address beyond this
+    /// machine's loopback, where the token and every read cross the
+    /// network in the clear. Refused unless set; [`exposure`] gives the
+    /// warning to show when it is.
+    pub plain_http: bool,
+}
+
+impl Default for Options {
+    /// Anyone on loopback, nothing else.
+    fn default() -> Self {
+        Options {
+            access: Access::Open,
+            hosts: Vec::new(),
+            plain_http: false,
+        }
+    }
+}
+
+/// Whether the dashboard may serve on `addr` with `options`: `Err` says
+/// why not (a token too short; beyond loopback, no token, or plain HTTP
+/// not accepted); `Ok(Some(warning))` when it may, but the operator should
+/// be told what it costs.
+pub fn exposure(addr: SocketAddr, options: &Options) -> Result<Option<String>, String> {
+    if let Access::Token(token) = &options.access {
+        if token.bytes < MIN_TOKEN_BYTES {
+            return Err(format!(
+                "the dashboard's token is {} bytes long; at least {MIN_TOKEN_BYTES} are needed \
+                 (`head -c 32 /dev/urandom | base64` makes one)",
+                token.bytes
+            ));
+        }
+    }
+    if addr.ip().is_loopback() {
+        return Ok(None);
+    }
+    if matches!(options.access, Access::Open) {
+        return Err(format!(
+            "listening on {addr}, beyond this machine, needs a token: the dashboard shows \
+             every replica's state"
+        ));
+    }
+    if !options.plain_http {
+        return Err(format!(
+            "the dashboard speaks plain HTTP: on {addr}, beyond this machine, its token and \
+             every read would cross the network in the clear. Listen on loopback behind a \
+             proxy that ends TLS, or accept plain HTTP in so many words (--allow-plain-http)"
+        ));
+    }
+    Ok(Some(format!(
+        "the dashboard serves plain HTTP on {addr}: its token and every read cross the \
+         network in the clear"
+    )))
 }
 
 /// Serves the dashboard on `listener` to whom `access` admits, reading
@@ -144,6 +224,26 @@ pub async fn serve_for(
     hosts: Vec<String>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let options = Options {
+        access,
+        hosts,
+        plain_http: false,
+    };
+    serve_with(listener, client, scope, options, shutdown).await
+}
+
+/// [`serve_for`] with every option. Refuses (`InvalidInput`, saying why)
+/// what [`exposure`] refuses, before anything is served.
+pub async fn serve_with(
+    listener: TcpListener,
+    client: &mut Client,
+    scope: Scope,
+    options: Options,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    exposure(listener.local_addr()?, &options)
+        .map_err(|why| std::io::Error::new(std::io::ErrorKind::InvalidInput, why))?;
+    let Options { access, hosts, .. } = options;
     let hosts = Hosts {
         any: hosts.is_empty() && matches!(access, Access::Token(_)),
         names: Arc::new(hosts.iter().map(|h| h.to_ascii_lowercase()).collect()),
@@ -158,12 +258,20 @@ pub async fn serve_for(
         .route("/metrics", get(metrics))
         .with_state(Reader(tx));
     if let Access::Token(token) = access {
-        app = app.layer(axum::middleware::from_fn_with_state(token, admit));
+        let gate = Gate {
+            token,
+            failures: Arc::default(),
+        };
+        app = app.layer(axum::middleware::from_fn_with_state(gate, admit));
     }
     // Outermost: a request for another name learns nothing, not even
     // whether a token is wanted.
     app = app.layer(axum::middleware::from_fn_with_state(hosts, named));
-    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
+    let server = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown);
     // The loop ends when every handle to it is gone: after the server.
     let (served, ()) = tokio::join!(async { server.await }, answer(rx, client, &scope));
     served
@@ -219,11 +327,104 @@ async fn named(State(hosts): State<Hosts>, request: Request, next: Next) -> Resp
         .into_response()
 }
 
+/// Wrong tokens presented from an address, let through before it waits.
+const FREE_FAILURES: u32 = 5;
+/// The first wait; it doubles with each wrong token after.
+const FIRST_WAIT: Duration = Duration::from_secs(1);
+/// The longest wait.
+const LONGEST_WAIT: Duration = Duration::from_secs(300);
+/// Wrong tokens are forgotten this long after the last one.
+const FORGET_AFTER: Duration = Duration::from_secs(900);
+/// Addresses with wrong tokens remembered at most: past it, the forgotten
+/// ones go, then any one.
+const MOST_REMEMBERED: usize = 10_000;
+
+/// The token, and the wrong ones each address presented: how many, and
+/// the last when. An address is an IPv4 address or an IPv6 /64 (changing
+/// addresses within one's own /64 is free).
+#[derive(Debug, Clone)]
+struct Gate {
+    token: Token,
+    failures: Arc<Mutex<HashMap<IpAddr, (u32, Instant)>>>,
+}
+
+impl Gate {
+    fn party(address: IpAddr) -> IpAddr {
+        match address.to_canonical() {
+            IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+            v4 => v4,
+        }
+    }
+
+    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, (u32, Instant)>> {
+        self.failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// How long `address` must wait before presenting a token again.
+    fn barred(&self, address: IpAddr) -> Option<Duration> {
+        let (failures, last) = *self.failures().get(&Gate::party(address))?;
+        let over = failures.checked_sub(FREE_FAILURES)?;
+        let wait = FIRST_WAIT
+            .saturating_mul(1u32 << over.min(16))
+            .min(LONGEST_WAIT);
+        (last + wait).checked_duration_since(Instant::now())
+    }
+
+    fn failed(&self, address: IpAddr) {
+        let party = Gate::party(address);
+        let now = Instant::now();
+        let mut failures = self.failures();
+        if failures.len() >= MOST_REMEMBERED && !failures.contains_key(&party) {
+            failures.retain(|_, (_, last)| now.saturating_duration_since(*last) < FORGET_AFTER);
+            if failures.len() >= MOST_REMEMBERED {
+                if let Some(any) = failures.keys().next().copied() {
+                    failures.remove(&any);
+                }
+            }
+        }
+        let (count, last) = failures.entry(party).or_insert((0, now));
+        if now.saturating_duration_since(*last) >= FORGET_AFTER {
+            *count = 0;
+        }
+        *count = count.saturating_add(1);
+        *last = now;
+    }
+
+    fn passed(&self, address: IpAddr) {
+        self.failures().remove(&Gate::party(address));
+    }
+}
+
 /// Lets a request through when it presents the token; otherwise 401,
-/// asking a browser for it.
-async fn admit(State(token): State<Token>, request: Request, next: Next) -> Response {
-    if presented(request.headers()).is_some_and(|p| token.admits(&p)) {
-        return next.run(request).await;
+/// asking a browser for it (a wrong token counts against its address;
+/// none at all, what a browser sends first, does not); and 429 while its
+/// address waits, whatever it presents.
+async fn admit(
+    State(gate): State<Gate>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(wait) = gate.barred(peer.ip()) {
+        let seconds = wait.as_secs().max(1);
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, seconds.to_string())],
+            format!(
+                "magic-sync: too many wrong tokens from this address: try again in {seconds} s\n"
+            ),
+        )
+            .into_response();
+    }
+    match presented(request.headers()) {
+        Some(p) if gate.token.admits(&p) => {
+            gate.passed(peer.ip());
+            return next.run(request).await;
+        }
+        Some(_) => gate.failed(peer.ip()),
+        None => {}
     }
     (
         StatusCode::UNAUTHORIZED,

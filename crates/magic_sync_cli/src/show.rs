@@ -1,10 +1,42 @@
-//! The reads as tables for people.
+//! The reads as tables for people. What the database holds may come from
+//! a replica (an id, a table name, a reason quoting a row), so every text
+//! is printed plain: a control character is written as its escape
+//! (`\u{1b}`), and nothing read can move the operator's terminal.
 
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use magic_sync::ops::{
     Action, Concern, Health, Listing, Overview, Progress, ReplicaSummary, RowProgress,
 };
+use std::borrow::Cow;
 use std::fmt::Write as _;
+
+/// `text` with each control character written as its escape.
+pub fn plain(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return Cow::Borrowed(text);
+    }
+    Cow::Owned(
+        text.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_unicode().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
+}
+
+/// Adds `cells` to `t`, each plain.
+fn add(t: &mut Table, cells: Vec<String>) {
+    t.add_row(
+        cells
+            .iter()
+            .map(|c| plain(c).into_owned())
+            .collect::<Vec<_>>(),
+    );
+}
 
 fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
@@ -30,17 +62,20 @@ fn replicas(list: &[ReplicaSummary]) -> Table {
         "last error",
     ]);
     for r in list {
-        t.add_row(vec![
-            r.id.clone(),
-            or_dash(r.partition.as_deref()),
-            r.state.name().to_string(),
-            format!("{} / {}", r.acknowledged, r.last_message),
-            r.outbox.to_string(),
-            r.rows_on_their_way.to_string(),
-            r.rows_outdated.to_string(),
-            r.rows_refused.to_string(),
-            or_dash(r.last_error.as_deref()),
-        ]);
+        add(
+            &mut t,
+            vec![
+                r.id.clone(),
+                or_dash(r.partition.as_deref()),
+                r.state.name().to_string(),
+                format!("{} / {}", r.acknowledged, r.last_message),
+                r.outbox.to_string(),
+                r.rows_on_their_way.to_string(),
+                r.rows_outdated.to_string(),
+                r.rows_refused.to_string(),
+                or_dash(r.last_error.as_deref()),
+            ],
+        );
     }
     t
 }
@@ -71,13 +106,16 @@ pub fn overview(o: &Overview) -> String {
             "refused",
         ]);
         for f in &o.tables {
-            t.add_row(vec![
-                f.table.clone(),
-                f.replicas.to_string(),
-                f.rows_on_their_way.to_string(),
-                f.rows_outdated.to_string(),
-                f.rows_refused.to_string(),
-            ]);
+            add(
+                &mut t,
+                vec![
+                    f.table.clone(),
+                    f.replicas.to_string(),
+                    f.rows_on_their_way.to_string(),
+                    f.rows_outdated.to_string(),
+                    f.rows_refused.to_string(),
+                ],
+            );
         }
         let _ = writeln!(out, "\nTables not where they should be yet:\n{t}");
     }
@@ -98,13 +136,16 @@ pub fn deployment(d: &[magic_sync::deploy::Progress]) -> String {
     }
     let mut t = table(&["table", "work", "why", "rows worked through", "state"]);
     for p in d {
-        t.add_row(vec![
-            p.table.clone(),
-            p.work.clone(),
-            p.why.clone(),
-            format!("{} of about {}", p.rows_done, p.rows_total),
-            if p.done { "done" } else { "under way" }.to_string(),
-        ]);
+        add(
+            &mut t,
+            vec![
+                p.table.clone(),
+                p.work.clone(),
+                p.why.clone(),
+                format!("{} of about {}", p.rows_done, p.rows_total),
+                if p.done { "done" } else { "under way" }.to_string(),
+            ],
+        );
     }
     format!("{t}\n")
 }
@@ -138,7 +179,7 @@ pub fn dry_run(d: &magic_sync::deploy::Deployment) -> String {
 pub fn listing(l: &Listing) -> String {
     let mut out = format!("{}\n", replicas(&l.replicas));
     if let Some(next) = &l.next {
-        let _ = writeln!(out, "more: --after {next}");
+        let _ = writeln!(out, "more: --after {}", plain(next));
     }
     out
 }
@@ -147,7 +188,7 @@ pub fn progress(p: &Progress) -> String {
     let r = &p.replica;
     let mut out = format!(
         "replica {} ({}) at {}: acknowledged {} of {}, {} in its outbox\n",
-        r.id,
+        plain(&r.id),
         r.state.name(),
         p.now.to_rfc3339(),
         r.acknowledged,
@@ -155,7 +196,7 @@ pub fn progress(p: &Progress) -> String {
         r.outbox
     );
     if let Some(e) = &r.last_error {
-        let _ = writeln!(out, "last send failed: {e}");
+        let _ = writeln!(out, "last send failed: {}", plain(e));
     }
     let mut t = table(&[
         "table",
@@ -168,15 +209,18 @@ pub fn progress(p: &Progress) -> String {
     ]);
     for row in &p.tables {
         let (done, of) = row.bar();
-        t.add_row(vec![
-            row.table.clone(),
-            format!("{done} of {of}"),
-            row.outdated.to_string(),
-            row.on_its_way.to_string(),
-            row.set_aside.to_string(),
-            or_dash(row.up.map(|u| u.unsent)),
-            or_dash(row.up.map(|u| u.unfiled)),
-        ]);
+        add(
+            &mut t,
+            vec![
+                row.table.clone(),
+                format!("{done} of {of}"),
+                row.outdated.to_string(),
+                row.on_its_way.to_string(),
+                row.set_aside.to_string(),
+                or_dash(row.up.map(|u| u.unsent)),
+                or_dash(row.up.map(|u| u.unfiled)),
+            ],
+        );
     }
     let _ = writeln!(out, "{t}");
     out
@@ -185,23 +229,27 @@ pub fn progress(p: &Progress) -> String {
 pub fn row(r: &RowProgress) -> String {
     let mut out = format!(
         "{} {} at {}; newest pending note: {}{}\n",
-        r.table,
-        r.key,
+        plain(&r.table),
+        plain(&r.key),
         r.now.to_rfc3339(),
         or_dash(r.pending_note),
-        r.quarantined
-            .as_ref()
-            .map_or(String::new(), |why| format!("; cannot go down: {why}"))
+        r.quarantined.as_ref().map_or(String::new(), |why| format!(
+            "; cannot go down: {}",
+            plain(why)
+        ))
     );
     let mut t = table(&["replica", "state", "version", "message", "refused"]);
     for p in &r.replicas {
-        t.add_row(vec![
-            p.replica.clone(),
-            p.state.words().to_string(),
-            or_dash(p.version),
-            or_dash(p.message),
-            or_dash(p.refused.as_deref()),
-        ]);
+        add(
+            &mut t,
+            vec![
+                p.replica.clone(),
+                p.state.words().to_string(),
+                or_dash(p.version),
+                or_dash(p.message),
+                or_dash(p.refused.as_deref()),
+            ],
+        );
     }
     let _ = writeln!(out, "{t}");
     out
@@ -219,10 +267,10 @@ pub fn health(h: &Health) -> String {
     }
     let mut t = table(&["do", "what"]);
     for item in &h.items {
-        t.add_row(vec![
-            action(item.action).to_string(),
-            describe(&item.concern),
-        ]);
+        add(
+            &mut t,
+            vec![action(item.action).to_string(), describe(&item.concern)],
+        );
     }
     let _ = writeln!(out, "{t}");
     out
@@ -236,8 +284,13 @@ pub fn action(action: Action) -> &'static str {
     }
 }
 
-/// An item in plain words.
+/// An item in plain words (control characters escaped).
 pub fn describe(c: &Concern) -> String {
+    let said = words(c);
+    plain(&said).into_owned()
+}
+
+fn words(c: &Concern) -> String {
     match c {
         Concern::NotesPending {
             notes,
@@ -317,16 +370,65 @@ pub fn broker_status(read: &crate::BrokerStatus) -> String {
     for r in &read.replicas {
         let s = &r.standing;
         let c = s.consumer.as_ref();
-        t.add_row(vec![
-            r.replica.clone(),
-            s.waiting
-                .map_or_else(|| "no stream".into(), |w| w.to_string()),
-            if c.is_some() { "yes" } else { "no" }.into(),
-            or_dash(c.map(|c| c.handed_up_to)),
-            or_dash(c.map(|c| c.not_acknowledged)),
-            or_dash(c.map(|c| c.handed_again)),
-            or_dash(c.map(|c| c.yet_to_hand)),
-        ]);
+        add(
+            &mut t,
+            vec![
+                r.replica.clone(),
+                s.waiting
+                    .map_or_else(|| "no stream".into(), |w| w.to_string()),
+                if c.is_some() { "yes" } else { "no" }.into(),
+                or_dash(c.map(|c| c.handed_up_to)),
+                or_dash(c.map(|c| c.not_acknowledged)),
+                or_dash(c.map(|c| c.handed_again)),
+                or_dash(c.map(|c| c.yet_to_hand)),
+            ],
+        );
     }
     format!("{t}\nreports: {}\n", read.uploads)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use magic_sync::ops::{Item, PendingNotes};
+
+    #[test]
+    fn nothing_read_reaches_the_terminal_as_a_control_character() {
+        let since = chrono::DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        let refused = Concern::Refused {
+            table: "sales".into(),
+            reason: "PostgreSQL refused it: (Failing row contains (\u{1b}]0;owned\u{7}\u{1b}[2J))"
+                .into(),
+            rows: 1,
+            replicas: 1,
+            since,
+        };
+        let failing = Concern::SendFailing {
+            replica: "t\u{9b}1".into(),
+            error: "gone\r\nthe line after".into(),
+            outbox: 2,
+        };
+        let read = Health {
+            now: since,
+            healthy: false,
+            pending: PendingNotes::default(),
+            items: [refused, failing]
+                .into_iter()
+                .map(|concern| Item {
+                    action: concern.action(),
+                    concern,
+                })
+                .collect(),
+        };
+        let printed = health(&read);
+        assert!(
+            !printed.chars().any(|c| c.is_control() && c != '\n'),
+            "{printed:?}"
+        );
+        assert!(printed.contains("\\u{1b}]0;owned\\u{7}"), "{printed}");
+        assert!(printed.contains("t\\u{9b}1"), "{printed}");
+        for item in &read.items {
+            assert!(!describe(&item.concern).chars().any(char::is_control));
+        }
+    }
 }

@@ -15,6 +15,9 @@ use tokio::task::JoinHandle;
 /// A replica id a page could mistake for markup.
 const EVIL: &str = r#"<b id="x">evil</b>"#;
 
+/// A dashboard's token: 32 bytes at least.
+const TOKEN: &str = "s3cret-s3cret-s3cret-s3cret-s3cret";
+
 /// One replica in each state, written as the engine writes them:
 ///
 /// - `a` (north) caught up;
@@ -498,7 +501,7 @@ async fn the_command_says_where_it_listens_and_serves_there() {
 async fn given_a_token_every_path_wants_it() {
     use base64::Engine as _;
     let db = fleet().await;
-    let dashboard = Dashboard::start_with(&db, Access::Token(Token::new("s3cret"))).await;
+    let dashboard = Dashboard::start_with(&db, Access::Token(Token::new(TOKEN))).await;
     let basic = |pair: &str| {
         format!(
             "Authorization: Basic {}\r\n",
@@ -515,9 +518,9 @@ async fn given_a_token_every_path_wants_it() {
         for headers in [
             String::new(),
             basic("operator:wrong"),
-            basic("s3cret"),
-            "Authorization: Bearer s3cre\r\n".to_string(),
-            "Authorization: Digest s3cret\r\n".to_string(),
+            basic(TOKEN),
+            format!("Authorization: Bearer {}\r\n", &TOKEN[1..]),
+            format!("Authorization: Digest {TOKEN}\r\n"),
         ] {
             let (status, said) = dashboard.get_with(path, &headers).await;
             assert_eq!(status, 401, "{path} with {headers:?}: {said}");
@@ -529,25 +532,26 @@ async fn given_a_token_every_path_wants_it() {
             assert!(!said.contains("replicas"), "{said}");
         }
         for headers in [
-            basic("operator:s3cret"),
-            basic(":s3cret"),
-            "Authorization: Bearer s3cret\r\n".to_string(),
+            basic(&format!("operator:{TOKEN}")),
+            basic(&format!(":{TOKEN}")),
+            format!("Authorization: Bearer {TOKEN}\r\n"),
         ] {
             let (status, said) = dashboard.get_with(path, &headers).await;
             assert_eq!(status, 200, "{path} with {headers:?}: {said}");
         }
     }
     let (_, overview) = dashboard
-        .get_with("/api/overview", &basic("operator:s3cret"))
+        .get_with("/api/overview", &basic(&format!("operator:{TOKEN}")))
         .await;
     let overview: serde_json::Value = serde_json::from_str(&overview).unwrap();
     assert_eq!(overview["replicas"], 5, "{overview}");
     dashboard.stop().await;
 }
 
-/// Beyond a loopback address the command wants a token file; with one, it
-/// serves whoever presents the token. An empty token file is an error that
-/// names it.
+/// Beyond a loopback address the command wants a token file, of 32 bytes
+/// at least, and plain HTTP accepted in so many words: without that, the
+/// token would cross the network in the clear. An empty token file is an
+/// error that names it.
 #[tokio::test]
 async fn beyond_this_machine_the_command_wants_a_token() {
     let db = fleet().await;
@@ -580,14 +584,22 @@ async fn beyond_this_machine_the_command_wants_a_token() {
     );
 
     let token = dir.path().join("token");
-    std::fs::write(&token, "s3cret\n").unwrap();
-    let (mut dashboard, client) = command(&db, &["--listen", "0.0.0.0:0"], Some(&token)).await;
-    assert_eq!(client.get("/api/overview").await.0, 401);
-    let (status, body) = client
-        .get_with("/api/overview", "Authorization: Bearer s3cret\r\n")
-        .await;
-    assert_eq!(status, 200, "{body}");
-    dashboard.kill().await.unwrap();
+    for (written, says) in [
+        ("s3cret\n", "at least 32"),
+        (&*format!("{TOKEN}\n"), "plain HTTP"),
+    ] {
+        std::fs::write(&token, written).unwrap();
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_magic-sync"))
+            .args(["dashboard", "--listen", "0.0.0.0:0", "--token-file"])
+            .arg(&token)
+            .env("DATABASE_URL", db.url())
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        let said = String::from_utf8(out.stderr).unwrap();
+        assert!(said.contains(says), "{said}");
+    }
 }
 
 /// The replicas' progress bars a page shows, by id as the DOM has it.

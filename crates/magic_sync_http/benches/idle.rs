@@ -131,6 +131,7 @@ fn server_main() {
     let settings = Settings {
         max_connections: defaults.max_connections.max(connections),
         max_connections_per_address: defaults.max_connections_per_address.max(connections),
+        max_connections_per_network: defaults.max_connections_per_network.max(connections),
         ..defaults
     };
     let hub = Hub::new(settings, Credentials::new(config));

@@ -46,8 +46,47 @@ pub async fn issue(client: &Client, replica: &str) -> Result<String> {
     Ok(secret)
 }
 
+/// The longest replica id, in bytes, that can connect.
+pub const MAX_ID_BYTES: usize = 256;
+
+/// Why a text cannot be a replica's id on the socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NotAnId {
+    /// Empty.
+    #[error("it is empty")]
+    Empty,
+    /// Longer than [`MAX_ID_BYTES`].
+    #[error("it is {0} bytes long, more than the {MAX_ID_BYTES} an id may have")]
+    TooLong(usize),
+    /// It holds a control character (a NUL, an escape, a line break...).
+    #[error("it holds a control character")]
+    Control,
+}
+
+/// Whether `id` can be a replica's id: 1 to [`MAX_ID_BYTES`] bytes of
+/// text without a control character. The hub refuses any other before it
+/// looks anything up, and no secret is given to one.
+pub fn check_id(id: &str) -> std::result::Result<(), NotAnId> {
+    if id.is_empty() {
+        return Err(NotAnId::Empty);
+    }
+    if id.len() > MAX_ID_BYTES {
+        return Err(NotAnId::TooLong(id.len()));
+    }
+    if id.chars().any(char::is_control) {
+        return Err(NotAnId::Control);
+    }
+    Ok(())
+}
+
 /// Sets `replica`'s secret to `secret` (for a host that makes its own).
 pub async fn set(client: &Client, replica: &str, secret: &str) -> Result<()> {
+    if let Err(why) = check_id(replica) {
+        return Err(Error::Settings(format!(
+            "{} cannot be a replica's id on the socket: {why}",
+            crate::guard::logged(replica)
+        )));
+    }
     if secret.len() < 16 {
         return Err(Error::Settings(format!(
             "the secret of replica `{replica}` is {} characters long; at least 16 are needed",
@@ -81,10 +120,16 @@ type Proved = HashMap<String, (String, [u8; 32])>;
 ///
 /// The slow hashes share the machine's cores. One of them is kept for
 /// replicas that proved their secret in the last day (as recorded in
-/// `sync.credentials`, so it holds across a restart): a flood of wrong
-/// secrets fills the others' queue, not theirs. An id with no secret is
-/// checked against a hash of nothing in particular, so how long a refusal
-/// takes does not tell which ids exist.
+/// `sync.credentials`, so it holds across a restart), asking from a party
+/// with no failure on record: a flood of wrong secrets fills the others'
+/// queue, not theirs, even when it names real replicas. An id with no
+/// secret is checked against a hash of nothing in particular, so how long
+/// a refusal takes does not tell which ids exist.
+///
+/// A lookup PostgreSQL refuses for the id it was given (SQLSTATE class 22,
+/// a data exception: text holding a NUL, say) is that check's failure: the
+/// id cannot be anyone's, and the connection stays. Only a connection that
+/// failed is opened again.
 pub struct Credentials {
     config: tokio_postgres::Config,
     /// The connection, shared: lookups run at once on it (the lock is
@@ -95,17 +140,20 @@ pub struct Credentials {
     proved: Arc<Mutex<Proved>>,
     /// Slow hashes run at once at most, for anyone (each takes Argon2's
     /// 19 MiB and a thread), so a fleet connecting at once cannot exhaust
-    /// the server; and the share kept for replicas proved recently.
+    /// the server; and the share kept for replicas proved recently, asking
+    /// from a party that did not fail lately.
     hashing: Share,
     reserved: Share,
     /// Compared with when an id has no secret.
     dummy: Arc<std::sync::OnceLock<String>>,
 }
 
-/// Slow hashes that may run at once, and checks that may wait for one.
+/// Slow hashes that may run at once, checks that may wait for one, and
+/// the hashes run so far.
 struct Share {
     permits: Arc<tokio::sync::Semaphore>,
     waiting: std::sync::atomic::AtomicUsize,
+    ran: std::sync::atomic::AtomicU64,
 }
 
 impl Share {
@@ -113,6 +161,7 @@ impl Share {
         Share {
             permits: Arc::new(tokio::sync::Semaphore::new(permits.max(1))),
             waiting: std::sync::atomic::AtomicUsize::new(0),
+            ran: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -129,8 +178,41 @@ impl Share {
         }
         let permit = self.permits.clone().acquire_owned().await;
         self.waiting.fetch_sub(1, Ordering::AcqRel);
-        permit.map_err(|e| Error::Hash(e.to_string()))
+        let permit = permit.map_err(|e| Error::Hash(e.to_string()))?;
+        self.ran.fetch_add(1, Ordering::Relaxed);
+        Ok(permit)
     }
+}
+
+/// Slow hashes run so far, per share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hashes {
+    /// On the share for anyone.
+    pub general: u64,
+    /// On the share kept for replicas that proved their secret lately,
+    /// asking from a party with no failure on record.
+    pub reserved: u64,
+}
+
+/// What the caller knows of who asks: whether that party must wait before
+/// trying this id again, and whether it failed lately with any.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Standing {
+    /// How long it must wait before trying this id's secret again, if it
+    /// must.
+    pub barred: Option<std::time::Duration>,
+    /// Whether it failed lately, with any id.
+    pub suspect: bool,
+}
+
+/// What looking a replica's secret up came to.
+enum Lookup {
+    /// Its stored hash, and whether it proved its secret in the last day.
+    Found { hash: String, recent: bool },
+    /// It has no secret.
+    None,
+    /// PostgreSQL refused the id itself: it cannot be anyone's.
+    NotAnId,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -167,72 +249,115 @@ impl Credentials {
         })
     }
 
-    async fn stored(&self, replica: &str) -> Result<Option<(String, bool)>> {
+    async fn stored(&self, replica: &str) -> Result<Lookup> {
         let client = self.connection().await?;
         match store::hash(&client, replica).await {
-            Ok(hash) => Ok(hash),
-            Err(e) => {
-                // Connect again next time.
-                *self.client.lock().await = None;
+            Ok(Some((hash, recent))) => Ok(Lookup::Found { hash, recent }),
+            Ok(None) => Ok(Lookup::None),
+            Err(e) => self.lookup_failed(&client, e).await,
+        }
+    }
+
+    /// A lookup on `client` that failed with `e`: refused for its data, it
+    /// is this check's alone; refused for anything else the database said,
+    /// it is an error and the connection stays; failed without an answer,
+    /// the connection is opened again next time.
+    async fn lookup_failed(&self, client: &Arc<Client>, e: magic_sync::Error) -> Result<Lookup> {
+        let answered = match &e {
+            magic_sync::Error::Postgres(pg) => pg.as_db_error().map(|db| db.code().code()),
+            _ => None,
+        };
+        match answered {
+            Some(code) if code.starts_with("22") => Ok(Lookup::NotAnId),
+            Some(_) => Err(e.into()),
+            None => {
+                let mut held = self.client.lock().await;
+                if held.as_ref().is_some_and(|c| Arc::ptr_eq(c, client)) {
+                    *held = None;
+                }
                 Err(e.into())
             }
         }
     }
 
-    fn cached(&self, replica: &str, stored: &str, secret: &str) -> bool {
-        let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
+    /// Whether `digest` is of the secret last proved for `replica`, against
+    /// whatever hash.
+    fn proved_before(&self, replica: &str, digest: &[u8; 32]) -> bool {
         self.proved
             .lock()
             .expect("not poisoned")
             .get(replica)
-            .is_some_and(|(hash, proved)| hash == stored && *proved == digest)
+            .is_some_and(|(_, proved)| proved == digest)
+    }
+
+    fn cached(&self, replica: &str, stored: &str, digest: &[u8; 32]) -> bool {
+        self.proved
+            .lock()
+            .expect("not poisoned")
+            .get(replica)
+            .is_some_and(|(hash, proved)| hash == stored && proved == digest)
+    }
+
+    /// Slow hashes run so far, per share.
+    pub fn hashes(&self) -> Hashes {
+        use std::sync::atomic::Ordering;
+        Hashes {
+            general: self.hashing.ran.load(Ordering::Relaxed),
+            reserved: self.reserved.ran.load(Ordering::Relaxed),
+        }
     }
 
     /// Whether `secret` is `replica`'s. An error means the check could not
     /// be made (the database is out of reach, or too many wait): the
     /// replica tries again.
     pub async fn check(&self, replica: &str, secret: &str) -> Result<bool> {
-        Ok(self.check_unless(replica, secret, || None).await? == Checked::Yes)
+        Ok(self
+            .check_from(replica, secret, Standing::default())
+            .await?
+            == Checked::Yes)
     }
 
-    /// [`check`](Self::check), reading the stored hash once: a secret
-    /// already proved against it is let in at once; otherwise, when
-    /// `barred` says the caller must wait (its address failed too often),
-    /// no slow hash runs and that wait is returned.
-    pub async fn check_unless(
+    /// [`check`](Self::check), for a party whose `standing` the caller
+    /// knows. A party barred is answered without a lookup, unless it
+    /// presents the secret last proved for `replica` (then the stored hash
+    /// is read, to see that the secret still stands, and it is let in): a
+    /// replica is not locked out by whoever shares its address, and a
+    /// guesser costs nothing. Otherwise the stored hash is read once: a
+    /// secret already proved against it is let in at once, and any other
+    /// is hashed, on the share kept for replicas proved lately only when
+    /// the party is not `suspect`.
+    pub async fn check_from(
         &self,
         replica: &str,
         secret: &str,
-        barred: impl FnOnce() -> Option<std::time::Duration>,
+        standing: Standing,
     ) -> Result<Checked> {
-        let stored = self.stored(replica).await?;
-        if let Some((hash, _)) = &stored {
-            if self.cached(replica, hash, secret) {
-                return Ok(Checked::Yes);
+        let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
+        if let Some(wait) = standing.barred {
+            if !self.proved_before(replica, &digest) {
+                return Ok(Checked::Barred(wait));
             }
+            return Ok(match self.stored(replica).await? {
+                Lookup::Found { hash, .. } if self.cached(replica, &hash, &digest) => Checked::Yes,
+                _ => Checked::Barred(wait),
+            });
         }
-        if let Some(wait) = barred() {
-            return Ok(Checked::Barred(wait));
-        }
-        let Some((stored, recent)) = stored else {
-            // As long as a wrong secret for an id that has one.
-            let permit = self.hashing.turn().await?;
-            let (dummy, secret) = (self.dummy.clone(), secret.to_string());
-            tokio::task::spawn_blocking(move || {
-                let _permit = permit;
-                let dummy = dummy.get_or_init(|| hash(&generate()).unwrap_or_default());
-                verify(dummy, &secret)
-            })
-            .await
-            .map_err(|e| Error::Hash(e.to_string()))?;
-            return Ok(Checked::No);
+        let (stored, recent) = match self.stored(replica).await? {
+            Lookup::Found { hash, recent } => (hash, recent),
+            Lookup::NotAnId => return Ok(Checked::NotAnId),
+            Lookup::None => {
+                self.as_long_as_a_wrong_secret(secret).await?;
+                return Ok(Checked::No);
+            }
         };
-        let permit = if recent {
+        if self.cached(replica, &stored, &digest) {
+            return Ok(Checked::Yes);
+        }
+        let permit = if recent && !standing.suspect {
             self.reserved.turn().await?
         } else {
             self.hashing.turn().await?
         };
-        let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
         let (proved, who, secret, kept) = (
             self.proved.clone(),
             replica.to_string(),
@@ -260,6 +385,22 @@ impl Credentials {
         store::proved(&client, replica, &stored).await?;
         Ok(Checked::Yes)
     }
+
+    /// Checks `secret` against a hash of nothing in particular, on the
+    /// general share: an id with no secret is refused as slowly as a
+    /// wrong secret is.
+    async fn as_long_as_a_wrong_secret(&self, secret: &str) -> Result<()> {
+        let permit = self.hashing.turn().await?;
+        let (dummy, secret) = (self.dummy.clone(), secret.to_string());
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let dummy = dummy.get_or_init(|| hash(&generate()).unwrap_or_default());
+            verify(dummy, &secret)
+        })
+        .await
+        .map_err(|e| Error::Hash(e.to_string()))?;
+        Ok(())
+    }
 }
 
 /// What checking a secret came to.
@@ -269,6 +410,8 @@ pub enum Checked {
     Yes,
     /// Not its secret, or an id with none.
     No,
+    /// An id PostgreSQL refused to look up: it cannot be anyone's.
+    NotAnId,
     /// Not checked: the caller must wait this long first.
     Barred(std::time::Duration),
 }
@@ -285,5 +428,25 @@ mod tests {
         assert!(verify(&hashed, &secret));
         assert!(!verify(&hashed, &generate()));
         assert!(!verify("not a hash", &secret));
+    }
+
+    #[test]
+    fn an_id_is_short_text_without_a_control_character() {
+        for id in [
+            "t1",
+            "till 12 (north)",
+            "caisse-é",
+            &"x".repeat(MAX_ID_BYTES),
+        ] {
+            assert_eq!(check_id(id), Ok(()), "{id}");
+        }
+        assert_eq!(check_id(""), Err(NotAnId::Empty));
+        assert_eq!(
+            check_id(&"x".repeat(MAX_ID_BYTES + 1)),
+            Err(NotAnId::TooLong(MAX_ID_BYTES + 1))
+        );
+        for id in ["t\0", "t\u{1b}[2J", "t\n", "\u{7f}", "\u{85}", "\u{9b}"] {
+            assert_eq!(check_id(id), Err(NotAnId::Control), "{id:?}");
+        }
     }
 }

@@ -6,8 +6,9 @@
 //!   [`magic_sync::run::server::Reports`]; [`server::serve`] accepts
 //!   replicas' connections (TLS optional) and hands each to the hub under the
 //!   replica its secret proved, never a name inside a frame. Connections
-//!   are bounded per address, and an address that keeps presenting wrong
-//!   secrets waits, longer each time.
+//!   are bounded per address and per network, an address that keeps
+//!   presenting wrong secrets waits, longer each time, and what others do
+//!   wrong is logged a line a minute per kind.
 //! - [`client`]: the replica's side. A [`client::Socket`] is a
 //!   [`magic_sync::run::replica::Link`]: the replica's loop runs over it as
 //!   over the in-process network, and it reconnects by itself.
@@ -25,6 +26,7 @@ pub mod cli;
 pub mod client;
 pub mod credentials;
 mod guard;
+mod logbook;
 pub mod server;
 
 /// The path replicas connect to.

@@ -8,8 +8,9 @@
 //! chain skips what it had applied. Beyond that bound, or while the replica
 //! is not connected, a send fails and the rest waits in the outbox.
 
-use crate::credentials::{Checked, Credentials};
-use crate::guard::{self, Guard};
+use crate::credentials::{self, Checked, Credentials};
+use crate::guard::{self, Crowded, Guard};
+use crate::logbook::{self, Kind, Logbook};
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{ConnectInfo, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -46,6 +47,11 @@ pub struct Settings {
     /// Connections held at most from one address (a shop's tills behind
     /// one router share theirs); one more is closed as soon as accepted.
     pub max_connections_per_address: usize,
+    /// Connections held at most from one network (an IPv4 /24, an IPv6
+    /// /64: what one party usually holds whole), so that a few of its
+    /// addresses cannot take every connection; one more is closed as soon
+    /// as accepted.
+    pub max_connections_per_network: usize,
     /// Bytes of messages a replica has not acknowledged yet held for it at
     /// most: past this, sends to it wait in the outbox until it catches up.
     pub max_unacked_bytes: usize,
@@ -93,6 +99,7 @@ impl Default for Settings {
             max_message_bytes: 16 << 20,
             max_connections: 10_000,
             max_connections_per_address: 1_000,
+            max_connections_per_network: 1_000,
             max_unacked_bytes: 16 << 20,
             handshake_timeout: Duration::from_secs(10),
             ping_every: Duration::from_secs(15),
@@ -164,6 +171,8 @@ struct Inner {
     settings: Settings,
     credentials: Credentials,
     guard: Guard,
+    /// What is logged of what others do wrong: a line a minute per kind.
+    logbook: Logbook,
     peers: Mutex<HashMap<String, Peer>>,
     reports: Mutex<Queue>,
     reported: Notify,
@@ -185,7 +194,11 @@ impl Hub {
     pub fn new(settings: Settings, credentials: Credentials) -> Self {
         Hub {
             inner: Arc::new(Inner {
-                guard: Guard::new(settings.max_connections_per_address),
+                guard: Guard::new(
+                    settings.max_connections_per_address,
+                    settings.max_connections_per_network,
+                ),
+                logbook: Logbook::default(),
                 settings,
                 credentials,
                 peers: Mutex::default(),
@@ -251,6 +264,14 @@ const CLOSE_TOO_BIG: u16 = 1009;
 const READ_BUFFER: usize = 8 << 10;
 
 impl Inner {
+    /// Writes a line of `kind` with `write` (given what the line adds of
+    /// those it did not write), if the logbook says one is due.
+    fn log(&self, kind: Kind, write: impl FnOnce(&str)) {
+        if let Some(unwritten) = self.logbook.note(kind) {
+            write(&logbook::since(unwritten));
+        }
+    }
+
     fn peers(&self) -> MutexGuard<'_, HashMap<String, Peer>> {
         self.peers
             .lock()
@@ -477,7 +498,10 @@ impl Transport for Hub {
     }
 
     fn misbehaved(&self, replica: &ReplicaId, why: &str) {
-        tracing::warn!(replica = %replica, "{why}; its connection is closed");
+        self.inner.log(
+            Kind::Misbehaved,
+            |more| tracing::warn!(replica = %replica, "{why}; its connection is closed{more}"),
+        );
         self.disconnect(replica, why);
     }
 }
@@ -603,20 +627,25 @@ pub async fn serve(
         // Held by the connection until it ends, a replica's or not.
         let mut counted = Counted(inner.clone(), None);
         if open >= inner.settings.max_connections {
-            tracing::warn!(
-                %addr,
-                "closed at once, {open} connections are open (at most {})",
-                inner.settings.max_connections
-            );
+            inner.log(Kind::Crowded, |more| {
+                tracing::warn!(
+                    %addr,
+                    "closed at once, {open} connections are open (at most {}){more}",
+                    inner.settings.max_connections
+                )
+            });
             continue;
         }
-        let Some(from) = inner.guard.open(addr.ip()) else {
-            tracing::debug!(
-                %addr,
-                "closed at once, its address has {} connections open",
-                inner.settings.max_connections_per_address
-            );
-            continue;
+        let from = match inner.guard.open(addr.ip()) {
+            Ok(from) => from,
+            Err(crowded) => {
+                let (whose, most) = match crowded {
+                    Crowded::Address => ("address", inner.settings.max_connections_per_address),
+                    Crowded::Network => ("network", inner.settings.max_connections_per_network),
+                };
+                tracing::debug!(%addr, "closed at once, its {whose} has {most} connections open");
+                continue;
+            }
         };
         counted.1 = Some(from);
         let counted = Arc::new(counted);
@@ -634,10 +663,14 @@ pub async fn serve(
                         Ok(Ok(tls)) => {
                             connection(tls, addr, app, counted, handshake, deadline).await
                         }
-                        Ok(Err(e)) => tracing::warn!(%addr, error = %e, "TLS"),
-                        Err(_) => {
-                            tracing::warn!(%addr, "no TLS handshake in {handshake:?}")
-                        }
+                        Ok(Err(e)) => counted.0.log(
+                            Kind::Handshake,
+                            |more| tracing::warn!(%addr, error = %e, "TLS{more}"),
+                        ),
+                        Err(_) => counted.0.log(
+                            Kind::Handshake,
+                            |more| tracing::warn!(%addr, "no TLS handshake in {handshake:?}{more}"),
+                        ),
                     }
                 }
             }
@@ -694,6 +727,7 @@ async fn connection<I>(
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let inner = counted.0.clone();
     let service = hyper_util::service::TowerToHyperService::new(
         app.layer(Extension(ConnectInfo(addr)))
             .layer(Extension(counted)),
@@ -706,11 +740,16 @@ async fn connection<I>(
         .with_upgrades();
     match tokio::time::timeout_at(deadline, served).await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(%addr, error = %e, "serving a connection"),
-        Err(_) => tracing::warn!(
-            %addr,
-            "not a replica's connection after {handshake:?}; closed"
+        Ok(Err(e)) => inner.log(
+            Kind::Handshake,
+            |more| tracing::warn!(%addr, error = %e, "serving a connection{more}"),
         ),
+        Err(_) => inner.log(Kind::Handshake, |more| {
+            tracing::warn!(
+                %addr,
+                "not a replica's connection after {handshake:?}; closed{more}"
+            )
+        }),
     }
 }
 
@@ -732,9 +771,6 @@ fn basic(headers: &HeaderMap) -> Result<(String, String), &'static str> {
     let (id, secret) = decoded
         .split_once(':')
         .ok_or("HTTP Basic credentials without a `:`")?;
-    if id.is_empty() {
-        return Err("credentials with an empty replica id");
-    }
     Ok((id.to_string(), secret.to_string()))
 }
 
@@ -752,53 +788,25 @@ async fn upgrade(
     let (replica, secret) = match basic(&headers) {
         Ok(credentials) => credentials,
         Err(why) => {
-            tracing::warn!(%addr, "{why}");
+            inner.log(
+                Kind::NoCredentials,
+                |more| tracing::warn!(%addr, "{why}{more}"),
+            );
             return (StatusCode::UNAUTHORIZED, why).into_response();
         }
     };
+    // Before anything is looked up, or kept, of it.
+    if let Err(why) = credentials::check_id(&replica) {
+        return inner.not_an_id(addr, &replica, &why.to_string());
+    }
+    let standing = inner.guard.standing(addr.ip(), &replica);
     let checked = tokio::time::timeout(
         inner.settings.handshake_timeout,
-        inner.credentials.check_unless(&replica, &secret, || {
-            inner.guard.barred(addr.ip(), &replica)
-        }),
+        inner.credentials.check_from(&replica, &secret, standing),
     )
     .await;
-    match checked {
-        Ok(Ok(Checked::Yes)) => inner.guard.proved(addr.ip(), &replica),
-        Ok(Ok(Checked::Barred(wait))) => {
-            let seconds = wait.as_secs().max(1);
-            return (
-                StatusCode::TOO_MANY_REQUESTS,
-                [(header::RETRY_AFTER, seconds.to_string())],
-                format!("too many wrong secrets from this address: try again in {seconds} s"),
-            )
-                .into_response();
-        }
-        Ok(Ok(Checked::No)) => {
-            if let Some(unlogged) = inner.guard.failed(addr.ip(), &replica) {
-                tracing::warn!(
-                    %addr,
-                    replica = %guard::logged(&replica),
-                    "wrong credentials ({unlogged} more from this address since the last line)"
-                );
-            }
-            return (StatusCode::UNAUTHORIZED, "wrong credentials").into_response();
-        }
-        Ok(Err(e)) => {
-            tracing::warn!(%addr, error = %e, "cannot check credentials");
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "cannot check credentials now",
-            )
-                .into_response();
-        }
-        Err(_) => {
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "checking credentials took too long",
-            )
-                .into_response();
-        }
+    if let Some(refused) = inner.refusal(addr, &replica, checked) {
+        return refused;
     }
     let max = inner.settings.max_message_bytes;
     // A replica mostly acknowledges: a small read buffer (tungstenite
@@ -811,6 +819,86 @@ async fn upgrade(
             let _counted = counted;
             replica_connection(inner, replica, addr, stopped, socket).await;
         })
+}
+
+/// What checking a secret came to, or that it took too long.
+type CheckedInTime = Result<crate::Result<Checked>, tokio::time::error::Elapsed>;
+
+impl Inner {
+    /// The answer to `replica`'s upgrade from `addr` when its secret did
+    /// not prove it, counting a failure where it is one; `None` when it
+    /// did (what its party failed is then forgotten).
+    fn refusal(&self, addr: SocketAddr, replica: &str, checked: CheckedInTime) -> Option<Response> {
+        Some(match checked {
+            Ok(Ok(Checked::Yes)) => {
+                self.guard.proved(addr.ip(), replica);
+                return None;
+            }
+            Ok(Ok(Checked::Barred(wait))) => {
+                let seconds = wait.as_secs().max(1);
+                (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [(header::RETRY_AFTER, seconds.to_string())],
+                    format!("too many wrong secrets from this address: try again in {seconds} s"),
+                )
+                    .into_response()
+            }
+            Ok(Ok(Checked::No)) => {
+                self.guard.failed(addr.ip(), Some(replica));
+                self.log(Kind::WrongSecret, |more| {
+                    tracing::warn!(
+                        %addr,
+                        replica = %guard::logged(replica),
+                        "wrong credentials{more}"
+                    )
+                });
+                (StatusCode::UNAUTHORIZED, "wrong credentials").into_response()
+            }
+            Ok(Ok(Checked::NotAnId)) => {
+                self.not_an_id(addr, replica, "PostgreSQL cannot look it up")
+            }
+            Ok(Err(e)) => {
+                self.log(
+                    Kind::CannotCheck,
+                    |more| tracing::warn!(%addr, error = %e, "cannot check credentials{more}"),
+                );
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "cannot check credentials now",
+                )
+                    .into_response()
+            }
+            Err(_) => {
+                self.log(
+                    Kind::CannotCheck,
+                    |more| tracing::warn!(%addr, "checking credentials took too long{more}"),
+                );
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "checking credentials took too long",
+                )
+                    .into_response()
+            }
+        })
+    }
+
+    /// Refuses `replica`, which cannot be a replica's id (`why`), counting
+    /// a failure against the party that sent it.
+    fn not_an_id(&self, addr: SocketAddr, replica: &str, why: &str) -> Response {
+        self.guard.failed(addr.ip(), None);
+        self.log(Kind::NotAnId, |more| {
+            tracing::warn!(
+                %addr,
+                replica = %guard::logged(replica),
+                "an id that cannot be a replica's: {why}{more}"
+            )
+        });
+        (
+            StatusCode::UNAUTHORIZED,
+            format!("an id that cannot be a replica's: {why}"),
+        )
+            .into_response()
+    }
 }
 
 /// A failed read: the replica went away (code 0: nothing to say to it), or
@@ -929,11 +1017,16 @@ async fn replica_connection(
     };
     match ended {
         Some(Err((0, why))) => {
-            tracing::info!(replica = %replica, %addr, "connection lost: {why}");
+            inner.log(
+                Kind::Lost,
+                |more| tracing::info!(replica = %replica, %addr, "connection lost: {why}{more}"),
+            );
             writer.abort();
         }
         Some(Err((code, why))) => {
-            tracing::warn!(replica = %replica, %addr, "{why}; its connection is closed");
+            inner.log(Kind::Refused, |more| {
+                tracing::warn!(replica = %replica, %addr, "{why}; its connection is closed{more}")
+            });
             let _ = tx.send(Out::Close(code, why));
             let _ = tokio::time::timeout(CLOSING, &mut writer).await;
             writer.abort();

@@ -25,7 +25,9 @@
 //!
 //! A refused row is kept, with why, in `sync.inbox` (the bytes as they
 //! came), and the upload is still answered: the row is the server's to
-//! show, and to file again once a fix is deployed. A row PostgreSQL refuses
+//! show, and to file again once a fix is deployed. Why is made plain where
+//! it is made (`file/reason.rs`): no control character, a bounded length,
+//! and a kind the operator's health groups by. A row PostgreSQL refuses
 //! (a constraint, a value it cannot take) is refused alone, behind a
 //! savepoint. Any other failure (the connection, a deadlock) files nothing
 //! and is returned: the replica sends the upload again.
@@ -50,6 +52,9 @@ use magic_sync_core::link::upload_rows;
 use magic_sync_core::ReplicaId;
 use std::collections::{BTreeMap, HashMap};
 use tokio_postgres::{Client, Transaction};
+
+mod reason;
+pub use reason::REASON_CHARS;
 
 /// What became of an upload.
 #[derive(Debug, Clone, PartialEq)]
@@ -81,8 +86,20 @@ pub struct Refusal {
     pub table: String,
     /// Its key, as it came.
     pub key: String,
-    /// Why.
+    /// Why: without control characters, at most [`REASON_CHARS`]
+    /// characters.
     pub reason: String,
+}
+
+impl Refusal {
+    /// The row of `key` in `table`, refused for `why`, made plain.
+    fn new(table: &str, key: &[u8], why: &str) -> Refusal {
+        Refusal {
+            table: table.to_string(),
+            key: String::from_utf8_lossy(key).into_owned(),
+            reason: reason::reason(why),
+        }
+    }
 }
 
 /// What one row came to.
@@ -156,7 +173,12 @@ async fn file_with(
             i += 1;
             continue;
         }
-        if let Some(reason) = full.get(replica.as_str()).filter(|_| carries_rows(up)) {
+        // A full inbox holds back each upload of its replica that carries
+        // rows: checked for every upload, those of a run included.
+        let held_back = |(replica, up): &(ReplicaId, Up)| {
+            full.get(replica.as_str()).filter(|_| carries_rows(up))
+        };
+        if let Some(reason) = held_back(&uploads[i]) {
             filings[i] = Some(Ok(Filing::Waits {
                 reason: reason.clone(),
             }));
@@ -171,6 +193,7 @@ async fn file_with(
             while i < uploads.len()
                 && known.contains(uploads[i].0.as_str())
                 && records_only(engine, &uploads[i].1)
+                && held_back(&uploads[i]).is_none()
             {
                 i += 1;
             }
@@ -657,6 +680,7 @@ impl TableFiling<'_> {
             last.insert(String::from_utf8_lossy(key).into_owned(), None);
         }
         let (keys, data): (Vec<String>, Vec<Option<&[u8]>>) = last.into_iter().unzip();
+        let reason = reason::reason(&reason);
         store::filing::refused(
             tx,
             self.replica,
@@ -684,11 +708,7 @@ impl TableFiling<'_> {
         data: Option<&[u8]>,
         reason: String,
     ) -> Result<()> {
-        let refusal = Refusal {
-            table: self.rows.table.clone(),
-            key: String::from_utf8_lossy(key).into_owned(),
-            reason,
-        };
+        let refusal = Refusal::new(&self.rows.table, key, &reason);
         keep_refused(tx, self.replica, self.sequence, &refusal, data).await?;
         tally.refused.push(refusal);
         Ok(())
@@ -764,16 +784,7 @@ async fn file_row(
         }
         Err(Error::Postgres(e)) if refused_by_postgres(&e) => {
             savepoint.rollback().await?;
-            // The database's own words (a foreign key, a check), not
-            // the client's "db error".
-            let why = e.as_db_error().map_or_else(
-                || e.to_string(),
-                |db| match db.detail() {
-                    Some(detail) => format!("{} ({detail})", db.message()),
-                    None => db.message().to_string(),
-                },
-            );
-            Ok(Outcome::Refused(format!("PostgreSQL refused it: {why}")))
+            Ok(Outcome::Refused(reason::postgres(&e)))
         }
         Err(e) => Err(e),
     }
@@ -802,7 +813,7 @@ fn prepare(
                 .collect();
             if canonical_key(&own).as_bytes() != key {
                 return Err(format!(
-                    "the row's key is {}, not the key it came under",
+                    "the row's key is not the key it came under: it is {}",
                     canonical_key(&own)
                 ));
             }
@@ -957,11 +968,7 @@ impl<'r> RunOutcome<'r> {
 
 /// A refusal of the row of `key` in `table`.
 fn refusal(table: &str, key: &[u8], reason: String) -> Refusal {
-    Refusal {
-        table: table.to_string(),
-        key: String::from_utf8_lossy(key).into_owned(),
-        reason,
-    }
+    Refusal::new(table, key, &reason)
 }
 
 /// What filing a table's records in bulk came to.
@@ -1139,7 +1146,7 @@ fn key_values(table: &Table, key: &[u8]) -> std::result::Result<Vec<Value>, Stri
     };
     if items.len() != table.key.len() {
         return Err(format!(
-            "the key has {} values; `{}` is keyed by {}",
+            "a key of the wrong number of values: {}, where `{}` is keyed by {}",
             items.len(),
             table.name,
             table.key.len()

@@ -44,7 +44,9 @@ async fn a_real_replica_connects_through_idle_sockets_and_wrong_secrets() {
         ..hub_settings()
     };
     let mut server = server(&["t1"], settings, Security::Plain).await;
-    let idle_from = Ipv4Addr::new(127, 0, 0, 2);
+    // Another /24 than the replica's (127.0.0.1): its network's share is
+    // its own.
+    let idle_from = Ipv4Addr::new(127, 0, 1, 2);
     // 10,000 sockets that never say a word, all from one address: past
     // the address's share (1,000 by default) each is closed at once.
     let mut idle = Vec::new();

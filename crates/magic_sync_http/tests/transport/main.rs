@@ -6,5 +6,7 @@ mod edges;
 mod floods;
 mod intake;
 mod mitm;
+mod refusals;
 mod socket;
+mod strangers;
 mod support;

@@ -425,3 +425,44 @@ pub async fn until_closed(
         started.elapsed(),
     )
 }
+
+/// A TCP connection to `to` from the loopback address `from`.
+pub async fn from(
+    from: std::net::Ipv4Addr,
+    to: SocketAddr,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::from((from, 0)))?;
+    socket.connect(to).await
+}
+
+/// What an upgrade to `server` as `till` with `secret`, from the loopback
+/// address `address`, was answered: 101 and nothing when it became a
+/// replica's (and is closed at once), else the status and body.
+pub async fn attempt(
+    server: &Server,
+    address: std::net::Ipv4Addr,
+    till: &str,
+    secret: &str,
+) -> (u16, String) {
+    let tcp = from(address, server.addr).await.expect("connected");
+    match tokio_tungstenite::client_async(request(&server.url, till, secret), tcp).await {
+        Ok(_) => (101, String::new()),
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => (
+            response.status().as_u16(),
+            String::from_utf8_lossy(response.body().as_deref().unwrap_or_default()).into_owned(),
+        ),
+        Err(e) => panic!("from {address}: neither upgraded nor answered: {e}"),
+    }
+}
+
+/// Moves `sync.credentials` out of the way (`away`) or back: while it is
+/// away, every lookup of a secret fails.
+pub async fn credentials_away(server: &Server, away: bool) {
+    let sql = if away {
+        "ALTER TABLE sync.credentials RENAME TO credentials_away"
+    } else {
+        "ALTER TABLE sync.credentials_away RENAME TO credentials"
+    };
+    server.client.batch_execute(sql).await.unwrap();
+}

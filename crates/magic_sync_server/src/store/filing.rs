@@ -89,6 +89,20 @@ pub(crate) async fn full_inboxes(
         .collect())
 }
 
+/// SQL naming the kind of a refusal whose reason is `column`, as
+/// `crate::file` words reasons: PostgreSQL's SQLSTATE for its refusals
+/// (their message and detail quote the row), and for the engine's own the
+/// words before the first `: ` or ` (` (what follows is the row's). What
+/// the operator's health groups refused rows by.
+pub(crate) fn refusal_kind(column: &str) -> String {
+    format!(
+        "CASE WHEN {column} LIKE 'PostgreSQL refused it: %'
+              THEN 'PostgreSQL refused it '
+                   || coalesce(substring({column} FROM '\\[SQLSTATE [0-9A-Z]{{5}}\\]$'), '')
+              ELSE split_part(split_part({column}, ': ', 1), ' (', 1) END"
+    )
+}
+
 /// Of `ids`, the replicas the server knows.
 pub(crate) async fn known(tx: &Transaction<'_>, ids: &[&str]) -> Result<HashSet<String>> {
     let rows = tx

@@ -46,12 +46,14 @@ pub enum Concern {
         /// Rows kept.
         rows: i64,
     },
-    /// Rows of uploads the server refused for one reason, in one table,
-    /// kept in `sync.inbox` until a fix is deployed.
+    /// Rows of uploads the server refused for one kind of reason (a
+    /// SQLSTATE of PostgreSQL's, or one of the engine's reasons), in one
+    /// table, kept in `sync.inbox` until a fix is deployed.
     Refused {
         /// The table the rows name.
         table: String,
-        /// Why they were refused.
+        /// Why they were refused: one of their reasons (the least, by
+        /// text), which may quote its own row.
         reason: String,
         /// Rows refused.
         rows: i64,
@@ -191,15 +193,20 @@ pub async fn health(client: &mut tokio_postgres::Client, scope: &Scope) -> Resul
             oldest_at,
         });
     }
+    // By table and kind of refusal, with one of its reasons: rows that
+    // differ only in what the reason quotes of them are one item.
+    let declared = crate::store::tables::declared("i.table_name");
     let refused = tx
         .query(
             &format!(
-                "SELECT {}, CASE WHEN {} THEN i.reason ELSE 'the server declares no such table' END,
+                "SELECT {}, CASE WHEN {declared} THEN {} ELSE '' END,
+                        min(CASE WHEN {declared} THEN i.reason
+                                 ELSE 'the server declares no such table' END),
                         count(*), count(DISTINCT i.replica), min(i.at)
                  FROM sync.inbox i JOIN sync.replicas r ON r.id = i.replica
                  WHERE {IN_SCOPE} GROUP BY 1, 2 ORDER BY 1, 2",
                 crate::store::tables::shown("i.table_name"),
-                crate::store::tables::declared("i.table_name")
+                crate::store::filing::refusal_kind("i.reason"),
             ),
             &[&ids, &partition],
         )
@@ -242,10 +249,10 @@ pub async fn health(client: &mut tokio_postgres::Client, scope: &Scope) -> Resul
     }));
     concerns.extend(refused.iter().map(|row| Concern::Refused {
         table: row.get(0),
-        reason: row.get(1),
-        rows: row.get(2),
-        replicas: row.get(3),
-        since: row.get(4),
+        reason: row.get(2),
+        rows: row.get(3),
+        replicas: row.get(4),
+        since: row.get(5),
     }));
     let replicas = tx
         .query(
