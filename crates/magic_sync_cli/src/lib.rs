@@ -134,6 +134,12 @@ pub enum Command {
         /// it, a dashboard with a token answers to any name.
         #[arg(long = "allow-host", value_name = "NAME")]
         allow_hosts: Vec<String>,
+        /// Serve plain HTTP on an address beyond this machine's loopback,
+        /// where the token and every read cross the network in the clear.
+        /// Refused without it: listen on loopback behind a proxy that ends
+        /// TLS instead.
+        #[arg(long)]
+        allow_plain_http: bool,
     },
     /// A progress bar per replica while it provisions or catches up, read
     /// again every interval; ends once all are caught up, or on Ctrl-C.
@@ -483,6 +489,10 @@ pub enum Error {
     /// is named, never what it holds.
     #[error("the server's seed on the broker: {0}")]
     SeedFile(String),
+    /// The dashboard would be served as it must not be: a token too short,
+    /// or plain HTTP beyond loopback not accepted.
+    #[error("the dashboard: {0}")]
+    Exposed(String),
     /// The dashboard's token could not be read.
     #[error("reading the dashboard's token from {path}: {why}")]
     Token {
@@ -577,6 +587,7 @@ pub async fn run(
             listen,
             token_file,
             allow_hosts,
+            allow_plain_http,
         } => {
             let access = match token_file {
                 Some(path) => dashboard::Access::Token(dashboard::Token::new(&read_token(path)?)),
@@ -592,8 +603,18 @@ pub async fn run(
                 addr: *listen,
                 source,
             };
+            let options = dashboard::Options {
+                access,
+                hosts: allow_hosts.clone(),
+                plain_http: *allow_plain_http,
+            };
             let listener = TcpListener::bind(listen).await.map_err(serving)?;
             let addr = listener.local_addr().map_err(serving)?;
+            match dashboard::exposure(addr, &options) {
+                Err(why) => return Err(Error::Exposed(why)),
+                Ok(Some(warning)) => eprintln!("warning: {warning}"),
+                Ok(None) => {}
+            }
             writeln!(
                 out,
                 "magic-sync dashboard at http://{addr}/ (Ctrl-C stops it)"
@@ -602,16 +623,9 @@ pub async fn run(
             let stop = async {
                 let _ = tokio::signal::ctrl_c().await;
             };
-            dashboard::serve_for(
-                listener,
-                client,
-                scope.scope(),
-                access,
-                allow_hosts.clone(),
-                stop,
-            )
-            .await
-            .map_err(serving)?;
+            dashboard::serve_with(listener, client, scope.scope(), options, stop)
+                .await
+                .map_err(serving)?;
             Ok(Outcome::Fine)
         }
         Command::Watch { scope, every } => {

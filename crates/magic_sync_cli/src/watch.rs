@@ -95,7 +95,7 @@ pub async fn watch(
                 .or_insert_with(|| board.add(ProgressBar::new(0).with_style(style())));
             bar.set_length(r.last_message.max(0) as u64);
             bar.set_position(r.acknowledged.max(0) as u64);
-            bar.set_prefix(r.id.clone());
+            bar.set_prefix(crate::show::plain(&r.id).into_owned());
             bar.set_message(format!(
                 "{}; {} rows on their way, {} outdated",
                 r.state.name(),

@@ -600,6 +600,34 @@ async fn beyond_this_machine_the_command_wants_a_token() {
         let said = String::from_utf8(out.stderr).unwrap();
         assert!(said.contains(says), "{said}");
     }
+
+    // Plain HTTP accepted in so many words: served, saying what it costs.
+    let mut served = tokio::process::Command::new(env!("CARGO_BIN_EXE_magic-sync"))
+        .args(["dashboard", "--listen", "0.0.0.0:0", "--allow-plain-http"])
+        .arg("--token-file")
+        .arg(&token)
+        .env("DATABASE_URL", db.url())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(served.stdout.take().unwrap()).lines();
+    let first = lines.next_line().await.unwrap().unwrap_or_default();
+    assert!(first.contains("magic-sync dashboard at http://"), "{first}");
+    served.kill().await.unwrap();
+    let mut said = String::new();
+    served
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut said)
+        .await
+        .unwrap();
+    assert!(
+        said.contains("warning:") && said.contains("in the clear"),
+        "{said}"
+    );
 }
 
 /// The replicas' progress bars a page shows, by id as the DOM has it.
