@@ -13,6 +13,7 @@
 extern crate self as magic_sync;
 
 pub mod backoff;
+pub mod bounds;
 pub mod chain;
 pub mod codec;
 pub mod columns;

@@ -4,9 +4,17 @@
 //! the broker only the public key, so the broker's configuration holds no
 //! secret. [`Access::authorization`] writes the broker's `authorization`
 //! block: the server may do anything; a replica may publish only to its own
-//! upload subject, drive only its own consumer of its own stream, and
-//! subscribe only under its own inbox prefix. It cannot read another
-//! replica's subject or stream, nor speak as another.
+//! upload subject, fetch from, look up and acknowledge the consumer the
+//! server made of its own stream, and subscribe only under its own inbox
+//! prefix. It cannot read another replica's subject or stream, nor speak
+//! as another.
+//!
+//! Nor can it make, change or remove a consumer or a stream, of its own
+//! stream or any: the broker does not check a push consumer's deliver
+//! subject against its maker's permissions, so a consumer a replica made
+//! could deliver its stream onto another replica's upload subject, where
+//! the server would hear it as that replica's. The server makes each
+//! replica's one consumer (`broker::Broker::prepare`, or its first send).
 //!
 //! The server keeps each replica's public key (`sync.broker_keys`):
 //! [`enrol`] draws a replica's credentials, keeps the public key and
@@ -122,15 +130,18 @@ impl Access {
     }
 
     /// What `replica` may publish to: its uploads, and its own consumer's
-    /// requests and acknowledgements.
+    /// requests for messages, look-ups and acknowledgements, with a look-up
+    /// of its stream (where it begins). No subject that makes, changes or
+    /// removes a consumer or a stream: `$JS.API.CONSUMER.CREATE` and
+    /// `DURABLE.CREATE` take the consumer's deliver subject in their body,
+    /// where no permission reaches.
     pub fn publishes(replica: &str) -> Vec<String> {
         let stream = stream_of(replica);
         vec![
             up_subject(replica),
-            format!("$JS.API.CONSUMER.CREATE.{stream}.{CONSUMER}"),
-            format!("$JS.API.CONSUMER.DELETE.{stream}.{CONSUMER}"),
-            format!("$JS.API.CONSUMER.INFO.{stream}.{CONSUMER}"),
             format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{CONSUMER}"),
+            format!("$JS.API.CONSUMER.INFO.{stream}.{CONSUMER}"),
+            format!("$JS.API.STREAM.INFO.{stream}"),
             format!("$JS.ACK.{stream}.{CONSUMER}.>"),
         ]
     }
@@ -192,6 +203,30 @@ mod tests {
             .chain(&Access::subscribes("x.*"))
         {
             assert!(subject.contains(&crate::token("x.*")), "{subject}");
+        }
+    }
+
+    #[test]
+    fn a_replica_may_use_its_consumer_and_never_make_or_remove_one() {
+        for subject in Access::publishes("till 1") {
+            for verb in ["CREATE", "DELETE", "UPDATE", "PURGE", "MSG.DELETE"] {
+                assert!(
+                    !subject.contains(verb),
+                    "a replica may publish to {subject}"
+                );
+            }
+            if let Some(api) = subject.strip_prefix("$JS.API.") {
+                assert!(
+                    ["CONSUMER.MSG.NEXT.", "CONSUMER.INFO.", "STREAM.INFO."]
+                        .iter()
+                        .any(|allowed| api.starts_with(allowed)),
+                    "{subject}"
+                );
+                assert!(
+                    !subject.contains('*') && !subject.contains('>'),
+                    "{subject}"
+                );
+            }
         }
     }
 }

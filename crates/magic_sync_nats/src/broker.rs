@@ -2,9 +2,14 @@
 //! stream of that replica's own, and hands the relay what replicas said.
 //!
 //! - **Down.** Each replica has a work-queue stream, `MAGIC_SYNC_R_<token>`,
-//!   on the subject `magic_sync.down.<token>`. A message leaves the stream
-//!   when the replica's consumer acknowledges it, which the replica does
-//!   once its loop applied it. A send is taken when the broker stored it:
+//!   on the subject `magic_sync.down.<token>`, and one consumer of it, a
+//!   durable pull consumer the server makes with the stream: the replica
+//!   may fetch from it, look it up and acknowledge, never make, change or
+//!   remove a consumer (a push consumer's deliver subject is checked
+//!   against nobody's permissions, so one the replica made could deliver
+//!   onto another replica's upload subject). A message leaves the stream
+//!   when the replica acknowledges it, which it does once its loop applied
+//!   it. A send is taken when the broker stored it:
 //!   from then on the broker keeps it across its own restarts, for
 //!   [`Settings::keep_for`]. A stream that is full refuses more (the send
 //!   fails and the message waits in the outbox, as for a replica out of
@@ -20,18 +25,24 @@
 //!   that floods is held to [`Settings::queued_per_replica`] waiting reports
 //!   of its own; past that its oldest go, and it sends its rows again, as
 //!   after any lost upload.
+//! - **Bounded as decoded.** A report is counted on the wire before it is
+//!   decoded ([`magic_sync::core::bounds`]): one whose entries exceed what an
+//!   `Up` may carry is refused unheard, and the reports held for the relay
+//!   take at most [`Settings::decoded_bytes`] decoded; past that the server
+//!   takes no more from the broker until the relay drained some.
 
 use crate::{
     down_subject, replica_of, stream_of, Error, Reach, Result, CONSUMER, UP, UP_CONSUMER, UP_STREAM,
 };
+use async_nats::jetstream::context::ConsumerInfoErrorKind;
 use async_nats::jetstream::{self, consumer, stream, AckKind};
 use futures_util::StreamExt;
-use magic_sync::envelope::{Filed, Up};
+use magic_sync::core::bounds::{bounded_decode, UpBounds};
+use magic_sync::envelope::Filed;
 use magic_sync::relay::{SendError, Transport};
 use magic_sync::run::server::Reports;
 use magic_sync::run::Report;
 use magic_sync::ReplicaId;
-use prost::Message as _;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -64,6 +75,19 @@ pub struct Settings {
     /// How long a report taken and not drained stays the server's before
     /// the broker hands it over again (after a server that died, say).
     pub ack_wait: Duration,
+    /// The most bytes the reports taken and not drained take decoded (each
+    /// counted on the wire, [`magic_sync::core::bounds`]); past it the
+    /// server takes no more until the relay drained some. One report is
+    /// always taken, whatever its size within the bounds of an `Up`.
+    pub decoded_bytes: usize,
+    /// How long a message handed to a replica and not acknowledged stays
+    /// its own before the broker hands it over again: its consumer's
+    /// `ack_wait`, which the server sets when it makes the consumer. A
+    /// replica that died holding messages finds them again after this.
+    pub replica_ack_wait: Duration,
+    /// Messages a replica is handed and has not acknowledged, at most: what
+    /// waits for its loop in its memory.
+    pub replica_in_flight: i64,
     /// Trust only the certificates in this PEM file for the broker's TLS,
     /// and require TLS. `None` trusts the system's roots.
     pub trust: Option<PathBuf>,
@@ -85,6 +109,9 @@ impl Settings {
             queued: 256,
             queued_per_replica: 64,
             ack_wait: Duration::from_secs(60),
+            decoded_bytes: 256 << 20,
+            replica_ack_wait: Duration::from_secs(30),
+            replica_in_flight: 64,
             trust: None,
             allow_plain: false,
         }
@@ -120,7 +147,20 @@ const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 const HEADER_ROOM: usize = 1024;
 
 /// A report taken from the broker, with what acknowledges it there.
-type Taken = (ReplicaId, Report, jetstream::message::Acker);
+struct Taken {
+    replica: ReplicaId,
+    report: Report,
+    acker: jetstream::message::Acker,
+    /// At most what it takes decoded.
+    decoded_bytes: usize,
+}
+
+/// The reports taken and not yet drained, and what they take decoded.
+#[derive(Default)]
+struct Held {
+    taken: Vec<Taken>,
+    decoded_bytes: usize,
+}
 
 struct Inner {
     client: async_nats::Client,
@@ -129,8 +169,10 @@ struct Inner {
     max_message_bytes: usize,
     /// Replicas whose stream this process made sure of.
     streams: Mutex<HashSet<ReplicaId>>,
-    reports: Mutex<Vec<Taken>>,
+    reports: Mutex<Held>,
     reported: Notify,
+    /// The relay drained reports: room for more.
+    drained: Notify,
 }
 
 impl std::fmt::Debug for Inner {
@@ -180,8 +222,9 @@ impl Broker {
             settings,
             max_message_bytes,
             streams: Mutex::new(HashSet::new()),
-            reports: Mutex::new(Vec::new()),
+            reports: Mutex::new(Held::default()),
             reported: Notify::new(),
+            drained: Notify::new(),
         });
         // The first set-up fails the call; later ones are retried.
         let uploads = inner.uploads().await?;
@@ -192,8 +235,9 @@ impl Broker {
         })
     }
 
-    /// Makes sure `replica`'s stream exists, so that its mailbox can open
-    /// before the server first sends to it. Sending does the same.
+    /// Makes sure `replica`'s stream and its consumer exist, so that its
+    /// mailbox can open before the server first sends to it: call it when
+    /// the replica is enrolled. Sending does the same.
     pub async fn prepare(&self, replica: &str) -> Result<()> {
         self.inner
             .stream(&ReplicaId::from(replica.to_string()))
@@ -215,16 +259,17 @@ impl Broker {
 
 /// Where a stream and its one consumer stand on the broker: a replica's
 /// messages and the replica's consumer, or the reports and the server's.
-/// What tells a replica that never reads (no consumer: it is not running,
-/// or cannot connect) from one that reads and is slow (messages handed and
-/// not acknowledged).
+/// What tells a replica that does not read (nothing asks its consumer for
+/// messages: it is not running, or cannot connect) from one that reads and
+/// is slow (messages handed and not acknowledged).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Standing {
     /// The stream's name.
     pub stream: String,
     /// Messages the stream keeps; `None` when there is no such stream.
     pub waiting: Option<u64>,
-    /// Its consumer; `None` when nothing reads the stream.
+    /// Its consumer; `None` when there is none (a stream made by a server
+    /// of an earlier build, before it next sends).
     pub consumer: Option<Reading>,
 }
 
@@ -239,6 +284,9 @@ pub struct Reading {
     pub handed_again: usize,
     /// In the stream and not yet handed.
     pub yet_to_hand: u64,
+    /// Requests for more waiting at the consumer: a reader that reads
+    /// keeps one there, so none means nothing reads it now.
+    pub asking: usize,
 }
 
 impl std::fmt::Display for Standing {
@@ -248,15 +296,18 @@ impl std::fmt::Display for Standing {
         };
         let noun = if waiting == 1 { "message" } else { "messages" };
         write!(f, "{waiting} {noun} waiting in `{}`; ", self.stream)?;
-        match &self.consumer {
-            None => write!(f, "no consumer reads it"),
-            Some(r) => write!(
-                f,
-                "its consumer was handed up to #{}, {} of them not acknowledged \
-                 ({} handed again), {} yet to hand",
-                r.handed_up_to, r.not_acknowledged, r.handed_again, r.yet_to_hand
-            ),
+        let Some(r) = &self.consumer else {
+            return write!(f, "no consumer reads it");
+        };
+        if r.asking == 0 {
+            write!(f, "nothing reads it now; ")?;
         }
+        write!(
+            f,
+            "its consumer was handed up to #{}, {} of them not acknowledged \
+             ({} handed again), {} yet to hand",
+            r.handed_up_to, r.not_acknowledged, r.handed_again, r.yet_to_hand
+        )
     }
 }
 
@@ -286,6 +337,7 @@ async fn standing(js: &jetstream::Context, stream: &str, consumer: &str) -> Resu
             not_acknowledged: info.num_ack_pending,
             handed_again: info.num_redelivered,
             yet_to_hand: info.num_pending,
+            asking: info.num_waiting,
         }),
         Err(e) if unknown(&e) => None,
         Err(e) => {
@@ -336,13 +388,14 @@ impl Inspector {
 }
 
 impl Inner {
-    /// `replica`'s stream, made if missing.
+    /// `replica`'s stream and its consumer, made if missing.
     async fn stream(&self, replica: &ReplicaId) -> Result<()> {
         if self.streams.lock().expect("not poisoned").contains(replica) {
             return Ok(());
         }
         let s = &self.settings;
-        self.js
+        let stream = self
+            .js
             .get_or_create_stream(stream::Config {
                 name: stream_of(replica),
                 subjects: vec![down_subject(replica)],
@@ -360,11 +413,74 @@ impl Inner {
             })
             .await
             .map_err(|e| Error::broker(&format!("the stream of replica `{replica}`"), e))?;
+        self.replica_consumer(replica, &stream)
+            .await
+            .map_err(|e| Error::broker(&format!("the consumer of replica `{replica}`"), e))?;
         self.streams
             .lock()
             .expect("not poisoned")
             .insert(replica.clone());
         Ok(())
+    }
+
+    /// Makes sure `stream` has the replica's consumer as the server sets
+    /// it. One that differs (a replica of an earlier build made its own,
+    /// perhaps a push consumer delivering elsewhere) is removed and made
+    /// again: a new consumer of a work queue begins at the first message
+    /// not acknowledged, so nothing is lost or reordered.
+    async fn replica_consumer(
+        &self,
+        replica: &ReplicaId,
+        stream: &stream::Stream,
+    ) -> Result<(), async_nats::Error> {
+        let wanted = consumer::pull::Config {
+            durable_name: Some(CONSUMER.to_string()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: self.settings.replica_ack_wait,
+            deliver_policy: consumer::DeliverPolicy::All,
+            max_ack_pending: self.settings.replica_in_flight,
+            ..Default::default()
+        };
+        match stream.consumer_info(CONSUMER).await {
+            Ok(info) if is_as_set(&info.config, &wanted) => return Ok(()),
+            Ok(info) => {
+                tracing::warn!(
+                    replica = %replica,
+                    deliver_subject = ?info.config.deliver_subject,
+                    "the replica's consumer is not the one the server sets; made again"
+                );
+                stream.delete_consumer(CONSUMER).await?;
+            }
+            Err(e) if matches!(e.kind(), ConsumerInfoErrorKind::NotFound) => {}
+            Err(e) => return Err(e.into()),
+        }
+        stream.create_consumer(wanted).await?;
+        Ok(())
+    }
+
+    /// Holds `taken` for the relay to drain, once the reports held leave
+    /// room for what it takes decoded; the first is held whatever it takes.
+    async fn hold(&self, taken: Taken) {
+        loop {
+            let drained = self.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            {
+                let mut held = self.reports.lock().expect("not poisoned");
+                let room = self
+                    .settings
+                    .decoded_bytes
+                    .saturating_sub(held.decoded_bytes);
+                if held.taken.is_empty() || taken.decoded_bytes <= room {
+                    held.decoded_bytes += taken.decoded_bytes;
+                    held.taken.push(taken);
+                    break;
+                }
+            }
+            // Taking no more meanwhile: the broker keeps the rest.
+            drained.await;
+        }
+        self.reported.notify_waiters();
     }
 
     /// The upload stream and the server's consumer of it.
@@ -427,6 +543,21 @@ impl Inner {
     }
 }
 
+/// Whether `found` is the replica's consumer as the server sets it
+/// (`wanted`): a durable pull consumer of the whole stream, acknowledged
+/// one by one, with the server's timings.
+fn is_as_set(found: &consumer::Config, wanted: &consumer::pull::Config) -> bool {
+    found.deliver_subject.is_none()
+        && found.deliver_group.is_none()
+        && found.durable_name == wanted.durable_name
+        && found.filter_subject.is_empty()
+        && found.ack_policy == wanted.ack_policy
+        && found.deliver_policy == wanted.deliver_policy
+        && found.ack_wait == wanted.ack_wait
+        && found.max_ack_pending == wanted.max_ack_pending
+        && !found.headers_only
+}
+
 /// Takes what replicas say, for as long as the broker is kept; after a
 /// failure, sets the consumer up again and goes on.
 async fn consume(inner: Arc<Inner>, mut ready: Option<consumer::PullConsumer>) {
@@ -478,17 +609,20 @@ async fn consume(inner: Arc<Inner>, mut ready: Option<consumer::PullConsumer>) {
                 let _ = acker.ack_with(AckKind::Term).await;
                 continue;
             };
-            match Up::decode(message.payload.as_ref()) {
-                Ok(up) => {
-                    inner.reports.lock().expect("not poisoned").push((
-                        replica,
-                        Report::from_up(up),
-                        acker,
-                    ));
-                    inner.reported.notify_waiters();
+            let bounds = UpBounds::of_messages(inner.max_message_bytes + HEADER_ROOM);
+            match bounded_decode(&message.payload, &bounds) {
+                Ok(bounded) => {
+                    inner
+                        .hold(Taken {
+                            replica,
+                            report: Report::from_up(bounded.up),
+                            acker,
+                            decoded_bytes: bounded.decoded_bytes,
+                        })
+                        .await;
                 }
                 Err(e) => {
-                    tracing::warn!(replica = %replica, error = %e, "a report that does not decode is dropped");
+                    tracing::warn!(replica = %replica, error = %e, "a report refused unheard");
                     let _ = acker.ack_with(AckKind::Term).await;
                 }
             }
@@ -525,16 +659,26 @@ impl Transport for Broker {
 
 impl Reports for Broker {
     fn drain(&self) -> Vec<(ReplicaId, Report)> {
-        let taken: Vec<Taken> =
-            std::mem::take(&mut *self.inner.reports.lock().expect("not poisoned"));
+        let taken = {
+            let mut held = self.inner.reports.lock().expect("not poisoned");
+            held.decoded_bytes = 0;
+            std::mem::take(&mut held.taken)
+        };
         let mut reports = Vec::with_capacity(taken.len());
         let mut ackers = Vec::with_capacity(taken.len());
-        for (replica, report, acker) in taken {
+        for Taken {
+            replica,
+            report,
+            acker,
+            ..
+        } in taken
+        {
             reports.push((replica, report));
             ackers.push(acker);
         }
         if !ackers.is_empty() {
-            // Drained: the broker may hand over more.
+            // Drained: room for more, and the broker may hand them over.
+            self.inner.drained.notify_waiters();
             tokio::spawn(async move {
                 for acker in ackers {
                     let _ = acker.ack().await;
@@ -548,7 +692,14 @@ impl Reports for Broker {
         let notified = self.inner.reported.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if !self.inner.reports.lock().expect("not poisoned").is_empty() {
+        if !self
+            .inner
+            .reports
+            .lock()
+            .expect("not poisoned")
+            .taken
+            .is_empty()
+        {
             return;
         }
         notified.await;

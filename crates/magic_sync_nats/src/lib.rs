@@ -8,11 +8,13 @@
 //!   stream every replica's reports and uploads land in.
 //! - [`mailbox`]: the replica's side. A [`mailbox::Mailbox`] is a
 //!   [`magic_sync::run::replica::Link`]: it reads the replica's stream
-//!   through a consumer it alone may use, and publishes what the replica
-//!   says to its own upload subject.
+//!   through the consumer the server made for it, in the order the stream
+//!   keeps (`order`), and publishes what the replica says to its own
+//!   upload subject.
 //! - [`access`]: each replica's credentials on the broker (an nkey) and
 //!   the broker's `authorization` block that confines each to its own
-//!   subjects.
+//!   subjects: it may fetch from its consumer and acknowledge, never make
+//!   or remove a consumer or a stream.
 //!
 //! The broker is trusted with delivery, never with content: every message
 //! and answer is signed by the server and verified by the replica, as over
@@ -29,6 +31,7 @@ pub mod access;
 pub mod broker;
 pub mod cli;
 pub mod mailbox;
+mod order;
 
 use magic_sync::run::{host_of, is_loopback};
 use magic_sync::ReplicaId;

@@ -10,14 +10,20 @@
 //! next, or reports. A replica that dies between taking a message and
 //! applying it finds the message still there when it comes back.
 //!
-//! The consumer is the replica's own, and made afresh whenever the mailbox
-//! (re)starts reading: a work-queue stream keeps only what was not
-//! acknowledged, so a fresh consumer that delivers everything begins at the
-//! first message the replica has not dealt with, in order. Nothing it had
-//! been handed before is sent ahead of what it had not.
+//! The consumer is the one the server made for the replica (see
+//! `broker`): the mailbox looks it up, fetches from it and acknowledges,
+//! and may do nothing else, so it cannot start it afresh. The broker hands
+//! over again what was not acknowledged in time, after messages it had not
+//! handed yet; the mailbox feeds the loop by stream sequence all the same
+//! (`order`), so nothing later overtakes what it had not dealt with. A
+//! mailbox that closes hands back at once what it was handed and did not
+//! deal with (a negative acknowledgement, in order), for whoever reads
+//! next; one that died without closing leaves it to the consumer's
+//! `ack_wait`, and the next reader waits that long for it.
 
+use crate::order::{Arrival, InOrder};
 use crate::{inbox_of, stream_of, up_subject, Reach, CONSUMER};
-use async_nats::jetstream::{self, consumer, message::Acker};
+use async_nats::jetstream::{self, consumer, message::Acker, AckKind};
 use futures_util::StreamExt;
 use magic_sync::backoff::Backoff;
 use magic_sync::envelope::Up;
@@ -30,7 +36,7 @@ use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
 
 /// Where and as whom a replica reads its mailbox.
@@ -49,11 +55,12 @@ pub struct Settings {
     pub backoff_min: Duration,
     /// The longest wait before reading again.
     pub backoff_max: Duration,
-    /// How long a message handed to the replica and not acknowledged stays
-    /// its own before the broker hands it over again.
-    pub ack_wait: Duration,
     /// How long the broker may go without a sign of life on the consumer
-    /// before the mailbox reads afresh.
+    /// before the mailbox reads afresh; while messages are held for one
+    /// before them, how often it asks where its stream begins. (How long a
+    /// message handed and not acknowledged stays the replica's is the
+    /// server's to set, on the consumer it makes:
+    /// `broker::Settings::replica_ack_wait`.)
     pub heartbeat: Duration,
     /// Allow `nats://` (no TLS) to a broker that is not on this machine.
     /// Off by default: the rows the replica holds would cross the network
@@ -76,7 +83,6 @@ impl std::fmt::Debug for Settings {
             .field("max_message_bytes", &self.max_message_bytes)
             .field("backoff_min", &self.backoff_min)
             .field("backoff_max", &self.backoff_max)
-            .field("ack_wait", &self.ack_wait)
             .field("heartbeat", &self.heartbeat)
             .field("allow_plain", &self.allow_plain)
             .field("trust", &self.trust)
@@ -98,7 +104,6 @@ impl Settings {
             max_message_bytes: 1 << 20,
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(10),
-            ack_wait: Duration::from_secs(30),
             heartbeat: Duration::from_secs(5),
             allow_plain: false,
             trust: None,
@@ -275,8 +280,33 @@ struct Thread {
     shared: Arc<Shared>,
     /// Deliveries fed to the loop so far.
     fed: u64,
-    /// Of those, the ones not yet acknowledged, by number.
-    unacked: VecDeque<(u64, Acker)>,
+    /// Of those, the ones the loop said it dealt with.
+    done: u64,
+    /// Messages fed (or passed over) and not yet acknowledged, in order.
+    unacked: VecDeque<Unacked>,
+    /// Messages handed over and not fed yet, put back in order.
+    order: InOrder<Handed>,
+    /// Since when a message held waits for one before it.
+    waiting_since: Option<Instant>,
+    /// When the replica's stream was made, as last seen: a stream made
+    /// anew numbers its messages from 1 again.
+    stream_made: Option<String>,
+}
+
+/// A message as the broker handed it over.
+struct Handed {
+    /// What it carries for the loop; `None` for nothing (an empty frame,
+    /// or one that does not decode).
+    delivery: Option<Delivery>,
+    acker: Acker,
+}
+
+/// A message fed, or passed over, and not yet acknowledged.
+struct Unacked {
+    sequence: u64,
+    /// Acknowledged once the loop dealt with this many deliveries.
+    after: u64,
+    acker: Acker,
 }
 
 /// Connects, reads, and reads again after a failure, until stopped; then
@@ -335,7 +365,11 @@ async fn run(
         out,
         shared,
         fed: 0,
+        done: 0,
         unacked: VecDeque::new(),
+        order: InOrder::default(),
+        waiting_since: None,
+        stream_made: None,
     };
     while !thread.shared.stopping.load(Ordering::Acquire) {
         let ended = thread.read(&client, &js).await;
@@ -364,10 +398,15 @@ async fn run(
             () = thread.shared.stop.notified() => break,
         }
     }
+    thread.hand_back(&client).await;
     // What the loop said last goes before the connection closes.
     let _ = client.flush().await;
     let _ = thread.feed.send(Delivery::Closed);
 }
+
+/// A request for more messages lapses after this many heartbeats (the
+/// least the client allows), and is made again.
+const REQUEST_LAPSES: u32 = 2;
 
 enum Ended {
     Stopped,
@@ -381,41 +420,37 @@ fn failed(why: impl Into<String>) -> Ended {
     }
 }
 
+fn gone(why: impl Into<String>) -> Ended {
+    Ended::Failed {
+        why: why.into(),
+        was_reading: true,
+    }
+}
+
 impl Thread {
-    /// Reads the stream afresh until reading fails or the mailbox stops.
+    /// Reads the stream until reading fails or the mailbox stops.
     async fn read(&mut self, client: &async_nats::Client, js: &jetstream::Context) -> Ended {
-        let settings = &self.settings;
-        let stream = stream_of(&settings.replica);
-        // Whatever was handed out and not acknowledged is delivered again
-        // by the new consumer, first and in order.
-        self.unacked.clear();
-        match js.delete_consumer_from_stream(CONSUMER, &stream).await {
-            Ok(_) => {}
-            Err(e) if e.to_string().contains("not found") => {}
-            Err(e) => return failed(format!("clearing the consumer of its stream: {e}")),
+        let stream = stream_of(&self.settings.replica);
+        let consumer: consumer::PullConsumer =
+            match js.get_consumer_from_stream(CONSUMER, &stream).await {
+                Ok(consumer) => consumer,
+                Err(e) => {
+                    return failed(format!(
+                        "finding its consumer (the server makes it with the replica's stream): {e}"
+                    ))
+                }
+            };
+        // A message the broker hands again comes after its `ack_wait`; one
+        // missing for twice that will not come.
+        let give_up_after = consumer.cached_info().config.ack_wait * 2;
+        if let Err(ended) = self.stream_begins(js, &stream, false).await {
+            return ended;
         }
-        let consumer: consumer::PullConsumer = match js
-            .create_consumer_on_stream(
-                consumer::pull::Config {
-                    durable_name: Some(CONSUMER.to_string()),
-                    ack_policy: consumer::AckPolicy::Explicit,
-                    ack_wait: settings.ack_wait,
-                    deliver_policy: consumer::DeliverPolicy::All,
-                    // Bounds what waits for the loop in memory.
-                    max_ack_pending: 64,
-                    ..Default::default()
-                },
-                &stream,
-            )
-            .await
-        {
-            Ok(consumer) => consumer,
-            Err(e) => return failed(format!("reading its stream: {e}")),
-        };
+        let heartbeat = self.settings.heartbeat;
         let mut messages = match consumer
             .stream()
-            .heartbeat(settings.heartbeat)
-            .expires(settings.heartbeat * 6)
+            .heartbeat(heartbeat)
+            .expires(heartbeat * REQUEST_LAPSES)
             .messages()
             .await
         {
@@ -426,58 +461,189 @@ impl Thread {
         self.shared.readings.fetch_add(1, Ordering::Relaxed);
         // What went wrong before is over.
         *self.shared.last_error.lock().expect("not poisoned") = None;
-        let up = up_subject(&settings.replica);
-        let gone = |why: String| Ended::Failed {
-            why,
-            was_reading: true,
-        };
+        let mut every = tokio::time::interval(heartbeat);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
-                message = messages.next() => {
-                    let message = match message {
-                        None => return gone("the broker ended the stream".into()),
-                        Some(Err(e)) => return gone(format!("reading its stream: {e}")),
-                        Some(Ok(message)) => message,
-                    };
-                    let (message, acker) = message.split();
-                    let delivery = match Delivery::decode(&message.payload) {
-                        Ok(Some(delivery)) => delivery,
-                        Ok(None) => {
-                            let _ = acker.ack().await;
-                            continue;
-                        }
-                        Err(e) => {
-                            // Not the server's: it would be signed and
-                            // well formed. Dropped, as a forgery is.
-                            tracing::warn!(error = %e, "a message that does not decode is dropped");
-                            let _ = acker.ack().await;
-                            continue;
-                        }
-                    };
-                    self.unacked.push_back((self.fed, acker));
-                    self.fed += 1;
-                    if self.feed.send(delivery).is_err() {
-                        return Ended::Stopped;
-                    }
-                }
-                said = self.out.recv() => match said {
-                    None => return Ended::Stopped,
-                    Some(Out::Say(bytes)) => {
-                        if let Err(e) = client.publish(up.clone(), bytes.into()).await {
-                            return gone(format!("publishing: {e}"));
-                        }
-                    }
-                    Some(Out::Done(upto)) => {
-                        while self.unacked.front().is_some_and(|(n, _)| *n < upto) {
-                            let (_, acker) = self.unacked.pop_front().expect("there is one");
-                            if let Err(e) = acker.ack().await {
-                                return gone(format!("acknowledging: {e}"));
-                            }
-                        }
-                    }
+            let waiting = self.order.is_waiting();
+            let step = tokio::select! {
+                message = messages.next() => match message {
+                    None => Err(gone("the broker ended the stream")),
+                    Some(Err(e)) => Err(gone(format!("reading its stream: {e}"))),
+                    Some(Ok(message)) => self.take(message).await,
                 },
-                () = self.shared.stop.notified() => return Ended::Stopped,
+                said = self.out.recv() => match said {
+                    None => Err(Ended::Stopped),
+                    Some(said) => self.heed(client, said).await,
+                },
+                _ = every.tick(), if waiting => self.still_waiting(js, &stream, give_up_after).await,
+                () = self.shared.stop.notified() => Err(Ended::Stopped),
+            };
+            if let Err(ended) = step {
+                return ended;
             }
+        }
+    }
+
+    /// Does what the loop asked: publishes what it says, or acknowledges
+    /// what it dealt with.
+    async fn heed(&mut self, client: &async_nats::Client, said: Out) -> Result<(), Ended> {
+        match said {
+            Out::Say(bytes) => client
+                .publish(up_subject(&self.settings.replica), bytes.into())
+                .await
+                .map_err(|e| gone(format!("publishing: {e}"))),
+            Out::Done(upto) => {
+                self.done = self.done.max(upto);
+                self.acknowledge().await
+            }
+        }
+    }
+
+    /// While messages are held for one before them: whether it left the
+    /// stream, and past `give_up_after`, going on without it.
+    async fn still_waiting(
+        &mut self,
+        js: &jetstream::Context,
+        stream: &str,
+        give_up_after: Duration,
+    ) -> Result<(), Ended> {
+        self.stream_begins(js, stream, true).await?;
+        let waited = self.waiting_since.map(|since| since.elapsed());
+        if waited.is_none_or(|waited| waited < give_up_after) {
+            return Ok(());
+        }
+        tracing::warn!(
+            replica = %self.settings.replica,
+            waited = ?give_up_after,
+            "a message missing from the mailbox did not come again; going on without it"
+        );
+        let given = self.order.give_up();
+        self.feed_all(given).await
+    }
+
+    /// Asks where the replica's stream begins now, and feeds what was held
+    /// only for messages that left it.
+    async fn stream_begins(
+        &mut self,
+        js: &jetstream::Context,
+        stream: &str,
+        reading: bool,
+    ) -> Result<(), Ended> {
+        let found = match js.get_stream(stream).await {
+            Ok(found) => found,
+            Err(e) => {
+                let why = format!("looking up its stream: {e}");
+                return Err(if reading { gone(why) } else { failed(why) });
+            }
+        };
+        let info = found.cached_info();
+        let made = info.created.to_string();
+        if self.stream_made.as_ref().is_some_and(|m| *m != made) {
+            // Made anew: what was handed of the old one is no more.
+            self.order.clear();
+            self.unacked.clear();
+        }
+        self.stream_made = Some(made);
+        let fed = self.order.begins_at(info.state.first_sequence);
+        self.feed_all(fed).await
+    }
+
+    /// A message the broker handed over: fed in its turn.
+    async fn take(&mut self, message: jetstream::Message) -> Result<(), Ended> {
+        let sequence = match message.info() {
+            Ok(info) => info.stream_sequence,
+            Err(e) => {
+                tracing::warn!(error = %e, "a message without its place in the stream is passed over");
+                return Ok(());
+            }
+        };
+        let (message, acker) = message.split();
+        let delivery = Delivery::decode(&message.payload).unwrap_or_else(|e| {
+            // Not the server's: it would be signed and well formed.
+            // Passed over, as a forgery is.
+            tracing::warn!(error = %e, "a message that does not decode is passed over");
+            None
+        });
+        match self.order.arrive(sequence, Handed { delivery, acker }) {
+            Arrival::Feed(fed) => self.feed_all(fed).await?,
+            Arrival::Held => {
+                self.waiting_since.get_or_insert_with(Instant::now);
+            }
+            // The copy held is acknowledged in its turn.
+            Arrival::HeldAlready(_) => {}
+            Arrival::Fed(again) => {
+                if !self.unacked.iter().any(|u| u.sequence == sequence) {
+                    // Dealt with, and its acknowledgement lost: again.
+                    let _ = again.acker.ack().await;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Feeds the loop `fed`, in order; what carries nothing is passed over
+    /// and acknowledged in its turn.
+    async fn feed_all(&mut self, fed: Vec<(u64, Handed)>) -> Result<(), Ended> {
+        if fed.is_empty() {
+            return Ok(());
+        }
+        for (sequence, Handed { delivery, acker }) in fed {
+            if let Some(delivery) = delivery {
+                self.fed += 1;
+                self.unacked.push_back(Unacked {
+                    sequence,
+                    after: self.fed,
+                    acker,
+                });
+                if self.feed.send(delivery).is_err() {
+                    return Err(Ended::Stopped);
+                }
+            } else {
+                self.unacked.push_back(Unacked {
+                    sequence,
+                    after: self.fed,
+                    acker,
+                });
+            }
+        }
+        self.waiting_since = self.order.is_waiting().then(Instant::now);
+        self.acknowledge().await
+    }
+
+    /// Acknowledges, in order, what the loop dealt with.
+    async fn acknowledge(&mut self) -> Result<(), Ended> {
+        while self.unacked.front().is_some_and(|u| u.after <= self.done) {
+            let dealt = self.unacked.pop_front().expect("there is one");
+            if let Err(e) = dealt.acker.ack().await {
+                return Err(gone(format!("acknowledging: {e}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// As the mailbox stops: what the loop said last goes, then what it
+    /// was handed and did not deal with goes back to the broker, in order,
+    /// to be handed to whoever reads next. Not at once: the broker (2.9)
+    /// hands a message to a request for more until that request lapses,
+    /// even once nobody listens for the answer, so what is handed back is
+    /// handed again only after this mailbox's last request lapsed.
+    async fn hand_back(&mut self, client: &async_nats::Client) {
+        // Twice the lapse: the last request may have been made just now.
+        let lapsed = self.settings.heartbeat * REQUEST_LAPSES * 2;
+        let up = up_subject(&self.settings.replica);
+        while let Ok(said) = self.out.try_recv() {
+            match said {
+                Out::Say(bytes) => {
+                    let _ = client.publish(up.clone(), bytes.into()).await;
+                }
+                Out::Done(upto) => self.done = self.done.max(upto),
+            }
+        }
+        let _ = self.acknowledge().await;
+        let not_dealt = self.unacked.drain(..).map(|u| u.acker);
+        let held = self.order.clear().into_iter().map(|(_, h)| h.acker);
+        for acker in not_dealt.chain(held).collect::<Vec<_>>() {
+            let _ = acker.ack_with(AckKind::Nak(Some(lapsed))).await;
         }
     }
 }

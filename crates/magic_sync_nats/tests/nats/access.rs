@@ -263,3 +263,124 @@ async fn a_mailbox_given_another_replica_s_seed_says_so() {
         "the seed printed: {why}"
     );
 }
+
+/// Whether `errors` holds the broker's refusal to publish to a subject
+/// beginning with `subject`.
+fn refused_publish(errors: &Arc<Mutex<Vec<String>>>, subject: &str) -> bool {
+    errors
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|e| e.contains("ermissions") && e.contains("Publish") && e.contains(subject))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cannot_make_a_consumer_so_none_delivers_onto_another_s_subject() {
+    use jetstream::consumer::{push, AckPolicy};
+    let nats = Nats::start(&["till a", "till b"]);
+    let broker = Broker::connect(Settings::new(nats.url()), nats.server.seed())
+        .await
+        .expect("the server connects");
+    let a = ReplicaId::from("till a".to_string());
+    broker
+        .send(&a, "e-1-n", b"for till a".to_vec())
+        .await
+        .expect("the broker keeps a's message");
+    let stream = magic_sync_nats::stream_of("till a");
+
+    // a, as itself, on its own stream: a push consumer whose deliver
+    // subject is b's upload subject would have a's messages heard as b's
+    // reports, and fill b's share of the upload stream. The broker checks
+    // a deliver subject against nobody's permissions, so the replica may
+    // not make a consumer at all, of any kind, by any of the API's names.
+    let (client, errors) = connect_as(
+        &nats,
+        nats.seed("till a"),
+        &magic_sync_nats::inbox_of("till a"),
+    )
+    .await;
+    let js = jetstream::new(client.clone());
+    let pushed = js
+        .create_consumer_on_stream(
+            push::Config {
+                durable_name: Some("onto-b".to_string()),
+                deliver_subject: magic_sync_nats::up_subject("till b"),
+                ack_policy: AckPolicy::Explicit,
+                ..Default::default()
+            },
+            &stream,
+        )
+        .await;
+    assert!(
+        pushed.is_err(),
+        "a made a consumer delivering onto b's subject"
+    );
+    assert!(
+        refused_publish(&errors, "$JS.API.CONSUMER.CREATE"),
+        "{:?}",
+        errors.lock().unwrap()
+    );
+    // Under the name of its own consumer, too.
+    let named = js
+        .create_consumer_on_stream(
+            push::Config {
+                durable_name: Some(magic_sync_nats::CONSUMER.to_string()),
+                deliver_subject: magic_sync_nats::up_subject("till b"),
+                ack_policy: AckPolicy::Explicit,
+                ..Default::default()
+            },
+            &stream,
+        )
+        .await;
+    assert!(named.is_err(), "a made its own consumer a push consumer");
+    assert!(
+        refused_publish(
+            &errors,
+            &format!(
+                "$JS.API.CONSUMER.CREATE.{stream}.{}",
+                magic_sync_nats::CONSUMER
+            )
+        ),
+        "{:?}",
+        errors.lock().unwrap()
+    );
+    // Through the older API names: durable, and without a name.
+    let body = format!(
+        r#"{{"stream_name":"{stream}","config":{{"durable_name":"x","deliver_subject":"{}","ack_policy":"explicit"}}}}"#,
+        magic_sync_nats::up_subject("till b")
+    );
+    for subject in [
+        format!("$JS.API.CONSUMER.DURABLE.CREATE.{stream}.x"),
+        format!("$JS.API.CONSUMER.CREATE.{stream}"),
+    ] {
+        let asked = client.request(subject.clone(), body.clone().into()).await;
+        assert!(asked.is_err(), "{subject} answered: {asked:?}");
+        assert!(
+            refused_publish(&errors, &subject),
+            "{subject}: {:?}",
+            errors.lock().unwrap()
+        );
+    }
+    // Nor may it take away the consumer the server made for it.
+    let removed = js
+        .delete_consumer_from_stream(magic_sync_nats::CONSUMER, &stream)
+        .await;
+    assert!(removed.is_err(), "a removed its consumer");
+    assert!(
+        refused_publish(&errors, "$JS.API.CONSUMER.DELETE"),
+        "{:?}",
+        errors.lock().unwrap()
+    );
+
+    // The one consumer of a's stream is the server's: it delivers only to
+    // whoever asks (a pull consumer), and holds a's message for a.
+    let server = jetstream::new(broker.client().clone());
+    let mut kept = server.get_stream(&stream).await.unwrap();
+    assert_eq!(kept.info().await.unwrap().state.consumer_count, 1);
+    let info = kept
+        .consumer_info(magic_sync_nats::CONSUMER)
+        .await
+        .expect("the server made a's consumer");
+    assert_eq!(info.config.deliver_subject, None, "{info:?}");
+    assert_eq!(info.num_pending, 1, "{info:?}");
+}

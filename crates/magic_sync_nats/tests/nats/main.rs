@@ -4,6 +4,8 @@
 //! the broker says it holds for a replica.
 
 mod access;
+mod bounds;
+mod order;
 mod standing;
 mod tls;
 mod walk;

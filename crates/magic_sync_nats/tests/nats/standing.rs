@@ -1,7 +1,8 @@
 //! Where a replica stands on the broker, as the server asks it: messages
-//! waiting, and whether a consumer reads them and acknowledges what it was
-//! handed. It tells a replica that never reads (it did not start, or
-//! cannot connect) from one that reads and is slow.
+//! waiting, and whether anything reads them through the replica's consumer
+//! and acknowledges what it was handed. It tells a replica that does not
+//! read (it did not start, or cannot connect) from one that reads and is
+//! slow.
 
 use magic_sync::relay::Transport;
 use magic_sync::run::replica::Link;
@@ -62,10 +63,18 @@ async fn the_broker_says_whether_a_replica_reads_its_messages_and_acknowledges_t
             .await
             .expect("the broker stores it");
     }
+    // The server made the replica's consumer with its stream; nothing
+    // asks it for messages yet.
     let unread = till().await;
-    assert_eq!((unread.waiting, &unread.consumer), (Some(2), &None));
+    assert_eq!(unread.waiting, Some(2), "{unread}");
+    let r = unread.consumer.as_ref().expect("the server's consumer");
+    assert_eq!(
+        (r.asking, r.handed_up_to, r.yet_to_hand),
+        (0, 0, 2),
+        "{unread}"
+    );
     assert!(
-        unread.to_string().contains("no consumer reads it"),
+        unread.to_string().contains("nothing reads it now"),
         "{unread}"
     );
     // A connection that only asks sees the same, and takes nothing.
@@ -93,6 +102,8 @@ async fn the_broker_says_whether_a_replica_reads_its_messages_and_acknowledges_t
     .await;
     let r = reading.consumer.as_ref().expect("read");
     assert_eq!((r.not_acknowledged, r.yet_to_hand), (2, 0), "{reading}");
+    assert!(r.asking > 0, "{reading}");
+    assert!(!reading.to_string().contains("nothing reads"), "{reading}");
 
     // Dealt with both: nothing waits.
     let second = tokio::task::block_in_place(|| mailbox.next(Duration::from_secs(20)));

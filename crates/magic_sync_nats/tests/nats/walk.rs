@@ -61,7 +61,6 @@ impl Walk {
         let settings = mailbox::Settings {
             backoff_min: Duration::from_millis(20),
             backoff_max: Duration::from_millis(500),
-            ack_wait: Duration::from_secs(5),
             heartbeat: Duration::from_secs(1),
             ..mailbox::Settings::new(self.nats.url(), unit, self.nats.seed(unit))
         };
@@ -201,7 +200,11 @@ impl Walk {
         let catalog = Catalog::read(&client, &engine).await.unwrap();
         let key = magic_sync::store::keys::public(&client).await.unwrap();
         let nats = Nats::start(&UNITS);
-        let mut settings = Settings::new(nats.url());
+        let mut settings = Settings {
+            // A message handed to a loop stopped midway comes again soon.
+            replica_ack_wait: Duration::from_secs(5),
+            ..Settings::new(nats.url())
+        };
         if let Some(keep_for) = keep_for {
             settings.keep_for = keep_for;
         }
