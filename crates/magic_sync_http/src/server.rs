@@ -20,12 +20,12 @@ use axum::Extension;
 use axum::Router;
 use base64::Engine as _;
 use futures_util::{SinkExt, StreamExt};
+use magic_sync::core::bounds::{bounded_decode, Bounded, Refusal, UpBounds};
 use magic_sync::envelope::{Filed, Up};
 use magic_sync::relay::{SendError, Transport};
 use magic_sync::run::server::Reports;
 use magic_sync::run::Report;
 use magic_sync::ReplicaId;
-use prost::Message as _;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -982,6 +982,7 @@ async fn replica_connection(
         inner.settings.max_bytes_per_second,
         inner.settings.max_message_bytes,
     );
+    let bounds = UpBounds::of_messages(inner.settings.max_message_bytes);
     let reader = async {
         loop {
             let frame = match tokio::time::timeout(idle, stream.next()).await {
@@ -991,14 +992,18 @@ async fn replica_connection(
                 Ok(Some(Ok(frame))) => frame,
             };
             match frame {
-                Message::Binary(bytes) => match Up::decode(bytes.clone()) {
-                    Ok(up) => {
-                        inner.hear(&replica, up, bytes.len()).await;
+                // Counted on the wire before anything is decoded, and
+                // queued by what it takes decoded (an empty entry is two
+                // bytes sent and tens held).
+                Message::Binary(bytes) => match bounded_decode(&bytes, &bounds) {
+                    Ok(Bounded { up, decoded_bytes }) => {
+                        inner.hear(&replica, up, decoded_bytes).await;
                         pace.after(bytes.len()).await;
                     }
-                    Err(e) => {
+                    Err(Refusal::Malformed(e)) => {
                         return Err((CLOSE_INVALID, format!("a frame that is not an Up: {e}")))
                     }
+                    Err(e) => return Err((CLOSE_POLICY, e.to_string())),
                 },
                 Message::Text(_) => {
                     return Err((

@@ -210,3 +210,37 @@ async fn a_replica_is_read_no_faster_than_its_pace_after_a_burst() {
     drop(t1);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_frame_of_empty_entries_is_refused_before_it_is_decoded_and_the_others_are_heard() {
+    let settings = Settings {
+        max_message_bytes: 1 << 20,
+        ..hub_settings()
+    };
+    let server = alone(settings, &["t1", "t2"]).await;
+    let (hub, url) = (server.hub.clone(), server.url.clone());
+    // 50,000 refusals of nothing: two bytes each sent, tens held decoded,
+    // past what one report may carry.
+    let forged = Up {
+        refused: vec![magic_sync::envelope::Refused::default(); 50_000],
+        ..Up::default()
+    }
+    .encode_to_vec();
+    assert!(forged.len() < 1 << 20);
+    let mut t1 = raw(&url, "t1", &server.secrets[0]).await.unwrap();
+    t1.send(Message::Binary(forged.into())).await.unwrap();
+    let (code, reason) = crate::support::reading(t1).closed().await;
+    assert_eq!(code, 1008, "{reason}");
+    assert!(reason.contains("refused before decoding"), "{reason}");
+    assert_eq!(hub.queued("t1"), (0, 0), "nothing of it was queued");
+    // Another replica is heard as ever.
+    let mut t2 = raw(&url, "t2", &server.secrets[1]).await.unwrap();
+    t2.send(Message::Binary(up_of(100).into())).await.unwrap();
+    until(
+        "t2's report to be heard",
+        Duration::from_secs(30),
+        async || hub.queued("t2").1 > 0,
+    )
+    .await;
+    server.stop().await;
+}
