@@ -376,7 +376,12 @@ pub fn broker_status(read: &crate::BrokerStatus) -> String {
                 r.replica.clone(),
                 s.waiting
                     .map_or_else(|| "no stream".into(), |w| w.to_string()),
-                if c.is_some_and(|c| c.asking > 0) { "yes" } else { "no" }.into(),
+                if c.is_some_and(|c| c.asking > 0) {
+                    "yes"
+                } else {
+                    "no"
+                }
+                .into(),
                 or_dash(c.map(|c| c.handed_up_to)),
                 or_dash(c.map(|c| c.not_acknowledged)),
                 or_dash(c.map(|c| c.handed_again)),

@@ -11,6 +11,12 @@
 //! nothing more until a message that begins a snapshot arrives, and tells the
 //! server the newest message it could not follow.
 //!
+//! Epochs are ordered ([`EpochId::precedes`]): a message of an epoch older
+//! than the one the replica follows is one the server sent before it began
+//! a new epoch, replayed. It changes nothing, not even a gap: a snapshot of
+//! an old epoch would put back what the server no longer holds, and a gap
+//! would have the replica provisioned again for a replay.
+//!
 //! The seal is not checked here. It is an HMAC under a secret only the server
 //! knows; the replica keeps it as it came and gives it back in its
 //! [`Ack`](envelope::Ack), and the server checks it there (see [`crate::seal`]).
@@ -51,6 +57,7 @@ impl Applied {
             seal: self.seal.clone(),
             // The replica's to say: the chain knows nothing of uploads.
             answered: 0,
+            receipt: None,
         }
     }
 }
@@ -96,6 +103,10 @@ pub enum Decision {
     Gap(Break),
     /// It is addressed to another replica.
     WrongReplica,
+    /// It is of an epoch older than the one the replica follows: sent
+    /// before the server began a new epoch, and replayed. It changes
+    /// nothing, however it begins.
+    Superseded,
 }
 
 /// Why a message could not be followed.
@@ -116,6 +127,9 @@ impl Chain {
     pub fn decide(&self, ours: &str, message: &ToReplica) -> Decision {
         if message.replica != ours {
             return Decision::WrongReplica;
+        }
+        if self.is_superseded(message) {
+            return Decision::Superseded;
         }
         if self.is_duplicate(message) {
             return Decision::Duplicate;
@@ -160,6 +174,13 @@ impl Chain {
         }
     }
 
+    /// Of an epoch that began before the one of the last message applied.
+    fn is_superseded(&self, message: &ToReplica) -> bool {
+        self.applied
+            .as_ref()
+            .is_some_and(|a| EpochId::from(message.epoch.as_slice()).precedes(&a.epoch))
+    }
+
     /// At or below the last applied, in its epoch; of the last one's own
     /// number only with its nonce. A message of that number with another
     /// nonce is not the one applied: a server restored from an older copy
@@ -194,6 +215,7 @@ impl Chain {
 mod tests {
     use super::{Applied, Break, Chain, Decision, GapAt};
     use crate::envelope::ToReplica;
+    use crate::ids::EpochId;
 
     const EPOCH: [u8; 16] = [1; 16];
     const OTHER_EPOCH: [u8; 16] = [2; 16];
@@ -335,6 +357,46 @@ mod tests {
         let mut second = message(2, 1);
         second.epoch = OTHER_EPOCH.to_vec();
         assert_eq!(next.decide("unit-1", &second), Decision::Apply);
+    }
+
+    #[test]
+    fn a_message_of_an_older_epoch_changes_nothing_however_it_begins() {
+        let epoch = |g| EpochId::ordered(g, [3; 16]).into_bytes();
+        let of = |m: ToReplica, g| ToReplica {
+            epoch: epoch(g),
+            ..m
+        };
+        let chain = Chain::default().applied(&of(snapshot(40, 0), 8));
+        // A snapshot, a message, a message beyond the last: all older.
+        for old in [snapshot(90, 0), message(41, 40), message(2, 1)] {
+            assert_eq!(chain.decide("unit-1", &of(old, 7)), Decision::Superseded);
+        }
+        // In a gap too: only a snapshot of its epoch or a newer one ends it.
+        let gapped = chain.gapped(&of(message(50, 45), 8));
+        assert_eq!(
+            gapped.decide("unit-1", &of(snapshot(60, 0), 7)),
+            Decision::Superseded
+        );
+        assert_eq!(
+            gapped.decide("unit-1", &of(snapshot(60, 0), 9)),
+            Decision::Apply
+        );
+        // A newer epoch, or one of 16 random bytes (begun before epochs
+        // were ordered): a snapshot applies, a message is a gap.
+        assert_eq!(
+            chain.decide("unit-1", &of(snapshot(1, 0), 9)),
+            Decision::Apply
+        );
+        assert_eq!(
+            chain.decide("unit-1", &of(message(1, 0), 9)),
+            Decision::Gap(Break::OtherEpoch)
+        );
+        assert_eq!(chain.decide("unit-1", &snapshot(1, 0)), Decision::Apply);
+        // A replica following an epoch of before: any snapshot applies.
+        assert_eq!(
+            after(5).decide("unit-1", &of(snapshot(1, 0), 1)),
+            Decision::Apply
+        );
     }
 
     #[test]

@@ -179,6 +179,14 @@ impl fmt::Display for ReplicaId {
 /// restored from an older copy, and a message of another epoch than the one
 /// a replica follows is never the next for it to apply.
 ///
+/// An id the server draws now is *ordered*: its generation (8 bytes,
+/// big-endian), then 16 random bytes. Each epoch the server begins takes a
+/// generation above the one before and never below its clock in
+/// microseconds, so a replica can tell a message of an older epoch (a
+/// replay of one the server sent before it began a new one) from one of a
+/// newer epoch, and refuses the first. An id of 16 random bytes, drawn
+/// before epochs were ordered, has no generation and is ordered with none.
+///
 /// Bytes on the wire and in both stores; this type is what the chain, the
 /// seal and the server's record of it compare. It reads as its bytes
 /// (`Deref<Target = [u8]>`), compares with the bytes a message carries, and
@@ -186,7 +194,43 @@ impl fmt::Display for ReplicaId {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct EpochId(Vec<u8>);
 
+/// The length of an ordered epoch's id: its generation and 16 random bytes.
+pub const ORDERED_EPOCH_LEN: usize = 8 + 16;
+
 impl EpochId {
+    /// The ordered epoch of `generation`, told apart from any other of the
+    /// same generation (a restored server's, say) by `random`.
+    pub fn ordered(generation: u64, random: [u8; 16]) -> EpochId {
+        let mut bytes = Vec::with_capacity(ORDERED_EPOCH_LEN);
+        bytes.extend_from_slice(&generation.to_be_bytes());
+        bytes.extend_from_slice(&random);
+        EpochId(bytes)
+    }
+
+    /// Its generation, if it is ordered.
+    pub fn generation(&self) -> Option<u64> {
+        let bytes: [u8; ORDERED_EPOCH_LEN] = self.0.as_slice().try_into().ok()?;
+        let (generation, _) = bytes.split_first_chunk::<8>()?;
+        Some(u64::from_be_bytes(*generation))
+    }
+
+    /// Whether this epoch began before `other`: both are ordered, and its
+    /// generation is lower. An epoch without a generation precedes none
+    /// and follows none.
+    pub fn precedes(&self, other: &EpochId) -> bool {
+        matches!((self.generation(), other.generation()), (Some(a), Some(b)) if a < b)
+    }
+
+    /// The generation of the epoch begun after this one at `now`
+    /// (microseconds since 1970), once an epoch of generation `seen` is
+    /// known to have been: above both, and never below the clock, so an
+    /// epoch begun by a server restored from an older copy still follows
+    /// the ones its predecessor began.
+    pub fn next_generation(&self, seen: Option<u64>, now: u64) -> u64 {
+        let after = |g: Option<u64>| g.map_or(0, |g| g.saturating_add(1));
+        after(self.generation()).max(after(seen)).max(now)
+    }
+
     /// The id's bytes.
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
@@ -262,6 +306,32 @@ mod tests {
         assert_eq!(id.as_bytes(), &[0xab, 0x01]);
         assert_eq!(id.to_string(), "ab01");
         assert_eq!(id.into_bytes(), carried);
+    }
+
+    #[test]
+    fn ordered_epochs_order_by_their_generation_and_the_others_with_none() {
+        let older = EpochId::ordered(7, [1; 16]);
+        let newer = EpochId::ordered(8, [0; 16]);
+        let unordered = EpochId::from(vec![0xff; 16]);
+        assert_eq!(older.len(), super::ORDERED_EPOCH_LEN);
+        assert_eq!(older.generation(), Some(7));
+        assert_eq!(unordered.generation(), None);
+        assert!(older.precedes(&newer));
+        assert!(!newer.precedes(&older));
+        assert!(
+            !older.precedes(&EpochId::ordered(7, [2; 16])),
+            "same generation"
+        );
+        assert!(!unordered.precedes(&newer) && !newer.precedes(&unordered));
+        // The next generation: past this one, past one seen, past the clock.
+        assert_eq!(newer.next_generation(None, 0), 9);
+        assert_eq!(newer.next_generation(Some(20), 0), 21);
+        assert_eq!(newer.next_generation(None, 1_000), 1_000);
+        assert_eq!(unordered.next_generation(None, 5), 5);
+        assert_eq!(
+            EpochId::ordered(u64::MAX, [0; 16]).next_generation(None, 0),
+            u64::MAX
+        );
     }
 
     #[test]

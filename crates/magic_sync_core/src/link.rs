@@ -145,6 +145,7 @@ mod tests {
             nonce: vec![2; 16],
             seal: vec![3; 32],
             answered: 9,
+            receipt: None,
         };
         let gap = Gap {
             epoch: vec![1; 16],

@@ -10,6 +10,23 @@
 //! Every part goes into the MAC behind its length (8 bytes, big-endian), so no
 //! two different lists of parts feed the MAC the same bytes: moving bytes from
 //! the end of the replica id to the start of the epoch changes the input.
+//!
+//! Two more proofs of the server's to itself live here:
+//!
+//! - **Receipts.** The answer to an upload carries a receipt: an HMAC over
+//!   the replica, the epoch and the upload's sequence, under a key drawn
+//!   from the epoch's secret for receipts alone (so no receipt is ever a
+//!   message's seal). The replica keeps the newest and gives it back with
+//!   its acknowledgements; a server whose record of what it answered is
+//!   below a receipt it made was restored from an older copy. A number a
+//!   replica merely claims proves nothing, so nothing done for the fleet
+//!   follows from one.
+//! - **Epoch secrets.** An epoch the server begins takes the secret drawn
+//!   from a master secret kept beside it and the epoch's id
+//!   ([`epoch_secret`]). A server restored from a copy older than an epoch
+//!   its predecessor began still holds the master, so it can check a seal
+//!   of that epoch, which a replica acknowledging it hands back, and learn
+//!   that it went back in time.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -64,6 +81,57 @@ pub fn seal(secret: &[u8], replica: &str, epoch: &[u8], number: u64, nonce: &[u8
     sealed.mac(secret).finalize().into_bytes().into()
 }
 
+/// The secret of the epoch `epoch`, drawn from the installation's
+/// `master` secret: the same for the same epoch, whichever copy of the
+/// database draws it, and told apart from every other epoch's.
+pub fn epoch_secret(master: &[u8], epoch: &[u8]) -> Seal {
+    let mut mac =
+        HmacSha256::new_from_slice(master).expect("HMAC-SHA256 takes a key of any length");
+    part(&mut mac, b"magic_sync/v1 epoch secret");
+    part(&mut mac, epoch);
+    mac.finalize().into_bytes().into()
+}
+
+/// The key receipts of an epoch are made under, drawn from its secret.
+fn receipt_key(secret: &[u8]) -> Seal {
+    let mut mac =
+        HmacSha256::new_from_slice(secret).expect("HMAC-SHA256 takes a key of any length");
+    part(&mut mac, b"magic_sync/v1 receipt key");
+    mac.finalize().into_bytes().into()
+}
+
+fn receipt_mac(secret: &[u8], replica: &str, epoch: &[u8], sequence: u64) -> HmacSha256 {
+    let mut mac = HmacSha256::new_from_slice(&receipt_key(secret))
+        .expect("HMAC-SHA256 takes a key of any length");
+    part(&mut mac, replica.as_bytes());
+    part(&mut mac, epoch);
+    part(&mut mac, &sequence.to_be_bytes());
+    mac
+}
+
+/// The receipt's seal for `replica`'s upload of `sequence`, filed in
+/// `epoch`, whose secret is `secret`.
+pub fn receipt(secret: &[u8], replica: &str, epoch: &[u8], sequence: u64) -> Seal {
+    receipt_mac(secret, replica, epoch, sequence)
+        .finalize()
+        .into_bytes()
+        .into()
+}
+
+/// Whether `seal` is the receipt for `replica`'s upload of `sequence`,
+/// filed in `epoch` under `secret`. Compares in constant time.
+pub fn verify_receipt(
+    secret: &[u8],
+    replica: &str,
+    epoch: &[u8],
+    sequence: u64,
+    seal: &[u8],
+) -> bool {
+    receipt_mac(secret, replica, epoch, sequence)
+        .verify_slice(seal)
+        .is_ok()
+}
+
 /// Whether `seal` is the seal of that message under `secret`. Compares in
 /// constant time, so a forger learns nothing from how long a refusal takes.
 pub fn verify(
@@ -85,7 +153,7 @@ pub fn verify(
 
 #[cfg(test)]
 mod tests {
-    use super::{seal, verify};
+    use super::{epoch_secret, receipt, seal, verify, verify_receipt};
 
     const SECRET: &[u8] = b"the epoch's secret";
     const EPOCH: &[u8] = &[7; 16];
@@ -131,6 +199,27 @@ mod tests {
             "short"
         );
         assert!(!verify(SECRET, "unit-1", EPOCH, 42, NONCE, &[]), "empty");
+    }
+
+    #[test]
+    fn a_receipt_verifies_for_its_replica_epoch_and_sequence_only() {
+        let r = receipt(SECRET, "unit-1", EPOCH, 7);
+        assert!(verify_receipt(SECRET, "unit-1", EPOCH, 7, &r));
+        assert!(!verify_receipt(SECRET, "unit-2", EPOCH, 7, &r));
+        assert!(!verify_receipt(SECRET, "unit-1", &[8; 16], 7, &r));
+        assert!(!verify_receipt(SECRET, "unit-1", EPOCH, 8, &r));
+        assert!(!verify_receipt(b"another", "unit-1", EPOCH, 7, &r));
+        assert!(!verify_receipt(SECRET, "unit-1", EPOCH, 7, &[]));
+        // Never a message's seal, whatever the nonce.
+        assert!(!verify(SECRET, "unit-1", EPOCH, 7, &[], &r));
+    }
+
+    #[test]
+    fn an_epoch_s_secret_is_drawn_from_the_master_and_its_id() {
+        let a = epoch_secret(b"master", &[1; 24]);
+        assert_eq!(a, epoch_secret(b"master", &[1; 24]));
+        assert_ne!(a, epoch_secret(b"master", &[2; 24]));
+        assert_ne!(a, epoch_secret(b"other master", &[1; 24]));
     }
 
     #[test]

@@ -21,22 +21,39 @@
 //!   SHA-256 of its body, the length of its seal (8 bytes, big-endian) and
 //!   the seal. The body's hash is the one the server keys bodies by, so a
 //!   body shared by many replicas is hashed once, and signing a message
-//!   costs one small hash and one signature whatever the body's size.
+//!   costs one small hash and one signature whatever the body's size. A
+//!   message that carries endorsements (the server rotated its key) is
+//!   signed as `magic_sync/v2 message\0` over the same parts and the
+//!   SHA-256 of its endorsements: none can be added, dropped or altered
+//!   unseen, and one with none is signed byte for byte as before, so a
+//!   replica of an earlier build reads it.
 //! - a `Filed` answer: `magic_sync/v1 filed\0`, then the replica's id and
-//!   the send id, each behind its length.
+//!   the send id, each behind its length. An answer that carries a receipt
+//!   (the replica takes them) is signed as `magic_sync/v2 filed\0` over
+//!   those, the receipt's epoch, sequence and seal, and the SHA-256 of its
+//!   endorsements.
 //! - an endorsement of a new key: `magic_sync/v1 key\0` and the new key.
+//!
+//! Which statement a frame is checked against follows from what it
+//! carries, so stripping the endorsements or the receipt off a frame signed
+//! over them leaves a signature over another statement: refused.
 //!
 //! The head, body and tail are found by walking the message's top-level
 //! fields: a message whose fields are not in the server's order (head 1-7,
-//! body 10-12, tail 15-17) is refused, so what was verified is what applies.
+//! body 10-14, tail 15-17) is refused, so what was verified is what applies.
 //!
 //! **Rotation.** The server may replace its key. Every message then carries
 //! the chain of endorsements from its first key on: each newer key signed by
-//! the one before it. A replica follows the chain from the key it pins, and
-//! pins the newest key once a message signed by it verifies: from then on an
-//! older key's message is refused.
+//! the one before it, [`MAX_ENDORSEMENTS`] at most. A replica checks the
+//! signature under the key it pins first (one verification, whatever the
+//! endorsements), and only when that fails follows the chain from there,
+//! each endorsement after its pinned key in turn, stopping at the first
+//! that does not verify; it pins the newest key once a message signed by it
+//! verifies: from then on an older key's message is refused. A forged frame
+//! thus costs a replica two verifications, and one more per rotation since
+//! the key it pins, before it is refused, whatever it carries.
 
-use crate::envelope::{Endorsement, Filed, ToReplica};
+use crate::envelope::{Endorsement, Filed, Receipt, ToReplica};
 use base64::Engine as _;
 use ed25519_dalek::{Signature, Signer as _, SigningKey, Verifier as _, VerifyingKey};
 use prost::Message;
@@ -46,8 +63,15 @@ use std::fmt;
 /// The length of a signature, in bytes.
 pub const SIGNATURE_LEN: usize = 64;
 
+/// Endorsements a message or an answer carries at most: one per rotation
+/// of the server's key since its first. More is refused before any is
+/// checked.
+pub const MAX_ENDORSEMENTS: usize = 64;
+
 const MESSAGE: &[u8] = b"magic_sync/v1 message\0";
+const ENDORSED: &[u8] = b"magic_sync/v2 message\0";
 const FILED: &[u8] = b"magic_sync/v1 filed\0";
+const RECEIPTED: &[u8] = b"magic_sync/v2 filed\0";
 const KEY: &[u8] = b"magic_sync/v1 key\0";
 
 /// The server's public key: what a replica pins when it is enrolled. As
@@ -183,7 +207,8 @@ impl Signer {
     /// `ToReplica` and `body` one of fields 10 to 14, encoded.
     pub fn message(&self, head: &[u8], body: &[u8], body_hash: &[u8], seal: Vec<u8>) -> Vec<u8> {
         debug_assert_eq!(body_hash, Sha256::digest(body).as_slice());
-        let signature = self.sign(&message_statement(head, body_hash, &seal));
+        let statement = message_statement(head, body_hash, &seal, &self.endorsements);
+        let signature = self.sign(&statement);
         let tail = ToReplica {
             seal,
             signature,
@@ -219,32 +244,85 @@ impl Signer {
         self.message(&head, &body, &hash, message.seal.clone())
     }
 
-    /// The signed answer to `replica`'s upload `send_id`.
+    /// The signed answer to `replica`'s upload `send_id`, as a replica
+    /// that takes no receipts reads it (one of an earlier build).
     pub fn filed(&self, replica: &str, send_id: Vec<u8>) -> Filed {
-        let signature = self.sign(&filed_statement(replica, &send_id));
+        self.answer(replica, send_id, None)
+    }
+
+    /// The signed answer to `replica`'s upload `send_id`, with the
+    /// server's `receipt` for it when given: signed over the receipt and
+    /// the endorsements too.
+    pub fn answer(&self, replica: &str, send_id: Vec<u8>, receipt: Option<Receipt>) -> Filed {
+        let statement = filed_statement(replica, &send_id, receipt.as_ref(), &self.endorsements);
         Filed {
+            signature: self.sign(&statement),
             send_id,
-            signature,
             endorsements: self.endorsements.clone(),
+            receipt,
         }
     }
 }
 
-/// The statement a message's signature is over.
-fn message_statement(head: &[u8], body_hash: &[u8], seal: &[u8]) -> Vec<u8> {
+/// The statement a message's signature is over: of the first shape when
+/// it carries no endorsement, so replicas of earlier builds read it.
+fn message_statement(
+    head: &[u8],
+    body_hash: &[u8],
+    seal: &[u8],
+    endorsements: &[Endorsement],
+) -> Vec<u8> {
     let mut statement = Vec::with_capacity(MESSAGE.len() + 32 + 8 + body_hash.len() + seal.len());
-    statement.extend_from_slice(MESSAGE);
+    let tag = match endorsements.is_empty() {
+        true => MESSAGE,
+        false => ENDORSED,
+    };
+    statement.extend_from_slice(tag);
     statement.extend_from_slice(&Sha256::digest(head));
     part(&mut statement, body_hash);
     part(&mut statement, seal);
+    if !endorsements.is_empty() {
+        part(&mut statement, &endorsements_hash(endorsements));
+    }
     statement
 }
 
-fn filed_statement(replica: &str, send_id: &[u8]) -> Vec<u8> {
-    let mut statement = FILED.to_vec();
+/// The statement an answer's signature is over: of the first shape when
+/// it carries no receipt, so replicas of earlier builds read it.
+fn filed_statement(
+    replica: &str,
+    send_id: &[u8],
+    receipt: Option<&Receipt>,
+    endorsements: &[Endorsement],
+) -> Vec<u8> {
+    let Some(receipt) = receipt else {
+        let mut statement = FILED.to_vec();
+        part(&mut statement, replica.as_bytes());
+        part(&mut statement, send_id);
+        return statement;
+    };
+    let mut statement = RECEIPTED.to_vec();
     part(&mut statement, replica.as_bytes());
     part(&mut statement, send_id);
+    part(&mut statement, &receipt.epoch);
+    part(&mut statement, &receipt.sequence.to_be_bytes());
+    part(&mut statement, &receipt.seal);
+    part(&mut statement, &endorsements_hash(endorsements));
     statement
+}
+
+/// The SHA-256 of a list of endorsements: how many, then each key and
+/// signature behind its length.
+fn endorsements_hash(endorsements: &[Endorsement]) -> [u8; 32] {
+    let mut hash = Sha256::new();
+    hash.update((endorsements.len() as u64).to_be_bytes());
+    for e in endorsements {
+        for bytes in [&e.key, &e.signature] {
+            hash.update((bytes.len() as u64).to_be_bytes());
+            hash.update(bytes);
+        }
+    }
+    hash.finalize().into()
 }
 
 fn key_statement(key: &ServerKey) -> Vec<u8> {
@@ -259,33 +337,69 @@ fn part(statement: &mut Vec<u8>, bytes: &[u8]) {
     statement.extend_from_slice(bytes);
 }
 
-/// Follows `endorsements` from `trusted`: the newest key reached. An
-/// endorsement that `trusted` did not lead to (one of a key older than it)
-/// is passed over; once the chain is followed, every next one must verify.
+/// Follows `endorsements` from `trusted`: the newest key reached. The
+/// chain is taken up after the endorsement of `trusted` (found by its key,
+/// no signature checked), or from the first when none names it (`trusted`
+/// is the server's first key); from there every endorsement must verify
+/// under the key before it, and the first that does not ends the frame.
 fn follow(trusted: &ServerKey, endorsements: &[Endorsement]) -> Result<ServerKey, Forgery> {
+    let pinned = trusted.to_bytes();
+    let from = endorsements
+        .iter()
+        .rposition(|e| e.key.as_slice() == pinned.as_slice())
+        .map_or(0, |at| at + 1);
     let mut current = *trusted;
-    let mut following = false;
-    for endorsement in endorsements {
+    for endorsement in &endorsements[from..] {
         let Ok(next) = ServerKey::from_bytes(&endorsement.key) else {
             return Err(Forgery::BadKey {
                 why: "an endorsement names no key".into(),
             });
         };
-        if next == current {
-            // The endorsement of the key pinned: what follows it must verify.
-            following = true;
-            continue;
-        }
-        if current.verify(&key_statement(&next), &endorsement.signature) {
-            current = next;
-            following = true;
-        } else if following {
+        if !current.verify(&key_statement(&next), &endorsement.signature) {
             return Err(Forgery::BadSignature {
                 trusted: current.to_string(),
             });
         }
+        current = next;
     }
     Ok(current)
+}
+
+/// The key among `trusted` and the keys it endorsed that signed
+/// `statement`: `trusted` itself first, so a replica that follows the
+/// newest key checks one signature whatever the endorsements; then the
+/// newest key the endorsements lead to.
+fn signed_by(
+    trusted: &ServerKey,
+    statement: &[u8],
+    signature: &[u8],
+    endorsements: &[Endorsement],
+) -> Result<ServerKey, Forgery> {
+    if signature.is_empty() {
+        return Err(Forgery::Unsigned);
+    }
+    if endorsements.len() > MAX_ENDORSEMENTS {
+        return Err(too_many(endorsements.len()));
+    }
+    if trusted.verify(statement, signature) {
+        return Ok(*trusted);
+    }
+    let signer = follow(trusted, endorsements)?;
+    if signer != *trusted && signer.verify(statement, signature) {
+        Ok(signer)
+    } else {
+        Err(Forgery::BadSignature {
+            trusted: signer.to_string(),
+        })
+    }
+}
+
+fn too_many(n: usize) -> Forgery {
+    Forgery::Layout {
+        why: format!(
+            "it carries {n} endorsements, more than any server makes ({MAX_ENDORSEMENTS})"
+        ),
+    }
 }
 
 /// Verifies a whole `ToReplica` as it came against the key the replica
@@ -296,39 +410,32 @@ pub fn verify_message(trusted: &ServerKey, bytes: &[u8]) -> Result<ServerKey, Fo
     let tail = ToReplica::decode(tail).map_err(|e| Forgery::Layout {
         why: format!("its tail does not decode: {e}"),
     })?;
-    if tail.signature.is_empty() {
-        return Err(Forgery::Unsigned);
-    }
-    let signer = follow(trusted, &tail.endorsements)?;
-    let statement = message_statement(head, &Sha256::digest(body), &tail.seal);
-    if signer.verify(&statement, &tail.signature) {
-        Ok(signer)
-    } else {
-        Err(Forgery::BadSignature {
-            trusted: signer.to_string(),
-        })
-    }
+    let statement = message_statement(head, &Sha256::digest(body), &tail.seal, &tail.endorsements);
+    signed_by(trusted, &statement, &tail.signature, &tail.endorsements)
 }
 
 /// Verifies an answer to an upload of `replica`'s against the key it pins:
-/// the key that signed it, or why it is refused.
+/// the key that signed it, or why it is refused. Its receipt, when it
+/// carries one, is the server's as much as the rest.
 pub fn verify_filed(
     trusted: &ServerKey,
     replica: &str,
     filed: &Filed,
 ) -> Result<ServerKey, Forgery> {
-    if filed.signature.is_empty() {
-        return Err(Forgery::Unsigned);
+    if filed.endorsements.len() > MAX_ENDORSEMENTS {
+        return Err(too_many(filed.endorsements.len()));
     }
-    let signer = follow(trusted, &filed.endorsements)?;
-    if signer.verify(&filed_statement(replica, &filed.send_id), &filed.signature) {
-        Ok(signer)
-    } else {
-        Err(Forgery::BadSignature {
-            trusted: signer.to_string(),
-        })
-    }
+    let statement = filed_statement(
+        replica,
+        &filed.send_id,
+        filed.receipt.as_ref(),
+        &filed.endorsements,
+    );
+    signed_by(trusted, &statement, &filed.signature, &filed.endorsements)
 }
+
+/// `ToReplica.endorsements`.
+const ENDORSEMENTS_FIELD: u32 = 17;
 
 /// Which part of a message a top-level field belongs to.
 fn group(field: u32) -> Option<u8> {
@@ -344,11 +451,14 @@ fn group(field: u32) -> Option<u8> {
 type Parts<'a> = (&'a [u8], &'a [u8], &'a [u8]);
 
 /// The head, body and tail of an encoded `ToReplica`, found by walking its
-/// top-level fields, which must come head first, then body, then tail.
+/// top-level fields, which must come head first, then body, then tail. The
+/// endorsements are counted as they are walked: a tail of more than
+/// [`MAX_ENDORSEMENTS`] is refused before any is decoded.
 fn split(bytes: &[u8]) -> Result<Parts<'_>, Forgery> {
     let layout = |why: String| Forgery::Layout { why };
     let mut at = 0;
     let mut current = 0u8;
+    let mut endorsements = 0usize;
     // Where the body and the tail begin.
     let mut starts = [None::<usize>; 2];
     while at < bytes.len() {
@@ -365,6 +475,12 @@ fn split(bytes: &[u8]) -> Result<Parts<'_>, Forgery> {
             starts[usize::from(part) - 1].get_or_insert(start);
         }
         current = g;
+        if field == ENDORSEMENTS_FIELD {
+            endorsements += 1;
+            if endorsements > MAX_ENDORSEMENTS {
+                return Err(too_many(endorsements));
+            }
+        }
         let skip = match key & 7 {
             0 => {
                 varint(bytes, &mut at).ok_or_else(|| layout("a number is cut".into()))?;
@@ -500,6 +616,53 @@ mod tests {
     }
 
     #[test]
+    fn endorsements_added_to_a_signed_message_are_refused() {
+        // What the signature covers is what came: an endorsement nobody
+        // signed for, put after a genuine message, makes it a forgery.
+        let server = signer(1);
+        let genuine = server.to_replica(&message(5));
+        let junk = ToReplica {
+            endorsements: vec![signer(7).endorse(&signer(8).public())],
+            ..ToReplica::default()
+        }
+        .encode_to_vec();
+        let forged = [genuine.as_slice(), &junk].concat();
+        assert!(verify_message(&server.public(), &forged).is_err());
+    }
+
+    #[test]
+    fn an_endorsement_stripped_or_altered_is_refused() {
+        let first = signer(1);
+        let second = Signer::new(&[2; 32], vec![first.endorse(&signer(2).public())]);
+        let bytes = second.to_replica(&message(9));
+        assert_eq!(
+            verify_message(&second.public(), &bytes),
+            Ok(second.public())
+        );
+        let mut decoded = ToReplica::decode(bytes.as_slice()).unwrap();
+        decoded.endorsements.clear();
+        let stripped = resigned_tail(&bytes, &decoded);
+        assert!(verify_message(&second.public(), &stripped).is_err());
+        decoded.endorsements = vec![signer(7).endorse(&signer(2).public())];
+        let altered = resigned_tail(&bytes, &decoded);
+        assert!(verify_message(&second.public(), &altered).is_err());
+    }
+
+    /// `bytes` with its tail replaced by `decoded`'s seal, signature and
+    /// endorsements, the head and body as they were.
+    fn resigned_tail(bytes: &[u8], decoded: &ToReplica) -> Vec<u8> {
+        let (head, body, _) = split(bytes).unwrap();
+        let tail = ToReplica {
+            seal: decoded.seal.clone(),
+            signature: decoded.signature.clone(),
+            endorsements: decoded.endorsements.clone(),
+            ..ToReplica::default()
+        }
+        .encode_to_vec();
+        [head, body, &tail].concat()
+    }
+
+    #[test]
     fn a_message_with_another_body_is_refused() {
         let server = signer(1);
         let real = server.to_replica(&message(5));
@@ -561,6 +724,86 @@ mod tests {
             verify_filed(&server.public(), "till-1", &unsigned),
             Err(Forgery::Unsigned)
         );
+    }
+
+    #[test]
+    fn an_answer_s_receipt_is_signed_with_it() {
+        let server = signer(1);
+        let receipt = Receipt {
+            epoch: vec![1; 24],
+            sequence: 42,
+            seal: vec![9; 32],
+        };
+        let filed = server.answer("till-1", vec![7; 16], Some(receipt.clone()));
+        assert_eq!(
+            verify_filed(&server.public(), "till-1", &filed),
+            Ok(server.public())
+        );
+        // Each part of the receipt, altered or taken away, is refused.
+        let altered = [
+            Receipt {
+                sequence: 43,
+                ..receipt.clone()
+            },
+            Receipt {
+                epoch: vec![2; 24],
+                ..receipt.clone()
+            },
+            Receipt {
+                seal: vec![8; 32],
+                ..receipt.clone()
+            },
+        ];
+        for other in altered {
+            let forged = Filed {
+                receipt: Some(other),
+                ..filed.clone()
+            };
+            assert!(verify_filed(&server.public(), "till-1", &forged).is_err());
+        }
+        let stripped = Filed {
+            receipt: None,
+            ..filed.clone()
+        };
+        assert!(verify_filed(&server.public(), "till-1", &stripped).is_err());
+        // A receipt put on an answer signed without one is refused too.
+        let added = Filed {
+            receipt: Some(receipt),
+            ..server.filed("till-1", vec![7; 16])
+        };
+        assert!(verify_filed(&server.public(), "till-1", &added).is_err());
+    }
+
+    #[test]
+    fn more_endorsements_than_any_server_makes_are_refused_unchecked() {
+        let server = signer(1);
+        let junk = server.endorse(&signer(2).public());
+        let many = Signer::new(&[1; 32], vec![junk; MAX_ENDORSEMENTS + 1]);
+        let refused = verify_message(&server.public(), &many.to_replica(&message(5)));
+        assert!(
+            matches!(refused, Err(Forgery::Layout { ref why }) if why.contains("endorsements")),
+            "{refused:?}"
+        );
+        let filed = many.answer("till-1", vec![7; 16], None);
+        assert!(matches!(
+            verify_filed(&server.public(), "till-1", &filed),
+            Err(Forgery::Layout { .. })
+        ));
+    }
+
+    #[test]
+    fn a_message_without_endorsements_is_signed_as_before_rotations() {
+        // What a replica of an earlier build checks: the statement of the
+        // first shape, over head, body hash and seal alone.
+        let server = signer(1);
+        let bytes = server.to_replica(&message(5));
+        let (head, body, tail) = split(&bytes).unwrap();
+        let tail = ToReplica::decode(tail).unwrap();
+        let mut statement = MESSAGE.to_vec();
+        statement.extend_from_slice(&Sha256::digest(head));
+        part(&mut statement, &Sha256::digest(body));
+        part(&mut statement, &tail.seal);
+        assert!(server.public().verify(&statement, &tail.signature));
     }
 
     #[test]

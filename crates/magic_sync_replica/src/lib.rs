@@ -109,6 +109,14 @@ pub enum Outcome {
         /// Why this one could not be followed.
         why: Break,
     },
+    /// The message is of an epoch older than the one the replica follows:
+    /// one the server sent before it began a new epoch, replayed. Nothing
+    /// changed, whether or not it begins a snapshot, and no gap opened; the
+    /// replica says again where it stands.
+    Superseded {
+        /// The message's number.
+        number: u64,
+    },
     /// The message is addressed to another replica: nothing changed.
     WrongReplica {
         /// The replica it names.
@@ -141,6 +149,9 @@ pub struct Replica {
     chain: Chain,
     /// The server key it follows now, once one is pinned.
     trusted: Option<ServerKey>,
+    /// Messages and answers refused as not the server's, counted and not
+    /// yet written to the file.
+    forgeries: trust::Forgeries,
     /// Rows an uplink refused for good, set aside until the replica is
     /// opened again, as (table, key as noted).
     set_aside: std::collections::HashSet<(String, String)>,
@@ -210,6 +221,7 @@ impl Replica {
             former,
             chain,
             trusted,
+            forgeries: Default::default(),
             set_aside: Default::default(),
             early: Default::default(),
             patience: Default::default(),
@@ -273,15 +285,19 @@ impl Replica {
         let signer = match sign::verify_message(&trusted, bytes) {
             Ok(signer) => signer,
             Err(why) => {
-                trust::forged(&self.conn, &why.to_string())?;
-                tracing::warn!(replica = %self.id, "refused a message: {why}");
+                self.forgeries
+                    .count(&self.conn, &self.id, &why.to_string())?;
                 return Ok(Outcome::Forged { why });
             }
         };
+        self.forgeries.write_if_due(&self.conn, &self.id)?;
         let message = decode(bytes)?;
         let outcome = match self.chain.decide(&self.id, &message) {
             Decision::Apply => self.apply_message(&message),
             Decision::Duplicate => Ok(Outcome::Duplicate {
+                number: message.number,
+            }),
+            Decision::Superseded => Ok(Outcome::Superseded {
                 number: message.number,
             }),
             Decision::Gap(why) => self.open_gap(&message, why),
@@ -402,11 +418,13 @@ impl Replica {
 
     /// The last message applied, with its seal as it came: what the replica
     /// tells the server it applied, with the newest upload that server
-    /// answered as filed (`Ack::answered`). `None` before the first.
+    /// answered as filed (`Ack::answered`) and the server's receipt for it
+    /// (`Ack::receipt`), which the server checks. `None` before the first.
     pub fn ack(&self) -> Option<envelope::Ack> {
         self.chain.applied.as_ref().map(|a| envelope::Ack {
             // Unread is no claim: the server then checks nothing.
             answered: up::answered(&self.conn).unwrap_or(0),
+            receipt: up::receipt(&self.conn).unwrap_or(None),
             ..a.ack()
         })
     }
@@ -507,26 +525,32 @@ impl Replica {
     /// remembered a while, and counts once it is).
     ///
     /// An answer that is not the server's (see [`Outcome::Forged`]) is
-    /// [`Error::Forged`], counted, and lets go of nothing.
+    /// [`Error::Forged`], counted, and lets go of nothing. The receipt an
+    /// answer carries, signed with it, is kept when it is the newest: the
+    /// replica's acknowledgements give it back (see [`ack`](Self::ack)).
     pub fn filed(&mut self, filed: &envelope::Filed) -> Result<usize> {
         let trusted = self.trusted.ok_or(Error::NoServerKey)?;
         let signer = match sign::verify_filed(&trusted, &self.id, filed) {
             Ok(signer) => signer,
             Err(why) => {
-                trust::forged(&self.conn, &why.to_string())?;
-                tracing::warn!(replica = %self.id, "refused an answer to an upload: {why}");
+                self.forgeries
+                    .count(&self.conn, &self.id, &why.to_string())?;
                 return Err(Error::Forged {
                     what: "an answer to an upload".into(),
                     why,
                 });
             }
         };
+        self.forgeries.write_if_due(&self.conn, &self.id)?;
         self.follow(trusted, signer)?;
         self.patience.answered(&filed.send_id);
         // One transaction: one commit, and the host's writes wait for it
         // rather than interleave.
         let tx = write_transaction(&mut self.conn)?;
         let released = up::filed(&tx, &filed.send_id)?;
+        if let Some(receipt) = &filed.receipt {
+            up::keep_receipt(&tx, receipt)?;
+        }
         tx.commit()?;
         self.ring();
         if released == 0 && !up::knows(&self.conn, &filed.send_id)? {
@@ -549,10 +573,16 @@ impl Replica {
     }
 
     /// Where the replica stands: ready (a snapshot ended, none under way),
-    /// the last message applied, a gap it waits in, the rows it refused.
-    /// A host on a connection of its own asks [`status`](fn@status).
+    /// the last message applied (its number, epoch and nonce), a gap it
+    /// waits in, the rows it refused, the rows its host wrote that are not
+    /// filed yet. A host on a connection of its own asks
+    /// [`status`](fn@status), which counts refused forgeries as written.
     pub fn status(&self) -> Result<Status> {
-        state::status(&self.conn)
+        let mut status = state::status(&self.conn)?;
+        (status.forged, status.last_forgery) = self
+            .forgeries
+            .on_top_of(status.forged, status.last_forgery.take());
+        Ok(status)
     }
 
     /// Whether this replica holds whole the configuration it runs: the
@@ -597,6 +627,15 @@ impl Replica {
     /// an FNV-1a fingerprint of their sorted canonical keys).
     pub fn digest(&self) -> Result<envelope::Digest> {
         digest::digest(&self.conn, &self.tables)
+    }
+}
+
+impl Drop for Replica {
+    /// Writes the refusals counted and not written yet.
+    fn drop(&mut self) {
+        if let Err(e) = self.forgeries.write(&self.conn, &self.id) {
+            tracing::warn!(replica = %self.id, error = %e, "could not write the refusals counted");
+        }
     }
 }
 

@@ -110,6 +110,9 @@ pub fn deliver(replica: &mut Replica, message: &[u8]) -> Result<Option<Report>> 
     )));
     Ok(match outcome {
         Outcome::Applied { .. } | Outcome::Duplicate { .. } => replica.ack().map(Report::Applied),
+        // A replay of an older epoch's message: where the replica stands,
+        // said again, shows a server restored behind it where it is.
+        Outcome::Superseded { .. } => standing(replica),
         Outcome::Gap { .. } => replica.gap().map(Report::Gap),
         Outcome::WrongReplica { .. } | Outcome::Forged { .. } => None,
     })

@@ -456,6 +456,11 @@ pub struct Status {
     pub ready: bool,
     /// The last message it applied.
     pub applied: Option<u64>,
+    /// The epoch its chain ends at: that of the last message it applied.
+    pub epoch: Option<magic_sync_core::EpochId>,
+    /// The nonce of the last message it applied: with its number and
+    /// epoch, what the next message must name as the one it follows.
+    pub nonce: Option<Vec<u8>>,
     /// The message that began the snapshot under way, if one is.
     pub snapshot_began: Option<u64>,
     /// The newest message it could not follow, if it is in a gap: it
@@ -465,7 +470,9 @@ pub struct Status {
     /// (see [`super::Replica::refused`] for which and why).
     pub refused: u64,
     /// Messages and answers refused as not its server's (unsigned, or
-    /// signed by a key it does not trust): none applied anything.
+    /// signed by a key it does not trust): none applied anything. Written
+    /// to the file at most every ten seconds: read on a connection of the
+    /// host's own, it may be that far behind.
     pub forged: u64,
     /// Why the last of those was refused.
     pub last_forgery: Option<String>,
@@ -477,6 +484,11 @@ pub struct Status {
     /// server last said; `None` while a snapshot is under way or before the
     /// server said (see [`super::Replica::configuration`]).
     pub configuration: Option<Vec<u8>>,
+    /// Rows the host wrote that the server has not filed yet: not sent,
+    /// sent and not answered, or written again since they were sent. One
+    /// per row however often written; per table, see
+    /// [`super::Replica::progress`].
+    pub unfiled: u64,
 }
 
 /// Where the replica whose file `conn` opens stands.
@@ -487,6 +499,7 @@ pub(crate) fn status(conn: &Connection) -> Result<Status> {
         .prepare_cached("SELECT count(*) FROM _magic_sync_refused WHERE superseded = 0")?
         .query_row([], |r| r.get(0))?;
     let applied = chain.applied.as_ref().map(|a| a.number);
+    let (epoch, nonce) = chain.applied.map(|a| (a.epoch, a.nonce)).unzip();
     let trust = crate::trust::load(conn)?;
     let dropped: i64 = conn
         .prepare_cached("SELECT coalesce((SELECT n FROM _magic_sync_refused_dropped), 0)")?
@@ -501,5 +514,8 @@ pub(crate) fn status(conn: &Connection) -> Result<Status> {
         last_forgery: trust.last_forgery,
         refused_dropped: u64::try_from(dropped).unwrap_or(0),
         configuration: configuration(conn)?,
+        epoch,
+        nonce,
+        unfiled: crate::up::unfiled(conn)?,
     })
 }

@@ -35,12 +35,13 @@
 //! holding bytes cannot be, and is refused when the replica opens.
 
 use crate::engine::Engine;
-use crate::envelope::{Backlog, RowData, TableBacklog, Up, UpRows};
+use crate::envelope::{Backlog, Receipt, RowData, TableBacklog, Up, UpRows};
 use crate::error::{Error, Mismatch, Result};
 use crate::lite;
 use crate::sql::{ident, literal};
 use crate::value::{canonical_key, Kind};
 use magic_sync_core::row::{Mirror, Table};
+use magic_sync_core::EpochId;
 use rand::RngCore;
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::{BTreeMap, HashSet};
@@ -135,7 +136,15 @@ CREATE TABLE IF NOT EXISTS _magic_sync_up_answered (
     id       INTEGER PRIMARY KEY CHECK (id = 1),
     sequence INTEGER NOT NULL
 ) STRICT;
-INSERT OR IGNORE INTO _magic_sync_up_answered (id, sequence) VALUES (1, 0);";
+INSERT OR IGNORE INTO _magic_sync_up_answered (id, sequence) VALUES (1, 0);
+-- The server's receipt for the newest upload it answered in this epoch,
+-- as its answer carried it: given back with every acknowledgement.
+CREATE TABLE IF NOT EXISTS _magic_sync_up_receipt (
+    id       INTEGER PRIMARY KEY CHECK (id = 1),
+    epoch    BLOB NOT NULL,
+    sequence INTEGER NOT NULL,
+    seal     BLOB NOT NULL
+) STRICT;";
 const SENT: &str =
     "INSERT OR REPLACE INTO _magic_sync_up_sends (send_id, sequence) VALUES (?1, ?2)";
 const KEEP_SENDS: &str = "DELETE FROM _magic_sync_up_sends WHERE sequence < ?1 - 3600000000";
@@ -158,7 +167,63 @@ pub(crate) fn answered(conn: &Connection) -> Result<u64> {
 pub(crate) fn new_epoch(conn: &Connection) -> Result<()> {
     conn.prepare_cached("UPDATE _magic_sync_up_answered SET sequence = 0 WHERE id = 1")?
         .execute([])?;
+    conn.prepare_cached("DELETE FROM _magic_sync_up_receipt")?
+        .execute([])?;
     Ok(())
+}
+
+/// The server's receipt for the newest upload it answered in this epoch,
+/// which the replica's acknowledgements carry (`Ack::receipt`).
+pub(crate) fn receipt(conn: &Connection) -> Result<Option<Receipt>> {
+    let kept = conn
+        .prepare_cached("SELECT epoch, sequence, seal FROM _magic_sync_up_receipt WHERE id = 1")?
+        .query_row([], |r| {
+            Ok((
+                r.get::<_, Vec<u8>>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, Vec<u8>>(2)?,
+            ))
+        })
+        .optional()?;
+    Ok(kept.map(|(epoch, sequence, seal)| Receipt {
+        epoch,
+        sequence: sequence.unsigned_abs(),
+        seal,
+    }))
+}
+
+/// Keeps `receipt`, from an answer the server signed, if it is newer than
+/// the one kept: of a later upload in the same epoch, or of an epoch that
+/// does not precede the kept one's.
+pub(crate) fn keep_receipt(conn: &Connection, receipt: &Receipt) -> Result<()> {
+    // The server records sequences as `int8`: one past it is not its.
+    let Ok(sequence) = i64::try_from(receipt.sequence) else {
+        return Ok(());
+    };
+    let newer = match self::receipt(conn)? {
+        None => true,
+        Some(kept) if kept.epoch == receipt.epoch => receipt.sequence > kept.sequence,
+        Some(kept) => !EpochId::from(receipt.epoch.as_slice()).precedes(&kept.epoch.into()),
+    };
+    if newer {
+        conn.prepare_cached(
+            "INSERT INTO _magic_sync_up_receipt (id, epoch, sequence, seal) VALUES (1, ?1, ?2, ?3)
+             ON CONFLICT (id) DO UPDATE SET
+                 epoch = excluded.epoch, sequence = excluded.sequence, seal = excluded.seal",
+        )?
+        .execute(params![receipt.epoch, sequence, receipt.seal])?;
+    }
+    Ok(())
+}
+
+/// Rows the host wrote that the server has not filed yet (not sent, sent
+/// and unanswered, or written since they were sent): one per row, however
+/// often written.
+pub(crate) fn unfiled(conn: &Connection) -> Result<u64> {
+    let n: i64 = conn
+        .prepare_cached("SELECT count(*) FROM _magic_sync_up")?
+        .query_row([], |r| r.get(0))?;
+    Ok(n.unsigned_abs())
 }
 
 const STAMP: &str = "
@@ -497,6 +562,9 @@ pub(crate) fn make(
             tables: tables.into_values().collect(),
             backlog,
             sequence: u64::try_from(sequence).unwrap_or(0),
+            // Answer with a receipt, which the replica's acknowledgements
+            // give back.
+            takes_receipts: true,
             ..Up::default()
         },
         notes: carried,

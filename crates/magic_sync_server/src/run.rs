@@ -7,10 +7,11 @@
 
 use crate::backoff::Backoff;
 use crate::engine::Engine;
-use crate::envelope::Up;
+use crate::envelope::{Ack, Filed, Gap, Receipt, Up};
 use crate::error::{Handling, Result};
 use crate::relay::{Failed, Heard, Relay, Replicas, Settings, Snapshot, Streamed, Transport};
 use crate::session::{Session, SessionSettings};
+use crate::store::epoch::Epoch;
 use crate::store::wake::{self, Doze};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 pub use magic_sync_core::link::Report;
@@ -62,51 +63,40 @@ pub async fn heed<T: Transport>(
 /// the caller to compare where it will ([`crate::relay::Heard::compare`]).
 /// Comparing one reads the replica's whole record, which for a large
 /// replica would hold back every acknowledgement and upload heard after it.
+///
+/// What was said costs round trips by its kind, never by how much of it
+/// came: the uploads are filed together, the acknowledgements judged
+/// together, and of the gaps only each replica's newest counts (it waits
+/// for a snapshot however many it said), all in one statement sent beside
+/// the acknowledgements' read. A replica flooding gaps or acknowledgements
+/// holds back nobody's reports.
 pub async fn hear<T: Transport>(
     client: &mut Client,
     engine: &Engine,
     transport: &T,
     reports: Vec<(ReplicaId, Report)>,
 ) -> Result<(Heeded, Vec<(ReplicaId, Heard)>)> {
-    let mut acks = Vec::new();
-    let mut uploads = Vec::new();
-    let mut digests = Vec::new();
+    let said = Said::sort(transport, reports);
     let mut heeded = Heeded::default();
-    for (replica, report) in reports {
-        match report {
-            Report::Applied(ack) => acks.push((replica, ack)),
-            Report::Gap(gap) => {
-                crate::relay::gap(client, &replica, &gap).await?;
-            }
-            Report::Upload(mut up) => {
-                if let Some(digest) = up.digest.take() {
-                    // The backstop: compared with the record, and the
-                    // replica provisioned again if it drifted.
-                    let heard = Heard {
-                        digest,
-                        applied: up.applied.take(),
-                        refused: std::mem::take(&mut up.refused),
-                    };
-                    digests.push((replica.clone(), heard));
-                }
-                let nothing_to_file =
-                    up.send_id.is_empty() && up.tables.is_empty() && up.backlog.is_none();
-                if nothing_to_file {
-                    continue;
-                }
-                if let Some(up) = within_limit(transport, &replica, up) {
-                    uploads.push((replica, up));
-                }
-            }
-        }
+    if said.acks.is_empty() && said.gaps.is_empty() && said.uploads.is_empty() {
+        return Ok((heeded, said.digests));
     }
-    if !uploads.is_empty() {
-        heeded.filed = file_and_answer(client, engine, transport, &uploads).await?;
+    // The epoch the answers' receipts are made in; the acknowledgements'
+    // read takes it beside the chains otherwise.
+    let mut epoch = None;
+    if !said.uploads.is_empty() {
+        let read = epoch.insert(Epoch::read(&*client).await?);
+        heeded.filed = file_and_answer(client, engine, transport, read, &said.uploads).await?;
     }
+    let client = &*client;
+    let gaps: Vec<(ReplicaId, Gap)> = said.gaps.into_iter().collect();
     let started = Instant::now();
-    let outcomes = crate::relay::acknowledge_all(client, &acks).await?;
-    crate::relay::trace(&format!("heed/acks ({})", acks.len()), started);
-    for ((replica, ack), outcome) in acks.iter().zip(outcomes) {
+    let (_, outcomes) = tokio::try_join!(
+        crate::relay::gaps(client, &gaps),
+        crate::relay::acknowledge(client, epoch.as_ref(), &said.acks)
+    )?;
+    crate::relay::trace(&format!("heed/acks ({})", said.acks.len()), started);
+    for ((replica, ack), outcome) in said.acks.iter().zip(outcomes) {
         match outcome {
             Ok(crate::relay::Acknowledged::Recorded) => {
                 // A recorded number is one the server sealed, so drew: it fits.
@@ -120,7 +110,54 @@ pub async fn hear<T: Transport>(
             }
         }
     }
-    Ok((heeded, digests))
+    Ok((heeded, said.digests))
+}
+
+/// What replicas said, sorted by what the server does with it.
+#[derive(Default)]
+struct Said {
+    acks: Vec<(ReplicaId, Ack)>,
+    /// The newest gap of each replica that said one.
+    gaps: std::collections::BTreeMap<ReplicaId, Gap>,
+    uploads: Vec<(ReplicaId, Up)>,
+    digests: Vec<(ReplicaId, Heard)>,
+}
+
+impl Said {
+    fn sort<T: Transport>(transport: &T, reports: Vec<(ReplicaId, Report)>) -> Said {
+        let mut said = Said::default();
+        for (replica, report) in reports {
+            match report {
+                Report::Applied(ack) => said.acks.push((replica, ack)),
+                Report::Gap(gap) => {
+                    // A replica in a gap waits for a snapshot: its newest
+                    // says all its earlier ones did.
+                    said.gaps.insert(replica, gap);
+                }
+                Report::Upload(mut up) => {
+                    if let Some(digest) = up.digest.take() {
+                        // The backstop: compared with the record, and the
+                        // replica provisioned again if it drifted.
+                        let heard = Heard {
+                            digest,
+                            applied: up.applied.take(),
+                            refused: std::mem::take(&mut up.refused),
+                        };
+                        said.digests.push((replica.clone(), heard));
+                    }
+                    let nothing_to_file =
+                        up.send_id.is_empty() && up.tables.is_empty() && up.backlog.is_none();
+                    if nothing_to_file {
+                        continue;
+                    }
+                    if let Some(up) = within_limit(transport, &replica, up) {
+                        said.uploads.push((replica, up));
+                    }
+                }
+            }
+        }
+        said
+    }
 }
 
 /// `up`, unless it is larger than a message may be: a replica's uplink
@@ -146,12 +183,14 @@ fn within_limit<T: Transport>(transport: &T, replica: &ReplicaId, up: Up) -> Opt
     None
 }
 
-/// Files `uploads` in one transaction, then answers each filed one;
-/// returns how many were filed.
+/// Files `uploads` in one transaction, then answers each filed one, with
+/// its receipt in `epoch` for a replica that takes receipts; returns how
+/// many were filed.
 async fn file_and_answer<T: Transport>(
     client: &mut Client,
     engine: &Engine,
     transport: &T,
+    epoch: &Epoch,
     uploads: &[(ReplicaId, Up)],
 ) -> Result<u64> {
     let started = Instant::now();
@@ -166,13 +205,14 @@ async fn file_and_answer<T: Transport>(
         "file-after-filing"
     )));
     let mut filed = 0;
-    for ((replica, _), filing) in uploads.iter().zip(filings) {
+    for ((replica, up), filing) in uploads.iter().zip(filings) {
         match filing {
             Ok(crate::file::Filing::Filed { answer, .. }) => {
                 // Not carried: the replica sends it again. An upload
                 // that only said its backlog wants no answer.
                 if !answer.send_id.is_empty() {
                     filed += 1;
+                    let answer = receipted(epoch, replica, up, answer);
                     let _ = transport.answer(replica, answer).await;
                 }
             }
@@ -181,6 +221,27 @@ async fn file_and_answer<T: Transport>(
         }
     }
     Ok(filed)
+}
+
+/// `answer`, to `replica`'s upload `up`, as the replica reads it: signed
+/// again with the server's receipt for the upload when the replica takes
+/// receipts (`Up::takes_receipts`), as filing signed it otherwise (a
+/// replica of an earlier build). The receipt carries the sequence as the
+/// filing recorded it (`sync.uploads_answered` is `int8`), so no receipt
+/// the server gives is ever above its own record.
+fn receipted(epoch: &Epoch, replica: &ReplicaId, up: &Up, answer: Filed) -> Filed {
+    if !up.takes_receipts {
+        return answer;
+    }
+    let sequence = i64::try_from(up.sequence)
+        .unwrap_or(i64::MAX)
+        .unsigned_abs();
+    let receipt = Receipt {
+        epoch: epoch.id.to_vec(),
+        sequence,
+        seal: epoch.receipt(replica, sequence).to_vec(),
+    };
+    epoch.signer.answer(replica, answer.send_id, Some(receipt))
 }
 
 /// What [`heed`] recorded.

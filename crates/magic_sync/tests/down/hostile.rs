@@ -145,6 +145,7 @@ async fn a_replica_applies_nothing_its_server_did_not_seal() {
             Ok(Outcome::Duplicate { .. }) => "duplicate",
             Ok(Outcome::Gap { .. }) => "gap",
             Ok(Outcome::WrongReplica { .. }) => "wrong replica",
+            Ok(Outcome::Superseded { .. }) => "superseded",
             Ok(Outcome::Forged { .. }) => "forged",
             Err(magic_sync::replica::Error::Envelope(_)) => "not a message",
             Err(magic_sync::replica::Error::Malformed { .. }) => "malformed",

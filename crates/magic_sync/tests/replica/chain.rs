@@ -35,6 +35,7 @@ fn a_message_applies_and_is_acknowledged_as_it_came() {
         nonce: second.nonce.clone(),
         seal: second.seal.clone(),
         answered: 0,
+        receipt: None,
     };
     assert_eq!(replica.ack(), Some(expected.clone()));
     assert!(

@@ -35,6 +35,9 @@ fn a_replica_is_ready_once_its_first_snapshot_ended_and_says_where_it_stands() {
             last_forgery: None,
             refused_dropped: 0,
             configuration: None,
+            epoch: Some(begin.epoch.clone().into()),
+            nonce: Some(begin.nonce.clone()),
+            unfiled: 0,
         }
     );
     let end = server.end(&["products"]);

@@ -39,6 +39,7 @@ pub use pace::SnapshotPace;
 pub use publish::{publish, publish_beside, Away, RESEND_AFTER};
 pub(crate) use rehearse::{rehearse, Owed};
 pub use rehearse::{Moves, Rehearsal};
+pub(crate) use replies::{acknowledge, gaps};
 pub use replies::{acknowledge_all, gap};
 pub use snapshot::{Failed, Snapshot, Streamed};
 
@@ -206,9 +207,11 @@ pub struct Settings {
     /// it can, or within a budget of rows a second (see [`SnapshotPace`]).
     pub snapshot_pace: SnapshotPace,
     /// A replica is provisioned again at its own request (a gap it
-    /// reports, an acknowledgement the server did not expect) at most once
-    /// this often: one that asks again sooner waits, so a replica cannot
-    /// make the server read its whole share over and over.
+    /// reports, an acknowledgement the server did not expect, a digest
+    /// that differs) at most once this often: one that asks again sooner
+    /// waits, so a replica cannot make the server read its whole share over
+    /// and over. The wait doubles with each such snapshot it asked for
+    /// since it last went an hour without asking, up to an hour.
     pub provision_asked_every: Duration,
     /// The most rows of a table a deployment works through in one pass
     /// (`crate::deploy`). A deployment begins with at most 1,000 rows a
@@ -319,11 +322,16 @@ pub struct Published {
 pub enum Acknowledged {
     /// Recorded: rows carried by this message and before count as held.
     Recorded,
-    /// Of another epoch: the replica is provisioned again.
+    /// Of another epoch, or saying what the server cannot check (that it
+    /// was answered uploads the server has no record of answering, with no
+    /// receipt to show for it): the replica, and it alone, is provisioned
+    /// again.
     Provisioning,
-    /// Of a message the server sealed but has no record of sending: the
-    /// server's database was restored from an older copy. A new epoch
-    /// begins and every replica is provisioned again.
+    /// Showing, under the server's own seal or receipt, what the server has
+    /// no record of: a message beyond what it records sending, a message of
+    /// an epoch it began after its own, an answer beyond what it records
+    /// answering. The server's database was restored from an older copy. A
+    /// new epoch begins and every replica is provisioned again.
     ServerRestored,
     /// Of an earlier message than the replica said before: it was restored
     /// from an older copy, and is provisioned again with its filing state

@@ -1,14 +1,25 @@
 //! What replicas say back: the last message each applied, and the gaps
 //! they wait in. The replica is always the one the transport authenticated,
 //! never one a message names.
+//!
+//! **Nothing one replica says moves another.** What a replica reports can
+//! change only what is that replica's: its acknowledgement, its own
+//! provisioning. The one thing done for the whole fleet, a new epoch with
+//! every replica provisioned again, follows only from what the server can
+//! check was its own: a seal it made (an acknowledgement of a message
+//! beyond its record, or of an epoch after its own) or a receipt it made
+//! (an answer beyond its record). A number a replica merely claims
+//! (`Ack::answered` without a receipt, a gap's number, a digest) has at
+//! most that replica provisioned again, at the pace its own asking earns
+//! (`store::snapshots::begin`).
 
 use super::outbox::Epoch;
 use super::Acknowledged;
-use crate::envelope::{Ack, Gap};
+use crate::envelope::{Ack, Gap, Receipt};
 use crate::error::{Error, Result};
 use crate::seal;
 use crate::store;
-use magic_sync_core::{MessageNo, ReplicaId};
+use magic_sync_core::{EpochId, MessageNo, ReplicaId};
 use std::collections::HashMap;
 use tokio_postgres::Client;
 
@@ -19,11 +30,14 @@ use tokio_postgres::Client;
 /// of its own ([`Error::Forged`]), changes nothing and holds back no
 /// other. An acknowledgement of another epoch, or behind what the replica
 /// said before (it was restored from an older copy), has the replica
-/// provisioned again. One of a message beyond any the server records
-/// sending a replica it keeps up, or saying it was answered an upload
-/// newer than any the server records answering it
-/// (`sync.uploads_answered`), means the server's database was restored
-/// from an older copy: a new epoch begins, and every replica is
+/// provisioned again; so has one saying it was answered an upload newer
+/// than any the server records answering it (`sync.uploads_answered`)
+/// with no receipt to show for it. The server's database was restored
+/// from an older copy when an acknowledgement shows, under the server's
+/// own seal, a message beyond any the server records sending a replica it
+/// keeps up, or a message of an epoch this installation began after the
+/// one it is in; or shows, under the server's own receipt, an answer
+/// beyond its record: a new epoch begins, and every replica is
 /// provisioned again (and sends up again what it wrote, which the copy
 /// may have forgotten).
 ///
@@ -36,26 +50,60 @@ pub async fn acknowledge_all(
     client: &Client,
     acks: &[(ReplicaId, Ack)],
 ) -> Result<Vec<Result<Acknowledged>>> {
+    acknowledge(client, None, acks).await
+}
+
+/// [`acknowledge_all`], in `epoch` when the caller read it already, else
+/// reading it beside the replicas' chains (one round trip).
+pub(crate) async fn acknowledge(
+    client: &Client,
+    epoch: Option<&Epoch>,
+    acks: &[(ReplicaId, Ack)],
+) -> Result<Vec<Result<Acknowledged>>> {
     if acks.is_empty() {
         return Ok(Vec::new());
     }
-    let (epoch, mut known) = chains(client, acks).await?;
+    let read;
+    let (epoch, known) = match epoch {
+        Some(epoch) => (epoch, chains(client, acks).await?),
+        None => {
+            let (epoch, known) = tokio::try_join!(Epoch::read(client), chains(client, acks))?;
+            read = epoch;
+            (&read, known)
+        }
+    };
+    judge_all(client, epoch, acks, known).await
+}
+
+/// Judges `acks` against the chains `known`, then records what counted and
+/// acts on it.
+async fn judge_all(
+    client: &Client,
+    epoch: &Epoch,
+    acks: &[(ReplicaId, Ack)],
+    mut known: HashMap<ReplicaId, Chain>,
+) -> Result<Vec<Result<Acknowledged>>> {
     let mut again: Vec<&str> = Vec::new();
     let mut restored: Vec<&str> = Vec::new();
+    // The newest generation of an epoch this installation began and its
+    // database forgot: the next epoch comes after it.
+    let mut seen: Option<u64> = None;
     let mut outcomes = Vec::with_capacity(acks.len());
     for (replica, ack) in acks {
         let outcome = match known.get_mut(replica) {
             None => Ok(Acknowledged::Unknown),
-            Some(chain) => judge(&epoch, replica, ack, chain),
+            Some(chain) => judge(epoch, replica, ack, chain),
         };
-        if matches!(
-            outcome,
-            Ok(Acknowledged::Provisioning | Acknowledged::Restored)
-        ) {
-            again.push(replica.as_str());
-        }
-        if matches!(outcome, Ok(Acknowledged::Restored)) {
-            restored.push(replica.as_str());
+        match outcome {
+            Ok(Acknowledged::Provisioning) => again.push(replica.as_str()),
+            Ok(Acknowledged::Restored) => {
+                again.push(replica.as_str());
+                restored.push(replica.as_str());
+            }
+            Ok(Acknowledged::ServerRestored) if ack.epoch != epoch.id => {
+                seen = seen.max(EpochId::from(ack.epoch.as_slice()).generation());
+            }
+            _ => {}
         }
         outcomes.push(outcome);
     }
@@ -63,13 +111,13 @@ pub async fn acknowledge_all(
         .iter()
         .any(|o| matches!(o, Ok(Acknowledged::ServerRestored)))
     {
-        new_epoch(client).await?;
+        new_epoch(client, epoch, seen).await?;
     }
-    let (recorded, numbers): (Vec<&str>, Vec<i64>) = acks
+    // Each replica once, at the newest number it acknowledged.
+    let (recorded, numbers): (Vec<&str>, Vec<i64>) = known
         .iter()
-        .zip(&outcomes)
-        .filter(|(_, o)| matches!(o, Ok(Acknowledged::Recorded)))
-        .map(|((r, _), _)| (r.as_str(), known[r].acked))
+        .filter(|(_, chain)| chain.recorded)
+        .map(|(replica, chain)| (replica.as_str(), chain.acked))
         .unzip();
     store::acks::record(client, &recorded, &numbers, &again, &restored).await?;
     Ok(outcomes)
@@ -78,14 +126,13 @@ pub async fn acknowledge_all(
 /// Per live replica among those acknowledging: the last number the server
 /// sent it (any number drawn, while its snapshot streams), the last it
 /// acknowledged, whether it is kept up, and the newest upload the server
-/// answered it; with the epoch, in one round trip.
-async fn chains(
-    client: &Client,
-    acks: &[(ReplicaId, Ack)],
-) -> Result<(Epoch, HashMap<ReplicaId, Chain>)> {
-    let ids: Vec<&str> = acks.iter().map(|(r, _)| r.as_str()).collect();
-    let (epoch, rows) = tokio::try_join!(Epoch::read(client), store::acks::chains(client, &ids))?;
-    let known = rows
+/// answered it, in one round trip.
+async fn chains(client: &Client, acks: &[(ReplicaId, Ack)]) -> Result<HashMap<ReplicaId, Chain>> {
+    // Each once, however often it said where it stands.
+    let ids: std::collections::BTreeSet<&str> = acks.iter().map(|(r, _)| r.as_str()).collect();
+    let ids: Vec<&str> = ids.into_iter().collect();
+    let rows = store::acks::chains(client, &ids).await?;
+    Ok(rows
         .into_iter()
         .map(|r| {
             let chain = Chain {
@@ -93,11 +140,11 @@ async fn chains(
                 acked: r.acked,
                 kept_up: r.kept_up,
                 answered: u64::try_from(r.answered).unwrap_or(0),
+                recorded: false,
             };
             (ReplicaId::from(r.id), chain)
         })
-        .collect();
-    Ok((epoch, known))
+        .collect())
 }
 
 /// What the server records of a replica's chain, for judging what it says.
@@ -111,19 +158,15 @@ struct Chain {
     kept_up: bool,
     /// The newest upload of its the server answered as filed.
     answered: u64,
+    /// An acknowledgement of it was recorded: `acked` is to be written.
+    recorded: bool,
 }
 
 /// What one acknowledgement by `replica` comes to, against its chain (the
 /// last number sent, the last acknowledged), which a recorded one moves.
 fn judge(epoch: &Epoch, replica: &ReplicaId, ack: &Ack, chain: &mut Chain) -> Result<Acknowledged> {
-    let Chain {
-        last,
-        acked,
-        kept_up,
-        answered,
-    } = chain;
     if ack.epoch != epoch.id {
-        return Ok(Acknowledged::Provisioning);
+        return Ok(of_another_epoch(epoch, replica, ack));
     }
     let forged = || Error::Forged {
         replica: replica.clone(),
@@ -146,40 +189,84 @@ fn judge(epoch: &Epoch, replica: &ReplicaId, ack: &Ack, chain: &mut Chain) -> Re
     let number = MessageNo::from_wire(ack.number)
         .map_err(|_| forged())?
         .store();
-    if number < *acked {
+    if number < chain.acked {
         // Sealed by this server, but behind what the replica said before:
         // the replica was restored from an older copy.
         return Ok(Acknowledged::Restored);
     }
-    if number > *last {
+    if number > chain.last {
         // Sealed by this server, but beyond the chain it records. For a
         // replica waiting for a snapshot, that is one an attempt that
         // failed sent it; for one kept up, the server's database was
         // restored from an older copy.
-        return Ok(match kept_up {
+        return Ok(match chain.kept_up {
             true => Acknowledged::ServerRestored,
             false => Acknowledged::Provisioning,
         });
     }
-    if ack.answered > *answered {
-        // It was answered an upload this server records no answer to: the
-        // server answered it, then its database went back to a copy from
-        // before, and forgot the filing.
-        return Ok(Acknowledged::ServerRestored);
+    match &ack.receipt {
+        // It was answered an upload this server records no answer to, and
+        // shows the server's own receipt for it: the server answered it,
+        // then its database went back to a copy from before, and forgot
+        // the filing.
+        Some(receipt) if forgot(epoch, replica, receipt, chain.answered) => {
+            return Ok(Acknowledged::ServerRestored);
+        }
+        Some(_) => {}
+        // A replica of an earlier build says it was answered more than the
+        // record holds, with nothing to show for it: provisioned again, it
+        // sends up what it wrote; nobody else is.
+        None if ack.answered > chain.answered => return Ok(Acknowledged::Provisioning),
+        None => {}
     }
-    *acked = number;
+    chain.acked = number;
+    chain.recorded = true;
     Ok(Acknowledged::Recorded)
+}
+
+/// An acknowledgement of an epoch other than the server's: the replica is
+/// provisioned again. Unless the epoch is one this installation began
+/// after the one it is in, which a seal made under that epoch's secret
+/// shows: the database went back to a copy from before it began that
+/// epoch, and the server was restored.
+fn of_another_epoch(epoch: &Epoch, replica: &str, ack: &Ack) -> Acknowledged {
+    let theirs = EpochId::from(ack.epoch.as_slice());
+    let sealed = epoch.id.precedes(&theirs)
+        && epoch.secret_of(&theirs).is_some_and(|secret| {
+            seal::verify(&secret, replica, &theirs, ack.number, &ack.nonce, &ack.seal)
+        });
+    match sealed {
+        true => Acknowledged::ServerRestored,
+        false => Acknowledged::Provisioning,
+    }
+}
+
+/// Whether `receipt`, which `replica` gave back, is one this server made in
+/// this epoch for an upload newer than any it records answering it.
+fn forgot(epoch: &Epoch, replica: &str, receipt: &Receipt, answered: u64) -> bool {
+    receipt.epoch == epoch.id.as_bytes()
+        && receipt.sequence > answered
+        && seal::verify_receipt(
+            &epoch.secret,
+            replica,
+            &epoch.id,
+            receipt.sequence,
+            &receipt.seal,
+        )
 }
 
 /// The server's database was restored from an older copy: what it records
 /// of every replica is older than what the replicas hold. A new epoch
 /// begins (a new id and secret, so no message sealed before it is believed
-/// again) and every live replica is provisioned again, at once.
-async fn new_epoch(client: &Client) -> Result<()> {
-    store::epoch::begin_new(client).await?;
+/// again; of a generation after `seen`, the newest the replicas showed)
+/// and every live replica is provisioned again, at once.
+async fn new_epoch(client: &Client, epoch: &Epoch, seen: Option<u64>) -> Result<()> {
+    let began = store::epoch::begin_new(client, epoch, seen).await?;
     tracing::error!(
-        "a replica applied a message this server has no record of sending: its database was \
-         restored from an older copy; a new epoch begins and every replica is provisioned again"
+        epoch = %began,
+        "a replica showed, under the server's own seal or receipt, what this server has no \
+         record of: its database was restored from an older copy; a new epoch begins and every \
+         replica is provisioned again"
     );
     metrics::counter!("magic_sync_server_restores_total").increment(1);
     Ok(())
@@ -189,9 +276,25 @@ async fn new_epoch(client: &Client) -> Result<()> {
 /// snapshot: it is provisioned again, unless a snapshot that began after
 /// that message is already on its way. Returns whether it will be.
 pub async fn gap(client: &Client, replica: &str, gap: &Gap) -> Result<bool> {
-    let epoch = Epoch::read(client).await?;
-    // Beyond any number drawn: no snapshot began after it.
-    let number = MessageNo::from_wire(gap.number).map_or(i64::MAX, MessageNo::store);
-    let same_epoch = gap.epoch == epoch.id;
-    store::replicas::provision_after_gap(client, replica, same_epoch, number).await
+    let said = [(ReplicaId::from(replica), gap.clone())];
+    Ok(!gaps(client, &said).await?.is_empty())
+}
+
+/// [`gap`] for many replicas in one statement, each once (the caller keeps
+/// the newest gap of each): what a flood of gaps costs is one round trip,
+/// however many came. Returns the replicas that will be provisioned again.
+pub(crate) async fn gaps(client: &Client, gaps: &[(ReplicaId, Gap)]) -> Result<Vec<String>> {
+    if gaps.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut ids = Vec::with_capacity(gaps.len());
+    let mut epochs = Vec::with_capacity(gaps.len());
+    let mut numbers = Vec::with_capacity(gaps.len());
+    for (replica, gap) in gaps {
+        ids.push(replica.as_str());
+        epochs.push(gap.epoch.as_slice());
+        // Beyond any number drawn: no snapshot began after it.
+        numbers.push(MessageNo::from_wire(gap.number).map_or(i64::MAX, MessageNo::store));
+    }
+    store::replicas::provision_after_gaps(client, &ids, &epochs, &numbers).await
 }

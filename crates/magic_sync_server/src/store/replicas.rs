@@ -193,22 +193,31 @@ pub(crate) fn told(replicas: &[String], what: Told, print: &[u8]) -> String {
     )
 }
 
-/// Has `replica`, which could not follow a message numbered `number`,
-/// provisioned again, unless a snapshot that began after that message (of
-/// this epoch, when `same_epoch`) is already on its way. Returns whether
-/// it will be.
-pub(crate) async fn provision_after_gap(
+/// Has each of `replicas`, which could not follow the message numbered
+/// beside it in `numbers` of the epoch beside it in `epochs`, provisioned
+/// again, unless a snapshot that began after that message (of the
+/// installation's epoch) is already on its way: one statement for all of
+/// them. A replica already waiting for a snapshot keeps waiting as it was:
+/// one the server is to provision for its own reasons (a new epoch) is not
+/// held back to the pace of a replica's asking. Returns those that will be
+/// provisioned again.
+pub(crate) async fn provision_after_gaps(
     client: &impl GenericClient,
-    replica: &str,
-    same_epoch: bool,
-    number: i64,
-) -> Result<bool> {
-    let changed = client
-        .execute(
-            "UPDATE sync.replicas SET provision = true, provision_asked = true
-             WHERE id = $1 AND live AND NOT ($2 AND snapshot_number > $3)",
-            &[&replica, &same_epoch, &number],
+    replicas: &[&str],
+    epochs: &[&[u8]],
+    numbers: &[i64],
+) -> Result<Vec<String>> {
+    let rows = client
+        .query(
+            "UPDATE sync.replicas r SET provision = true,
+                 provision_asked = r.provision_asked OR NOT r.provision
+             FROM unnest($1::text[], $2::bytea[], $3::int8[]) AS g (id, epoch, number),
+                  sync.epoch e
+             WHERE r.id = g.id AND r.live
+               AND NOT (g.epoch = e.id AND r.snapshot_number > g.number)
+             RETURNING r.id",
+            &[&replicas, &epochs, &numbers],
         )
         .await?;
-    Ok(changed > 0)
+    Ok(rows.iter().map(|r| r.get(0)).collect())
 }

@@ -28,11 +28,21 @@ pub(crate) struct Begun {
     pub first: i64,
 }
 
+/// The longest a replica that keeps asking to be provisioned again waits
+/// between such snapshots; and how long it must go without asking for its
+/// waits to start again from `Settings::provision_asked_every`.
+pub(crate) const ASKED_LONGEST: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// Records `replica` as streaming under `attempt`, and drops what it was
 /// recorded holding and owed: the snapshot replaces them. Only while the
 /// connection holds the advisory lock `lock` (a relay that lost it begins
-/// nothing), and only for a replica still waiting, not one that asked for a
-/// snapshot again within `asked_every`. `None` when it does not wait.
+/// nothing), and only for a replica still waiting. One waiting at its own
+/// asking (a gap, an acknowledgement the server cannot take, a digest that
+/// differs) waits from the last such snapshot `asked_every`, doubled for
+/// each it asked for since it last went [`ASKED_LONGEST`] without asking,
+/// up to that: the pace is the relay's, kept in the record, so neither a
+/// reconnection nor another transport starts it afresh. `None` when it
+/// does not wait, or not yet.
 pub(crate) async fn begin(
     tx: &Transaction<'_>,
     replica: &str,
@@ -46,14 +56,26 @@ pub(crate) async fn begin(
                  snapshot_attempt = $2, snapshot_began_at = now(),
                  snapshot_number = nextval('sync.message_seq'),
                  asked_at = CASE WHEN provision_asked THEN now() ELSE asked_at END,
+                 asked_times = CASE
+                     WHEN NOT provision_asked THEN asked_times
+                     WHEN asked_at IS NULL OR asked_at <= now() - $5::float8 * interval '1 second' THEN 1
+                     ELSE least(asked_times + 1, 64) END,
                  provision_asked = false
              WHERE id = $1 AND live AND provision AND snapshot_attempt IS NULL
-               AND NOT (provision_asked AND coalesce(asked_at > now() - $4::float8 * interval '1 second', false))
+               AND NOT (provision_asked AND coalesce(asked_at > now()
+                   - least($5::float8, $4::float8 * power(2, least(greatest(asked_times - 1, 0), 32)))
+                     * interval '1 second', false))
                AND EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
                            AND pid = pg_backend_pid() AND granted
                            AND ((classid::int8 << 32) | objid::int8) = $3)
              RETURNING partition_id, last_number, last_nonce, snapshot_number",
-            &[&replica, &attempt, &lock, &asked_every.as_secs_f64()],
+            &[
+                &replica,
+                &attempt,
+                &lock,
+                &asked_every.as_secs_f64(),
+                &ASKED_LONGEST.as_secs_f64(),
+            ],
         )
         .await?;
     let Some(row) = row else {

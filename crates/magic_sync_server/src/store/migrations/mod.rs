@@ -40,6 +40,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (31, include_str!("031_bodies_freed.sql")),
     (32, include_str!("032_broker_keys.sql")),
     (33, include_str!("033_sealed_seeds.sql")),
+    (34, include_str!("034_ordered_epochs.sql")),
 ];
 
 /// The version this build brings the schema to.
