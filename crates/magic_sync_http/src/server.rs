@@ -141,6 +141,10 @@ struct Peer {
     room: Arc<Notify>,
     /// When its last connection was lost, if it had one and has none now.
     lost_at: Option<std::time::Instant>,
+    /// Until when what its connections read is paid for ([`Pace`]): kept
+    /// across connections, so a replica that connects again does not
+    /// start a fresh burst.
+    paid_at: Option<tokio::time::Instant>,
 }
 
 impl Peer {
@@ -224,8 +228,17 @@ impl Hub {
         ids
     }
 
-    /// Bytes of what replicas said that the relay has not taken yet: all of
-    /// them, and `replica`'s.
+    /// Until when what `replica`'s connections read is paid for at its
+    /// pace (`max_bytes_per_second`): the hub reads it no further before
+    /// then, whichever connection it comes on. `None` before it read any.
+    pub fn paid_until(&self, replica: &str) -> Option<std::time::Instant> {
+        self.inner
+            .paid_at(replica)
+            .map(tokio::time::Instant::into_std)
+    }
+
+    /// Bytes of what replicas said that the relay has not taken yet (as
+    /// they take decoded): all of them, and `replica`'s.
     pub fn queued(&self, replica: &str) -> (usize, usize) {
         let queue = self
             .inner
@@ -301,6 +314,19 @@ impl Inner {
         // next have tried it.
         self.reported.notify_waiters();
         generation
+    }
+
+    /// Until when what `replica`'s connections read is paid for, if it
+    /// read anything since the hub last forgot it.
+    fn paid_at(&self, replica: &str) -> Option<tokio::time::Instant> {
+        self.peers().get(replica).and_then(|p| p.paid_at)
+    }
+
+    /// Records that what `replica` read is paid for until `at`.
+    fn paid(&self, replica: &str, at: tokio::time::Instant) {
+        if let Some(peer) = self.peers().get_mut(replica) {
+            peer.paid_at = Some(peer.paid_at.map_or(at, |p| p.max(at)));
+        }
     }
 
     fn detach(self: &Arc<Self>, replica: &str, generation: u64) {
@@ -982,6 +1008,9 @@ async fn replica_connection(
         inner.settings.max_bytes_per_second,
         inner.settings.max_message_bytes,
     );
+    if let Some(paid_at) = inner.paid_at(&replica) {
+        pace.paid_at = pace.paid_at.max(paid_at);
+    }
     let bounds = UpBounds::of_messages(inner.settings.max_message_bytes);
     let reader = async {
         loop {
@@ -998,6 +1027,7 @@ async fn replica_connection(
                 Message::Binary(bytes) => match bounded_decode(&bytes, &bounds) {
                     Ok(Bounded { up, decoded_bytes }) => {
                         inner.hear(&replica, up, decoded_bytes).await;
+                        inner.paid(&replica, pace.owe(bytes.len()));
                         pace.after(bytes.len()).await;
                     }
                     Err(Refusal::Malformed(e)) => {
@@ -1065,14 +1095,18 @@ impl Pace {
         }
     }
 
+    /// Until when `bytes` more read are paid for.
+    fn owe(&self, bytes: usize) -> tokio::time::Instant {
+        let now = tokio::time::Instant::now();
+        let floor = now.checked_sub(self.burst).unwrap_or(now);
+        self.paid_at.max(floor) + Duration::from_secs_f64(bytes as f64 * self.per_byte)
+    }
+
     /// Counts `bytes` read, and waits while the replica is ahead of its
     /// pace by more than the burst.
     async fn after(&mut self, bytes: usize) {
-        let now = tokio::time::Instant::now();
-        let floor = now.checked_sub(self.burst).unwrap_or(now);
-        self.paid_at =
-            self.paid_at.max(floor) + Duration::from_secs_f64(bytes as f64 * self.per_byte);
-        if self.paid_at > now {
+        self.paid_at = self.owe(bytes);
+        if self.paid_at > tokio::time::Instant::now() {
             tokio::time::sleep_until(self.paid_at).await;
         }
     }

@@ -244,3 +244,63 @@ async fn a_frame_of_empty_entries_is_refused_before_it_is_decoded_and_the_others
     .await;
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_replica_that_connects_again_is_read_at_the_pace_it_left_off_at() {
+    // 16 KiB a second: one frame of 64 KiB is four seconds of reading.
+    let server = alone(
+        Settings {
+            max_bytes_per_second: 16 << 10,
+            max_message_bytes: 64 << 10,
+            idle_timeout: Duration::from_secs(60),
+            ..hub_settings()
+        },
+        &["t1"],
+    )
+    .await;
+    let (hub, url, secret) = (
+        server.hub.clone(),
+        server.url.clone(),
+        server.secrets[0].clone(),
+    );
+    let mut first = raw(&url, "t1", &secret).await.unwrap();
+    first
+        .send(Message::Binary(up_of(60 << 10).into()))
+        .await
+        .unwrap();
+    until(
+        "the first frame to be read",
+        Duration::from_secs(30),
+        async || hub.queued("t1").1 > 0,
+    )
+    .await;
+    let paid = hub.paid_until("t1").expect("what it read is counted");
+    let heard_first = hub.queued("t1").1;
+    // Gone and back at once: the new connection owes what the old one read.
+    drop(first);
+    let mut again = raw(&url, "t1", &secret).await.unwrap();
+    for _ in 0..2 {
+        again
+            .send(Message::Binary(up_of(100).into()))
+            .await
+            .unwrap();
+    }
+    until(
+        "the second frame to be read",
+        Duration::from_secs(30),
+        async || hub.queued("t1").1 > heard_first,
+    )
+    .await;
+    let each = hub.queued("t1").1 - heard_first;
+    until(
+        "the third frame to be read",
+        Duration::from_secs(30),
+        async || hub.queued("t1").1 >= heard_first + 2 * each,
+    )
+    .await;
+    assert!(
+        std::time::Instant::now() >= paid,
+        "a frame after the first two was read before what the first connection read was paid for"
+    );
+    server.stop().await;
+}
