@@ -35,9 +35,8 @@ use crate::link::MAX_UPLOAD_ROWS;
 use prost::Message as _;
 use std::mem::size_of;
 
-/// Refusals a replica keeps on record, and so says in one digest, at most.
-/// The replica's own bound (`magic_sync_replica::MAX_REFUSED`) is the same
-/// number.
+/// Refusals a replica keeps on record, and so says in one digest, at most
+/// (`magic_sync_replica::MAX_REFUSED` is taken from it).
 pub const MAX_REFUSED: usize = 10_000;
 
 /// Tables one list of an `Up` names at most: the tables of rows of an
@@ -237,6 +236,25 @@ pub fn count_up(encoded: &[u8]) -> Result<Counts, Refusal> {
     }
     Ok(counts)
 }
+
+/// The endorsements the `Filed` answers in the encoded `FromServer`
+/// `frame` carry, counted without decoding it (a replica decodes an answer
+/// before it checks its signature, and an empty endorsement is two bytes
+/// sent and tens held).
+pub fn count_filed_endorsements(frame: &[u8]) -> Result<usize, Refusal> {
+    let mut n = 0;
+    let mut fields = Fields::new(frame);
+    while let Some((number, value)) = fields.next_field()? {
+        if let (FROM_SERVER_FILED, Value::Bytes(filed)) = (number, value) {
+            n += count(filed, FILED_ENDORSEMENTS)?;
+        }
+    }
+    Ok(n)
+}
+
+/// `FromServer.filed`, and `Filed.endorsements`.
+const FROM_SERVER_FILED: u32 = 2;
+const FILED_ENDORSEMENTS: u32 = 3;
 
 // Field numbers of the wire contract (`proto/magic_sync.proto`) that hold
 // lists.

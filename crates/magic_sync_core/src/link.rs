@@ -103,8 +103,20 @@ pub enum Delivery {
 
 impl Delivery {
     /// What a `FromServer` frame carries: a message or an answer, or
-    /// nothing (an empty frame, from a newer server).
+    /// nothing (an empty frame, from a newer server). An answer carrying
+    /// more endorsements than any server makes is refused before it is
+    /// decoded: its signature is checked only after, and what it would
+    /// take decoded is many times what it takes on the wire.
     pub fn decode(frame: &[u8]) -> Result<Option<Delivery>, prost::DecodeError> {
+        let endorsements = crate::bounds::count_filed_endorsements(frame)
+            .map_err(|e| prost::DecodeError::new(e.to_string()))?;
+        if endorsements > crate::sign::MAX_ENDORSEMENTS {
+            return Err(prost::DecodeError::new(format!(
+                "an answer carrying {endorsements} endorsements, more than any server makes ({}): \
+                 refused before decoding",
+                crate::sign::MAX_ENDORSEMENTS
+            )));
+        }
         Ok(match FromServer::decode(frame)?.body {
             Some(from_server::Body::Message(m)) => Some(Delivery::Message(m)),
             Some(from_server::Body::Filed(f)) => Some(Delivery::Filed(f)),
@@ -179,5 +191,27 @@ mod tests {
         );
         assert_eq!(Delivery::decode(&[]).unwrap(), None);
         assert!(Delivery::decode(&[0xff, 0xff]).is_err());
+    }
+
+    #[test]
+    fn an_answer_of_more_endorsements_than_any_server_makes_is_refused_undecoded() {
+        use crate::envelope::Endorsement;
+        let answer = |n: usize| {
+            filed_frame(Filed {
+                send_id: vec![5; 16],
+                endorsements: vec![Endorsement::default(); n],
+                ..Filed::default()
+            })
+        };
+        let most = crate::sign::MAX_ENDORSEMENTS;
+        assert!(matches!(
+            Delivery::decode(&answer(most)),
+            Ok(Some(Delivery::Filed(f))) if f.endorsements.len() == most
+        ));
+        // A million empty ones: two bytes each on the wire.
+        let flood = answer(1_000_000);
+        assert!(flood.len() < 3 << 20);
+        let why = Delivery::decode(&flood).unwrap_err().to_string();
+        assert!(why.contains("1000000 endorsements"), "{why}");
     }
 }

@@ -337,7 +337,8 @@ pub(crate) struct Refusal<'a> {
 /// counted ([`Status::refused_dropped`]). Every message the replica applies
 /// reads them, so their number is bounded; the server's comparison of
 /// digests still finds what a dropped refusal was about.
-pub const MAX_REFUSED: i64 = 10_000;
+/// The server's bound on what one report may carry is the same number.
+pub const MAX_REFUSED: i64 = magic_sync_core::bounds::MAX_REFUSED as i64;
 
 const DROP_OLDEST_REFUSED: &str = "
 DELETE FROM _magic_sync_refused WHERE rowid IN (
