@@ -23,6 +23,7 @@ pub mod envelope;
 pub mod error;
 pub mod ids;
 pub mod link;
+pub mod logbook;
 pub mod pack;
 pub mod row;
 pub mod schema;

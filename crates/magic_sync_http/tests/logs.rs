@@ -40,7 +40,9 @@ impl tracing::Subscriber for Counting {
     fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
     fn event(&self, event: &tracing::Event<'_>) {
         let meta = event.metadata();
-        if !meta.target().starts_with("magic_sync_http") {
+        if !meta.target().starts_with("magic_sync_http")
+            && !meta.target().starts_with("magic_sync_server")
+        {
             return;
         }
         let mut said = Said(String::new());
@@ -125,5 +127,64 @@ async fn each_kind_of_wrong_is_logged_once_then_counted_whatever_the_addresses()
             said.len()
         );
     }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_logs_forged_acknowledgements_a_line_a_minute() {
+    use futures_util::SinkExt;
+    use prost::Message as _;
+    lines();
+    let mut server = server(&["t2"], hub_settings(), Security::Plain).await;
+    let epoch: Vec<u8> = server
+        .client
+        .query_one("SELECT id FROM sync.epoch", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // The server's epoch, a seal it never made: refused, and the
+    // connection closed for it; the till comes back and says it again.
+    let forged = magic_sync::envelope::Up {
+        applied: Some(magic_sync::envelope::Ack {
+            epoch,
+            number: 1,
+            nonce: vec![1; 16],
+            seal: vec![2; 32],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let secret = server.secrets["t2"].clone();
+    // Once the relay knows the till: before, an acknowledgement of it
+    // names nobody.
+    let client = &server.client;
+    until(
+        "the relay to know t2",
+        std::time::Duration::from_secs(30),
+        async || {
+            client
+                .query_opt("SELECT 1 FROM sync.replicas WHERE id = 't2'", &[])
+                .await
+                .unwrap()
+                .is_some()
+        },
+    )
+    .await;
+    for _ in 0..TIMES / 3 {
+        let mut ws = raw(&server.url, "t2", &secret).await.unwrap();
+        ws.send(tokio_tungstenite::tungstenite::Message::Binary(
+            forged.clone().into(),
+        ))
+        .await
+        .unwrap();
+        reading(ws).closed().await;
+    }
+    let said = warned("acknowledgement refused");
+    assert!(
+        !said.is_empty() && said.len() <= 2,
+        "{} lines: {said:#?}",
+        said.len()
+    );
     server.stop().await;
 }

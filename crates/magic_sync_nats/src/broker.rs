@@ -605,7 +605,9 @@ async fn consume(inner: Arc<Inner>, mut ready: Option<consumer::PullConsumer>) {
                 .and_then(|t| t.strip_prefix('.'))
                 .and_then(replica_of)
             else {
-                tracing::warn!(subject = %message.subject, "a report on a subject that names no replica is dropped");
+                LOGBOOK.log(Logged::NoReplica, |more| {
+                    tracing::warn!(subject = %message.subject, "a report on a subject that names no replica is dropped{more}")
+                });
                 let _ = acker.ack_with(AckKind::Term).await;
                 continue;
             };
@@ -622,7 +624,9 @@ async fn consume(inner: Arc<Inner>, mut ready: Option<consumer::PullConsumer>) {
                         .await;
                 }
                 Err(e) => {
-                    tracing::warn!(replica = %replica, error = %e, "a report refused unheard");
+                    LOGBOOK.log(Logged::Unheard, |more| {
+                        tracing::warn!(replica = %replica, error = %e, "a report refused unheard{more}")
+                    });
                     let _ = acker.ack_with(AckKind::Term).await;
                 }
             }
@@ -653,9 +657,23 @@ impl Transport for Broker {
     /// The broker cannot close one replica's connection; what it said was
     /// refused, and this says so where an operator looks.
     fn misbehaved(&self, replica: &ReplicaId, why: &str) {
-        tracing::warn!(replica = %replica, why, "a replica misbehaved; what it said was refused");
+        LOGBOOK.log(Logged::Misbehaved, |more| {
+            tracing::warn!(replica = %replica, why, "a replica misbehaved; what it said was refused{more}")
+        });
     }
 }
+
+/// What replicas do wrong, logged a line a minute per kind however many do
+/// it (a replica can publish the same wrong thing as fast as it likes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Logged {
+    NoReplica,
+    Unheard,
+    Misbehaved,
+}
+
+static LOGBOOK: std::sync::LazyLock<magic_sync::core::logbook::Logbook<Logged>> =
+    std::sync::LazyLock::new(Default::default);
 
 impl Reports for Broker {
     fn drain(&self) -> Vec<(ReplicaId, Report)> {

@@ -105,7 +105,9 @@ pub async fn hear<T: Transport>(
             }
             Ok(_) => {}
             Err(e) => {
-                tracing::warn!(replica = %replica, error = %e, "acknowledgement refused");
+                LOGBOOK.log(Logged::AckRefused, |more| {
+                    tracing::warn!(replica = %replica, error = %e, "acknowledgement refused{more}")
+                });
                 transport.misbehaved(replica, &e.to_string());
             }
         }
@@ -178,10 +180,28 @@ fn within_limit<T: Transport>(transport: &T, replica: &ReplicaId, up: Up) -> Opt
             transport.max_message_bytes()
         )
     };
-    tracing::warn!(replica = %replica, "{why}");
+    LOGBOOK.log(
+        Logged::Oversized,
+        |more| tracing::warn!(replica = %replica, "{why}{more}"),
+    );
     transport.misbehaved(replica, &why);
     None
 }
+
+/// What replicas do wrong, logged a line a minute per kind however many
+/// do it (a replica can say the same wrong thing as fast as it is read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Logged {
+    /// An acknowledgement under no seal of the server's.
+    AckRefused,
+    /// An upload larger than a message, or of more rows than one carries.
+    Oversized,
+    /// An upload that could not be filed.
+    NotFiled,
+}
+
+static LOGBOOK: std::sync::LazyLock<magic_sync_core::logbook::Logbook<Logged>> =
+    std::sync::LazyLock::new(Default::default);
 
 /// Files `uploads` in one transaction, then answers each filed one, with
 /// its receipt in `epoch` for a replica that takes receipts; returns how
@@ -217,7 +237,9 @@ async fn file_and_answer<T: Transport>(
                 }
             }
             Ok(crate::file::Filing::Waits { .. }) => {}
-            Err(e) => tracing::warn!(replica = %replica, error = %e, "an upload was not filed"),
+            Err(e) => LOGBOOK.log(Logged::NotFiled, |more| {
+                tracing::warn!(replica = %replica, error = %e, "an upload was not filed{more}")
+            }),
         }
     }
     Ok(filed)
