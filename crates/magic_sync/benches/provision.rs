@@ -24,7 +24,20 @@
 //!   writes it into SQLite, they give the least any implementation of this
 //!   design could take here.
 //!
-//! MAGIC_SYNC_BENCH_ROWS sets the total rows (default 1,000,000).
+//! - A deep graph: a DVD-rental chain of 15 tables (country ← city ← address
+//!   ← store / staff / customer ← inventory ← rental ← payment, films with
+//!   their languages, categories and actors), one replica per store, three
+//!   stores: small referenced tables over a cycle (a store and its
+//!   manager) and followers that are parents too (rentals, which payments
+//!   point at). One store's replica, about 27,000 rows, against `COPY` of
+//!   the same rows into SQLite in the same run (copied out of the
+//!   replica's record into tables of their own first, so `COPY` reads them
+//!   whole). The ratio is the figure: the snapshot's work per table over a
+//!   set this small.
+//!
+//! MAGIC_SYNC_BENCH_ROWS sets the total rows of the first case (default
+//! 1,000,000); MAGIC_SYNC_BENCH_ONLY=deep runs the deep graph alone,
+//! MAGIC_SYNC_BENCH_ONLY=flat the rest alone.
 
 use magic_sync::relay::{Relay, ReplicaInfo, SendError, Settings, Transport};
 use magic_sync::replica::Replica;
@@ -132,13 +145,18 @@ async fn prepared(total: i64) -> magic_sync_testdb::TestDb {
     db
 }
 
-/// COPY every table into one SQLite transaction.
-async fn baseline(db: &magic_sync_testdb::TestDb, dir: &std::path::Path) -> (Duration, u64) {
+/// COPY every table of `engine`, read whole from the schema `from`, into
+/// one SQLite transaction.
+async fn baseline(
+    db: &magic_sync_testdb::TestDb,
+    dir: &std::path::Path,
+    engine: &Engine,
+    from: &str,
+) -> (Duration, u64) {
     use futures_util::StreamExt;
     let client = db.connect().await;
-    let engine = engine();
     let started = Instant::now();
-    let mut lite = rusqlite::Connection::open(dir.join("baseline.sqlite")).unwrap();
+    let mut lite = rusqlite::Connection::open(dir.join(format!("baseline-{from}.sqlite"))).unwrap();
     lite.pragma_update(None, "journal_mode", "WAL").unwrap();
     let tx = lite.transaction().unwrap();
     let mut rows = 0u64;
@@ -157,7 +175,7 @@ async fn baseline(db: &magic_sync_testdb::TestDb, dir: &std::path::Path) -> (Dur
             .unwrap();
         let copy = client
             .copy_out(&format!(
-                "COPY {} ({}) TO STDOUT",
+                "COPY {from}.{} ({}) TO STDOUT",
                 table.name,
                 cols.join(", ")
             ))
@@ -195,33 +213,37 @@ struct Timings {
     messages: u64,
 }
 
-/// The engine provisions `r1` into a fresh SQLite file, the replica
+/// The engine provisions `replica` into a fresh SQLite file, the replica
 /// applying each message as it arrives.
-async fn engine_run(db: &magic_sync_testdb::TestDb, dir: &std::path::Path) -> Timings {
+async fn engine_run(
+    db: &magic_sync_testdb::TestDb,
+    dir: &std::path::Path,
+    engine: &Engine,
+    replica: &str,
+) -> Timings {
     let mut client = db.connect().await;
     let mut worker = db.connect().await;
-    let engine = engine();
     let mut relay = Relay::new(&client, engine.clone(), Settings::default())
         .await
         .unwrap();
     assert!(Relay::lock(&client).await.unwrap());
     let network = Network::new(1 << 20);
-    let replicas = [ReplicaInfo::live("r1", None)];
+    let replicas = [ReplicaInfo::live(replica, None)];
     let pass = relay
         .record(&mut client, &replicas, network.max_message_bytes())
         .await
         .unwrap();
-    assert_eq!(pass.waiting, ["r1"]);
+    assert_eq!(pass.waiting, [replica]);
 
-    let path = dir.join("r1.sqlite");
+    let path = dir.join(format!("{replica}.sqlite"));
     let key = magic_sync::store::keys::public(&client).await.unwrap();
     let applier = {
-        let (network, engine) = (network.clone(), engine.clone());
+        let (network, engine, id) = (network.clone(), engine.clone(), replica.to_string());
         std::thread::spawn(move || {
             let engine: &'static Engine = Box::leak(Box::new(engine));
-            let mut replica = Replica::open(path, "r1", engine).unwrap();
+            let mut replica = Replica::open(path, &id, engine).unwrap();
             replica.trust(&key).unwrap();
-            while let Some(message) = network.next("r1") {
+            while let Some(message) = network.next(&id) {
                 replica.apply(&message).unwrap();
                 if ends_snapshot(&message) {
                     let ended = Instant::now();
@@ -245,10 +267,10 @@ async fn engine_run(db: &magic_sync_testdb::TestDb, dir: &std::path::Path) -> Ti
     };
     let started = Instant::now();
     let snapshot = relay
-        .begin_snapshot(&mut client, "r1")
+        .begin_snapshot(&mut client, replica)
         .await
         .unwrap()
-        .expect("r1 waits for a snapshot");
+        .expect("the replica waits for a snapshot");
     let streamed = snapshot.stream(&mut worker, &network).await.unwrap();
     assert!(streamed.recorded);
     relay
@@ -463,16 +485,27 @@ async fn main() {
         relay_only(&conninfo).await;
         return;
     }
-    let total: i64 = std::env::var("MAGIC_SYNC_BENCH_ROWS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1_000_000);
+    let only = std::env::var("MAGIC_SYNC_BENCH_ONLY").unwrap_or_default();
     let dir = tempfile::tempdir().unwrap();
+    if only != "deep" {
+        let total: i64 = std::env::var("MAGIC_SYNC_BENCH_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1_000_000);
+        flat(total, dir.path()).await;
+    }
+    if only != "flat" {
+        rentals::deep(dir.path()).await;
+    }
+}
+
+/// One replica of `total` rows across the five tables of `engine()`.
+async fn flat(total: i64, dir: &std::path::Path) {
     println!("provisioning one replica of {total} rows across 5 tables");
     let db = prepared(total).await;
 
-    let (copy, copied) = baseline(&db, dir.path()).await;
-    let t = engine_run(&db, dir.path()).await;
+    let (copy, copied) = baseline(&db, dir, &engine(), "public").await;
+    let t = engine_run(&db, dir, &engine(), "r1").await;
     assert_eq!(t.rows, copied, "the replica holds every row");
     println!(
         "baseline COPY -> SQLite:   {:>6.2} s  {:>9.0} rows/s",
@@ -532,4 +565,326 @@ async fn main() {
         large_rss as f64 / 1024.0,
         large_rss as f64 / small_rss as f64
     );
+}
+
+/// The deep graph: a DVD-rental chain, one replica per store.
+mod rentals {
+    use super::{baseline, engine_run, secs};
+    use magic_sync::{Engine, Numeric, Row};
+
+    #[derive(Row, Debug, Clone, PartialEq)]
+    #[row(table = "country", down, referenced, key(country_id))]
+    struct Country {
+        country_id: i32,
+        country: String,
+    }
+
+    #[derive(Row, Debug, Clone, PartialEq)]
+    #[row(table = "city", down, referenced, key(city_id))]
+    struct City {
+        city_id: i32,
+        city: String,
+        country_id: i32,
+    }
+
+    #[derive(Row, Debug, Clone, PartialEq)]
+    #[row(table = "address", down, referenced, key(address_id))]
+    struct Address {
+        address_id: i32,
+        address: String,
+        district: String,
+        city_id: i32,
+        postal_code: Option<String>,
+        phone: String,
+    }
+
+    #[derive(Row, Debug, Clone, PartialEq)]
+    #[row(table = "language", down, referenced, key(language_id))]
+    struct Language {
+        language_id: i32,
+        name: String,
+    }
+
+    #[derive(Row, Debug, Clone, PartialEq)]
+    #[row(table = "category", down, referenced, key(category_id))]
+    struct Category {
+        category_id: i32,
+        name: String,
+    }
+
+    #[derive(Row, Debug, Clone, PartialEq)]
+    #[row(table = "actor", down, referenced, key(actor_id))]
+    struct Actor {
+        actor_id: i32,
+        first_name: String,
+        last_name: String,
+    }
+
+    #[derive(Row, Debug, Clone, PartialEq)]
+    #[row(table = "film", down, referenced, key(film_id))]
+    struct Film {
+        film_id: i32,
+        title: String,
+        description: Option<String>,
+        release_year: Option<i32>,
+        language_id: i32,
+        rental_rate: Numeric,
+        length: Option<i32>,
+    }
+
+    #[derive(Row, Debug, Clone, PartialEq)]
+    #[row(
+        table = "film_category",
+        down,
+        follows = "film_id",
+        key(film_id, category_id)
+    )]
+    struct FilmCategory {
+        film_id: i32,
+        category_id: i32,
+    }
+
+    #[derive(Row, Debug, Clone, PartialEq)]
+    #[row(
+        table = "film_actor",
+        down,
+        follows = "film_id",
+        key(actor_id, film_id)
+    )]
+    struct FilmActor {
+        actor_id: i32,
+        film_id: i32,
+    }
+
+    #[derive(Row, Debug, Clone, PartialEq)]
+    #[row(table = "store", down, replica = "store_id", key(store_id))]
+    struct Store {
+        store_id: i32,
+        manager_staff_id: Option<i32>,
+        address_id: i32,
+    }
+
+    #[derive(Row, Debug, Clone, PartialEq)]
+    #[row(table = "staff", down, replica = "store_id", key(staff_id))]
+    struct Staff {
+        staff_id: i32,
+        first_name: String,
+        last_name: String,
+        address_id: i32,
+        store_id: i32,
+        username: String,
+    }
+
+    #[derive(Row, Debug, Clone, PartialEq)]
+    #[row(table = "customer", down, replica = "store_id", key(customer_id))]
+    struct Customer {
+        customer_id: i32,
+        store_id: i32,
+        first_name: String,
+        last_name: String,
+        email: Option<String>,
+        address_id: i32,
+        active: i32,
+    }
+
+    #[derive(Row, Debug, Clone, PartialEq)]
+    #[row(table = "inventory", down, replica = "store_id", key(inventory_id))]
+    struct Inventory {
+        inventory_id: i32,
+        film_id: i32,
+        store_id: i32,
+    }
+
+    #[derive(Row, Debug, Clone, PartialEq)]
+    #[row(table = "rental", down, follows = "inventory_id", key(rental_id))]
+    struct Rental {
+        rental_id: i32,
+        rental_date: chrono::DateTime<chrono::Utc>,
+        inventory_id: i32,
+        customer_id: i32,
+        return_date: Option<chrono::DateTime<chrono::Utc>>,
+        staff_id: i32,
+    }
+
+    #[derive(Row, Debug, Clone, PartialEq)]
+    #[row(table = "payment", down, follows = "rental_id", key(payment_id))]
+    struct Payment {
+        payment_id: i32,
+        customer_id: i32,
+        staff_id: i32,
+        rental_id: i32,
+        amount: Numeric,
+        payment_date: chrono::DateTime<chrono::Utc>,
+    }
+
+    fn engine() -> Engine {
+        Engine::builder()
+            .table::<Country>()
+            .table::<City>()
+            .table::<Address>()
+            .table::<Language>()
+            .table::<Category>()
+            .table::<Actor>()
+            .table::<Film>()
+            .table::<FilmCategory>()
+            .table::<FilmActor>()
+            .table::<Store>()
+            .table::<Staff>()
+            .table::<Customer>()
+            .table::<Inventory>()
+            .table::<Rental>()
+            .table::<Payment>()
+            .build()
+            .expect("the rentals' declarations")
+    }
+
+    /// Three stores. Each has 3 staff, 200 customers, 2,500 copies of the
+    /// 1,000 films (every film at every store), 8,000 rentals and a
+    /// payment for each. One rental in 20 is by another store's customer
+    /// and one in 50 taken by another store's staff, so a store's replica
+    /// holds some of the others' people, their stores, their managers and
+    /// their addresses too. Customers share 400 addresses in 120 cities of
+    /// 20 countries.
+    const SCHEMA: &str = "
+        CREATE TABLE country (country_id integer PRIMARY KEY, country text NOT NULL);
+        CREATE TABLE city (city_id integer PRIMARY KEY, city text NOT NULL,
+                           country_id integer NOT NULL REFERENCES country);
+        CREATE TABLE address (address_id integer PRIMARY KEY, address text NOT NULL,
+                              district text NOT NULL, city_id integer NOT NULL REFERENCES city,
+                              postal_code text, phone text NOT NULL);
+        CREATE TABLE language (language_id integer PRIMARY KEY, name text NOT NULL);
+        CREATE TABLE category (category_id integer PRIMARY KEY, name text NOT NULL);
+        CREATE TABLE actor (actor_id integer PRIMARY KEY, first_name text NOT NULL,
+                            last_name text NOT NULL);
+        CREATE TABLE film (film_id integer PRIMARY KEY, title text NOT NULL, description text,
+                           release_year integer, language_id integer NOT NULL REFERENCES language,
+                           rental_rate numeric(4, 2) NOT NULL, length integer);
+        CREATE TABLE film_category (film_id integer REFERENCES film,
+                                    category_id integer REFERENCES category,
+                                    PRIMARY KEY (film_id, category_id));
+        CREATE TABLE film_actor (actor_id integer REFERENCES actor, film_id integer REFERENCES film,
+                                 PRIMARY KEY (actor_id, film_id));
+        CREATE INDEX ON film_actor (film_id);
+        CREATE TABLE store (store_id integer PRIMARY KEY, manager_staff_id integer,
+                            address_id integer NOT NULL REFERENCES address);
+        CREATE TABLE staff (staff_id integer PRIMARY KEY, first_name text NOT NULL,
+                            last_name text NOT NULL, address_id integer NOT NULL REFERENCES address,
+                            store_id integer NOT NULL REFERENCES store, username text NOT NULL);
+        ALTER TABLE store ADD FOREIGN KEY (manager_staff_id) REFERENCES staff;
+        CREATE INDEX ON staff (store_id);
+        CREATE TABLE customer (customer_id integer PRIMARY KEY,
+                               store_id integer NOT NULL REFERENCES store,
+                               first_name text NOT NULL, last_name text NOT NULL, email text,
+                               address_id integer NOT NULL REFERENCES address, active integer NOT NULL);
+        CREATE INDEX ON customer (store_id);
+        CREATE TABLE inventory (inventory_id integer PRIMARY KEY,
+                                film_id integer NOT NULL REFERENCES film,
+                                store_id integer NOT NULL REFERENCES store);
+        CREATE INDEX ON inventory (store_id);
+        CREATE TABLE rental (rental_id integer PRIMARY KEY, rental_date timestamptz NOT NULL,
+                             inventory_id integer NOT NULL REFERENCES inventory,
+                             customer_id integer NOT NULL REFERENCES customer,
+                             return_date timestamptz,
+                             staff_id integer NOT NULL REFERENCES staff);
+        CREATE INDEX ON rental (inventory_id);
+        CREATE TABLE payment (payment_id integer PRIMARY KEY,
+                              customer_id integer NOT NULL REFERENCES customer,
+                              staff_id integer NOT NULL REFERENCES staff,
+                              rental_id integer NOT NULL REFERENCES rental,
+                              amount numeric(5, 2) NOT NULL, payment_date timestamptz NOT NULL);
+        CREATE INDEX ON payment (rental_id);
+
+        INSERT INTO country SELECT i, 'country ' || i FROM generate_series(1, 20) i;
+        INSERT INTO city SELECT i, 'city ' || i, 1 + i % 20 FROM generate_series(1, 120) i;
+        INSERT INTO address SELECT i, i || ' Main Street', 'district ' || i % 30, 1 + i % 120,
+                                   CASE WHEN i % 5 = 0 THEN NULL ELSE lpad(i::text, 5, '0') END,
+                                   '555-' || lpad(i::text, 4, '0')
+            FROM generate_series(1, 412) i;
+        INSERT INTO language SELECT i, 'language ' || i FROM generate_series(1, 6) i;
+        INSERT INTO category SELECT i, 'category ' || i FROM generate_series(1, 16) i;
+        INSERT INTO actor SELECT i, 'first ' || i, 'last ' || i FROM generate_series(1, 200) i;
+        INSERT INTO film SELECT i, 'film ' || i, 'a film about the number ' || i, 2000 + i % 20,
+                                1 + i % 6, 0.99 + (i % 3) * 2, 60 + i % 120
+            FROM generate_series(1, 1000) i;
+        INSERT INTO film_category SELECT i, 1 + i % 16 FROM generate_series(1, 1000) i;
+        INSERT INTO film_actor SELECT 1 + (i * 7 + j * 13) % 200, i
+            FROM generate_series(1, 1000) i, generate_series(0, 4) j;
+        INSERT INTO store SELECT s, NULL, s FROM generate_series(1, 3) s;
+        INSERT INTO staff SELECT i, 'staff ' || i, 'last ' || i, 3 + i, 1 + (i - 1) / 3, 'user' || i
+            FROM generate_series(1, 9) i;
+        UPDATE store SET manager_staff_id = 3 * store_id - 2;
+        INSERT INTO customer SELECT i, 1 + i % 3, 'first ' || i, 'last ' || i,
+                                    CASE WHEN i % 4 = 0 THEN NULL ELSE 'c' || i || '@example.com' END,
+                                    13 + i % 400, (i % 10 <> 0)::int
+            FROM generate_series(1, 600) i;
+        INSERT INTO inventory SELECT i, 1 + (i * 7) % 1000, 1 + i % 3 FROM generate_series(1, 7500) i;
+        -- The store of rental i is its item's, 1 + (1 + i % 7500) % 3; its
+        -- customer is that store's (customer c is at 1 + c % 3), one in 20
+        -- the next store's; its staff that store's, one in 50 the next's.
+        INSERT INTO rental
+            SELECT i, timestamptz '2026-11-01 10:00:00+00' + i * interval '1 minute', 1 + i % 7500,
+                   3 * (1 + i % 199) + (st - 1 + (i % 20 = 0)::int) % 3,
+                   CASE WHEN i % 7 = 0 THEN NULL
+                        ELSE timestamptz '2026-11-03 10:00:00+00' + i * interval '1 minute' END,
+                   3 * ((st - 1 + (i % 50 = 0)::int) % 3) + 1 + i % 3
+            FROM (SELECT i, 1 + (1 + i % 7500) % 3 AS st FROM generate_series(1, 24000) i) r;
+        INSERT INTO payment
+            SELECT rental_id, customer_id, staff_id, rental_id, 0.99 + rental_id % 5,
+                   rental_date + interval '1 hour'
+            FROM rental;
+        ANALYZE;";
+
+    async fn prepared() -> magic_sync_testdb::TestDb {
+        let db = magic_sync_testdb::database().await;
+        let mut client = db.connect().await;
+        client.batch_execute(SCHEMA).await.expect("the rentals");
+        magic_sync::schema::migrate(&mut client)
+            .await
+            .expect("migrate");
+        magic_sync::trigger::install(&engine(), &mut client)
+            .await
+            .expect("triggers");
+        db
+    }
+
+    /// Copies the rows `replica`'s record holds into tables of their own,
+    /// in the schema `held`, for the baseline to read whole.
+    async fn copy_held(db: &magic_sync_testdb::TestDb, engine: &Engine, replica: &str) {
+        let client = db.connect().await;
+        let mut sql = String::from("CREATE SCHEMA held;");
+        for table in engine.tables() {
+            let key: Vec<&str> = table.key.to_vec();
+            sql.push_str(&format!(
+                "CREATE TABLE held.{t} AS SELECT * FROM public.{t}
+                 WHERE jsonb_build_array({k}) IN (SELECT key::jsonb FROM sync.held
+                                                  WHERE replica = '{replica}' AND table_name = '{t}');",
+                t = table.name,
+                k = key.join(", "),
+            ));
+        }
+        sql.push_str("ANALYZE;");
+        client.batch_execute(&sql).await.expect("the copies");
+    }
+
+    /// One store's replica against COPY of the same rows into SQLite.
+    pub async fn deep(dir: &std::path::Path) {
+        let engine = engine();
+        let tables = engine.tables().count();
+        println!("provisioning one store of three: a DVD-rental chain of {tables} tables");
+        let db = prepared().await;
+        let t = engine_run(&db, dir, &engine, "1").await;
+        copy_held(&db, &engine, "1").await;
+        let (copy, copied) = baseline(&db, dir, &engine, "held").await;
+        assert_eq!(t.rows, copied, "the baseline copies the replica's rows");
+        println!(
+            "deep graph, {copied} rows across {tables} tables: baseline COPY -> SQLite {:.1} ms; \
+             engine until the replica holds its rows {:.1} ms, {:.2}x the baseline ({} messages); \
+             until kept up again {:.1} ms",
+            secs(copy) * 1000.0,
+            secs(t.holds) * 1000.0,
+            secs(t.holds) / secs(copy),
+            t.messages,
+            secs(t.kept_up) * 1000.0,
+        );
+    }
 }

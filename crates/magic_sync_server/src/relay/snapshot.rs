@@ -16,7 +16,9 @@
 //! newest one kept, it sees them all.)
 //!
 //! Its rows are read straight from the host's tables, each table by its
-//! query in closed form (`store::plan::closed`), parents first; encoded,
+//! query in closed form (`store::plan::closed`), parents first, after what
+//! those queries read of the tables they depend on is kept, once each, in
+//! temporary tables of the view (`closed::Kept`); encoded,
 //! packed, numbered, chained and sealed as a pass does, and handed to the
 //! transport as they fill, from `begins_snapshot` to `EndSnapshot`: nothing
 //! is staged in the outbox, and nothing is planned before the first row
@@ -242,7 +244,6 @@ impl Snapshot {
             .query_one("SELECT pg_current_snapshot()::text", &[])
             .await?
             .get(0);
-        plan::prepare(&tx).await?;
         let closed = self.closed_form(&tx).await?;
         let planned = match closed {
             Some(_) => None,
@@ -353,15 +354,22 @@ impl Snapshot {
             }
             None => Source::Snapshot,
         };
-        let loaded = loader
-            .load(tx, source, &[self.replica.to_string()], sender)
-            .await;
+        let loaded = async {
+            if let Some(closed) = closed {
+                keep(tx, closed).await?;
+            }
+            loader
+                .load(tx, source, &[self.replica.to_string()], sender)
+                .await
+        }
+        .await;
         super::trace("snapshot/load and send", t0);
         let loaded = match loaded {
             Err(Error::Unsendable(unsendable)) => Err(unsendable),
             Err(e) if closed.is_some() && !e.is_transient() => {
-                // A query in closed form PostgreSQL refused is the engine's
-                // to fix: snapshots plan first until a build that has.
+                // A query in closed form (or a table kept for them)
+                // PostgreSQL refused is the engine's to fix: snapshots plan
+                // first until a build that has.
                 context.plan_first.store(true, Ordering::Relaxed);
                 tracing::error!(
                     error = %e,
@@ -408,13 +416,16 @@ impl Snapshot {
     }
 
     /// Plans the replica's whole set in the snapshot's view (not scanning
-    /// the tables `ruled_out` by their rule); returns its rows.
+    /// the tables `ruled_out` by their rule); returns its rows. The
+    /// planner's tables are made here, not before the stream: its first
+    /// rows need none of them.
     async fn plan(
         &self,
         tx: &Transaction<'_>,
         ruled_out: &std::collections::BTreeSet<&'static str>,
     ) -> Result<u64> {
         let t0 = std::time::Instant::now();
+        plan::prepare(tx).await?;
         let rows = plan_snapshot(
             tx,
             &self.context,
@@ -493,6 +504,27 @@ fn setup() -> String {
         setup.push_str(&format!("DROP TABLE IF EXISTS {table};"));
     }
     setup
+}
+
+/// Works out, in the snapshot's view, what the queries in closed form read
+/// of the tables they depend on: each once, into a temporary table of the
+/// view, each after those it reads. They are not analysed: with every join
+/// hashed, the queries reading them were planned alike either way, and
+/// `ANALYZE` cost more than it saved.
+async fn keep(tx: &Transaction<'_>, closed: &Closed) -> Result<()> {
+    let t0 = std::time::Instant::now();
+    for kept in closed.kept() {
+        let t1 = std::time::Instant::now();
+        let rows = tx.execute(kept.make.as_str(), &[]).await?;
+        tracing::trace!(
+            target: "magic_sync::pass",
+            kept = %kept.table,
+            rows,
+            ms = t1.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    super::trace("snapshot/keep", t0);
+    Ok(())
 }
 
 /// Plans the snapshot of `replica` in the worker's tables: its whole set

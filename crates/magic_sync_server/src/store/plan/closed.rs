@@ -8,18 +8,39 @@
 //! it, until a round adds nothing. Table by table the same closure reads:
 //! a table's rows are those its rule gives, the parents of its child
 //! tables' rows, and the followers of its parent's rows. So a table's query
-//! names the queries of the tables it depends on. Two dependencies never
+//! reads the rows of the tables it depends on. Two dependencies never
 //! need following:
 //!
 //! - the parents of rows in an `all` table's place: every row of it is
 //!   there by its rule;
-//! - the parents of a follower that nothing points at, through the link it
-//!   follows: such a row is there only because its parent is.
+//! - the parents of a follower's rows, through the link it follows, when
+//!   its rows come no other way (nothing else it follows, nothing that
+//!   brings its rows as parents): such a row is there only because its
+//!   parent is.
 //!
 //! What is left is acyclic in most schemas. Where tables still depend on
 //! one another in a cycle (a table pointing at itself, a follower that is a
 //! parent too), their rows are found together by one recursive query, a
 //! round of the planner per step of its recursion.
+//!
+//! Each table's closed form is worked out once per view for all that
+//! depends on it. Named inline, a parent's query would hold its child
+//! tables' queries, and theirs their own: in a deep graph (countries over
+//! cities over addresses over customers over rentals) the small tables at
+//! its top would run the work of every table below them, once per table
+//! above it. Instead, what other queries read of a table's rows (the
+//! columns their links point through, its key for its followers, nothing
+//! more, each combination once) is kept first, in the order the tables
+//! depend on one another, in a temporary table of the snapshot's view
+//! ([`Kept`]), and the queries that depend on it read that table. A table
+//! streams by its own query, which reads kept tables and the host's
+//! tables: its own level's work. So no table's query runs more than twice,
+//! once for what depends on it and once for its stream. A table read by
+//! one query only, of a table nothing reads, is named in that query
+//! instead: the same two runs, without a temporary table (see `keeps`).
+//! The keys a cycle's recursion finds are kept when more than one
+//! statement reads them. A table every row of which goes (`all`) is read
+//! in place: a copy of it costs what reading it does.
 //!
 //! Each query reads as the planner does, and is run with joins hashed
 //! (`HASH_ONLY`), so no guess of PostgreSQL's about sizes can make it
@@ -36,9 +57,8 @@ use crate::value::Kind;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeSet;
 
-/// The longest query built: past it (a schema whose tables share parents
-/// many times over, each named again in every query that leans on it) the
-/// snapshot plans first instead.
+/// The longest query built: past it (a schema of very many tables a query
+/// reads, or a cycle of very many) the snapshot plans first instead.
 const LONGEST: usize = 256 << 10;
 
 /// Why a table's rows belong to a fresh replica, besides its rule.
@@ -50,11 +70,25 @@ enum Source {
     Follows(usize),
 }
 
+/// What a snapshot works out once, before its first row, for the queries
+/// that read it: a temporary table of its view, dropped at the view's end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Kept {
+    /// The temporary table.
+    pub table: String,
+    /// The statement that makes and fills it.
+    pub make: String,
+}
+
 /// Per table of the graph, in its order, the query of the rows of it one
 /// fresh replica wants (every column, as `a.*` gives them), each once;
-/// `None` for a table it wants nothing of.
+/// `None` for a table it wants nothing of. The queries read the tables
+/// [`Closed::kept`] makes, which are made first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Closed {
+    /// To be made first, in order: what the queries read of the tables
+    /// they depend on.
+    kept: Vec<Kept>,
     queries: Vec<Option<String>>,
     /// Per table, whether its query is its rule's filter and nothing else
     /// (a replica or partition rule, no parents, no followers): the same
@@ -80,10 +114,17 @@ impl Closed {
         match builder.too_long.get() {
             true => None,
             false => Some(Closed {
+                kept: builder.kept.into_inner(),
                 queries,
                 filter_only,
             }),
         }
+    }
+
+    /// The temporary tables the queries read, in the order they are to be
+    /// made (each after those it reads), in the view the queries run in.
+    pub fn kept(&self) -> &[Kept] {
+        &self.kept
     }
 
     /// The tables whose query is their rule's filter alone and read nothing
@@ -124,11 +165,23 @@ struct Builder<'a> {
     /// Per component, whether it is a cycle (more than one table, or one
     /// depending on itself).
     cyclic: Vec<bool>,
+    /// Per table, the columns of its rows that queries of other components
+    /// read (the child's columns of a link whose parent depends on it, the
+    /// key a follower's link points at), each once; none for a table
+    /// nobody depends on.
+    read: Vec<Vec<String>>,
+    /// Per table, whether what other queries read of it is kept (see
+    /// `keeps`).
+    keeps: Vec<bool>,
     /// Aliases drawn so far.
     drawn: Cell<usize>,
-    /// Per table, its query once built (the same text wherever it is
-    /// named: its aliases are its own).
+    /// Per table, its query once built.
     built: RefCell<Vec<Option<Option<String>>>>,
+    /// Per component in a cycle, the relation of the rows its recursion
+    /// finds (their tables' names and keys), once built.
+    found: RefCell<Vec<Option<Option<String>>>>,
+    /// The tables kept so far, each after those it reads.
+    kept: RefCell<Vec<Kept>>,
     /// Whether a query grew past `LONGEST`: the rest are not built.
     too_long: Cell<bool>,
 }
@@ -142,37 +195,7 @@ impl<'a> Builder<'a> {
                 .position(|s| s.table.name == name)
                 .expect("a link between tables of the graph")
         };
-        // A follower that nothing points at, following one parent, is in
-        // the set only as that parent's follower.
-        let only_follows = |table: &str| {
-            matches!(graph.shape(table).table.rule, Rule::Follows(_))
-                && !graph.links.iter().any(|l| l.parent.name == table)
-                && graph
-                    .links
-                    .iter()
-                    .filter(|l| l.follows && l.child.name == table)
-                    .count()
-                    == 1
-        };
-        let mut sources = vec![Vec::new(); graph.shapes.len()];
-        for (i, link) in graph.links.iter().enumerate() {
-            // Parents that are there anyway: every row of an `all` table, the
-            // parent of a row that is there only as its follower.
-            let there_anyway = matches!(link.parent.rule, Rule::All)
-                || (link.follows && only_follows(link.child.name));
-            if !there_anyway {
-                sources[index(link.parent.name)].push(Source::ParentOf(i));
-            }
-            if link.follows {
-                sources[index(link.child.name)].push(Source::Follows(i));
-            }
-        }
-        for (t, shape) in graph.shapes.iter().enumerate() {
-            if matches!(shape.table.rule, Rule::All) {
-                // Every row: nothing else can add one.
-                sources[t].clear();
-            }
-        }
+        let sources = sources(graph, index);
         let depends: Vec<Vec<usize>> = sources
             .iter()
             .map(|s| {
@@ -194,6 +217,8 @@ impl<'a> Builder<'a> {
                 }
             }
         }
+        let read = read(graph, &sources, &depends, &component);
+        let keeps = keeps(graph, &depends, &component, &cyclic);
         Builder {
             graph,
             replica,
@@ -201,8 +226,12 @@ impl<'a> Builder<'a> {
             sources,
             component,
             cyclic,
+            read,
+            keeps,
             drawn: Cell::new(0),
             built: RefCell::new(vec![None; graph.shapes.len()]),
+            found: RefCell::new(vec![None; count]),
+            kept: RefCell::new(Vec::new()),
             too_long: Cell::new(false),
         }
     }
@@ -243,12 +272,52 @@ impl<'a> Builder<'a> {
             true => self.rows_in_cycle(t),
             false => self.rows_from(t, &self.sources[t]),
         };
-        if rows.as_ref().is_some_and(|r| r.len() > LONGEST) {
-            self.too_long.set(true);
+        if !self.fits(rows.as_deref()) {
             return None;
+        }
+        if let (Some(rows), true) = (&rows, self.keeps[t]) {
+            self.keep(t, rows);
         }
         self.built.borrow_mut()[t] = Some(rows.clone());
         rows
+    }
+
+    /// Whether `query` is short enough to send; past `LONGEST`, nothing
+    /// more is built.
+    fn fits(&self, query: Option<&str>) -> bool {
+        if query.is_some_and(|q| q.len() > LONGEST) {
+            self.too_long.set(true);
+        }
+        !self.too_long.get()
+    }
+
+    /// Keeps the columns of table `t`'s rows (`rows`) other queries read,
+    /// each combination once.
+    fn keep(&self, t: usize, rows: &str) {
+        let shape = &self.graph.shapes[t];
+        let read = &self.read[t];
+        // With its key, each row is there once already.
+        let once = match shape.table.key.iter().all(|k| read.iter().any(|c| c == k)) {
+            true => "",
+            false => "DISTINCT ",
+        };
+        let columns: Vec<String> = read.iter().map(|c| format!("a.{}", ident(c))).collect();
+        let table = kept_name(t);
+        let make = format!(
+            "CREATE TEMP TABLE {table} ON COMMIT DROP AS SELECT {once}{} FROM ({rows}) a",
+            columns.join(", ")
+        );
+        self.kept.borrow_mut().push(Kept { table, make });
+    }
+
+    /// The rows of table `t` in the set, as a relation other queries read
+    /// its columns `read[t]` from: its kept table, or its query.
+    fn relation(&self, t: usize) -> Option<String> {
+        let rows = self.rows(t)?;
+        Some(match self.keeps[t] {
+            true => kept_name(t),
+            false => format!("({rows})"),
+        })
     }
 
     /// The rows of table `t` its rule gives and `sources` bring (none of
@@ -306,9 +375,10 @@ impl<'a> Builder<'a> {
             ));
         }
         if let Some((link, parents)) = followers.pop() {
+            // Each parent's key once already: the parent's rows are.
             let p = self.draw("p");
             parts.push(format!(
-                "SELECT a.* FROM {rel} a JOIN (SELECT DISTINCT * FROM ({parents}) k) {p} ON {}{not_ruled}",
+                "SELECT a.* FROM {rel} a JOIN ({parents}) {p} ON {}{not_ruled}",
                 on("a", &link.columns, &p),
             ));
         }
@@ -322,7 +392,7 @@ impl<'a> Builder<'a> {
     /// set point at, as the parent's key types.
     fn pointed_at(&self, l: usize) -> Option<String> {
         let link = &self.graph.links[l];
-        let child = self.rows(self.index(link.child.name))?;
+        let child = self.relation(self.index(link.child.name))?;
         let parent = self.graph.shape(link.parent.name);
         let x = self.draw("x");
         let present: Vec<String> = link
@@ -331,7 +401,7 @@ impl<'a> Builder<'a> {
             .map(|c| format!("{x}.{} IS NOT NULL", ident(c)))
             .collect();
         Some(format!(
-            "SELECT {} FROM ({child}) {x} WHERE {}",
+            "SELECT {} FROM {child} {x} WHERE {}",
             as_keys(&x, &link.columns, &parent.key_types),
             present.join(" AND ")
         ))
@@ -345,10 +415,10 @@ impl<'a> Builder<'a> {
     fn parent_keys(&self, l: usize) -> Option<String> {
         let link = &self.graph.links[l];
         let index = self.index(link.parent.name);
-        let parent = self.rows(index)?;
+        let parent = self.relation(index)?;
         let x = self.draw("x");
         Some(format!(
-            "SELECT {} FROM ({parent}) {x}",
+            "SELECT {} FROM {parent} {x}",
             as_keys(&x, link.parent.key, &self.graph.shapes[index].key_types)
         ))
     }
@@ -392,7 +462,56 @@ impl<'a> Builder<'a> {
     /// another: looked up by the keys a recursive query over the whole
     /// cycle finds.
     fn rows_in_cycle(&self, t: usize) -> Option<String> {
-        let c = self.component[t];
+        let found = self.found(self.component[t])?;
+        let shape = &self.graph.shapes[t];
+        let (f, o) = (self.draw("w"), self.draw("o"));
+        Some(format!(
+            "SELECT a.* FROM (SELECT {f}.k FROM {found} {f} WHERE {f}.t = {}) {o} \
+             CROSS JOIN LATERAL (SELECT * FROM {} a WHERE {} OFFSET 0) a",
+            literal(shape.table.name),
+            shape.relation,
+            key_match("a", shape, &format!("{o}.k")),
+        ))
+    }
+
+    /// The rows the recursion over the cycle `c` finds, each once (`t`, its
+    /// table's name; `k`, its key), as a relation: kept when more than one
+    /// statement would run it (the cycle holds more than one table, or
+    /// another query reads its table), inline otherwise (a table pointing
+    /// at itself that nothing reads).
+    fn found(&self, c: usize) -> Option<String> {
+        if let Some(found) = &self.found.borrow()[c] {
+            return found.clone();
+        }
+        let recursion = self.recursion(c);
+        let found = match recursion {
+            Some(recursion) if self.fits(Some(&recursion)) => {
+                let mut members = (0..self.graph.shapes.len()).filter(|&m| self.component[m] == c);
+                let alone = members.clone().count() == 1;
+                match !alone || members.any(|m| !self.read[m].is_empty()) {
+                    true => {
+                        let table = cycle_name(c);
+                        let make =
+                            format!("CREATE TEMP TABLE {table} ON COMMIT DROP AS {recursion}");
+                        self.kept.borrow_mut().push(Kept {
+                            table: table.clone(),
+                            make,
+                        });
+                        Some(table)
+                    }
+                    false => Some(format!("({recursion})")),
+                }
+            }
+            _ => None,
+        };
+        self.found.borrow_mut()[c] = Some(found.clone());
+        found
+    }
+
+    /// The recursive query over the cycle `c`: from the rows its tables
+    /// have from outside it, a step per dependency within it, until a step
+    /// finds nothing new.
+    fn recursion(&self, c: usize) -> Option<String> {
         let w = self.draw("w");
         let mut bases = Vec::new();
         let mut steps = Vec::new();
@@ -428,7 +547,8 @@ impl<'a> Builder<'a> {
         if bases.is_empty() {
             return None;
         }
-        let shape = &self.graph.shapes[t];
+        // `UNION` keeps each row found once, the bases' among them (each
+        // its table's own).
         let recursive = match steps.is_empty() {
             true => String::new(),
             false => format!(
@@ -436,15 +556,9 @@ impl<'a> Builder<'a> {
                 steps.join(" UNION ALL ")
             ),
         };
-        let o = self.draw("o");
         Some(format!(
-            "SELECT a.* FROM (WITH RECURSIVE {w} (t, k) AS ({}{recursive}) \
-             SELECT DISTINCT {w}.k FROM {w} WHERE {w}.t = {}) {o} \
-             CROSS JOIN LATERAL (SELECT * FROM {} a WHERE {} OFFSET 0) a",
-            bases.join(" UNION ALL "),
-            literal(shape.table.name),
-            shape.relation,
-            key_match("a", shape, &format!("{o}.k")),
+            "WITH RECURSIVE {w} (t, k) AS ({}{recursive}) SELECT {w}.t, {w}.k FROM {w}",
+            bases.join(" UNION ALL ")
         ))
     }
 
@@ -481,6 +595,134 @@ impl<'a> Builder<'a> {
             }
         }
     }
+}
+
+/// Per table of `graph` (`index` gives a table's place), what its rows come
+/// from besides its rule, but for the dependencies that bring nothing:
+///
+/// - the parents of rows in an `all` table's place, and anything more of
+///   it: every row of it is there by its rule;
+/// - the parents of a follower's rows, through the link it follows, when
+///   that link is the only way its rows come (a follower with no other
+///   parent to follow, whose own parents of further rows do not count
+///   either): each such row is there only because its parent is. Dropping
+///   one may leave another follower with its link alone, so this goes on
+///   until none does (rentals that follow an item and are pointed at only
+///   by payments that follow them: neither the rentals' items nor the
+///   payments' rentals need looking for).
+fn sources(graph: &Graph, index: impl Fn(&str) -> usize) -> Vec<Vec<Source>> {
+    let mut sources = vec![Vec::new(); graph.shapes.len()];
+    for (i, link) in graph.links.iter().enumerate() {
+        if !matches!(link.parent.rule, Rule::All) {
+            sources[index(link.parent.name)].push(Source::ParentOf(i));
+        }
+        if link.follows {
+            sources[index(link.child.name)].push(Source::Follows(i));
+        }
+    }
+    for (t, shape) in graph.shapes.iter().enumerate() {
+        if matches!(shape.table.rule, Rule::All) {
+            // Every row: nothing else can add one.
+            sources[t].clear();
+        }
+    }
+    loop {
+        let mut dropped = false;
+        for (i, link) in graph.links.iter().enumerate() {
+            let (child, parent) = (index(link.child.name), index(link.parent.name));
+            let only_way = link.follows && sources[child] == [Source::Follows(i)];
+            if only_way && sources[parent].contains(&Source::ParentOf(i)) {
+                sources[parent].retain(|&s| s != Source::ParentOf(i));
+                dropped = true;
+            }
+        }
+        if !dropped {
+            return sources;
+        }
+    }
+}
+
+/// Per table of `graph`, the columns of its rows that the queries of
+/// tables in other components (`component`) read, through the `sources`
+/// each table depends on (`depends`, the tables they read, alongside): the
+/// child's columns of a link whose parent depends on it, the key a
+/// follower's link points at. Within a component, the recursion reads rows
+/// from the tables themselves.
+fn read(
+    graph: &Graph,
+    sources: &[Vec<Source>],
+    depends: &[Vec<usize>],
+    component: &[usize],
+) -> Vec<Vec<String>> {
+    let mut read: Vec<Vec<String>> = vec![Vec::new(); graph.shapes.len()];
+    for (t, sources) in sources.iter().enumerate() {
+        for (&source, &d) in sources.iter().zip(&depends[t]) {
+            if component[d] == component[t] {
+                continue;
+            }
+            let columns: Vec<String> = match source {
+                Source::ParentOf(l) => graph.links[l].columns.clone(),
+                Source::Follows(l) => graph.links[l]
+                    .parent
+                    .key
+                    .iter()
+                    .map(|c| c.to_string())
+                    .collect(),
+            };
+            for column in columns {
+                if !read[d].contains(&column) {
+                    read[d].push(column);
+                }
+            }
+        }
+    }
+    read
+}
+
+/// Per table of `graph`, whether what the queries of other components
+/// (`component`) read of it is kept, from what each table's query reads
+/// (`depends`). A table's query runs once to stream it, and once more in
+/// each statement that names it: its readers' queries, and for a reader
+/// kept, the statement that keeps it too. Named no more than once besides
+/// its own stream, it is named in place (a table kept costs that one run
+/// all the same, and a temporary table besides); named more often, it is
+/// kept, so that no table's query runs more than twice. The rows of an
+/// `all` table are read in place: a copy costs what reading it does. A
+/// table read by the recursion of a cycle is kept, whatever the cycle's
+/// recursion makes of it.
+fn keeps(graph: &Graph, depends: &[Vec<usize>], component: &[usize], cyclic: &[bool]) -> Vec<bool> {
+    let n = graph.shapes.len();
+    // Runs of each table's query, its own stream first.
+    let mut runs = vec![1usize; n];
+    let mut keeps = vec![false; n];
+    // Readers before what they read: a component's number is higher than
+    // those of the components it depends on.
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&t| std::cmp::Reverse(component[t]));
+    for t in order {
+        keeps[t] = runs[t] > 2 && !matches!(graph.shapes[t].table.rule, Rule::All);
+        let named = match keeps[t] || cyclic[component[t]] {
+            true => 2,
+            false => runs[t],
+        };
+        for &d in &depends[t] {
+            if component[d] != component[t] {
+                runs[d] += named;
+            }
+        }
+    }
+    keeps
+}
+
+/// The temporary table of what other queries read of the graph's table
+/// `t`.
+fn kept_name(t: usize) -> String {
+    format!("_ms_closed_{t}")
+}
+
+/// The temporary table of the rows the recursion over cycle `c` finds.
+fn cycle_name(c: usize) -> String {
+    format!("_ms_closed_cycle_{c}")
 }
 
 /// Whether the column `column` of the row `alias` reads as `value` (the
@@ -589,7 +831,8 @@ fn components(depends: &[Vec<usize>]) -> Vec<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::{components, equals};
+    use super::{components, equals, kept_name, Closed};
+    use crate::graph::{Graph, Link, Shape};
     use crate::row::{Mirror, Rule, Table};
     use crate::value::Kind;
     use magic_sync_core::columns::Column;
@@ -652,5 +895,138 @@ mod tests {
         assert_ne!(c[4], c[3]);
         let distinct: std::collections::BTreeSet<_> = c.iter().collect();
         assert_eq!(distinct.len(), 4);
+    }
+
+    /// A down table of `rule` and `columns`, keyed by `id`.
+    const fn table(name: &'static str, rule: Rule, columns: &'static [Column]) -> Table {
+        Table {
+            name,
+            schema: "public",
+            rust_type: name,
+            mirror: Mirror::Down,
+            rule,
+            columns,
+            key: &["id"],
+            owned: &[],
+            version: None,
+            origin: None,
+            retired: None,
+            lane: None,
+        }
+    }
+
+    static COUNTRY: Table = table("country", Rule::Referenced, &[column("id", Kind::Int32)]);
+    static CITY: Table = table(
+        "city",
+        Rule::Referenced,
+        &[column("id", Kind::Int32), column("country_id", Kind::Int32)],
+    );
+    static ADDRESS: Table = table(
+        "address",
+        Rule::Referenced,
+        &[column("id", Kind::Int32), column("city_id", Kind::Int32)],
+    );
+    static CUSTOMER: Table = table(
+        "customer",
+        Rule::Replica("unit"),
+        &[
+            column("id", Kind::Int32),
+            column("unit", Kind::Text),
+            column("address_id", Kind::Int32),
+        ],
+    );
+    static RENTAL: Table = table(
+        "rental",
+        Rule::Follows(&["customer_id"]),
+        &[
+            column("id", Kind::Int32),
+            column("customer_id", Kind::Int32),
+        ],
+    );
+    static PAYMENT: Table = table(
+        "payment",
+        Rule::Follows(&["rental_id"]),
+        &[column("id", Kind::Int32), column("rental_id", Kind::Int32)],
+    );
+
+    fn link(child: &'static Table, column: &str, parent: &'static Table, follows: bool) -> Link {
+        Link {
+            child,
+            parent,
+            name: column.into(),
+            columns: vec![column.into()],
+            types: vec!["integer".into()],
+            follows,
+        }
+    }
+
+    /// country ← city ← address ← customer ← rental ← payment: a chain of
+    /// referenced tables over a replica's customers, their rentals and the
+    /// payments for those.
+    fn chain() -> Graph {
+        let tables = [&COUNTRY, &CITY, &ADDRESS, &CUSTOMER, &RENTAL, &PAYMENT];
+        Graph {
+            shapes: tables
+                .iter()
+                .map(|t| Shape {
+                    table: t,
+                    relation: format!(r#""public"."{}""#, t.name),
+                    key_types: vec!["integer".into()],
+                    self_referencing: false,
+                })
+                .collect(),
+            links: vec![
+                link(&CITY, "country_id", &COUNTRY, false),
+                link(&ADDRESS, "city_id", &CITY, false),
+                link(&CUSTOMER, "address_id", &ADDRESS, false),
+                link(&RENTAL, "customer_id", &CUSTOMER, true),
+                link(&PAYMENT, "rental_id", &RENTAL, true),
+            ],
+        }
+    }
+
+    #[test]
+    fn a_deep_chain_reads_what_is_kept_below_it_and_never_a_query_twice_over() {
+        let graph = chain();
+        let closed = Closed::new(&graph, "u1", None).expect("short queries");
+        let [country, city, address, customer, rental, payment] = [0, 1, 2, 3, 4, 5];
+        // Read by rentals and addresses, customers are kept; addresses,
+        // read by cities that countries read, are kept too. Cities (read by
+        // countries alone) and rentals (by payments alone, which nothing
+        // reads) are named in place.
+        let kept: Vec<&str> = closed.kept().iter().map(|k| k.table.as_str()).collect();
+        assert_eq!(kept, [kept_name(customer), kept_name(address)]);
+        // What is kept of them: the columns their readers read, each
+        // combination once where the key is not among them.
+        assert!(
+            closed.kept()[0]
+                .make
+                .contains(r#"SELECT a."address_id", a."id" FROM"#),
+            "{}",
+            closed.kept()[0].make
+        );
+        assert!(
+            closed.kept()[1]
+                .make
+                .contains(r#"SELECT DISTINCT a."city_id" FROM"#),
+            "{}",
+            closed.kept()[1].make
+        );
+        let query = |t: usize| closed.rows(t).clone().expect("rows");
+        // Countries read the cities in place, which read the addresses
+        // kept: nothing of the customers below.
+        assert!(query(country).contains(&kept_name(address)));
+        assert!(!query(country).contains(r#""customer""#));
+        assert!(query(city).contains(&kept_name(address)));
+        // Customers are their rule's filter: a rental is there only as
+        // its customer's follower, a payment as its rental's, so neither
+        // brings a parent.
+        assert_eq!(
+            query(customer),
+            r#"SELECT a.* FROM "public"."customer" a WHERE a."unit"::text = E'u1'"#
+        );
+        assert!(query(rental).contains(&kept_name(customer)));
+        assert!(query(payment).contains(r#""rental""#));
+        assert!(!query(payment).contains(r#""customer" a WHERE"#));
     }
 }
