@@ -76,24 +76,39 @@ pub async fn hear<T: Transport>(
     transport: &T,
     reports: Vec<(ReplicaId, Report)>,
 ) -> Result<(Heeded, Vec<(ReplicaId, Heard)>)> {
-    let said = Said::sort(transport, reports);
-    let mut heeded = Heeded::default();
-    if said.acks.is_empty() && said.gaps.is_empty() && said.uploads.is_empty() {
-        return Ok((heeded, said.digests));
-    }
+    let mut said = Said::sort(transport, reports);
+    let uploads = std::mem::take(&mut said.uploads);
     // The epoch the answers' receipts are made in; the acknowledgements'
     // read takes it beside the chains otherwise.
     let mut epoch = None;
-    if !said.uploads.is_empty() {
+    let mut filed = 0;
+    if !uploads.is_empty() {
         let read = epoch.insert(Epoch::read(&*client).await?);
-        heeded.filed = file_and_answer(client, engine, transport, read, &said.uploads).await?;
+        filed = file_and_answer(client, engine, transport, read, &uploads).await?;
     }
-    let client = &*client;
+    let (mut heeded, digests) = hear_said(client, transport, said, epoch.as_ref()).await?;
+    heeded.filed = filed;
+    Ok((heeded, digests))
+}
+
+/// What replicas said but their uploads, heard: the acknowledgements
+/// judged together, each replica's newest gap, the digests handed back.
+/// `epoch` is the epoch when the caller read it already.
+async fn hear_said<T: Transport>(
+    client: &Client,
+    transport: &T,
+    said: Said,
+    epoch: Option<&Epoch>,
+) -> Result<(Heeded, Vec<(ReplicaId, Heard)>)> {
+    let mut heeded = Heeded::default();
+    if said.acks.is_empty() && said.gaps.is_empty() {
+        return Ok((heeded, said.digests));
+    }
     let gaps: Vec<(ReplicaId, Gap)> = said.gaps.into_iter().collect();
     let started = Instant::now();
     let (_, outcomes) = tokio::try_join!(
         crate::relay::gaps(client, &gaps),
-        crate::relay::acknowledge(client, epoch.as_ref(), &said.acks)
+        crate::relay::acknowledge(client, epoch, &said.acks)
     )?;
     crate::relay::trace(&format!("heed/acks ({})", said.acks.len()), started);
     for ((replica, ack), outcome) in said.acks.iter().zip(outcomes) {
@@ -441,6 +456,8 @@ struct Sessions {
     publisher: Option<Session>,
     /// Opened for the first digest heard.
     digester: Option<Session>,
+    /// Opened for the first upload heard.
+    filer: Option<Session>,
     snapshots: Arc<Mutex<HashMap<ReplicaId, CancelToken>>>,
 }
 
@@ -469,6 +486,7 @@ impl Sessions {
             close(self.recorder),
             close(self.publisher),
             close(self.digester),
+            close(self.filer),
             cancel
         );
     }
@@ -480,8 +498,8 @@ impl Sessions {
 /// the lock: the outbox holds only what a recording relay committed, a
 /// replica applies a message once however often it comes, and
 /// acknowledgements go to `sync.acks`, which passes write only to forget a
-/// replica the host no longer lists.) Digests are compared on a third,
-/// opened when the first comes.
+/// replica the host no longer lists.) Uploads are filed on a third, and
+/// digests compared on a fourth, each opened when the first comes.
 #[allow(clippy::too_many_arguments)]
 async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
     sessions: &mut Sessions,
@@ -497,6 +515,7 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
         recorder,
         publisher,
         digester,
+        filer,
         ..
     } = sessions;
     let recorder = recorder.insert(Session::open(config, &settings.session, "record").await?);
@@ -514,6 +533,7 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
     let publisher = publisher.insert(Session::open(config, &settings.session, "publish").await?);
     let written = tokio::sync::Notify::new();
     let digests = Digests::default();
+    let filings = Filings::default();
     let measured = Mutex::new(Measured::default());
     let workers = Workers {
         config,
@@ -534,14 +554,23 @@ async fn relay_loop<H: Replicas, T: Transport, R: Reports>(
         ),
         publish_forever(
             publisher.client_mut(),
-            engine,
             transport,
             reports,
             settings,
             &written,
             &wakes.stirred,
             &measured,
-            &digests
+            &digests,
+            &filings
+        ),
+        file_forever(
+            filer,
+            config,
+            &settings.session,
+            engine,
+            transport,
+            &filings,
+            &wakes.stirred
         ),
         compare_forever(
             digester,
@@ -852,6 +881,99 @@ impl Digests {
     }
 }
 
+/// Uploads heard and not filed yet, in the order they came, and how many
+/// were filed since the figures last took the count. Bounded by what they
+/// take decoded ([`Filings::BOUND`]): past it the publisher takes nothing
+/// more from the transport until filing catches up.
+#[derive(Default)]
+struct Filings {
+    waiting: Mutex<(std::collections::VecDeque<(ReplicaId, Up)>, usize)>,
+    heard: tokio::sync::Notify,
+    /// Woken when filing made room.
+    room: tokio::sync::Notify,
+    filed: std::sync::atomic::AtomicU64,
+}
+
+impl Filings {
+    /// What the waiting uploads may take, encoded, before the publisher
+    /// stops taking more: the transport's own queue of one replica.
+    const BOUND: usize = 16 << 20;
+
+    fn push(&self, uploads: Vec<(ReplicaId, Up)>) {
+        if uploads.is_empty() {
+            return;
+        }
+        let mut waiting = self.waiting.lock().expect("not poisoned");
+        for (replica, up) in uploads {
+            waiting.1 += prost::Message::encoded_len(&up);
+            waiting.0.push_back((replica, up));
+        }
+        drop(waiting);
+        self.heard.notify_one();
+    }
+
+    fn full(&self) -> bool {
+        self.waiting.lock().expect("not poisoned").1 > Self::BOUND
+    }
+
+    /// The uploads waiting, as many as [`file_all`](crate::file::file_all)
+    /// takes in one transaction at most.
+    fn take(&self) -> Vec<(ReplicaId, Up)> {
+        let mut waiting = self.waiting.lock().expect("not poisoned");
+        let mut taken = Vec::new();
+        let mut rows = 0;
+        while let Some((_, up)) = waiting.0.front() {
+            let these = magic_sync_core::link::upload_rows(up);
+            if !taken.is_empty() && rows + these > magic_sync_core::link::MAX_UPLOAD_ROWS {
+                break;
+            }
+            rows += these;
+            let (replica, up) = waiting.0.pop_front().expect("looked at");
+            waiting.1 -= prost::Message::encoded_len(&up);
+            taken.push((replica, up));
+        }
+        taken
+    }
+
+    fn take_filed(&self) -> u64 {
+        self.filed.swap(0, std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Files the uploads heard, a transaction of at most an upload's rows at a
+/// time, on a session of its own opened for the first, and answers each
+/// once filed: a replica's uploads in the order it sent them.
+async fn file_forever<T: Transport>(
+    session: &mut Option<Session>,
+    config: &tokio_postgres::Config,
+    settings: &SessionSettings,
+    engine: &Engine,
+    transport: &T,
+    filings: &Filings,
+    stirred: &tokio::sync::Notify,
+) -> Result<()> {
+    loop {
+        let uploads = filings.take();
+        if uploads.is_empty() {
+            filings.heard.notified().await;
+            continue;
+        }
+        let session = match session {
+            Some(session) => session,
+            None => session.insert(Session::open(config, settings, "file").await?),
+        };
+        let client = session.client_mut();
+        let epoch = Epoch::read(&*client).await?;
+        let filed = file_and_answer(client, engine, transport, &epoch, &uploads).await?;
+        filings
+            .filed
+            .fetch_add(filed, std::sync::atomic::Ordering::Relaxed);
+        filings.room.notify_one();
+        // What was filed is a change a pass plans.
+        stirred.notify_one();
+    }
+}
+
 /// Compares each digest heard with the record, one at a time, on a session
 /// of its own opened for the first: reading a large replica's record holds
 /// back nothing the publishing connection does. What each comparison found
@@ -885,12 +1007,11 @@ async fn compare_forever(
 
 /// Publishes whenever a pass wrote messages, and now and then regardless,
 /// to try again a replica a send failed to; heeds what replicas said
-/// whenever they said something, leaving the digests to
-/// [`compare_forever`].
+/// whenever they said something, leaving the uploads to [`file_forever`]
+/// and the digests to [`compare_forever`].
 #[allow(clippy::too_many_arguments)]
 async fn publish_forever<T: Transport, R: Reports>(
     publisher: &mut Client,
-    engine: &Engine,
     transport: &T,
     reports: &R,
     settings: &Settings,
@@ -898,18 +1019,30 @@ async fn publish_forever<T: Transport, R: Reports>(
     stirred: &tokio::sync::Notify,
     measured: &Mutex<Measured>,
     digests: &Digests,
+    filings: &Filings,
 ) -> Result<()> {
     let mut away = crate::relay::Away::new(settings.backoff_min, settings.backoff_max);
     loop {
         let started = std::time::Instant::now();
-        let said = reports.drain();
+        // While the uploads waiting to be filed are past their bound,
+        // nothing more is taken from the transport: it holds what
+        // replicas say within its own bounds, and stops reading them.
+        let said = match filings.full() {
+            true => Vec::new(),
+            false => reports.drain(),
+        };
         // A replica heard from is connected: what waits for it goes now.
         for (replica, _) in &said {
             away.back(replica);
         }
         // An acknowledgement alone is nothing a pass acts on soon.
         let news = said.iter().any(|(_, r)| !matches!(r, Report::Applied(_)));
-        let (heeded, heard) = hear(publisher, engine, transport, said).await?;
+        // Uploads are filed on a session of their own (`file_forever`):
+        // filing many rows, or rows refused one by one, holds back no
+        // message going down and no acknowledgement.
+        let mut said = Said::sort(transport, said);
+        filings.push(std::mem::take(&mut said.uploads));
+        let (heeded, heard) = hear_said(publisher, transport, said, None).await?;
         if news {
             stirred.notify_one();
         }
@@ -926,7 +1059,7 @@ async fn publish_forever<T: Transport, R: Reports>(
                     tally.acknowledged(lag);
                 }
             }
-            tally.filed(heeded.filed);
+            tally.filed(heeded.filed + filings.take_filed());
             match tally.due(settings.figures_every) {
                 true => Some(std::mem::take(tally)),
                 false => None,
@@ -950,7 +1083,8 @@ async fn publish_forever<T: Transport, R: Reports>(
         });
         tokio::select! {
             () = written.notified() => {}
-            () = reports.wait() => {}
+            () = reports.wait(), if !filings.full() => {}
+            () = filings.room.notified() => {}
             () = tokio::time::sleep(again) => {}
         }
     }

@@ -21,7 +21,8 @@ pub struct SessionSettings {
     /// What the sessions show as `application_name` in `pg_stat_activity`,
     /// followed by what each does: `magic_sync relay: record` holds the
     /// relay's lock and records passes, `magic_sync relay: publish`
-    /// publishes and heeds what replicas said, `magic_sync relay: digest`
+    /// publishes and heeds what replicas said, `magic_sync relay: file`
+    /// files their uploads, `magic_sync relay: digest`
     /// compares their digests with the record, and each
     /// `magic_sync relay: snapshot` streams one snapshot.
     pub application_name: String,
