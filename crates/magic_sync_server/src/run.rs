@@ -922,13 +922,13 @@ impl Filings {
         let mut waiting = self.waiting.lock().expect("not poisoned");
         let mut taken = Vec::new();
         let mut rows = 0;
-        while let Some((_, up)) = waiting.0.front() {
-            let these = magic_sync_core::link::upload_rows(up);
+        while let Some((replica, up)) = waiting.0.pop_front() {
+            let these = magic_sync_core::link::upload_rows(&up);
             if !taken.is_empty() && rows + these > magic_sync_core::link::MAX_UPLOAD_ROWS {
+                waiting.0.push_front((replica, up));
                 break;
             }
             rows += these;
-            let (replica, up) = waiting.0.pop_front().expect("looked at");
             waiting.1 -= prost::Message::encoded_len(&up);
             taken.push((replica, up));
         }

@@ -118,7 +118,7 @@ pub fn caveat(config: &Config, roots: bool) -> Option<String> {
             #[cfg(unix)]
             Host::Unix(_) => None,
         })
-        .filter(|name| !is_loopback(name))
+        .filter(|name| !magic_sync_core::link::is_loopback(name))
         .collect();
     if remote.is_empty() {
         return None;
@@ -141,15 +141,6 @@ pub fn caveat(config: &Config, roots: bool) -> Option<String> {
              sslmode=require with {ROOT_CERTIFICATES}"
         )),
     }
-}
-
-fn is_loopback(host: &str) -> bool {
-    host.eq_ignore_ascii_case("localhost")
-        || host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Warns once per process of what [`caveat`] finds in `config`.
