@@ -1505,23 +1505,20 @@ impl Planner<'_, '_> {
             )
         };
         let mut sends = 0;
+        // Each re-recording goes with the statement beside it, pipelined:
+        // no round trip of its own.
         if self.has(Scratch::Kept) {
-            sends += self
-                .bulk(
-                    Scratch::Send,
-                    &format!(
-                        "INSERT INTO _ms_send (r, t, k, version, held, ruled, ptrs, hptrs)
-                     SELECT k.r, k.t, k.k, greatest(coalesce(k.version, 0), v.seq),
-                            k.held, k.ruled, k.ptrs, k.hptrs
-                     FROM _ms_k k
-                     {}
-                     WHERE NOT k.held OR k.version < v.seq{again}
-                        OR k.ptrs IS DISTINCT FROM k.hptrs",
-                        newest("k")
-                    ),
-                )
-                .await?;
-            self.rerecord(&format!(
+            let send = format!(
+                "INSERT INTO _ms_send (r, t, k, version, held, ruled, ptrs, hptrs)
+                 SELECT k.r, k.t, k.k, greatest(coalesce(k.version, 0), v.seq),
+                        k.held, k.ruled, k.ptrs, k.hptrs
+                 FROM _ms_k k
+                 {}
+                 WHERE NOT k.held OR k.version < v.seq{again}
+                    OR k.ptrs IS DISTINCT FROM k.hptrs",
+                newest("k")
+            );
+            let rerecord = format!(
                 "UPDATE sync.held h SET ruled = x.ruled
                  FROM (SELECT k.r, k.t, k.k::text AS k, k.ruled FROM _ms_k k
                        {}
@@ -1530,24 +1527,24 @@ impl Planner<'_, '_> {
                          AND k.ruled IS DISTINCT FROM k.hruled OFFSET 0) x
                  WHERE h.replica = x.r AND h.table_name = x.t AND h.key = x.k",
                 newest("k")
-            ))
-            .await?;
+            );
+            let (sent, ()) =
+                tokio::try_join!(self.bulk(Scratch::Send, &send), self.rerecord(&rerecord))?;
+            sends += sent;
         }
         let mut deletes = 0;
         if self.has(Scratch::Questioned) {
-            sends += self
-                .bulk(Scratch::Send, &format!(
-                    "INSERT INTO _ms_send (r, t, k, version, held, ruled, ptrs, hptrs)
-                     SELECT q.r, q.t, q.k, greatest(q.version, v.seq), true, q.ruled, q.cptrs, q.hptrs
-                     FROM _ms_q q
-                     {}
-                     WHERE (q.ruled OR NOT q.questioned)
-                       AND (q.version < v.seq{again})
-                       AND NOT EXISTS (SELECT 1 FROM _ms_k k WHERE k.r = q.r AND k.t = q.t AND k.k = q.k)",
-                    newest("q")
-                ))
-                .await?;
-            self.rerecord(&format!(
+            let send = format!(
+                "INSERT INTO _ms_send (r, t, k, version, held, ruled, ptrs, hptrs)
+                 SELECT q.r, q.t, q.k, greatest(q.version, v.seq), true, q.ruled, q.cptrs, q.hptrs
+                 FROM _ms_q q
+                 {}
+                 WHERE (q.ruled OR NOT q.questioned)
+                   AND (q.version < v.seq{again})
+                   AND NOT EXISTS (SELECT 1 FROM _ms_k k WHERE k.r = q.r AND k.t = q.t AND k.k = q.k)",
+                newest("q")
+            );
+            let rerecord = format!(
                 "UPDATE sync.held h SET ruled = x.ruled
                  FROM (SELECT q.r, q.t, q.k::text AS k, q.ruled FROM _ms_q q
                        {}
@@ -1557,8 +1554,10 @@ impl Planner<'_, '_> {
                        OFFSET 0) x
                  WHERE h.replica = x.r AND h.table_name = x.t AND h.key = x.k",
                 newest("q")
-            ))
-            .await?;
+            );
+            let (sent, ()) =
+                tokio::try_join!(self.bulk(Scratch::Send, &send), self.rerecord(&rerecord))?;
+            sends += sent;
             deletes = self
                 .bulk(
                     Scratch::Delete,
