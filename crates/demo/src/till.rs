@@ -59,9 +59,9 @@ pub fn run(args: Args) -> ExitCode {
                 replica,
                 Arc::new(socket),
                 nudger,
-                &r.id,
+                &r.identity.id,
                 &r.server,
-                &r.db,
+                &r.identity.db,
                 &args.host,
             )
         }
@@ -83,9 +83,9 @@ pub fn run_broker(args: BrokerArgs) -> ExitCode {
                 replica,
                 Arc::new(mailbox),
                 nudger,
-                &r.id,
+                &r.identity.id,
                 &r.broker,
-                &r.db,
+                &r.identity.db,
                 &args.host,
             )
         }

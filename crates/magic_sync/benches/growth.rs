@@ -25,6 +25,7 @@ use magic_sync::replica::Replica;
 use magic_sync::run::memory::Network;
 use magic_sync::{Engine, Row};
 use magic_sync_testkit::bench::{env_u64, Listed};
+use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,17 +61,14 @@ async fn write(client: tokio_postgres::Client, rate: u64, stop: Arc<AtomicBool>)
         .prepare("UPDATE items SET value = value + 1 WHERE id = $1")
         .await
         .unwrap();
-    let (mut done, mut x) = (0u64, 0x9e37_79b9_7f4a_7c15u64);
+    let (mut done, mut rng) = (0u64, StdRng::seed_from_u64(0x9e37_79b9_7f4a_7c15));
     let started = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         if done >= (started.elapsed().as_secs_f64() * rate as f64) as u64 {
             tokio::time::sleep(Duration::from_millis(1)).await;
             continue;
         }
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let id = 1 + (x % ITEMS as u64) as i64;
+        let id = rng.gen_range(1..=ITEMS);
         client.execute(&statement, &[&id]).await.unwrap();
         done += 1;
     }
@@ -109,21 +107,18 @@ fn till_writes(paths: Vec<(String, std::path::PathBuf)>, rate: u64, stop: Arc<At
             (id, conn)
         })
         .collect();
-    let (mut done, mut x) = (0u64, 0x2545_f491_4f6c_dd1du64);
+    let (mut done, mut rng) = (0u64, StdRng::seed_from_u64(0x2545_f491_4f6c_dd1d));
     let started = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         if done >= (started.elapsed().as_secs_f64() * rate as f64) as u64 {
             std::thread::sleep(Duration::from_millis(2));
             continue;
         }
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let (id, conn) = &conns[(x % conns.len() as u64) as usize];
+        let (id, conn) = &conns[rng.gen_range(0..conns.len())];
         if done % 2 == 0 {
             conn.execute(
                 "INSERT INTO sales (unit_id, number, item) VALUES (?1, ?2, ?3)",
-                rusqlite::params![id, done as i64, (x % ITEMS as u64) as i64 + 1],
+                rusqlite::params![id, done as i64, rng.gen_range(1..=ITEMS)],
             )
             .expect("a sale");
         } else {
@@ -132,7 +127,7 @@ fn till_writes(paths: Vec<(String, std::path::PathBuf)>, rate: u64, stop: Arc<At
             // (`sync.filed`, a row per till and item) reaches its size.
             conn.execute(
                 "UPDATE items SET note = ?1 WHERE id = (SELECT id FROM items ORDER BY id LIMIT 1 OFFSET ?2)",
-                rusqlite::params![done as i64, (x >> 8) % NOTED],
+                rusqlite::params![done as i64, rng.gen_range(0..NOTED)],
             )
             .expect("a note");
         }
@@ -145,13 +140,11 @@ fn till_writes(paths: Vec<(String, std::path::PathBuf)>, rate: u64, stop: Arc<At
 async fn main() {
     let seconds = env_u64("MAGIC_SYNC_BENCH_SECONDS", 600);
     let rate = env_u64("MAGIC_SYNC_BENCH_RATE", 500);
-    let engine: &'static Engine = Box::leak(Box::new(
-        Engine::builder()
-            .table::<Item>()
-            .table::<Sale>()
-            .build()
-            .expect("declarations"),
-    ));
+    let engine = &Engine::builder()
+        .table::<Item>()
+        .table::<Sale>()
+        .build()
+        .expect("declarations");
     let db = magic_sync_testdb::database().await;
     let mut client = db.connect().await;
     client
@@ -182,19 +175,20 @@ async fn main() {
         ));
         let (network, path) = (network.clone(), dir.path().join(format!("{id}.sqlite")));
         paths.push((id.clone(), path.clone()));
+        let engine = engine.clone();
         threads.push(std::thread::spawn(move || {
-            let mut replica = Replica::open(&path, &id, engine).expect("open");
+            let mut replica = Replica::open(&path, &id, &engine).expect("open");
             replica.trust(&key).expect("pins the key");
             magic_sync::run::replica::replica(&mut replica, &network.link(&id)).expect("the till");
         }));
     }
     let (stop_relay, stopped) = tokio::sync::oneshot::channel::<()>();
     let relay = {
-        let (config, network) = (db.config(), network.clone());
+        let (config, network, engine) = (db.config(), network.clone(), engine.clone());
         tokio::spawn(async move {
             magic_sync::run::server::server(
                 config,
-                engine.clone(),
+                engine,
                 Settings::default(),
                 &Listed(infos),
                 &network,

@@ -63,14 +63,15 @@ struct Item {
 }
 
 fn engine() -> &'static Engine {
-    Box::leak(Box::new(
+    static ENGINE: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
+    ENGINE.get_or_init(|| {
         Engine::builder()
             .table::<Hot>()
             .table::<Bulletin>()
             .table::<Item>()
             .build()
-            .expect("declarations"),
-    ))
+            .expect("declarations")
+    })
 }
 
 const SCHEMA: &str = "
@@ -119,7 +120,7 @@ async fn setup(db: &TestDb, engine: &Engine, replicas: u64, per_replica: u64) {
 type Arrivals = Arc<Mutex<HashMap<String, Vec<(i64, i64)>>>>;
 
 /// Keeps what the replicas applied of `table` in `arrivals`, once measuring.
-fn watch(table: &'static Mutex<&'static str>, arrivals: Arrivals) -> support::Watcher {
+fn watch(table: Arc<Mutex<&'static str>>, arrivals: Arrivals) -> support::Watcher {
     Arc::new(move |replica, name, data, applied| {
         if name != *table.lock().unwrap() {
             return;
@@ -285,12 +286,18 @@ async fn main() {
     let db = magic_sync_testdb::database().await;
     setup(&db, engine, plan.replicas, plan.items).await;
 
-    let measured: &'static Mutex<&'static str> = Box::leak(Box::new(Mutex::new("")));
+    let measured = Arc::new(Mutex::new(""));
     let arrivals = Arrivals::default();
     let replicas = (0..plan.replicas)
         .map(|i| ReplicaInfo::live(unit(i), None))
         .collect();
-    let fleet = Fleet::start(&db, engine, replicas, watch(measured, arrivals.clone())).await;
+    let fleet = Fleet::start(
+        &db,
+        engine,
+        replicas,
+        watch(measured.clone(), arrivals.clone()),
+    )
+    .await;
     let client = db.connect().await;
     match settle(&client, plan.replicas as usize, Duration::from_secs(300)).await {
         Ok(took) => println!(
@@ -313,13 +320,13 @@ async fn main() {
         }
     }
 
-    let flat = run(&plan, &db, &fleet, measured, &arrivals, "bulletin").await;
+    let flat = run(&plan, &db, &fleet, &measured, &arrivals, "bulletin").await;
     report(
         &plan,
         "baseline: `bulletin` row 1 (all; nothing points at it)",
         &flat,
     );
-    let hot = run(&plan, &db, &fleet, measured, &arrivals, "hot").await;
+    let hot = run(&plan, &db, &fleet, &measured, &arrivals, "hot").await;
     report(
         &plan,
         &format!(

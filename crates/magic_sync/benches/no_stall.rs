@@ -34,6 +34,7 @@
 //! machine with the right to renice them.
 
 use magic_sync_testkit::bench as support;
+use rand::{rngs::StdRng, Rng, SeedableRng};
 
 use magic_sync::relay::ReplicaInfo;
 use magic_sync::{Engine, Row};
@@ -64,13 +65,14 @@ const REGIONS: i64 = 10;
 const ITEMS: i64 = 10_000;
 
 fn engine() -> &'static Engine {
-    Box::leak(Box::new(
+    static ENGINE: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
+    ENGINE.get_or_init(|| {
         Engine::builder()
             .table::<Item>()
             .table::<Archive>()
             .build()
-            .expect("declarations"),
-    ))
+            .expect("declarations")
+    })
 }
 
 /// Every item row a replica other than `big` applied: its commit clock and
@@ -103,7 +105,7 @@ async fn write(db: &magic_sync_testdb::TestDb, rate: u64, stop: Arc<AtomicBool>)
                 .prepare("UPDATE items SET value = value + 1, stamp = $2 WHERE id = $1")
                 .await
                 .unwrap();
-            let (mut done, mut x) = (0u64, 0x9e37_79b9_7f4a_7c15u64 ^ w);
+            let (mut done, mut rng) = (0u64, StdRng::seed_from_u64(0x9e37_79b9_7f4a_7c15 ^ w));
             let per_writer = rate as f64 / writers as f64;
             let started = Instant::now();
             while !stop.load(Ordering::Relaxed) {
@@ -112,10 +114,7 @@ async fn write(db: &magic_sync_testdb::TestDb, rate: u64, stop: Arc<AtomicBool>)
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     continue;
                 }
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let id = 1 + (x % ITEMS as u64) as i64;
+                let id = rng.gen_range(1..=ITEMS);
                 client
                     .execute(&statement, &[&id, &now_micros()])
                     .await

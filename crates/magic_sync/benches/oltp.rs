@@ -67,7 +67,8 @@ use support::{describe_settle, env_u64, now_micros, settle, Backlog, Fleet, Late
 use tokio_postgres::Client;
 
 fn engine() -> &'static Engine {
-    Box::leak(Box::new(magic_sync_testkit::pgbench::engine()))
+    static ENGINE: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
+    ENGINE.get_or_init(magic_sync_testkit::pgbench::engine)
 }
 
 /// The benchmark's settings, from the environment.

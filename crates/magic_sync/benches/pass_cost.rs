@@ -237,9 +237,15 @@ async fn measure(
         }
         let before = counter.counts();
         let started = Instant::now();
-        magic_sync::relay::publish_beside(&fleet.client, &fleet.network, 16, &mut away)
-            .await
-            .expect("publishing");
+        magic_sync::relay::publish_beside(
+            &fleet.client,
+            &fleet.network,
+            16,
+            magic_sync::relay::BATCH_FROM,
+            &mut away,
+        )
+        .await
+        .expect("publishing");
         cost.publish_time.push(started.elapsed());
         cost.publish.push(counter.counts() - before);
         for (id, unit) in &mut fleet.units {

@@ -240,7 +240,7 @@ async fn engine_run(
     let applier = {
         let (network, engine, id) = (network.clone(), engine.clone(), replica.to_string());
         std::thread::spawn(move || {
-            let engine: &'static Engine = Box::leak(Box::new(engine));
+            let engine = &engine;
             let mut replica = Replica::open(path, &id, engine).unwrap();
             replica.trust(&key).unwrap();
             while let Some(message) = network.next(&id) {

@@ -30,6 +30,7 @@ use magic_sync::run::memory::Network;
 use magic_sync::{Engine, Row};
 use magic_sync_testkit::bench::{env_u64, now_micros, Listed};
 use prost::Message;
+use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -49,12 +50,13 @@ const ITEMS: i64 = 10_000;
 
 /// The replicas' engine: the codec the table declares.
 fn replica_engine() -> &'static Engine {
-    Box::leak(Box::new(
+    static ENGINE: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
+    ENGINE.get_or_init(|| {
         Engine::builder()
             .table::<Item>()
             .build()
-            .expect("declarations"),
-    ))
+            .expect("declarations")
+    })
 }
 
 /// The relay's: JSON, but refusing a negative value.
@@ -136,7 +138,7 @@ async fn write(db: &magic_sync_testdb::TestDb, rate: u64, stop: Arc<AtomicBool>)
                 .await
                 .unwrap();
             let mut done = 0u64;
-            let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ (w as u64);
+            let mut rng = StdRng::seed_from_u64(0x9e37_79b9_7f4a_7c15 ^ (w as u64));
             let per_writer = rate as f64 / writers as f64;
             let started = Instant::now();
             while !stop.load(Ordering::Relaxed) {
@@ -145,10 +147,7 @@ async fn write(db: &magic_sync_testdb::TestDb, rate: u64, stop: Arc<AtomicBool>)
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     continue;
                 }
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let id = 1 + (x % ITEMS as u64) as i64;
+                let id = rng.gen_range(1..=ITEMS);
                 client
                     .execute(&statement, &[&id, &now_micros()])
                     .await

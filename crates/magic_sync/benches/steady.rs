@@ -39,6 +39,7 @@
 use magic_sync::relay::ReplicaInfo;
 use magic_sync::{Engine, Row};
 use magic_sync_testkit::bench::{self as support, Fleet, Watcher};
+use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -57,12 +58,13 @@ const REGIONS: i64 = 10;
 const ITEMS: i64 = 10_000;
 
 fn engine() -> &'static Engine {
-    Box::leak(Box::new(
+    static ENGINE: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
+    ENGINE.get_or_init(|| {
         Engine::builder()
             .table::<Item>()
             .build()
-            .expect("declarations"),
-    ))
+            .expect("declarations")
+    })
 }
 
 fn now_micros() -> i64 {
@@ -127,7 +129,7 @@ async fn write(
                 .await
                 .unwrap();
             let mut done = 0u64;
-            let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ (w as u64);
+            let mut rng = StdRng::seed_from_u64(0x9e37_79b9_7f4a_7c15 ^ (w as u64));
             let per_writer = rate as f64 / writers as f64;
             let started = Instant::now();
             while !stop.load(Ordering::Relaxed) {
@@ -138,10 +140,7 @@ async fn write(
                         continue;
                     }
                 }
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let id = 1 + (x % ITEMS as u64) as i64;
+                let id = rng.gen_range(1..=ITEMS);
                 client
                     .execute(&statement, &[&id, &now_micros()])
                     .await

@@ -160,13 +160,11 @@ async fn main() {
     let replicas = env_u64("MAGIC_SYNC_BENCH_REPLICAS", 100) as usize;
     let rate = env_u64("MAGIC_SYNC_BENCH_RATE", 100);
     let seconds = env_u64("MAGIC_SYNC_BENCH_SECONDS", 20);
-    let engine: &'static Engine = Box::leak(Box::new(
-        Engine::builder()
-            .table::<Reading>()
-            .table::<Item>()
-            .build()
-            .expect("declarations"),
-    ));
+    let engine = &Engine::builder()
+        .table::<Reading>()
+        .table::<Item>()
+        .build()
+        .expect("declarations");
     support::child_if_asked_with(engine, Some(host));
     println!("{}", support::Apart::from_env().describe());
     let db = magic_sync_testdb::database().await;

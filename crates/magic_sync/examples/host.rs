@@ -26,7 +26,19 @@ struct Sale {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+async fn main() -> std::process::ExitCode {
+    // An error in the engine's words (what is wrong, and what to do), not
+    // in its debug form.
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("host: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let config: tokio_postgres::Config = std::env::var("DATABASE_URL")?.parse()?;
     let mut client = magic_sync::tls::connect(&config).await?;
     client

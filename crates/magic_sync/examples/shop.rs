@@ -77,14 +77,12 @@ async fn main() {
     let db = magic_sync_testdb::database().await;
     let mut client = db.connect().await;
     client.batch_execute(SCHEMA).await.expect("schema");
-    let engine: &'static Engine = Box::leak(Box::new(
-        Engine::builder()
-            .table::<Product>()
-            .table::<Customer>()
-            .table::<Order>()
-            .build()
-            .expect("declarations"),
-    ));
+    let engine = &Engine::builder()
+        .table::<Product>()
+        .table::<Customer>()
+        .table::<Order>()
+        .build()
+        .expect("declarations");
     // How a host deploys: bring the sync schema up to date, install or
     // repair the triggers (a step of its own, which locks only tables whose
     // triggers are wrong, and gives way to the application's writes), then
@@ -112,10 +110,10 @@ async fn main() {
     let mut tills = Vec::new();
     for id in ["till-1", "till-2"] {
         let path = dir.path().join(format!("{id}.sqlite"));
-        let network = network.clone();
+        let (network, engine) = (network.clone(), engine.clone());
         let thread_path = path.clone();
         let thread = std::thread::spawn(move || {
-            let mut replica = Replica::open(&thread_path, id, engine).expect("open the till");
+            let mut replica = Replica::open(&thread_path, id, &engine).expect("open the till");
             replica.trust(&key).expect("pin the server's key");
             magic_sync::run::replica::replica(&mut replica, &network.link(id))
         });
@@ -124,11 +122,11 @@ async fn main() {
 
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let relay = {
-        let (config, network) = (db.config(), network.clone());
+        let (config, network, engine) = (db.config(), network.clone(), engine.clone());
         tokio::spawn(async move {
             magic_sync::run::server::server(
                 config,
-                engine.clone(),
+                engine,
                 Settings::default(),
                 &Tills,
                 &network,

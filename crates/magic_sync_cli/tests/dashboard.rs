@@ -784,15 +784,7 @@ async fn figures(client: &tokio_postgres::Client) -> (i64, i64) {
     (row.get(0), row.get(1))
 }
 
-/// Asks `done` every 50 ms until it holds, failing with `what` after a
-/// minute: the runner and the load make it true, with no event to wait on.
-async fn until<F: std::future::Future<Output = bool>>(what: &str, mut done: impl FnMut() -> F) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !done().await {
-        assert!(std::time::Instant::now() < deadline, "{what}");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-}
+use magic_sync_testkit::until;
 
 /// The `points` of the polyline of `series` in chart `chart`.
 fn series(dom: &str, chart: &str, series: &str) -> String {
@@ -825,13 +817,11 @@ async fn the_page_draws_the_fleets_history_and_it_moves_under_a_load() {
         .await
         .unwrap();
     magic_sync::schema::migrate(&mut client).await.unwrap();
-    let engine: &'static magic_sync::Engine = Box::leak(Box::new(
-        magic_sync::Engine::builder()
-            .table::<live::Counter>()
-            .table::<live::Tap>()
-            .build()
-            .unwrap(),
-    ));
+    let engine = &magic_sync::Engine::builder()
+        .table::<live::Counter>()
+        .table::<live::Tap>()
+        .build()
+        .unwrap();
     magic_sync::trigger::install(engine, &mut client)
         .await
         .unwrap();
@@ -842,8 +832,9 @@ async fn the_page_draws_the_fleets_history_and_it_moves_under_a_load() {
         .into_iter()
         .map(|id| {
             let (network, path) = (network.clone(), dir.path().join(format!("{id}.sqlite")));
+            let engine = engine.clone();
             std::thread::spawn(move || {
-                let mut replica = magic_sync::replica::Replica::open(&path, id, engine).unwrap();
+                let mut replica = magic_sync::replica::Replica::open(&path, id, &engine).unwrap();
                 replica.trust(&key).unwrap();
                 magic_sync::run::replica::replica(&mut replica, &network.link(id))
             })
@@ -851,7 +842,7 @@ async fn the_page_draws_the_fleets_history_and_it_moves_under_a_load() {
         .collect();
     let (stop, stopped) = oneshot::channel::<()>();
     let server = {
-        let (config, network) = (db.config(), network.clone());
+        let (config, network, engine) = (db.config(), network.clone(), engine.clone());
         tokio::spawn(async move {
             let settings = magic_sync::relay::Settings {
                 figures_every: std::time::Duration::from_millis(200),
@@ -863,7 +854,7 @@ async fn the_page_draws_the_fleets_history_and_it_moves_under_a_load() {
             ]);
             magic_sync::run::server::server(
                 config,
-                engine.clone(),
+                engine,
                 settings,
                 &tills,
                 &network,

@@ -58,6 +58,8 @@ impl Applied {
             // The replica's to say: the chain knows nothing of uploads.
             answered: 0,
             receipt: None,
+            // This build's `sign::verify_message` reads them.
+            reads_batches: true,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! What travels between a replica's loop and the server's, as both runners
-//! see it: what a replica reports, and what reaches it.
+//! see it: what a replica reports, what reaches it, and why a transport did
+//! not carry something ([`LinkError`]).
 
 use crate::envelope::{from_server, Ack, Filed, FromServer, Gap, Up};
 use prost::Message as _;
@@ -87,6 +88,67 @@ pub fn filed_frame(filed: Filed) -> Vec<u8> {
     .encode_to_vec()
 }
 
+/// Why a transport did not carry something: its kind, which the side that
+/// asked acts on, and what the operator reads beside it. The relay's
+/// `SendError` and the replica's `UplinkError` are this.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{why}")]
+pub struct LinkError {
+    /// What kind of failure it is: whether trying again may help.
+    pub kind: LinkErrorKind,
+    /// What happened, for the operator: the peer, the limit, the fix.
+    pub why: String,
+}
+
+/// What kind of failure a transport's is. Each side decides what it does
+/// about each kind: the relay retries only [`Unreachable`]
+/// (`magic_sync::Error::Send`), the replica's loop also sets aside what
+/// was [`Refused`] and stops on [`Misconfigured`].
+///
+/// [`Unreachable`]: LinkErrorKind::Unreachable
+/// [`Refused`]: LinkErrorKind::Refused
+/// [`Misconfigured`]: LinkErrorKind::Misconfigured
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkErrorKind {
+    /// The other side is out of reach now: a connection lost or not made
+    /// yet, a peer that took nothing within its time, a broker slow to
+    /// answer. The same may go later.
+    Unreachable,
+    /// This one will never go as it is (more bytes than the transport
+    /// carries, say), while other things do.
+    Refused,
+    /// The transport carries nothing until the operator acts: its
+    /// credentials refused, a setting that cannot work.
+    Misconfigured,
+}
+
+impl LinkError {
+    /// Out of reach now ([`LinkErrorKind::Unreachable`]).
+    pub fn unreachable(why: impl Into<String>) -> LinkError {
+        LinkError {
+            kind: LinkErrorKind::Unreachable,
+            why: why.into(),
+        }
+    }
+
+    /// This one never goes as it is ([`LinkErrorKind::Refused`]).
+    pub fn refused(why: impl Into<String>) -> LinkError {
+        LinkError {
+            kind: LinkErrorKind::Refused,
+            why: why.into(),
+        }
+    }
+
+    /// Nothing goes until the operator acts
+    /// ([`LinkErrorKind::Misconfigured`]).
+    pub fn misconfigured(why: impl Into<String>) -> LinkError {
+        LinkError {
+            kind: LinkErrorKind::Misconfigured,
+            why: why.into(),
+        }
+    }
+}
+
 /// What reached a replica through its link.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Delivery {
@@ -152,6 +214,7 @@ mod tests {
     #[test]
     fn what_is_said_and_sent_travels_as_it_was() {
         let ack = Ack {
+            reads_batches: false,
             epoch: vec![1; 16],
             number: 7,
             nonce: vec![2; 16],

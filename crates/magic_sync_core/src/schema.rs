@@ -328,8 +328,156 @@ impl Schema {
                             parent_columns: fk.parent_columns.clone(),
                         })
                         .collect(),
+                    rule: t.rule.clone(),
+                    owned: t.owned.clone(),
+                    version: t.version.clone().unwrap_or_default(),
+                    origin: t.origin.clone().unwrap_or_default(),
+                    retired: t.retired.clone().unwrap_or_default(),
+                    codec: t.codec.clone(),
                 })
                 .collect(),
+        }
+    }
+
+    /// The schema a server's description gives: every table with all it
+    /// declares, for a replica that has no declarations of its own. Refused,
+    /// with each reason in words, when the description is not whole (a
+    /// server of an earlier build described only columns, keys and foreign
+    /// keys), names what no build writes (a direction, a kind, a codec),
+    /// contradicts itself (a key, owned or foreign-key column the table
+    /// does not have), or does not add up to the fingerprint it carries.
+    pub fn from_described(described: &envelope::ReplicaSchema) -> Result<Schema, Vec<String>> {
+        let mut problems = Vec::new();
+        let mut tables = Vec::with_capacity(described.tables.len());
+        for t in &described.tables {
+            let mut problem = |what: String| problems.push(format!("table `{}`: {what}", t.name));
+            if t.codec.is_empty() {
+                problem("described without its codec, owned columns or rule: the server's build is too old to describe its tables whole".into());
+                continue;
+            }
+            let mirror = match t.mirror.as_str() {
+                "down" => Mirror::Down,
+                "up" => Mirror::Up,
+                "both" => Mirror::Both,
+                other => {
+                    problem(format!(
+                        "travels `{other}`, which is none of down, up or both"
+                    ));
+                    continue;
+                }
+            };
+            let mut columns = Vec::with_capacity(t.columns.len());
+            for c in &t.columns {
+                match Kind::named(&c.kind) {
+                    Some(kind) => columns.push(ColumnSchema {
+                        name: c.name.clone(),
+                        kind,
+                        nullable: c.nullable,
+                    }),
+                    None => problem(format!(
+                        "column `{}` is of kind `{}`, which no build writes",
+                        c.name, c.kind
+                    )),
+                }
+            }
+            if !matches!(t.codec.as_str(), "json" | "protobuf") {
+                problem(format!(
+                    "its codec `{}` is neither json nor protobuf",
+                    t.codec
+                ));
+            }
+            let has = |name: &str| t.columns.iter().any(|c| c.name == name);
+            let optional = |text: &str| (!text.is_empty()).then(|| text.to_string());
+            let (version, origin, retired) = (
+                optional(&t.version),
+                optional(&t.origin),
+                optional(&t.retired),
+            );
+            for (what, names) in [
+                ("key", t.key.iter().collect::<Vec<_>>()),
+                ("owned", t.owned.iter().collect()),
+                ("version", version.iter().collect()),
+                ("origin", origin.iter().collect()),
+            ] {
+                for name in names.into_iter().filter(|n| !has(n)) {
+                    problem(format!(
+                        "its {what} column `{name}` is not among its columns"
+                    ));
+                }
+            }
+            if t.key.is_empty() {
+                problem("it has no key".into());
+            }
+            let mut foreign_keys: Vec<ForeignKey> = Vec::new();
+            for fk in &t.foreign_keys {
+                for name in fk.columns.iter().filter(|n| !has(n)) {
+                    problem(format!(
+                        "a foreign key points through `{name}`, which is not among its columns"
+                    ));
+                }
+                if fk.columns.is_empty() || fk.columns.len() != fk.parent_columns.len() {
+                    problem(format!(
+                        "a foreign key into `{}` pairs {} columns with {}",
+                        fk.parent,
+                        fk.columns.len(),
+                        fk.parent_columns.len()
+                    ));
+                }
+                foreign_keys.push(ForeignKey {
+                    child: t.name.clone(),
+                    child_columns: fk.columns.clone(),
+                    parent: fk.parent.clone(),
+                    parent_columns: fk.parent_columns.clone(),
+                });
+            }
+            foreign_keys.sort();
+            tables.push(TableSchema {
+                name: t.name.clone(),
+                mirror,
+                rule: t.rule.clone(),
+                columns,
+                key: t.key.clone(),
+                owned: t.owned.clone(),
+                version,
+                origin,
+                retired,
+                codec: t.codec.clone(),
+                foreign_keys,
+            });
+        }
+        let schema = Schema { tables };
+        for t in &schema.tables {
+            for fk in &t.foreign_keys {
+                match schema.table(&fk.parent) {
+                    None => problems.push(format!(
+                        "table `{}`: a foreign key points at table `{}`, which is not described",
+                        t.name, fk.parent
+                    )),
+                    Some(parent) => {
+                        for name in fk
+                            .parent_columns
+                            .iter()
+                            .filter(|n| parent.column(n).is_none())
+                        {
+                            problems.push(format!(
+                                "table `{}`: a foreign key points at `{}`.`{name}`, which is not among its columns",
+                                t.name, fk.parent
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        if problems.is_empty() && schema.fingerprint().0[..] != described.fingerprint[..] {
+            problems.push(format!(
+                "the tables described add up to the fingerprint {}, not to the {} the description carries",
+                schema.fingerprint(),
+                hex::encode(&described.fingerprint)
+            ));
+        }
+        match problems.is_empty() {
+            true => Ok(schema),
+            false => Err(problems),
         }
     }
 
@@ -381,6 +529,43 @@ impl Schema {
                         ))
                     }
                     Some(_) => {}
+                }
+            }
+            if !theirs.codec.is_empty() {
+                // A whole description: what replicas own and keep says
+                // how the replica's own writes travel.
+                fn said(text: &str) -> Option<&str> {
+                    (!text.is_empty()).then_some(text)
+                }
+                for (what, server, build) in [
+                    (
+                        "replicas own",
+                        theirs.owned.join(", "),
+                        ours.owned.join(", "),
+                    ),
+                    (
+                        "the version is in",
+                        said(&theirs.version).unwrap_or("no column").to_string(),
+                        ours.version.as_deref().unwrap_or("no column").to_string(),
+                    ),
+                    (
+                        "who wrote a row is in",
+                        said(&theirs.origin).unwrap_or("no column").to_string(),
+                        ours.origin.as_deref().unwrap_or("no column").to_string(),
+                    ),
+                    (
+                        "a retired row is marked in",
+                        said(&theirs.retired).unwrap_or("no column").to_string(),
+                        ours.retired.as_deref().unwrap_or("no column").to_string(),
+                    ),
+                    ("rows travel in", theirs.codec.clone(), ours.codec.clone()),
+                ] {
+                    if server != build {
+                        found.push(format!(
+                            "table `{}`: {what} ({server}) on the server, ({build}) in this build",
+                            ours.name
+                        ));
+                    }
                 }
             }
             for column in &ours.columns {
@@ -626,5 +811,161 @@ mod tests {
             customers.fingerprint().to_string(),
             "3f81bdc32de72fd10d1f000fb40806a2dd03d7b40b3900a361aa38eba9bbce28"
         );
+    }
+
+    mod written {
+        use crate::Row;
+
+        #[derive(Row, Debug, Clone, PartialEq)]
+        #[row(table = "stock", both, replica = "unit_id", key(unit_id, product_id))]
+        pub struct Stock {
+            pub unit_id: String,
+            pub product_id: i64,
+            pub on_hand: i32,
+            #[row(owned)]
+            pub counted: Option<i32>,
+        }
+
+        // `stock` whose replicas own another column.
+        #[derive(Row, Debug, Clone, PartialEq)]
+        #[row(table = "stock", both, replica = "unit_id", key(unit_id, product_id))]
+        pub struct StockOwnedOtherwise {
+            pub unit_id: String,
+            pub product_id: i64,
+            #[row(owned)]
+            pub on_hand: i32,
+            pub counted: Option<i32>,
+        }
+
+        #[derive(Row, Debug, Clone, PartialEq)]
+        #[row(table = "sales", up, key(id), key_without_origin)]
+        pub struct Sale {
+            pub id: String,
+            #[row(origin)]
+            pub unit_id: String,
+            pub tags: Vec<String>,
+            #[row(version)]
+            pub version: i64,
+        }
+    }
+
+    fn whole<S: Row>() -> Schema {
+        let engine = Engine::builder()
+            .table::<Customer>()
+            .table::<Order>()
+            .table::<S>()
+            .table::<written::Sale>()
+            .build()
+            .unwrap();
+        Schema::new(&engine, &[fk()])
+    }
+
+    #[test]
+    fn a_description_gives_back_every_table_whole_and_adds_up_to_its_fingerprint() {
+        let schema = whole::<written::Stock>();
+        let described = schema.described();
+        assert_eq!(Schema::from_described(&described), Ok(schema.clone()));
+        let stock = described.tables.iter().find(|t| t.name == "stock").unwrap();
+        assert_eq!(stock.owned, ["counted"]);
+        let sales = described.tables.iter().find(|t| t.name == "sales").unwrap();
+        assert_eq!(
+            (sales.origin.as_str(), sales.version.as_str()),
+            ("unit_id", "version")
+        );
+        assert!(sales.columns.iter().any(|c| c.kind == "array of text"));
+        assert!(described
+            .tables
+            .iter()
+            .all(|t| t.codec == "json" && !t.rule.is_empty()));
+        assert!(schema.disagreements(&described).is_empty());
+    }
+
+    #[test]
+    fn a_description_that_is_not_whole_or_contradicts_itself_is_refused_in_words() {
+        let described = whole::<written::Stock>().described();
+        let with = |change: &dyn Fn(&mut crate::envelope::ReplicaSchema)| {
+            let mut changed = described.clone();
+            change(&mut changed);
+            Schema::from_described(&changed)
+                .expect_err("refused")
+                .join("; ")
+        };
+        let table = |d: &mut crate::envelope::ReplicaSchema, name: &str| -> usize {
+            d.tables.iter().position(|t| t.name == name).unwrap()
+        };
+        for (change, says) in [
+            (
+                Box::new(|d: &mut crate::envelope::ReplicaSchema| {
+                    let i = table(d, "orders");
+                    d.tables[i].codec.clear();
+                }) as Box<dyn Fn(&mut crate::envelope::ReplicaSchema)>,
+                "table `orders`: described without its codec",
+            ),
+            (
+                Box::new(|d| {
+                    let i = table(d, "orders");
+                    d.tables[i].mirror = "sideways".into();
+                }),
+                "travels `sideways`",
+            ),
+            (
+                Box::new(|d| {
+                    let i = table(d, "orders");
+                    d.tables[i].columns[0].kind = "i128".into();
+                }),
+                "of kind `i128`, which no build writes",
+            ),
+            (
+                Box::new(|d| {
+                    let i = table(d, "stock");
+                    d.tables[i].owned = vec!["shelf".into()];
+                }),
+                "table `stock`: its owned column `shelf` is not among its columns",
+            ),
+            (
+                Box::new(|d| {
+                    let i = table(d, "orders");
+                    d.tables[i].foreign_keys[0].parent = "clients".into();
+                }),
+                "points at table `clients`, which is not described",
+            ),
+            (
+                Box::new(|d| {
+                    let i = table(d, "sales");
+                    d.tables[i].codec = "xml".into();
+                }),
+                "its codec `xml` is neither json nor protobuf",
+            ),
+            (
+                Box::new(|d| {
+                    let i = table(d, "stock");
+                    d.tables[i].retired = "gone".into();
+                }),
+                "add up to the fingerprint",
+            ),
+        ] {
+            let said = with(&*change);
+            assert!(said.contains(says), "{said}");
+        }
+    }
+
+    #[test]
+    fn a_build_that_owns_other_columns_than_the_server_says_which() {
+        let server = whole::<written::Stock>().described();
+        let build = whole::<written::StockOwnedOtherwise>();
+        let said = build.disagreements(&server);
+        assert_eq!(
+            said,
+            ["table `stock`: replicas own (counted) on the server, (on_hand) in this build"],
+            "{said:?}"
+        );
+        // A server of an earlier build says nothing of it: nothing to
+        // disagree on beyond columns, keys and directions.
+        let mut earlier = server.clone();
+        for t in &mut earlier.tables {
+            t.codec.clear();
+            t.owned.clear();
+        }
+        assert!(build.disagreements(&earlier).is_empty());
     }
 }

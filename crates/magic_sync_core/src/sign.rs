@@ -33,6 +33,8 @@
 //!   those, the receipt's epoch, sequence and seal, and the SHA-256 of its
 //!   endorsements.
 //! - an endorsement of a new key: `magic_sync/v1 key\0` and the new key.
+//! - a batch of messages published together: `magic_sync/v1 batch\0` and
+//!   the root of a Merkle tree over their statements (below).
 //!
 //! Which statement a frame is checked against follows from what it
 //! carries, so stripping the endorsements or the receipt off a frame signed
@@ -40,7 +42,25 @@
 //!
 //! The head, body and tail are found by walking the message's top-level
 //! fields: a message whose fields are not in the server's order (head 1-7,
-//! body 10-14, tail 15-17) is refused, so what was verified is what applies.
+//! body 10-14, tail 15-19) is refused, so what was verified is what applies.
+//!
+//! **Batches.** One signature a message is 13-15 µs of a core: a pass
+//! that publishes a catalogue's change to 10,000 replicas would spend more
+//! signing than the rest of the pass. [`Signer::batch`] signs many
+//! messages at once: each message's leaf is the SHA-256 of `0x00` and its
+//! statement (as above); a level's nodes are paired, each pair's parent the
+//! SHA-256 of `0x01`, left and right, and a level of odd width pairs its
+//! last node with 32 zero bytes (which no leaf or node hashes to, so a
+//! message verifies at its own place only); the root is signed once. Each message carries its
+//! leaf's index and its path (its sibling on each level, from the leaf up),
+//! and the replica hashes its own leaf up to the root and checks the one
+//! signature. The prefixes keep a node from passing for a leaf, and the
+//! root's tag keeps a root's signature from passing for a message's. A leaf
+//! hashes in the message's seal, which no replica can make, so a path tells
+//! its replica nothing of the others' rows; its length tells roughly how
+//! many messages went together. A message with no path is signed on its
+//! own, as every message was before batches: the form a replica of an
+//! earlier build reads.
 //!
 //! **Rotation.** The server may replace its key. Every message then carries
 //! the chain of endorsements from its first key on: each newer key signed by
@@ -73,6 +93,24 @@ const ENDORSED: &[u8] = b"magic_sync/v2 message\0";
 const FILED: &[u8] = b"magic_sync/v1 filed\0";
 const RECEIPTED: &[u8] = b"magic_sync/v2 filed\0";
 const KEY: &[u8] = b"magic_sync/v1 key\0";
+const BATCH: &[u8] = b"magic_sync/v1 batch\0";
+
+/// Levels a batch's tree has at most: 2^32 messages signed at once.
+pub const MAX_BATCH_LEVELS: usize = 32;
+
+/// A message to sign: its encoded head and body, the body's SHA-256, and
+/// its seal (see [`Signer::message`]).
+#[derive(Debug, Clone)]
+pub struct Unsigned<'a> {
+    /// Fields 1 to 7 of a `ToReplica`, encoded.
+    pub head: &'a [u8],
+    /// One of fields 10 to 14, encoded.
+    pub body: &'a [u8],
+    /// The body's SHA-256.
+    pub body_hash: &'a [u8],
+    /// The seal.
+    pub seal: Vec<u8>,
+}
 
 /// The server's public key: what a replica pins when it is enrolled. As
 /// text it is its 32 bytes in URL-safe base64 without padding.
@@ -223,6 +261,53 @@ impl Signer {
         bytes
     }
 
+    /// `messages`, each whole as [`message`](Self::message) makes it, under
+    /// one signature over the root of their tree (see the module's
+    /// "Batches"), in the order given. A batch of one is signed on its own.
+    pub fn batch(&self, messages: Vec<Unsigned<'_>>) -> Vec<Vec<u8>> {
+        if messages.len() < 2 {
+            return messages
+                .into_iter()
+                .map(|m| self.message(m.head, m.body, m.body_hash, m.seal))
+                .collect();
+        }
+        let leaves: Vec<[u8; 32]> = messages
+            .iter()
+            .map(|m| {
+                debug_assert_eq!(m.body_hash, Sha256::digest(m.body).as_slice());
+                leaf(&message_statement(
+                    m.head,
+                    m.body_hash,
+                    &m.seal,
+                    &self.endorsements,
+                ))
+            })
+            .collect();
+        let levels = tree(leaves);
+        let root = levels.last().expect("a tree has a root")[0];
+        let signature = self.sign(&batch_statement(&root));
+        messages
+            .into_iter()
+            .enumerate()
+            .map(|(index, m)| {
+                let tail = ToReplica {
+                    seal: m.seal,
+                    signature: signature.clone(),
+                    endorsements: self.endorsements.clone(),
+                    batch_index: index as u64,
+                    batch_path: path(&levels, index),
+                    ..ToReplica::default()
+                }
+                .encode_to_vec();
+                let mut bytes = Vec::with_capacity(m.head.len() + m.body.len() + tail.len());
+                bytes.extend_from_slice(m.head);
+                bytes.extend_from_slice(m.body);
+                bytes.extend_from_slice(&tail);
+                bytes
+            })
+            .collect()
+    }
+
     /// `message`, signed: what a host that builds its own messages (a test
     /// standing in for the server, say) hands a replica. Its `signature`
     /// and `endorsements` are replaced.
@@ -232,6 +317,8 @@ impl Signer {
             seal: Vec::new(),
             signature: Vec::new(),
             endorsements: Vec::new(),
+            batch_index: 0,
+            batch_path: Vec::new(),
             ..message.clone()
         }
         .encode_to_vec();
@@ -284,6 +371,98 @@ fn message_statement(
     if !endorsements.is_empty() {
         part(&mut statement, &endorsements_hash(endorsements));
     }
+    statement
+}
+
+/// A leaf of a batch's tree: the SHA-256 of a message's statement behind
+/// the leaf prefix.
+fn leaf(statement: &[u8]) -> [u8; 32] {
+    let mut hash = Sha256::new();
+    hash.update([0u8]);
+    hash.update(statement);
+    hash.finalize().into()
+}
+
+/// A node of a batch's tree over its two children.
+fn node(left: &[u8; 32], right: &[u8; 32]) -> [u8; 32] {
+    let mut hash = Sha256::new();
+    hash.update([1u8]);
+    hash.update(left);
+    hash.update(right);
+    hash.finalize().into()
+}
+
+/// What a level of odd width pairs its last node with. Pairing it with
+/// itself instead would let a message verify at a second place (its index
+/// plus one), a tail that differs from the one signed.
+const PAD: [u8; 32] = [0; 32];
+
+/// Every level of the tree over `leaves`, the leaves first and the root
+/// alone last; a level of odd width pairs its last node with [`PAD`].
+fn tree(leaves: Vec<[u8; 32]>) -> Vec<Vec<[u8; 32]>> {
+    let mut levels = vec![leaves];
+    while levels.last().expect("at least the leaves").len() > 1 {
+        let below = levels.last().expect("at least the leaves");
+        let above = below
+            .chunks(2)
+            .map(|pair| node(&pair[0], pair.get(1).unwrap_or(&PAD)))
+            .collect();
+        levels.push(above);
+    }
+    levels
+}
+
+/// The path of the `index`th leaf: its sibling on each level below the
+/// root, from the leaf up, 32 bytes each.
+fn path(levels: &[Vec<[u8; 32]>], index: usize) -> Vec<u8> {
+    let mut path = Vec::with_capacity(32 * levels.len().saturating_sub(1));
+    let mut at = index;
+    for level in &levels[..levels.len() - 1] {
+        let sibling = level.get(at ^ 1).unwrap_or(&PAD);
+        path.extend_from_slice(sibling);
+        at /= 2;
+    }
+    path
+}
+
+/// The root `path` leads to from `leaf` at `index`, or why it cannot be
+/// one the server made.
+fn root_of(leaf: [u8; 32], index: u64, path: &[u8]) -> Result<[u8; 32], Forgery> {
+    let layout = |why: String| Forgery::Layout { why };
+    if !path.len().is_multiple_of(32) {
+        return Err(layout(format!(
+            "its batch path is {} bytes, not a whole number of 32-byte hashes",
+            path.len()
+        )));
+    }
+    let levels = path.len() / 32;
+    if levels > MAX_BATCH_LEVELS {
+        return Err(layout(format!(
+            "its batch path has {levels} levels, more than any server makes ({MAX_BATCH_LEVELS})"
+        )));
+    }
+    if index >> levels != 0 {
+        return Err(layout(format!(
+            "its batch index {index} is past a tree of {levels} levels"
+        )));
+    }
+    let mut at = index;
+    let mut hash = leaf;
+    for sibling in path.chunks_exact(32) {
+        let sibling: &[u8; 32] = sibling.try_into().expect("chunks of 32");
+        hash = match at & 1 {
+            0 => node(&hash, sibling),
+            _ => node(sibling, &hash),
+        };
+        at >>= 1;
+    }
+    Ok(hash)
+}
+
+/// The statement a batch's signature is over.
+fn batch_statement(root: &[u8; 32]) -> Vec<u8> {
+    let mut statement = BATCH.to_vec();
+    statement.extend_from_slice(root);
     statement
 }
 
@@ -411,7 +590,21 @@ pub fn verify_message(trusted: &ServerKey, bytes: &[u8]) -> Result<ServerKey, Fo
         why: format!("its tail does not decode: {e}"),
     })?;
     let statement = message_statement(head, &Sha256::digest(body), &tail.seal, &tail.endorsements);
-    signed_by(trusted, &statement, &tail.signature, &tail.endorsements)
+    if tail.batch_path.is_empty() {
+        if tail.batch_index != 0 {
+            return Err(Forgery::Layout {
+                why: "it names a place in a batch but carries no path".into(),
+            });
+        }
+        return signed_by(trusted, &statement, &tail.signature, &tail.endorsements);
+    }
+    let root = root_of(leaf(&statement), tail.batch_index, &tail.batch_path)?;
+    signed_by(
+        trusted,
+        &batch_statement(&root),
+        &tail.signature,
+        &tail.endorsements,
+    )
 }
 
 /// Verifies an answer to an upload of `replica`'s against the key it pins:
@@ -442,7 +635,7 @@ fn group(field: u32) -> Option<u8> {
     match field {
         1..=7 => Some(0),
         10..=14 => Some(1),
-        15..=17 => Some(2),
+        15..=19 => Some(2),
         _ => None,
     }
 }
@@ -804,6 +997,227 @@ mod tests {
         part(&mut statement, &Sha256::digest(body));
         part(&mut statement, &tail.seal);
         assert!(server.public().verify(&statement, &tail.signature));
+    }
+
+    /// `n` messages, one a replica, signed together by `server`.
+    fn batch(server: &Signer, n: usize) -> Vec<Vec<u8>> {
+        let parts: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> = (0..n)
+            .map(|i| {
+                let m = ToReplica {
+                    replica: format!("till-{i}"),
+                    ..message(5 + i as u64)
+                };
+                let head = ToReplica {
+                    body: None,
+                    seal: Vec::new(),
+                    ..m.clone()
+                }
+                .encode_to_vec();
+                let body = ToReplica {
+                    body: m.body.clone(),
+                    ..ToReplica::default()
+                }
+                .encode_to_vec();
+                let hash = Sha256::digest(&body).to_vec();
+                (head, body, hash)
+            })
+            .collect();
+        server.batch(
+            parts
+                .iter()
+                .enumerate()
+                .map(|(i, (head, body, hash))| Unsigned {
+                    head,
+                    body,
+                    body_hash: hash,
+                    seal: vec![i as u8; 32],
+                })
+                .collect(),
+        )
+    }
+
+    fn tail_of(bytes: &[u8]) -> ToReplica {
+        ToReplica::decode(split(bytes).unwrap().2).unwrap()
+    }
+
+    #[test]
+    fn every_message_of_a_batch_verifies_under_one_signature_whatever_its_width() {
+        let server = signer(1);
+        for n in 1..=9 {
+            let signed = batch(&server, n);
+            assert_eq!(signed.len(), n);
+            for (i, bytes) in signed.iter().enumerate() {
+                assert_eq!(
+                    verify_message(&server.public(), bytes),
+                    Ok(server.public()),
+                    "message {i} of {n}"
+                );
+                let tail = tail_of(bytes);
+                assert_eq!(tail.signature, tail_of(&signed[0]).signature);
+                // A batch of one is a message signed on its own; a tree of
+                // n leaves has ceil(log2 n) levels.
+                let levels = (n as f64).log2().ceil() as usize;
+                assert_eq!(tail.batch_path.len(), 32 * levels, "{n}");
+                assert_eq!(tail.batch_index, if n == 1 { 0 } else { i as u64 });
+                assert_eq!(
+                    ToReplica::decode(bytes.as_slice()).unwrap().replica,
+                    format!("till-{i}")
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_batch_message_altered_anywhere_or_moved_in_its_tree_is_refused() {
+        let server = signer(1);
+        let signed = batch(&server, 5);
+        for bytes in &signed {
+            for i in 0..bytes.len() {
+                let mut flipped = bytes.clone();
+                flipped[i] ^= 0x01;
+                assert!(
+                    verify_message(&server.public(), &flipped).is_err(),
+                    "byte {i} flipped verified"
+                );
+            }
+        }
+        let (head, body, tail) = split(&signed[2]).unwrap();
+        let tail = ToReplica::decode(tail).unwrap();
+        let with = |tail: ToReplica| [head, body, &tail.encode_to_vec()].concat();
+        // Its neighbour's place, a place past the tree, a path cut short
+        // or lengthened, a path of half a hash, no path at all.
+        for changed in [
+            ToReplica {
+                batch_index: 3,
+                ..tail.clone()
+            },
+            ToReplica {
+                batch_index: 8,
+                ..tail.clone()
+            },
+            ToReplica {
+                batch_path: tail.batch_path[32..].to_vec(),
+                ..tail.clone()
+            },
+            ToReplica {
+                batch_path: [tail.batch_path.clone(), vec![0; 32]].concat(),
+                ..tail.clone()
+            },
+            ToReplica {
+                batch_path: tail.batch_path[..16].to_vec(),
+                ..tail.clone()
+            },
+            ToReplica {
+                batch_path: Vec::new(),
+                ..tail.clone()
+            },
+            ToReplica {
+                batch_path: Vec::new(),
+                batch_index: 0,
+                ..tail.clone()
+            },
+        ] {
+            assert!(
+                verify_message(&server.public(), &with(changed.clone())).is_err(),
+                "index {} path {} bytes verified",
+                changed.batch_index,
+                changed.batch_path.len()
+            );
+        }
+        // Another message's head under this one's tail.
+        let (other_head, _, _) = split(&signed[1]).unwrap();
+        let moved = [other_head, body, &tail.encode_to_vec()].concat();
+        assert!(verify_message(&server.public(), &moved).is_err());
+        // A root another key signed.
+        let stranger = batch(&signer(2), 5);
+        assert!(verify_message(&server.public(), &stranger[2]).is_err());
+    }
+
+    #[test]
+    fn the_last_message_of_an_odd_level_verifies_at_its_own_place_only() {
+        // Paired with itself, the last node would also verify at the next
+        // index (and beyond, a level up): the shape of CVE-2012-2459.
+        let server = signer(1);
+        for n in [3usize, 5, 6, 7, 9] {
+            let signed = batch(&server, n);
+            let last = n - 1;
+            let (head, body, tail) = split(&signed[last]).unwrap();
+            let tail = ToReplica::decode(tail).unwrap();
+            let levels = tail.batch_path.len() / 32;
+            for index in (last + 1)..(1usize << levels) {
+                let moved = ToReplica {
+                    batch_index: index as u64,
+                    ..tail.clone()
+                };
+                let bytes = [head, body, &moved.encode_to_vec()].concat();
+                assert!(
+                    verify_message(&server.public(), &bytes).is_err(),
+                    "message {last} of {n} verified at {index}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_batch_message_is_a_message_signed_on_its_own_but_for_its_tail() {
+        let server = signer(1);
+        let signed = batch(&server, 4);
+        for bytes in &signed {
+            let decoded = ToReplica::decode(bytes.as_slice()).unwrap();
+            let alone = server.to_replica(&decoded);
+            let (head, body, tail) = split(bytes).unwrap();
+            let (alone_head, alone_body, alone_tail) = split(&alone).unwrap();
+            assert_eq!((head, body), (alone_head, alone_body));
+            // On its own: no place, no path.
+            let alone_tail = ToReplica::decode(alone_tail).unwrap();
+            assert_eq!(
+                (alone_tail.batch_index, alone_tail.batch_path.len()),
+                (0, 0)
+            );
+            assert_eq!(ToReplica::decode(tail).unwrap().seal, alone_tail.seal);
+        }
+    }
+
+    #[test]
+    fn a_root_s_signature_does_not_stand_for_a_message_s_nor_the_other_way() {
+        let server = signer(1);
+        let signed = batch(&server, 4);
+        // The root's signature, carried as a message's own.
+        let (head, body, tail) = split(&signed[0]).unwrap();
+        let unbatched = ToReplica {
+            batch_index: 0,
+            batch_path: Vec::new(),
+            ..ToReplica::decode(tail).unwrap()
+        };
+        let bytes = [head, body, &unbatched.encode_to_vec()].concat();
+        assert!(verify_message(&server.public(), &bytes).is_err());
+        // A message's own signature, carried with a path: the path's root
+        // is not what was signed.
+        let own = server.to_replica(&ToReplica::decode(signed[0].as_slice()).unwrap());
+        let (head, body, tail) = split(&own).unwrap();
+        let pathed = ToReplica {
+            batch_path: vec![0; 32],
+            ..ToReplica::decode(tail).unwrap()
+        };
+        let bytes = [head, body, &pathed.encode_to_vec()].concat();
+        assert!(verify_message(&server.public(), &bytes).is_err());
+    }
+
+    #[test]
+    fn a_batch_signed_after_a_rotation_is_followed_as_a_message_is() {
+        let first = signer(1);
+        let second = Signer::new(&[2; 32], vec![first.endorse(&signer(2).public())]);
+        for bytes in batch(&second, 3) {
+            assert_eq!(verify_message(&first.public(), &bytes), Ok(second.public()));
+            // The endorsements are in every leaf: stripped, nothing verifies.
+            let (head, body, tail) = split(&bytes).unwrap();
+            let stripped = ToReplica {
+                endorsements: Vec::new(),
+                ..ToReplica::decode(tail).unwrap()
+            };
+            let bytes = [head, body, &stripped.encode_to_vec()].concat();
+            assert!(verify_message(&first.public(), &bytes).is_err());
+        }
     }
 
     #[test]

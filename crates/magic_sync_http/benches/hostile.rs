@@ -44,6 +44,11 @@
 //!
 //! - `quiet`, the baseline: the attacker connected, acknowledging what it is
 //!   sent, as any replica;
+//! - `burn`, the control: as `quiet`, while the attacker's process spins
+//!   two threads at its nice level. On this machine the attacker shares
+//!   the server's two cores; this is what its CPU alone costs the honest
+//!   replicas, whatever it sends, and the other phases are read against it
+//!   as well as against `quiet`;
 //! - `gaps`: `Up.gap` in every frame, its own epoch, numbers ever higher,
 //!   as fast as the hub reads;
 //! - `acks`: acknowledgements at their extremes, in turn: number 0 and the
@@ -57,7 +62,7 @@
 //! - `reconnects`: connect, send one frame (its newest acknowledgement),
 //!   drop, on four connections at once, as fast as they go;
 //! - `strangers`: ids holding a NUL byte and ids of 299,000 bytes (400 KB
-//!   of credentials, within the HTTP head the server reads), wrong secrets,
+//!   of credentials, past the 16 KiB of HTTP head the hub reads), wrong secrets,
 //!   64 at once, each from a random address of 127.16-250.x.y;
 //! - `reprovision`: re-provisioning asked for and asked again: a gap, its
 //!   own older acknowledgement, an acknowledgement of another epoch, a
@@ -117,6 +122,9 @@ const HOSTILE: &str = "hostile";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Attack {
     Quiet,
+    /// The control: as quiet, while the attacker's process spins two
+    /// threads, at its nice level, on whatever CPU the machine leaves.
+    Burn,
     Gaps,
     Acks,
     Uploads,
@@ -133,7 +141,8 @@ enum Attack {
 
 impl Attack {
     /// Every attack, in the order they run.
-    const ALL: [Attack; 7] = [
+    const ALL: [Attack; 8] = [
+        Attack::Burn,
         Attack::Gaps,
         Attack::Acks,
         Attack::Uploads,
@@ -146,6 +155,7 @@ impl Attack {
     fn name(self) -> &'static str {
         match self {
             Attack::Quiet => "quiet",
+            Attack::Burn => "burn",
             Attack::Gaps => "gaps",
             Attack::Acks => "acks",
             Attack::Uploads => "uploads",
@@ -174,6 +184,9 @@ impl Attack {
     fn describe(self) -> &'static str {
         match self {
             Attack::Quiet => "no attacker: it acknowledges what it is sent, as any replica",
+            Attack::Burn => {
+                "the control: quiet, while its process spins two threads on the CPU the machine leaves (what an attacker on this machine costs, whatever it sends)"
+            }
             Attack::Gaps => "a flood of gaps, one in every frame, as fast as the hub reads",
             Attack::Acks => "acknowledgements at their extremes, in turn, as fast as the hub reads",
             Attack::Uploads => {
@@ -849,6 +862,7 @@ fn stolen_ack(path: &Path) -> Option<Ack> {
         [],
         |r| {
             Ok(Ack {
+                reads_batches: false,
                 epoch: r.get(0)?,
                 number: r.get::<_, i64>(1)? as u64,
                 nonce: r.get(2)?,
@@ -1431,6 +1445,7 @@ mod attacker {
                         tally.snapshots.lock().unwrap().insert(message.number);
                     }
                     let ack = Ack {
+                        reads_batches: false,
                         epoch: message.epoch,
                         number: message.number,
                         nonce: message.nonce,
@@ -1683,6 +1698,7 @@ mod attacker {
     async fn make(attack: Attack, t: Arc<Target>) {
         match attack {
             Attack::Quiet => quiet(t).await,
+            Attack::Burn => burn(t).await,
             Attack::Gaps => gaps(t).await,
             Attack::Acks => acks(t).await,
             Attack::Uploads => uploads(t, Mix::All).await,
@@ -1706,6 +1722,24 @@ mod attacker {
         for task in tasks {
             let _ = task.await;
         }
+    }
+
+    /// As any replica, while two threads spin until the phase ends.
+    async fn burn(t: Arc<Target>) {
+        for _ in 0..2 {
+            let t = t.clone();
+            std::thread::spawn(move || {
+                let mut x = 1u64;
+                while t.running() {
+                    for _ in 0..100_000 {
+                        x = std::hint::black_box(
+                            x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1),
+                        );
+                    }
+                }
+            });
+        }
+        quiet(t).await
     }
 
     /// As any replica: acknowledges what it is sent.

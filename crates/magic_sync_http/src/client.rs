@@ -12,15 +12,14 @@ use futures_util::{SinkExt, StreamExt};
 use magic_sync::backoff::Backoff;
 use magic_sync::envelope::Up;
 use magic_sync::replica::UplinkError;
+use magic_sync::run::link::{Ends, Shell, State};
+use magic_sync::run::replica::Link;
 pub use magic_sync::run::replica::Nudger;
-use magic_sync::run::replica::{Incoming, Link};
 use magic_sync::run::{host_of, is_loopback};
 use magic_sync::run::{Delivery, Report};
-use prost::Message as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc as std_mpsc, Arc, Mutex};
+use std::sync::mpsc as std_mpsc;
 use std::time::Duration;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
@@ -95,26 +94,10 @@ impl Settings {
     }
 }
 
-/// What the socket's thread shares with the replica's loop.
-#[derive(Debug, Default)]
-struct Shared {
-    connected: AtomicBool,
-    /// Connections made so far.
-    connects: AtomicU64,
-    /// Why the last connection ended or the last attempt failed.
-    last_error: Mutex<Option<String>>,
-    stopping: AtomicBool,
-    stop: Notify,
-}
-
 /// A replica's connection to the server, kept open by a thread of its own.
 #[derive(Debug)]
 pub struct Socket {
-    incoming: Incoming,
-    out: mpsc::UnboundedSender<Vec<u8>>,
-    shared: Arc<Shared>,
-    max_message_bytes: usize,
-    thread: Option<std::thread::JoinHandle<()>>,
+    shell: Shell<Vec<u8>>,
 }
 
 impl Socket {
@@ -142,114 +125,78 @@ impl Socket {
                 "wss:// needs magic_sync_http's `tls` feature".into(),
             ));
         }
-        let incoming = Incoming::default();
-        let feed = incoming.feed();
-        let (out, out_rx) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared::default());
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let max_message_bytes = settings.max_message_bytes;
-        let thread = {
-            let shared = shared.clone();
-            std::thread::Builder::new()
-                .name(format!("magic_sync socket {}", settings.replica))
-                .spawn(move || runtime.block_on(run(settings, feed, out_rx, shared)))?
-        };
-        Ok(Socket {
-            incoming,
-            out,
-            shared,
-            max_message_bytes,
-            thread: Some(thread),
-        })
+        let shell = Shell::start(
+            format!("magic_sync socket {}", settings.replica),
+            settings.max_message_bytes,
+            move |ends| run(settings, ends),
+        )?;
+        Ok(Socket { shell })
     }
 
     /// Whether it is connected now.
     pub fn is_connected(&self) -> bool {
-        self.shared.connected.load(Ordering::Acquire)
+        self.shell.state().is_connected()
     }
 
     /// Connections made so far.
     pub fn connects(&self) -> u64 {
-        self.shared.connects.load(Ordering::Relaxed)
+        self.shell.state().connects()
     }
 
-    /// Why the last connection ended, or the last attempt failed.
+    /// Why the last connection ended, or the last attempt failed; `None`
+    /// while it is connected.
     pub fn last_error(&self) -> Option<String> {
-        self.shared.last_error.lock().expect("not poisoned").clone()
+        self.shell.state().last_error()
     }
 
     /// A handle the host nudges when it wrote something.
     pub fn nudger(&self) -> Nudger {
-        self.incoming.nudger()
+        self.shell.nudger()
     }
 
     /// Closes the connection and stops connecting: the replica's loop
     /// sees the link end.
     pub fn close(&self) {
-        self.shared.stopping.store(true, Ordering::Release);
-        self.shared.stop.notify_one();
-    }
-}
-
-impl Drop for Socket {
-    fn drop(&mut self) {
-        self.close();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        self.shell.close();
     }
 }
 
 impl Link for Socket {
     fn max_message_bytes(&self) -> usize {
-        self.max_message_bytes
+        self.shell.max_message_bytes()
     }
 
     fn next(&self, timeout: Duration) -> Delivery {
-        self.incoming.next(timeout)
+        self.shell.incoming().next(timeout)
     }
 
     fn report(&self, report: Report) {
         if self.is_connected() {
-            let _ = self.out.send(report.encode());
+            self.shell.send(report.encode());
         }
     }
 
     fn upload(&self, up: &Up) -> Result<(), UplinkError> {
-        if !self.is_connected() {
-            return Err(UplinkError::Unreachable(
-                self.last_error()
-                    .unwrap_or_else(|| "not connected to the server yet".into()),
-            ));
+        let bytes = self.shell.upload_bytes(up, "the server")?;
+        if self.shell.send(bytes) {
+            Ok(())
+        } else {
+            Err(UplinkError::unreachable("the socket is closed"))
         }
-        let bytes = up.encode_to_vec();
-        if bytes.len() > self.max_message_bytes {
-            return Err(UplinkError::Refused(format!(
-                "an upload of {} bytes, more than a message may have ({})",
-                bytes.len(),
-                self.max_message_bytes
-            )));
-        }
-        self.out
-            .send(bytes)
-            .map_err(|_| UplinkError::Unreachable("the socket is closed".into()))
     }
 }
 
 /// Connects, and connects again, until stopped; then ends the link.
-async fn run(
-    settings: Settings,
-    feed: std_mpsc::Sender<Delivery>,
-    mut out: mpsc::UnboundedReceiver<Vec<u8>>,
-    shared: Arc<Shared>,
-) {
+async fn run(settings: Settings, ends: Ends<Vec<u8>>) {
+    let Ends {
+        feed,
+        mut out,
+        state,
+    } = ends;
     // With jitter: a fleet cut off at once does not come back at once.
     let mut backoff = Backoff::new(settings.backoff_min, settings.backoff_max);
-    while !shared.stopping.load(Ordering::Acquire) {
-        let ended = session(&settings, &feed, &mut out, &shared).await;
-        shared.connected.store(false, Ordering::Release);
+    while !state.stopping() {
+        let ended = session(&settings, &feed, &mut out, &state).await;
         let why = match ended {
             Ended::Stopped => break,
             Ended::Lost { why, was_connected } => {
@@ -259,12 +206,13 @@ async fn run(
                 why
             }
         };
-        *shared.last_error.lock().expect("not poisoned") = Some(why);
+        state.lost(Some(why));
         tokio::select! {
             () = tokio::time::sleep(backoff.next_wait()) => {}
-            () = shared.stop.notified() => break,
+            () = state.stopped() => break,
         }
     }
+    state.lost(None);
     let _ = feed.send(Delivery::Closed);
 }
 
@@ -284,7 +232,7 @@ async fn session(
     settings: &Settings,
     feed: &std_mpsc::Sender<Delivery>,
     out: &mut mpsc::UnboundedReceiver<Vec<u8>>,
-    shared: &Shared,
+    state: &State,
 ) -> Ended {
     let url = format!("{}{}", settings.server.trim_end_matches('/'), crate::PATH);
     let mut request = match url.as_str().into_client_request() {
@@ -308,7 +256,7 @@ async fn session(
     let connecting = connect(request, config, settings);
     let connected = tokio::select! {
         c = tokio::time::timeout(settings.connect_timeout, connecting) => c,
-        () = shared.stop.notified() => return Ended::Stopped,
+        () = state.stopped() => return Ended::Stopped,
     };
     let stream = match connected {
         Err(_) => {
@@ -334,8 +282,7 @@ async fn session(
     };
     // What was said before this connection was for the last one.
     while out.try_recv().is_ok() {}
-    shared.connected.store(true, Ordering::Release);
-    shared.connects.fetch_add(1, Ordering::Relaxed);
+    state.connected();
     let (mut sink, mut stream) = stream.split();
     let gone = |why: String| Ended::Lost {
         why,
@@ -377,7 +324,7 @@ async fn session(
                     return gone(format!("sending failed: {e}"));
                 }
             }
-            () = shared.stop.notified() => {
+            () = state.stopped() => {
                 let _ = sink.send(Message::Close(None)).await;
                 return Ended::Stopped;
             }
@@ -419,7 +366,9 @@ async fn connect(
 
 /// A TLS client trusting only the certificates in the PEM file at `path`.
 #[cfg(feature = "tls")]
-fn trusting(path: &std::path::Path) -> Result<Arc<tokio_rustls::rustls::ClientConfig>, String> {
+fn trusting(
+    path: &std::path::Path,
+) -> Result<std::sync::Arc<tokio_rustls::rustls::ClientConfig>, String> {
     use tokio_rustls::rustls;
     let pem = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut roots = rustls::RootCertStore::empty();
@@ -429,14 +378,14 @@ fn trusting(path: &std::path::Path) -> Result<Arc<tokio_rustls::rustls::ClientCo
             .add(cert)
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .map_err(|e| e.to_string())?
     .with_root_certificates(roots)
     .with_no_client_auth();
-    Ok(Arc::new(config))
+    Ok(std::sync::Arc::new(config))
 }
 
 #[cfg(test)]

@@ -118,6 +118,14 @@ type Proved = HashMap<String, (String, [u8; 32])>;
 /// stored hash: a replica reconnecting with the secret already proved is
 /// let in on a comparison of digests kept in memory.
 ///
+/// Checks that are likely guesses (an id with no secret, a party that
+/// failed lately, an id guessed wrong lately from anywhere) begin at most
+/// [`Credentials::GENERAL_PER_SECOND`] slow hashes a second: past that one
+/// is refused at once (a replica tries again after its backoff), so
+/// guesses from ever new addresses cost a bounded part of a core. A real
+/// id from a party with nothing against it is checked at any rate, once
+/// per [`Credentials::DOUBTED_FOR`] if its secret was wrong.
+///
 /// The slow hashes share the machine's cores. One of them is kept for
 /// replicas that proved their secret in the last day (as recorded in
 /// `sync.credentials`, so it holds across a restart), asking from a party
@@ -144,8 +152,50 @@ pub struct Credentials {
     /// from a party that did not fail lately.
     hashing: Share,
     reserved: Share,
+    /// How many slow hashes the general share may start, per second and at
+    /// once: past it a check is refused at once, as when too many wait.
+    general_rate: Mutex<Bucket>,
+    /// Ids a wrong secret was checked for from a party with nothing against
+    /// it, and when: for [`Credentials::DOUBTED_FOR`] their checks go on
+    /// the general share at its rate, so that guessing a real replica's
+    /// secret from ever new addresses costs one hash at any rate per id,
+    /// not one per guess.
+    doubted: Mutex<HashMap<String, std::time::Instant>>,
     /// Compared with when an id has no secret.
     dummy: Arc<std::sync::OnceLock<String>>,
+}
+
+/// A token bucket: `rate` tokens a second, at most `burst` kept.
+#[derive(Debug)]
+struct Bucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    at: std::time::Instant,
+}
+
+impl Bucket {
+    fn new(rate: f64, burst: u32) -> Bucket {
+        Bucket {
+            rate,
+            burst: f64::from(burst.max(1)),
+            tokens: f64::from(burst.max(1)),
+            at: std::time::Instant::now(),
+        }
+    }
+
+    /// Takes a token if there is one.
+    fn take(&mut self) -> bool {
+        let now = std::time::Instant::now();
+        let earned = now.duration_since(self.at).as_secs_f64() * self.rate;
+        self.tokens = (self.tokens + earned).min(self.burst);
+        self.at = now;
+        if self.tokens < 1.0 {
+            return false;
+        }
+        self.tokens -= 1.0;
+        true
+    }
 }
 
 /// Slow hashes that may run at once, checks that may wait for one, and
@@ -231,12 +281,57 @@ impl Credentials {
             proved: Arc::default(),
             hashing: Share::new(cores.saturating_sub(1)),
             reserved: Share::new(1),
+            general_rate: Mutex::new(Bucket::new(Self::GENERAL_PER_SECOND, Self::GENERAL_BURST)),
+            doubted: Mutex::default(),
             dummy: Arc::default(),
         }
     }
 
+    /// [`Credentials::new`], with the general share's rate set to
+    /// `per_second` slow hashes begun, `burst` at once (by default
+    /// [`Credentials::GENERAL_PER_SECOND`] and
+    /// [`Credentials::GENERAL_BURST`]).
+    pub fn with_general_rate(self, per_second: f64, burst: u32) -> Self {
+        *self.general_rate.lock().expect("not poisoned") = Bucket::new(per_second, burst);
+        self
+    }
+
     /// Checks that may wait for a slow hash at once, per share.
     const QUEUE: usize = 256;
+
+    /// Slow hashes begun a second, by default, for checks that are likely
+    /// guesses: ids with no secret, parties that failed lately, ids guessed
+    /// wrong lately. Each takes about 20 ms of a core, so they cost at most
+    /// a sixth of one. A real id named by a party with nothing against it
+    /// is not bound by it (a fleet connecting for the first time), nor is
+    /// the reserved share, and a secret already proved costs no hash.
+    pub const GENERAL_PER_SECOND: f64 = 8.0;
+    /// Slow hashes the general share may begin at once after a quiet time.
+    pub const GENERAL_BURST: u32 = 16;
+    /// How long an id a wrong secret was checked for on the reserved share
+    /// is checked on the general share.
+    pub const DOUBTED_FOR: std::time::Duration = std::time::Duration::from_secs(600);
+
+    /// A turn on the general share, if its rate allows one now.
+    async fn general_turn(&self) -> Result<tokio::sync::OwnedSemaphorePermit> {
+        if !self.general_rate.lock().expect("not poisoned").take() {
+            return Err(Error::Hash(format!(
+                "more than {} secrets a second to check that may be guesses",
+                Self::GENERAL_PER_SECOND
+            )));
+        }
+        self.hashing.turn().await
+    }
+
+    /// Whether a wrong secret was checked for `replica` from a party with
+    /// nothing against it within [`Credentials::DOUBTED_FOR`].
+    fn is_doubted(&self, replica: &str) -> bool {
+        self.doubted
+            .lock()
+            .expect("not poisoned")
+            .get(replica)
+            .is_some_and(|at| at.elapsed() < Self::DOUBTED_FOR)
+    }
 
     async fn connection(&self) -> Result<Arc<Client>> {
         let mut client = self.client.lock().await;
@@ -263,14 +358,11 @@ impl Credentials {
     /// it is an error and the connection stays; failed without an answer,
     /// the connection is opened again next time.
     async fn lookup_failed(&self, client: &Arc<Client>, e: magic_sync::Error) -> Result<Lookup> {
-        let answered = match &e {
-            magic_sync::Error::Postgres(pg) => pg.as_db_error().map(|db| db.code().code()),
-            _ => None,
-        };
+        let answered = matches!(&e, magic_sync::Error::Postgres(pg) if pg.as_db_error().is_some());
         match answered {
-            Some(code) if code.starts_with("22") => Ok(Lookup::NotAnId),
-            Some(_) => Err(e.into()),
-            None => {
+            true if e.is_data_exception() => Ok(Lookup::NotAnId),
+            true => Err(e.into()),
+            false => {
                 let mut held = self.client.lock().await;
                 if held.as_ref().is_some_and(|c| Arc::ptr_eq(c, client)) {
                     *held = None;
@@ -353,10 +445,15 @@ impl Credentials {
         if self.cached(replica, &stored, &digest) {
             return Ok(Checked::Yes);
         }
-        let permit = if recent && !standing.suspect {
-            self.reserved.turn().await?
-        } else {
-            self.hashing.turn().await?
+        // A party with nothing against it, naming an id nobody guessed
+        // lately: its own share if it proved itself lately, else the
+        // general share at any rate (a fleet's first connections). Any
+        // other check is on the general share at its rate.
+        let trusted = !standing.suspect && !self.is_doubted(replica);
+        let permit = match (trusted, recent) {
+            (true, true) => self.reserved.turn().await?,
+            (true, false) => self.hashing.turn().await?,
+            (false, _) => self.general_turn().await?,
         };
         let (proved, who, secret, kept) = (
             self.proved.clone(),
@@ -379,6 +476,14 @@ impl Credentials {
         .await
         .map_err(|e| Error::Hash(e.to_string()))?;
         if !ok {
+            if trusted {
+                // Bounded by the fleet: only ids with a secret get here.
+                // Those past their time go as one is added, not at every
+                // look: a fleet's logins each ask.
+                let mut doubted = self.doubted.lock().expect("not poisoned");
+                doubted.retain(|_, at| at.elapsed() < Self::DOUBTED_FOR);
+                doubted.insert(replica.to_string(), std::time::Instant::now());
+            }
             return Ok(Checked::No);
         }
         let client = self.connection().await?;
@@ -390,7 +495,7 @@ impl Credentials {
     /// general share: an id with no secret is refused as slowly as a
     /// wrong secret is.
     async fn as_long_as_a_wrong_secret(&self, secret: &str) -> Result<()> {
-        let permit = self.hashing.turn().await?;
+        let permit = self.general_turn().await?;
         let (dummy, secret) = (self.dummy.clone(), secret.to_string());
         tokio::task::spawn_blocking(move || {
             let _permit = permit;

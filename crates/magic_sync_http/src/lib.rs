@@ -22,6 +22,10 @@
 //! (see `proto/magic_sync.proto`). A replica authenticates its upgrade
 //! request with HTTP Basic credentials: its id and its secret.
 
+// A library speaks through its return values and `tracing`, never by
+// printing behind its host's back.
+#![warn(clippy::print_stdout, clippy::print_stderr)]
+
 pub mod cli;
 pub mod client;
 pub mod credentials;
@@ -29,10 +33,14 @@ mod guard;
 mod logbook;
 pub mod server;
 
+use magic_sync::Handling;
+
 /// The path replicas connect to.
 pub const PATH: &str = "/v1/replica";
 
-/// What went wrong in the transport itself.
+/// What went wrong in the transport itself. Each variant is a kind, with
+/// the operator's text beside it; [`Error::handling`] says what the kind
+/// makes a caller do.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The server's database.
@@ -44,7 +52,8 @@ pub enum Error {
     /// A socket, a file.
     #[error("{0}")]
     Io(#[from] std::io::Error),
-    /// Hashing a secret.
+    /// Checking or making a secret's hash could not be done now: too many
+    /// checks wait already, or the task hashing it was cancelled.
     #[error("hashing a secret: {0}")]
     Hash(String),
     /// TLS set-up: certificates, keys.
@@ -55,5 +64,49 @@ pub enum Error {
     Settings(String),
 }
 
+impl Error {
+    /// What a caller does about this failure, by its kind: try again after
+    /// a backoff ([`Handling::Retry`]), leave what it was about
+    /// ([`Handling::SetAside`]), or stop until the operator acts
+    /// ([`Handling::Stop`]).
+    pub fn handling(&self) -> Handling {
+        match self {
+            Error::Postgres(e) => magic_sync::error::postgres_handling(e),
+            Error::Engine(e) => e.handling(),
+            // A connection reset, a listener out of descriptors: the
+            // network and the machine are the infrastructure.
+            Error::Io(_) => Handling::Retry,
+            Error::Hash(_) => Handling::Retry,
+            // Certificates and settings stay as they are until the
+            // operator changes them.
+            Error::Tls(_) | Error::Settings(_) => Handling::Stop,
+        }
+    }
+}
+
 /// This crate's results.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+    use magic_sync::Handling;
+
+    #[test]
+    fn what_only_the_operator_changes_stops_and_a_busy_hasher_is_tried_again() {
+        assert_eq!(
+            Error::Tls("no private key".into()).handling(),
+            Handling::Stop
+        );
+        assert_eq!(
+            Error::Settings("ws:// to another machine".into()).handling(),
+            Handling::Stop
+        );
+        assert_eq!(
+            Error::Hash("256 secrets wait to be checked already".into()).handling(),
+            Handling::Retry
+        );
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert_eq!(Error::Io(reset).handling(), Handling::Retry);
+    }
+}

@@ -89,7 +89,9 @@ pub struct Settings {
     /// Bytes a second read from one replica at most, after a first burst of
     /// `max_message_bytes`: the hub reads a replica that sends faster only
     /// at this pace, so what one replica sends costs the server a bounded
-    /// share of its time, whatever it sends.
+    /// share of its time, whatever it sends. Each frame counts as at least
+    /// 4 KiB, and each row an upload carries as at least 1 KiB, so a flood
+    /// of tiny frames, or of empty rows, is bounded by their number too.
     pub max_bytes_per_second: usize,
 }
 
@@ -275,6 +277,27 @@ const CLOSE_TOO_BIG: u16 = 1009;
 
 /// Bytes read from a replica's connection at a time.
 const READ_BUFFER: usize = 8 << 10;
+/// What a frame counts as, at least, against its replica's pace: hearing a
+/// frame costs the relay by the frame as well as by the byte, and a flood
+/// of acknowledgements of 50 bytes would otherwise be read at 170,000 a
+/// second. At the default pace this is 2,048 frames a second, far above
+/// what a replica says (an acknowledgement per message applied, an upload
+/// per batch of writes).
+const FRAME_FLOOR: usize = 4 << 10;
+/// What a row of an upload counts as, at least, against its replica's
+/// pace: filing costs by the row, and an upload of 5,000 empty rows is a
+/// few KiB. At the default pace this is 8,192 rows a second, a day's
+/// backlog of 100,000 sales in about 12 s.
+const ROW_FLOOR: usize = 1 << 10;
+/// The most bytes of an HTTP head the hub reads before it answers 431 and
+/// closes. A replica's upgrade is a few hundred bytes: its Basic
+/// credentials (an id of at most [`credentials::MAX_ID_BYTES`] and a
+/// secret), the WebSocket headers, perhaps a proxy's. hyper's default is
+/// about 400 KiB, and a stranger could make the hub parse that much per
+/// connection from every new address it has.
+const HEAD_BYTES: usize = 16 << 10;
+/// The most header fields in a head (hyper's default is 100).
+const HEAD_FIELDS: usize = 64;
 
 impl Inner {
     /// Writes a line of `kind` with `write` (given what the line adds of
@@ -452,7 +475,7 @@ impl Inner {
     }
 
     fn not_connected(replica: &str) -> SendError {
-        SendError(format!("replica `{replica}` is not connected"))
+        SendError::unreachable(format!("replica `{replica}` is not connected"))
     }
 }
 
@@ -502,7 +525,8 @@ impl Transport for Hub {
                     .peers()
                     .get(replica.as_str())
                     .map_or(0, |p| p.unacked_bytes);
-                return Err(SendError(format!(
+                // A replica slow to take: the rest waits for it.
+                return Err(SendError::unreachable(format!(
                     "replica `{replica}` has {unacked} bytes of messages unacknowledged (at most \
                      {}) and took none for {:?}; the rest waits",
                     self.inner.settings.max_unacked_bytes, self.inner.settings.write_timeout
@@ -760,7 +784,9 @@ async fn connection<I>(
     );
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(handshake);
+        .header_read_timeout(handshake)
+        .max_buf_size(HEAD_BYTES)
+        .max_headers(HEAD_FIELDS);
     let served = http
         .serve_connection(hyper_util::rt::TokioIo::new(io), service)
         .with_upgrades();
@@ -1026,9 +1052,11 @@ async fn replica_connection(
                 // bytes sent and tens held).
                 Message::Binary(bytes) => match bounded_decode(&bytes, &bounds) {
                     Ok(Bounded { up, decoded_bytes }) => {
+                        let rows = magic_sync::core::link::upload_rows(&up);
                         inner.hear(&replica, up, decoded_bytes).await;
-                        inner.paid(&replica, pace.owe(bytes.len()));
-                        pace.after(bytes.len()).await;
+                        let charged = bytes.len().max(FRAME_FLOOR).max(rows * ROW_FLOOR);
+                        inner.paid(&replica, pace.owe(charged));
+                        pace.after(charged).await;
                     }
                     Err(Refusal::Malformed(e)) => {
                         return Err((CLOSE_INVALID, format!("a frame that is not an Up: {e}")))

@@ -36,12 +36,13 @@ use crate::{
 };
 use async_nats::jetstream::context::ConsumerInfoErrorKind;
 use async_nats::jetstream::{self, consumer, stream, AckKind};
+use async_nats::ConnectErrorKind;
 use futures_util::StreamExt;
 use magic_sync::core::bounds::{bounded_decode, UpBounds};
 use magic_sync::envelope::Filed;
 use magic_sync::relay::{SendError, Transport};
 use magic_sync::run::server::Reports;
-use magic_sync::run::Report;
+use magic_sync::run::{LinkError, Report};
 use magic_sync::ReplicaId;
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -135,7 +136,20 @@ impl Settings {
             .max_reconnects(None)
             .connect(&self.url)
             .await
-            .map_err(|e| Error::Broker(self.reach().not_connected(&e)))
+            .map_err(|e| {
+                let why = self.reach().not_connected(&e);
+                Error::Broker(match e.kind() {
+                    // Its credentials or its certificates: the operator's.
+                    ConnectErrorKind::Authentication
+                    | ConnectErrorKind::AuthorizationViolation
+                    | ConnectErrorKind::Tls
+                    | ConnectErrorKind::ServerParse => LinkError::misconfigured(why),
+                    ConnectErrorKind::Dns
+                    | ConnectErrorKind::TimedOut
+                    | ConnectErrorKind::Io
+                    | ConnectErrorKind::MaxReconnects => LinkError::unreachable(why),
+                })
+            })
     }
 }
 
@@ -527,20 +541,31 @@ impl Inner {
             .js
             .publish_with_headers(down_subject(replica), headers, frame.into())
             .await
-            .map_err(|e| Error::broker("publishing", e))?;
+            .map_err(|e| not_published("publishing", &e))?;
         match tokio::time::timeout(self.settings.publish_timeout, stored).await {
-            Err(_) => Err(Error::Broker(format!(
+            Err(_) => Err(Error::Broker(LinkError::unreachable(format!(
                 "the broker did not say it stored a message in {:?}",
                 self.settings.publish_timeout
-            ))),
+            )))),
             Ok(Err(e)) => {
                 // A stream lost with the broker's storage is made again.
                 self.streams.lock().expect("not poisoned").remove(replica);
-                Err(Error::broker("storing", e))
+                Err(not_published("storing", &e))
             }
             Ok(Ok(_)) => Ok(()),
         }
     }
+}
+
+/// A publish the broker did not take, doing `what`, by its kind: a message
+/// larger than the broker carries never goes as it is; anything else
+/// (the connection, a timeout, a stream being made again) may go later.
+fn not_published(what: &str, e: &jetstream::context::PublishError) -> Error {
+    let why = format!("{what}: {e}");
+    Error::Broker(match e.kind() {
+        jetstream::context::PublishErrorKind::MaxPayloadExceeded => LinkError::refused(why),
+        _ => LinkError::unreachable(why),
+    })
 }
 
 /// Whether `found` is the replica's consumer as the server sets it
@@ -644,14 +669,14 @@ impl Transport for Broker {
         self.inner
             .publish(replica, Some(id), magic_sync::run::message_frame(message))
             .await
-            .map_err(|e| SendError(e.to_string()))
+            .map_err(Error::into_link)
     }
 
     async fn answer(&self, replica: &ReplicaId, filed: Filed) -> Result<(), SendError> {
         self.inner
             .publish(replica, None, magic_sync::run::filed_frame(filed))
             .await
-            .map_err(|e| SendError(e.to_string()))
+            .map_err(Error::into_link)
     }
 
     /// The broker cannot close one replica's connection; what it said was
@@ -721,5 +746,38 @@ impl Reports for Broker {
             return;
         }
         notified.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::not_published;
+    use crate::Error;
+    use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+    use magic_sync::run::{LinkError, LinkErrorKind};
+    use magic_sync::Handling;
+
+    #[test]
+    fn a_message_larger_than_the_broker_carries_is_refused_anything_else_waits() {
+        let too_large = not_published(
+            "publishing",
+            &PublishError::new(PublishErrorKind::MaxPayloadExceeded),
+        );
+        let timed_out = not_published("storing", &PublishError::new(PublishErrorKind::TimedOut));
+        assert_eq!(too_large.handling(), Handling::SetAside, "{too_large}");
+        assert_eq!(timed_out.handling(), Handling::Retry, "{timed_out}");
+        // The relay's send keeps the broker's kind, and its words.
+        let sent = too_large.into_link();
+        assert_eq!(sent.kind, LinkErrorKind::Refused);
+        assert!(sent.why.starts_with("the broker: publishing: "), "{sent}");
+    }
+
+    #[test]
+    fn a_setting_that_cannot_work_is_the_operators_and_a_send_says_so() {
+        let e = Error::Settings("the broker `x` is not a nats:// or tls:// address".into());
+        assert_eq!(e.handling(), Handling::Stop);
+        assert_eq!(e.into_link().kind, LinkErrorKind::Misconfigured);
+        let refused = Error::Broker(LinkError::misconfigured("authorization violation"));
+        assert_eq!(refused.handling(), Handling::Stop);
     }
 }

@@ -27,14 +27,18 @@
 //!
 //! Nothing here needs a newer server than Debian's `nats-server` (2.9).
 
+// A library speaks through its return values and `tracing`, never by
+// printing behind its host's back.
+#![warn(clippy::print_stdout, clippy::print_stderr)]
+
 pub mod access;
 pub mod broker;
 pub mod cli;
 pub mod mailbox;
 mod order;
 
-use magic_sync::run::{host_of, is_loopback};
-use magic_sync::ReplicaId;
+use magic_sync::run::{host_of, is_loopback, LinkError, LinkErrorKind};
+use magic_sync::{Handling, ReplicaId};
 use std::path::{Path, PathBuf};
 
 /// The subject prefix of what the server sends a replica.
@@ -151,12 +155,16 @@ impl Reach<'_> {
     }
 }
 
-/// What went wrong in the broker transport itself.
+/// What went wrong in the broker transport itself. Each variant is a
+/// kind, with the operator's text beside it; [`Error::handling`] says what
+/// the kind makes a caller do.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// Connecting to the broker, or a request it refused.
+    /// Connecting to the broker, or a request it refused: out of reach
+    /// now, a message larger than it carries, or credentials it refuses,
+    /// by the [`LinkError`]'s kind.
     #[error("the broker: {0}")]
-    Broker(String),
+    Broker(LinkError),
     /// A setting that cannot work, named.
     #[error("{0}")]
     Settings(String),
@@ -169,8 +177,44 @@ pub enum Error {
 }
 
 impl Error {
+    /// The broker failed doing `what`, for now: it is tried again.
     pub(crate) fn broker(what: &str, e: impl std::fmt::Display) -> Error {
-        Error::Broker(format!("{what}: {e}"))
+        Error::Broker(LinkError::unreachable(format!("{what}: {e}")))
+    }
+
+    /// What a caller does about this failure, by its kind: try again after
+    /// a backoff ([`Handling::Retry`]), leave what it was about
+    /// ([`Handling::SetAside`]), or stop until the operator acts
+    /// ([`Handling::Stop`]).
+    pub fn handling(&self) -> Handling {
+        match self {
+            Error::Broker(e) => match e.kind {
+                LinkErrorKind::Unreachable => Handling::Retry,
+                LinkErrorKind::Refused => Handling::SetAside,
+                LinkErrorKind::Misconfigured => Handling::Stop,
+            },
+            Error::Settings(_) => Handling::Stop,
+            // A thread or a runtime not made: the machine's resources.
+            Error::Io(_) => Handling::Retry,
+            Error::Store(e) => e.handling(),
+        }
+    }
+
+    /// This failure as the relay's [`magic_sync::relay::SendError`]: the
+    /// broker's own kind, or the one its handling says, and its text.
+    pub(crate) fn into_link(self) -> LinkError {
+        let kind = match &self {
+            Error::Broker(e) => e.kind,
+            other => match other.handling() {
+                Handling::Retry => LinkErrorKind::Unreachable,
+                Handling::SetAside => LinkErrorKind::Refused,
+                Handling::Stop => LinkErrorKind::Misconfigured,
+            },
+        };
+        LinkError {
+            kind,
+            why: self.to_string(),
+        }
     }
 }
 

@@ -28,16 +28,16 @@ use futures_util::StreamExt;
 use magic_sync::backoff::Backoff;
 use magic_sync::envelope::Up;
 use magic_sync::replica::UplinkError;
+use magic_sync::run::link::{Ends, Shell, State};
+use magic_sync::run::replica::Link;
 pub use magic_sync::run::replica::Nudger;
-use magic_sync::run::replica::{Incoming, Link};
 use magic_sync::run::{Delivery, Report};
-use prost::Message as _;
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 
 /// Where and as whom a replica reads its mailbox.
 #[derive(Clone)]
@@ -120,6 +120,7 @@ impl Settings {
 }
 
 /// What the loop asks of the mailbox's thread.
+#[derive(Debug)]
 enum Out {
     /// Bytes to publish: a report or an upload.
     Say(Vec<u8>),
@@ -128,32 +129,14 @@ enum Out {
     Done(u64),
 }
 
-#[derive(Debug, Default)]
-struct Shared {
-    /// Reading its stream now.
-    reading: AtomicBool,
-    /// Times it began reading.
-    readings: AtomicU64,
-    last_error: Mutex<Option<String>>,
-    /// The broker's last refusal of a subject (a permissions violation):
-    /// what explains the timeouts that follow it.
-    refused: Mutex<Option<String>>,
-    stopping: AtomicBool,
-    stop: Notify,
-}
-
 /// A replica's mailbox on the broker, read by a thread of its own.
 #[derive(Debug)]
 pub struct Mailbox {
-    incoming: Incoming,
-    out: mpsc::UnboundedSender<Out>,
+    shell: Shell<Out>,
     /// Deliveries from the broker the loop has taken.
     taken: AtomicU64,
     /// What was last said to be dealt with.
     done: AtomicU64,
-    shared: Arc<Shared>,
-    max_message_bytes: usize,
-    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Mailbox {
@@ -162,84 +145,61 @@ impl Mailbox {
     pub fn open(settings: Settings) -> crate::Result<Mailbox> {
         settings.reach().check("the replica holds")?;
         crate::access::Credentials::from_seed(&settings.seed)?;
-        let incoming = Incoming::default();
-        let feed = incoming.feed();
-        let (out, out_rx) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared::default());
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let max_message_bytes = settings.max_message_bytes;
-        let thread = {
-            let shared = shared.clone();
-            std::thread::Builder::new()
-                .name(format!("magic_sync mailbox {}", settings.replica))
-                .spawn(move || runtime.block_on(run(settings, feed, out_rx, shared)))?
-        };
+        let shell = Shell::start(
+            format!("magic_sync mailbox {}", settings.replica),
+            settings.max_message_bytes,
+            move |ends| run(settings, ends),
+        )?;
         Ok(Mailbox {
-            incoming,
-            out,
+            shell,
             taken: AtomicU64::new(0),
             done: AtomicU64::new(0),
-            shared,
-            max_message_bytes,
-            thread: Some(thread),
         })
     }
 
     /// Whether it reads its stream now.
     pub fn is_reading(&self) -> bool {
-        self.shared.reading.load(Ordering::Acquire)
+        self.shell.state().is_connected()
     }
 
     /// Times it began reading its stream.
     pub fn readings(&self) -> u64 {
-        self.shared.readings.load(Ordering::Relaxed)
+        self.shell.state().connects()
     }
 
     /// Why reading last stopped or failed to begin; `None` while it reads.
     pub fn last_error(&self) -> Option<String> {
-        self.shared.last_error.lock().expect("not poisoned").clone()
+        self.shell.state().last_error()
     }
 
     /// A handle the host nudges when it wrote something.
     pub fn nudger(&self) -> Nudger {
-        self.incoming.nudger()
+        self.shell.nudger()
     }
 
     /// Stops reading: the replica's loop sees the link end.
     pub fn close(&self) {
-        self.shared.stopping.store(true, Ordering::Release);
-        self.shared.stop.notify_one();
+        self.shell.close();
     }
 
     /// Tells the thread that everything taken so far was dealt with.
     fn dealt_with(&self) {
         let taken = self.taken.load(Ordering::Acquire);
         if self.done.swap(taken, Ordering::AcqRel) < taken {
-            let _ = self.out.send(Out::Done(taken));
-        }
-    }
-}
-
-impl Drop for Mailbox {
-    fn drop(&mut self) {
-        self.close();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            self.shell.send(Out::Done(taken));
         }
     }
 }
 
 impl Link for Mailbox {
     fn max_message_bytes(&self) -> usize {
-        self.max_message_bytes
+        self.shell.max_message_bytes()
     }
 
     fn next(&self, timeout: Duration) -> Delivery {
         // The loop asks again only once it dealt with what it had.
         self.dealt_with();
-        let delivery = self.incoming.next(timeout);
+        let delivery = self.shell.incoming().next(timeout);
         if matches!(delivery, Delivery::Message(_) | Delivery::Filed(_)) {
             self.taken.fetch_add(1, Ordering::AcqRel);
         }
@@ -248,27 +208,16 @@ impl Link for Mailbox {
 
     fn report(&self, report: Report) {
         self.dealt_with();
-        let _ = self.out.send(Out::Say(report.encode()));
+        self.shell.send(Out::Say(report.encode()));
     }
 
     fn upload(&self, up: &Up) -> Result<(), UplinkError> {
-        if !self.is_reading() {
-            return Err(UplinkError::Unreachable(
-                self.last_error()
-                    .unwrap_or_else(|| "not connected to the broker yet".into()),
-            ));
+        let bytes = self.shell.upload_bytes(up, "the broker")?;
+        if self.shell.send(Out::Say(bytes)) {
+            Ok(())
+        } else {
+            Err(UplinkError::unreachable("the mailbox is closed"))
         }
-        let bytes = up.encode_to_vec();
-        if bytes.len() > self.max_message_bytes {
-            return Err(UplinkError::Refused(format!(
-                "an upload of {} bytes, more than a message may have ({})",
-                bytes.len(),
-                self.max_message_bytes
-            )));
-        }
-        self.out
-            .send(Out::Say(bytes))
-            .map_err(|_| UplinkError::Unreachable("the mailbox is closed".into()))
     }
 }
 
@@ -277,7 +226,10 @@ struct Thread {
     settings: Settings,
     feed: std_mpsc::Sender<Delivery>,
     out: mpsc::UnboundedReceiver<Out>,
-    shared: Arc<Shared>,
+    state: Arc<State>,
+    /// The broker's last refusal of a subject (a permissions violation):
+    /// what explains the timeouts that follow it.
+    refused: Arc<Mutex<Option<String>>>,
     /// Deliveries fed to the loop so far.
     fed: u64,
     /// Of those, the ones the loop said it dealt with.
@@ -311,18 +263,15 @@ struct Unacked {
 
 /// Connects, reads, and reads again after a failure, until stopped; then
 /// ends the link.
-async fn run(
-    settings: Settings,
-    feed: std_mpsc::Sender<Delivery>,
-    out: mpsc::UnboundedReceiver<Out>,
-    shared: Arc<Shared>,
-) {
+async fn run(settings: Settings, ends: Ends<Out>) {
+    let Ends { feed, out, state } = ends;
+    let refused = Arc::new(Mutex::new(None::<String>));
     let mut backoff = Backoff::new(settings.backoff_min, settings.backoff_max);
     let client = loop {
         let options = settings
             .reach()
             .apply(async_nats::ConnectOptions::with_nkey(settings.seed.clone()));
-        let noting = shared.clone();
+        let noting = refused.clone();
         let connecting = options
             .event_callback(move |event| {
                 let noting = noting.clone();
@@ -330,7 +279,7 @@ async fn run(
                     if let async_nats::Event::ServerError(e) = event {
                         let e = e.to_string();
                         if e.contains("ermissions") {
-                            *noting.refused.lock().expect("not poisoned") = Some(e);
+                            *noting.lock().expect("not poisoned") = Some(e);
                         }
                     }
                 }
@@ -344,15 +293,15 @@ async fn run(
                 Ok(client) => break client,
                 Err(e) => settings.reach().not_connected(&e),
             },
-            () = shared.stop.notified() => {
+            () = state.stopped() => {
                 let _ = feed.send(Delivery::Closed);
                 return;
             }
         };
-        *shared.last_error.lock().expect("not poisoned") = Some(failed);
+        state.lost(Some(failed));
         tokio::select! {
             () = tokio::time::sleep(backoff.next_wait()) => {}
-            () = shared.stop.notified() => {
+            () = state.stopped() => {
                 let _ = feed.send(Delivery::Closed);
                 return;
             }
@@ -363,7 +312,8 @@ async fn run(
         settings,
         feed,
         out,
-        shared,
+        state,
+        refused,
         fed: 0,
         done: 0,
         unacked: VecDeque::new(),
@@ -371,9 +321,8 @@ async fn run(
         waiting_since: None,
         stream_made: None,
     };
-    while !thread.shared.stopping.load(Ordering::Acquire) {
+    while !thread.state.stopping() {
         let ended = thread.read(&client, &js).await;
-        thread.shared.reading.store(false, Ordering::Release);
         match ended {
             Ended::Stopped => break,
             Ended::Failed {
@@ -383,21 +332,22 @@ async fn run(
                 if was_reading {
                     backoff.reset();
                 }
-                if let Some(refused) = thread.shared.refused.lock().expect("not poisoned").take() {
+                if let Some(refused) = thread.refused.lock().expect("not poisoned").take() {
                     why = format!(
                         "{why}; the broker refused this connection a subject ({refused}): is this \
                          seed the one enrolled for `{}`?",
                         thread.settings.replica
                     );
                 }
-                *thread.shared.last_error.lock().expect("not poisoned") = Some(why);
+                thread.state.lost(Some(why));
             }
         }
         tokio::select! {
             () = tokio::time::sleep(backoff.next_wait()) => {}
-            () = thread.shared.stop.notified() => break,
+            () = thread.state.stopped() => break,
         }
     }
+    thread.state.lost(None);
     thread.hand_back(&client).await;
     // What the loop said last goes before the connection closes.
     let _ = client.flush().await;
@@ -457,10 +407,8 @@ impl Thread {
             Ok(messages) => messages,
             Err(e) => return failed(format!("reading its stream: {e}")),
         };
-        self.shared.reading.store(true, Ordering::Release);
-        self.shared.readings.fetch_add(1, Ordering::Relaxed);
-        // What went wrong before is over.
-        *self.shared.last_error.lock().expect("not poisoned") = None;
+        // Counted, and what went wrong before is over.
+        self.state.connected();
         let mut every = tokio::time::interval(heartbeat);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -476,7 +424,7 @@ impl Thread {
                     Some(said) => self.heed(client, said).await,
                 },
                 _ = every.tick(), if waiting => self.still_waiting(js, &stream, give_up_after).await,
-                () = self.shared.stop.notified() => Err(Ended::Stopped),
+                () = self.state.stopped() => Err(Ended::Stopped),
             };
             if let Err(ended) = step {
                 return ended;

@@ -3,6 +3,7 @@
 
 use magic_sync_core::error::list;
 pub use magic_sync_core::error::{Handling, Mismatch};
+use magic_sync_core::link::LinkErrorKind;
 
 /// Everything that can go wrong on a replica.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +75,13 @@ pub enum Error {
         /// Why.
         why: magic_sync_core::sign::Forgery,
     },
+    /// The transport would not carry what the replica said (an upload);
+    /// its kind says whether that passes. The replica's own uplink sets
+    /// aside what it refuses and waits while the server is out of reach:
+    /// what reaches its loop is a transport that carries nothing until its
+    /// operator acts (credentials refused, a setting that cannot work).
+    #[error("the transport: {0}")]
+    Transport(magic_sync_core::link::LinkError),
     /// A message was applied and committed, but letting go of the retired rows
     /// nothing points at any more failed afterwards. The replica holds the
     /// message; the retired rows wait for the next purge.
@@ -95,27 +103,41 @@ impl From<magic_sync_core::error::Error> for Error {
 }
 
 impl Error {
-    /// What the replica does about this failure.
+    /// What the replica's loop does about this failure, decided for every
+    /// kind: a kind added later is classified by whoever adds it, never by
+    /// a default.
     pub fn handling(&self) -> Handling {
         match self {
-            Error::Sqlite(e)
-                if matches!(
-                    e.sqlite_error_code(),
-                    Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
-                ) =>
-            {
-                Handling::Retry
-            }
+            // The host holds the file longer than the replica waits.
+            Error::Sqlite(e) if is_busy(e) => Handling::Retry,
+            // The replica's own database failed otherwise (its disk, its
+            // file): the host's to decide about. Skipping the message it
+            // failed on would only open a gap.
+            Error::Sqlite(_) => Handling::Stop,
+            // The transport says which, by its kind.
+            Error::Transport(e) => match e.kind {
+                LinkErrorKind::Unreachable => Handling::Retry,
+                LinkErrorKind::Refused => Handling::SetAside,
+                LinkErrorKind::Misconfigured => Handling::Stop,
+            },
+            // The message applied; what failed after it decides.
             Error::Purge { source, .. } => source.handling(),
             // As the process dying there would: the next attempt goes on.
             #[cfg(feature = "failpoints")]
             Error::Injected(_) => Handling::Retry,
+            // One row, one message, one answer: refused or skipped, and
+            // the rest goes on.
+            Error::Unreadable { .. }
+            | Error::Envelope(_)
+            | Error::Malformed { .. }
+            | Error::Forged { .. } => Handling::SetAside,
+            // How the replica was built or set up: nothing changes until
+            // its host acts.
             Error::Declarations(_)
             | Error::NoCodec { .. }
             | Error::Bookkeeping(_)
             | Error::NoServerKey
             | Error::OtherServer { .. } => Handling::Stop,
-            _ => Handling::SetAside,
         }
     }
 
@@ -124,6 +146,14 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         self.handling() == Handling::Retry
     }
+}
+
+/// Whether SQLite gave up waiting for another connection's lock.
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
 }
 
 /// The replica's result.

@@ -43,6 +43,10 @@
 //! lets go of children before their parents, and within a message a unique
 //! value may move between rows in any order.
 
+// A library speaks through its return values and `tracing`, never by
+// printing behind its host's back.
+#![warn(clippy::print_stdout, clippy::print_stderr)]
+
 mod apply;
 mod described;
 mod digest;
@@ -73,7 +77,7 @@ pub use magic_sync_core::schema::{ForeignKey, Schema};
 pub use magic_sync_core::sign::{Forgery, ServerKey};
 pub use state::{Status, MAX_REFUSED};
 pub use up::{mark, wait_written, written, Mark, Pending, Written};
-pub use uplink::{SentUp, Uplink, UplinkError};
+pub use uplink::{LinkError, LinkErrorKind, SentUp, Uplink, UplinkError};
 
 use crate::chain::{Applied, Break, Chain, Decision};
 use crate::engine::Engine;
@@ -159,6 +163,10 @@ pub struct Replica {
     /// replica), kept a while in case their send is recorded after them.
     early: std::collections::HashSet<Vec<u8>>,
     patience: uplink::Patience,
+    /// Why the replica's loop last ended on what only its host can end
+    /// ([`Handling::Stop`]); `None` while it runs, and after it ended
+    /// cleanly.
+    stopped: Option<String>,
 }
 
 /// How long the replica waits for a host's write transaction to end
@@ -225,6 +233,7 @@ impl Replica {
             set_aside: Default::default(),
             early: Default::default(),
             patience: Default::default(),
+            stopped: None,
         };
         // The server may have said this build's configuration is whole
         // while an older build ran here: what it took back then went.
@@ -266,6 +275,15 @@ impl Replica {
     /// keys among them the server described.
     pub fn schema(&self) -> &Schema {
         &self.schema
+    }
+
+    /// The tables as the server last described them, whole from a server
+    /// of this build (`magic_sync_core::schema::Schema::from_described`
+    /// reads it back: every table's columns, key, direction, rule, owned,
+    /// version, origin and retired columns, codec and foreign keys); `None`
+    /// before the server first did.
+    pub fn described(&self) -> Option<&envelope::ReplicaSchema> {
+        self.described.as_ref()
     }
 
     /// The database, for the host to read what the replica holds and write
@@ -582,6 +600,7 @@ impl Replica {
         (status.forged, status.last_forgery) = self
             .forgeries
             .on_top_of(status.forged, status.last_forgery.take());
+        status.stopped.clone_from(&self.stopped);
         Ok(status)
     }
 

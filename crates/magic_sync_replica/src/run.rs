@@ -3,8 +3,9 @@
 //! of it once filed.
 
 use crate::envelope::Up;
-use crate::error::Result;
+use crate::error::{Error, Handling, Result};
 use crate::{Outcome, Replica, Uplink, UplinkError};
+use magic_sync_core::backoff::Backoff;
 pub use magic_sync_core::link::{Delivery, Report};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,9 +25,13 @@ pub trait Link {
     /// has not heard acknowledged, and the replica answers a duplicate with
     /// its acknowledgement.
     fn report(&self, report: Report);
-    /// Hands the server an upload. Out of reach is [`UplinkError::Unreachable`]
-    /// (the rows wait); more than a message may carry is
-    /// [`UplinkError::Refused`].
+    /// Hands the server an upload. Out of reach is an [`UplinkError`] of
+    /// kind [`Unreachable`](crate::LinkErrorKind::Unreachable) (the rows
+    /// wait); more than a message may carry,
+    /// [`Refused`](crate::LinkErrorKind::Refused); a transport that carries
+    /// nothing until its operator acts,
+    /// [`Misconfigured`](crate::LinkErrorKind::Misconfigured) (the loop
+    /// stops).
     fn upload(&self, up: &Up) -> std::result::Result<(), UplinkError>;
 }
 
@@ -141,6 +146,12 @@ pub struct Uploads {
     /// may have been lost, and nothing else would make it say it again
     /// while the server has nothing to send.
     pub say_again_every: Duration,
+    /// The first wait before the loop tries again what failed on what may
+    /// pass ([`Handling::Retry`]: the host held the file past the busy
+    /// timeout); it doubles, with jitter, up to `backoff_max`.
+    pub backoff_min: Duration,
+    /// The longest wait before trying again.
+    pub backoff_max: Duration,
 }
 
 impl Default for Uploads {
@@ -151,6 +162,8 @@ impl Default for Uploads {
             batch: 64,
             digest_every: Duration::from_secs(3600),
             say_again_every: Duration::from_secs(60),
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(10),
         }
     }
 }
@@ -163,40 +176,58 @@ pub fn replica(replica: &mut Replica, link: &impl Link) -> Result<()> {
 }
 
 /// Applies every message the link brings `replica` until it closes, and
-/// reports what it applied. A message that cannot be applied as it is
-/// (malformed, not a message at all) is skipped: the server's next
-/// comparison covers what it carried. Once what came is applied (or after
+/// reports what it applied. Once what came is applied (or after
 /// `uploads.batch` deliveries in a row), and after a quiet spell or a
 /// nudge from its host, it sends up what is due of what the host wrote
 /// ([`Replica::upload`]), and lets go of what the server says it filed.
-/// Stops on an error of the replica's own database, which the host decides
-/// about.
+///
+/// A step that fails does what the error's kind says ([`Error::handling`]):
+/// - [`Handling::Retry`] (the host held the file past the busy timeout):
+///   the same step again after a backoff. A message or an answer is held,
+///   and taken again before anything that came after it.
+/// - [`Handling::SetAside`]: what it is about is left and the rest goes on.
+///   A message that cannot be applied as it is (malformed, not a message
+///   at all, a row in the file it cannot read) is skipped, and the server's
+///   next comparison covers what it carried; an answer that is not the
+///   server's is refused; a digest that cannot be read is not told.
+/// - [`Handling::Stop`] (a key not pinned, the replica's database failing,
+///   a transport that refuses it): the loop ends with the error, which
+///   [`Replica::status`] shows as `stopped` until the loop runs again.
 pub fn replica_with(replica: &mut Replica, link: &impl Link, uploads: &Uploads) -> Result<()> {
-    let mut looping = Looping::new();
-    loop {
-        if looping.digested.elapsed() >= uploads.digest_every {
-            looping.digested = Instant::now();
-            link.report(digest(replica)?);
+    replica.stopped = None;
+    let ran = Looping::new(uploads).run(replica, link, uploads);
+    if let Err(e) = &ran {
+        tracing::error!(
+            replica = replica.id(),
+            error = %e,
+            "the replica's loop stops until its host acts"
+        );
+        replica.stopped = Some(e.to_string());
+    }
+    ran
+}
+
+/// What a step that failed leaves the loop to do, by the error's kind.
+enum Failed {
+    /// Try it again after a backoff.
+    Retry,
+    /// It was left; go on.
+    SetAside,
+}
+
+/// The failure of a step, `what` it was, by its kind: what to do next, or
+/// the error itself when the loop stops.
+fn heed(replica: &Replica, what: &str, e: Error) -> Result<Failed> {
+    match e.handling() {
+        Handling::Retry => {
+            tracing::debug!(replica = replica.id(), error = %e, "{what}: trying again");
+            Ok(Failed::Retry)
         }
-        let Some(delivery) = looping.next(link, uploads) else {
-            return Ok(());
-        };
-        let quiet = matches!(delivery, Delivery::Quiet);
-        if quiet && looping.said.elapsed() >= uploads.say_again_every {
-            if let Some(report) = standing(replica) {
-                link.report(report);
-            }
-            looping.said = Instant::now();
+        Handling::SetAside => {
+            tracing::warn!(replica = replica.id(), error = %e, "{what}: set aside; the rest goes on");
+            Ok(Failed::SetAside)
         }
-        if !looping.take(replica, link, delivery)? {
-            return Ok(());
-        }
-        looping.since += 1;
-        if !quiet && looping.since < uploads.batch.max(1) {
-            continue;
-        }
-        looping.since = 0;
-        looping.send_up(replica, link, uploads)?;
+        Handling::Stop => Err(e),
     }
 }
 
@@ -206,56 +237,141 @@ struct Looping {
     /// once what the server sent so far is applied (or after `batch` of
     /// them), not after every message, since looking reads the notes.
     since: usize,
-    /// A message not applied because the host held the file past the busy
-    /// timeout: applied again before anything else comes. The transport
-    /// let go of it once delivered, so dropping it would open a gap, and a
-    /// gap costs the replica a snapshot.
-    held: Option<Vec<u8>>,
-    /// What came while a held message waited, in the order it came.
+    /// A delivery that failed on what may pass, and when it is taken
+    /// again, before anything else comes. The transport let go of it once
+    /// delivered: a message dropped would open a gap, and a gap costs the
+    /// replica a snapshot; an answer dropped, the upload going again.
+    held: Option<(Delivery, Instant)>,
+    /// What came while a held delivery waited, in the order it came.
     queued: std::collections::VecDeque<Delivery>,
+    /// The link closed while a delivery was held: what is left is taken,
+    /// and the loop ends.
+    closing: bool,
     /// An answer let go of rows since the server last heard the backlog:
     /// it hears it at the next look, with the next upload (each carries
     /// it) or, when nothing goes up, in a report of its own. Reporting it
     /// after every answer doubled what a busy server had to file.
     backlog_owed: bool,
-    /// When the replica last sent its digest.
-    digested: Instant,
+    /// When the replica tells its digest next.
+    digest_at: Instant,
     /// When the replica last said anything to the server.
     said: Instant,
+    /// When the loop may look for writes to send again, after a look
+    /// failed on what may pass.
+    send_at: Option<Instant>,
+    /// The waits before a step that failed on what may pass is tried
+    /// again; back to the least once a step goes through.
+    backoff: Backoff,
 }
 
 impl Looping {
-    fn new() -> Looping {
+    fn new(uploads: &Uploads) -> Looping {
         Looping {
             since: 0,
             held: None,
             queued: Default::default(),
+            closing: false,
             backlog_owed: false,
-            digested: Instant::now(),
+            digest_at: Instant::now() + uploads.digest_every,
             said: Instant::now(),
+            send_at: None,
+            backoff: Backoff::new(uploads.backoff_min, uploads.backoff_max),
         }
     }
 
-    /// What comes next: a held message first (heeding the link meanwhile:
-    /// its end ends the loop, anything else waits its turn), then what
-    /// queued behind it, then the link. `None` once the link closed.
+    /// The loop itself: returns once the link closed, or with the error
+    /// of a step that stops it.
+    fn run(&mut self, replica: &mut Replica, link: &impl Link, uploads: &Uploads) -> Result<()> {
+        loop {
+            if Instant::now() >= self.digest_at {
+                self.tell_digest(replica, link, uploads)?;
+            }
+            let Some(delivery) = self.next(link, uploads) else {
+                return Ok(());
+            };
+            let quiet = matches!(delivery, Delivery::Quiet);
+            if quiet && self.said.elapsed() >= uploads.say_again_every {
+                if let Some(report) = standing(replica) {
+                    link.report(report);
+                }
+                self.said = Instant::now();
+            }
+            if !self.take(replica, link, delivery)? {
+                return Ok(());
+            }
+            self.since += 1;
+            if !quiet && self.since < uploads.batch.max(1) {
+                continue;
+            }
+            self.since = 0;
+            self.send_up(replica, link, uploads)?;
+        }
+    }
+
+    /// When the step that just failed on what may pass is tried again.
+    fn again(&mut self) -> Instant {
+        Instant::now() + self.backoff.next_wait()
+    }
+
+    /// Tells the server the digest of what the replica holds; one that
+    /// cannot be read waits for the next.
+    fn tell_digest(
+        &mut self,
+        replica: &mut Replica,
+        link: &impl Link,
+        uploads: &Uploads,
+    ) -> Result<()> {
+        self.digest_at = match digest(replica) {
+            Ok(report) => {
+                link.report(report);
+                Instant::now() + uploads.digest_every
+            }
+            Err(e) => match heed(replica, "telling the digest", e)? {
+                Failed::Retry => self.again(),
+                Failed::SetAside => Instant::now() + uploads.digest_every,
+            },
+        };
+        Ok(())
+    }
+
+    /// What comes next: a held delivery once its backoff is over (heeding
+    /// the link meanwhile: anything it brings waits its turn), then what
+    /// queued behind it, then the link. The link's end cuts a backoff
+    /// short: what the loop holds and what queued are taken once more,
+    /// then the loop ends. `None` once the link closed and nothing is left.
     fn next(&mut self, link: &impl Link, uploads: &Uploads) -> Option<Delivery> {
+        if let Some((held, at)) = self.held.take() {
+            if self.closing {
+                // Taken once more since the link's end, and held again.
+                return None;
+            }
+            loop {
+                let left = at.saturating_duration_since(Instant::now());
+                match link.next(left) {
+                    Delivery::Closed => {
+                        self.closing = true;
+                        return Some(held);
+                    }
+                    Delivery::Quiet => {}
+                    other => self.queued.push_back(other),
+                }
+                if left.is_zero() {
+                    return Some(held);
+                }
+            }
+        }
+        if let Some(queued) = self.queued.pop_front() {
+            return Some(queued);
+        }
+        if self.closing {
+            return None;
+        }
         let wait = if self.since == 0 {
             uploads.every
         } else {
             Duration::ZERO
         };
-        match self.held.take() {
-            Some(message) => {
-                match link.next(Duration::ZERO) {
-                    Delivery::Closed => return None,
-                    Delivery::Quiet => {}
-                    other => self.queued.push_back(other),
-                }
-                Some(Delivery::Message(message))
-            }
-            None => Some(self.queued.pop_front().unwrap_or_else(|| link.next(wait))),
-        }
+        Some(link.next(wait))
     }
 
     /// Applies a message, or lets go of what an answer says was filed.
@@ -266,28 +382,36 @@ impl Looping {
         link: &impl Link,
         delivery: Delivery,
     ) -> Result<bool> {
-        match delivery {
-            Delivery::Message(message) => match deliver(replica, &message) {
-                Ok(Some(report)) => {
-                    self.said = Instant::now();
-                    link.report(report);
+        let failed = match &delivery {
+            Delivery::Message(message) => match deliver(replica, message) {
+                Ok(report) => {
+                    if let Some(report) = report {
+                        self.said = Instant::now();
+                        link.report(report);
+                    }
+                    None
                 }
-                Ok(None) => {}
-                Err(crate::Error::Envelope(_) | crate::Error::Malformed { .. }) => {}
-                Err(e) if e.is_transient() => self.held = Some(message),
-                Err(e) => return Err(e),
+                Err(e) => Some(heed(replica, "applying a message", e)?),
             },
-            Delivery::Filed(filed) => match replica.filed(&filed) {
-                Ok(released) => self.backlog_owed |= released > 0,
-                // Not the server's: counted, and nothing let go of.
-                Err(crate::Error::Forged { .. }) => {}
-                // The answer is lost: the upload goes again after a while,
-                // and filing it again changes nothing.
-                Err(e) if e.is_transient() => {}
-                Err(e) => return Err(e),
+            Delivery::Filed(filed) => match replica.filed(filed) {
+                Ok(released) => {
+                    self.backlog_owed |= released > 0;
+                    None
+                }
+                // One that is not the server's is counted, and lets go of
+                // nothing.
+                Err(e) => Some(heed(replica, "an answer to an upload", e)?),
             },
-            Delivery::Quiet => {}
+            Delivery::Quiet => None,
             Delivery::Closed => return Ok(false),
+        };
+        match failed {
+            Some(Failed::Retry) => {
+                let at = self.again();
+                self.held = Some((delivery, at));
+            }
+            Some(Failed::SetAside) => {}
+            None => self.backoff.reset(),
         }
         Ok(true)
     }
@@ -300,6 +424,10 @@ impl Looping {
         link: &impl Link,
         uploads: &Uploads,
     ) -> Result<()> {
+        if self.send_at.is_some_and(|at| Instant::now() < at) {
+            return Ok(());
+        }
+        self.send_at = None;
         let uplink = Uploading(link);
         let sent = match replica.send_up(
             &uplink,
@@ -307,11 +435,14 @@ impl Looping {
             uploads.batch,
         ) {
             Ok(sent) => sent,
-            // The host held the file longer than the replica waits: the
-            // next look sends it.
-            Err(e) if e.is_transient() => return Ok(()),
-            Err(e) => return Err(e),
+            Err(e) => {
+                if let Failed::Retry = heed(replica, "sending up", e)? {
+                    self.send_at = Some(self.again());
+                }
+                return Ok(());
+            }
         };
+        self.backoff.reset();
         for (table, key, why) in &sent.unreadable {
             // The host's to fix: it holds back no other row.
             tracing::warn!(
@@ -324,7 +455,14 @@ impl Looping {
         // Rows set aside count in the progress as not sent, whatever the
         // uploads before them said.
         if !sent.set_aside.is_empty() || (sent.uploads == 0 && self.backlog_owed) {
-            link.report(progress(replica)?);
+            match progress(replica) {
+                Ok(report) => link.report(report),
+                // Owed still: the next look says it.
+                Err(e) => {
+                    heed(replica, "reading the backlog", e)?;
+                    return Ok(());
+                }
+            }
         }
         // Out of reach, the figure is owed still.
         if sent.waits.is_none() {

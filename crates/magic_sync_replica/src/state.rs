@@ -490,6 +490,13 @@ pub struct Status {
     /// per row however often written; per table, see
     /// [`super::Replica::progress`].
     pub unfiled: u64,
+    /// Why the replica's loop ([`crate::run::replica_with`]) last ended on
+    /// what only its host can end ([`crate::Handling::Stop`]: a key not
+    /// pinned, its database failing, a transport that refuses it): the
+    /// error it returned. `None` while the loop runs or after it ended
+    /// cleanly, and always when read on a connection of the host's own
+    /// (the [`Replica`](super::Replica) that ran the loop knows it).
+    pub stopped: Option<String>,
 }
 
 /// Where the replica whose file `conn` opens stands.
@@ -518,5 +525,6 @@ pub(crate) fn status(conn: &Connection) -> Result<Status> {
         epoch,
         nonce,
         unfiled: crate::up::unfiled(conn)?,
+        stopped: None,
     })
 }

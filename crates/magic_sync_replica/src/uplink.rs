@@ -3,9 +3,11 @@
 //!
 //! An uplink either takes an upload, cannot reach the server now
 //! (transient: nothing is recorded as sent, and the caller tries again
-//! later), or refuses it for good (too large, say, or a row it will never
-//! carry). A refused upload is halved, and each half sent, until what is
-//! refused is one row sent alone; while one row is suspected, the next
+//! later), refuses it for good (too large, say, or a row it will never
+//! carry), or carries nothing until its operator acts (its credentials
+//! refused: the replica's loop stops, with what the uplink said). A
+//! refused upload is halved, and each half sent, until what is refused is
+//! one row sent alone; while one row is suspected, the next
 //! rows are tried without it. A suspect is set aside only when the uplink
 //! took some other upload in the same call, before or after: an uplink
 //! that refuses everything is the infrastructure's fault, not a row's, and
@@ -15,19 +17,18 @@
 use super::up::{self, Note, Pending};
 use crate::engine::Engine;
 use crate::envelope::Up;
-use crate::error::Result;
+use crate::error::{Error, Result};
+pub use magic_sync_core::link::{LinkError, LinkErrorKind};
 use rusqlite::Connection;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-/// Why an uplink did not take an upload.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum UplinkError {
-    /// The server is out of reach now: try again later.
-    Unreachable(String),
-    /// This upload will never go as it is.
-    Refused(String),
-}
+/// Why an uplink did not take an upload, by its kind
+/// ([`LinkErrorKind`]): the server out of reach now (try again later),
+/// this upload never going as it is (halved until the row it refuses is
+/// found), or nothing going until the transport's operator acts (the
+/// replica's loop stops: [`crate::Error::Transport`]).
+pub type UplinkError = LinkError;
 
 /// How a replica's uploads reach the server.
 pub trait Uplink {
@@ -166,17 +167,22 @@ impl Sender<'_> {
                 };
                 let mut queue = VecDeque::from([pending]);
                 while let Some(pending) = queue.pop_front() {
-                    match uplink.send(&pending.up) {
+                    let e = match uplink.send(&pending.up) {
                         Ok(()) => {
                             self.sent(&pending)?;
                             report.uploads += 1;
+                            continue;
                         }
-                        Err(UplinkError::Unreachable(why)) => {
-                            report.waits = Some(why);
+                        Err(e) => e,
+                    };
+                    match e.kind {
+                        LinkErrorKind::Unreachable => {
+                            report.waits = Some(e.why);
                             break 'sending;
                         }
-                        Err(UplinkError::Refused(why)) => {
-                            refused.get_or_insert(why);
+                        LinkErrorKind::Misconfigured => return Err(Error::Transport(e)),
+                        LinkErrorKind::Refused => {
+                            refused.get_or_insert(e.why);
                             let halves = Halving {
                                 skip: &mut skip,
                                 report: &mut report,

@@ -5,6 +5,7 @@
 
 use magic_sync_core::error::list;
 pub use magic_sync_core::error::{Handling, Mismatch};
+use magic_sync_core::link::LinkErrorKind;
 use magic_sync_core::sql::{ident, qualified};
 use magic_sync_core::ReplicaId;
 use std::fmt;
@@ -72,16 +73,17 @@ pub enum Error {
         /// The message number it named.
         number: u64,
     },
-    /// The transport did not take a message (it waits, or its snapshot is
-    /// begun again).
+    /// The transport did not take a message: out of reach, it waits (or
+    /// its snapshot is begun again); refused, by its kind, the runner
+    /// stops with what the transport said.
     #[error("sending message {number} to replica `{replica}`: {reason}")]
     Send {
         /// The replica.
         replica: ReplicaId,
         /// The message's number.
         number: u64,
-        /// What the transport said.
-        reason: String,
+        /// What the transport said, and its kind.
+        reason: crate::relay::SendError,
     },
     /// An upload from a replica the server does not know (or no longer
     /// lists as live).
@@ -273,17 +275,44 @@ impl std::fmt::Display for MissingIndex {
 }
 
 impl Error {
-    /// What the server does about this failure. The retried kinds are a
-    /// listed few; anything not listed is set aside, so it shows instead of
-    /// being retried for ever.
+    /// What the server does about this failure, decided for every kind:
+    /// a kind added later is classified by whoever adds it, never by a
+    /// default.
     pub fn handling(&self) -> Handling {
         match self {
-            Error::Postgres(e) if postgres_is_transient(e) => Handling::Retry,
-            // The transport is the infrastructure.
-            Error::Send { .. } | Error::InstallGaveWay { .. } | Error::NotLocked => Handling::Retry,
+            // The connection, the server's resources, a lock, a conflict:
+            // the infrastructure. Anything else PostgreSQL refuses is about
+            // the data or the statement, and fails the same way again.
+            Error::Postgres(e) => postgres_handling(e),
+            // The transport says which, by its kind. A message it refuses
+            // was made within the transport's own limit, so the two
+            // disagree, and a message cannot be set aside (the chain needs
+            // it): the operator's to mend, as credentials refused are.
+            Error::Send { reason, .. } => match reason.kind {
+                LinkErrorKind::Unreachable => Handling::Retry,
+                LinkErrorKind::Refused | LinkErrorKind::Misconfigured => Handling::Stop,
+            },
+            // The application's transactions held the table: a quieter
+            // moment installs it.
+            Error::InstallGaveWay { .. } => Handling::Retry,
+            // The lock went with its connection: the next attempt takes it
+            // again.
+            Error::NotLocked => Handling::Retry,
             // As the process dying there would: the next attempt goes on.
             #[cfg(feature = "failpoints")]
             Error::Injected(_) => Handling::Retry,
+            // What one replica said, or one row, one plan, one snapshot:
+            // refused or set aside, and the rest goes on.
+            Error::Forged { .. }
+            | Error::UnknownReplica { .. }
+            | Error::RowMismatch { .. }
+            | Error::Unsendable(_)
+            | Error::Unsettled { .. }
+            | Error::Disagreed { .. } => Handling::SetAside,
+            // The host's list, asked for again before every pass: a host
+            // that mends it goes on without a restart.
+            Error::ReplicaList { .. } => Handling::SetAside,
+            // The setup: nothing changes until the operator acts.
             Error::SchemaTooNew { .. }
             | Error::SchemaBehind { .. }
             | Error::Declarations(_)
@@ -292,7 +321,6 @@ impl Error {
             | Error::Tls { .. }
             | Error::SeedKey { .. }
             | Error::Damaged { .. } => Handling::Stop,
-            _ => Handling::SetAside,
         }
     }
 
@@ -313,6 +341,61 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         self.handling() == Handling::Retry
     }
+
+    /// Whether PostgreSQL refused a value (SQLSTATE class 22, a data
+    /// exception: a cast that fails, a number out of range, text that is no
+    /// value of its type). What it is about is the value, never the
+    /// connection, which stays sound.
+    pub fn is_data_exception(&self) -> bool {
+        matches!(self, Error::Postgres(e) if is_data_exception(e))
+    }
+}
+
+/// The SQLSTATE class of a data exception: a value PostgreSQL refuses.
+const DATA_EXCEPTION: &str = "22";
+/// The SQLSTATE class of an integrity constraint violation: a row a
+/// constraint refuses.
+const INTEGRITY_CONSTRAINT_VIOLATION: &str = "23";
+
+/// Whether `e` carries a SQLSTATE of `class` (its first two characters).
+fn in_class(e: &tokio_postgres::Error, class: &str) -> bool {
+    e.code().is_some_and(|c| c.code().starts_with(class))
+}
+
+/// Whether PostgreSQL refused a value (SQLSTATE class 22): what a note that
+/// no longer fits its table makes a pass fail with (`store::parked`).
+pub(crate) fn is_data_exception(e: &tokio_postgres::Error) -> bool {
+    in_class(e, DATA_EXCEPTION)
+}
+
+/// Whether PostgreSQL refused the row itself: a value it cannot take
+/// (class 22), a constraint (class 23), a type it cannot convert. Filing
+/// refuses that row alone; anything else is the infrastructure's, and files
+/// nothing.
+pub(crate) fn refuses_the_row(e: &tokio_postgres::Error) -> bool {
+    in_class(e, DATA_EXCEPTION)
+        || in_class(e, INTEGRITY_CONSTRAINT_VIOLATION)
+        || e.code() == Some(&SqlState::DATATYPE_MISMATCH)
+}
+
+/// Whether PostgreSQL refused a statement of many rows for one of them, or
+/// for a key it was given twice ([`refuses_the_row`], or a cardinality
+/// violation): filing them one by one refuses only the row at fault.
+pub(crate) fn refuses_a_row_of_many(e: &tokio_postgres::Error) -> bool {
+    refuses_the_row(e) || e.code() == Some(&SqlState::CARDINALITY_VIOLATION)
+}
+
+/// Whether a statement gave way to the application's transactions: its
+/// locks were not granted in time (the lock or the statement timed out),
+/// or it was chosen to break a deadlock. Nothing it did stays, and it may
+/// go once the table is quieter.
+pub(crate) fn gave_way(e: &tokio_postgres::Error) -> bool {
+    matches!(
+        e.code(),
+        Some(c) if *c == SqlState::LOCK_NOT_AVAILABLE
+            || *c == SqlState::T_R_DEADLOCK_DETECTED
+            || *c == SqlState::QUERY_CANCELED
+    )
 }
 
 /// What PostgreSQL said, in its own words (its message, the detail, the
@@ -324,6 +407,19 @@ fn postgres_said(e: &tokio_postgres::Error) -> String {
             None => format!("{} [{}]", db.message(), db.code().code()),
         },
         None => e.to_string(),
+    }
+}
+
+/// What a failure of PostgreSQL's is, as [`Error::handling`] decides it
+/// for [`Error::Postgres`]: the connection, the server's resources, a
+/// lock, a conflict are the infrastructure ([`Handling::Retry`]); anything
+/// else PostgreSQL refuses is about the data or the statement, and fails
+/// the same way again ([`Handling::SetAside`]). For a crate beside the
+/// server that keeps a `tokio_postgres::Error` of its own.
+pub fn postgres_handling(e: &tokio_postgres::Error) -> Handling {
+    match postgres_is_transient(e) {
+        true => Handling::Retry,
+        false => Handling::SetAside,
     }
 }
 

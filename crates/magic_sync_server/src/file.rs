@@ -782,7 +782,7 @@ async fn file_row(
             savepoint.commit().await?;
             Ok(outcome)
         }
-        Err(Error::Postgres(e)) if refused_by_postgres(&e) => {
+        Err(Error::Postgres(e)) if crate::error::refuses_the_row(&e) => {
             savepoint.rollback().await?;
             Ok(Outcome::Refused(reason::postgres(&e)))
         }
@@ -1038,10 +1038,7 @@ async fn records_in_bulk(
             bulk.unchanged = kept.len().saturating_sub(bulk.taken + others);
             Ok(Some(bulk))
         }
-        Err(e)
-            if refused_by_postgres(&e)
-                || e.code() == Some(&tokio_postgres::error::SqlState::CARDINALITY_VIOLATION) =>
-        {
+        Err(e) if crate::error::refuses_a_row_of_many(&e) => {
             savepoint.rollback().await?;
             Ok(None)
         }
@@ -1121,20 +1118,6 @@ fn on_conflict(table: &Table) -> String {
         }
         _ => "DO NOTHING".into(),
     }
-}
-
-/// Whether PostgreSQL refused the row itself: a value it cannot take, a
-/// constraint, a type it cannot convert. Anything else is the
-/// infrastructure's, and files nothing.
-fn refused_by_postgres(e: &tokio_postgres::Error) -> bool {
-    // SQLSTATE classes: 22 data exception, 23 integrity constraint violation.
-    const REFUSING_CLASSES: [&str; 2] = ["22", "23"];
-    e.code().is_some_and(|c| {
-        REFUSING_CLASSES
-            .iter()
-            .any(|class| c.code().starts_with(class))
-            || *c == tokio_postgres::error::SqlState::DATATYPE_MISMATCH
-    })
 }
 
 /// The values of a canonical key, by the key columns' kinds.

@@ -21,6 +21,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_postgres::{CancelToken, Client};
+use tracing::Instrument;
 
 /// Where what replicas say reaches the server.
 pub trait Reports: Send + Sync {
@@ -106,12 +107,13 @@ async fn hear_said<T: Transport>(
     }
     let gaps: Vec<(ReplicaId, Gap)> = said.gaps.into_iter().collect();
     let started = Instant::now();
-    let (_, outcomes) = tokio::try_join!(
+    let (marked, judged) = tokio::try_join!(
         crate::relay::gaps(client, &gaps),
         crate::relay::acknowledge(client, epoch, &said.acks)
     )?;
     crate::relay::trace(&format!("heed/acks ({})", said.acks.len()), started);
-    for ((replica, ack), outcome) in said.acks.iter().zip(outcomes) {
+    heeded.marked = marked.len() as u64 + judged.marked;
+    for ((replica, ack), outcome) in said.acks.iter().zip(judged.outcomes) {
         match outcome {
             Ok(crate::relay::Acknowledged::Recorded) => {
                 // A recorded number is one the server sealed, so drew: it fits.
@@ -291,6 +293,10 @@ pub struct Heeded {
     pub digests: Vec<(ReplicaId, crate::relay::Compared)>,
     /// Uploads filed.
     pub filed: u64,
+    /// Replicas newly marked to be provisioned again by what was said (a
+    /// gap, an acknowledgement the server cannot take, a new epoch): a
+    /// pass has something to do. One already marked is not counted.
+    pub marked: u64,
 }
 
 /// What the runner's two loops measure together: the lags of messages
@@ -620,7 +626,12 @@ impl<T: Transport> Workers<'_, T> {
             .lock()
             .expect("not poisoned")
             .insert(replica.clone(), session.client().cancel_token());
-        let result = snapshot.stream(session.client_mut(), self.transport).await;
+        let span =
+            tracing::info_span!(target: "magic_sync::snapshot", "snapshot", replica = %replica);
+        let result = snapshot
+            .stream(session.client_mut(), self.transport)
+            .instrument(span)
+            .await;
         self.cancels.lock().expect("not poisoned").remove(&replica);
         session.close(self.session.stop_timeout).await;
         (replica, result)
@@ -717,8 +728,23 @@ async fn record_forever<H: Replicas, T: Transport>(
         let replicas = host.replicas().await?;
         let started = std::time::Instant::now();
         book.ended = false;
-        let pass = relay.record(client, &replicas, workers.transport.max_message_bytes());
+        // A span per attempt, for a host exporting traces (OTLP): its
+        // steps' timings are events within it.
+        let span = tracing::info_span!(
+            target: "magic_sync::pass",
+            "pass",
+            replicas = replicas.len(),
+            notes = tracing::field::Empty,
+            messages = tracing::field::Empty,
+        );
+        let pass = relay
+            .record(client, &replicas, workers.transport.max_message_bytes())
+            .instrument(span.clone());
         let recorded = beside_snapshots(pass, &mut streaming, &mut book, &settings).await;
+        if let Ok(recorded) = &recorded {
+            span.record("notes", recorded.planned.notes);
+            span.record("messages", recorded.messages);
+        }
         let recorded = match recorded {
             Ok(recorded) => recorded,
             // The pass lost a race with another transaction (what a
@@ -744,6 +770,11 @@ async fn record_forever<H: Replicas, T: Transport>(
         // A snapshot's own connection may have been what failed.
         for f in book.failed.drain(..) {
             relay.abandon_snapshot(client, &f).await?;
+            // What only the operator can end (a transport that refuses the
+            // relay, say) is not begun again for ever: the runner stops.
+            if f.source.handling() == Handling::Stop {
+                return Err(f.source);
+            }
         }
         for replica in &recorded.waiting {
             if book.running.len() >= settings.snapshots.max(1) {
@@ -864,20 +895,58 @@ where
 }
 
 /// Digests heard and not compared yet: the newest of each replica, so the
-/// queue holds at most one a replica however often they come.
+/// queue holds at most one a replica however often they come; and a
+/// replica's are compared [`Digests::SPACING`] apart at least, so one that
+/// sends a digest in every frame has the record read for it a few times a
+/// minute, not back to back.
 #[derive(Default)]
 struct Digests {
     waiting: Mutex<std::collections::BTreeMap<ReplicaId, Heard>>,
+    /// When each replica's digest was last compared, within the spacing.
+    compared: Mutex<HashMap<ReplicaId, Instant>>,
     heard: tokio::sync::Notify,
 }
 
 impl Digests {
+    /// The least time between two comparisons of one replica's digests. A
+    /// replica sends one an hour by default.
+    const SPACING: Duration = Duration::from_secs(5);
+
     fn push(&self, heard: Vec<(ReplicaId, Heard)>) {
         if heard.is_empty() {
             return;
         }
         self.waiting.lock().expect("not poisoned").extend(heard);
         self.heard.notify_one();
+    }
+
+    /// The next digest to compare, its replica's last comparison
+    /// [`Digests::SPACING`] ago or more, counted as compared now; else how
+    /// long until one is (`None` when none waits).
+    fn next(&self, now: Instant) -> Result<(ReplicaId, Heard), Option<Duration>> {
+        let mut waiting = self.waiting.lock().expect("not poisoned");
+        let mut compared = self.compared.lock().expect("not poisoned");
+        compared.retain(|_, at| now.saturating_duration_since(*at) < Self::SPACING);
+        let mut soonest: Option<Duration> = None;
+        let mut ready = None;
+        for replica in waiting.keys() {
+            match compared.get(replica) {
+                Some(at) => {
+                    let wait = Self::SPACING - now.saturating_duration_since(*at);
+                    soonest = Some(soonest.map_or(wait, |s| s.min(wait)));
+                }
+                None => {
+                    ready = Some(replica.clone());
+                    break;
+                }
+            }
+        }
+        let Some(replica) = ready else {
+            return Err(soonest);
+        };
+        let heard = waiting.remove(&replica).expect("it waits");
+        compared.insert(replica.clone(), now);
+        Ok((replica, heard))
     }
 }
 
@@ -987,10 +1056,19 @@ async fn compare_forever(
     stirred: &tokio::sync::Notify,
 ) -> Result<()> {
     loop {
-        let next = digests.waiting.lock().expect("not poisoned").pop_first();
-        let Some((replica, heard)) = next else {
-            digests.heard.notified().await;
-            continue;
+        let (replica, heard) = match digests.next(Instant::now()) {
+            Ok(next) => next,
+            Err(None) => {
+                digests.heard.notified().await;
+                continue;
+            }
+            Err(Some(wait)) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = digests.heard.notified() => {}
+                }
+                continue;
+            }
         };
         let session = match session {
             Some(session) => session,
@@ -1035,15 +1113,25 @@ async fn publish_forever<T: Transport, R: Reports>(
         for (replica, _) in &said {
             away.back(replica);
         }
-        // An acknowledgement alone is nothing a pass acts on soon.
-        let news = said.iter().any(|(_, r)| !matches!(r, Report::Applied(_)));
         // Uploads are filed on a session of their own (`file_forever`):
         // filing many rows, or rows refused one by one, holds back no
         // message going down and no acknowledgement.
         let mut said = Said::sort(transport, said);
         filings.push(std::mem::take(&mut said.uploads));
-        let (heeded, heard) = hear_said(publisher, transport, said, None).await?;
-        if news {
+        let heeding = tracing::info_span!(
+            target: "magic_sync::pass",
+            "heed",
+            acks = said.acks.len(),
+            gaps = said.gaps.len(),
+        );
+        let (heeded, heard) = hear_said(publisher, transport, said, None)
+            .instrument(heeding)
+            .await?;
+        // A pass has something to do only when a replica was newly marked
+        // to be provisioned again: a gap from one already waiting, however
+        // many, wakes none. Filing and comparing digests wake passes
+        // themselves when they are done.
+        if heeded.marked > 0 {
             stirred.notify_one();
         }
         digests.push(heard);
@@ -1069,7 +1157,23 @@ async fn publish_forever<T: Transport, R: Reports>(
             crate::store::figures::write(publisher, period).await?;
         }
         let started = std::time::Instant::now();
-        crate::relay::publish_beside(publisher, transport, settings.concurrency, &mut away).await?;
+        let publishing = tracing::info_span!(
+            target: "magic_sync::pass",
+            "publish",
+            sent = tracing::field::Empty,
+            failed = tracing::field::Empty,
+        );
+        let published = crate::relay::publish_beside(
+            publisher,
+            transport,
+            settings.concurrency,
+            settings.batch_from,
+            &mut away,
+        )
+        .instrument(publishing.clone())
+        .await?;
+        publishing.record("sent", published.sent);
+        publishing.record("failed", published.failed.len());
         crate::relay::trace("publish", started);
         // A replica a send failed to is tried again when its wait is over
         // (from `backoff_min`, doubling to `backoff_max`), or once it is
@@ -1081,20 +1185,71 @@ async fn publish_forever<T: Transport, R: Reports>(
             due.saturating_duration_since(std::time::Instant::now())
                 .min(PUBLISH_AT_LEAST_EVERY)
         });
-        tokio::select! {
-            () = written.notified() => {}
-            () = reports.wait(), if !filings.full() => {}
-            () = filings.room.notified() => {}
-            () = tokio::time::sleep(again) => {}
+        let reported = tokio::select! {
+            () = written.notified() => false,
+            () = reports.wait(), if !filings.full() => true,
+            () = filings.room.notified() => false,
+            () = tokio::time::sleep(again) => false,
+        };
+        if reported {
+            // Woken by what replicas said alone: what more they say in the
+            // next moment is heard with it, so a replica saying something
+            // in every frame costs a few drains a second, not thousands.
+            // A pass's messages do not wait for it.
+            tokio::select! {
+                () = written.notified() => {}
+                () = tokio::time::sleep(HEED_GATHER) => {}
+            }
         }
     }
 }
 
+/// How long the publisher, woken by reports alone, waits for more before
+/// it heeds them: acknowledgements need no hurry, and a drain costs a few
+/// statements however much it holds.
+const HEED_GATHER: Duration = Duration::from_millis(5);
+
 #[cfg(test)]
 mod tests {
-    use super::{Lags, LAGS_PER_REPLICA};
-    use crate::relay::Recorded;
-    use std::time::{Duration, SystemTime};
+    use super::{Digests, Lags, LAGS_PER_REPLICA};
+    use crate::relay::{Heard, Recorded};
+    use std::time::{Duration, Instant, SystemTime};
+
+    /// A digest of one table of `rows` rows, from `replica`.
+    fn digest(replica: &str, rows: u64) -> (magic_sync_core::ReplicaId, Heard) {
+        let heard = Heard {
+            digest: crate::envelope::Digest {
+                tables: vec![crate::envelope::TableDigest {
+                    table: "t".into(),
+                    rows,
+                    fingerprint: 0,
+                }],
+            },
+            applied: None,
+            refused: Vec::new(),
+        };
+        (replica.into(), heard)
+    }
+
+    #[test]
+    fn a_replica_s_digests_are_compared_a_spacing_apart_and_the_newest_waits() {
+        let digests = Digests::default();
+        let start = Instant::now();
+        digests.push(vec![digest("a", 1)]);
+        let (replica, _) = digests.next(start).unwrap();
+        assert_eq!(replica.as_str(), "a");
+        // Three more from `a` at once, and one from `b`: `b` goes first,
+        // `a`'s newest waits out the spacing, its older ones are gone.
+        digests.push(vec![digest("a", 2), digest("a", 3), digest("b", 1)]);
+        digests.push(vec![digest("a", 4)]);
+        let (replica, _) = digests.next(start).unwrap();
+        assert_eq!(replica.as_str(), "b");
+        let wait = digests.next(start + Duration::from_secs(1)).unwrap_err();
+        assert_eq!(wait, Some(Digests::SPACING - Duration::from_secs(1)));
+        let (replica, heard) = digests.next(start + Digests::SPACING).unwrap();
+        assert_eq!((replica.as_str(), heard.digest.tables[0].rows), ("a", 4));
+        assert_eq!(digests.next(start + Digests::SPACING).unwrap_err(), None);
+    }
 
     fn pass(written: &[(&str, i64)], oldest: Option<SystemTime>) -> Recorded {
         Recorded {

@@ -2,9 +2,8 @@
 //! is dropped or their process exits, and found again by the next `keep` on
 //! the same directory.
 //!
-//! One test re-runs this test binary as a child that only executes
-//! `child_keeps_a_cluster_and_exits` (a no-op unless the marker variable is
-//! set), to see what happens when the process exits without dropping.
+//! One test runs the crate's `testdb_child keep` as a child process, which
+//! keeps a cluster and exits without dropping it, to see what happens then.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
@@ -14,8 +13,6 @@ use std::time::{Duration, Instant};
 use magic_sync_testdb::Cluster;
 use tokio_postgres::{Client, NoTls};
 
-const CHILD_MARKER: &str = "MAGIC_SYNC_TESTDB_KEPT_CHILD_DIR";
-const CHILD_TEST: &str = "child_keeps_a_cluster_and_exits";
 /// Upper bound for a server to stop.
 const STOP_DEADLINE: Duration = Duration::from_secs(60);
 /// How often the bounded waits below look again.
@@ -166,34 +163,16 @@ fn kept_cluster_starts_over_a_killed_server() {
 }
 
 #[test]
-fn child_keeps_a_cluster_and_exits() {
-    let Some(dir) = std::env::var_os(CHILD_MARKER) else {
-        return; // Only meaningful as the child of `kept_cluster_is_stopped_at_process_exit`.
-    };
-    let cluster = Cluster::keep(&bin_dir().unwrap(), Path::new(&dir)).unwrap();
-    execute(
-        &cluster,
-        "CREATE TABLE kept (id int); INSERT INTO kept VALUES (42); CHECKPOINT",
-    );
-    // libtest has already printed "test <name> ... " on the current line.
-    println!();
-    println!("postmaster_pid={}", cluster.postmaster_pid().unwrap());
-    // Never dropped: only the process exit lets the watchdog act.
-    std::mem::forget(cluster);
-}
-
-#[test]
 fn kept_cluster_is_stopped_at_process_exit() {
-    if std::env::var_os(CHILD_MARKER).is_some() {
-        return;
-    }
     let Some(bin_dir) = bin_dir() else { return };
     let tmp = enterable_tempdir();
     let dir = tmp.path().join("cluster");
 
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args([CHILD_TEST, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_MARKER, &dir)
+    // The crate's child starts the kept cluster and exits.
+    let output = Command::new(env!("CARGO_BIN_EXE_testdb_child"))
+        .arg("keep")
+        .arg(&bin_dir)
+        .arg(&dir)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);

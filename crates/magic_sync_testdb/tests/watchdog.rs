@@ -1,59 +1,22 @@
 //! The private cluster is stopped and deleted once the process that started
 //! it has exited, although nothing in that process runs at exit.
 //!
-//! The test re-runs this test binary as a child that only executes
-//! `child_starts_a_cluster_and_exits` (a no-op unless the marker variable is
-//! set), then watches the child's cluster disappear.
+//! The test runs the crate's `testdb_child watchdog` as a child process,
+//! which starts a cluster and exits, then watches the child's cluster
+//! disappear.
 
 use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const CHILD_MARKER: &str = "MAGIC_SYNC_TESTDB_WATCHDOG_CHILD";
-const CHILD_TEST: &str = "child_starts_a_cluster_and_exits";
 /// Upper bound for the watchdog to finish once the child is gone.
 const CLEANUP_DEADLINE: Duration = Duration::from_secs(60);
 /// How often the bounded waits below look again.
 const POLL: Duration = Duration::from_millis(50);
 
 #[test]
-fn child_starts_a_cluster_and_exits() {
-    if std::env::var_os(CHILD_MARKER).is_none() {
-        return; // Only meaningful as the child of `cluster_stops_after_process_exit`.
-    }
-    let server = magic_sync_testdb::server();
-    let cluster = server
-        .cluster()
-        .expect("the child must run a private cluster");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let db = magic_sync_testdb::database().await;
-        let client = db.connect().await;
-        client
-            .batch_execute("CREATE TABLE alive (x int)")
-            .await
-            .unwrap();
-    });
-    let pid = cluster
-        .postmaster_pid()
-        .expect("postmaster.pid is readable");
-    // libtest has already printed "test <name> ... " on the current line.
-    println!();
-    println!("cluster_dir={}", cluster.dir().display());
-    println!("postmaster_pid={pid}");
-    println!("port={}", cluster.port());
-    println!("startup_ms={}", cluster.startup_duration().as_millis());
-}
-
-#[test]
 fn cluster_stops_after_process_exit() {
-    if std::env::var_os(CHILD_MARKER).is_some() {
-        return;
-    }
     if std::env::var_os("DATABASE_URL").is_some()
         && magic_sync_testdb::server().try_bin_dir().is_none()
     {
@@ -61,9 +24,8 @@ fn cluster_stops_after_process_exit() {
         return;
     }
 
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args([CHILD_TEST, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_MARKER, "1")
+    let output = Command::new(env!("CARGO_BIN_EXE_testdb_child"))
+        .arg("watchdog")
         .env_remove("DATABASE_URL")
         .output()
         .unwrap();

@@ -79,13 +79,13 @@ impl Apart {
 /// A benchmark's first call: when this program was started as the fleet's
 /// child, runs the fleet of `engine` until the parent says `quit`, and
 /// exits. Otherwise returns at once.
-pub fn child_if_asked(engine: &'static Engine) {
+pub fn child_if_asked(engine: &Engine) {
     child_if_asked_with(engine, None);
 }
 
 /// As [`child_if_asked`], for a benchmark whose devices also run `host`
 /// (the same the parent passes its fleet).
-pub fn child_if_asked_with(engine: &'static Engine, host: Option<Host>) {
+pub fn child_if_asked_with(engine: &Engine, host: Option<Host>) {
     if std::env::var(CHILD).as_deref() != Ok("fleet") {
         return;
     }
@@ -243,7 +243,7 @@ pub(crate) struct Threads {
 
 impl Threads {
     pub(crate) fn start(
-        engine: &'static Engine,
+        engine: &Engine,
         replicas: &[ReplicaInfo],
         key: ServerKey,
         dir: &Path,
@@ -521,7 +521,8 @@ fn hear(
 
 /// The child: a thread and a socket per replica, and the hosts as the
 /// parent asks.
-fn child(engine: &'static Engine, host: Option<Host>) {
+fn child(engine: &Engine, host: Option<Host>) {
+    let engine = Arc::new(engine.clone());
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines().map(|l| l.expect("a line"));
     let first = lines.next().expect("`url key dir`");
@@ -550,8 +551,9 @@ fn child(engine: &'static Engine, host: Option<Host>) {
         );
         devices.push((id.to_string(), socket.nudger()));
         let (id, dir, link, out) = (id.to_string(), dir.clone(), socket.clone(), out.clone());
+        let engine = engine.clone();
         threads.push(std::thread::spawn(move || {
-            let mut replica = open(Path::new(&dir), &id, engine, &key);
+            let mut replica = open(Path::new(&dir), &id, &engine, &key);
             let applied = |id: &str, message: &[u8], at: i64| tell_applied(&out, id, message, at);
             run_replica(&mut replica, &*link, &applied);
         }));

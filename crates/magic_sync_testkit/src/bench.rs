@@ -164,7 +164,7 @@ pub struct Fleet {
     /// When the runner last started.
     relay_started: Instant,
     config: tokio_postgres::Config,
-    engine: &'static Engine,
+    engine: Arc<Engine>,
     /// What the fleet tells: rows applied, snapshots' ends, hosts' lines.
     heard: Heard,
     /// What runs on every device beside its replica, if anything.
@@ -196,7 +196,7 @@ impl Fleet {
     /// default settings. `watcher` sees every row a replica applied.
     pub async fn start(
         db: &TestDb,
-        engine: &'static Engine,
+        engine: &Engine,
         replicas: Vec<ReplicaInfo>,
         watcher: Watcher,
     ) -> Fleet {
@@ -208,7 +208,7 @@ impl Fleet {
     /// host to [`child_if_asked_with`] first thing.
     pub async fn start_with(
         db: &TestDb,
-        engine: &'static Engine,
+        engine: &Engine,
         replicas: Vec<ReplicaInfo>,
         watcher: Watcher,
         host: Option<Host>,
@@ -259,7 +259,7 @@ impl Fleet {
             relay: None,
             relay_started: Instant::now(),
             config: db.config(),
-            engine,
+            engine: Arc::new(engine.clone()),
             heard,
             devices: host,
             _dir: dir,
@@ -326,7 +326,7 @@ impl Fleet {
             ) as usize,
             ..Settings::default()
         };
-        let (config, host, engine) = (self.config.clone(), self.host.clone(), self.engine);
+        let (config, host, engine) = (self.config.clone(), self.host.clone(), self.engine.clone());
         let relay = match &self.replicas {
             Side::Threads(threads) => serve(
                 config,
@@ -379,7 +379,7 @@ impl Fleet {
 /// and hearing the replicas through it, until `stopped`.
 fn serve<T>(
     config: tokio_postgres::Config,
-    engine: &'static Engine,
+    engine: Arc<Engine>,
     settings: Settings,
     host: Arc<ClockedHost>,
     transport: T,
@@ -391,7 +391,7 @@ where
     tokio::spawn(async move {
         magic_sync::run::server::server(
             config,
-            engine.clone(),
+            Engine::clone(&engine),
             settings,
             &*host,
             &transport,

@@ -41,6 +41,10 @@ impl std::ops::Deref for Step {
     }
 }
 
+/// From how many messages to replicas that read batches a page of the
+/// test fleet's outbox is signed together.
+pub const BATCHED_FROM: usize = 2;
+
 pub struct Fleet {
     pub db: magic_sync_testdb::TestDb,
     /// The relay's connection, holding the lock.
@@ -49,7 +53,7 @@ pub struct Fleet {
     pub snapshots: Client,
     /// The host's connection, for its writes.
     pub writer: Client,
-    pub engine: &'static Engine,
+    pub engine: Engine,
     pub catalog: Catalog,
     pub relay: Relay,
     /// The server's key, as a replica is given it when it is enrolled.
@@ -180,7 +184,6 @@ impl Fleet {
     ) -> Fleet {
         let client = db.connect().await;
         client.batch_execute("SET TIME ZONE 'UTC'").await.unwrap();
-        let engine: &'static Engine = Box::leak(Box::new(engine));
         // Small chunks and flushes, so a pass reads its rows over several
         // round trips (the next asked for while one is encoded) and writes
         // its messages over several batches, as a large one does.
@@ -203,7 +206,7 @@ impl Fleet {
             Relay::lock(&client).await.unwrap(),
             "the relay takes its lock"
         );
-        let catalog = Catalog::read(&client, engine).await.unwrap();
+        let catalog = Catalog::read(&client, &engine).await.unwrap();
         let snapshots = db.connect().await;
         let key = magic_sync::store::keys::public(&client).await.unwrap();
         Fleet {
@@ -248,7 +251,7 @@ impl Fleet {
 
     /// `id`'s replica opened on the file at `path` with the fleet's engine.
     fn open_replica(&self, id: &str, path: &std::path::Path) -> Replica {
-        let mut replica = Replica::open(path, id, self.engine).unwrap();
+        let mut replica = Replica::open(path, id, &self.engine).unwrap();
         replica.trust(&self.key).unwrap();
         if self
             .engine
@@ -303,13 +306,12 @@ impl Fleet {
         )
         .await
         .expect("the new build's triggers");
-        let engine: &'static Engine = Box::leak(Box::new(engine));
-        self.engine = engine;
-        self.catalog = Catalog::read(&self.client, engine).await.unwrap();
+        self.catalog = Catalog::read(&self.client, &engine).await.unwrap();
         let settings = self.relay.settings().clone();
         self.relay = Relay::new(&self.client, engine.clone(), settings)
             .await
             .expect("the new build's relay starts");
+        self.engine = engine;
         ensured
     }
 
@@ -482,9 +484,12 @@ impl Fleet {
         }
     }
 
-    /// Publishes every outbox to the network.
+    /// Publishes every outbox to the network: a page's messages signed
+    /// together whenever two or more go to replicas that read batches, so
+    /// that every walk and storm runs the batches' signatures, which the
+    /// relay uses only from [`magic_sync::relay::BATCH_FROM`] by default.
     pub async fn publish(&mut self) {
-        magic_sync::relay::publish(&self.client, &self.network, 16)
+        magic_sync::relay::publish(&self.client, &self.network, 16, BATCHED_FROM)
             .await
             .expect("publishing");
     }
@@ -512,7 +517,7 @@ impl Fleet {
     /// Hands what replicas said to the relay.
     pub async fn heed(&mut self) {
         let reports = self.network.reports();
-        run::server::heed(&mut self.client, self.engine, &self.network, reports)
+        run::server::heed(&mut self.client, &self.engine, &self.network, reports)
             .await
             .expect("the relay heeds what replicas say");
     }
@@ -653,7 +658,7 @@ impl Fleet {
             }
             let should = wanted::wanted_around(
                 &self.writer,
-                self.engine,
+                &self.engine,
                 &self.catalog,
                 &wanted::Replica {
                     id,

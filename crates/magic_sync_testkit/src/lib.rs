@@ -18,3 +18,21 @@ pub mod shop;
 pub mod walk;
 pub mod wanted;
 pub mod wire;
+
+use std::time::{Duration, Instant};
+
+/// Asks `check` every 20 ms until it holds, failing the test with `what`
+/// after a minute: for what the code under test makes true with no event
+/// to wait on.
+pub async fn until(what: &str, check: impl AsyncFnMut() -> bool) {
+    until_within(what, Duration::from_secs(60), check).await;
+}
+
+/// [`until`], failing after `deadline`.
+pub async fn until_within(what: &str, deadline: Duration, mut check: impl AsyncFnMut() -> bool) {
+    let end = Instant::now() + deadline;
+    while !check().await {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -266,14 +266,14 @@ impl super::replica::Link for Endpoint {
     fn upload(&self, up: &crate::envelope::Up) -> Result<(), magic_sync_replica::UplinkError> {
         use magic_sync_replica::UplinkError;
         if self.network.is_cut(&self.replica) {
-            return Err(UplinkError::Unreachable(format!(
+            return Err(UplinkError::unreachable(format!(
                 "replica `{}` is out of reach",
                 self.replica
             )));
         }
         let bytes = prost::Message::encoded_len(up);
         if bytes > self.network.max_message_bytes {
-            return Err(UplinkError::Refused(format!(
+            return Err(UplinkError::refused(format!(
                 "an upload of {bytes} bytes, more than a message may have ({})",
                 self.network.max_message_bytes
             )));
@@ -300,8 +300,9 @@ impl magic_sync_server::relay::Transport for Network {
         _id: &str,
         message: Vec<u8>,
     ) -> Result<(), magic_sync_server::relay::SendError> {
+        // A replica cut off is out of reach: its messages wait.
         self.deliver(replica, message)
-            .map_err(magic_sync_server::relay::SendError)
+            .map_err(magic_sync_server::relay::SendError::unreachable)
     }
 
     async fn answer(
@@ -309,7 +310,8 @@ impl magic_sync_server::relay::Transport for Network {
         replica: &crate::ReplicaId,
         filed: Filed,
     ) -> Result<(), magic_sync_server::relay::SendError> {
-        Network::answer(self, replica, filed).map_err(magic_sync_server::relay::SendError)
+        Network::answer(self, replica, filed)
+            .map_err(magic_sync_server::relay::SendError::unreachable)
     }
 }
 

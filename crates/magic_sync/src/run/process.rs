@@ -3,6 +3,12 @@
 //! link, and how a signal ends it. The socket's `magic_sync_http::cli` and
 //! the broker's `magic_sync_nats::cli` are each this with their own
 //! arguments.
+//!
+//! It is a process's body: it speaks to its operator on standard error.
+#![allow(
+    clippy::print_stderr,
+    reason = "a replica process tells its operator on standard error"
+)]
 
 use crate::replica::Replica;
 use crate::run::replica::Link;
@@ -27,6 +33,71 @@ pub trait Connecting: Link + Send + Sync + 'static {
 }
 
 pub use super::read_secret;
+
+/// Who a replica process is, where it keeps its rows and how it may
+/// connect: the arguments a replica takes whatever its transport (each
+/// transport's `cli` flattens them beside where it connects and the file
+/// its credential is in).
+#[cfg(feature = "cli")]
+#[derive(Debug, Clone, clap::Args)]
+pub struct Identity {
+    /// The replica's id.
+    #[arg(long, env = "MAGIC_SYNC_REPLICA")]
+    pub id: String,
+    /// The server's public key, as it was given with the credential when
+    /// the replica was enrolled (`magic-sync key`): the replica applies
+    /// only what this key, or a newer key it endorsed, signed.
+    /// A key may begin with `-` (one in 64 does): it is taken as the
+    /// value, never as an option.
+    #[arg(long, env = "MAGIC_SYNC_SERVER_KEY", allow_hyphen_values = true)]
+    pub server_key: crate::sign::ServerKey,
+    /// The replica's SQLite file (created if missing).
+    #[arg(long)]
+    pub db: std::path::PathBuf,
+    /// PEM certificates to trust in place of the system's roots: the
+    /// server's for wss://, the broker's (TLS is then required).
+    #[arg(long)]
+    pub trust: Option<std::path::PathBuf>,
+    /// Allow a plain connection (ws://, nats://) to another machine, where
+    /// a proxy beside the replica ends TLS. Without it, only TLS leaves
+    /// this machine: the rows the replica holds, and over ws:// its
+    /// secret, would otherwise cross the network in the clear.
+    #[arg(long)]
+    pub allow_plain: bool,
+}
+
+#[cfg(feature = "cli")]
+impl Identity {
+    /// Reads the credential in `credential_file`, opens the replica, then
+    /// its link by `connect` given the credential. Errors say what was
+    /// wrong and where, never the credential.
+    pub fn open<L>(
+        &self,
+        credential_file: &Path,
+        engine: &crate::Engine,
+        connect: impl FnOnce(String) -> Result<L, String>,
+    ) -> Result<(Replica, L), String> {
+        let credential = read_secret(credential_file)?;
+        let replica = open_replica(&self.db, &self.id, &self.server_key, engine)?;
+        Ok((replica, connect(credential)?))
+    }
+}
+
+/// [`run`] over what a transport's `open` gave, or the reason it could not
+/// open, printed: a replica process's whole body.
+pub fn run_opened<L: Connecting>(
+    opened: Result<(Replica, L), String>,
+    id: &str,
+    address: &str,
+) -> ExitCode {
+    match opened {
+        Ok((mut replica, link)) => run(&mut replica, Arc::new(link), id, address),
+        Err(e) => {
+            eprintln!("magic-sync-replica: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
 
 /// Opens (or creates) the replica `id` in the SQLite file `db`, pinned to
 /// the server's `key`: what a replica process does before its link.

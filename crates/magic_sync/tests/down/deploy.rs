@@ -76,12 +76,12 @@ fn run_server(
     network: &Network,
     stopped: tokio::sync::oneshot::Receiver<()>,
 ) -> JoinHandle<magic_sync::Result<()>> {
-    let (network, engine) = (network.clone(), fleet.engine);
+    let (network, engine) = (network.clone(), fleet.engine.clone());
     tokio::spawn(async move {
         let host = Host(vec![ReplicaInfo::live("u1", Some("north"))]);
         magic_sync::run::server::server(
             config,
-            engine.clone(),
+            engine,
             Settings::default(),
             &host,
             &network,
@@ -191,9 +191,13 @@ async fn writes_made_while_a_row_trigger_was_missing_reach_the_replicas_after_th
         )
         .await;
     assert_eq!(fleet.sync().await, 0, "nothing was noted, nothing moves");
-    let ensured = ensure(fleet.engine, &mut fleet.writer, &InstallSettings::default())
-        .await
-        .expect("repaired");
+    let ensured = ensure(
+        &fleet.engine,
+        &mut fleet.writer,
+        &InstallSettings::default(),
+    )
+    .await
+    .expect("repaired");
     assert_eq!(repaired(&ensured), [("orders".to_string(), true)]);
     // Any replica could be owed an unnoted row, with the rows it points at.
     assert_eq!(ensured.provisioned, ["u1", "u2", "u3"]);
@@ -215,9 +219,13 @@ async fn a_truncate_while_its_trigger_was_missing_provisions_again_only_the_tabl
                  LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;",
         )
         .await;
-    let ensured = ensure(fleet.engine, &mut fleet.writer, &InstallSettings::default())
-        .await
-        .expect("repaired");
+    let ensured = ensure(
+        &fleet.engine,
+        &mut fleet.writer,
+        &InstallSettings::default(),
+    )
+    .await
+    .expect("repaired");
     // A function that merely differs noted nothing wrongly as far as the
     // engine can tell: no one is provisioned for it.
     assert_eq!(

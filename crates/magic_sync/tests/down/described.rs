@@ -36,9 +36,17 @@ async fn a_replica_opened_without_foreign_keys_gets_them_from_the_server() {
         configuration.complete && configuration.disagreements.is_empty(),
         "{configuration:?}"
     );
+    // The description is whole: it reads back as the server's schema, to
+    // the fingerprint, with nothing of the replica's build.
+    let described = fleet.unit("u1").replica.described().unwrap().clone();
+    let server = magic_sync::core::schema::Schema::new(&fleet.engine, &fleet.foreign_keys());
+    assert_eq!(
+        magic_sync::core::schema::Schema::from_described(&described),
+        Ok(server)
+    );
     // Kept in its file: opened again with nothing, it follows them still.
     let path = fleet.unit("u1").path.clone();
-    let again = Replica::open(&path, "u1", fleet.engine).unwrap();
+    let again = Replica::open(&path, "u1", &fleet.engine).unwrap();
     assert_eq!(sorted(again.schema().foreign_keys()), told);
 }
 

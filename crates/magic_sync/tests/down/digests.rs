@@ -14,7 +14,7 @@ async fn digest_of(fleet: &mut Fleet, unit: &str) -> Compared {
     let report = run::replica::digest(&fleet.unit(unit).replica).unwrap();
     let heeded = run::server::heed(
         &mut fleet.client,
-        fleet.engine,
+        &fleet.engine,
         &fleet.network,
         vec![(unit.into(), report)],
     )
@@ -171,7 +171,7 @@ async fn the_replicas_loop_tells_its_digest_when_due() {
     assert!(!told.is_empty());
     let heeded = run::server::heed(
         &mut fleet.client,
-        fleet.engine,
+        &fleet.engine,
         &fleet.network,
         vec![("u1".into(), told[0].clone())],
     )
@@ -280,7 +280,7 @@ async fn a_digest_the_runner_cannot_finish_comparing_holds_back_no_other_tills_u
         .await
         .unwrap();
     let digest = {
-        let replica = magic_sync::replica::Replica::open(&near, "u1", fleet.engine).unwrap();
+        let replica = magic_sync::replica::Replica::open(&near, "u1", &fleet.engine).unwrap();
         run::replica::digest(&replica).unwrap()
     };
     network.report("u1", digest);

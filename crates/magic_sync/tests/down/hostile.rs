@@ -274,7 +274,7 @@ async fn the_server_hears_anything_a_replica_sends_and_it_changes_only_that_repl
             let reports = std::mem::take(&mut batch);
             let said = format!("{reports:?}");
             if let Err(e) =
-                run::server::heed(&mut fleet.client, fleet.engine, &fleet.network, reports).await
+                run::server::heed(&mut fleet.client, &fleet.engine, &fleet.network, reports).await
             {
                 panic!("input {i} (seed {seed}): the server failed on what a replica said: {e}\n{said}");
             }

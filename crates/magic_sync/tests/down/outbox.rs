@@ -43,6 +43,22 @@ async fn put_waiting(fleet: &Fleet, replica: &str, then: &str) {
         .unwrap();
 }
 
+/// Publishes the fleet's outboxes, passing over the replicas `away` holds.
+async fn publish(
+    fleet: &Fleet,
+    away: &mut magic_sync::relay::Away,
+) -> magic_sync::relay::Published {
+    magic_sync::relay::publish_beside(
+        &fleet.client,
+        &fleet.network,
+        16,
+        magic_sync_testkit::fleet::BATCHED_FROM,
+        away,
+    )
+    .await
+    .unwrap()
+}
+
 /// What reading `after` counted beyond `before`, of `table`.
 fn read_of(before: &BTreeMap<String, i64>, after: &BTreeMap<String, i64>, table: &str) -> i64 {
     after.get(table).copied().unwrap_or(0) - before.get(table).copied().unwrap_or(0)
@@ -197,9 +213,7 @@ async fn publishing_passes_over_a_till_away_until_it_is_back() {
     // Waits long enough that only its being back ends them here.
     let hour = std::time::Duration::from_secs(3600);
     let mut away = magic_sync::relay::Away::new(hour, hour);
-    let published = magic_sync::relay::publish_beside(&fleet.client, &fleet.network, 16, &mut away)
-        .await
-        .unwrap();
+    let published = publish(&fleet, &mut away).await;
     assert_eq!(published.failed.len(), 1, "{published:?}");
     assert!(away.next_try().is_some(), "u3 is away");
 
@@ -211,9 +225,7 @@ async fn publishing_passes_over_a_till_away_until_it_is_back() {
     let recorded = fleet.pass().await;
     assert_eq!(recorded.messages, 2, "{recorded:?}");
     let before = reads(&fleet.client).await;
-    let published = magic_sync::relay::publish_beside(&fleet.client, &fleet.network, 16, &mut away)
-        .await
-        .unwrap();
+    let published = publish(&fleet, &mut away).await;
     let after = reads(&fleet.client).await;
     let outbox = read_of(&before, &after, "outbox");
     assert!(
@@ -236,9 +248,7 @@ async fn publishing_passes_over_a_till_away_until_it_is_back() {
         .await
         .unwrap();
     fleet.network.cut("u3", false);
-    let published = magic_sync::relay::publish_beside(&fleet.client, &fleet.network, 16, &mut away)
-        .await
-        .unwrap();
+    let published = publish(&fleet, &mut away).await;
     assert!(published.sent >= 1, "{published:?}");
     assert_eq!(away.next_try(), None, "u3 is back");
     fleet.sync().await;

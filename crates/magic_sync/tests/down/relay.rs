@@ -106,6 +106,89 @@ async fn a_till_out_of_reach_keeps_its_messages_and_holds_back_no_one() {
     assert_eq!(cleared, None);
 }
 
+/// A transport that refuses every send to one replica with `error`, and
+/// hands the rest to the network.
+struct Refusing<'a> {
+    network: &'a Network,
+    replica: magic_sync::ReplicaId,
+    error: magic_sync::relay::SendError,
+}
+
+impl magic_sync::relay::Transport for Refusing<'_> {
+    fn max_message_bytes(&self) -> usize {
+        self.network.max_message_bytes()
+    }
+
+    async fn send(
+        &self,
+        replica: &magic_sync::ReplicaId,
+        id: &str,
+        message: Vec<u8>,
+    ) -> Result<(), magic_sync::relay::SendError> {
+        match *replica == self.replica {
+            true => Err(self.error.clone()),
+            false => self.network.send(replica, id, message).await,
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_send_refused_for_good_ends_publishing_with_what_the_transport_said() {
+    let mut fleet = shop().await;
+    fleet
+        .write("UPDATE products SET name = 'green tea' WHERE id = 1")
+        .await;
+    fleet.record().await;
+    let refusing = Refusing {
+        network: &fleet.network,
+        replica: "u1".into(),
+        error: magic_sync::relay::SendError::misconfigured(
+            "the broker refused the server's credentials",
+        ),
+    };
+    let err =
+        magic_sync::relay::publish(&fleet.client, &refusing, 16, magic_sync::relay::BATCH_FROM)
+            .await
+            .expect_err("not tried again for ever");
+    assert!(
+        matches!(err, Error::Send { ref replica, .. } if replica == "u1"),
+        "{err}"
+    );
+    assert_eq!(err.handling(), magic_sync::Handling::Stop, "{err}");
+    assert!(err.to_string().contains("refused the server's credentials"));
+    let recorded: Option<String> = fleet
+        .client
+        .query_one("SELECT last_error FROM sync.replicas WHERE id = 'u1'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        recorded
+            .unwrap()
+            .contains("refused the server's credentials"),
+        "where the operator looks"
+    );
+    // What went to the others went: the refusal is the transport's, and
+    // the runner stops on it, not on their messages.
+    assert_eq!(fleet.network.take("u2").len(), 1);
+    assert_eq!(fleet.network.take("u1").len(), 0);
+
+    // Out of reach instead, the same send is for later: publishing goes on.
+    let unreachable = Refusing {
+        error: magic_sync::relay::SendError::unreachable("no route to the till"),
+        ..refusing
+    };
+    let published = magic_sync::relay::publish(
+        &fleet.client,
+        &unreachable,
+        16,
+        magic_sync::relay::BATCH_FROM,
+    )
+    .await
+    .expect("a replica out of reach holds back no one");
+    assert_eq!(published.failed.len(), 1, "{:?}", published.failed);
+}
+
 /// The shop with u1 out of reach, and an outbox bound of `messages` and
 /// `bytes` measured at every pass.
 async fn bounded(messages: i64, bytes: i64) -> Fleet {
@@ -354,17 +437,7 @@ pub async fn backend(client: &tokio_postgres::Client) -> i32 {
         .get(0)
 }
 
-pub async fn until<F, Fut>(what: &str, mut done: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done().await {
-        assert!(Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+pub use magic_sync_testkit::until;
 
 /// Waits until the sale `id` is on the server and the till whose file
 /// `host` has open let go of it: filed and answered.
@@ -421,9 +494,14 @@ pub fn till(
     std::thread::JoinHandle<magic_sync::replica::Result<()>>,
 ) {
     let path = fleet.dir.path().join(format!("runner-{id}.sqlite"));
-    let (network, file, engine, key) = (network.clone(), path.clone(), fleet.engine, fleet.key);
+    let (network, file, engine, key) = (
+        network.clone(),
+        path.clone(),
+        fleet.engine.clone(),
+        fleet.key,
+    );
     let thread = std::thread::spawn(move || {
-        let mut replica = magic_sync::replica::Replica::open(&file, id, engine).unwrap();
+        let mut replica = magic_sync::replica::Replica::open(&file, id, &engine).unwrap();
         replica.trust(&key).unwrap();
         magic_sync::run::replica::replica(&mut replica, &network.link(id))
     });
@@ -462,19 +540,11 @@ pub fn start_server_with(
     settings: Settings,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> tokio::task::JoinHandle<magic_sync::Result<()>> {
-    let (config, network, engine) = (fleet.db.config(), network.clone(), fleet.engine);
+    let (config, network, engine) = (fleet.db.config(), network.clone(), fleet.engine.clone());
     tokio::spawn(async move {
         let host = Host(replicas);
-        magic_sync::run::server::server(
-            config,
-            engine.clone(),
-            settings,
-            &host,
-            &network,
-            &network,
-            stop,
-        )
-        .await
+        magic_sync::run::server::server(config, engine, settings, &host, &network, &network, stop)
+            .await
     })
 }
 

@@ -613,7 +613,7 @@ async fn a_snapshot_over_a_deep_graph_of_referenced_tables_holds_exactly_its_pla
         ["[500]", "[501]", "[502]"]
     );
     assert_eq!(held(&mut fleet, &deep::Review::TABLE), ["[900]"]);
-    let engine = fleet.engine;
+    let engine = fleet.engine.clone();
     let total: usize = engine
         .down_tables()
         .map(|t| keys(&mut fleet, "u1", t).len())

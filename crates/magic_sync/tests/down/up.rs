@@ -39,7 +39,7 @@ async fn send(fleet: &mut Fleet, till: &str, sender: &str) -> Filing {
 
 async fn file_as(fleet: &Fleet, sender: &str, up: &Up) -> Filing {
     let mut client = fleet.db.connect().await;
-    file::file(&mut client, fleet.engine, &sender.into(), up)
+    file::file(&mut client, &fleet.engine, &sender.into(), up)
         .await
         .expect("the upload is filed")
 }
@@ -495,7 +495,7 @@ async fn an_upload_from_a_replica_the_server_does_not_know_is_an_error() {
     let mut client = fleet.db.connect().await;
     let err = file::file(
         &mut client,
-        fleet.engine,
+        &fleet.engine,
         &"stranger".into(),
         &Up::default(),
     )
@@ -928,7 +928,7 @@ async fn uploads_filed_together_wait_or_are_refused_each_on_its_own() {
     }
     uploads.push(("stranger".into(), Up::default()));
     let mut client = fleet.db.connect().await;
-    let filings = file::file_all(&mut client, fleet.engine, &uploads)
+    let filings = file::file_all(&mut client, &fleet.engine, &uploads)
         .await
         .expect("filed");
     assert!(
@@ -959,7 +959,7 @@ async fn file_each(fleet: &mut Fleet, tills: &[&str]) -> Vec<magic_sync::Result<
         uploads.push(((*till).into(), up));
     }
     let mut client = fleet.db.connect().await;
-    file::file_all(&mut client, fleet.engine, &uploads)
+    file::file_all(&mut client, &fleet.engine, &uploads)
         .await
         .expect("the call itself succeeds")
 }

@@ -156,9 +156,14 @@ async fn a_message_sent_and_still_in_the_outbox_goes_again_and_applies_once() {
         .await;
     fleet.pass().await;
     fail::cfg("publish-after-send", "1*return").unwrap();
-    let died = magic_sync::relay::publish(&fleet.client, &fleet.network, 16)
-        .await
-        .unwrap_err();
+    let died = magic_sync::relay::publish(
+        &fleet.client,
+        &fleet.network,
+        16,
+        magic_sync_testkit::fleet::BATCHED_FROM,
+    )
+    .await
+    .unwrap_err();
     assert!(injected(&died, "publish-after-send"), "{died}");
     let outbox: i64 = fleet
         .writer
@@ -271,7 +276,7 @@ async fn an_upload_filed_and_not_answered_is_sent_again_and_filed_once() {
     fail::cfg("file-after-filing", "1*return").unwrap();
     let died = run::server::heed(
         &mut fleet.client,
-        fleet.engine,
+        &fleet.engine,
         &fleet.network,
         vec![("u1".into(), run::Report::Upload(up))],
     )

@@ -467,8 +467,13 @@ impl Storm {
         if dies {
             fail::cfg(POINT, "1*return").unwrap();
         }
-        let published =
-            magic_sync::relay::publish(&self.fleet.client, &self.fleet.network, 16).await;
+        let published = magic_sync::relay::publish(
+            &self.fleet.client,
+            &self.fleet.network,
+            16,
+            magic_sync_testkit::fleet::BATCHED_FROM,
+        )
+        .await;
         if dies {
             fail::remove(POINT);
             // Nothing to send never gets there.
@@ -582,7 +587,7 @@ impl Storm {
         }
         let heeded = run::server::heed(
             &mut self.fleet.client,
-            self.fleet.engine,
+            &self.fleet.engine,
             &self.fleet.network,
             reports,
         )
@@ -634,7 +639,7 @@ impl Storm {
         let reports = self.fleet.network.reports();
         let heeded = run::server::heed(
             &mut self.fleet.client,
-            self.fleet.engine,
+            &self.fleet.engine,
             &self.fleet.network,
             reports,
         )
@@ -690,7 +695,7 @@ impl Storm {
             a_minute_later(&self.fleet).await;
             let heeded = run::server::heed(
                 &mut self.fleet.client,
-                self.fleet.engine,
+                &self.fleet.engine,
                 &self.fleet.network,
                 vec![(unit.into(), digest)],
             )

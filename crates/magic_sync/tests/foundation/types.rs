@@ -350,7 +350,7 @@ async fn upload(fleet: &mut Fleet, till: &str) -> (usize, Vec<String>) {
         .unwrap()
         .expect("something to upload");
     let mut client = fleet.db.connect().await;
-    let filing = file::file(&mut client, fleet.engine, &till.into(), &up)
+    let filing = file::file(&mut client, &fleet.engine, &till.into(), &up)
         .await
         .expect("the upload is filed");
     match filing {

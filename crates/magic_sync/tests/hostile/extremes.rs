@@ -10,6 +10,7 @@
 //! | acknowledgement | epoch, number, nonce, seal | u1's acknowledgement (if the seal is the server's), u1's provisioning; a new epoch only under the server's own seal |
 //! | | answered | with no receipt, u1's provisioning |
 //! | | receipt | a new epoch, only if the server made it for u1, in this epoch, above its record |
+//! | | reads batches | how u1's own messages are signed |
 //! | gap | epoch, number | u1's provisioning |
 //! | upload | tables | rows of u1's own, or refused into u1's inbox |
 //! | | lane, send id, takes receipts | the answer to u1 |
@@ -209,6 +210,24 @@ fn acks(s: &Said) -> Vec<(String, Ack)> {
                 receipt,
                 answered: u64::MAX,
                 ..a.clone()
+            },
+        ));
+    }
+    // Whether it reads batches: what it says changes only how its own
+    // messages are signed (`sync.acks` of the others is compared).
+    for reads_batches in [false, true] {
+        cases.push((
+            format!("reads batches: {reads_batches}"),
+            Ack {
+                reads_batches,
+                ..a.clone()
+            },
+        ));
+        cases.push((
+            format!("u2's whole, reads batches: {reads_batches}"),
+            Ack {
+                reads_batches,
+                ..s.u2_ack.clone()
             },
         ));
     }
@@ -422,7 +441,7 @@ async fn no_report_of_one_replica_moves_another_whatever_its_fields_hold() {
     println!("{} cases", cases.len());
     for (what, report) in cases {
         let reports = vec![(ReplicaId::from("u1"), report)];
-        run::server::heed(&mut fleet.client, fleet.engine, &fleet.network, reports)
+        run::server::heed(&mut fleet.client, &fleet.engine, &fleet.network, reports)
             .await
             .unwrap_or_else(|e| panic!("{what}: the server failed on it: {e}"));
         fleet.network.take_answers("u1");

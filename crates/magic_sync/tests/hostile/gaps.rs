@@ -31,7 +31,7 @@ async fn a_flood_of_gaps_costs_a_round_trip_or_two_whatever_its_size() {
     reports.push(("u2".into(), Report::Applied(u2)));
     let (mut client, counter) = magic_sync_testkit::wire::connect(&fleet.db).await;
     let before = counter.counts();
-    run::server::heed(&mut client, fleet.engine, &fleet.network, reports)
+    run::server::heed(&mut client, &fleet.engine, &fleet.network, reports)
         .await
         .unwrap();
     let cost = counter.counts() - before;

@@ -10,6 +10,7 @@
 //! of its own asking that grows, forgeries a till refuses cheaply, and where
 //! a replica's chain ends.
 
+mod checkpoints;
 mod epochs;
 mod extremes;
 mod fleet_wide;

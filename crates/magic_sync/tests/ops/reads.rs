@@ -233,7 +233,7 @@ async fn progress_counts_per_table_what_is_held_on_its_way_and_set_aside() {
     till.connection()
         .execute_batch("INSERT INTO sales VALUES ('s3', 'x', 6, 1)")
         .unwrap();
-    magic_sync::file::file(&mut client, fleet.engine, &"d".into(), &up)
+    magic_sync::file::file(&mut client, &fleet.engine, &"d".into(), &up)
         .await
         .unwrap();
     let d = ops::progress(&mut client, "d").await.unwrap();

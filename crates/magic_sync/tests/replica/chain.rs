@@ -30,6 +30,7 @@ fn a_message_applies_and_is_acknowledged_as_it_came() {
     replica.apply(&bytes(&second)).expect("applies");
     assert_eq!(products(&replica)[0].1, "green tea");
     let expected = Ack {
+        reads_batches: true,
         epoch: second.epoch.clone(),
         number: second.number,
         nonce: second.nonce.clone(),

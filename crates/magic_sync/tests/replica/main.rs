@@ -4,6 +4,7 @@
 
 mod chain;
 mod digest;
+mod looping;
 mod retire;
 mod rows;
 mod snapshot;

@@ -317,12 +317,10 @@ struct Badge {
 
 #[test]
 fn a_field_of_the_hosts_own_type_checks_every_row_it_takes() {
-    let engine: &'static magic_sync::Engine = Box::leak(Box::new(
-        magic_sync::Engine::builder()
-            .table::<Badge>()
-            .build()
-            .unwrap(),
-    ));
+    let engine = &magic_sync::Engine::builder()
+        .table::<Badge>()
+        .build()
+        .unwrap();
     let site = Site::new();
     let mut replica =
         magic_sync::replica::Replica::open(site.dir.path().join("b.sqlite3"), UNIT, engine)

@@ -38,6 +38,7 @@ fn a_replica_is_ready_once_its_first_snapshot_ended_and_says_where_it_stands() {
             epoch: Some(begin.epoch.clone().into()),
             nonce: Some(begin.nonce.clone()),
             unfiled: 0,
+            stopped: None,
         }
     );
     let end = server.end(&["products"]);

@@ -148,17 +148,22 @@ impl Site {
     }
 
     pub fn open(&self) -> Replica {
-        let mut replica = Replica::open_with_foreign_keys(
+        let mut replica = self.bare();
+        replica
+            .trust(&signer().public())
+            .expect("the replica pins the stand-in server's key");
+        replica
+    }
+
+    /// The replica, opened with no server key pinned.
+    pub fn bare(&self) -> Replica {
+        Replica::open_with_foreign_keys(
             self.dir.path().join("replica.sqlite3"),
             UNIT,
             engine(),
             foreign_keys(),
         )
-        .expect("the replica opens");
-        replica
-            .trust(&signer().public())
-            .expect("the replica pins the stand-in server's key");
-        replica
+        .expect("the replica opens")
     }
 }
 

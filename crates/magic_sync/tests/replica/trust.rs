@@ -4,7 +4,7 @@
 
 use crate::support::*;
 use magic_sync::envelope::ToReplica;
-use magic_sync::replica::{Error, Forgery, Outcome, Replica};
+use magic_sync::replica::{Error, Forgery, Outcome};
 use magic_sync::sign::Signer;
 
 /// A key the replica was never given.
@@ -200,13 +200,7 @@ fn a_replica_follows_a_rotated_key_and_then_refuses_the_old_one() {
 #[test]
 fn a_replica_that_pins_no_key_believes_nothing() {
     let site = Site::new();
-    let mut replica = Replica::open_with_foreign_keys(
-        site.dir.path().join("bare.sqlite3"),
-        UNIT,
-        engine(),
-        foreign_keys(),
-    )
-    .unwrap();
+    let mut replica = site.bare();
     let mut server = Server::new();
     let snapshot = server.snapshot(vec![upserts(&[product(1, "tea")])]);
     let err = replica.apply(&bytes(&snapshot)).expect_err("no key pinned");

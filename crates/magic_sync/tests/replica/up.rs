@@ -364,12 +364,10 @@ struct Token {
 
 #[test]
 fn an_up_table_keyed_by_bytes_is_refused_when_the_replica_opens() {
-    let engine: &'static magic_sync::Engine = Box::leak(Box::new(
-        magic_sync::Engine::builder()
-            .table::<Token>()
-            .build()
-            .unwrap(),
-    ));
+    let engine = &magic_sync::Engine::builder()
+        .table::<Token>()
+        .build()
+        .unwrap();
     let site = Site::new();
     let err = Replica::open(site.dir.path().join("t.sqlite3"), UNIT, engine).expect_err("refused");
     let message = err.to_string();
@@ -419,17 +417,17 @@ impl Uplink for Picky {
     fn send(&self, up: &Up) -> Result<(), UplinkError> {
         use prost::Message;
         if self.down {
-            return Err(UplinkError::Unreachable("no signal".into()));
+            return Err(UplinkError::unreachable("no signal"));
         }
         if self.refuse_all {
-            return Err(UplinkError::Refused("closed for good".into()));
+            return Err(UplinkError::refused("closed for good"));
         }
         if up.encoded_len() > self.max {
-            return Err(UplinkError::Refused("too large".into()));
+            return Err(UplinkError::refused("too large"));
         }
         if let Some(poison) = self.poison {
             if shown(up).iter().any(|(_, _, data)| data.contains(poison)) {
-                return Err(UplinkError::Refused("a row it will not carry".into()));
+                return Err(UplinkError::refused("a row it will not carry"));
             }
         }
         self.taken.borrow_mut().push(up.clone());

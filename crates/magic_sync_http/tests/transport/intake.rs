@@ -304,3 +304,74 @@ async fn a_replica_that_connects_again_is_read_at_the_pace_it_left_off_at() {
     );
     server.stop().await;
 }
+
+/// How long a hub reading `t1` at `pace` bytes a second, after a burst of
+/// as much, takes to hear `frame` sent `times` over.
+async fn read_at_pace(pace: usize, frame: &[u8], times: usize) -> Duration {
+    let server = alone(
+        Settings {
+            max_bytes_per_second: pace,
+            max_message_bytes: pace,
+            idle_timeout: Duration::from_secs(30),
+            ..hub_settings()
+        },
+        &["t1"],
+    )
+    .await;
+    let hub = server.hub.clone();
+    let mut t1 = raw(&server.url, "t1", &server.secrets[0]).await.unwrap();
+    let started = std::time::Instant::now();
+    for _ in 0..times {
+        t1.send(Message::Binary(frame.to_vec().into()))
+            .await
+            .unwrap();
+    }
+    let mut heard = 0;
+    while heard < times {
+        hub.wait().await;
+        heard += hub.drain().len();
+    }
+    let took = started.elapsed();
+    drop(t1);
+    server.stop().await;
+    took
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiny_frames_count_against_the_pace_as_frames_of_four_kib() {
+    let tiny = up_of(10);
+    assert!(tiny.len() < 100, "{} bytes", tiny.len());
+    // 64 KiB a second and a burst of 64 KiB: sixteen frames at once, then
+    // sixteen a second, however small they are. 48 frames of under 100
+    // bytes: at their bytes, read at once; as frames of 4 KiB, 32 of them
+    // past the burst, two seconds.
+    let took = read_at_pace(64 << 10, &tiny, 48).await;
+    assert!(
+        took >= Duration::from_secs(2),
+        "48 tiny frames read in {took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_row_of_an_upload_counts_against_the_pace_as_a_kib() {
+    use magic_sync::envelope::{RowData, UpRows};
+    let empty = Up {
+        send_id: vec![1; 16],
+        tables: vec![UpRows {
+            table: "sales".into(),
+            rows: vec![RowData::default(); 512],
+            gone: Vec::new(),
+        }],
+        ..Up::default()
+    }
+    .encode_to_vec();
+    assert!(empty.len() < 4 << 10, "{} bytes", empty.len());
+    // 256 KiB a second and a burst of 256 KiB: an upload of 512 empty rows
+    // is a few KiB sent, and two seconds of reading. The third is read
+    // three seconds after the first (at their bytes, at once).
+    let took = read_at_pace(256 << 10, &empty, 3).await;
+    assert!(
+        took >= Duration::from_secs(2),
+        "1,536 empty rows read in {took:?}"
+    );
+}

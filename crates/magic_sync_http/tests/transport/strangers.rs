@@ -3,7 +3,8 @@
 //! looked up and counts against its party; a party barred costs no lookup;
 //! connections are bounded per network as well as per address; and a party
 //! that failed lately is checked on the general share of the hashing, not
-//! on the one kept for replicas proved lately.
+//! on the one kept for replicas proved lately. A head larger than any
+//! replica's is refused before it is parsed whole.
 
 use crate::support::*;
 use magic_sync_http::credentials::{self, Credentials, Standing};
@@ -32,7 +33,8 @@ async fn an_id_that_cannot_be_a_replica_s_is_refused_before_any_lookup_and_count
     // While no secret can be looked up, an id that cannot be one is still
     // answered: nothing was looked up for it.
     credentials_away(&server, true).await;
-    let long = "x".repeat(64 << 10);
+    // Longer than an id may be, within the head the hub reads.
+    let long = "x".repeat(4 << 10);
     for id in [
         "t\0x",
         "t\u{1b}]0;owned\u{7}",
@@ -177,35 +179,139 @@ async fn connections_are_bounded_per_network_as_well_as_per_address() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_party_that_failed_lately_is_checked_on_the_general_share_even_for_a_real_id() {
-    let db = magic_sync_testdb::database().await;
-    let mut client = db.connect().await;
-    magic_sync::schema::migrate(&mut client).await.unwrap();
-    let secret = credentials::issue(&client, "t1").await.unwrap();
     // Proved once: the database notes when.
-    assert!(Credentials::new(db.config())
-        .check("t1", &secret)
-        .await
-        .unwrap());
+    let (db, secret) = proved_once().await;
     // After a restart, nothing in memory.
     let restarted = Credentials::new(db.config());
     let suspect = Standing {
         barred: None,
         suspect: true,
     };
-    let checked = restarted
-        .check_from("t1", "not the secret, but long", suspect)
-        .await
-        .unwrap();
-    assert_eq!(checked, credentials::Checked::No);
-    let hashes = restarted.hashes();
-    assert_eq!((hashes.general, hashes.reserved), (1, 0), "{hashes:?}");
+    assert_eq!(
+        check(&restarted, "t1", "not the secret, but long", suspect).await,
+        (credentials::Checked::No, (1, 0))
+    );
     // The replica itself, from a party with nothing against it, is checked
     // on the share kept for it.
-    let checked = restarted
-        .check_from("t1", &secret, Standing::default())
-        .await
-        .unwrap();
-    assert_eq!(checked, credentials::Checked::Yes);
+    assert_eq!(
+        check(&restarted, "t1", &secret, Standing::default()).await,
+        (credentials::Checked::Yes, (1, 1))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_larger_than_any_replica_s_is_refused_before_it_is_read_whole() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut server = server(&["t1"], hub_settings(), Security::Plain).await;
+    let stranger = Ipv4Addr::new(127, 0, 4, 1);
+    // 300 KB of credentials: hyper's default head would take them whole.
+    let credentials = "x".repeat(300_000);
+    let mut tcp = from(stranger, server.addr).await.unwrap();
+    let head = format!(
+        "GET {} HTTP/1.1\r\nHost: hub\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+         Authorization: Basic {credentials}\r\n\r\n",
+        magic_sync_http::PATH
+    );
+    // The hub may close before all of it is written.
+    let _ = tcp.write_all(head.as_bytes()).await;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(30), tcp.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 431"),
+        "answered {:.200}",
+        answer
+    );
+    // A replica is let in as ever.
+    let t1 = server.replica("t1");
+    until("t1 served", Duration::from_secs(60), async || {
+        agrees(&server, "t1").await
+    })
+    .await;
+    end(t1);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_general_share_begins_so_many_hashes_a_second_and_the_reserved_one_still_checks() {
+    let (db, secret) = proved_once().await;
+    // Two hashes, then none for a long while.
+    let restarted = Credentials::new(db.config()).with_general_rate(0.001, 2);
+    for _ in 0..2 {
+        let checked = restarted
+            .check_from("nobody", "not the secret, but long", Standing::default())
+            .await
+            .unwrap();
+        assert_eq!(checked, credentials::Checked::No);
+    }
+    let refused = restarted
+        .check_from("nobody", "not the secret, but long", Standing::default())
+        .await;
+    assert!(
+        matches!(&refused, Err(magic_sync_http::Error::Hash(why)) if why.contains("a second")),
+        "{refused:?}"
+    );
     let hashes = restarted.hashes();
-    assert_eq!((hashes.general, hashes.reserved), (1, 1), "{hashes:?}");
+    assert_eq!((hashes.general, hashes.reserved), (2, 0), "{hashes:?}");
+    // A replica proved lately is checked on its own share all the same.
+    assert_eq!(
+        check(&restarted, "t1", &secret, Standing::default()).await,
+        (credentials::Checked::Yes, (2, 1))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_id_guessed_wrong_on_the_reserved_share_is_checked_on_the_general_one_after() {
+    let (db, secret) = proved_once().await;
+    let restarted = Credentials::new(db.config());
+    // A guess from a party with nothing against it: on the reserved share,
+    // once.
+    assert_eq!(
+        check(
+            &restarted,
+            "t1",
+            "not the secret, but long",
+            Standing::default()
+        )
+        .await,
+        (credentials::Checked::No, (0, 1))
+    );
+    // Every check of that id after it, the right secret included, is on
+    // the general share.
+    for secret in ["another guess, just as long", secret.as_str()] {
+        restarted
+            .check_from("t1", secret, Standing::default())
+            .await
+            .unwrap();
+    }
+    let hashes = restarted.hashes();
+    assert_eq!((hashes.general, hashes.reserved), (2, 1), "{hashes:?}");
+}
+
+/// A database with `t1` given a secret, proved once (the database notes
+/// when), and the secret.
+async fn proved_once() -> (magic_sync_testdb::TestDb, String) {
+    let db = magic_sync_testdb::database().await;
+    let mut client = db.connect().await;
+    magic_sync::schema::migrate(&mut client).await.unwrap();
+    let secret = credentials::issue(&client, "t1").await.unwrap();
+    assert!(Credentials::new(db.config())
+        .check("t1", &secret)
+        .await
+        .unwrap());
+    (db, secret)
+}
+
+/// What checking `secret` for `id` from a party of `standing` came to, and
+/// the hashes run so far on the general and the reserved share.
+async fn check(
+    credentials: &Credentials,
+    id: &str,
+    secret: &str,
+    standing: Standing,
+) -> (credentials::Checked, (u64, u64)) {
+    let checked = credentials.check_from(id, secret, standing).await.unwrap();
+    let hashes = credentials.hashes();
+    (checked, (hashes.general, hashes.reserved))
 }

@@ -24,6 +24,7 @@ mod load;
 mod observe;
 mod outbox;
 mod pace;
+pub use magic_sync_core::link::{LinkError, LinkErrorKind};
 use magic_sync_core::pack;
 pub use magic_sync_core::ReplicaId;
 mod publish;
@@ -36,7 +37,7 @@ pub use crate::store::plan::Planned;
 pub(crate) use deployment::declared;
 pub use digests::{compare_digest, Compared, Heard};
 pub use pace::SnapshotPace;
-pub use publish::{publish, publish_beside, Away, RESEND_AFTER};
+pub use publish::{publish, publish_beside, Away, BATCH_FROM, RESEND_AFTER};
 pub(crate) use rehearse::{rehearse, Owed};
 pub use rehearse::{Moves, Rehearsal};
 pub(crate) use replies::{acknowledge, gaps};
@@ -107,9 +108,13 @@ impl Replicas for Vec<ReplicaInfo> {
 }
 
 /// A send the transport could not make; the message stays in the outbox.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct SendError(pub String);
+/// Its kind decides what the relay does ([`Error::Send`]): a replica out of
+/// reach ([`LinkErrorKind::Unreachable`]) is tried again after a backoff;
+/// a transport that refuses a message the relay made within its own limit
+/// ([`LinkErrorKind::Refused`]), or that refuses the relay
+/// ([`LinkErrorKind::Misconfigured`]: credentials, a setting), stops the
+/// runner with what it said, rather than being tried for ever.
+pub type SendError = LinkError;
 
 /// How bytes reach replicas. The transport moves bytes and never looks inside.
 pub trait Transport: Send + Sync {
@@ -135,7 +140,7 @@ pub trait Transport: Send + Sync {
         let _ = filed;
         let replica = replica.to_string();
         async move {
-            Err(SendError(format!(
+            Err(SendError::refused(format!(
                 "this transport carries no answers to uploads (replica `{replica}`)"
             )))
         }
@@ -163,6 +168,9 @@ pub trait Transport: Send + Sync {
 pub struct Settings {
     /// Replicas published to at once.
     pub concurrency: usize,
+    /// A page of the outbox signs its messages to replicas that read
+    /// batches together once this many go ([`BATCH_FROM`]).
+    pub batch_from: usize,
     /// Rows loaded per round trip.
     pub chunk_rows: i32,
     /// Message bytes buffered before they are written to the outbox.
@@ -232,6 +240,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             concurrency: 16,
+            batch_from: BATCH_FROM,
             chunk_rows: 2_000,
             flush_bytes: 1 << 20,
             idle: Duration::from_millis(5),
@@ -525,7 +534,9 @@ impl Relay {
             self.noted_again = true;
         }
         match self.pass(client, replicas, max_message_bytes).await {
-            Err(e) if parked::is_data_exception(&e) => {
+            // A value PostgreSQL refuses: what a note that no longer fits
+            // its table makes a pass fail with.
+            Err(e) if e.is_data_exception() => {
                 // A note that no longer fits its table would fail every
                 // pass: parked, the others are planned without it.
                 let found = parked::park(&*client, &self.context.graph).await?;

@@ -3,7 +3,7 @@
 
 use super::outbox::{message_id, whole, Epoch};
 use super::{Published, ReplicaId, SendError, Transport};
-use crate::error::Result;
+use crate::error::{Error, Handling, Result};
 use crate::store;
 use futures_util::stream::{self, StreamExt};
 use std::collections::HashMap;
@@ -20,28 +20,82 @@ const PAGE_BYTES: i64 = 2 << 20;
 
 use crate::store::outbox::Waiting;
 
-impl Waiting {
-    fn bytes(self, epoch: &Epoch) -> Vec<u8> {
-        whole(epoch, &self.head, &self.body, &self.hash, self.seal)
+/// By default, a page's messages to replicas that read batches are signed
+/// together once at least this many go (decision 165): below it, a
+/// signature each costs under a millisecond a page, and the messages carry
+/// no path.
+pub const BATCH_FROM: usize = 64;
+
+/// A message of the page, whole and signed, with what publishing needs of
+/// it.
+struct Signed {
+    replica: ReplicaId,
+    number: i64,
+    nonce: Vec<u8>,
+    bytes: Vec<u8>,
+}
+
+/// Signs `page`: the messages to replicas that read batches together, when
+/// there are `batch_from` or more of them (one signature over their
+/// tree), and every other on its own; in the page's order. A message sent
+/// before goes on its own (a replica gone back to a build that reads no
+/// batches, and said so since, reads it), and so does one the path would
+/// make larger than the transport carries (`max_bytes`).
+fn sign(epoch: &Epoch, page: Vec<Waiting>, batch_from: usize, max_bytes: usize) -> Vec<Signed> {
+    let batchable = |m: &Waiting| m.reads_batches && !m.resent;
+    let batched = page.iter().filter(|m| batchable(m)).count() >= batch_from.max(2);
+    let mut bytes: Vec<Option<Vec<u8>>> = vec![None; page.len()];
+    if batched {
+        let (at, unsigned): (Vec<usize>, Vec<_>) = page
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| batchable(m))
+            .map(|(i, m)| {
+                let unsigned = magic_sync_core::sign::Unsigned {
+                    head: &m.head,
+                    body: &m.body,
+                    body_hash: &m.hash,
+                    seal: m.seal.clone(),
+                };
+                (i, unsigned)
+            })
+            .unzip();
+        for (i, signed) in at.into_iter().zip(epoch.signer.batch(unsigned)) {
+            bytes[i] = Some(signed).filter(|b| b.len() <= max_bytes);
+        }
     }
+    page.into_iter()
+        .zip(bytes)
+        .map(|(m, signed)| Signed {
+            bytes: signed.unwrap_or_else(|| whole(epoch, &m.head, &m.body, &m.hash, m.seal)),
+            replica: m.replica,
+            number: m.number,
+            nonce: m.nonce,
+        })
+        .collect()
 }
 
 /// Sends every replica's outbox in order, up to `concurrency` replicas at
-/// once, a page of messages at a time: what was never sent, and what the
+/// once, a page of messages at a time, the page's messages to replicas that
+/// read batches signed together once `batch_from` of them go
+/// ([`BATCH_FROM`] by default, `Settings::batch_from`): what was never sent, and what the
 /// transport took more than [`RESEND_AFTER`] ago and the replica has not
 /// acknowledged. A message leaves the outbox once its replica acknowledges
 /// it (or one after it); a replica a send fails to keeps the rest of its
 /// outbox, in order, with why in `sync.replicas.last_error`, and holds back
-/// no other. Needs no lock: the outbox holds only what a recording relay
+/// no other. A send the transport refuses for good rather than for now (by
+/// the [`SendError`]'s kind) is recorded so too, and ends publishing with
+/// [`Error::Send`], whose handling stops the runner. Needs no lock: the outbox holds only what a recording relay
 /// committed, and a replica applies a message once however often it comes,
 /// so it runs on a connection of its own while the relay records.
 pub async fn publish<T: Transport>(
     client: &Client,
     transport: &T,
     concurrency: usize,
+    batch_from: usize,
 ) -> Result<Published> {
     let mut away = Away::new(RESEND_AFTER, RESEND_AFTER);
-    publish_beside(client, transport, concurrency, &mut away).await
+    publish_beside(client, transport, concurrency, batch_from, &mut away).await
 }
 
 /// Replicas a send failed to, passed over by publishing until their next
@@ -112,11 +166,14 @@ pub async fn publish_beside<T: Transport>(
     client: &Client,
     transport: &T,
     concurrency: usize,
+    batch_from: usize,
     away: &mut Away,
 ) -> Result<Published> {
     let began = std::time::Instant::now();
     let mut published = Published::default();
     let mut failed: HashMap<ReplicaId, String> = HashMap::new();
+    // The first send the transport refused for good, rather than for now.
+    let mut refused: Option<Error> = None;
     let mut sent_to = std::collections::HashSet::new();
     let mut after = (String::new(), 0i64);
     let mut epoch: Option<Epoch> = None;
@@ -131,7 +188,14 @@ pub async fn publish_beside<T: Transport>(
         let bytes: usize = page.iter().map(|m| m.body.len()).sum();
         let last_page = page.len() < PAGE as usize && (bytes as i64) < PAGE_BYTES;
         let epoch = epoch.as_ref().expect("read with the first page");
-        let queues = queues(page, &failed);
+        // What goes to a replica a send already failed to in this round
+        // is neither signed nor sent.
+        let page: Vec<Waiting> = page
+            .into_iter()
+            .filter(|m| !failed.contains_key(&m.replica))
+            .collect();
+        let signed = sign(epoch, page, batch_from, transport.max_message_bytes());
+        let queues = queues(signed, &failed);
         let results: Vec<Sent> = stream::iter(queues)
             .map(|queue| send_in_order(transport, epoch, queue))
             .buffer_unordered(concurrency.max(1))
@@ -147,9 +211,21 @@ pub async fn publish_beside<T: Transport>(
                 sent_to.insert(replica.clone());
             }
             match failure {
-                Some(why) => {
+                Some((number, reason)) => {
                     away.failed(&replica);
-                    failed.insert(replica, why);
+                    failed.insert(
+                        replica.clone(),
+                        format!("sending message {number}: {reason}"),
+                    );
+                    let error = Error::Send {
+                        replica,
+                        number: u64::try_from(number).unwrap_or(0),
+                        reason,
+                    };
+                    // Only a replica out of reach is tried again.
+                    if error.handling() != Handling::Retry {
+                        refused.get_or_insert(error);
+                    }
                 }
                 None => away.back(&replica),
             }
@@ -162,7 +238,7 @@ pub async fn publish_beside<T: Transport>(
         if !taken_replicas.is_empty() {
             store::outbox::mark_sent(client, &taken_replicas, &taken_numbers, RESEND_AFTER).await?;
         }
-        if last_page {
+        if last_page || refused.is_some() {
             break;
         }
     }
@@ -171,12 +247,18 @@ pub async fn publish_beside<T: Transport>(
     if published.sent > 0 || !failed.is_empty() {
         published.failed = record_failures(client, failed, &sent_to).await?;
     }
-    Ok(published)
+    // Recorded as the replica's last error, and returned: the runner stops
+    // with what the transport said.
+    match refused {
+        Some(error) => Err(error),
+        None => Ok(published),
+    }
 }
 
 /// What sending one replica's queue came to: the replica, the last number
-/// the transport took, how many it took, and why it stopped.
-type Sent = (ReplicaId, Option<i64>, u64, Option<String>);
+/// the transport took, how many it took, and the message it stopped at
+/// with why.
+type Sent = (ReplicaId, Option<i64>, u64, Option<(i64, SendError)>);
 
 /// The next page of the outbox after `after`, in order: at most PAGE
 /// messages and about PAGE_BYTES (whole messages until their bytes pass the
@@ -201,8 +283,8 @@ async fn read_page(
 
 /// Per replica, its messages of the page, in order; none for a replica a
 /// send already failed to in this round.
-fn queues(page: Vec<Waiting>, failed: &HashMap<ReplicaId, String>) -> Vec<Vec<Waiting>> {
-    let mut queues: Vec<Vec<Waiting>> = Vec::new();
+fn queues(page: Vec<Signed>, failed: &HashMap<ReplicaId, String>) -> Vec<Vec<Signed>> {
+    let mut queues: Vec<Vec<Signed>> = Vec::new();
     for message in page {
         if failed.contains_key(&message.replica) {
             continue;
@@ -241,27 +323,125 @@ async fn record_failures(
 
 /// Sends one replica's messages in order until one fails; returns the last
 /// number the transport took, how many it took, and why it stopped.
-async fn send_in_order<T: Transport>(transport: &T, epoch: &Epoch, queue: Vec<Waiting>) -> Sent {
+async fn send_in_order<T: Transport>(transport: &T, epoch: &Epoch, queue: Vec<Signed>) -> Sent {
     let replica = queue[0].replica.clone();
     let mut taken = None;
     let mut sent = 0;
     for message in queue {
         let number = message.number;
         let id = message_id(epoch, number, &message.nonce);
-        match transport.send(&replica, &id, message.bytes(epoch)).await {
+        match transport.send(&replica, &id, message.bytes).await {
             Ok(()) => {
                 taken = Some(number);
                 sent += 1;
             }
-            Err(SendError(why)) => {
-                return (
-                    replica,
-                    taken,
-                    sent,
-                    Some(format!("sending message {number}: {why}")),
-                )
-            }
+            Err(why) => return (replica, taken, sent, Some((number, why))),
         }
     }
     (replica, taken, sent, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use magic_sync_core::envelope::ToReplica;
+    use magic_sync_core::sign::{verify_message, Signer};
+    use prost::Message;
+    use sha2::{Digest, Sha256};
+
+    /// A message to `replica` with a body of `body_bytes`, its replica
+    /// reading batches, sent before when `resent`.
+    fn waiting(replica: &str, body_bytes: usize, resent: bool) -> Waiting {
+        let head = ToReplica {
+            replica: replica.into(),
+            epoch: vec![7; 24],
+            number: 9,
+            nonce: vec![3; 16],
+            ..ToReplica::default()
+        }
+        .encode_to_vec();
+        let body = ToReplica {
+            body: Some(magic_sync_core::envelope::to_replica::Body::Down(
+                magic_sync_core::envelope::Down {
+                    tables: vec![magic_sync_core::envelope::TableRows {
+                        table: "products".into(),
+                        upserts: vec![magic_sync_core::envelope::RowData {
+                            key: b"[1]".to_vec(),
+                            data: vec![b'x'; body_bytes],
+                        }],
+                        ..Default::default()
+                    }],
+                },
+            )),
+            ..ToReplica::default()
+        }
+        .encode_to_vec();
+        Waiting {
+            replica: replica.into(),
+            number: 9,
+            nonce: vec![3; 16],
+            hash: Sha256::digest(&body).to_vec(),
+            head,
+            body,
+            seal: vec![4; 32],
+            reads_batches: true,
+            resent,
+        }
+    }
+
+    fn path_of(bytes: &[u8]) -> usize {
+        ToReplica::decode(bytes).unwrap().batch_path.len()
+    }
+
+    #[test]
+    fn a_message_the_path_would_make_too_large_and_one_sent_before_go_on_their_own() {
+        let server = Signer::new(&[5; 32], Vec::new());
+        let epoch = Epoch::for_tests(server.clone());
+        let alone = whole(
+            &epoch,
+            &waiting("t1", 900, false).head,
+            &waiting("t1", 900, false).body,
+            &waiting("t1", 900, false).hash,
+            vec![4; 32],
+        )
+        .len();
+        // The transport carries the largest message signed on its own, and
+        // not one byte of a path more.
+        let max = alone;
+        let page = vec![
+            waiting("t0", 100, false),
+            waiting("t1", 900, false),
+            waiting("t2", 100, true),
+            waiting("t3", 100, false),
+        ];
+        let signed = sign(&epoch, page, 2, max);
+        let paths: Vec<usize> = signed.iter().map(|s| path_of(&s.bytes)).collect();
+        assert_eq!(paths, [64, 0, 0, 64], "t1 too large, t2 sent before");
+        for s in &signed {
+            assert!(
+                s.bytes.len() <= max,
+                "{}: {} bytes",
+                s.replica,
+                s.bytes.len()
+            );
+            assert_eq!(
+                verify_message(&server.public(), &s.bytes),
+                Ok(server.public())
+            );
+        }
+    }
+
+    #[test]
+    fn below_the_threshold_or_to_replicas_of_earlier_builds_every_message_goes_on_its_own() {
+        let server = Signer::new(&[5; 32], Vec::new());
+        let epoch = Epoch::for_tests(server);
+        let mut earlier = waiting("t2", 10, false);
+        earlier.reads_batches = false;
+        let page = vec![waiting("t0", 10, false), waiting("t1", 10, false), earlier];
+        let signed = sign(&epoch, page, 3, 1 << 20);
+        assert!(signed.iter().all(|s| path_of(&s.bytes) == 0));
+        let page = vec![waiting("t0", 10, false), waiting("t1", 10, false)];
+        let signed = sign(&epoch, page, 2, 1 << 20);
+        assert!(signed.iter().all(|s| path_of(&s.bytes) == 32));
+    }
 }

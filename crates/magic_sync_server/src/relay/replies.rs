@@ -50,7 +50,15 @@ pub async fn acknowledge_all(
     client: &Client,
     acks: &[(ReplicaId, Ack)],
 ) -> Result<Vec<Result<Acknowledged>>> {
-    acknowledge(client, None, acks).await
+    Ok(acknowledge(client, None, acks).await?.outcomes)
+}
+
+/// Acknowledgements judged: one outcome each, and how many replicas they
+/// newly marked to be provisioned again (every live one, when a new epoch
+/// began).
+pub(crate) struct Judged {
+    pub outcomes: Vec<Result<Acknowledged>>,
+    pub marked: u64,
 }
 
 /// [`acknowledge_all`], in `epoch` when the caller read it already, else
@@ -59,9 +67,12 @@ pub(crate) async fn acknowledge(
     client: &Client,
     epoch: Option<&Epoch>,
     acks: &[(ReplicaId, Ack)],
-) -> Result<Vec<Result<Acknowledged>>> {
+) -> Result<Judged> {
     if acks.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Judged {
+            outcomes: Vec::new(),
+            marked: 0,
+        });
     }
     let read;
     let (epoch, known) = match epoch {
@@ -82,7 +93,7 @@ async fn judge_all(
     epoch: &Epoch,
     acks: &[(ReplicaId, Ack)],
     mut known: HashMap<ReplicaId, Chain>,
-) -> Result<Vec<Result<Acknowledged>>> {
+) -> Result<Judged> {
     let mut again: Vec<&str> = Vec::new();
     let mut restored: Vec<&str> = Vec::new();
     // The newest generation of an epoch this installation began and its
@@ -107,20 +118,25 @@ async fn judge_all(
         }
         outcomes.push(outcome);
     }
-    if outcomes
+    let restarted = outcomes
         .iter()
-        .any(|o| matches!(o, Ok(Acknowledged::ServerRestored)))
-    {
+        .any(|o| matches!(o, Ok(Acknowledged::ServerRestored)));
+    if restarted {
         new_epoch(client, epoch, seen).await?;
     }
     // Each replica once, at the newest number it acknowledged.
-    let (recorded, numbers): (Vec<&str>, Vec<i64>) = known
-        .iter()
-        .filter(|(_, chain)| chain.recorded)
-        .map(|(replica, chain)| (replica.as_str(), chain.acked))
-        .unzip();
-    store::acks::record(client, &recorded, &numbers, &again, &restored).await?;
-    Ok(outcomes)
+    let (mut recorded, mut numbers, mut batches) = (Vec::new(), Vec::new(), Vec::new());
+    for (replica, chain) in known.iter().filter(|(_, chain)| chain.recorded) {
+        recorded.push(replica.as_str());
+        numbers.push(chain.acked);
+        batches.push(chain.reads_batches);
+    }
+    let marked =
+        store::acks::record(client, &recorded, &numbers, &batches, &again, &restored).await?;
+    Ok(Judged {
+        outcomes,
+        marked: marked + u64::from(restarted),
+    })
 }
 
 /// Per live replica among those acknowledging: the last number the server
@@ -141,6 +157,7 @@ async fn chains(client: &Client, acks: &[(ReplicaId, Ack)]) -> Result<HashMap<Re
                 kept_up: r.kept_up,
                 answered: u64::try_from(r.answered).unwrap_or(0),
                 recorded: false,
+                reads_batches: false,
             };
             (ReplicaId::from(r.id), chain)
         })
@@ -160,6 +177,8 @@ struct Chain {
     answered: u64,
     /// An acknowledgement of it was recorded: `acked` is to be written.
     recorded: bool,
+    /// What the newest recorded acknowledgement said of batches.
+    reads_batches: bool,
 }
 
 /// What one acknowledgement by `replica` comes to, against its chain (the
@@ -221,6 +240,8 @@ fn judge(epoch: &Epoch, replica: &ReplicaId, ack: &Ack, chain: &mut Chain) -> Re
     }
     chain.acked = number;
     chain.recorded = true;
+    // What it can verify changes only how its own messages are signed.
+    chain.reads_batches = ack.reads_batches;
     Ok(Acknowledged::Recorded)
 }
 

@@ -366,7 +366,8 @@ impl Snapshot {
         super::trace("snapshot/load and send", t0);
         let loaded = match loaded {
             Err(Error::Unsendable(unsendable)) => Err(unsendable),
-            Err(e) if closed.is_some() && !e.is_transient() => {
+            // A send the transport refused is not the query's.
+            Err(e) if closed.is_some() && !e.is_transient() && !matches!(e, Error::Send { .. }) => {
                 // A query in closed form (or a table kept for them)
                 // PostgreSQL refused is the engine's to fix: snapshots plan
                 // first until a build that has.
@@ -622,7 +623,7 @@ impl<T: Transport> Sink for Sender<'_, T> {
                 .map_err(|e| Error::Send {
                     replica: self.replica.clone(),
                     number: u64::try_from(number).unwrap_or(0),
-                    reason: e.0,
+                    reason: e,
                 })?;
             self.sent += 1;
             // Part of a snapshot sent: it is begun again from the start.

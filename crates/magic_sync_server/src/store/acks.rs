@@ -50,17 +50,20 @@ pub(crate) async fn chains(client: &Client, ids: &[&str]) -> Result<Vec<Chain>> 
         .collect())
 }
 
-/// Records the acknowledgements that counted, and has the replicas in
-/// `again` provisioned again. The filing state of those `restored` from an
-/// older copy starts afresh: what the server took of their own columns
-/// before was under upload numbers they may count through again.
+/// Records the acknowledgements that counted (with whether each replica
+/// reads messages signed in a batch), and has the replicas in
+/// `again` provisioned again; returns how many of those were not marked so
+/// already. The filing state of those `restored` from an older copy starts
+/// afresh: what the server took of their own columns before was under
+/// upload numbers they may count through again.
 pub(crate) async fn record(
     client: &Client,
     recorded: &[&str],
     numbers: &[i64],
+    reads_batches: &[bool],
     again: &[&str],
     restored: &[&str],
-) -> Result<()> {
+) -> Result<u64> {
     if !restored.is_empty() {
         client
             .execute(
@@ -71,18 +74,27 @@ pub(crate) async fn record(
     }
     if !recorded.is_empty() {
         // Typed, so parsed and run in one round trip.
-        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
-            [(&recorded, Type::TEXT_ARRAY), (&numbers, Type::INT8_ARRAY)];
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 3] = [
+            (&recorded, Type::TEXT_ARRAY),
+            (&numbers, Type::INT8_ARRAY),
+            (&reads_batches, Type::BOOL_ARRAY),
+        ];
         // The replica's row is locked against deletion first: a pass
         // forgetting the replica meanwhile leaves nothing to insert, rather
         // than a foreign key to break.
         let acks = client.query_typed(
-            "INSERT INTO sync.acks AS a (replica, number, at)
-             SELECT u.id, u.number, now()
-             FROM (SELECT DISTINCT id, number FROM unnest($1::text[], $2::int8[]) AS u (id, number)) u
+            "INSERT INTO sync.acks AS a (replica, number, at, reads_batches)
+             SELECT u.id, u.number, now(), u.batches
+             FROM (SELECT DISTINCT id, number, batches
+                   FROM unnest($1::text[], $2::int8[], $3::bool[]) AS u (id, number, batches)) u
              JOIN sync.replicas r ON r.id = u.id FOR KEY SHARE OF r
-             ON CONFLICT (replica) DO UPDATE SET number = excluded.number, at = excluded.at
-             WHERE a.number < excluded.number",
+             ON CONFLICT (replica) DO UPDATE
+             SET number = greatest(a.number, excluded.number), at = excluded.at,
+                 reads_batches = excluded.reads_batches
+             -- Also at the same number when it says otherwise of batches:
+             -- a replica going back to an earlier build reads none.
+             WHERE a.number < excluded.number
+                OR a.reads_batches IS DISTINCT FROM excluded.reads_batches",
             &params,
         );
         // What they applied needs sending no more. Sent together with the
@@ -90,17 +102,19 @@ pub(crate) async fn record(
         let sent = client.query_typed(
             "DELETE FROM sync.outbox o USING unnest($1::text[], $2::int8[]) AS u (id, number)
              WHERE o.replica = u.id AND o.number <= u.number",
-            &params,
+            &params[..2],
         );
         tokio::try_join!(acks, sent)?;
     }
-    if !again.is_empty() {
-        client
-            .execute(
-                "UPDATE sync.replicas SET provision = true, provision_asked = true WHERE id = ANY($1)",
-                &[&again],
-            )
-            .await?;
+    if again.is_empty() {
+        return Ok(0);
     }
-    Ok(())
+    Ok(client
+        .execute(
+            // A replica already marked so is not written again.
+            "UPDATE sync.replicas SET provision = true, provision_asked = true
+                 WHERE id = ANY($1) AND NOT (provision AND provision_asked)",
+            &[&again],
+        )
+        .await?)
 }

@@ -56,8 +56,15 @@ pub(crate) fn answered(replicas: Vec<&str>, numbers: Vec<i64>) -> String {
     )
 }
 
+/// The most checkpoints a replica keeps waiting: an honest replica has an
+/// upload or two in flight, while one sending an upload in every frame
+/// would otherwise have every pass's [`due`] read thousands of them.
+/// Past it, its oldest are let go of (their `Reached` never comes).
+pub const MAX_WAITING: i64 = 1_024;
+
 /// Records that each of `replicas` waits to read its own writes up to the
-/// upload whose send id is beside it.
+/// upload whose send id is beside it, keeping each replica's newest
+/// [`MAX_WAITING`].
 pub(crate) async fn record(
     client: &tokio_postgres::Client,
     replicas: &[&str],
@@ -69,6 +76,18 @@ pub(crate) async fn record(
              SELECT * FROM unnest($1::text[], $2::bytea[])
              ON CONFLICT (replica, send_id) DO NOTHING",
             &[&replicas, &send_ids],
+        )
+        .await?;
+    // After the insert, not beside it: it must see the rows just made.
+    client
+        .execute(
+            "DELETE FROM sync.checkpoints c
+             USING (SELECT replica, send_id,
+                           row_number() OVER (PARTITION BY replica
+                                              ORDER BY at DESC, send_id DESC) AS n
+                    FROM sync.checkpoints WHERE replica = ANY($1)) o
+             WHERE c.replica = o.replica AND c.send_id = o.send_id AND o.n > $2",
+            &[&replicas, &MAX_WAITING],
         )
         .await?;
     Ok(())

@@ -25,6 +25,18 @@ pub(crate) struct Epoch {
 }
 
 impl Epoch {
+    /// An epoch of no database, signing with `signer`: for unit tests of
+    /// what is done with one.
+    #[cfg(test)]
+    pub(crate) fn for_tests(signer: Signer) -> Epoch {
+        Epoch {
+            id: EpochId::from([7u8; 24].as_slice()),
+            secret: vec![1; 32],
+            master: vec![2; 32],
+            signer,
+        }
+    }
+
     /// The epoch and the server's newest key, in one round trip.
     pub async fn read(client: &impl tokio_postgres::GenericClient) -> Result<Epoch> {
         let sql = format!(

@@ -217,6 +217,10 @@ pub(crate) struct Waiting {
     pub body: Vec<u8>,
     pub hash: Vec<u8>,
     pub seal: Vec<u8>,
+    /// Its replica said it verifies messages signed in a batch.
+    pub reads_batches: bool,
+    /// Sent before, and not acknowledged since.
+    pub resent: bool,
 }
 
 /// The messages after `after` (replica, number) in order that were never
@@ -257,19 +261,23 @@ pub(crate) async fn page(
     ];
     let rows = client
         .query_typed(
-            "SELECT replica, number, nonce, head, bytes, hash, seal FROM (
-                 SELECT o.replica, o.number, o.nonce, o.head, b.bytes, b.hash, o.seal,
+            "SELECT replica, number, nonce, head, bytes, hash, seal, reads_batches, resent FROM (
+                 SELECT o.replica, o.number, o.nonce, o.head, b.bytes, b.hash, o.seal, o.resent,
+                        coalesce((SELECT a.reads_batches FROM sync.acks a
+                                  WHERE a.replica = o.replica), false) AS reads_batches,
                         sum(length(b.bytes)) OVER (ORDER BY o.replica, o.number) - length(b.bytes) AS before
                  FROM (
                      SELECT w.* FROM unnest($6::text[], $7::int8[], $8::text[]) AS r (low, number, high)
                      CROSS JOIN LATERAL (
-                         SELECT o.replica, o.number, o.nonce, o.head, o.body, o.seal
+                         SELECT o.replica, o.number, o.nonce, o.head, o.body, o.seal,
+                                o.sent_at IS NOT NULL AS resent
                          FROM sync.outbox o
                          WHERE (o.replica, o.number) > (r.low, r.number) AND o.replica < r.high
                            AND (o.sent_at IS NULL OR o.sent_at < now() - $5::float8 * interval '1 second')
                          ORDER BY o.replica, o.number LIMIT $3) w
                      UNION ALL
-                     (SELECT o.replica, o.number, o.nonce, o.head, o.body, o.seal
+                     (SELECT o.replica, o.number, o.nonce, o.head, o.body, o.seal,
+                             o.sent_at IS NOT NULL AS resent
                       FROM sync.outbox o
                       WHERE (o.replica, o.number) > ($1, $2)
                         AND (o.sent_at IS NULL OR o.sent_at < now() - $5::float8 * interval '1 second')
@@ -292,6 +300,8 @@ pub(crate) async fn page(
             body: row.get(4),
             hash: row.get(5),
             seal: row.get(6),
+            reads_batches: row.get(7),
+            resent: row.get(8),
         })
         .collect())
 }

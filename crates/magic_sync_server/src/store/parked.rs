@@ -7,17 +7,10 @@
 //! starting moves them back, for a build that can plan them. The hot path
 //! pays nothing: the search runs only after a pass failed so.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::graph::Graph;
 use crate::sql::literal;
 use tokio_postgres::Client;
-
-/// Whether `e` is PostgreSQL refusing a value (SQLSTATE class 22: a cast
-/// that fails, a number out of range): what a note that no longer fits its
-/// table makes a pass fail with.
-pub(crate) fn is_data_exception(e: &Error) -> bool {
-    matches!(e, Error::Postgres(e) if e.code().is_some_and(|c| c.code().starts_with("22")))
-}
 
 /// Moves every pending note of a declared table whose key or parents do
 /// not fit the table's columns to `sync.parked`, with why. Returns how

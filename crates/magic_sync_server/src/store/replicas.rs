@@ -199,8 +199,9 @@ pub(crate) fn told(replicas: &[String], what: Told, print: &[u8]) -> String {
 /// installation's epoch) is already on its way: one statement for all of
 /// them. A replica already waiting for a snapshot keeps waiting as it was:
 /// one the server is to provision for its own reasons (a new epoch) is not
-/// held back to the pace of a replica's asking. Returns those that will be
-/// provisioned again.
+/// held back to the pace of a replica's asking, and its row is not written
+/// again (a replica saying gaps as fast as it can would otherwise have it
+/// rewritten hundreds of times a second). Returns those it marked.
 pub(crate) async fn provision_after_gaps(
     client: &impl GenericClient,
     replicas: &[&str],
@@ -213,7 +214,7 @@ pub(crate) async fn provision_after_gaps(
                  provision_asked = r.provision_asked OR NOT r.provision
              FROM unnest($1::text[], $2::bytea[], $3::int8[]) AS g (id, epoch, number),
                   sync.epoch e
-             WHERE r.id = g.id AND r.live
+             WHERE r.id = g.id AND r.live AND NOT r.provision
                AND NOT (g.epoch = e.id AND r.snapshot_number > g.number)
              RETURNING r.id",
             &[&replicas, &epochs, &numbers],

@@ -33,9 +33,7 @@ use crate::catalog::Catalog;
 use crate::engine::Engine;
 use crate::error::{Error, Result, TriggerProblem};
 use crate::sql::qualified;
-use rand::Rng;
 use std::time::Duration;
-use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
 /// How [`ensure`] takes its locks.
@@ -53,8 +51,8 @@ pub struct InstallSettings {
     /// [`Error::InstallGaveWay`]. Default 50.
     pub attempts: u32,
     /// The wait after the first attempt that gave way, doubled after each
-    /// one up to `backoff_max`; each wait is drawn between half and all of
-    /// it, so installers on two hosts do not keep meeting. Default 50 ms.
+    /// one up to `backoff_max`, with jitter ([`crate::backoff::Backoff`]),
+    /// so installers on two hosts do not keep meeting. Default 50 ms.
     pub backoff_min: Duration,
     /// The longest wait between attempts. Default 2 s.
     pub backoff_max: Duration,
@@ -232,7 +230,7 @@ async fn repair(
     settings: &InstallSettings,
 ) -> Result<(Vec<String>, u32)> {
     let mut retries = 0;
-    let mut wait = settings.backoff_min;
+    let mut backoff = crate::backoff::Backoff::new(settings.backoff_min, settings.backoff_max);
     loop {
         let attempt = if triggers {
             install(client, table, reprovision, settings).await
@@ -243,7 +241,7 @@ async fn repair(
         };
         let e = match attempt {
             Ok(marked) => return Ok((marked, retries)),
-            Err(Error::Postgres(e)) if gave_way(&e) => e,
+            Err(Error::Postgres(e)) if crate::error::gave_way(&e) => e,
             Err(e) => return Err(e),
         };
         if retries + 1 >= settings.attempts.max(1) {
@@ -254,21 +252,8 @@ async fn repair(
             });
         }
         retries += 1;
-        let drawn = rand::thread_rng().gen_range(wait / 2..=wait);
-        tokio::time::sleep(drawn).await;
-        wait = (wait * 2).min(settings.backoff_max);
+        tokio::time::sleep(backoff.next_wait()).await;
     }
-}
-
-/// Whether an attempt gave way: its locks were not granted in time (the lock
-/// or the statement timed out), or it was chosen to break a deadlock.
-fn gave_way(e: &tokio_postgres::Error) -> bool {
-    matches!(
-        e.code(),
-        Some(c) if *c == SqlState::LOCK_NOT_AVAILABLE
-            || *c == SqlState::T_R_DEADLOCK_DETECTED
-            || *c == SqlState::QUERY_CANCELED
-    )
 }
 
 /// One attempt at one table, in one transaction: the replicas to provision

@@ -41,6 +41,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (32, include_str!("032_broker_keys.sql")),
     (33, include_str!("033_sealed_seeds.sql")),
     (34, include_str!("034_ordered_epochs.sql")),
+    (35, include_str!("035_reads_batches.sql")),
 ];
 
 /// The version this build brings the schema to.
