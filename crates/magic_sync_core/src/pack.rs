@@ -35,7 +35,7 @@ struct Open {
     upserts: Vec<TableRows>,
     bytes: usize,
     /// Tables the message may not end inside of.
-    spans: HashSet<&'static str>,
+    spans: HashSet<String>,
 }
 
 /// The messages being filled, one per replica.
@@ -44,8 +44,8 @@ pub struct Packer {
     limit: usize,
     open: HashMap<String, Open>,
     /// (replica, table) pairs with both upserts and deletes in this plan.
-    both: HashSet<(String, &'static str)>,
-    self_referencing: HashSet<&'static str>,
+    both: HashSet<(String, String)>,
+    self_referencing: HashSet<String>,
     done: Vec<Packed>,
     done_bytes: usize,
 }
@@ -56,8 +56,8 @@ const FIELD: usize = 6;
 impl Packer {
     pub fn new(
         limit: usize,
-        both: HashSet<(String, &'static str)>,
-        self_referencing: HashSet<&'static str>,
+        both: HashSet<(String, String)>,
+        self_referencing: HashSet<String>,
     ) -> Self {
         Packer {
             limit,
@@ -71,41 +71,45 @@ impl Packer {
 
     /// Adds a row for `replica` to hold. Returns the row's size when it is
     /// larger than any message may be.
-    pub fn upsert(&mut self, replica: &str, table: &'static str, row: RowData) {
+    pub fn upsert(&mut self, replica: &str, table: &str, row: RowData) {
         let size = row.key.len() + row.data.len() + 2 * FIELD;
         let protect = self.self_referencing.contains(table)
-            || (!self.both.is_empty() && self.both.contains(&(replica.to_string(), table)));
+            || (!self.both.is_empty()
+                && self
+                    .both
+                    .contains(&(replica.to_string(), table.to_string())));
         let open = self.make_room(replica, size);
         entry(&mut open.upserts, table).upserts.push(row);
         open.bytes += size;
         if protect {
-            open.spans.insert(table);
+            open.spans.insert(table.to_string());
         }
     }
 
     /// Adds a row for `replica` to let go of.
-    pub fn delete(&mut self, replica: &str, table: &'static str, key: Vec<u8>) {
+    pub fn delete(&mut self, replica: &str, table: &str, key: Vec<u8>) {
         let size = key.len() + FIELD;
         let protect = self.self_referencing.contains(table);
         let open = self.make_room(replica, size);
         entry(&mut open.deletes, table).deletes.push(key);
         open.bytes += size;
         if protect {
-            open.spans.insert(table);
+            open.spans.insert(table.to_string());
         }
     }
 
     /// The upserts of `table` are all added.
-    pub fn upserts_done(&mut self, table: &'static str) {
+    pub fn upserts_done(&mut self, table: &str) {
+        let table = table.to_string();
         for (replica, open) in &mut self.open {
-            if !self.both.contains(&(replica.clone(), table)) {
-                open.spans.remove(table);
+            if !self.both.contains(&(replica.clone(), table.clone())) {
+                open.spans.remove(&table);
             }
         }
     }
 
     /// The deletes of `table` are all added.
-    pub fn deletes_done(&mut self, table: &'static str) {
+    pub fn deletes_done(&mut self, table: &str) {
         for open in self.open.values_mut() {
             open.spans.remove(table);
         }
@@ -245,7 +249,7 @@ mod tests {
 
     #[test]
     fn a_table_with_upserts_and_deletes_is_never_split() {
-        let both = HashSet::from([("u1".to_string(), "products")]);
+        let both = HashSet::from([("u1".to_string(), "products".to_string())]);
         let mut p = Packer::new(1000, both, HashSet::new());
         for i in 0..10 {
             p.upsert("u1", "products", row(&format!("[{i}]"), 300));

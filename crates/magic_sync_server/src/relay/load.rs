@@ -83,7 +83,7 @@ struct Difference {
     /// them).
     deleted: HashSet<String>,
     /// Replicas and tables with both.
-    both: HashSet<(String, &'static str)>,
+    both: HashSet<(String, String)>,
 }
 
 /// A load under way.
@@ -134,7 +134,7 @@ impl Loader<'_> {
             .shapes
             .iter()
             .filter(|s| s.self_referencing)
-            .map(|s| s.table.name)
+            .map(|s| s.table.name.to_string())
             .collect();
         // Room for the head (ids, numbers, nonces) and the seal around a body.
         let limit = self.max_message_bytes.saturating_sub(256).max(1024);
@@ -165,9 +165,9 @@ impl Loader<'_> {
         }
         if let (true, Some(removed)) = (deletes, self.removed) {
             // Nothing this build declares points at it: its rows go first.
-            self.deletes(tx, removed.name, &removed.key, &mut packer, sink)
+            self.deletes(tx, &removed.name, &removed.key, &mut packer, sink)
                 .await?;
-            packer.deletes_done(removed.name);
+            packer.deletes_done(&removed.name);
         }
         for shape in self.graph.shapes.iter().rev() {
             if deletes && takes_back(shape.table.name) {
@@ -220,10 +220,7 @@ impl Loader<'_> {
             },
             pairs("SELECT DISTINCT r, t FROM _ms_send")
         )?;
-        let both = deleted
-            .intersection(&sent)
-            .map(|(r, t)| (r.clone(), self.graph.shape(t).table.name))
-            .collect();
+        let both = deleted.intersection(&sent).cloned().collect();
         let tables =
             |pairs: &HashSet<(String, String)>| pairs.iter().map(|(_, t)| t.clone()).collect();
         Ok(Difference {
@@ -410,7 +407,7 @@ impl Loader<'_> {
     async fn deletes(
         &self,
         tx: &Transaction<'_>,
-        table: &'static str,
+        table: &str,
         kinds: &[Kind],
         packer: &mut Packer,
         sink: &mut impl Sink,

@@ -377,8 +377,6 @@ pub struct Relay {
     /// Whether a deployment may have work left (`crate::deploy`): read at
     /// every pass until one finds none.
     deploying: bool,
-    /// The tables a deployment removed, named for the packer.
-    removed: Vec<&'static str>,
     /// Whether replicas may be due a `Configured`: read once no deployment
     /// is under way, until a pass finds none due.
     configuring: bool,
@@ -464,7 +462,6 @@ impl Relay {
             commit_times: None,
             noted_again: false,
             deploying: false,
-            removed: Vec::new(),
             configuring: true,
             describing: true,
             deploy_chunk: settings_chunk.clamp(1, 1_000),
@@ -620,7 +617,7 @@ impl Relay {
         let work = match self.deploying {
             true => {
                 let context = &self.context;
-                deployment::next(tx, &context.graph, &context.schema, &mut self.removed).await?
+                deployment::next(tx, &context.graph, &context.schema).await?
             }
             false => None,
         };

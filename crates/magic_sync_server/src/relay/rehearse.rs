@@ -78,14 +78,12 @@ pub(crate) async fn rehearse(
 ) -> Result<Rehearsal> {
     let relay = Relay::with_catalog(catalog, engine.clone(), Settings::default())?;
     let graph = &relay.context.graph;
-    let mut removed = Vec::new();
     let mut works = Vec::new();
     for o in owed.iter().filter(|o| o.work == "remove") {
         works.push(Work::Remove(store::deployment::removed_table(
             &o.table,
             o.definition.as_ref(),
             graph,
-            &mut removed,
         )?));
     }
     for shape in &graph.shapes {

@@ -80,9 +80,8 @@ pub(crate) fn declared(engine: &Engine, catalog: &Catalog) -> Result<Declared> {
 /// described it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Removed {
-    /// Its name. Leaked once per relay and table removed: the packer
-    /// names tables by `&'static str`.
-    pub name: &'static str,
+    /// Its name.
+    pub name: String,
     /// Its key columns' kinds, in key order.
     pub key: Vec<Kind>,
     /// The links its held rows are counted in: (name, parent), for the
@@ -107,10 +106,10 @@ pub(crate) enum Work {
 
 impl Work {
     /// The table worked on.
-    pub fn table(&self) -> &'static str {
+    pub fn table(&self) -> &str {
         match self {
             Work::Plan { table, .. } => table,
-            Work::Remove(r) => r.name,
+            Work::Remove(r) => &r.name,
         }
     }
 }
@@ -127,13 +126,11 @@ pub(crate) struct Worked {
 }
 
 /// The next chunk owed, if any: removals first, then tables parents
-/// first. `removed` keeps the leaked names from pass to pass.
-/// Only what the build whose declarations' fingerprint is `build` owes.
+/// first. Only what the build whose declarations' fingerprint is `build` owes.
 pub(crate) async fn next(
     tx: &Transaction<'_>,
     graph: &Graph,
     build: &[u8],
-    removed: &mut Vec<&'static str>,
 ) -> Result<Option<Work>> {
     let rows = tx
         .query(
@@ -154,7 +151,6 @@ pub(crate) async fn next(
                 &table,
                 definition.as_ref(),
                 graph,
-                removed,
             )?)));
         }
         let after: Option<serde_json::Value> = row.get(2);
@@ -187,7 +183,6 @@ pub(crate) fn removed_table(
     name: &str,
     definition: Option<&serde_json::Value>,
     graph: &Graph,
-    removed: &mut Vec<&'static str>,
 ) -> Result<Removed> {
     let damaged = |why: &str| Error::Damaged {
         what: format!("sync.deployment: the definition of removed table `{name}` {why}"),
@@ -213,15 +208,11 @@ pub(crate) fn removed_table(
                 .collect()
         })
         .unwrap_or_default();
-    let name: &'static str = match removed.iter().find(|n| **n == name) {
-        Some(n) => n,
-        None => {
-            let leaked: &'static str = Box::leak(name.to_string().into_boxed_str());
-            removed.push(leaked);
-            leaked
-        }
-    };
-    Ok(Removed { name, key, links })
+    Ok(Removed {
+        name: name.to_string(),
+        key,
+        links,
+    })
 }
 
 /// The rows of `shape` after `after` (a key as JSON), in key order, at most

@@ -607,7 +607,7 @@ impl Planner<'_, '_> {
         removed: &crate::store::deployment::Removed,
         limit: i64,
     ) -> Result<u64> {
-        let t = literal(removed.name);
+        let t = literal(&removed.name);
         let rows = self
             .fill(
                 Scratch::Delete,
@@ -672,7 +672,7 @@ impl Planner<'_, '_> {
                  CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
                  {QUESTION_AGAIN}",
                         p = literal(parent),
-                        t = literal(removed.name),
+                        t = literal(&removed.name),
                         replica = replica_of("d.r"),
                         held = held_by(&literal(parent), "d.k", "d.r"),
                         current = self.current(shape, "d.k"),
