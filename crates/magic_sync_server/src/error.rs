@@ -152,7 +152,7 @@ pub enum Error {
     )]
     Disagreed {
         /// The replica.
-        replica: String,
+        replica: ReplicaId,
         /// Rows streamed.
         streamed: u64,
         /// Rows planned.

@@ -408,7 +408,7 @@ impl Snapshot {
     fn disagreed(&self, streamed: u64, planned: u64) -> Error {
         self.context.plan_first.store(true, Ordering::Relaxed);
         let e = Error::Disagreed {
-            replica: self.replica.to_string(),
+            replica: self.replica.clone(),
             streamed,
             planned,
         };
