@@ -81,6 +81,7 @@ use magic_sync_http::server::Security;
 use magic_sync_nats::broker::{Broker, Settings as BrokerSettings};
 use magic_sync_nats::mailbox::{self, Mailbox};
 use prost::Message as _;
+use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -756,7 +757,7 @@ async fn write(db: &magic_sync_testdb::TestDb, items: i64, load: Load) -> u64 {
                 .await
                 .unwrap();
             let per_writer = load.rate as f64 / writers as f64;
-            let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ (w as u64 + 1);
+            let mut rng = rand::rngs::StdRng::seed_from_u64(w as u64 + 1);
             let started = Instant::now();
             let mut done = 0u64;
             while started.elapsed() < Duration::from_secs(load.seconds) {
@@ -765,10 +766,7 @@ async fn write(db: &magic_sync_testdb::TestDb, items: i64, load: Load) -> u64 {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     continue;
                 }
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let id = 1 + (x % items as u64) as i64;
+                let id = rng.gen_range(1..=items);
                 client
                     .execute(&statement, &[&id, &now_micros()])
                     .await
