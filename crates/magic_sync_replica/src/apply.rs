@@ -17,12 +17,11 @@ use super::snapshot::{self, Snapshot};
 use super::state::{self, Refusal};
 use super::tables::{TableSql, Tables};
 use crate::codec::CodecError;
-use crate::engine::Engine;
 use crate::envelope::{to_replica::Body, RowData, TableRows, ToReplica};
 use crate::error::Result;
+use crate::shape::{Codec, Shapes};
 use crate::sql::ident;
 use crate::value::Value;
-use crate::wire;
 use rusqlite::types::Value as Lite;
 use rusqlite::{params_from_iter, CachedStatement, Connection, ErrorCode};
 use std::collections::{HashMap, HashSet};
@@ -65,7 +64,7 @@ enum Written {
 pub(crate) struct Pass<'a> {
     conn: &'a Connection,
     tables: &'a Tables,
-    engine: &'a Engine,
+    shapes: &'a Shapes,
     number: u64,
     snapshot: Option<Snapshot>,
     refusals: Refusals,
@@ -79,7 +78,7 @@ impl<'a> Pass<'a> {
     pub fn run(
         conn: &'a Connection,
         tables: &'a Tables,
-        engine: &'a Engine,
+        shapes: &'a Shapes,
         message: &ToReplica,
     ) -> Result<usize> {
         if message.begins_snapshot {
@@ -88,7 +87,7 @@ impl<'a> Pass<'a> {
         let mut pass = Pass {
             conn,
             tables,
-            engine,
+            shapes,
             number: message.number,
             snapshot: Snapshot::load(conn)?,
             refusals: Refusals::load(conn)?,
@@ -121,7 +120,7 @@ impl<'a> Pass<'a> {
         let target = self
             .tables
             .position(&rows.table)
-            .zip(self.engine.codec(&rows.table));
+            .zip(self.shapes.codec(&rows.table));
         let Some((t, codec)) = target else {
             // Nothing of a table the replica does not hold can be let go of;
             // its rows cannot be taken.
@@ -138,7 +137,7 @@ impl<'a> Pass<'a> {
     }
 
     fn not_held(&self, table: &str) -> Reason {
-        match self.engine.codec(table) {
+        match self.shapes.codec(table) {
             Some(_) => Reason::NotDown(table.to_string()),
             None => Reason::UnknownTable(table.to_string()),
         }
@@ -146,7 +145,7 @@ impl<'a> Pass<'a> {
 
     /// Whether the snapshot in progress fills table `t` from empty.
     fn fills(&self, t: usize) -> bool {
-        let name = self.tables.at(t).table.name;
+        let name = self.tables.at(t).table.name.as_str();
         self.snapshot.as_ref().is_some_and(|s| s.fills(name))
     }
 
@@ -160,7 +159,7 @@ impl<'a> Pass<'a> {
     /// server sends a unique value moving between rows in one message, in no
     /// particular order), and is tried again as long as a round lets one of
     /// the waiting rows through.
-    fn upserts<'m>(&mut self, t: usize, codec: &wire::Codec, rows: &'m [RowData]) -> Result<()> {
+    fn upserts<'m>(&mut self, t: usize, codec: &Codec, rows: &'m [RowData]) -> Result<()> {
         let fills = self.fills(t);
         let strikes = self.strikes(t);
         let mut values: Vec<Param<'m>> = Vec::with_capacity(codec.table().columns.len());
@@ -185,7 +184,7 @@ impl<'a> Pass<'a> {
                 }),
                 Written::Refused(e) => {
                     let canonical = String::from_utf8_lossy(&canonical).into_owned();
-                    let name = self.tables.at(t).table.name;
+                    let name = self.tables.at(t).table.name.as_str();
                     self.refuse(name, &row.key, Some(&canonical), Reason::Refused(e))?;
                 }
             }
@@ -207,7 +206,7 @@ impl<'a> Pass<'a> {
                         still.push(w);
                     }
                     Written::Refused(e) => {
-                        let name = self.tables.at(t).table.name;
+                        let name = self.tables.at(t).table.name.as_str();
                         self.refuse(name, &w.row.key, Some(&w.canonical), Reason::Refused(e))?;
                     }
                 }
@@ -220,7 +219,7 @@ impl<'a> Pass<'a> {
                 continue;
             }
             if still.len() == before {
-                let name = self.tables.at(t).table.name;
+                let name = self.tables.at(t).table.name.as_str();
                 for w in still {
                     self.refuse(
                         name,
@@ -242,7 +241,7 @@ impl<'a> Pass<'a> {
     /// server's current rows. Returns whether any row went.
     fn let_go_of_stale(&mut self, t: usize, waiting: &[Waiting<'_>]) -> Result<bool> {
         let sql = self.tables.at(t);
-        let table = sql.table;
+        let table = &sql.table;
         let mut stale: Vec<Vec<Value>> = Vec::new();
         for w in waiting {
             let columns = clash_columns(table, &w.clash);
@@ -252,18 +251,18 @@ impl<'a> Pass<'a> {
             let mut filter: Vec<String> = columns
                 .iter()
                 .enumerate()
-                .map(|(i, &c)| format!("{} = ?{}", ident(table.columns[c].name), i + 1))
+                .map(|(i, &c)| format!("{} = ?{}", ident(&table.columns[c].name), i + 1))
                 .collect();
             // A row kept retired for the replica's own records stays: the
             // clash is then refused, and said.
-            if let Some(retired) = table.retired {
+            if let Some(retired) = table.retired.as_deref() {
                 filter.push(format!("{} IS NULL", ident(retired)));
             }
             let keys: Vec<String> = table.key.iter().map(|k| ident(k)).collect();
             let query = format!(
                 "SELECT {} FROM {} WHERE {}",
                 keys.join(", "),
-                ident(table.name),
+                ident(&table.name),
                 filter.join(" AND ")
             );
             let params: Vec<&Lite> = columns.iter().map(|&c| &w.values[c]).collect();
@@ -292,7 +291,7 @@ impl<'a> Pass<'a> {
     fn take<'m>(
         &mut self,
         t: usize,
-        codec: &wire::Codec,
+        codec: &Codec,
         row: &'m RowData,
         strikes: bool,
         values: &mut Vec<Param<'m>>,
@@ -301,7 +300,7 @@ impl<'a> Pass<'a> {
         let sql = self.tables.at(t);
         let read = row::read(codec, &row.data, values);
         let short = read.is_ok()
-            && row::canonical_key(sql.table, &sql.key_positions, values, canonical)
+            && row::canonical_key(&sql.table, &sql.key_positions, values, canonical)
             && canonical.as_slice() == row.key.as_slice();
         if !short {
             return self.take_carefully(t, codec, row, strikes, read, values, canonical);
@@ -321,7 +320,7 @@ impl<'a> Pass<'a> {
     fn take_carefully(
         &mut self,
         t: usize,
-        codec: &wire::Codec,
+        codec: &Codec,
         row: &RowData,
         strikes: bool,
         read: std::result::Result<(), CodecError>,
@@ -329,11 +328,11 @@ impl<'a> Pass<'a> {
         canonical: &mut Vec<u8>,
     ) -> Result<bool> {
         let sql = self.tables.at(t);
-        let table = sql.table;
+        let table = &sql.table;
         let wire = match key::decode(table, &row.key) {
             Ok(wire) => wire,
             Err(problem) => {
-                self.refuse(table.name, &row.key, None, Reason::Key(problem))?;
+                self.refuse(&table.name, &row.key, None, Reason::Key(problem))?;
                 return Ok(false);
             }
         };
@@ -345,7 +344,7 @@ impl<'a> Pass<'a> {
                 .execute(params_from_iter(key::params(&wire)))?;
         }
         if let Err(e) = read {
-            self.refuse(table.name, &row.key, Some(&wire_key), Reason::Row(e))?;
+            self.refuse(&table.name, &row.key, Some(&wire_key), Reason::Row(e))?;
             return Ok(false);
         }
         let row_key = if row::canonical_key(table, &sql.key_positions, values, canonical) {
@@ -354,7 +353,7 @@ impl<'a> Pass<'a> {
             match codec.decode(&row.data) {
                 Ok(decoded) => key::canonical(&key::of_row(table, &decoded)),
                 Err(e) => {
-                    self.refuse(table.name, &row.key, Some(&wire_key), Reason::Row(e))?;
+                    self.refuse(&table.name, &row.key, Some(&wire_key), Reason::Row(e))?;
                     return Ok(false);
                 }
             }
@@ -364,7 +363,7 @@ impl<'a> Pass<'a> {
                 row: row_key,
                 wire: wire_key.clone(),
             };
-            self.refuse(table.name, &row.key, Some(&wire_key), reason)?;
+            self.refuse(&table.name, &row.key, Some(&wire_key), reason)?;
             return Ok(false);
         }
         canonical.clear();
@@ -374,7 +373,7 @@ impl<'a> Pass<'a> {
 
     /// A row of table `t` was written or let go of: any refusal of it is over.
     fn forget_refusal(&mut self, t: usize, key: &[u8], canonical: &[u8]) -> Result<()> {
-        let name = self.tables.at(t).table.name;
+        let name = self.tables.at(t).table.name.as_str();
         if self.refusals.forget(name, key, canonical) {
             let canonical = String::from_utf8_lossy(canonical);
             state::forget_refused(self.conn, name, key, &canonical)?;
@@ -384,9 +383,9 @@ impl<'a> Pass<'a> {
 
     fn delete(&mut self, t: usize, key: &[u8]) -> Result<()> {
         let sql = self.tables.at(t);
-        let values = match key::decode(sql.table, key) {
+        let values = match key::decode(&sql.table, key) {
             Ok(values) => values,
-            Err(problem) => return self.refuse(sql.table.name, key, None, Reason::Key(problem)),
+            Err(problem) => return self.refuse(&sql.table.name, key, None, Reason::Key(problem)),
         };
         let params = key::params(&values);
         self.let_go(t, &params)?;
@@ -608,7 +607,7 @@ fn is_key_clash(e: &rusqlite::Error) -> bool {
 
 /// The positions of the columns a unique clash names (SQLite says
 /// "UNIQUE constraint failed: products.barcode, products.shelf").
-fn clash_columns(table: &magic_sync_core::row::Table, clash: &rusqlite::Error) -> Vec<usize> {
+fn clash_columns(table: &crate::shape::Table, clash: &rusqlite::Error) -> Vec<usize> {
     let text = clash.to_string();
     let Some((_, list)) = text.split_once("UNIQUE constraint failed: ") else {
         return Vec::new();

@@ -7,7 +7,7 @@
 
 use crate::envelope::ReplicaSchema;
 use crate::error::Result;
-use magic_sync_core::engine::Engine;
+use crate::shape::Shapes;
 use magic_sync_core::schema::{described_foreign_keys, ForeignKey};
 use prost::Message;
 use rusqlite::{Connection, OptionalExtension};
@@ -48,9 +48,9 @@ pub(crate) fn save(conn: &Connection, described: &ReplicaSchema) -> Result<()> {
 /// tables and columns `engine` declares, with as many columns on each side.
 /// The rest are the server's business (a table this build does not hold
 /// has no rows to keep), and show as disagreements.
-pub(crate) fn foreign_keys(engine: &Engine, described: &ReplicaSchema) -> Vec<ForeignKey> {
+pub(crate) fn foreign_keys(shapes: &Shapes, described: &ReplicaSchema) -> Vec<ForeignKey> {
     let has = |table: &str, columns: &[String]| {
-        engine.codec(table).is_some_and(|c| {
+        shapes.codec(table).is_some_and(|c| {
             columns
                 .iter()
                 .all(|column| c.table().column(column).is_some())

@@ -42,13 +42,13 @@ pub(crate) fn digest(conn: &Connection, tables: &Tables) -> Result<Digest> {
 }
 
 fn table_digest(conn: &Connection, sql: &TableSql) -> Result<TableDigest> {
-    let name = sql.table.name;
+    let name = sql.table.name.as_str();
     let refused = state::refused_keys(conn, name)?;
     let mut stmt = conn.prepare(&sql.live_keys)?;
     let mut rows = stmt.query([])?;
     let mut keys = Vec::new();
     while let Some(row) = rows.next()? {
-        let text = key::canonical(&key::read(sql.table, row)?);
+        let text = key::canonical(&key::read(&sql.table, row)?);
         if !refused.contains(&text) {
             keys.push(text);
         }

@@ -23,8 +23,8 @@
 
 use crate::envelope::ReplicaSchema;
 use crate::error::Result;
+use crate::shape::Shapes;
 use crate::sql::ident;
-use magic_sync_core::engine::Engine;
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::BTreeSet;
 
@@ -46,7 +46,7 @@ const EXISTS: &str = "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name 
 /// record) and that are still in the file.
 pub(crate) fn open(
     conn: &Connection,
-    engine: &Engine,
+    shapes: &Shapes,
     told: Option<&ReplicaSchema>,
 ) -> Result<BTreeSet<String>> {
     conn.execute_batch(CREATE)?;
@@ -62,8 +62,8 @@ pub(crate) fn open(
                 .map(|t| t.name.clone()),
         );
     }
-    for table in engine.tables() {
-        earlier.remove(table.name);
+    for table in shapes.tables() {
+        earlier.remove(&table.name);
         if table.mirror.goes_down() {
             conn.prepare_cached(RECORD)?
                 .execute(params![table.name, table.mirror.as_str()])?;
@@ -120,7 +120,7 @@ fn exists(conn: &Connection, name: &str) -> Result<bool> {
 /// The tables an earlier build made to go down that `engine` does not
 /// declare and that are still in the file, read without writing anything:
 /// for a host reading beside the replica's own connection.
-pub(crate) fn read(conn: &Connection, engine: &Engine) -> Result<Vec<String>> {
+pub(crate) fn read(conn: &Connection, shapes: &Shapes) -> Result<Vec<String>> {
     if !exists(conn, "_magic_sync_tables")? {
         return Ok(Vec::new());
     }
@@ -130,7 +130,7 @@ pub(crate) fn read(conn: &Connection, engine: &Engine) -> Result<Vec<String>> {
         .collect::<rusqlite::Result<_>>()?;
     let mut left = Vec::new();
     for name in recorded {
-        if engine.codec(&name).is_none() && exists(conn, &name)? {
+        if shapes.codec(&name).is_none() && exists(conn, &name)? {
             left.push(name);
         }
     }

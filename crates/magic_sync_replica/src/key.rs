@@ -7,8 +7,8 @@
 //! them: the keys a snapshot named, the rows it refused, the digest.
 
 use crate::lite;
+use crate::shape::Table;
 use crate::value::{Kind, Value, ValueError};
-use magic_sync_core::row::Table;
 use rusqlite::types::Value as Lite;
 
 /// The canonical text of a key: the JSON array of its values as
@@ -37,7 +37,7 @@ pub enum KeyProblem {
     },
     /// A key column given as null.
     #[error("key column `{0}` is null")]
-    Null(&'static str),
+    Null(String),
     /// A value that does not fit its key column.
     #[error("key {0}")]
     Value(#[source] ValueError),
@@ -63,15 +63,11 @@ pub(crate) fn decode(table: &Table, bytes: &[u8]) -> Result<Vec<Value>, KeyProbl
         .collect()
 }
 
-fn key_value(
-    table: &Table,
-    name: &'static str,
-    json: serde_json::Value,
-) -> Result<Value, KeyProblem> {
+fn key_value(table: &Table, name: &str, json: serde_json::Value) -> Result<Value, KeyProblem> {
     // The derive checks every key column is a field, so the kind is known.
     let kind = table.column(name).map_or(Kind::Text, |c| c.kind);
     match Value::from_json(kind, json) {
-        Ok(Value::Null) => Err(KeyProblem::Null(name)),
+        Ok(Value::Null) => Err(KeyProblem::Null(name.to_string())),
         Ok(value) => Ok(value),
         Err(e) => Err(KeyProblem::Value(e.in_column(name))),
     }

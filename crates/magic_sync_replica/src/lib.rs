@@ -56,6 +56,7 @@ mod key;
 pub mod lite;
 mod row;
 pub mod run;
+mod shape;
 mod snapshot;
 mod state;
 mod tables;
@@ -68,7 +69,7 @@ mod uplink;
 #[cfg(test)]
 extern crate magic_sync_core as magic_sync;
 
-use magic_sync_core::{chain, codec, engine, envelope, sign, sql, value, wire};
+use magic_sync_core::{chain, codec, engine, envelope, sign, sql, value};
 
 pub use digest::fingerprint;
 pub use error::{Error, Handling, Result};
@@ -83,6 +84,7 @@ use crate::chain::{Applied, Break, Chain, Decision};
 use crate::engine::Engine;
 use crate::envelope::ToReplica;
 use crate::error::Mismatch;
+use crate::shape::Shapes;
 use prost::Message;
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 use std::path::Path;
@@ -142,6 +144,8 @@ pub struct Replica {
     conn: Connection,
     id: String,
     engine: Engine,
+    /// Its tables, owned, with their codecs.
+    shapes: Shapes,
     /// Its tables as the engine declares them, with the foreign keys among them.
     schema: Schema,
     /// What the server last said its tables are made of.
@@ -197,8 +201,9 @@ impl Replica {
         engine: &Engine,
         foreign_keys: Vec<ForeignKey>,
     ) -> Result<Self> {
-        check_foreign_keys(engine, &foreign_keys)?;
-        up::check(engine)?;
+        let shapes = Shapes::of(engine);
+        check_foreign_keys(&shapes, &foreign_keys)?;
+        up::check(&shapes)?;
         let mut conn = Connection::open(path)?;
         // The host writes its records on connections of its own: wait for
         // them rather than fail.
@@ -208,21 +213,22 @@ impl Replica {
         described::create(&conn)?;
         let told = described::load(&conn)?;
         let foreign_keys = match &told {
-            Some(d) => described::foreign_keys(engine, d),
+            Some(d) => described::foreign_keys(&shapes, d),
             None => foreign_keys,
         };
-        let tables = Tables::new(engine.tables(), &foreign_keys);
+        let tables = Tables::new(shapes.tables(), &foreign_keys);
         // Every statement the replica runs stays prepared: its own (a few
         // dozen) and a handful per table. rusqlite keeps 16, fewer than a
         // message and an upload go through, so each was parsed again.
-        conn.set_prepared_statement_cache_capacity(64 + 8 * engine.tables().count());
-        let former = create_tables(&mut conn, engine, &tables, &foreign_keys, told.as_ref())?;
+        conn.set_prepared_statement_cache_capacity(64 + 8 * shapes.tables().count());
+        let former = create_tables(&mut conn, &shapes, &tables, &foreign_keys, told.as_ref())?;
         let chain = state::load_chain(&conn)?;
         let trusted = trust::load(&conn)?.current;
         let mut replica = Replica {
             conn,
             id: replica_id.to_string(),
             engine: engine.clone(),
+            shapes,
             schema: Schema::new(engine, &foreign_keys),
             described: told,
             tables,
@@ -368,16 +374,16 @@ impl Replica {
         // A description is taken before anything of its message: a
         // snapshot's end lets go of rows, which the new foreign keys decide.
         let retold = match description {
-            Some(d) => Some(take_description(&tx, &self.engine, d)?),
+            Some(d) => Some(take_description(&tx, &self.shapes, d)?),
             None => None,
         };
         let tables = retold.as_ref().map_or(&self.tables, |(_, tables)| tables);
-        let refused = apply::Pass::run(&tx, tables, &self.engine, message)?;
+        let refused = apply::Pass::run(&tx, tables, &self.shapes, message)?;
         if refused > 0 {
             state::trim_refused(&tx)?;
         }
         if ends_snapshot {
-            let noted = up::note_everything(&tx, &self.engine)?;
+            let noted = up::note_everything(&tx, &self.shapes)?;
             if noted > 0 {
                 tracing::info!(
                     replica = %self.id,
@@ -489,7 +495,7 @@ impl Replica {
         let mut unreadable = Vec::new();
         let made = up::make(
             &mut self.conn,
-            &self.engine,
+            &self.shapes,
             &due,
             max_bytes,
             &mut unreadable,
@@ -522,7 +528,7 @@ impl Replica {
     fn sender(&mut self) -> uplink::Sender<'_> {
         uplink::Sender {
             conn: &mut self.conn,
-            engine: &self.engine,
+            shapes: &self.shapes,
             set_aside: &mut self.set_aside,
             early: &mut self.early,
             patience: &mut self.patience,
@@ -712,18 +718,18 @@ fn drop_former(
 
 /// The declared tables, the bookkeeping and their indexes, in one
 /// transaction; and the indexes a snapshot in progress set aside, built again.
-/// Returns the tables an earlier build made to go down that `engine` does
-/// not declare (`told`: the server's last description).
+/// Returns the tables an earlier build made to go down that `shapes` does
+/// not hold (`told`: the server's last description).
 fn create_tables(
     conn: &mut Connection,
-    engine: &Engine,
+    shapes: &Shapes,
     tables: &Tables,
     foreign_keys: &[ForeignKey],
     told: Option<&envelope::ReplicaSchema>,
 ) -> Result<std::collections::BTreeSet<String>> {
     let tx = write_transaction(conn)?;
-    for table in engine.tables() {
-        tx.execute_batch(&lite::create_table(table))?;
+    for table in shapes.tables() {
+        tx.execute_batch(&lite::create(table))?;
         add_columns(&tx, table)?;
         if let Some(index) = tables::retired_index(table) {
             tx.execute_batch(&index)?;
@@ -733,13 +739,13 @@ fn create_tables(
         tx.execute_batch(&sql.stale.create)?;
     }
     state::create(&tx)?;
-    up::create(&tx, engine)?;
+    up::create(&tx, shapes)?;
     snapshot::carry_over(&tx, tables)?;
     snapshot::build_set_aside(&tx)?;
     for fk in foreign_keys {
         tx.execute_batch(&tables::foreign_key_index(fk))?;
     }
-    let former = former::open(&tx, engine, told)?;
+    let former = former::open(&tx, shapes, told)?;
     tx.commit()?;
     Ok(former)
 }
@@ -749,10 +755,10 @@ fn create_tables(
 /// sends the rows again (a deployment that changes a table's columns sends
 /// it again). SQLite cannot add a NOT NULL column without a default, so
 /// the new columns take NULL; the rows sent fill them.
-fn add_columns(tx: &Transaction<'_>, table: &magic_sync_core::row::Table) -> Result<()> {
+fn add_columns(tx: &Transaction<'_>, table: &crate::shape::Table) -> Result<()> {
     let mut have = std::collections::HashSet::new();
     {
-        let mut stmt = tx.prepare(&format!("PRAGMA table_info({})", sql::ident(table.name)))?;
+        let mut stmt = tx.prepare(&format!("PRAGMA table_info({})", sql::ident(&table.name)))?;
         let mut rows = stmt.query([])?;
         while let Some(row) = rows.next()? {
             have.insert(row.get::<_, String>(1)?);
@@ -761,16 +767,16 @@ fn add_columns(tx: &Transaction<'_>, table: &magic_sync_core::row::Table) -> Res
     let mut wanted: Vec<(&str, &str)> = table
         .columns
         .iter()
-        .map(|c| (c.name, lite::storage(c.kind)))
+        .map(|c| (c.name.as_str(), lite::storage(c.kind)))
         .collect();
-    if let Some(retired) = table.retired {
+    if let Some(retired) = table.retired.as_deref() {
         wanted.push((retired, "INTEGER"));
     }
     for (name, storage) in wanted {
         if !have.contains(name) {
             tx.execute_batch(&format!(
                 "ALTER TABLE {} ADD COLUMN {} {storage}",
-                sql::ident(table.name),
+                sql::ident(&table.name),
                 sql::ident(name)
             ))?;
         }
@@ -783,24 +789,24 @@ fn add_columns(tx: &Transaction<'_>, table: &magic_sync_core::row::Table) -> Res
 /// and purge. Returns the foreign keys and those statements.
 fn take_description(
     tx: &Transaction<'_>,
-    engine: &Engine,
+    shapes: &Shapes,
     described: &envelope::ReplicaSchema,
 ) -> Result<(Vec<ForeignKey>, Tables)> {
     described::save(tx, described)?;
-    let foreign_keys = described::foreign_keys(engine, described);
+    let foreign_keys = described::foreign_keys(shapes, described);
     for fk in &foreign_keys {
         tx.execute_batch(&tables::foreign_key_index(fk))?;
     }
-    let tables = Tables::new(engine.tables(), &foreign_keys);
+    let tables = Tables::new(shapes.tables(), &foreign_keys);
     Ok((foreign_keys, tables))
 }
 
-/// Refuses foreign keys naming a table or a column the engine does not declare.
-fn check_foreign_keys(engine: &Engine, foreign_keys: &[ForeignKey]) -> Result<()> {
+/// Refuses foreign keys naming a table or a column that is not declared.
+fn check_foreign_keys(shapes: &Shapes, foreign_keys: &[ForeignKey]) -> Result<()> {
     let mut problems = Vec::new();
     for fk in foreign_keys {
-        let child = side(engine, &fk.child, &fk.child_columns, &mut problems);
-        let parent = side(engine, &fk.parent, &fk.parent_columns, &mut problems);
+        let child = side(shapes, &fk.child, &fk.child_columns, &mut problems);
+        let parent = side(shapes, &fk.parent, &fk.parent_columns, &mut problems);
         let arity = fk.child_columns.len() == fk.parent_columns.len();
         if child && parent && (!arity || fk.child_columns.is_empty()) {
             problems.push(Mismatch {
@@ -824,8 +830,8 @@ fn check_foreign_keys(engine: &Engine, foreign_keys: &[ForeignKey]) -> Result<()
 
 /// Whether one side of a foreign key names a declared table and its columns;
 /// records what it does not.
-fn side(engine: &Engine, table: &str, columns: &[String], problems: &mut Vec<Mismatch>) -> bool {
-    let Some(declared) = engine.codec(table).map(|c| c.table()) else {
+fn side(shapes: &Shapes, table: &str, columns: &[String], problems: &mut Vec<Mismatch>) -> bool {
+    let Some(declared) = shapes.codec(table).map(|c| c.table()) else {
         problems.push(Mismatch {
             table: table.to_string(),
             column: None,
@@ -904,13 +910,14 @@ impl Configuration {
 /// tables yet is read with no foreign keys among them, and is not
 /// complete anyway.
 pub fn configuration(conn: &Connection, engine: &Engine) -> Result<Configuration> {
+    let shapes = Shapes::of(engine);
     let described = described::load(conn)?;
     let foreign_keys = described
         .as_ref()
-        .map(|d| described::foreign_keys(engine, d))
+        .map(|d| described::foreign_keys(&shapes, d))
         .unwrap_or_default();
     let schema = Schema::new(engine, &foreign_keys);
-    let former_tables = former::read(conn, engine)?;
+    let former_tables = former::read(conn, &shapes)?;
     Configuration::read(conn, &schema, described.as_ref(), former_tables)
 }
 

@@ -4,9 +4,9 @@
 //! REAL, bytes as BLOB, and everything else (numeric, timestamps, dates, JSON,
 //! arrays) as the text [`Value::to_json`] gives them.
 
+use crate::shape::Table;
 use crate::sql::ident;
 use crate::value::{Kind, Value, ValueError};
-use magic_sync_core::row::Table;
 use rusqlite::types::{Value as Lite, ValueRef};
 
 /// The SQLite storage type of a kind.
@@ -71,43 +71,68 @@ pub fn from_sqlite(kind: Kind, value: ValueRef<'_>) -> Result<Value, ValueError>
 
 /// `CREATE TABLE IF NOT EXISTS` for a declared table on a replica: its
 /// columns, its key, and its retired column.
-pub fn create_table(table: &Table) -> String {
-    let mut columns: Vec<String> = table
-        .columns
-        .iter()
-        .map(|c| {
-            let not_null = if c.nullable { "" } else { " NOT NULL" };
-            format!("{} {}{not_null}", ident(c.name), storage(c.kind))
-        })
-        .collect();
-    if let Some(retired) = table.retired {
-        columns.push(format!("{} INTEGER", ident(retired)));
-    }
-    let key: Vec<String> = table.key.iter().map(|k| ident(k)).collect();
-    columns.push(format!("PRIMARY KEY ({})", key.join(", ")));
-    format!(
-        "CREATE TABLE IF NOT EXISTS {} (\n    {}\n) STRICT",
-        ident(table.name),
-        columns.join(",\n    ")
-    )
+pub fn create_table(table: &magic_sync_core::row::Table) -> String {
+    create(&Table::of(table))
 }
 
 /// Reads the declared columns of `table` from `row`, starting at column `first`.
 pub fn read_row(
     row: &rusqlite::Row<'_>,
     first: usize,
+    table: &magic_sync_core::row::Table,
+) -> Result<Vec<Value>, crate::Error> {
+    let columns = table.columns.iter().map(|c| (c.name, c.kind));
+    read_columns(row, first, table.name, columns)
+}
+
+/// `CREATE TABLE IF NOT EXISTS` for `table` on a replica.
+pub(crate) fn create(table: &Table) -> String {
+    let mut columns: Vec<String> = table
+        .columns
+        .iter()
+        .map(|c| {
+            let not_null = if c.nullable { "" } else { " NOT NULL" };
+            format!("{} {}{not_null}", ident(&c.name), storage(c.kind))
+        })
+        .collect();
+    if let Some(retired) = table.retired.as_deref() {
+        columns.push(format!("{} INTEGER", ident(retired)));
+    }
+    let key: Vec<String> = table.key.iter().map(|k| ident(k)).collect();
+    columns.push(format!("PRIMARY KEY ({})", key.join(", ")));
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (\n    {}\n) STRICT",
+        ident(&table.name),
+        columns.join(",\n    ")
+    )
+}
+
+/// Reads the columns of `table` from `row`, starting at column `first`.
+pub(crate) fn read(
+    row: &rusqlite::Row<'_>,
+    first: usize,
     table: &Table,
 ) -> Result<Vec<Value>, crate::Error> {
-    let mut values = Vec::with_capacity(table.columns.len());
-    for (i, c) in table.columns.iter().enumerate() {
+    let columns = table.columns.iter().map(|c| (c.name.as_str(), c.kind));
+    read_columns(row, first, &table.name, columns)
+}
+
+/// Reads `columns` (name and kind, in order) of table `table` from `row`,
+/// starting at column `first`.
+fn read_columns<'c>(
+    row: &rusqlite::Row<'_>,
+    first: usize,
+    table: &str,
+    columns: impl ExactSizeIterator<Item = (&'c str, Kind)>,
+) -> Result<Vec<Value>, crate::Error> {
+    let mut values = Vec::with_capacity(columns.len());
+    for (i, (name, kind)) in columns.enumerate() {
         let v = row.get_ref(first + i)?;
-        values.push(
-            from_sqlite(c.kind, v).map_err(|e| crate::Error::Unreadable {
-                table: table.name.to_string(),
-                key: None,
-                problem: e.in_column(c.name).to_string(),
-            })?,
-        );
+        values.push(from_sqlite(kind, v).map_err(|e| crate::Error::Unreadable {
+            table: table.to_string(),
+            key: None,
+            problem: e.in_column(name).to_string(),
+        })?);
     }
     Ok(values)
 }

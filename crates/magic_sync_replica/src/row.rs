@@ -21,9 +21,8 @@
 
 use crate::codec::CodecError;
 use crate::lite;
+use crate::shape::{Codec, Column, Table};
 use crate::value::{Kind, Value};
-use crate::wire;
-use magic_sync_core::row::{Column, Table};
 use rusqlite::types::{ToSqlOutput, Value as Lite, ValueRef};
 use rusqlite::ToSql;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
@@ -79,11 +78,11 @@ impl Param<'_> {
 /// Reads the row in `bytes` into `out`, one value per declared column in
 /// order; the codec's error when it does not decode.
 pub(crate) fn read<'m>(
-    codec: &wire::Codec,
+    codec: &Codec,
     bytes: &'m [u8],
     out: &mut Vec<Param<'m>>,
 ) -> Result<(), CodecError> {
-    let columns = codec.table().columns;
+    let columns = &codec.table().columns;
     let plain = columns.iter().all(|c| !c.checked);
     if plain && codec.format() == "json" && read_json(columns, bytes, out).is_ok() {
         return Ok(());
@@ -353,6 +352,7 @@ impl<'de> Visitor<'de> for ValueSeed {
 mod tests {
     use super::*;
     use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
+    use magic_sync_core::wire;
     use magic_sync_core::{Numeric, Row};
 
     #[derive(Row, Debug, Clone, PartialEq)]
@@ -396,7 +396,7 @@ mod tests {
     #[test]
     fn rows_are_read_as_the_codec_reads_them() {
         use serde_json::json;
-        let codec = wire::Codec::of::<EveryKind>();
+        let codec = Codec::new(wire::Codec::of::<EveryKind>());
         let table = codec.table();
         let mut documents = vec![
             document(&[]),
@@ -430,9 +430,9 @@ mod tests {
         ];
         // Every column left out in turn.
         let full: serde_json::Value = serde_json::from_slice(&document(&[])).expect("json");
-        for column in table.columns {
+        for column in &table.columns {
             let mut object = full.clone();
-            object.as_object_mut().expect("object").remove(column.name);
+            object.as_object_mut().expect("object").remove(&column.name);
             documents.push(serde_json::to_vec(&object).expect("encodes"));
         }
         let mut fast = 0;
@@ -453,7 +453,7 @@ mod tests {
                 (expected, got) => panic!("{text}: the codec {expected:?}, read {got:?}"),
             }
             let mut direct = Vec::new();
-            if read_json(table.columns, bytes, &mut direct).is_ok() {
+            if read_json(&table.columns, bytes, &mut direct).is_ok() {
                 fast += 1;
                 let got: Vec<Lite> = direct.iter().map(Param::owned).collect();
                 let expected = expected.as_ref().expect("the codec takes it too");

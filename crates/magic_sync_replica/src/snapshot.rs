@@ -60,19 +60,19 @@ impl Snapshot {
 /// and its stale keys forgotten.
 pub(crate) fn begin(conn: &Connection, tables: &Tables, number: u64) -> Result<()> {
     build_set_aside(conn)?;
-    let names: Vec<&str> = tables.iter().map(|t| t.table.name).collect();
+    let names: Vec<&str> = tables.iter().map(|t| t.table.name.as_str()).collect();
     let empty = state::begin_snapshot(conn, number, &names)?;
     for sql in tables.iter() {
         conn.prepare_cached(&sql.stale.clear)?.execute([])?;
-        if !empty.contains(&sql.table.name) {
+        if !empty.contains(&sql.table.name.as_str()) {
             conn.prepare_cached(&sql.stale.fill)?.execute([])?;
             continue;
         }
-        for (name, create) in state::droppable_indexes(conn, sql.table.name)? {
+        for (name, create) in state::droppable_indexes(conn, &sql.table.name)? {
             if sql.retired_index.as_deref() == Some(name.as_str()) {
                 continue;
             }
-            state::set_aside(conn, &name, sql.table.name, &create)?;
+            state::set_aside(conn, &name, &sql.table.name, &create)?;
             conn.execute_batch(&format!("DROP INDEX {}", ident(&name)))?;
         }
     }
@@ -127,9 +127,9 @@ pub(crate) fn carry_over(conn: &Connection, tables: &Tables) -> Result<()> {
     if state::snapshot_began(conn)?.is_some() {
         let empty = state::empty_at_snapshot(conn)?;
         for sql in tables.iter() {
-            let table = sql.table;
+            let table = &sql.table;
             conn.execute_batch(&sql.stale.clear)?;
-            if empty.contains(table.name) {
+            if empty.contains(table.name.as_str()) {
                 continue;
             }
             let keys = {
@@ -143,7 +143,7 @@ pub(crate) fn carry_over(conn: &Connection, tables: &Tables) -> Result<()> {
             };
             let mut put_back = conn.prepare(&sql.stale.put_back)?;
             for k in keys {
-                if !state::was_named(conn, table.name, &key::canonical(&k))? {
+                if !state::was_named(conn, &table.name, &key::canonical(&k))? {
                     put_back.execute(params_from_iter(key::params(&k)))?;
                 }
             }

@@ -3,16 +3,16 @@
 //! identifier goes through [`ident`].
 
 use crate::lite;
+use crate::shape::Table;
 use crate::sql::ident;
-use magic_sync_core::row::Table;
 use magic_sync_core::schema::ForeignKey;
 
 /// The statements for one table that goes down. Key parameters are always
 /// `?1..?n`, in declared key order.
 #[derive(Debug, Clone)]
 pub(crate) struct TableSql {
-    /// The declaration.
-    pub table: &'static Table,
+    /// The table.
+    pub table: Table,
     /// The positions of the key columns among the columns, in key order.
     pub key_positions: Vec<usize>,
     /// Inserts a row, and nothing else: for a table a snapshot fills from
@@ -70,35 +70,37 @@ pub(crate) struct Stale {
 impl TableSql {
     /// The statements for `table`, given the foreign keys of the replica's
     /// own records (its up tables).
-    pub fn new(table: &'static Table, foreign_keys: &[ForeignKey]) -> Self {
+    pub fn new(table: &Table, foreign_keys: &[ForeignKey]) -> Self {
         let into_it: Vec<&ForeignKey> = foreign_keys
             .iter()
             .filter(|fk| fk.parent == table.name)
             .collect();
         let pointed_at_row = table
             .retired
+            .as_deref()
             .filter(|_| !into_it.is_empty())
             .map(|_| pointed_at_row(table, &into_it));
         TableSql {
-            table,
+            table: table.clone(),
             key_positions: table.key_positions(),
             insert: insert(table),
             upsert: upsert(table),
             delete: format!(
                 "DELETE FROM {} WHERE {}",
-                ident(table.name),
+                ident(&table.name),
                 key_match(table, "")
             ),
-            retire: table.retired.map(|r| retire(table, r)),
+            retire: table.retired.as_deref().map(|r| retire(table, r)),
             pointed_at: table
                 .retired
+                .as_deref()
                 .filter(|_| !into_it.is_empty())
                 .map(|_| pointed_at(table, &into_it)),
-            purge: table.retired.map(|r| purge(table, r, &into_it)),
-            live_keys: select_keys(table, table.retired),
+            purge: table.retired.as_deref().map(|r| purge(table, r, &into_it)),
+            live_keys: select_keys(table, table.retired.as_deref()),
             every_key: select_keys(table, None),
             stale: stale(table, pointed_at_row.as_deref()),
-            retired_index: table.retired.map(|_| retired_index_name(table)),
+            retired_index: table.retired.as_deref().map(|_| retired_index_name(table)),
         }
     }
 }
@@ -129,10 +131,11 @@ fn stale(table: &Table, pointed_at_row: Option<&str>) -> Stale {
         })
         .collect();
     let marks: Vec<String> = (1..=table.key.len()).map(|i| format!("?{i}")).collect();
-    let target = ident(table.name);
+    let target = ident(&table.name);
     let stale_rows = format!("({keys}) IN (SELECT {keys} FROM {name})");
     let retire = table
         .retired
+        .as_deref()
         .zip(pointed_at_row)
         .map(|(retired, pointed_at)| {
             format!(
@@ -168,11 +171,11 @@ fn stale(table: &Table, pointed_at_row: Option<&str>) -> Stale {
 }
 
 fn insert(table: &Table) -> String {
-    let columns: Vec<String> = table.columns.iter().map(|c| ident(c.name)).collect();
+    let columns: Vec<String> = table.columns.iter().map(|c| ident(&c.name)).collect();
     let values: Vec<String> = (1..=columns.len()).map(|i| format!("?{i}")).collect();
     format!(
         "INSERT INTO {} ({}) VALUES ({})",
-        ident(table.name),
+        ident(&table.name),
         columns.join(", "),
         values.join(", ")
     )
@@ -190,16 +193,16 @@ fn key_match(table: &Table, alias: &str) -> String {
 }
 
 fn upsert(table: &Table) -> String {
-    let columns: Vec<String> = table.columns.iter().map(|c| ident(c.name)).collect();
+    let columns: Vec<String> = table.columns.iter().map(|c| ident(&c.name)).collect();
     let values: Vec<String> = (1..=columns.len()).map(|i| format!("?{i}")).collect();
     let key: Vec<String> = table.key.iter().map(|k| ident(k)).collect();
     let mut set: Vec<String> = table
         .columns
         .iter()
-        .filter(|c| !table.key.contains(&c.name) && !table.owns(c.name))
-        .map(|c| format!("{0} = excluded.{0}", ident(c.name)))
+        .filter(|c| !table.key.contains(&c.name) && !table.owns(&c.name))
+        .map(|c| format!("{0} = excluded.{0}", ident(&c.name)))
         .collect();
-    if let Some(retired) = table.retired {
+    if let Some(retired) = table.retired.as_deref() {
         set.push(format!("{} = NULL", ident(retired)));
     }
     let on_conflict = if set.is_empty() {
@@ -209,7 +212,7 @@ fn upsert(table: &Table) -> String {
     };
     format!(
         "INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) {on_conflict}",
-        ident(table.name),
+        ident(&table.name),
         columns.join(", "),
         values.join(", "),
         key.join(", "),
@@ -219,7 +222,7 @@ fn upsert(table: &Table) -> String {
 fn retire(table: &Table, retired: &str) -> String {
     format!(
         "UPDATE {} SET {} = ?{} WHERE {}",
-        ident(table.name),
+        ident(&table.name),
         ident(retired),
         table.key.len() + 1,
         key_match(table, "")
@@ -242,7 +245,7 @@ fn join(fk: &ForeignKey, child: &str, parent: &str) -> String {
 }
 
 fn pointed_at(table: &Table, into_it: &[&ForeignKey]) -> String {
-    let parent = ident(table.name);
+    let parent = ident(&table.name);
     let exists: Vec<String> = into_it
         .iter()
         .map(|fk| {
@@ -260,7 +263,7 @@ fn pointed_at(table: &Table, into_it: &[&ForeignKey]) -> String {
 /// Whether any of the replica's own records points at the row of `table`
 /// the statement is at: a condition on the table's own columns.
 fn pointed_at_row(table: &Table, into_it: &[&ForeignKey]) -> String {
-    let parent = ident(table.name);
+    let parent = ident(&table.name);
     into_it
         .iter()
         .map(|fk| {
@@ -275,7 +278,7 @@ fn pointed_at_row(table: &Table, into_it: &[&ForeignKey]) -> String {
 }
 
 fn purge(table: &Table, retired: &str, into_it: &[&ForeignKey]) -> String {
-    let parent = ident(table.name);
+    let parent = ident(&table.name);
     let mut terms = vec![format!("p.{} IS NOT NULL", ident(retired))];
     terms.extend(into_it.iter().map(|fk| {
         format!(
@@ -298,7 +301,7 @@ fn select_keys(table: &Table, live_only: Option<&str>) -> String {
     format!(
         "SELECT {} FROM {}{filter}",
         key.join(", "),
-        ident(table.name)
+        ident(&table.name)
     )
 }
 
@@ -306,7 +309,7 @@ fn select_keys(table: &Table, live_only: Option<&str>) -> String {
 #[derive(Debug, Clone)]
 pub(crate) struct Tables {
     tables: Vec<TableSql>,
-    by_name: std::collections::HashMap<&'static str, usize>,
+    by_name: std::collections::HashMap<String, usize>,
 }
 
 impl Tables {
@@ -316,8 +319,8 @@ impl Tables {
     /// rows of its up tables pointing at it. Rows the server sent that point
     /// at it are the server's to let go of or re-point, and it does so in the
     /// same message or an earlier one.
-    pub fn new(tables: impl Iterator<Item = &'static Table>, foreign_keys: &[ForeignKey]) -> Self {
-        let all: Vec<&'static Table> = tables.collect();
+    pub fn new<'t>(tables: impl Iterator<Item = &'t Table>, foreign_keys: &[ForeignKey]) -> Self {
+        let all: Vec<&Table> = tables.collect();
         let own: Vec<ForeignKey> = foreign_keys
             .iter()
             .filter(|fk| {
@@ -334,7 +337,7 @@ impl Tables {
         let by_name = tables
             .iter()
             .enumerate()
-            .map(|(i, t)| (t.table.name, i))
+            .map(|(i, t)| (t.table.name.clone(), i))
             .collect();
         Tables { tables, by_name }
     }
@@ -369,11 +372,11 @@ impl Tables {
 /// A partial index on the retired column, so a purge finds retired rows
 /// without reading the table.
 pub(crate) fn retired_index(table: &Table) -> Option<String> {
-    table.retired.map(|r| {
+    table.retired.as_deref().map(|r| {
         format!(
             "CREATE INDEX IF NOT EXISTS {} ON {} ({}) WHERE {} IS NOT NULL",
             ident(&retired_index_name(table)),
-            ident(table.name),
+            ident(&table.name),
             ident(r),
             ident(r)
         )

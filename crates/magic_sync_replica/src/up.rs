@@ -34,13 +34,14 @@
 //! Keys are noted as SQLite's `json_array` of the key columns. A key column
 //! holding bytes cannot be, and is refused when the replica opens.
 
-use crate::engine::Engine;
 use crate::envelope::{Backlog, Receipt, RowData, TableBacklog, Up, UpRows};
 use crate::error::{Error, Mismatch, Result};
 use crate::lite;
+use crate::shape::Shapes;
+use crate::shape::Table;
 use crate::sql::{ident, literal};
 use crate::value::{canonical_key, Kind};
-use magic_sync_core::row::{Mirror, Table};
+use magic_sync_core::row::Mirror;
 use magic_sync_core::EpochId;
 use rand::RngCore;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -260,10 +261,10 @@ fn noted(table: &Table) -> bool {
 }
 
 /// Refuses tables whose writes cannot be noted: a key column of bytes.
-pub(crate) fn check(engine: &Engine) -> Result<()> {
+pub(crate) fn check(shapes: &Shapes) -> Result<()> {
     let mut problems = Vec::new();
-    for table in engine.tables().filter(|t| noted(t)) {
-        for k in table.key {
+    for table in shapes.tables().filter(|t| noted(t)) {
+        for k in &table.key {
             if table.column(k).is_some_and(|c| c.kind == Kind::Bytes) {
                 problems.push(Mismatch {
                     table: table.name.to_string(),
@@ -281,10 +282,10 @@ pub(crate) fn check(engine: &Engine) -> Result<()> {
 }
 
 /// The notes' table and every table's triggers, made if missing.
-pub(crate) fn create(conn: &Connection, engine: &Engine) -> Result<()> {
+pub(crate) fn create(conn: &Connection, shapes: &Shapes) -> Result<()> {
     conn.execute_batch(CREATE)?;
     conn.execute_batch(SENDS)?;
-    for table in engine.tables().filter(|t| noted(t)) {
+    for table in shapes.tables().filter(|t| noted(t)) {
         conn.execute_batch(&triggers(table))?;
     }
     Ok(())
@@ -296,9 +297,9 @@ pub(crate) fn create(conn: &Connection, engine: &Engine) -> Result<()> {
 /// just provisioned, whose server may be a copy restored from before some
 /// of them were filed: filing is idempotent, so sending what it has again
 /// costs time and loses nothing. Returns how many rows were noted.
-pub(crate) fn note_everything(conn: &Connection, engine: &Engine) -> Result<usize> {
+pub(crate) fn note_everything(conn: &Connection, shapes: &Shapes) -> Result<usize> {
     let mut noted_rows = 0;
-    for table in engine.tables().filter(|t| noted(t)) {
+    for table in shapes.tables().filter(|t| noted(t)) {
         let key: Vec<String> = table
             .key
             .iter()
@@ -313,7 +314,7 @@ pub(crate) fn note_everything(conn: &Connection, engine: &Engine) -> Result<usiz
                 .collect();
             only.push(format!("({})", owned.join(" OR ")));
         }
-        if let Some(retired) = table.retired {
+        if let Some(retired) = table.retired.as_deref() {
             only.push(format!("t.{} IS NULL", ident(retired)));
         }
         let only: String = only.iter().map(|w| format!(" AND {w}")).collect();
@@ -328,9 +329,9 @@ pub(crate) fn note_everything(conn: &Connection, engine: &Engine) -> Result<usiz
                  FROM {on} t, _magic_sync_up_clock c WHERE c.id = 1{only}
                  ON CONFLICT (table_name, key) DO UPDATE
                  SET writes = writes + 1, last_clock = excluded.last_clock",
-                name = literal(table.name),
+                name = literal(&table.name),
                 key = key.join(", "),
-                on = ident(table.name),
+                on = ident(&table.name),
             ),
             [],
         )?;
@@ -356,11 +357,11 @@ fn triggers(table: &Table) -> String {
              SELECT {}, {}, 1, last, last FROM _magic_sync_up_clock WHERE id = 1
              ON CONFLICT (table_name, key) DO UPDATE
              SET writes = writes + 1, last_clock = excluded.last_clock;",
-            literal(table.name),
+            literal(&table.name),
             key(row)
         )
     };
-    let on = ident(table.name);
+    let on = ident(&table.name);
     if table.mirror == Mirror::Both {
         // Only the columns the replica owns are its to write.
         let owned: Vec<String> = table.owned.iter().map(|c| ident(c)).collect();
@@ -453,21 +454,21 @@ pub(crate) fn due(
 
 /// The lane `table`'s writes go up on: its declared lane, or the first
 /// lane ("").
-pub(crate) fn lane_of<'e>(engine: &'e Engine, table: &str) -> &'e str {
-    engine
+pub(crate) fn lane_of<'e>(shapes: &'e Shapes, table: &str) -> &'e str {
+    shapes
         .tables()
         .find(|t| t.name == table)
-        .and_then(|t| t.lane)
+        .and_then(|t| t.lane.as_deref())
         .unwrap_or("")
 }
 
 /// `notes` by the lane their tables go up on, each in order, the first
 /// lane first.
-pub(crate) fn by_lane(engine: &Engine, notes: Vec<Note>) -> BTreeMap<String, Vec<Note>> {
+pub(crate) fn by_lane(shapes: &Shapes, notes: Vec<Note>) -> BTreeMap<String, Vec<Note>> {
     let mut lanes: BTreeMap<String, Vec<Note>> = BTreeMap::new();
     for note in notes {
         lanes
-            .entry(lane_of(engine, &note.0).to_string())
+            .entry(lane_of(shapes, &note.0).to_string())
             .or_default()
             .push(note);
     }
@@ -487,7 +488,7 @@ pub(crate) fn by_lane(engine: &Engine, notes: Vec<Note>) -> BTreeMap<String, Vec
 /// back no other row.
 pub(crate) fn make(
     conn: &mut Connection,
-    engine: &Engine,
+    shapes: &Shapes,
     notes: &[Note],
     max_bytes: usize,
     unreadable: &mut Vec<(String, String, String)>,
@@ -498,18 +499,18 @@ pub(crate) fn make(
     let mut tables: BTreeMap<String, UpRows> = BTreeMap::new();
     let mut size = 0;
     let mut carried = Vec::new();
-    let lane = notes.first().map_or("", |n| lane_of(engine, &n.0));
+    let lane = notes.first().map_or("", |n| lane_of(shapes, &n.0));
     for (table_name, key, writes) in notes {
-        if lane_of(engine, table_name) != lane {
+        if lane_of(shapes, table_name) != lane {
             continue;
         }
-        let Some(table) = engine.tables().find(|t| t.name == *table_name && noted(t)) else {
+        let Some(table) = shapes.tables().find(|t| t.name == *table_name && noted(t)) else {
             // A table no longer declared, or no longer written here.
             tx.prepare_cached(FORGET)?
                 .execute(params![table_name, key, writes])?;
             continue;
         };
-        let gathered = match read(&tx, engine, table, key) {
+        let gathered = match read(&tx, shapes, table, key) {
             Ok(gathered) => gathered,
             Err(e @ Error::Unreadable { .. }) => {
                 unreadable.push((table_name.clone(), key.clone(), e.to_string()));
@@ -597,16 +598,11 @@ pub(crate) fn stamp(conn: &mut Connection, pending: &Pending) -> Result<()> {
 
 /// The row of `table` noted under `key` as it is now; `Some` with no data
 /// when it is gone and the replica's to delete, `None` when gone otherwise.
-fn read(
-    conn: &Connection,
-    engine: &Engine,
-    table: &'static Table,
-    key: &str,
-) -> Result<Option<Gathered>> {
-    let codec = engine.codec(table.name).ok_or_else(|| Error::NoCodec {
+fn read(conn: &Connection, shapes: &Shapes, table: &Table, key: &str) -> Result<Option<Gathered>> {
+    let codec = shapes.codec(&table.name).ok_or_else(|| Error::NoCodec {
         table: table.name.to_string(),
     })?;
-    let columns: Vec<String> = table.columns.iter().map(|c| ident(c.name)).collect();
+    let columns: Vec<String> = table.columns.iter().map(|c| ident(&c.name)).collect();
     let matches: Vec<String> = table
         .key
         .iter()
@@ -616,12 +612,12 @@ fn read(
     let sql = format!(
         "SELECT {} FROM {} WHERE {}",
         columns.join(", "),
-        ident(table.name),
+        ident(&table.name),
         matches.join(" AND ")
     );
     let values = conn
         .prepare_cached(&sql)?
-        .query_row([key], |row| Ok(lite::read_row(row, 0, table)))
+        .query_row([key], |row| Ok(lite::read(row, 0, table)))
         .optional()?
         .transpose()
         .map_err(|e| match e {
@@ -660,7 +656,7 @@ fn read(
 /// Whether `table`'s key includes the column naming the replica that
 /// wrote the row: its rows are the replica's to delete.
 fn keyed_by_origin(table: &Table) -> bool {
-    table.origin.is_some_and(|o| table.key.contains(&o))
+    table.origin.as_ref().is_some_and(|o| table.key.contains(o))
 }
 
 /// The canonical key of a row gone, from the key SQLite noted: each

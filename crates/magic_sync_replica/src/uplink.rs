@@ -15,9 +15,9 @@
 //! replica's progress) and is tried again when the replica is next opened.
 
 use super::up::{self, Note, Pending};
-use crate::engine::Engine;
 use crate::envelope::Up;
 use crate::error::{Error, Result};
+use crate::shape::Shapes;
 pub use magic_sync_core::link::{LinkError, LinkErrorKind};
 use rusqlite::Connection;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -94,7 +94,7 @@ impl Patience {
 /// The replica's side of the search: the connection and what it skips.
 pub(crate) struct Sender<'a> {
     pub conn: &'a mut Connection,
-    pub engine: &'a Engine,
+    pub shapes: &'a Shapes,
     /// Rows set aside until the replica is opened again.
     pub set_aside: &'a mut HashSet<(String, String)>,
     /// Answers that came before their send was recorded.
@@ -149,14 +149,14 @@ impl Sender<'_> {
             }
             // One upload per lane per round: a lane busy with a table
             // written often never holds back the others.
-            for notes in up::by_lane(self.engine, due).into_values() {
+            for notes in up::by_lane(self.shapes, due).into_values() {
                 if report.uploads >= most {
                     break 'sending;
                 }
                 let mut unreadable = Vec::new();
                 let made = up::make(
                     self.conn,
-                    self.engine,
+                    self.shapes,
                     &notes,
                     uplink.max_bytes(),
                     &mut unreadable,
@@ -220,7 +220,7 @@ impl Sender<'_> {
         let (first, second) = notes.split_at(notes.len() / 2);
         for half in [first, second] {
             let mut unreadable = Vec::new();
-            let made = up::make(self.conn, self.engine, half, usize::MAX, &mut unreadable);
+            let made = up::make(self.conn, self.shapes, half, usize::MAX, &mut unreadable);
             self.unreadable(skip, report, unreadable);
             if let Some(p) = made? {
                 queue.push_back(p);
