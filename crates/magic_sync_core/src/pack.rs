@@ -155,6 +155,13 @@ impl Packer {
         }
     }
 
+    /// Adds a message describing the tables, `described`, for `replica`
+    /// (after ending its open message).
+    pub fn describe(&mut self, replica: &str, described: &ReplicaSchema) {
+        self.end(replica);
+        self.push(replica, Body::Described(described.clone()));
+    }
+
     /// Adds the end of a snapshot of `tables` for `replica` (after ending
     /// its open message), taken under the declarations `schema` (their
     /// fingerprint).

@@ -205,7 +205,7 @@ impl TableSchema {
 }
 
 /// Every declared table, owned, with the foreign keys among them.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Schema {
     tables: Vec<TableSchema>,
 }

@@ -19,6 +19,11 @@ pub enum Error {
     /// Declarations that disagree with the replica's database or with each other.
     #[error("declarations disagree with the replica's database:\n  {}", list(.0))]
     Declarations(Vec<Mismatch>),
+    /// A replica following the server's description was told tables it
+    /// cannot hold: each reason names the table, and the column where one
+    /// is at fault. Nothing of the message that told it was applied.
+    #[error("the server describes tables this replica cannot follow:\n  {}", list(.0))]
+    Undescribable(Vec<String>),
     /// A declared table the engine has no codec for: a bug in how the
     /// replica was built, not in any row.
     #[error("table `{table}` has no codec in this build")]
@@ -134,6 +139,7 @@ impl Error {
             // How the replica was built or set up: nothing changes until
             // its host acts.
             Error::Declarations(_)
+            | Error::Undescribable(_)
             | Error::NoCodec { .. }
             | Error::Bookkeeping(_)
             | Error::NoServerKey

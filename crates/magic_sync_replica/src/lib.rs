@@ -143,10 +143,12 @@ pub enum Outcome {
 pub struct Replica {
     conn: Connection,
     id: String,
-    engine: Engine,
+    /// The host's declarations; `None` for a replica that follows the
+    /// server's description ([`Replica::open_described`]).
+    declared: Option<Engine>,
     /// Its tables, owned, with their codecs.
     shapes: Shapes,
-    /// Its tables as the engine declares them, with the foreign keys among them.
+    /// Its tables as it holds them, with the foreign keys among them.
     schema: Schema,
     /// What the server last said its tables are made of.
     described: Option<envelope::ReplicaSchema>,
@@ -204,32 +206,60 @@ impl Replica {
         let shapes = Shapes::of(engine);
         check_foreign_keys(&shapes, &foreign_keys)?;
         up::check(&shapes)?;
-        let mut conn = Connection::open(path)?;
-        // The host writes its records on connections of its own: wait for
-        // them rather than fail.
-        conn.busy_timeout(BUSY_TIMEOUT)?;
-        conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get::<_, String>(0))?;
-        conn.pragma_update(None, "foreign_keys", "OFF")?;
-        described::create(&conn)?;
+        let conn = open_file(path)?;
         let told = described::load(&conn)?;
         let foreign_keys = match &told {
             Some(d) => described::foreign_keys(&shapes, d),
             None => foreign_keys,
         };
+        let schema = Schema::new(engine, &foreign_keys);
+        Self::assemble(conn, replica_id, Some(engine), shapes, schema, told)
+    }
+
+    /// Opens (or creates) the replica database at `path` for the replica
+    /// called `replica_id`, with no declarations of its own: its tables,
+    /// their columns, keys, directions and the foreign keys among them are
+    /// what the server describes, and its rows travel as JSON. Until the
+    /// server first describes them (a snapshot begins with it), it holds
+    /// no table; opened again, it follows the last description it took.
+    ///
+    /// The host writes its own records (up tables, and the owned columns
+    /// of two-way tables) with any SQLite driver once the tables are
+    /// there; the replica notes each write, as for a Rust host. A table
+    /// the server describes in a codec other than JSON, or otherwise
+    /// beyond what the replica can hold, stops it with
+    /// [`Error::Undescribable`], naming the table.
+    pub fn open_described(path: impl AsRef<Path>, replica_id: &str) -> Result<Self> {
+        let conn = open_file(path)?;
+        let told = described::load(&conn)?;
+        let (schema, shapes) = match &told {
+            Some(d) => following(d)?,
+            None => Default::default(),
+        };
+        Self::assemble(conn, replica_id, None, shapes, schema, told)
+    }
+
+    /// The replica on `conn`, its tables made where missing.
+    fn assemble(
+        mut conn: Connection,
+        replica_id: &str,
+        declared: Option<&Engine>,
+        shapes: Shapes,
+        schema: Schema,
+        told: Option<envelope::ReplicaSchema>,
+    ) -> Result<Self> {
+        let foreign_keys = schema.foreign_keys();
         let tables = Tables::new(shapes.tables(), &foreign_keys);
-        // Every statement the replica runs stays prepared: its own (a few
-        // dozen) and a handful per table. rusqlite keeps 16, fewer than a
-        // message and an upload go through, so each was parsed again.
-        conn.set_prepared_statement_cache_capacity(64 + 8 * shapes.tables().count());
+        conn.set_prepared_statement_cache_capacity(statements(&shapes));
         let former = create_tables(&mut conn, &shapes, &tables, &foreign_keys, told.as_ref())?;
         let chain = state::load_chain(&conn)?;
         let trusted = trust::load(&conn)?.current;
         let mut replica = Replica {
             conn,
             id: replica_id.to_string(),
-            engine: engine.clone(),
+            declared: declared.cloned(),
             shapes,
-            schema: Schema::new(engine, &foreign_keys),
+            schema,
             described: told,
             tables,
             former,
@@ -374,16 +404,25 @@ impl Replica {
         // A description is taken before anything of its message: a
         // snapshot's end lets go of rows, which the new foreign keys decide.
         let retold = match description {
-            Some(d) => Some(take_description(&tx, &self.shapes, d)?),
+            Some(d) => Some(take_description(
+                &tx,
+                self.declared.as_ref(),
+                &self.shapes,
+                d,
+            )?),
             None => None,
         };
-        let tables = retold.as_ref().map_or(&self.tables, |(_, tables)| tables);
-        let refused = apply::Pass::run(&tx, tables, &self.shapes, message)?;
+        let tables = retold.as_ref().map_or(&self.tables, |r| &r.tables);
+        let shapes = retold
+            .as_ref()
+            .and_then(|r| r.shapes.as_ref())
+            .unwrap_or(&self.shapes);
+        let refused = apply::Pass::run(&tx, tables, shapes, message)?;
         if refused > 0 {
             state::trim_refused(&tx)?;
         }
         if ends_snapshot {
-            let noted = up::note_everything(&tx, &self.shapes)?;
+            let noted = up::note_everything(&tx, shapes)?;
             if noted > 0 {
                 tracing::info!(
                     replica = %self.id,
@@ -392,19 +431,26 @@ impl Replica {
                 );
             }
         }
-        let schema = retold
-            .as_ref()
-            .map(|(foreign_keys, _)| Schema::new(&self.engine, foreign_keys));
-        let dropped = !self.former.is_empty()
-            && drop_former(&tx, schema.as_ref().unwrap_or(&self.schema), &self.former)?;
+        let mut former = self.former.clone();
+        if let Some(newly) = retold.as_ref().and_then(|r| r.former.as_ref()) {
+            former.clone_from(newly);
+        }
+        let schema = retold.as_ref().map_or(&self.schema, |r| &r.schema);
+        let dropped = !former.is_empty() && drop_former(&tx, schema, &former)?;
         state::save_applied(&tx, &Applied::of(message))?;
         tx.commit()?;
         if dropped {
-            self.former.clear();
+            former.clear();
         }
-        if let (Some(schema), Some((_, tables))) = (schema, retold) {
-            self.schema = schema;
-            self.tables = tables;
+        self.former = former;
+        if let Some(retold) = retold {
+            self.schema = retold.schema;
+            self.tables = retold.tables;
+            if let Some(shapes) = retold.shapes {
+                self.conn
+                    .set_prepared_statement_cache_capacity(statements(&shapes));
+                self.shapes = shapes;
+            }
             self.described = description.cloned();
         }
         self.ring();
@@ -728,9 +774,22 @@ fn create_tables(
     told: Option<&envelope::ReplicaSchema>,
 ) -> Result<std::collections::BTreeSet<String>> {
     let tx = write_transaction(conn)?;
+    let former = make_tables(&tx, shapes, tables, foreign_keys, told)?;
+    tx.commit()?;
+    Ok(former)
+}
+
+/// [`create_tables`], in `tx`.
+fn make_tables(
+    tx: &Transaction<'_>,
+    shapes: &Shapes,
+    tables: &Tables,
+    foreign_keys: &[ForeignKey],
+    told: Option<&envelope::ReplicaSchema>,
+) -> Result<std::collections::BTreeSet<String>> {
     for table in shapes.tables() {
         tx.execute_batch(&lite::create(table))?;
-        add_columns(&tx, table)?;
+        add_columns(tx, table)?;
         if let Some(index) = tables::retired_index(table) {
             tx.execute_batch(&index)?;
         }
@@ -738,16 +797,14 @@ fn create_tables(
     for sql in tables.iter() {
         tx.execute_batch(&sql.stale.create)?;
     }
-    state::create(&tx)?;
-    up::create(&tx, shapes)?;
-    snapshot::carry_over(&tx, tables)?;
-    snapshot::build_set_aside(&tx)?;
+    state::create(tx)?;
+    up::create(tx, shapes)?;
+    snapshot::carry_over(tx, tables)?;
+    snapshot::build_set_aside(tx)?;
     for fk in foreign_keys {
         tx.execute_batch(&tables::foreign_key_index(fk))?;
     }
-    let former = former::open(&tx, shapes, told)?;
-    tx.commit()?;
-    Ok(former)
+    former::open(tx, shapes, told)
 }
 
 /// Adds the columns a new build declares that `table`, made by an older
@@ -784,21 +841,82 @@ fn add_columns(tx: &Transaction<'_>, table: &crate::shape::Table) -> Result<()> 
     Ok(())
 }
 
-/// Keeps the server's description of the tables, and builds what its
-/// foreign keys decide: the index on each, and the statements that retire
-/// and purge. Returns the foreign keys and those statements.
+/// What a description made of the replica's tables.
+struct Retold {
+    /// The tables as the replica holds them now, with the foreign keys
+    /// among them.
+    schema: Schema,
+    /// Their statements.
+    tables: Tables,
+    /// For a replica that follows the description: its tables, and the
+    /// tables it made to go down before that the description no longer
+    /// names.
+    shapes: Option<Shapes>,
+    former: Option<std::collections::BTreeSet<String>>,
+}
+
+/// Keeps the server's description of the tables, and builds what it
+/// decides: for a replica with declarations of its own, the foreign keys'
+/// indexes and the statements that retire and purge; for one that follows
+/// the description, its tables too, made or widened where they differ.
 fn take_description(
     tx: &Transaction<'_>,
+    declared: Option<&Engine>,
     shapes: &Shapes,
     described: &envelope::ReplicaSchema,
-) -> Result<(Vec<ForeignKey>, Tables)> {
+) -> Result<Retold> {
+    let Some(engine) = declared else {
+        let (schema, shapes) = following(described)?;
+        described::save(tx, described)?;
+        let foreign_keys = schema.foreign_keys();
+        let tables = Tables::new(shapes.tables(), &foreign_keys);
+        let former = make_tables(tx, &shapes, &tables, &foreign_keys, Some(described))?;
+        return Ok(Retold {
+            schema,
+            tables,
+            shapes: Some(shapes),
+            former: Some(former),
+        });
+    };
     described::save(tx, described)?;
     let foreign_keys = described::foreign_keys(shapes, described);
     for fk in &foreign_keys {
         tx.execute_batch(&tables::foreign_key_index(fk))?;
     }
-    let tables = Tables::new(shapes.tables(), &foreign_keys);
-    Ok((foreign_keys, tables))
+    Ok(Retold {
+        schema: Schema::new(engine, &foreign_keys),
+        tables: Tables::new(shapes.tables(), &foreign_keys),
+        shapes: None,
+        former: None,
+    })
+}
+
+/// The schema and tables of a description, for a replica that follows it;
+/// refused in words when it cannot.
+fn following(described: &envelope::ReplicaSchema) -> Result<(Schema, Shapes)> {
+    let schema = Schema::from_described(described).map_err(Error::Undescribable)?;
+    let shapes = Shapes::described(&schema).map_err(Error::Undescribable)?;
+    Ok((schema, shapes))
+}
+
+/// The file at `path`, opened as a replica's: WAL, SQLite's own foreign
+/// keys off, waiting for the host's writes rather than failing.
+fn open_file(path: impl AsRef<Path>) -> Result<Connection> {
+    let conn = Connection::open(path)?;
+    // The host writes its records on connections of its own: wait for
+    // them rather than fail.
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get::<_, String>(0))?;
+    conn.pragma_update(None, "foreign_keys", "OFF")?;
+    described::create(&conn)?;
+    Ok(conn)
+}
+
+/// Statements kept prepared: the replica's own (a few dozen) and a
+/// handful per table. rusqlite keeps 16, fewer than a message and an
+/// upload go through, so each was parsed again.
+fn statements(shapes: &Shapes) -> usize {
+    64 + 8 * shapes.tables().count()
 }
 
 /// Refuses foreign keys naming a table or a column that is not declared.
@@ -926,4 +1044,16 @@ pub fn configuration(conn: &Connection, engine: &Engine) -> Result<Configuration
 /// The file must have been opened as a replica once.
 pub fn status(conn: &Connection) -> Result<Status> {
     state::status(conn)
+}
+
+/// [`status`] of the replica in the file at `path`, opened read-only for
+/// the question alone: for a tool beside a running replica. A file that is
+/// missing, or was never opened as a replica, is an error.
+pub fn status_at(path: impl AsRef<Path>) -> Result<Status> {
+    let conn = Connection::open_with_flags(
+        path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    state::status(&conn)
 }

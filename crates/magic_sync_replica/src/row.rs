@@ -393,11 +393,10 @@ mod tests {
     /// Whatever the document, the row is read into exactly the values the
     /// codec's decoding stores, or refused with the codec's error; and when
     /// the JSON reading takes it as it is, it agrees with the codec.
-    #[test]
-    fn rows_are_read_as_the_codec_reads_them() {
+    /// Documents of every kind of value, good and bad, and each column
+    /// left out in turn.
+    fn documents(table: &Table) -> Vec<Vec<u8>> {
         use serde_json::json;
-        let codec = Codec::new(wire::Codec::of::<EveryKind>());
-        let table = codec.table();
         let mut documents = vec![
             document(&[]),
             document(&[
@@ -435,6 +434,14 @@ mod tests {
             object.as_object_mut().expect("object").remove(&column.name);
             documents.push(serde_json::to_vec(&object).expect("encodes"));
         }
+        documents
+    }
+
+    #[test]
+    fn rows_are_read_as_the_codec_reads_them() {
+        let codec = Codec::new(wire::Codec::of::<EveryKind>());
+        let table = codec.table();
+        let documents = documents(table);
         let mut fast = 0;
         for bytes in &documents {
             let expected = codec
@@ -478,5 +485,40 @@ mod tests {
             fast >= 5,
             "the JSON reading took {fast} documents as they are"
         );
+    }
+
+    /// A table read from the server's description takes, refuses and
+    /// writes every row as the host's declaration of it does.
+    #[test]
+    fn a_described_table_reads_and_writes_rows_as_its_declaration() {
+        let declared = Codec::new(wire::Codec::of::<EveryKind>());
+        let engine = magic_sync_core::engine::Engine::builder()
+            .table::<EveryKind>()
+            .build()
+            .expect("declarations");
+        let schema = magic_sync_core::schema::Schema::new(&engine, &[]);
+        let shapes = crate::shape::Shapes::described(&schema).expect("all JSON");
+        let described = shapes.codec("every_kind").expect("described");
+        assert_eq!(described.table(), declared.table());
+        let mut taken = 0;
+        for bytes in &documents(declared.table()) {
+            let text = String::from_utf8_lossy(bytes);
+            let (want, got) = (declared.decode(bytes), described.decode(bytes));
+            match (&want, &got) {
+                (Ok(want), Ok(got)) => {
+                    taken += 1;
+                    assert_eq!(format!("{got:?}"), format!("{want:?}"), "{text}");
+                    let written = declared.encode(want.clone()).expect("encodes");
+                    assert_eq!(
+                        described.encode(got.clone()).expect("encodes"),
+                        written,
+                        "{text}"
+                    );
+                }
+                (Err(want), Err(got)) => assert_eq!(got.to_string(), want.to_string(), "{text}"),
+                _ => panic!("{text}: declared {want:?}, described {got:?}"),
+            }
+        }
+        assert!(taken >= 5, "{taken} documents taken");
     }
 }

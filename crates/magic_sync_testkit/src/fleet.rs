@@ -249,6 +249,24 @@ impl Fleet {
         );
     }
 
+    /// A replica with no declarations of its own
+    /// (`Replica::open_described`): its tables are what the server
+    /// describes.
+    pub fn add_described(&mut self, id: &str, partition: Option<&str>) {
+        let path = self.dir.path().join(format!("{id}.sqlite"));
+        let mut replica = Replica::open_described(&path, id).unwrap();
+        replica.trust(&self.key).unwrap();
+        self.units.insert(
+            id.to_string(),
+            Unit {
+                info: ReplicaInfo::live(id, partition),
+                replica,
+                cut: false,
+                path,
+            },
+        );
+    }
+
     /// `id`'s replica opened on the file at `path` with the fleet's engine.
     fn open_replica(&self, id: &str, path: &std::path::Path) -> Replica {
         let mut replica = Replica::open(path, id, &self.engine).unwrap();

@@ -136,3 +136,69 @@ async fn a_replica_kept_up_learns_a_new_foreign_key_before_anything_of_the_build
         .unwrap();
     assert!(retired.is_some(), "customer 7 is retired, not deleted");
 }
+
+/// A till with no declarations of its own, beside one built with the
+/// shop's: it holds exactly what the server describes and sends, and what
+/// its app writes with a plain SQLite connection goes up and is filed.
+#[tokio::test]
+async fn a_replica_with_no_declarations_follows_the_server_and_its_app_writes_go_up() {
+    let mut fleet = Fleet::new(shop::ROWS).await;
+    fleet.add("u1", Some("north"));
+    fleet.add_described("u2", Some("north"));
+    assert!(
+        fleet.unit("u2").replica.schema().tables().is_empty(),
+        "before the server says, it holds no table"
+    );
+    fleet.sync().await;
+    fleet.check().await;
+    // It holds what the server's build declares, to the fingerprint.
+    let server = magic_sync::core::schema::Schema::new(&fleet.engine, &fleet.foreign_keys());
+    assert_eq!(fleet.unit("u2").replica.schema(), &server);
+    let configuration = fleet.unit("u2").replica.configuration().unwrap();
+    assert!(configuration.complete, "{configuration:?}");
+    assert_eq!(configuration.own, server.fingerprint());
+
+    // The app writes a sale and counts its shelf, on a connection of its
+    // own, knowing nothing of magic_sync.
+    let path = fleet.unit("u2").path.clone();
+    let app = rusqlite::Connection::open(&path).unwrap();
+    app.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    app.execute_batch(
+        "INSERT INTO sales (id, unit_id, customer_id, total, version)
+             VALUES ('s-u2-1', 'u2', 8, '9.50', 1);
+         UPDATE stock SET counted = 4 WHERE unit_id = 'u2' AND product_id = 2;",
+    )
+    .unwrap();
+    drop(app);
+    fleet.upload(std::time::Duration::ZERO).await;
+    let sale: (String, Option<i64>, String) = fleet
+        .writer
+        .query_one(
+            "SELECT unit_id, customer_id, total::text FROM sales WHERE id = 's-u2-1'",
+            &[],
+        )
+        .await
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .unwrap();
+    assert_eq!(sale, ("u2".into(), Some(8), "9.50".into()));
+    let counted: Option<i32> = fleet
+        .writer
+        .query_one(
+            "SELECT counted FROM stock WHERE unit_id = 'u2' AND product_id = 2",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(counted, Some(4));
+    assert_eq!(fleet.unit("u2").replica.status().unwrap().unfiled, 0);
+
+    // The server's changes keep coming; opened again, it follows the
+    // description it kept.
+    fleet
+        .settle("UPDATE products SET name = 'green tea' WHERE id = 1")
+        .await;
+    fleet.check().await;
+    let again = Replica::open_described(&path, "u2").unwrap();
+    assert_eq!(again.schema(), &server);
+}

@@ -140,6 +140,14 @@ impl Loader<'_> {
         let limit = self.max_message_bytes.saturating_sub(256).max(1024);
         let mut packer = Packer::new(limit, both, self_referencing);
         let mut read = vec![0; self.graph.shapes.len()];
+        if source.is_snapshot() {
+            // A snapshot begins with the description of the tables it
+            // fills, so a replica that follows it (one with no declarations
+            // of its own) holds them before their first row.
+            for r in replicas {
+                packer.describe(r, self.described);
+            }
+        }
         for (index, shape) in self.graph.shapes.iter().enumerate() {
             if !sends(shape.table.name) {
                 packer.upserts_done(shape.table.name);
