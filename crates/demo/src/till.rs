@@ -51,7 +51,7 @@ pub struct BrokerArgs {
 /// `--until-stdin-closes`) or its database fails.
 pub fn run(args: Args) -> ExitCode {
     crate::logs();
-    match magic_sync_http::cli::open(&args.replica, crate::engine()) {
+    match magic_sync_http::cli::open(&args.replica, Some(crate::engine())) {
         Ok((replica, socket)) => {
             let nudger = socket.nudger();
             let r = &args.replica;

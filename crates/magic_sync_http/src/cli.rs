@@ -1,6 +1,9 @@
-//! A replica process: the arguments it takes and the loop it runs. A
-//! replica needs its host's declarations (the tables and their types), so
-//! the binary is the host's; this is all of its body:
+//! A replica process: the arguments it takes and the loop it runs.
+//!
+//! `magic-sync-replica`, this crate's binary, is a replica for any app: it
+//! follows the server's description of its tables and needs nothing of
+//! its host but these arguments. A Rust host that wants its declarations
+//! checked at compile time builds its own, and this is all of its body:
 //!
 //! ```no_run
 //! use clap::Parser;
@@ -49,8 +52,10 @@ pub struct ReplicaArgs {
 
 pub use magic_sync::run::process::read_secret;
 
-/// Opens the replica and its socket as `args` say.
-pub fn open(args: &ReplicaCommand, engine: &Engine) -> Result<(Replica, Socket), String> {
+/// Opens the replica and its socket as `args` say: with the host's
+/// declarations in `engine`, or following the server's description with
+/// `None`.
+pub fn open(args: &ReplicaCommand, engine: Option<&Engine>) -> Result<(Replica, Socket), String> {
     let who = &args.identity;
     who.open(&args.secret_file, engine, |secret| {
         let mut settings = Settings::new(args.server.clone(), who.id.clone(), secret);
@@ -65,7 +70,14 @@ pub fn open(args: &ReplicaCommand, engine: &Engine) -> Result<(Replica, Socket),
 /// applied, what the host writes goes up (`magic_sync::run::process::run`).
 pub fn run_replica(args: &ReplicaArgs, engine: &Engine) -> ExitCode {
     let args = &args.replica;
-    run_opened(open(args, engine), &args.identity.id, &args.server)
+    run_opened(open(args, Some(engine)), &args.identity.id, &args.server)
+}
+
+/// [`run_replica`] for a replica with no declarations of its own: its
+/// tables are what the server describes (`magic-sync-replica`).
+pub fn run_described(args: &ReplicaArgs) -> ExitCode {
+    let args = &args.replica;
+    run_opened(open(args, None), &args.identity.id, &args.server)
 }
 
 impl Connecting for Socket {

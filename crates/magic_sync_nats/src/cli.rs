@@ -56,7 +56,7 @@ pub struct ReplicaArgs {
 /// wrong and where, never the seed.
 pub fn open(args: &ReplicaCommand, engine: &Engine) -> Result<(Replica, Mailbox), String> {
     let who = &args.identity;
-    who.open(&args.seed_file, engine, |seed| {
+    who.open(&args.seed_file, Some(engine), |seed| {
         let settings = Settings {
             trust: who.trust.clone(),
             allow_plain: who.allow_plain,

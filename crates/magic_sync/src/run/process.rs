@@ -68,13 +68,15 @@ pub struct Identity {
 
 #[cfg(feature = "cli")]
 impl Identity {
-    /// Reads the credential in `credential_file`, opens the replica, then
-    /// its link by `connect` given the credential. Errors say what was
-    /// wrong and where, never the credential.
+    /// Reads the credential in `credential_file`, opens the replica (with
+    /// the host's declarations in `engine`, or following the server's
+    /// description with `None`), then its link by `connect` given the
+    /// credential. Errors say what was wrong and where, never the
+    /// credential.
     pub fn open<L>(
         &self,
         credential_file: &Path,
-        engine: &crate::Engine,
+        engine: Option<&crate::Engine>,
         connect: impl FnOnce(String) -> Result<L, String>,
     ) -> Result<(Replica, L), String> {
         let credential = read_secret(credential_file)?;
@@ -100,15 +102,21 @@ pub fn run_opened<L: Connecting>(
 }
 
 /// Opens (or creates) the replica `id` in the SQLite file `db`, pinned to
-/// the server's `key`: what a replica process does before its link.
+/// the server's `key`: what a replica process does before its link. With
+/// `engine` its tables are the host's declarations; without, the server's
+/// description ([`Replica::open_described`]).
 pub fn open_replica(
     db: &Path,
     id: &str,
     key: &crate::sign::ServerKey,
-    engine: &crate::Engine,
+    engine: Option<&crate::Engine>,
 ) -> Result<Replica, String> {
-    let mut replica = Replica::open(db, id, engine)
-        .map_err(|e| format!("cannot open the replica at {}: {e}", db.display()))?;
+    let opened = match engine {
+        Some(engine) => Replica::open(db, id, engine),
+        None => Replica::open_described(db, id),
+    };
+    let mut replica =
+        opened.map_err(|e| format!("cannot open the replica at {}: {e}", db.display()))?;
     replica
         .trust(key)
         .map_err(|e| format!("the replica at {}: {e}", db.display()))?;

@@ -2,6 +2,7 @@
 //! replicas on SQLite files of their own, each over a real WebSocket; one
 //! binary, so the throwaway cluster starts once.
 
+mod binary;
 mod edges;
 mod floods;
 mod intake;
