@@ -19,6 +19,10 @@
 //!   upsert, then every row the snapshot lacks deleted by one prepared
 //!   delete, in one transaction, indexes kept. Replica: applies the snapshot
 //!   over a copy of that file.
+//! - **A replica with no declarations** (`Replica::open_described`): the
+//!   same snapshot, begun by the server's description as the server begins
+//!   one, applied into empty tables; its time against the declared
+//!   replica's in the same run (issue 43's target: at most 1.1x).
 //! - **Decoding alone**: every message's envelope and every row's JSON,
 //!   nothing written.
 //!
@@ -286,7 +290,21 @@ impl Chain {
 /// headers a row), parents' tables first, then `EndSnapshot` naming every
 /// table.
 fn snapshot_messages(engine: &Engine, tables: &[Rows], chain: &mut Chain) -> Vec<Vec<u8>> {
+    snapshot_messages_as(engine, tables, chain, None)
+}
+
+/// [`snapshot_messages`], begun by `described` as the server begins a
+/// snapshot when given one: what a replica with no declarations needs.
+fn snapshot_messages_as(
+    engine: &Engine,
+    tables: &[Rows],
+    chain: &mut Chain,
+    described: Option<&magic_sync::envelope::ReplicaSchema>,
+) -> Vec<Vec<u8>> {
     let mut messages = Vec::new();
+    if let Some(described) = described {
+        messages.push(chain.message(true, Body::Described(described.clone())));
+    }
     let mut open: Vec<TableRows> = Vec::new();
     let mut bytes = 0;
     let mut flush = |open: &mut Vec<TableRows>, messages: &mut Vec<Vec<u8>>| {
@@ -443,16 +461,31 @@ fn baseline_stale(
 }
 
 /// Applies `messages` to the replica at `path`; returns the time it took.
-fn apply(engine: &Engine, path: &Path, messages: &[Vec<u8>]) -> Took {
-    let mut replica =
-        Replica::open_with_foreign_keys(path, REPLICA, engine, foreign_keys()).expect("opens");
+/// With `engine`, the replica is opened with its declarations; without,
+/// it follows the description the messages begin with.
+fn apply(engine: Option<&Engine>, path: &Path, messages: &[Vec<u8>]) -> Took {
+    let mut replica = match engine {
+        Some(engine) => Replica::open_with_foreign_keys(path, REPLICA, engine, foreign_keys()),
+        None => Replica::open_described(path, REPLICA),
+    }
+    .expect("opens");
     replica.trust(&signer().public()).expect("pins the key");
-    replica
-        .connection()
-        .execute_batch(&HOST_INDEX.replace("INDEX", "INDEX IF NOT EXISTS"))
-        .expect("the host's index");
+    let host_index = |replica: &Replica| {
+        replica
+            .connection()
+            .execute_batch(&HOST_INDEX.replace("INDEX", "INDEX IF NOT EXISTS"))
+            .expect("the host's index")
+    };
+    if engine.is_some() {
+        host_index(&replica);
+    }
     let clock = Clock::start();
-    for bytes in messages {
+    for (n, bytes) in messages.iter().enumerate() {
+        // A replica that follows the description has its tables once the
+        // first message made them, where its host makes its index.
+        if n == 1 && engine.is_none() {
+            host_index(&replica);
+        }
         match replica.apply(bytes).expect("applies") {
             Outcome::Applied { refused: 0, .. } => {}
             other => panic!("a message did not apply whole: {other:?}"),
@@ -617,21 +650,37 @@ fn main() {
     // epoch (the current snapshot begins the next), then copied.
     let stale_file = at("stale.sqlite");
     let stale_messages = snapshot_messages(&engine, &stale, &mut Chain::new(0xE0));
-    apply(&engine, &stale_file, &stale_messages);
+    apply(Some(&engine), &stale_file, &stale_messages);
     let stale_held: usize = stale.iter().map(|t| t.rows.len()).sum();
     println!("the stale replica holds {stale_held} rows");
 
+    let described = magic_sync::core::schema::Schema::new(&engine, &foreign_keys()).described();
+    let described_messages =
+        snapshot_messages_as(&engine, &current, &mut Chain::new(0xE1), Some(&described));
     let mut ratios: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
+    let mut described_ratios = Vec::new();
     for run in 1..=runs {
         let (base, mine) = (
             at(&format!("base-{run}.sqlite")),
             at(&format!("r-{run}.sqlite")),
         );
         let baseline = baseline_empty(&base, &lite);
-        let applied = apply(&engine, &mine, &messages);
+        let applied = apply(Some(&engine), &mine, &messages);
         same_rows(&mine, &base, &current);
         ratios[0].push(report(run, "into empty tables", rows, baseline, applied));
-        for f in [&base, &mine] {
+        // The same snapshot to a replica with no declarations of its own,
+        // against the declared replica's time in the same run.
+        let bare = at(&format!("d-{run}.sqlite"));
+        let followed = apply(None, &bare, &described_messages);
+        same_rows(&bare, &base, &current);
+        let ratio = secs(followed.wall) / secs(applied.wall);
+        println!(
+            "run {run}, described into empty tables: {:.2} s ({:.0} rows/s): {ratio:.2}x the declared replica",
+            secs(followed.wall),
+            rows as f64 / secs(followed.wall),
+        );
+        described_ratios.push((ratio, secs(followed.cpu) / secs(applied.cpu)));
+        for f in [&base, &mine, &bare] {
             std::fs::remove_file(f).expect("removes");
         }
 
@@ -642,7 +691,7 @@ fn main() {
         copy_file(&stale_file, &base);
         copy_file(&stale_file, &mine);
         let baseline = baseline_stale(&base, &lite, &gone);
-        let applied = apply(&engine, &mine, &messages);
+        let applied = apply(Some(&engine), &mine, &messages);
         same_rows(&mine, &base, &current);
         ratios[1].push(report(run, "over stale rows", rows, baseline, applied));
         for f in [&base, &mine] {
@@ -654,6 +703,12 @@ fn main() {
         "decoding alone (envelopes, keys, rows by the codec): {:.2} s, on CPU {:.2} s",
         secs(decoded.wall),
         secs(decoded.cpu)
+    );
+    let (wall, cpu): (Vec<f64>, Vec<f64>) = described_ratios.into_iter().unzip();
+    println!(
+        "median ratio of a replica with no declarations to the declared one, into empty tables: {:.2}x, on CPU {:.2}x",
+        median(wall),
+        median(cpu)
     );
     for (what, ratios) in ["into empty tables", "over stale rows"].iter().zip(ratios) {
         let (wall, cpu): (Vec<f64>, Vec<f64>) = ratios.into_iter().unzip();
