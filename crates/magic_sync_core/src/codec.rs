@@ -56,6 +56,34 @@ impl<R> fmt::Debug for Codec<R> {
     }
 }
 
+/// `values` as the JSON codec writes a row: an object of the columns,
+/// their keys in `order` (by name, as `serde_json` orders an object's),
+/// `name` giving column `i`'s. Written straight, with nothing built on the
+/// way. A replica that reads its tables from the server's description
+/// writes its rows with it too.
+pub fn json_object<'n>(
+    order: &[usize],
+    name: impl Fn(usize) -> &'n str,
+    values: &[Value],
+) -> Result<Vec<u8>, CodecError> {
+    let malformed = |e: serde_json::Error| CodecError::Malformed {
+        format: "json",
+        reason: e.to_string(),
+    };
+    let mut out = Vec::with_capacity(16 + 24 * values.len());
+    out.push(b'{');
+    for (n, &i) in order.iter().enumerate() {
+        if n > 0 {
+            out.push(b',');
+        }
+        serde_json::to_writer(&mut out, name(i)).map_err(malformed)?;
+        out.push(b':');
+        values[i].write_json(&mut out).map_err(malformed)?;
+    }
+    out.push(b'}');
+    Ok(out)
+}
+
 impl<R: Columns> Codec<R> {
     /// An object of the row's columns, by column name.
     pub fn json() -> Self {
@@ -63,25 +91,7 @@ impl<R: Columns> Codec<R> {
         // straight, the bytes are the object's, with nothing built on the way.
         let mut order: Vec<usize> = (0..R::COLUMNS.len()).collect();
         order.sort_by_key(|&i| R::COLUMNS[i].name);
-        let encode = move |row: &R| {
-            let values = row.to_values();
-            let malformed = |e: serde_json::Error| CodecError::Malformed {
-                format: "json",
-                reason: e.to_string(),
-            };
-            let mut out = Vec::with_capacity(16 + 24 * values.len());
-            out.push(b'{');
-            for (n, &i) in order.iter().enumerate() {
-                if n > 0 {
-                    out.push(b',');
-                }
-                serde_json::to_writer(&mut out, R::COLUMNS[i].name).map_err(malformed)?;
-                out.push(b':');
-                values[i].write_json(&mut out).map_err(malformed)?;
-            }
-            out.push(b'}');
-            Ok(out)
-        };
+        let encode = move |row: &R| json_object(&order, |i| R::COLUMNS[i].name, &row.to_values());
         let decode: Decode<R> = |bytes| {
             let malformed = |reason: String| CodecError::Malformed {
                 format: "json",

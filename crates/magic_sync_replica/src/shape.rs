@@ -190,22 +190,7 @@ impl Codec {
             .zip(values)
             .map(|(c, v)| fit(c.kind, c.nullable, v).map_err(|e| e.in_column(&c.name)))
             .collect::<Result<Vec<Value>, ValueError>>()?;
-        let malformed = |e: serde_json::Error| CodecError::Malformed {
-            format: "json",
-            reason: e.to_string(),
-        };
-        let mut out = Vec::with_capacity(16 + 24 * values.len());
-        out.push(b'{');
-        for (n, &i) in order.iter().enumerate() {
-            if n > 0 {
-                out.push(b',');
-            }
-            serde_json::to_writer(&mut out, &columns[i].name).map_err(malformed)?;
-            out.push(b':');
-            values[i].write_json(&mut out).map_err(malformed)?;
-        }
-        out.push(b'}');
-        Ok(out)
+        magic_sync_core::codec::json_object(order, |i| &columns[i].name, &values)
     }
 
     /// Decodes a row into its column values, in column order.
