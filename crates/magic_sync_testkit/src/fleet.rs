@@ -238,15 +238,7 @@ impl Fleet {
 
     pub fn add_at(&mut self, id: &str, partition: Option<&str>, path: std::path::PathBuf) {
         let replica = self.open_replica(id, &path);
-        self.units.insert(
-            id.to_string(),
-            Unit {
-                info: ReplicaInfo::live(id, partition),
-                replica,
-                cut: false,
-                path,
-            },
-        );
+        self.enlist(id, partition, path, replica);
     }
 
     /// A replica with no declarations of its own
@@ -256,6 +248,16 @@ impl Fleet {
         let path = self.dir.path().join(format!("{id}.sqlite"));
         let mut replica = Replica::open_described(&path, id).unwrap();
         replica.trust(&self.key).unwrap();
+        self.enlist(id, partition, path, replica);
+    }
+
+    fn enlist(
+        &mut self,
+        id: &str,
+        partition: Option<&str>,
+        path: std::path::PathBuf,
+        replica: Replica,
+    ) {
         self.units.insert(
             id.to_string(),
             Unit {
