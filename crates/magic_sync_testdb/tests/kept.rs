@@ -6,17 +6,18 @@
 //! keeps a cluster and exits without dropping it, to see what happens then.
 
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
+
+mod common;
+use common::{process_alive, wait_until};
 
 use magic_sync_testdb::Cluster;
 use tokio_postgres::{Client, NoTls};
 
 /// Upper bound for a server to stop.
 const STOP_DEADLINE: Duration = Duration::from_secs(60);
-/// How often the bounded waits below look again.
-const POLL: Duration = Duration::from_millis(50);
 
 /// The PostgreSQL programs, or `None` (the test is skipped) when there are
 /// none and the tests use an existing server through `DATABASE_URL`.
@@ -68,25 +69,6 @@ fn on_cluster<T>(cluster: &Cluster, work: impl AsyncFnOnce(&Client) -> T) -> T {
         connection.await.unwrap().unwrap();
         result
     })
-}
-
-fn wait_until(deadline: Instant, mut done: impl FnMut() -> bool, what: impl Fn() -> String) {
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out: {}", what());
-        std::thread::sleep(POLL);
-    }
-}
-
-/// Whether `pid` is a live process; a zombie counts as gone.
-fn process_alive(pid: u32) -> bool {
-    let status = Path::new("/proc").join(pid.to_string()).join("status");
-    match std::fs::read_to_string(status) {
-        Ok(text) => !text
-            .lines()
-            .filter_map(|line| line.strip_prefix("State:"))
-            .any(|state| state.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
 }
 
 #[test]

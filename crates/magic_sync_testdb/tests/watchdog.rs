@@ -6,14 +6,15 @@
 //! disappear.
 
 use std::net::{Ipv4Addr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{process_alive, wait_until};
+
 /// Upper bound for the watchdog to finish once the child is gone.
 const CLEANUP_DEADLINE: Duration = Duration::from_secs(60);
-/// How often the bounded waits below look again.
-const POLL: Duration = Duration::from_millis(50);
 
 #[test]
 fn cluster_stops_after_process_exit() {
@@ -64,25 +65,4 @@ fn cluster_stops_after_process_exit() {
             .is_err(),
         "something still listens on port {port}"
     );
-}
-
-/// Polls `done` until it holds, failing the test at `deadline`.
-fn wait_until(deadline: Instant, mut done: impl FnMut() -> bool, what: impl Fn() -> String) {
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out: {}", what());
-        std::thread::sleep(POLL);
-    }
-}
-
-/// Whether `pid` is a live process; a zombie (exited, not yet reaped by its
-/// adoptive parent) counts as gone.
-fn process_alive(pid: u32) -> bool {
-    let status = Path::new("/proc").join(pid.to_string()).join("status");
-    match std::fs::read_to_string(status) {
-        Ok(text) => !text
-            .lines()
-            .filter_map(|line| line.strip_prefix("State:"))
-            .any(|state| state.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
 }
