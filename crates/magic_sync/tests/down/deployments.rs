@@ -579,6 +579,32 @@ async fn a_removed_table_leaves_replicas_that_run_the_new_build_once_the_deploym
     assert!(fleet.configured());
 }
 
+/// A replica with no declarations follows the server's build: the new
+/// description no longer names the table, and it goes once the server
+/// says the configuration is whole.
+#[tokio::test]
+async fn a_replica_following_the_description_drops_a_removed_table_once_the_deployment_is_whole() {
+    let mut fleet = Fleet::of(SCHEMA, first_build()).await;
+    fleet.add_described("u1", Some("north"));
+    fleet.sync().await;
+    fleet.check().await;
+    assert!(has_table(&fleet.unit("u1").replica, "items"));
+    assert!(held(&fleet, "items").await > 0);
+    fleet.redeploy_server(without_items()).await;
+    settle(&mut fleet).await;
+    fleet.check().await;
+    assert_eq!(held(&fleet, "items").await, 0);
+    let server = magic_sync::core::schema::Schema::new(&without_items(), &fleet.foreign_keys());
+    let unit = fleet.unit("u1");
+    assert!(!has_table(&unit.replica, "items"));
+    assert!(!has_table(&unit.replica, "_magic_sync_stale_items"));
+    let configuration = unit.replica.configuration().unwrap();
+    assert!(configuration.complete, "{configuration:?}");
+    assert!(configuration.former_tables.is_empty(), "{configuration:?}");
+    assert_eq!(unit.replica.schema(), &server);
+    assert_eq!(fleet.provisionings, 1, "nobody is provisioned again");
+}
+
 #[tokio::test]
 async fn a_till_moving_to_the_new_build_after_the_deployment_drops_the_table_as_it_opens() {
     let mut fleet = fleet().await;
