@@ -43,8 +43,9 @@ struct Open {
 pub struct Packer {
     limit: usize,
     open: HashMap<String, Open>,
-    /// (replica, table) pairs with both upserts and deletes in this plan.
-    both: HashSet<(String, String)>,
+    /// Per replica, the tables with both upserts and deletes in this plan:
+    /// asked by borrowed names, for every row.
+    both: HashMap<String, HashSet<String>>,
     self_referencing: HashSet<String>,
     done: Vec<Packed>,
     done_bytes: usize,
@@ -62,7 +63,10 @@ impl Packer {
         Packer {
             limit,
             open: HashMap::new(),
-            both,
+            both: both.into_iter().fold(HashMap::new(), |mut by, (r, t)| {
+                by.entry(r).or_insert_with(HashSet::new).insert(t);
+                by
+            }),
             self_referencing,
             done: Vec::new(),
             done_bytes: 0,
@@ -73,16 +77,12 @@ impl Packer {
     /// larger than any message may be.
     pub fn upsert(&mut self, replica: &str, table: &str, row: RowData) {
         let size = row.key.len() + row.data.len() + 2 * FIELD;
-        let protect = self.self_referencing.contains(table)
-            || (!self.both.is_empty()
-                && self
-                    .both
-                    .contains(&(replica.to_string(), table.to_string())));
+        let protect = self.self_referencing.contains(table) || self.has_both(replica, table);
         let open = self.make_room(replica, size);
         entry(&mut open.upserts, table).upserts.push(row);
         open.bytes += size;
         if protect {
-            open.spans.insert(table.to_string());
+            span(open, table);
         }
     }
 
@@ -94,18 +94,22 @@ impl Packer {
         entry(&mut open.deletes, table).deletes.push(key);
         open.bytes += size;
         if protect {
-            open.spans.insert(table.to_string());
+            span(open, table);
         }
     }
 
     /// The upserts of `table` are all added.
     pub fn upserts_done(&mut self, table: &str) {
-        let table = table.to_string();
         for (replica, open) in &mut self.open {
-            if !self.both.contains(&(replica.clone(), table.clone())) {
-                open.spans.remove(&table);
+            if !self.both.get(replica).is_some_and(|t| t.contains(table)) {
+                open.spans.remove(table);
             }
         }
+    }
+
+    /// Whether `replica` has both upserts and deletes of `table` in this plan.
+    fn has_both(&self, replica: &str, table: &str) -> bool {
+        self.both.get(replica).is_some_and(|t| t.contains(table))
     }
 
     /// The deletes of `table` are all added.
@@ -196,6 +200,13 @@ impl Packer {
     pub fn take(&mut self) -> Vec<Packed> {
         self.done_bytes = 0;
         std::mem::take(&mut self.done)
+    }
+}
+
+/// Marks `table` as one `open` may not end inside of.
+fn span(open: &mut Open, table: &str) {
+    if !open.spans.contains(table) {
+        open.spans.insert(table.to_string());
     }
 }
 
