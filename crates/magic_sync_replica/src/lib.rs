@@ -403,7 +403,7 @@ impl Replica {
         ) && (message.begins_snapshot || state::snapshot_began(&tx)?.is_some());
         // A description is taken before anything of its message: a
         // snapshot's end lets go of rows, which the new foreign keys decide.
-        let retold = match description {
+        let mut retold = match description {
             Some(d) => Some(take_description(
                 &tx,
                 self.declared.as_ref(),
@@ -431,18 +431,19 @@ impl Replica {
                 );
             }
         }
-        let mut former = self.former.clone();
-        if let Some(newly) = retold.as_ref().and_then(|r| r.former.as_ref()) {
-            former.clone_from(newly);
-        }
+        // The tables a description no longer names, made former by it.
+        let newly_former = retold.as_mut().and_then(|r| r.former.take());
+        let former = newly_former.as_ref().unwrap_or(&self.former);
         let schema = retold.as_ref().map_or(&self.schema, |r| &r.schema);
-        let dropped = !former.is_empty() && drop_former(&tx, schema, &former)?;
+        let dropped = !former.is_empty() && drop_former(&tx, schema, former)?;
         state::save_applied(&tx, &Applied::of(message))?;
         tx.commit()?;
-        if dropped {
-            former.clear();
+        if let Some(newly) = newly_former {
+            self.former = newly;
         }
-        self.former = former;
+        if dropped {
+            self.former.clear();
+        }
         if let Some(retold) = retold {
             self.schema = retold.schema;
             self.tables = retold.tables;
