@@ -77,7 +77,7 @@ pub use key::{canonical as canonical_key, KeyProblem};
 pub use magic_sync_core::schema::{ForeignKey, Schema};
 pub use magic_sync_core::sign::{Forgery, ServerKey};
 pub use state::{Status, MAX_REFUSED};
-pub use up::{mark, wait_written, written, Mark, Pending, Written};
+pub use up::{backlog, mark, wait_written, written, Mark, Pending, Written};
 pub use uplink::{LinkError, LinkErrorKind, SentUp, Uplink, UplinkError};
 
 use crate::chain::{Applied, Break, Chain, Decision};

@@ -499,6 +499,29 @@ pub struct Status {
     pub stopped: Option<String>,
 }
 
+impl Status {
+    /// The status as one JSON object, as a replica outside Rust reads it
+    /// (`magic-sync-replica --status --json`, the C ABI): the fields by
+    /// their names, the epoch and configuration in hex, `null` for what is
+    /// not known. The nonce is left out: it is the chain's, not the host's.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "ready": self.ready,
+            "applied": self.applied,
+            "epoch": self.epoch.as_ref().map(|e| hex::encode(e.as_bytes())),
+            "snapshot_began": self.snapshot_began,
+            "gap": self.gap,
+            "refused": self.refused,
+            "refused_dropped": self.refused_dropped,
+            "forged": self.forged,
+            "last_forgery": self.last_forgery,
+            "configuration": self.configuration.as_ref().map(hex::encode),
+            "unfiled": self.unfiled,
+            "stopped": self.stopped,
+        })
+    }
+}
+
 /// Where the replica whose file `conn` opens stands.
 pub(crate) fn status(conn: &Connection) -> Result<Status> {
     let chain = load_chain(conn)?;

@@ -736,6 +736,20 @@ pub(crate) fn reached(conn: &Connection, send_ids: &[Vec<u8>]) -> Result<()> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Mark(i64);
 
+impl Mark {
+    /// The mark as a number, for a host that keeps it outside Rust (the C
+    /// ABI hands it over so): marks only grow as the host writes.
+    pub fn get(self) -> i64 {
+        self.0
+    }
+
+    /// The mark a number from [`get`](Self::get) stands for. A number the
+    /// replica never gave is a mark like any other: writes before it.
+    pub fn from_number(number: i64) -> Mark {
+        Mark(number)
+    }
+}
+
 /// How far the host's writes up to a [`Mark`] went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Written {
@@ -845,7 +859,7 @@ pub fn written(conn: &Connection, mark: Mark) -> Result<Written> {
 }
 
 /// Per table, rows written and not sent, and rows sent and not filed.
-pub(crate) fn backlog(conn: &Connection) -> Result<Backlog> {
+pub fn backlog(conn: &Connection) -> Result<Backlog> {
     let tables = conn
         .prepare_cached(BACKLOG)?
         .query_map([], |r| {

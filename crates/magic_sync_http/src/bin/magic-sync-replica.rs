@@ -60,26 +60,10 @@ fn status(args: StatusArgs) -> ExitCode {
         }
     };
     match args.json {
-        true => println!("{}", json(&status)),
+        true => println!("{}", status.to_json()),
         false => println!("{}", words(&status)),
     }
     ExitCode::SUCCESS
-}
-
-fn json(s: &Status) -> serde_json::Value {
-    serde_json::json!({
-        "ready": s.ready,
-        "applied": s.applied,
-        "epoch": s.epoch.as_ref().map(|e| hex::encode(e.as_bytes())),
-        "snapshot_began": s.snapshot_began,
-        "gap": s.gap,
-        "refused": s.refused,
-        "refused_dropped": s.refused_dropped,
-        "forged": s.forged,
-        "last_forgery": s.last_forgery,
-        "configuration": s.configuration.as_ref().map(hex::encode),
-        "unfiled": s.unfiled,
-    })
 }
 
 fn words(s: &Status) -> String {

@@ -1,0 +1,240 @@
+//! A shop's server for the ABI's tests: a database, the relay and the
+//! socket hub on loopback, run on a runtime of their own so that the test's
+//! thread calls the library as an app's would, blocking.
+
+use magic_sync::relay::{ReplicaInfo, Replicas, Settings};
+use magic_sync::{Engine, Numeric, Row};
+use magic_sync_testkit::apart::{serve_hub, Served};
+use std::ffi::{c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "products", down, all, key(id))]
+pub struct Product {
+    pub id: i64,
+    pub name: String,
+    pub price: Numeric,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "orders", down, replica = "till", key(id))]
+pub struct Order {
+    pub id: i64,
+    pub till: String,
+    pub note: String,
+}
+
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "sales", up, key(id), key_without_origin)]
+pub struct Sale {
+    pub id: String,
+    #[row(origin)]
+    pub till: String,
+    pub total: Numeric,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE products (id bigint PRIMARY KEY, name text NOT NULL, price numeric(10, 2) NOT NULL);
+CREATE TABLE orders (id bigint PRIMARY KEY, till text NOT NULL, note text NOT NULL);
+CREATE TABLE sales (id text PRIMARY KEY, till text NOT NULL, total numeric(10, 2) NOT NULL);
+INSERT INTO products SELECT i, 'product ' || i, i FROM generate_series(1, 50) i;
+INSERT INTO orders VALUES (1, 't1', 'first'), (2, 't2', 'not t1''s');
+";
+
+fn engine() -> Engine {
+    Engine::builder()
+        .table::<Product>()
+        .table::<Order>()
+        .table::<Sale>()
+        .build()
+        .expect("declarations")
+}
+
+struct Tills(Vec<String>);
+
+impl Replicas for Tills {
+    async fn replicas(&self) -> magic_sync::Result<Vec<ReplicaInfo>> {
+        Ok(self
+            .0
+            .iter()
+            .map(|id| ReplicaInfo::live(id.clone(), None))
+            .collect())
+    }
+}
+
+/// The server, and what a till needs to reach it.
+pub struct Server {
+    pub runtime: tokio::runtime::Runtime,
+    _db: magic_sync_testdb::TestDb,
+    pub client: tokio_postgres::Client,
+    pub url: String,
+    /// The server's key, as `magic-sync key` prints it.
+    pub key: String,
+    secrets: Vec<(String, String)>,
+    dir: tempfile::TempDir,
+    _served: Served,
+    relay: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Server {
+    /// A server for the tills `t1` and `t2`.
+    pub fn start() -> Server {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (db, client, served, relay, key) = runtime.block_on(async {
+            let db = magic_sync_testdb::database().await;
+            let mut client = db.connect().await;
+            client.batch_execute(SCHEMA).await.unwrap();
+            magic_sync::schema::migrate(&mut client).await.unwrap();
+            magic_sync::trigger::ensure(&engine(), &mut client, &Default::default())
+                .await
+                .unwrap();
+            let tills = vec!["t1".to_string(), "t2".to_string()];
+            let served = serve_hub(db.config(), &client, &tills).await;
+            let key = magic_sync::store::keys::public(&client).await.unwrap();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let (config, hub) = (db.config(), served.hub.clone());
+            tokio::spawn(async move {
+                magic_sync::run::server::server(
+                    config,
+                    engine(),
+                    Settings::default(),
+                    &Tills(tills),
+                    &hub,
+                    &hub,
+                    async {
+                        stopped.await.ok();
+                    },
+                )
+                .await
+                .expect("the relay");
+            });
+            (db, client, served, stop, key)
+        });
+        Server {
+            runtime,
+            _db: db,
+            client,
+            url: served.url.clone(),
+            key: key.to_string(),
+            secrets: served.secrets.clone(),
+            dir: tempfile::tempdir().unwrap(),
+            _served: served,
+            relay: Some(relay),
+        }
+    }
+
+    pub fn secret(&self, till: &str) -> &str {
+        &self.secrets.iter().find(|(id, _)| id == till).unwrap().1
+    }
+
+    pub fn path(&self, till: &str) -> PathBuf {
+        self.dir.path().join(format!("{till}.sqlite"))
+    }
+
+    /// Rows of `sql` on the server, each as text.
+    pub fn query(&self, sql: &str) -> Vec<String> {
+        self.runtime.block_on(async {
+            self.client
+                .query(sql, &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect()
+        })
+    }
+
+    /// Whether `till`'s file holds exactly what the server has for it:
+    /// every product, and its own orders.
+    pub fn agrees(&self, till: &str) -> bool {
+        let orders =
+            format!("SELECT id || ':' || note FROM orders WHERE till = '{till}' ORDER BY id");
+        let products = "SELECT id || ':' || name FROM products ORDER BY id";
+        let path = self.path(till);
+        read(&path, &orders) == self.query(&orders) && read(&path, products) == self.query(products)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(stop) = self.relay.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Rows of `sql` in the SQLite file at `path`, each as text; none when the
+/// file or its table is not there yet.
+pub fn read(path: &Path, sql: &str) -> Vec<String> {
+    let Ok(conn) = rusqlite::Connection::open(path) else {
+        return Vec::new();
+    };
+    let Ok(mut stmt) = conn.prepare(sql) else {
+        return Vec::new();
+    };
+    stmt.query_map([], |r| r.get::<_, String>(0))
+        .map(|rows| rows.map(Result::unwrap).collect())
+        .unwrap_or_default()
+}
+
+pub fn c(s: &str) -> CString {
+    CString::new(s).unwrap()
+}
+
+pub fn c_path(p: &Path) -> CString {
+    c(p.to_str().unwrap())
+}
+
+/// The words of this thread's last failure.
+pub fn last_error() -> Option<String> {
+    let words = magic_sync_ffi::ms_last_error();
+    // SAFETY: null, or the library's string, kept until this thread's next call.
+    (!words.is_null()).then(|| {
+        unsafe { CStr::from_ptr(words) }
+            .to_string_lossy()
+            .into_owned()
+    })
+}
+
+/// Takes a string the library handed out, and frees it.
+pub fn take(s: *mut std::ffi::c_char) -> String {
+    assert!(!s.is_null());
+    // SAFETY: the library's string, NUL-terminated; freed once, here.
+    let text = unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned();
+    unsafe { magic_sync_ffi::ms_string_free(s) };
+    text
+}
+
+/// The callback the tests give: each message applied goes down the
+/// channel in `context`.
+pub unsafe extern "C" fn applied(context: *mut c_void, message: u64) {
+    // SAFETY: the tests give a `Sender<u64>` they keep alive while the
+    // replica runs.
+    let sender = unsafe { &*(context as *const mpsc::Sender<u64>) };
+    let _ = sender.send(message);
+}
+
+/// Asks `what` until it answers, for at most `wait`; panics naming
+/// `waiting_for` after that.
+pub fn until<T>(
+    waiting_for: &str,
+    wait: std::time::Duration,
+    mut what: impl FnMut() -> Option<T>,
+) -> T {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(answer) = what() {
+            return answer;
+        }
+        assert!(
+            started.elapsed() < wait,
+            "waited {wait:?} for {waiting_for}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
