@@ -2,8 +2,9 @@
 //!
 //! The tests need PostgreSQL's server binaries (they start a throwaway
 //! cluster of their own when `DATABASE_URL` is unset), `nats-server` for the
-//! broker transport's (each starts its own) and, for the dashboard's page,
-//! Debian's Chromium. On a fresh machine none may be there; this installs
+//! broker transport's (each starts its own), for the dashboard's page
+//! Debian's Chromium, and Python 3 for the Python till's. On a fresh
+//! machine none may be there; this installs
 //! whichever is missing with `apt-get` (through `sudo
 //! -n` when not root), then runs `cargo test --workspace --all-features --no-fail-fast`
 //! with any further arguments. `.ci/run` calls the same command, so what a
@@ -24,8 +25,8 @@ fn main() -> ExitCode {
         },
         _ => {
             eprintln!(
-                "usage: cargo xtask test [ARGS...]\n\n  test  installs PostgreSQL, nats-server and Chromium \
-                 when missing, then runs cargo test --workspace --all-features --no-fail-fast [ARGS...]"
+                "usage: cargo xtask test [ARGS...]\n\n  test  installs PostgreSQL, nats-server, Chromium and \
+                 Python 3 when missing, then runs cargo test --workspace --all-features --no-fail-fast [ARGS...]"
             );
             ExitCode::from(2)
         }
@@ -56,6 +57,16 @@ fn test(extra: Vec<String>) -> Result<ExitCode, String> {
         apt.install("nats-server")?;
         if !have_nats_server() {
             return Err("installed nats-server, and still no `nats-server` is found".into());
+        }
+    }
+    // The Python till's test runs the bindings with the standard library's
+    // sqlite3 and ctypes.
+    if have_python() {
+        println!("xtask: Python 3 is installed");
+    } else {
+        apt.install("python3")?;
+        if !have_python() {
+            return Err("installed python3, and still no `python3` with sqlite3 and ctypes".into());
         }
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -105,6 +116,10 @@ fn have_initdb() -> bool {
 /// Debian's package puts it (`/usr/sbin`, which a user's `PATH` may lack).
 fn have_nats_server() -> bool {
     runs("nats-server", &["--version"]) || Path::new("/usr/sbin/nats-server").is_file()
+}
+
+fn have_python() -> bool {
+    runs("python3", &["-c", "import ctypes, sqlite3"])
 }
 
 fn have_chromium() -> bool {

@@ -117,8 +117,9 @@ ms_code ms_replica_close(ms_replica *r);
 
 // Has `callback` called with `context` and the number of each message
 // applied, on the replica's own thread, from the next message on; null
-// calls nothing. The callback must not block, and `context` must be
-// usable on that thread.
+// calls nothing. The callback must not block, nor call this function, and
+// `context` must be usable on that thread. Once this returns, the
+// callback it replaced is not called again: its context may be freed.
 //
 // # Safety
 //

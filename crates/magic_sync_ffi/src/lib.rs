@@ -472,7 +472,10 @@ impl Link for Told {
         if lock(&self.told).replace(number) == Some(number) {
             return;
         }
-        if let Some(callback) = *lock(&self.on_applied) {
+        // Called under the lock: once `ms_replica_on_applied` returns, the
+        // callback it replaced is never called again, and its context may go.
+        let callback = lock(&self.on_applied);
+        if let Some(callback) = *callback {
             // SAFETY: the app's function, with the context it gave, on the
             // thread it was told it would be called on.
             unsafe { (callback.function)(callback.context, number) };
@@ -544,8 +547,9 @@ pub unsafe extern "C" fn ms_replica_close(r: *mut ms_replica) -> ms_code {
 
 /// Has `callback` called with `context` and the number of each message
 /// applied, on the replica's own thread, from the next message on; null
-/// calls nothing. The callback must not block, and `context` must be
-/// usable on that thread.
+/// calls nothing. The callback must not block, nor call this function, and
+/// `context` must be usable on that thread. Once this returns, the
+/// callback it replaced is not called again: its context may be freed.
 ///
 /// # Safety
 ///

@@ -8,4 +8,5 @@
 
 mod calls;
 mod program;
+mod python;
 mod support;

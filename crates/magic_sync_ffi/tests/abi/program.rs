@@ -6,21 +6,18 @@ use crate::support::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Where cargo put this package's shared library: beside this test's
-/// program's folder (`target/<profile>/`).
-fn library_dir() -> PathBuf {
+/// Where cargo put this package's shared library: beside this test's own
+/// program (`target/<profile>/deps/`). `cargo test` builds it there and
+/// copies it nowhere else; `cargo build` also copies it one folder up.
+pub fn library_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    assert!(
-        dir.join(format!(
-            "{}magic_sync_ffi{}",
-            std::env::consts::DLL_PREFIX,
-            std::env::consts::DLL_SUFFIX
-        ))
-        .exists(),
-        "no shared library in {}",
-        dir.display()
-    );
+    let dir = exe.parent().unwrap().to_path_buf();
+    let library = dir.join(format!(
+        "{}magic_sync_ffi{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    ));
+    assert!(library.exists(), "no shared library at {}", library.display());
     dir
 }
 
