@@ -153,6 +153,8 @@ for _name, _args in {
     "ms_replica_open": [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_handle)],
     "ms_replica_run": [_handle, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p],
     "ms_replica_stop": [_handle],
+    "ms_replica_nudge": [_handle],
+    "ms_replica_trust_certificates": [_handle, ctypes.c_char_p],
     "ms_replica_close": [_handle],
     "ms_replica_on_applied": [_handle, _ON_APPLIED, ctypes.c_void_p],
     "ms_replica_status": [_handle, _out_string],
@@ -226,6 +228,18 @@ class Replica:
                 self._handle, server.encode("utf-8"), secret.encode("utf-8"), server_key.encode("utf-8")
             )
         )
+
+    def nudge(self) -> None:
+        """Tells the running loop the app wrote something: it sends it up now
+        rather than at its next look (a tenth of a second at most)."""
+        _check(_lib.ms_replica_nudge(self._handle))
+
+    def trust_certificates(self, pem_path: Optional[Union[str, "os.PathLike[str]"]]) -> None:
+        """Has the next ``run`` trust the PEM certificates in the file at
+        ``pem_path`` in place of the system's roots; ``None`` goes back to
+        the system's roots."""
+        path = os.fspath(pem_path).encode("utf-8") if pem_path is not None else None
+        _check(_lib.ms_replica_trust_certificates(self._handle, path))
 
     def stop(self) -> None:
         """Ends the loop after the message it applies, and waits for it."""

@@ -97,6 +97,25 @@ ms_code ms_replica_run(ms_replica *r,
                        const char *secret,
                        const char *server_key);
 
+// Tells the running loop the app wrote something: it looks for writes to
+// send up now rather than at its next look (a tenth of a second at most).
+// Nothing when the loop is not running.
+//
+// # Safety
+//
+// `r` is a handle or null.
+ms_code ms_replica_nudge(ms_replica *r);
+
+// Has the next [`ms_replica_run`] trust the PEM certificates in the file
+// at `pem_path` in place of the system's roots (a fleet's own certificate
+// authority, a server's self-signed certificate); null goes back to the
+// system's roots. The file is read when the loop connects.
+//
+// # Safety
+//
+// `r` is a handle or null; `pem_path` is null or a NUL-terminated string.
+ms_code ms_replica_trust_certificates(ms_replica *r, const char *pem_path);
+
 // Stops the replica's loop after the message it applies, and waits for
 // it. `MS_OK` when it was not running. When the loop had ended on a
 // failure of its own, that failure's code and words.

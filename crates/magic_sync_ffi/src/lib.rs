@@ -189,6 +189,8 @@ struct Handle {
     /// Why the loop last ended on what only the app's operator can end.
     stopped: Arc<Mutex<Option<String>>>,
     on_applied: Arc<Mutex<Option<Callback>>>,
+    /// PEM certificates the next run trusts in place of the system's roots.
+    trust: Mutex<Option<PathBuf>>,
 }
 
 /// The replica, idle or lent to its loop.
@@ -335,6 +337,7 @@ pub unsafe extern "C" fn ms_replica_open(
                 state: Mutex::new(State::Idle(Box::new(replica))),
                 stopped: Default::default(),
                 on_applied: Default::default(),
+                trust: Default::default(),
             }),
         );
         // SAFETY: checked not null above; writable by the caller's promise.
@@ -393,7 +396,9 @@ pub unsafe extern "C" fn ms_replica_run(
         };
         // The address is checked before the key is pinned: a till given a
         // wrong address keeps no trace of the attempt.
-        let started = Socket::connect(Settings::new(server, handle.id.clone(), secret))
+        let mut settings = Settings::new(server, handle.id.clone(), secret);
+        settings.trust.clone_from(&lock(&handle.trust));
+        let started = Socket::connect(settings)
             .map_err(|e| Failure::argument(e.to_string()))
             .and_then(|socket| match replica.trust(&key) {
                 Ok(()) => Ok(Arc::new(socket)),
@@ -442,6 +447,51 @@ fn lost(handle: &Handle) -> Failure {
             handle.path.display()
         ),
     )
+}
+
+/// Tells the running loop the app wrote something: it looks for writes to
+/// send up now rather than at its next look (a tenth of a second at most).
+/// Nothing when the loop is not running.
+///
+/// # Safety
+///
+/// `r` is a handle or null.
+#[no_mangle]
+pub unsafe extern "C" fn ms_replica_nudge(r: *mut ms_replica) -> ms_code {
+    call(|| {
+        let handle = handle(r)?;
+        if let State::Running { socket, .. } = &*lock(&handle.state) {
+            socket.nudger().nudge();
+        }
+        Ok(())
+    })
+}
+
+/// Has the next [`ms_replica_run`] trust the PEM certificates in the file
+/// at `pem_path` in place of the system's roots (a fleet's own certificate
+/// authority, a server's self-signed certificate); null goes back to the
+/// system's roots. The file is read when the loop connects.
+///
+/// # Safety
+///
+/// `r` is a handle or null; `pem_path` is null or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn ms_replica_trust_certificates(
+    r: *mut ms_replica,
+    pem_path: *const c_char,
+) -> ms_code {
+    call(|| {
+        let handle = handle(r)?;
+        let path = match pem_path.is_null() {
+            true => None,
+            // SAFETY: not null, and NUL-terminated by the caller's promise.
+            false => Some(PathBuf::from(unsafe {
+                text(pem_path, "the certificates' path")?
+            })),
+        };
+        *lock(&handle.trust) = path;
+        Ok(())
+    })
 }
 
 /// The socket, telling the app after each message applied.

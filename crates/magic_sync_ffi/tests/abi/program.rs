@@ -17,7 +17,11 @@ pub fn library_dir() -> PathBuf {
         std::env::consts::DLL_PREFIX,
         std::env::consts::DLL_SUFFIX
     ));
-    assert!(library.exists(), "no shared library at {}", library.display());
+    assert!(
+        library.exists(),
+        "no shared library at {}",
+        library.display()
+    );
     dir
 }
 
