@@ -1,6 +1,7 @@
 """A till in Python, with no Rust of its own: it holds the server's
 products and its own orders in a SQLite file, sells with the standard
-library's sqlite3, and waits until the server filed the sale.
+library's sqlite3, waits until what the server made of the sale (a
+receipt) came back, and reads it.
 
     python3 till.py SERVER TILL_ID SECRET_FILE SERVER_KEY DB SALE_ID
 
@@ -32,13 +33,17 @@ def main() -> int:
                 "INSERT INTO sales (id, till, total) VALUES (?, ?, ?)",
                 (sale, till, "12.50"),
             )
+        replica.nudge()
         mark = replica.mark()
-        written = replica.wait_written(mark, magic_sync.Written.FILED, timeout=60)
-        if written < magic_sync.Written.FILED:
-            print(f"the sale was not filed: {replica.status()}", file=sys.stderr)
+        # Reached: the server filed the sale, and everything it did because
+        # of it (the receipt its trigger wrote) is applied here.
+        written = replica.wait_written(mark, magic_sync.Written.REACHED, timeout=60)
+        if written < magic_sync.Written.REACHED:
+            print(f"the sale's receipt did not come back: {replica.status()}", file=sys.stderr)
             return 1
+        receipt = app.execute("SELECT sale_id, total_with_tax FROM receipts WHERE sale_id = ?", (sale,)).fetchone()
 
-        print(json.dumps({"products": products, "written": written.name, "status": replica.status()}))
+        print(json.dumps({"products": products, "receipt": receipt, "status": replica.status()}))
     return 0
 
 

@@ -153,6 +153,7 @@ for _name, _args in {
     "ms_replica_open": [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_handle)],
     "ms_replica_run": [_handle, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p],
     "ms_replica_stop": [_handle],
+    "ms_replica_trust": [_handle, ctypes.c_char_p],
     "ms_replica_nudge": [_handle],
     "ms_replica_trust_certificates": [_handle, ctypes.c_char_p],
     "ms_replica_close": [_handle],
@@ -228,6 +229,12 @@ class Replica:
                 self._handle, server.encode("utf-8"), secret.encode("utf-8"), server_key.encode("utf-8")
             )
         )
+
+    def trust(self, server_key: str) -> None:
+        """Pins the server's key as it was handed over with the secret;
+        ``run`` pins the key it is given too. A replica that pinned another
+        key refuses this one (``Stopped``)."""
+        _check(_lib.ms_replica_trust(self._handle, server_key.encode("utf-8")))
 
     def nudge(self) -> None:
         """Tells the running loop the app wrote something: it sends it up now

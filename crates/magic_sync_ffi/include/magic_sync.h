@@ -83,6 +83,18 @@ void ms_string_free(char *s);
 // the library may write.
 ms_code ms_replica_open(const char *path, const char *id, ms_replica **out);
 
+// Pins `server_key`, the server's key as it was handed over with the
+// replica's secret (`magic-sync key` prints it): from then on the replica
+// applies only what that key, or a newer key it endorsed, signed. A
+// replica that pinned a key takes that key again, and refuses another
+// (`MS_STOP`, naming both). [`ms_replica_run`] pins the key it is given
+// too; this pins it before a run (`MS_RUNNING` while one runs).
+//
+// # Safety
+//
+// `r` is a handle or null; `server_key` is a NUL-terminated string.
+ms_code ms_replica_trust(ms_replica *r, const char *server_key);
+
 // Starts the replica's loop on a thread of its own, connected to `server`
 // (`wss://host:port`, or `ws://` to this machine) with the `secret` its
 // host issued it, applying only what `server_key` (as `magic-sync key`

@@ -352,6 +352,43 @@ impl Failure {
     }
 }
 
+/// Pins `server_key`, the server's key as it was handed over with the
+/// replica's secret (`magic-sync key` prints it): from then on the replica
+/// applies only what that key, or a newer key it endorsed, signed. A
+/// replica that pinned a key takes that key again, and refuses another
+/// (`MS_STOP`, naming both). [`ms_replica_run`] pins the key it is given
+/// too; this pins it before a run (`MS_RUNNING` while one runs).
+///
+/// # Safety
+///
+/// `r` is a handle or null; `server_key` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn ms_replica_trust(
+    r: *mut ms_replica,
+    server_key: *const c_char,
+) -> ms_code {
+    call(|| {
+        let handle = handle(r)?;
+        // SAFETY: the caller's promise, passed on.
+        let key = server_key_of(unsafe { text(server_key, "the server's key")? })?;
+        let mut state = lock(&handle.state);
+        match &mut *state {
+            State::Idle(replica) => replica.trust(&key).map_err(Failure::from),
+            State::Running { .. } => Err(Failure::new(
+                ms_code::MS_RUNNING,
+                format!("the replica `{}`'s loop runs: stop it first", handle.id),
+            )),
+            State::Lost => Err(lost(&handle)),
+        }
+    })
+}
+
+fn server_key_of(key: &str) -> Result<ServerKey, Failure> {
+    key.trim()
+        .parse()
+        .map_err(|e| Failure::argument(format!("the server's key: {e}")))
+}
+
 /// Starts the replica's loop on a thread of its own, connected to `server`
 /// (`wss://host:port`, or `ws://` to this machine) with the `secret` its
 /// host issued it, applying only what `server_key` (as `magic-sync key`
@@ -378,10 +415,7 @@ pub unsafe extern "C" fn ms_replica_run(
                 text(server_key, "the server's key")?,
             )
         };
-        let key: ServerKey = key
-            .trim()
-            .parse()
-            .map_err(|e| Failure::argument(format!("the server's key: {e}")))?;
+        let key = server_key_of(key)?;
         let mut state = lock(&handle.state);
         let mut replica = match std::mem::replace(&mut *state, State::Lost) {
             State::Idle(replica) => replica,

@@ -226,6 +226,20 @@ fn wrong_arguments_are_codes_with_words_and_break_nothing() {
         "{:?}",
         last_error()
     );
+    // A key pinned refuses another: the till was enrolled with one server.
+    assert_eq!(
+        unsafe { ms_replica_trust(r, c(&key).as_ptr()) },
+        ms_code::MS_OK
+    );
+    let other = magic_sync::sign::Signer::new(&[8; 32], Vec::new())
+        .public()
+        .to_string();
+    assert_eq!(
+        unsafe { ms_replica_trust(r, c(&other).as_ptr()) },
+        ms_code::MS_STOP
+    );
+    let words = last_error().unwrap();
+    assert!(words.contains(&key) && words.contains(&other), "{words}");
     let mut written = ms_written::MS_WRITTEN_HERE;
     assert_eq!(
         unsafe { ms_replica_wait_written(r, 0, 9, 0, &mut written) },

@@ -25,6 +25,16 @@ pub struct Order {
     pub note: String,
 }
 
+/// What the server makes of a till's sale: a receipt, written by a trigger
+/// on the server as the sale is filed, which goes down to that till.
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "receipts", down, replica = "till", key(sale_id))]
+pub struct Receipt {
+    pub sale_id: String,
+    pub till: String,
+    pub total_with_tax: Numeric,
+}
+
 #[derive(Row, Debug, Clone, PartialEq)]
 #[row(table = "sales", up, key(id), key_without_origin)]
 pub struct Sale {
@@ -38,6 +48,13 @@ const SCHEMA: &str = "
 CREATE TABLE products (id bigint PRIMARY KEY, name text NOT NULL, price numeric(10, 2) NOT NULL);
 CREATE TABLE orders (id bigint PRIMARY KEY, till text NOT NULL, note text NOT NULL);
 CREATE TABLE sales (id text PRIMARY KEY, till text NOT NULL, total numeric(10, 2) NOT NULL);
+CREATE TABLE receipts (sale_id text PRIMARY KEY, till text NOT NULL, total_with_tax numeric(10, 2) NOT NULL);
+CREATE FUNCTION receipt() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO receipts VALUES (NEW.id, NEW.till, NEW.total * 1.2);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER receipt AFTER INSERT ON sales FOR EACH ROW EXECUTE FUNCTION receipt();
 INSERT INTO products SELECT i, 'product ' || i, i FROM generate_series(1, 50) i;
 INSERT INTO orders VALUES (1, 't1', 'first'), (2, 't2', 'not t1''s');
 ";
@@ -46,6 +63,7 @@ fn engine() -> Engine {
     Engine::builder()
         .table::<Product>()
         .table::<Order>()
+        .table::<Receipt>()
         .table::<Sale>()
         .build()
         .expect("declarations")
