@@ -1,10 +1,11 @@
 """A till of the demo's shop, in Python: the replica follows the server's
 description, and this app sells a product now and then and counts its
 stock with the standard library's sqlite3. `cargo run -p demo --
---python-till` runs one of its tills so.
+--python-till` runs one of its tills so. Give the key as `--server-key=KEY`:
+one key in 64 begins with `-`, which argparse would take for an option.
 
     python3 shop_till.py --server URL --secret-file F --id TILL \\
-        --server-key KEY --db FILE [--trust PEM] \\
+        --server-key=KEY --db FILE [--trust PEM] \\
         [--sell-every-ms MS] [--sales N] [--until-stdin-closes]
 """
 

@@ -296,8 +296,9 @@ fn start_till(
         .arg("--until-stdin-closes")
         .arg("--id")
         .arg(till)
-        .arg("--server-key")
-        .arg(key.to_string())
+        // One key in 64 begins with `-`: given as `--server-key=KEY`, no
+        // parser of arguments takes it for an option.
+        .arg(format!("--server-key={key}"))
         .arg("--trust")
         .arg(certificate)
         .arg("--db")
