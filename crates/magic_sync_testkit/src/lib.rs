@@ -10,6 +10,7 @@
 
 pub mod apart;
 pub mod bench;
+pub mod counter;
 pub mod fleet;
 pub mod gate;
 pub mod nats;

@@ -2,28 +2,14 @@
 //! socket hub on loopback, run on a runtime of their own so that the test's
 //! thread calls the library as an app's would, blocking.
 
-use magic_sync::relay::{ReplicaInfo, Replicas, Settings};
+use magic_sync::relay::{ReplicaInfo, Settings};
 use magic_sync::{Engine, Numeric, Row};
 use magic_sync_testkit::apart::{serve_hub, Served};
+pub use magic_sync_testkit::counter::read;
+use magic_sync_testkit::counter::{Order, Product, Sale};
 use std::ffi::{c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-
-#[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "products", down, all, key(id))]
-pub struct Product {
-    pub id: i64,
-    pub name: String,
-    pub price: Numeric,
-}
-
-#[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "orders", down, replica = "till", key(id))]
-pub struct Order {
-    pub id: i64,
-    pub till: String,
-    pub note: String,
-}
 
 /// What the server makes of a till's sale: a receipt, written by a trigger
 /// on the server as the sale is filed, which goes down to that till.
@@ -35,19 +21,9 @@ pub struct Receipt {
     pub total_with_tax: Numeric,
 }
 
-#[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "sales", up, key(id), key_without_origin)]
-pub struct Sale {
-    pub id: String,
-    #[row(origin)]
-    pub till: String,
-    pub total: Numeric,
-}
-
+/// The receipts, and the rows the tests start from, beside the counter's
+/// tables.
 const SCHEMA: &str = "
-CREATE TABLE products (id bigint PRIMARY KEY, name text NOT NULL, price numeric(10, 2) NOT NULL);
-CREATE TABLE orders (id bigint PRIMARY KEY, till text NOT NULL, note text NOT NULL);
-CREATE TABLE sales (id text PRIMARY KEY, till text NOT NULL, total numeric(10, 2) NOT NULL);
 CREATE TABLE receipts (sale_id text PRIMARY KEY, till text NOT NULL, total_with_tax numeric(10, 2) NOT NULL);
 CREATE FUNCTION receipt() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -67,18 +43,6 @@ fn engine() -> Engine {
         .table::<Sale>()
         .build()
         .expect("declarations")
-}
-
-struct Tills(Vec<String>);
-
-impl Replicas for Tills {
-    async fn replicas(&self) -> magic_sync::Result<Vec<ReplicaInfo>> {
-        Ok(self
-            .0
-            .iter()
-            .map(|id| ReplicaInfo::live(id.clone(), None))
-            .collect())
-    }
 }
 
 /// The server, and what a till needs to reach it.
@@ -106,13 +70,17 @@ impl Server {
         let (db, client, served, relay, key) = runtime.block_on(async {
             let db = magic_sync_testdb::database().await;
             let mut client = db.connect().await;
+            client
+                .batch_execute(magic_sync_testkit::counter::SCHEMA)
+                .await
+                .unwrap();
             client.batch_execute(SCHEMA).await.unwrap();
             magic_sync::schema::migrate(&mut client).await.unwrap();
             magic_sync::trigger::ensure(&engine(), &mut client, &Default::default())
                 .await
                 .unwrap();
-            let tills = vec!["t1".to_string(), "t2".to_string()];
-            let served = serve_hub(db.config(), &client, &tills).await;
+            let ids = ["t1".to_string(), "t2".to_string()];
+            let served = serve_hub(db.config(), &client, &ids).await;
             let key = magic_sync::store::keys::public(&client).await.unwrap();
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let (config, hub) = (db.config(), served.hub.clone());
@@ -121,7 +89,7 @@ impl Server {
                     config,
                     engine(),
                     Settings::default(),
-                    &Tills(tills),
+                    &ids.map(|id| ReplicaInfo::live(id, None)).to_vec(),
                     &hub,
                     &hub,
                     async {
@@ -184,20 +152,6 @@ impl Drop for Server {
             let _ = stop.send(());
         }
     }
-}
-
-/// Rows of `sql` in the SQLite file at `path`, each as text; none when the
-/// file or its table is not there yet.
-pub fn read(path: &Path, sql: &str) -> Vec<String> {
-    let Ok(conn) = rusqlite::Connection::open(path) else {
-        return Vec::new();
-    };
-    let Ok(mut stmt) = conn.prepare(sql) else {
-        return Vec::new();
-    };
-    stmt.query_map([], |r| r.get::<_, String>(0))
-        .map(|rows| rows.map(Result::unwrap).collect())
-        .unwrap_or_default()
 }
 
 pub fn c(s: &str) -> CString {

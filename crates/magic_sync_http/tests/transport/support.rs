@@ -4,76 +4,22 @@
 #![allow(dead_code)]
 
 use futures_util::StreamExt;
-use magic_sync::relay::{ReplicaInfo, Replicas, Settings as RelaySettings};
+use magic_sync::relay::{ReplicaInfo, Settings as RelaySettings};
 use magic_sync::replica::Replica;
-use magic_sync::{Engine, Numeric, Row};
 use magic_sync_http::client::{Settings as ClientSettings, Socket};
 use magic_sync_http::server::{serve, Hub, Security, Settings};
 use magic_sync_http::{credentials, credentials::Credentials};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
-#[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "products", down, all, key(id))]
-pub struct Product {
-    pub id: i64,
-    pub name: String,
-    pub price: Numeric,
-}
-
-#[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "orders", down, replica = "till", key(id))]
-pub struct Order {
-    pub id: i64,
-    pub till: String,
-    pub note: String,
-}
-
-#[derive(Row, Debug, Clone, PartialEq)]
-#[row(table = "sales", up, key(id), key_without_origin)]
-pub struct Sale {
-    pub id: String,
-    #[row(origin)]
-    pub till: String,
-    pub total: Numeric,
-}
+pub use magic_sync_testkit::counter::{engine, read, SCHEMA};
 
 pub const PRODUCTS: usize = 500;
-
-pub const SCHEMA: &str = "
-CREATE TABLE products (id bigint PRIMARY KEY, name text NOT NULL, price numeric(10, 2) NOT NULL);
-CREATE TABLE orders (id bigint PRIMARY KEY, till text NOT NULL, note text NOT NULL);
-CREATE TABLE sales (id text PRIMARY KEY, till text NOT NULL, total numeric(10, 2) NOT NULL);
-";
-
-pub fn engine() -> &'static Engine {
-    static ENGINE: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
-    ENGINE.get_or_init(|| {
-        Engine::builder()
-            .table::<Product>()
-            .table::<Order>()
-            .table::<Sale>()
-            .build()
-            .expect("declarations")
-    })
-}
-
-pub struct Tills(Vec<String>);
-
-impl Replicas for Tills {
-    async fn replicas(&self) -> magic_sync::Result<Vec<ReplicaInfo>> {
-        Ok(self
-            .0
-            .iter()
-            .map(|id| ReplicaInfo::live(id.clone(), None))
-            .collect())
-    }
-}
 
 /// The most bytes of a message, on both sides.
 pub const MAX_MESSAGE: usize = 256 << 10;
@@ -163,7 +109,7 @@ pub async fn server_of(
     };
     let relay = {
         let (hub, config) = (hub.clone(), db.config());
-        let tills = Tills(tills.iter().map(|t| t.to_string()).collect());
+        let tills: Vec<ReplicaInfo> = tills.iter().map(|t| ReplicaInfo::live(*t, None)).collect();
         let settings = RelaySettings {
             chunk_rows: 100,
             ..RelaySettings::default()
@@ -247,18 +193,6 @@ impl Server {
 pub fn end((socket, thread): Running) {
     socket.close();
     thread.join().unwrap();
-}
-
-pub fn read(path: &Path, sql: &str) -> Vec<String> {
-    let Ok(conn) = rusqlite::Connection::open(path) else {
-        return Vec::new();
-    };
-    let Ok(mut stmt) = conn.prepare(sql) else {
-        return Vec::new();
-    };
-    stmt.query_map([], |r| r.get::<_, String>(0))
-        .map(|rows| rows.map(Result::unwrap).collect())
-        .unwrap_or_default()
 }
 
 /// Whether `till` holds what the server has for it: every product and its
