@@ -148,9 +148,12 @@ ms_code ms_replica_close(ms_replica *r);
 
 // Has `callback` called with `context` and the number of each message
 // applied, on the replica's own thread, from the next message on; null
-// calls nothing. The callback must not block, nor call this function, and
-// `context` must be usable on that thread. Once this returns, the
-// callback it replaced is not called again: its context may be freed.
+// calls nothing. The callback must not block, and `context` must be
+// usable on that thread. It may ask where the replica stands
+// ([`ms_replica_status`] and the other questions); it must not call this
+// function, and [`ms_replica_stop`] or [`ms_replica_close`] from it are
+// refused (`MS_INVALID_ARGUMENT`). Once this returns, the callback it
+// replaced is not called again: its context may be freed.
 //
 // # Safety
 //

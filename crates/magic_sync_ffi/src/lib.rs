@@ -200,6 +200,9 @@ enum State {
         socket: Arc<Socket>,
         thread: JoinHandle<(Box<Replica>, magic_sync::replica::Result<()>)>,
     },
+    /// A call is stopping its loop: the lock is not held while it waits,
+    /// so the loop's callback may still ask where the replica stands.
+    Stopping,
     /// Its loop panicked, and took the replica with it.
     Lost,
 }
@@ -378,6 +381,7 @@ pub unsafe extern "C" fn ms_replica_trust(
                 ms_code::MS_RUNNING,
                 format!("the replica `{}`'s loop runs: stop it first", handle.id),
             )),
+            State::Stopping => Err(stopping(&handle)),
             State::Lost => Err(lost(&handle)),
         }
     })
@@ -426,7 +430,14 @@ pub unsafe extern "C" fn ms_replica_run(
                     format!("the replica `{}`'s loop runs already", handle.id),
                 ));
             }
-            State::Lost => return Err(lost(&handle)),
+            State::Stopping => {
+                *state = State::Stopping;
+                return Err(stopping(&handle));
+            }
+            State::Lost => {
+                *state = State::Lost;
+                return Err(lost(&handle));
+            }
         };
         // The address is checked before the key is pinned: a till given a
         // wrong address keeps no trace of the attempt.
@@ -587,30 +598,63 @@ pub unsafe extern "C" fn ms_replica_stop(r: *mut ms_replica) -> ms_code {
 }
 
 fn stop(handle: &Handle) -> Result<(), Failure> {
-    let mut state = lock(&handle.state);
-    match std::mem::replace(&mut *state, State::Lost) {
-        State::Idle(replica) => {
-            *state = State::Idle(replica);
-            Ok(())
-        }
-        State::Lost => Err(lost(handle)),
-        State::Running { socket, thread } => {
-            socket.close();
-            match thread.join() {
-                Ok((replica, ran)) => {
-                    *state = State::Idle(replica);
-                    ran.map_err(Failure::from)
-                }
-                Err(_) => Err(Failure::new(
-                    ms_code::MS_BUG,
-                    format!(
-                        "a bug in magic_sync: the replica `{}`'s loop panicked",
-                        handle.id
-                    ),
-                )),
+    let (socket, thread) = {
+        let mut state = lock(&handle.state);
+        match std::mem::replace(&mut *state, State::Stopping) {
+            State::Running { socket, thread }
+                if thread.thread().id() != std::thread::current().id() =>
+            {
+                (socket, thread)
+            }
+            running @ State::Running { .. } => {
+                *state = running;
+                return Err(Failure::argument(format!(
+                    "the replica `{}`'s loop cannot be stopped from its own callback: stop it from another thread",
+                    handle.id
+                )));
+            }
+            State::Idle(replica) => {
+                *state = State::Idle(replica);
+                return Ok(());
+            }
+            State::Stopping => return Err(stopping(handle)),
+            State::Lost => {
+                *state = State::Lost;
+                return Err(lost(handle));
             }
         }
+    };
+    // Not under the lock: the loop's callback, which may ask the status,
+    // runs until the loop ends.
+    socket.close();
+    let joined = thread.join();
+    let mut state = lock(&handle.state);
+    match joined {
+        Ok((replica, ran)) => {
+            *state = State::Idle(replica);
+            ran.map_err(Failure::from)
+        }
+        Err(_) => {
+            *state = State::Lost;
+            Err(Failure::new(
+                ms_code::MS_BUG,
+                format!(
+                    "a bug in magic_sync: the replica `{}`'s loop panicked",
+                    handle.id
+                ),
+            ))
+        }
     }
+}
+
+fn stopping(handle: &Handle) -> Failure {
+    Failure::new(
+        ms_code::MS_RUNNING,
+        format!(
+            "the replica `{}`'s loop is being stopped by another call",
+            handle.id
+        ),
+    )
 }
 
 /// Stops the replica's loop if it runs, and closes the replica: the handle
@@ -624,16 +668,24 @@ fn stop(handle: &Handle) -> Result<(), Failure> {
 pub unsafe extern "C" fn ms_replica_close(r: *mut ms_replica) -> ms_code {
     call(|| {
         let handle = handle(r)?;
+        let stopped = stop(&handle);
+        if matches!(&stopped, Err(f) if f.code == ms_code::MS_INVALID_ARGUMENT) {
+            // From the loop's own callback: nothing is closed.
+            return stopped;
+        }
         lock(&HANDLES).remove(&r.addr());
-        stop(&handle)
+        stopped
     })
 }
 
 /// Has `callback` called with `context` and the number of each message
 /// applied, on the replica's own thread, from the next message on; null
-/// calls nothing. The callback must not block, nor call this function, and
-/// `context` must be usable on that thread. Once this returns, the
-/// callback it replaced is not called again: its context may be freed.
+/// calls nothing. The callback must not block, and `context` must be
+/// usable on that thread. It may ask where the replica stands
+/// ([`ms_replica_status`] and the other questions); it must not call this
+/// function, and [`ms_replica_stop`] or [`ms_replica_close`] from it are
+/// refused (`MS_INVALID_ARGUMENT`). Once this returns, the callback it
+/// replaced is not called again: its context may be freed.
 ///
 /// # Safety
 ///

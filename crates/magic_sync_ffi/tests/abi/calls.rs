@@ -289,3 +289,60 @@ fn a_till_whose_secret_is_refused_says_so_in_its_status() {
         last_error()
     );
 }
+
+/// What the callback below was given, and where it says what it saw.
+struct Asking {
+    replica: *mut ms_replica,
+    told: mpsc::Sender<(ms_code, ms_code, String)>,
+}
+
+/// Asks the status and tries to stop the loop from within the callback.
+unsafe extern "C" fn ask_and_stop(context: *mut c_void, _message: u64) {
+    let asking = unsafe { &*(context as *const Asking) };
+    let mut json = null_mut();
+    let status = unsafe { ms_replica_status(asking.replica, &mut json) };
+    if status == ms_code::MS_OK {
+        take(json);
+    }
+    let stop = unsafe { ms_replica_stop(asking.replica) };
+    let words = last_error().unwrap_or_default();
+    let _ = asking.told.send((status, stop, words));
+}
+
+#[test]
+fn the_callback_may_ask_the_status_and_may_not_stop_its_own_loop() {
+    let server = Server::start();
+    let r = open(&server.path("t1"), "t1");
+    let (told, heard) = mpsc::channel();
+    let asking = Asking { replica: r, told };
+    let context = &asking as *const Asking as *mut c_void;
+    assert_eq!(
+        unsafe { ms_replica_on_applied(r, Some(ask_and_stop), context) },
+        ms_code::MS_OK
+    );
+    let (url, secret, key) = (c(&server.url), c(server.secret("t1")), c(&server.key));
+    let code = unsafe { ms_replica_run(r, url.as_ptr(), secret.as_ptr(), key.as_ptr()) };
+    assert_eq!(code, ms_code::MS_OK, "{:?}", last_error());
+    let (asked, stop, words) = heard.recv_timeout(WAIT).expect("a message applied");
+    assert_eq!(asked, ms_code::MS_OK, "the status, from the callback");
+    assert_eq!(
+        stop,
+        ms_code::MS_INVALID_ARGUMENT,
+        "a stop from the callback"
+    );
+    assert!(words.contains("its own callback"), "{words}");
+    // The loop went on, and stops from here; the callback may run while
+    // it stops, and asks the status meanwhile without a deadlock.
+    until("the till to hold its share", WAIT, || {
+        server.agrees("t1").then_some(())
+    });
+    assert_eq!(
+        unsafe { ms_replica_stop(r) },
+        ms_code::MS_OK,
+        "{:?}",
+        last_error()
+    );
+    assert_eq!(status(r)["running"], false);
+    assert_eq!(unsafe { ms_replica_close(r) }, ms_code::MS_OK);
+    drop(asking);
+}

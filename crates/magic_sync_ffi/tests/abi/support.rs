@@ -31,7 +31,6 @@ BEGIN
     RETURN NEW;
 END $$;
 CREATE TRIGGER receipt AFTER INSERT ON sales FOR EACH ROW EXECUTE FUNCTION receipt();
-INSERT INTO products SELECT i, 'product ' || i, i FROM generate_series(1, 50) i;
 INSERT INTO orders VALUES (1, 't1', 'first'), (2, 't2', 'not t1''s');
 ";
 
@@ -60,8 +59,13 @@ pub struct Server {
 }
 
 impl Server {
-    /// A server for the tills `t1` and `t2`.
+    /// A server for the tills `t1` and `t2`, with 50 products.
     pub fn start() -> Server {
+        Server::start_with(2, 50)
+    }
+
+    /// A server for the tills `t1` to `t<tills>`, with `products` products.
+    pub fn start_with(tills: usize, products: i64) -> Server {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -75,11 +79,18 @@ impl Server {
                 .await
                 .unwrap();
             client.batch_execute(SCHEMA).await.unwrap();
+            client
+                .execute(
+                    "INSERT INTO products SELECT i, 'product ' || i, i FROM generate_series(1, $1::bigint) i",
+                    &[&products],
+                )
+                .await
+                .unwrap();
             magic_sync::schema::migrate(&mut client).await.unwrap();
             magic_sync::trigger::ensure(&engine(), &mut client, &Default::default())
                 .await
                 .unwrap();
-            let ids = ["t1".to_string(), "t2".to_string()];
+            let ids: Vec<String> = (1..=tills).map(|i| format!("t{i}")).collect();
             let served = serve_hub(db.config(), &client, &ids).await;
             let key = magic_sync::store::keys::public(&client).await.unwrap();
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -89,7 +100,9 @@ impl Server {
                     config,
                     engine(),
                     Settings::default(),
-                    &ids.map(|id| ReplicaInfo::live(id, None)).to_vec(),
+                    &ids.into_iter()
+                        .map(|id| ReplicaInfo::live(id, None))
+                        .collect::<Vec<_>>(),
                     &hub,
                     &hub,
                     async {
