@@ -325,16 +325,26 @@ pub unsafe extern "C" fn ms_replica_open(
         if out.is_null() {
             return Err(Failure::argument("the handle's place (out) is null"));
         }
+        let place = where_(path)?;
+        // Held while the file opens: two opens of one file at once would
+        // both find it free.
+        let mut handles = lock(&HANDLES);
+        if let Some((number, _)) = handles.iter().find(|(_, h)| h.path == place) {
+            return Err(Failure::argument(format!(
+                "the replica at {path} is open already (handle {number:#x}): one handle per file, \
+                 or two loops would apply into it"
+            )));
+        }
         let replica = Replica::open_described(path, id).map_err(|e| {
             Failure::from(e).with_context(&format!("opening the replica at {path}"))
         })?;
         let reader = Connection::open(path)?;
         reader.busy_timeout(Duration::from_secs(5))?;
         let number = NEXT.fetch_add(1, Ordering::Relaxed);
-        lock(&HANDLES).insert(
+        handles.insert(
             number,
             Arc::new(Handle {
-                path: path.into(),
+                path: place,
                 id: id.to_string(),
                 reader: Mutex::new(reader),
                 state: Mutex::new(State::Idle(Box::new(replica))),
@@ -346,6 +356,25 @@ pub unsafe extern "C" fn ms_replica_open(
         // SAFETY: checked not null above; writable by the caller's promise.
         unsafe { put(out, std::ptr::without_provenance_mut(number), "out") }
     })
+}
+
+/// The file at `path` as one name, whichever way the app spelled it: the
+/// same file opened twice is found.
+fn where_(path: &str) -> Result<PathBuf, Failure> {
+    let path = std::path::Path::new(path);
+    let named = match (path.parent(), path.file_name()) {
+        // The folder is made canonical, the file may not exist yet.
+        (Some(dir), Some(file)) => {
+            let dir = if dir.as_os_str().is_empty() {
+                std::path::Path::new(".")
+            } else {
+                dir
+            };
+            std::fs::canonicalize(dir).map(|d| d.join(file))
+        }
+        _ => std::path::absolute(path),
+    };
+    named.map_err(|e| Failure::argument(format!("the path {}: {e}", path.display())))
 }
 
 impl Failure {
@@ -423,6 +452,15 @@ pub unsafe extern "C" fn ms_replica_run(
         let mut state = lock(&handle.state);
         let mut replica = match std::mem::replace(&mut *state, State::Lost) {
             State::Idle(replica) => replica,
+            // The loop ended on its own (its failure is in the status's
+            // `stopped`): it runs again, as a process would be restarted.
+            State::Running { socket, thread } if thread.is_finished() => {
+                socket.close();
+                match thread.join() {
+                    Ok((replica, _ended)) => replica,
+                    Err(_) => return Err(lost(&handle)),
+                }
+            }
             running @ State::Running { .. } => {
                 *state = running;
                 return Err(Failure::new(

@@ -201,6 +201,19 @@ fn wrong_arguments_are_codes_with_words_and_break_nothing() {
         None,
         "a call that went through clears the words"
     );
+    // One handle per file, however the path is spelled.
+    let again = dir.path().join(".").join("t1.sqlite");
+    let mut second = null_mut();
+    assert_eq!(
+        unsafe { ms_replica_open(c_path(&again).as_ptr(), id.as_ptr(), &mut second) },
+        ms_code::MS_INVALID_ARGUMENT
+    );
+    assert!(
+        last_error().unwrap().contains("open already"),
+        "{:?}",
+        last_error()
+    );
+    assert!(second.is_null());
     let (url, secret) = (c("ws://127.0.0.1:9"), c("secret"));
     let code = unsafe { ms_replica_run(r, url.as_ptr(), secret.as_ptr(), c("nonsense").as_ptr()) };
     assert_eq!(code, ms_code::MS_INVALID_ARGUMENT);
