@@ -2,6 +2,7 @@
 
 use crate::support::*;
 use magic_sync_ffi::*;
+use magic_sync_testkit::until_within;
 use std::ffi::{c_char, c_void};
 use std::ptr::{null, null_mut};
 use std::sync::mpsc;
@@ -283,10 +284,16 @@ fn a_till_whose_secret_is_refused_says_so_in_its_status() {
     let (url, secret, key) = (c(&server.url), c("not t1's secret"), c(&server.key));
     let code = unsafe { ms_replica_run(r, url.as_ptr(), secret.as_ptr(), key.as_ptr()) };
     assert_eq!(code, ms_code::MS_OK, "{:?}", last_error());
-    let told = until("the refusal to be told", WAIT, || {
-        let now = status(r);
-        now["link_error"].as_str().map(str::to_string)
-    });
+    let mut told = String::new();
+    server
+        .runtime
+        .block_on(until_within("the refusal to be told", WAIT, async || {
+            told = status(r)["link_error"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            !told.is_empty()
+        }));
     assert!(told.contains("refused"), "{told}");
     let now = status(r);
     assert_eq!(
@@ -346,9 +353,11 @@ fn the_callback_may_ask_the_status_and_may_not_stop_its_own_loop() {
     assert!(words.contains("its own callback"), "{words}");
     // The loop went on, and stops from here; the callback may run while
     // it stops, and asks the status meanwhile without a deadlock.
-    until("the till to hold its share", WAIT, || {
-        server.agrees("t1").then_some(())
-    });
+    server.runtime.block_on(until_within(
+        "the till to hold its share",
+        WAIT,
+        async || server.agreeing("t1").await,
+    ));
     assert_eq!(
         unsafe { ms_replica_stop(r) },
         ms_code::MS_OK,

@@ -137,25 +137,28 @@ impl Server {
 
     /// Rows of `sql` on the server, each as text.
     pub fn query(&self, sql: &str) -> Vec<String> {
-        self.runtime.block_on(async {
-            self.client
-                .query(sql, &[])
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| r.get(0))
-                .collect()
-        })
+        self.runtime.block_on(self.rows(sql))
+    }
+
+    async fn rows(&self, sql: &str) -> Vec<String> {
+        let rows = self.client.query(sql, &[]).await.unwrap();
+        rows.iter().map(|r| r.get(0)).collect()
     }
 
     /// Whether `till`'s file holds exactly what the server has for it:
     /// every product, and its own orders.
     pub fn agrees(&self, till: &str) -> bool {
+        self.runtime.block_on(self.agreeing(till))
+    }
+
+    /// [`agrees`](Self::agrees), from within the server's runtime.
+    pub async fn agreeing(&self, till: &str) -> bool {
         let orders =
             format!("SELECT id || ':' || note FROM orders WHERE till = '{till}' ORDER BY id");
         let products = "SELECT id || ':' || name FROM products ORDER BY id";
         let path = self.path(till);
-        read(&path, &orders) == self.query(&orders) && read(&path, products) == self.query(products)
+        read(&path, &orders) == self.rows(&orders).await
+            && read(&path, products) == self.rows(products).await
     }
 }
 
@@ -202,24 +205,4 @@ pub unsafe extern "C" fn applied(context: *mut c_void, message: u64) {
     // replica runs.
     let sender = unsafe { &*(context as *const mpsc::Sender<u64>) };
     let _ = sender.send(message);
-}
-
-/// Asks `what` until it answers, for at most `wait`; panics naming
-/// `waiting_for` after that.
-pub fn until<T>(
-    waiting_for: &str,
-    wait: std::time::Duration,
-    mut what: impl FnMut() -> Option<T>,
-) -> T {
-    let started = std::time::Instant::now();
-    loop {
-        if let Some(answer) = what() {
-            return answer;
-        }
-        assert!(
-            started.elapsed() < wait,
-            "waited {wait:?} for {waiting_for}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
 }
