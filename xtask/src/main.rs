@@ -3,7 +3,9 @@
 //! The tests need PostgreSQL's server binaries (they start a throwaway
 //! cluster of their own when `DATABASE_URL` is unset), `nats-server` for the
 //! broker transport's (each starts its own), for the dashboard's page
-//! Debian's Chromium, and Python 3 for the Python till's. On a fresh
+//! Debian's Chromium, Python 3 for the Python till's, and the system's
+//! SQLite to link against (the library shares the app's, decision 169;
+//! `libsqlite3-dev`). On a fresh
 //! machine none may be there; this installs
 //! whichever is missing with `apt-get` (through `sudo
 //! -n` when not root), then runs `cargo test --workspace --all-features --no-fail-fast`
@@ -35,6 +37,15 @@ fn main() -> ExitCode {
 
 fn test(extra: Vec<String>) -> Result<ExitCode, String> {
     let mut apt = Apt::default();
+    // Every crate links the system's SQLite rather than compiling its own.
+    if have_sqlite_dev() {
+        println!("xtask: SQLite's development files are installed");
+    } else {
+        apt.install("libsqlite3-dev")?;
+        if !have_sqlite_dev() {
+            return Err("installed libsqlite3-dev, and still no sqlite3.h is found".into());
+        }
+    }
     if have_initdb() {
         println!("xtask: PostgreSQL is installed");
     } else {
@@ -116,6 +127,12 @@ fn have_initdb() -> bool {
 /// Debian's package puts it (`/usr/sbin`, which a user's `PATH` may lack).
 fn have_nats_server() -> bool {
     runs("nats-server", &["--version"]) || Path::new("/usr/sbin/nats-server").is_file()
+}
+
+/// What linking SQLite needs: its header and library, as Debian's
+/// `libsqlite3-dev` installs them (pkg-config finds them elsewhere).
+fn have_sqlite_dev() -> bool {
+    runs("pkg-config", &["--exists", "sqlite3"]) || Path::new("/usr/include/sqlite3.h").is_file()
 }
 
 fn have_python() -> bool {

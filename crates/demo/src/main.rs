@@ -55,6 +55,11 @@ struct Args {
     /// demo starts, over TLS) rather than over sockets to the server.
     #[arg(long)]
     broker: bool,
+    /// Run the last till as a Python app (`bindings/python/examples/
+    /// shop_till.py`, `python3` with the standard library alone) through
+    /// the C ABI, following the server's description: no Rust of its own.
+    #[arg(long, conflicts_with = "broker")]
+    python_till: bool,
 }
 
 /// Every till is live, in one region.
@@ -251,12 +256,24 @@ fn start_till(
     key: &ServerKey,
     certificate: &Path,
     till: &str,
+    python: bool,
 ) -> Fallible<Child> {
     let exe = std::env::current_exe()?;
     let log = std::fs::File::create(args.data.join(format!("{till}.log")))?;
     let sales = args.seconds * 1000 / 200;
-    let mut command = Command::new(exe);
-    if args.broker {
+    let mut command = Command::new(&exe);
+    if python {
+        let bindings = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bindings/python");
+        command = Command::new("python3");
+        command
+            .arg(bindings.join("examples/shop_till.py"))
+            .env("PYTHONPATH", &bindings)
+            .env("MAGIC_SYNC_LIB", ffi_library(&exe)?)
+            .arg("--server")
+            .arg(url)
+            .arg("--secret-file")
+            .arg(args.data.join(format!("{till}.secret")));
+    } else if args.broker {
         command
             .arg("till-broker")
             .arg("--broker")
@@ -294,6 +311,21 @@ fn start_till(
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()?)
+}
+
+/// The C ABI's shared library, built with the demo: beside it, or in the
+/// `deps` folder beside it (where cargo leaves a dependency's).
+fn ffi_library(exe: &Path) -> Fallible<PathBuf> {
+    let file = format!(
+        "{}magic_sync_ffi{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    let dir = exe.parent().ok_or("the demo's program has no folder")?;
+    [dir.join(&file), dir.join("deps").join(&file)]
+        .into_iter()
+        .find(|p| p.exists())
+        .ok_or_else(|| format!("--python-till: no {file} beside {}", exe.display()).into())
 }
 
 /// The server's own writes, as any application makes them: an order with
@@ -456,8 +488,12 @@ async fn run(args: Args) -> Fallible<ExitCode> {
     };
     println!("{listening} on {url}; starting {} tills", tills.len());
     let mut children = Vec::new();
-    for till in &tills {
-        children.push(start_till(&args, &url, &key, &certificate.0, till)?);
+    for (i, till) in tills.iter().enumerate() {
+        let python = args.python_till && i + 1 == tills.len();
+        if python {
+            println!("{till} is a Python app, through the C ABI");
+        }
+        children.push(start_till(&args, &url, &key, &certificate.0, till, python)?);
     }
 
     let mut outcome = tokio::select! {

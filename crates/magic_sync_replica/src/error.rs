@@ -42,6 +42,14 @@ pub enum Error {
         /// What does not fit, naming the column.
         problem: String,
     },
+    /// The SQLite the process loaded is older than the replica needs.
+    #[error("SQLite {found} is loaded, and the replica needs {needed} or later (STRICT tables): update the system's libsqlite3, or build with rusqlite's `bundled` feature")]
+    OldSqlite {
+        /// The version loaded.
+        found: &'static str,
+        /// The oldest it takes.
+        needed: &'static str,
+    },
     /// The replica's own bookkeeping holds what it never writes.
     #[error("the replica's bookkeeping is damaged: {0}")]
     Bookkeeping(String),
@@ -141,6 +149,7 @@ impl Error {
             Error::Declarations(_)
             | Error::Undescribable(_)
             | Error::NoCodec { .. }
+            | Error::OldSqlite { .. }
             | Error::Bookkeeping(_)
             | Error::NoServerKey
             | Error::OtherServer { .. } => Handling::Stop,

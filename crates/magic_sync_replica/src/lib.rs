@@ -900,9 +900,20 @@ fn following(described: &envelope::ReplicaSchema) -> Result<(Schema, Shapes)> {
     Ok((schema, shapes))
 }
 
+/// The oldest SQLite a replica runs on: its tables are `STRICT` (3.37).
+/// The library links the system's SQLite (decision 169), so this is the
+/// machine's to meet.
+const OLDEST_SQLITE: (i32, &str) = (3_037_000, "3.37.0");
+
 /// The file at `path`, opened as a replica's: WAL, SQLite's own foreign
 /// keys off, waiting for the host's writes rather than failing.
 fn open_file(path: impl AsRef<Path>) -> Result<Connection> {
+    if rusqlite::version_number() < OLDEST_SQLITE.0 {
+        return Err(Error::OldSqlite {
+            found: rusqlite::version(),
+            needed: OLDEST_SQLITE.1,
+        });
+    }
     let conn = Connection::open(path)?;
     // The host writes its records on connections of its own: wait for
     // them rather than fail.
