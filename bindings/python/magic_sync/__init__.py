@@ -44,6 +44,7 @@ __all__ = [
     "SetAside",
     "Stopped",
     "Written",
+    "shares_sqlite",
 ]
 
 
@@ -177,6 +178,30 @@ _lib.ms_last_error.argtypes = []
 _lib.ms_last_error.restype = ctypes.c_char_p
 _lib.ms_string_free.argtypes = [ctypes.c_void_p]
 _lib.ms_string_free.restype = None
+
+
+def shares_sqlite() -> bool:
+    """Whether the library and the standard library's ``sqlite3`` use one
+    SQLite in this process, so that the app may write the file while the
+    replica's loop runs.
+
+    SQLite coordinates connections in one process through the library's own
+    account of the file's locks: two copies of SQLite in one process do not
+    see each other's, and can corrupt the file. The library links the
+    system's SQLite, as Debian's and most Linux distributions' Python does;
+    a Python that carries a SQLite of its own (python.org's builds for
+    macOS and Windows) does not share it, and there the app takes turns
+    (closes the replica before it opens the file) or runs the replica as a
+    process of its own (``magic-sync-replica``)."""
+    try:
+        import _sqlite3  # the module sqlite3 is made of
+
+        ours = getattr(_lib, "sqlite3_libversion")
+        theirs = getattr(ctypes.CDLL(_sqlite3.__file__), "sqlite3_libversion")
+    except (AttributeError, ImportError, OSError):
+        # A library or a Python that keeps its SQLite to itself.
+        return False
+    return ctypes.cast(ours, ctypes.c_void_p).value == ctypes.cast(theirs, ctypes.c_void_p).value
 
 
 def _check(code: int) -> None:
