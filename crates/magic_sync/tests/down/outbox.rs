@@ -64,12 +64,14 @@ fn read_of(before: &BTreeMap<String, i64>, after: &BTreeMap<String, i64>, table:
     after.get(table).copied().unwrap_or(0) - before.get(table).copied().unwrap_or(0)
 }
 
-/// Bodies that no message carries and no pass will look at: leaked.
+/// Bodies that no message or batch carries and no pass will look at:
+/// leaked.
 async fn leaked(client: &Client) -> i64 {
     client
         .query_one(
             "SELECT count(*) FROM sync.bodies b
              WHERE NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.body = b.id)
+               AND NOT EXISTS (SELECT 1 FROM sync.batches c WHERE c.body = b.id)
                AND NOT EXISTS (SELECT 1 FROM sync.freed f WHERE f.body = b.id)",
             &[],
         )
@@ -253,4 +255,103 @@ async fn publishing_passes_over_a_till_away_until_it_is_back() {
     assert_eq!(away.next_try(), None, "u3 is back");
     fleet.sync().await;
     fleet.check().await;
+}
+
+/// How many rows of `sync.bodies` have the id `body`.
+async fn bodies_with(client: &Client, body: i64) -> i64 {
+    client
+        .query_one("SELECT count(*) FROM sync.bodies WHERE id = $1", &[&body])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn a_body_a_cohorts_batch_carries_stays_until_the_batch_goes() {
+    let mut fleet = Fleet::new(shop::ROWS).await;
+    for id in ["u1", "u2"] {
+        fleet.add(id, Some("north"));
+    }
+    fleet.sync().await;
+    fleet
+        .write("UPDATE products SET price = 3 WHERE id = 1")
+        .await;
+    fleet.record().await;
+    let shared: i64 = fleet
+        .client
+        .query_one("SELECT DISTINCT body FROM sync.outbox", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // The catalogue's cohort carries the same body in a batch of its own,
+    // as the record by rule writes them.
+    fleet
+        .client
+        .execute(
+            "WITH c AS (INSERT INTO sync.cohorts (id, kind) VALUES (E'\\x01all', 'all') RETURNING id)
+             INSERT INTO sync.batches (cohort, number, pass_last, nonce, body)
+             SELECT id, 1, 1, '\\x00', $1 FROM c",
+            &[&shared],
+        )
+        .await
+        .unwrap();
+
+    // Both tills take it and acknowledge: no message carries the body, and
+    // a pass that writes looks at it.
+    fleet.deliver().await;
+    fleet
+        .write("UPDATE products SET price = 4 WHERE id = 2")
+        .await;
+    fleet.sync().await;
+    assert_eq!(
+        bodies_with(&fleet.client, shared).await,
+        1,
+        "the batch still carries the body"
+    );
+
+    // The batch goes: the next pass that writes forgets the body.
+    fleet
+        .client
+        .execute("DELETE FROM sync.batches", &[])
+        .await
+        .unwrap();
+    fleet
+        .write("UPDATE products SET price = 5 WHERE id = 3")
+        .await;
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(
+        bodies_with(&fleet.client, shared).await,
+        0,
+        "nothing carries the body any more"
+    );
+    assert_eq!(leaked(&fleet.client).await, 0);
+}
+
+#[tokio::test]
+async fn an_acknowledgement_is_recorded_with_the_nonce_of_the_message_it_names() {
+    let mut fleet = Fleet::new(shop::ROWS).await;
+    for id in ["u1", "u2"] {
+        fleet.add(id, Some("north"));
+    }
+    fleet.sync().await;
+    fleet
+        .write("UPDATE products SET price = 3 WHERE id = 1")
+        .await;
+    fleet.sync().await;
+    // Caught up: each acknowledged the last message sent it, whose number
+    // and nonce head its chain.
+    let heads: Vec<(String, bool)> = fleet
+        .client
+        .query(
+            "SELECT r.id, a.number = r.last_number AND a.nonce = r.last_nonce
+             FROM sync.replicas r JOIN sync.acks a ON a.replica = r.id ORDER BY r.id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(heads, [("u1".to_string(), true), ("u2".to_string(), true)]);
 }

@@ -146,6 +146,15 @@ async fn acknowledgements_recorded_before_version_5_move_to_their_own_table() {
         .collect();
     // Only what a replica said; the time it said it kept.
     assert_eq!(acks, [("heard".to_string(), 7, true)]);
+    let nonce: Option<Vec<u8>> = client
+        .query_one("SELECT nonce FROM sync.acks", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        nonce, None,
+        "the nonce of an acknowledgement before 36 is not known"
+    );
     let gone: i64 = client
         .query_one(
             "SELECT count(*) FROM information_schema.columns

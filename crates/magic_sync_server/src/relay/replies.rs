@@ -125,14 +125,14 @@ async fn judge_all(
         new_epoch(client, epoch, seen).await?;
     }
     // Each replica once, at the newest number it acknowledged.
-    let (mut recorded, mut numbers, mut batches) = (Vec::new(), Vec::new(), Vec::new());
+    let mut said = store::acks::Said::default();
     for (replica, chain) in known.iter().filter(|(_, chain)| chain.recorded) {
-        recorded.push(replica.as_str());
-        numbers.push(chain.acked);
-        batches.push(chain.reads_batches);
+        said.replicas.push(replica.as_str());
+        said.numbers.push(chain.acked);
+        said.nonces.push(chain.acked_nonce.as_slice());
+        said.reads_batches.push(chain.reads_batches);
     }
-    let marked =
-        store::acks::record(client, &recorded, &numbers, &batches, &again, &restored).await?;
+    let marked = store::acks::record(client, &said, &again, &restored).await?;
     Ok(Judged {
         outcomes,
         marked: marked + u64::from(restarted),
@@ -157,6 +157,7 @@ async fn chains(client: &Client, acks: &[(ReplicaId, Ack)]) -> Result<HashMap<Re
                 kept_up: r.kept_up,
                 answered: u64::try_from(r.answered).unwrap_or(0),
                 recorded: false,
+                acked_nonce: Vec::new(),
                 reads_batches: false,
             };
             (ReplicaId::from(r.id), chain)
@@ -165,7 +166,7 @@ async fn chains(client: &Client, acks: &[(ReplicaId, Ack)]) -> Result<HashMap<Re
 }
 
 /// What the server records of a replica's chain, for judging what it says.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Chain {
     /// The last number sent it.
     last: i64,
@@ -177,6 +178,8 @@ struct Chain {
     answered: u64,
     /// An acknowledgement of it was recorded: `acked` is to be written.
     recorded: bool,
+    /// The nonce of the message the recorded acknowledgement names.
+    acked_nonce: Vec<u8>,
     /// What the newest recorded acknowledgement said of batches.
     reads_batches: bool,
 }
@@ -239,6 +242,7 @@ fn judge(epoch: &Epoch, replica: &ReplicaId, ack: &Ack, chain: &mut Chain) -> Re
         None => {}
     }
     chain.acked = number;
+    chain.acked_nonce.clone_from(&ack.nonce);
     chain.recorded = true;
     // What it can verify changes only how its own messages are signed.
     chain.reads_batches = ack.reads_batches;

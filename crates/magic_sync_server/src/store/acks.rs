@@ -50,17 +50,26 @@ pub(crate) async fn chains(client: &Client, ids: &[&str]) -> Result<Vec<Chain>> 
         .collect())
 }
 
-/// Records the acknowledgements that counted (with whether each replica
-/// reads messages signed in a batch), and has the replicas in
+/// The acknowledgements that counted, one per replica, as columns.
+#[derive(Default)]
+pub(crate) struct Said<'a> {
+    pub replicas: Vec<&'a str>,
+    /// The number each acknowledged.
+    pub numbers: Vec<i64>,
+    /// That message's nonce.
+    pub nonces: Vec<&'a [u8]>,
+    /// Whether it reads messages signed in a batch.
+    pub reads_batches: Vec<bool>,
+}
+
+/// Records the acknowledgements that counted, and has the replicas in
 /// `again` provisioned again; returns how many of those were not marked so
 /// already. The filing state of those `restored` from an older copy starts
 /// afresh: what the server took of their own columns before was under
 /// upload numbers they may count through again.
 pub(crate) async fn record(
     client: &Client,
-    recorded: &[&str],
-    numbers: &[i64],
-    reads_batches: &[bool],
+    said: &Said<'_>,
     again: &[&str],
     restored: &[&str],
 ) -> Result<u64> {
@@ -72,25 +81,28 @@ pub(crate) async fn record(
             )
             .await?;
     }
-    if !recorded.is_empty() {
+    if !said.replicas.is_empty() {
         // Typed, so parsed and run in one round trip.
-        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 3] = [
-            (&recorded, Type::TEXT_ARRAY),
-            (&numbers, Type::INT8_ARRAY),
-            (&reads_batches, Type::BOOL_ARRAY),
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 4] = [
+            (&said.replicas, Type::TEXT_ARRAY),
+            (&said.numbers, Type::INT8_ARRAY),
+            (&said.reads_batches, Type::BOOL_ARRAY),
+            (&said.nonces, Type::BYTEA_ARRAY),
         ];
         // The replica's row is locked against deletion first: a pass
         // forgetting the replica meanwhile leaves nothing to insert, rather
         // than a foreign key to break.
         let acks = client.query_typed(
-            "INSERT INTO sync.acks AS a (replica, number, at, reads_batches)
-             SELECT u.id, u.number, now(), u.batches
-             FROM (SELECT DISTINCT id, number, batches
-                   FROM unnest($1::text[], $2::int8[], $3::bool[]) AS u (id, number, batches)) u
+            "INSERT INTO sync.acks AS a (replica, number, at, reads_batches, nonce)
+             SELECT u.id, u.number, now(), u.batches, u.nonce
+             FROM (SELECT DISTINCT id, number, batches, nonce
+                   FROM unnest($1::text[], $2::int8[], $3::bool[], $4::bytea[])
+                        AS u (id, number, batches, nonce)) u
              JOIN sync.replicas r ON r.id = u.id FOR KEY SHARE OF r
              ON CONFLICT (replica) DO UPDATE
              SET number = greatest(a.number, excluded.number), at = excluded.at,
-                 reads_batches = excluded.reads_batches
+                 reads_batches = excluded.reads_batches,
+                 nonce = CASE WHEN excluded.number >= a.number THEN excluded.nonce ELSE a.nonce END
              -- Also at the same number when it says otherwise of batches:
              -- a replica going back to an earlier build reads none.
              WHERE a.number < excluded.number

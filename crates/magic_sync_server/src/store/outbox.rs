@@ -82,15 +82,17 @@ pub(crate) async fn insert(
 /// pass, and could delete a body the pass is pointing a new message at,
 /// unseen until it commits.
 ///
-/// Only the bodies of messages deleted since the last pass are looked at
-/// (`sync.freed`, filled by a trigger on the outbox), each by its key: a
+/// A body stays while a message or a cohort's batch carries it. Only the
+/// bodies of messages and batches deleted since the last pass are looked at
+/// (`sync.freed`, filled by a trigger on each), each by its key: a
 /// pass costs the messages that went, not the outbox's size. What the
 /// pass's view holds of `sync.freed` is what it deletes there; bodies
 /// freed by a transaction that committed after the view was taken wait for
 /// the next pass.
 pub(crate) const FORGET_UNCARRIED_BODIES: &str = "DELETE FROM sync.bodies b
      WHERE b.id = ANY (ARRAY (SELECT DISTINCT body FROM sync.freed))
-       AND NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.body = b.id);
+       AND NOT EXISTS (SELECT 1 FROM sync.outbox o WHERE o.body = b.id)
+       AND NOT EXISTS (SELECT 1 FROM sync.batches c WHERE c.body = b.id);
      DELETE FROM sync.freed;";
 
 /// The next `n` message numbers, in order.

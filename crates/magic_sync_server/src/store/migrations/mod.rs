@@ -42,6 +42,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (33, include_str!("033_sealed_seeds.sql")),
     (34, include_str!("034_ordered_epochs.sql")),
     (35, include_str!("035_reads_batches.sql")),
+    (36, include_str!("036_cohorts.sql")),
 ];
 
 /// The version this build brings the schema to.
