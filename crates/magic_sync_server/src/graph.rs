@@ -334,21 +334,52 @@ impl Link {
     }
 }
 
-/// The condition under which the row `alias` of `table` goes to the replica
-/// `r` (a row of the planner's replica list) by its table's own rule; `None`
-/// for tables without a rule of their own.
+/// The condition under which the row `alias` of `table` goes to the holder
+/// `r` (a row of the planner's holder list: `r.r`, `r.part`, `r.kind`) by
+/// its table's own rule; `None` for tables without a rule of their own.
 pub(crate) fn rule(table: &Table, alias: &str, r: &str) -> Option<String> {
-    rule_for(table, alias, &format!("{r}.r"), &format!("{r}.part"))
+    rule_for(
+        table,
+        alias,
+        &Holder {
+            id: &format!("{r}.r"),
+            partition: &format!("{r}.part"),
+            kind: Some(&format!("{r}.kind")),
+        },
+    )
 }
 
-/// [`rule`], for the replica whose id and partition are the SQL expressions
-/// `replica` and `partition` (a row's columns, or literals).
-pub(crate) fn rule_for(
-    table: &Table,
-    alias: &str,
-    replica: &str,
-    partition: &str,
-) -> Option<String> {
+/// A holder of rows as SQL expressions (a row's columns, or literals).
+pub(crate) struct Holder<'a> {
+    /// Its id: a replica's, or a cohort's.
+    pub id: &'a str,
+    /// The replica's partition.
+    pub partition: &'a str,
+    /// What it holds by rule (`store::cohorts::Kind`'s name): `full`, every
+    /// rule; `all`, the cohort of the tables whose rule is `all`; `own`, a
+    /// member of that cohort, which holds every rule but `all` itself.
+    /// `None`: a replica that holds every rule.
+    pub kind: Option<&'a str>,
+}
+
+/// [`rule`], for the holder `holder`.
+pub(crate) fn rule_for(table: &Table, alias: &str, holder: &Holder) -> Option<String> {
+    let replica = holder.id;
+    let partition = holder.partition;
+    let ruled = rule_of(table, alias, replica, partition)?;
+    // The kind guards both ways: an `all` row is the cohort's, not its
+    // members', and a cohort holds no row by another rule, whatever a
+    // host's row or grant names (a cohort's id is no replica's).
+    Some(match (holder.kind, table.rule) {
+        (None, _) => ruled,
+        (Some(kind), Rule::All) => format!("{kind} <> 'own'"),
+        (Some(kind), _) => format!("({kind} <> 'all' AND {ruled})"),
+    })
+}
+
+/// The rule of `table` for the replica `replica` of `partition`, whatever
+/// its kind.
+fn rule_of(table: &Table, alias: &str, replica: &str, partition: &str) -> Option<String> {
     Some(match table.rule {
         Rule::All => "true".to_string(),
         Rule::Replica(c) => format!("{alias}.{}::text = {replica}", ident(c)),
@@ -413,4 +444,60 @@ pub(crate) fn wire_key_of(table: &str, kinds: &[Kind], json: serde_json::Value) 
         values.push(Value::from_json(kind, item).map_err(|e| bad(e.to_string()))?);
     }
     Ok(canonical_key(&values))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::row::Mirror;
+    use magic_sync_core::columns::Column;
+
+    const fn table(rule: Rule) -> Table {
+        Table {
+            name: "t",
+            schema: "public",
+            rust_type: "T",
+            mirror: Mirror::Down,
+            rule,
+            columns: &[Column {
+                name: "id",
+                kind: Kind::Int64,
+                nullable: false,
+                checked: false,
+            }],
+            key: &["id"],
+            owned: &[],
+            version: None,
+            origin: None,
+            retired: None,
+            lane: None,
+        }
+    }
+
+    #[test]
+    fn a_holders_kind_keeps_all_rows_to_the_cohort_and_every_other_rule_to_replicas() {
+        let listed = |table: &Table| rule(table, "a", "r").unwrap();
+        assert_eq!(listed(&table(Rule::All)), "r.kind <> 'own'");
+        assert_eq!(
+            listed(&table(Rule::Replica("till"))),
+            r#"(r.kind <> 'all' AND a."till"::text = r.r)"#
+        );
+        assert_eq!(
+            listed(&table(Rule::Partition("region"))),
+            r#"(r.kind <> 'all' AND a."region"::text = r.part)"#
+        );
+        assert_eq!(rule(&table(Rule::Referenced), "a", "r"), None);
+
+        // A replica given as literals, with no kind: its rule alone.
+        let replica = Holder {
+            id: "'t1'",
+            partition: "'north'",
+            kind: None,
+        };
+        assert_eq!(rule_for(&table(Rule::All), "a", &replica).unwrap(), "true");
+        assert_eq!(
+            rule_for(&table(Rule::Replica("till")), "a", &replica).unwrap(),
+            r#"a."till"::text = 't1'"#
+        );
+    }
 }

@@ -81,6 +81,13 @@ fn listed(replicas: &[ReplicaInfo]) -> Result<HashSet<&str>> {
                 problem: "a replica with an empty id".into(),
             });
         }
+        // Names beginning with one are the cohorts' in the record
+        // (`store::cohorts`); the transports refuse them in a replica's id.
+        if r.id.chars().any(char::is_control) {
+            return Err(Error::ReplicaList {
+                problem: format!("replica {:?}: an id holds no control character", r.id),
+            });
+        }
         if !seen.insert(r.id.as_str()) {
             return Err(Error::ReplicaList {
                 problem: format!("replica `{}` twice", r.id),
@@ -182,4 +189,38 @@ fn sorted(live: Vec<store::replicas::Live>, forgotten: Vec<String>) -> Observati
         }
     }
     observation
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem(ids: &[&str]) -> Option<String> {
+        let replicas: Vec<ReplicaInfo> =
+            ids.iter().map(|id| ReplicaInfo::live(*id, None)).collect();
+        match listed(&replicas) {
+            Ok(_) => None,
+            Err(Error::ReplicaList { problem }) => Some(problem),
+            Err(e) => panic!("not a list's problem: {e}"),
+        }
+    }
+
+    #[test]
+    fn a_list_that_cannot_be_a_fleet_is_refused_in_words() {
+        assert_eq!(problem(&["till-1", "till-2"]), None);
+        assert_eq!(
+            problem(&["till-1", ""]).unwrap(),
+            "a replica with an empty id"
+        );
+        assert_eq!(
+            problem(&["till-1", "till-1"]).unwrap(),
+            "replica `till-1` twice"
+        );
+        // A cohort's name in the record begins with a control character:
+        // no replica may be named so, nor hold one anywhere.
+        for id in ["\u{1}all", "till\n1", "till\u{7f}"] {
+            let said = problem(&["till-1", id]).unwrap();
+            assert!(said.contains("control character"), "{id:?}: {said}");
+        }
+    }
 }

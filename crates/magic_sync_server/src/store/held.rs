@@ -316,7 +316,7 @@ pub(crate) async fn audit(client: &Client, graph: &Graph) -> Result<Vec<String>>
             "SELECT h.replica, h.key, a.{k0} IS NOT NULL, h.ruled, {ruled}, h.ptrs::text, {ptrs}::text
              FROM sync.held h
              JOIN sync.replicas r0 ON r0.id = h.replica AND r0.live
-             CROSS JOIN LATERAL (SELECT r0.id AS r, r0.partition_id AS part) r
+             CROSS JOIN LATERAL (SELECT r0.id AS r, r0.partition_id AS part, 'full' AS kind) r
              LEFT JOIN {rel} a ON {m}
              WHERE h.table_name = {t}
                AND (a.{k0} IS NULL OR h.ruled <> {ruled} OR h.ptrs IS DISTINCT FROM {ptrs})

@@ -355,7 +355,7 @@ fn held_by(t: &str, k: &str, r: &str) -> String {
 /// `LATERAL ... r`: the replica `r` (a row of `_ms_r`) of the expression,
 /// looked up by the list's key, per row.
 fn replica_of(r: &str) -> String {
-    format!("LATERAL (SELECT r.r, r.part, r.fresh FROM _ms_r r WHERE r.r = {r} OFFSET 0) r")
+    format!("LATERAL (SELECT r.r, r.part, r.fresh, r.kind FROM _ms_r r WHERE r.r = {r} OFFSET 0) r")
 }
 
 /// `EXISTS`: the row in question `t`, `k` of the replica `r` is there and
