@@ -25,6 +25,9 @@ pub struct Packed {
     pub replica: String,
     /// The encoded `Down` or `EndSnapshot` it carries.
     pub body: Vec<u8>,
+    /// The last message of its replica's stream ([`Packer::end_all`] ended
+    /// it): every stream's last message of a pass shares one number.
+    pub last: bool,
 }
 
 #[derive(Debug, Default)]
@@ -151,11 +154,16 @@ impl Packer {
         self.push(replica, Body::Down(down));
     }
 
-    /// Ends every open message.
+    /// Ends every open message: each is the last of its replica's stream,
+    /// since a message is ended early only when more rows come for it.
     pub fn end_all(&mut self) {
         let replicas: Vec<String> = self.open.keys().cloned().collect();
         for r in replicas {
+            let before = self.done.len();
             self.end(&r);
+            if let Some(ended) = self.done.get_mut(before) {
+                ended.last = true;
+            }
         }
     }
 
@@ -188,6 +196,7 @@ impl Packer {
         self.done.push(Packed {
             replica: replica.to_string(),
             body: bytes,
+            last: false,
         });
     }
 
@@ -302,5 +311,25 @@ mod tests {
             })
             .collect();
         assert_eq!(order, [("u2", false), ("u2", true), ("u1", false)]);
+    }
+
+    #[test]
+    fn the_last_message_of_each_replicas_stream_and_only_it_is_marked_last() {
+        let mut p = Packer::new(1000, HashSet::new(), HashSet::new());
+        for i in 0..7 {
+            p.upsert("u1", "products", row(&format!("[{i}]"), 300));
+        }
+        p.upsert("u2", "products", row("[1]", 10));
+        let early: Vec<bool> = p.take().iter().map(|m| m.last).collect();
+        assert_eq!(
+            early,
+            [false, false],
+            "ended early, as more rows came for u1"
+        );
+        p.end_all();
+        let mut marked: Vec<(String, bool)> =
+            p.take().into_iter().map(|m| (m.replica, m.last)).collect();
+        marked.sort();
+        assert_eq!(marked, [("u1".to_string(), true), ("u2".to_string(), true)]);
     }
 }

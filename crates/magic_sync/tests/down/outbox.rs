@@ -355,3 +355,64 @@ async fn an_acknowledgement_is_recorded_with_the_nonce_of_the_message_it_names()
         .collect();
     assert_eq!(heads, [("u1".to_string(), true), ("u2".to_string(), true)]);
 }
+
+#[tokio::test]
+async fn every_replicas_last_message_of_a_pass_shares_one_number_and_carries_its_rows() {
+    let mut fleet = Fleet::new(shop::ROWS).await;
+    for id in ["u1", "u2", "u3"] {
+        fleet.add(id, Some("north"));
+    }
+    fleet.sync().await;
+    let before: i64 = fleet
+        .client
+        .query_one("SELECT coalesce(max(message), 0) FROM sync.held", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // A price every till holds, and enough orders of u1's that its stream
+    // takes several messages.
+    fleet
+        .write(
+            "UPDATE products SET price = 3 WHERE id = 1;
+             INSERT INTO orders (id, unit_id) SELECT 1000 + i, 'u1' FROM generate_series(1, 200) i;",
+        )
+        .await;
+    fleet.record().await;
+    let streams: Vec<(String, i64, i64, i64)> = fleet
+        .client
+        .query(
+            "SELECT replica, count(*), min(number), max(number) FROM sync.outbox GROUP BY 1 ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    assert_eq!(streams.len(), 3, "{streams:?}");
+    assert!(
+        streams[0].1 > 2,
+        "u1's stream takes several messages: {streams:?}"
+    );
+    let last = streams[0].3;
+    for (replica, _, first, at) in &streams {
+        assert_eq!(*at, last, "{replica}'s last message: {streams:?}");
+        assert!(*first <= last);
+    }
+    // Each of u1's other messages comes before it, and its rows are
+    // recorded as carried by the last.
+    let carried: Vec<i64> = fleet
+        .client
+        .query(
+            "SELECT DISTINCT message FROM sync.held WHERE message > $1",
+            &[&before],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(carried, [last]);
+    fleet.sync().await;
+    fleet.check().await;
+}

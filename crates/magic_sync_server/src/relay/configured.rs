@@ -74,6 +74,7 @@ async fn send(
         .map(|replica| Packed {
             replica: replica.clone(),
             body: body.clone(),
+            last: false,
         })
         .collect();
     writer.write(tx, packed).await

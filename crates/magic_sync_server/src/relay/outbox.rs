@@ -57,12 +57,32 @@ impl<'e> Writer<'e> {
     }
 
     /// Writes `packed` to the outbox, in order: each draws the next number,
-    /// names its replica's previous message, and is sealed.
+    /// names its replica's previous message, and is sealed. The last
+    /// messages of their streams ([`Packed::last`]) share one number, drawn
+    /// after every other: each stream's rows of the pass are carried at the
+    /// same number, whatever replica it is for (the record by rule counts a
+    /// cohort's rows held by a member that acknowledged it). Numbers need
+    /// only grow along each replica's chain, and a message's nonce, seal
+    /// and id are its replica's.
     pub async fn write(&mut self, tx: &Transaction<'_>, packed: Vec<Packed>) -> Result<()> {
         if packed.is_empty() {
             return Ok(());
         }
-        let numbers = store::outbox::draw(tx, packed.len()).await?;
+        let ending = packed.iter().any(|p| p.last);
+        let others = packed.iter().filter(|p| !p.last).count();
+        let mut drawn = store::outbox::draw(tx, others + usize::from(ending)).await?;
+        let shared = match ending {
+            true => drawn.pop(),
+            false => None,
+        };
+        let mut drawn = drawn.into_iter();
+        let numbers: Vec<i64> = packed
+            .iter()
+            .map(|p| match p.last {
+                true => shared.expect("drawn for the last messages"),
+                false => drawn.next().expect("one drawn for each other message"),
+            })
+            .collect();
         let mut bodies: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         let mut rows = store::outbox::Rows::default();
         for (message, number) in packed.into_iter().zip(numbers) {

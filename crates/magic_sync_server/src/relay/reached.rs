@@ -58,6 +58,7 @@ pub(crate) async fn write(
             Packed {
                 replica: replica.clone(),
                 body,
+                last: false,
             }
         })
         .collect();
