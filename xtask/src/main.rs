@@ -38,48 +38,38 @@ fn main() -> ExitCode {
 fn test(extra: Vec<String>) -> Result<ExitCode, String> {
     let mut apt = Apt::default();
     // Every crate links the system's SQLite rather than compiling its own.
-    if have_sqlite_dev() {
-        println!("xtask: SQLite's development files are installed");
-    } else {
-        apt.install("libsqlite3-dev")?;
-        if !have_sqlite_dev() {
-            return Err("installed libsqlite3-dev, and still no sqlite3.h is found".into());
-        }
-    }
-    if have_initdb() {
-        println!("xtask: PostgreSQL is installed");
-    } else {
-        apt.install("postgresql")?;
-        if !have_initdb() {
-            return Err("installed postgresql, and still no initdb is found".into());
-        }
-    }
-    if have_chromium() {
-        println!("xtask: Chromium is installed");
-    } else {
-        apt.install("chromium")?;
-        if !have_chromium() {
-            return Err("installed chromium, and still no `chromium` is on PATH".into());
-        }
-    }
-    if have_nats_server() {
-        println!("xtask: nats-server is installed");
-    } else {
-        apt.install("nats-server")?;
-        if !have_nats_server() {
-            return Err("installed nats-server, and still no `nats-server` is found".into());
-        }
-    }
+    apt.ensure(
+        "libsqlite3-dev",
+        have_sqlite_dev,
+        "libsqlite3-dev",
+        "no sqlite3.h is found",
+    )?;
+    apt.ensure(
+        "PostgreSQL",
+        have_initdb,
+        "postgresql",
+        "no initdb is found",
+    )?;
+    apt.ensure(
+        "Chromium",
+        have_chromium,
+        "chromium",
+        "no `chromium` is on PATH",
+    )?;
+    apt.ensure(
+        "nats-server",
+        have_nats_server,
+        "nats-server",
+        "no `nats-server` is found",
+    )?;
     // The Python till's test runs the bindings with the standard library's
     // sqlite3 and ctypes.
-    if have_python() {
-        println!("xtask: Python 3 is installed");
-    } else {
-        apt.install("python3")?;
-        if !have_python() {
-            return Err("installed python3, and still no `python3` with sqlite3 and ctypes".into());
-        }
-    }
+    apt.ensure(
+        "Python 3",
+        have_python,
+        "python3",
+        "no `python3` with sqlite3 and ctypes",
+    )?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         // Every test binary runs even after one fails: a CI run says all
@@ -157,6 +147,26 @@ struct Apt {
 }
 
 impl Apt {
+    /// Installs `package` unless `present` says `what` is there already,
+    /// and checks it is there once installed (`missing` says what is not).
+    fn ensure(
+        &mut self,
+        what: &str,
+        present: fn() -> bool,
+        package: &str,
+        missing: &str,
+    ) -> Result<(), String> {
+        if present() {
+            println!("xtask: {what} is installed");
+            return Ok(());
+        }
+        self.install(package)?;
+        match present() {
+            true => Ok(()),
+            false => Err(format!("installed {package}, and still {missing}")),
+        }
+    }
+
     fn install(&mut self, package: &str) -> Result<(), String> {
         println!("xtask: installing {package} (apt-get)");
         if !self.updated {

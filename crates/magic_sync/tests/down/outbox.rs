@@ -153,11 +153,7 @@ async fn a_till_away_with_its_outbox_grown_costs_the_others_passes_and_publishin
 
 #[tokio::test]
 async fn a_body_several_tills_share_stays_until_the_last_of_them_acknowledges() {
-    let mut fleet = Fleet::new(shop::ROWS).await;
-    for id in ["u1", "u2", "u3"] {
-        fleet.add(id, Some("north"));
-    }
-    fleet.sync().await;
+    let mut fleet = synced(&["u1", "u2", "u3"]).await;
     fleet.network.cut("u3", true);
     fleet
         .write("UPDATE products SET price = 3 WHERE id = 1")
@@ -176,12 +172,7 @@ async fn a_body_several_tills_share_stays_until_the_last_of_them_acknowledges() 
         .write("UPDATE products SET price = 4 WHERE id = 2")
         .await;
     fleet.record().await;
-    let kept: i64 = fleet
-        .client
-        .query_one("SELECT count(*) FROM sync.bodies WHERE id = $1", &[&shared])
-        .await
-        .unwrap()
-        .get(0);
+    let kept = bodies_with(&fleet.client, shared).await;
     assert_eq!(kept, 1, "u3's message still carries the body");
 
     // u3 back: it takes both, and the next pass that writes forgets them.
@@ -192,12 +183,7 @@ async fn a_body_several_tills_share_stays_until_the_last_of_them_acknowledges() 
         .await;
     fleet.sync().await;
     fleet.check().await;
-    let kept: i64 = fleet
-        .client
-        .query_one("SELECT count(*) FROM sync.bodies WHERE id = $1", &[&shared])
-        .await
-        .unwrap()
-        .get(0);
+    let kept = bodies_with(&fleet.client, shared).await;
     assert_eq!(kept, 0, "no message carries the body any more");
     assert_eq!(leaked(&fleet.client).await, 0);
 }
@@ -257,6 +243,16 @@ async fn publishing_passes_over_a_till_away_until_it_is_back() {
     fleet.check().await;
 }
 
+/// The shop, with the tills `ids` in the north, each holding its share.
+async fn synced(ids: &[&str]) -> Fleet {
+    let mut fleet = Fleet::new(shop::ROWS).await;
+    for id in ids {
+        fleet.add(id, Some("north"));
+    }
+    fleet.sync().await;
+    fleet
+}
+
 /// How many rows of `sync.bodies` have the id `body`.
 async fn bodies_with(client: &Client, body: i64) -> i64 {
     client
@@ -268,11 +264,7 @@ async fn bodies_with(client: &Client, body: i64) -> i64 {
 
 #[tokio::test]
 async fn a_body_a_cohorts_batch_carries_stays_until_the_batch_goes() {
-    let mut fleet = Fleet::new(shop::ROWS).await;
-    for id in ["u1", "u2"] {
-        fleet.add(id, Some("north"));
-    }
-    fleet.sync().await;
+    let mut fleet = synced(&["u1", "u2"]).await;
     fleet
         .write("UPDATE products SET price = 3 WHERE id = 1")
         .await;
@@ -330,11 +322,7 @@ async fn a_body_a_cohorts_batch_carries_stays_until_the_batch_goes() {
 
 #[tokio::test]
 async fn an_acknowledgement_is_recorded_with_the_nonce_of_the_message_it_names() {
-    let mut fleet = Fleet::new(shop::ROWS).await;
-    for id in ["u1", "u2"] {
-        fleet.add(id, Some("north"));
-    }
-    fleet.sync().await;
+    let mut fleet = synced(&["u1", "u2"]).await;
     fleet
         .write("UPDATE products SET price = 3 WHERE id = 1")
         .await;
@@ -358,11 +346,7 @@ async fn an_acknowledgement_is_recorded_with_the_nonce_of_the_message_it_names()
 
 #[tokio::test]
 async fn every_replicas_last_message_of_a_pass_shares_one_number_and_carries_its_rows() {
-    let mut fleet = Fleet::new(shop::ROWS).await;
-    for id in ["u1", "u2", "u3"] {
-        fleet.add(id, Some("north"));
-    }
-    fleet.sync().await;
+    let mut fleet = synced(&["u1", "u2", "u3"]).await;
     let before: i64 = fleet
         .client
         .query_one("SELECT coalesce(max(message), 0) FROM sync.held", &[])
