@@ -355,18 +355,16 @@ pub(crate) struct Holder<'a> {
     pub id: &'a str,
     /// The replica's partition.
     pub partition: &'a str,
-    /// What it holds by rule (`store::cohorts::Kind`'s name): `full`, every
-    /// rule; `all`, the cohort of the tables whose rule is `all`; `own`, a
-    /// member of that cohort, which holds every rule but `all` itself.
-    /// `None`: a replica that holds every rule.
+    /// What it holds by rule, as `_ms_r.kind` says it: `full`, every rule;
+    /// `all`, the cohort of the tables whose rule is `all`; `own`, a member
+    /// of that cohort, which holds every rule but `all` itself. `None`: a
+    /// replica that holds every rule.
     pub kind: Option<&'a str>,
 }
 
 /// [`rule`], for the holder `holder`.
 pub(crate) fn rule_for(table: &Table, alias: &str, holder: &Holder) -> Option<String> {
-    let replica = holder.id;
-    let partition = holder.partition;
-    let ruled = rule_of(table, alias, replica, partition)?;
+    let ruled = rule_of(table, alias, holder.id, holder.partition)?;
     // The kind guards both ways: an `all` row is the cohort's, not its
     // members', and a cohort holds no row by another rule, whatever a
     // host's row or grant names (a cohort's id is no replica's).

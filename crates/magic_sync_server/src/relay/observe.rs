@@ -82,7 +82,8 @@ fn listed(replicas: &[ReplicaInfo]) -> Result<HashSet<&str>> {
             });
         }
         // Names beginning with one are the cohorts' in the record
-        // (`store::cohorts`); the transports refuse them in a replica's id.
+        // (`sync.cohorts`, how-it-works §20); the transports refuse them in
+        // a replica's id.
         if r.id.chars().any(char::is_control) {
             return Err(Error::ReplicaList {
                 problem: format!("replica {:?}: an id holds no control character", r.id),

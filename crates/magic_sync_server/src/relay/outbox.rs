@@ -68,20 +68,18 @@ impl<'e> Writer<'e> {
         if packed.is_empty() {
             return Ok(());
         }
-        let ending = packed.iter().any(|p| p.last);
         let others = packed.iter().filter(|p| !p.last).count();
-        let mut drawn = store::outbox::draw(tx, others + usize::from(ending)).await?;
-        let shared = match ending {
-            true => drawn.pop(),
-            false => None,
-        };
-        let mut drawn = drawn.into_iter();
+        let ending = usize::from(others < packed.len());
+        // In order: the others' numbers, then the last messages' one.
+        let drawn = store::outbox::draw(tx, others + ending).await?;
+        let (mut others, shared) = (drawn[..others].iter(), drawn.last());
         let numbers: Vec<i64> = packed
             .iter()
             .map(|p| match p.last {
-                true => shared.expect("drawn for the last messages"),
-                false => drawn.next().expect("one drawn for each other message"),
+                true => shared,
+                false => others.next(),
             })
+            .map(|n| *n.expect("a number drawn for each message"))
             .collect();
         let mut bodies: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         let mut rows = store::outbox::Rows::default();
