@@ -21,7 +21,8 @@ def library() -> Path:
     given = os.environ.get("MAGIC_SYNC_LIB")
     if given:
         return Path(given)
-    root = Path(__file__).resolve().parents[1]
+    # bindings/python/setup.py: the repository is two folders up.
+    root = Path(__file__).resolve().parents[2]
     if not (root / "Cargo.toml").is_file():
         sys.exit("magic_sync: build from the repository (bindings/python), or set MAGIC_SYNC_LIB to a built library")
     subprocess.run(["cargo", "build", "--release", "-p", "magic_sync_ffi"], cwd=root, check=True)
