@@ -10,6 +10,7 @@ use crate::error::{Error, Mismatch, Result};
 use crate::row::{Rule, Table};
 use crate::sql::{ident, literal, qualified};
 use crate::value::{canonical_key, Kind, Value};
+use std::collections::BTreeSet;
 
 /// One table that goes down.
 #[derive(Debug, Clone)]
@@ -133,6 +134,49 @@ impl Graph {
             .iter()
             .find(|s| s.table.name == name)
             .expect("a table that goes down")
+    }
+
+    /// The tables the cohort of the `all` tables holds rows of: those
+    /// tables, and every table their rows reach as parents or followers.
+    /// `None` when a replica's own rows (by any other rule) can reach one
+    /// of them too: a row both could hold has to be let go by each only
+    /// when the other does not hold it, which members do not do yet, so
+    /// no replica joins the cohort.
+    pub fn all_cohort_tables(&self) -> Option<BTreeSet<&'static str>> {
+        let seeded = |own: bool| {
+            self.shapes
+                .iter()
+                .filter(|s| match s.table.rule {
+                    Rule::All => !own,
+                    Rule::Referenced | Rule::Follows(_) => false,
+                    _ => own,
+                })
+                .map(|s| s.table.name)
+                .collect::<BTreeSet<_>>()
+        };
+        let (all, own) = (self.closure(seeded(false)), self.closure(seeded(true)));
+        all.is_disjoint(&own).then_some(all)
+    }
+
+    /// `tables`, and the tables their rows reach as parents (never into an
+    /// `all` table: every holder of such a row's child holds it whole) or
+    /// followers.
+    fn closure(&self, mut tables: BTreeSet<&'static str>) -> BTreeSet<&'static str> {
+        loop {
+            let before = tables.len();
+            for link in &self.links {
+                let parent_all = matches!(link.parent.rule, Rule::All);
+                if tables.contains(link.child.name) && !parent_all {
+                    tables.insert(link.parent.name);
+                }
+                if link.follows && tables.contains(link.parent.name) {
+                    tables.insert(link.child.name);
+                }
+            }
+            if tables.len() == before {
+                return tables;
+            }
+        }
     }
 }
 

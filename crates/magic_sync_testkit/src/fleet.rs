@@ -197,6 +197,9 @@ impl Fleet {
             // The outboxes, and snapshots whose end was lost, looked at
             // every pass: the tests' time is not the wall clock's.
             outbox_check_every: std::time::Duration::ZERO,
+            // `MAGIC_SYNC_RECORD_BY_RULE=1` runs a suite with the record by
+            // rule on (a test may turn it on for itself).
+            record_by_rule: std::env::var("MAGIC_SYNC_RECORD_BY_RULE").is_ok_and(|v| v == "1"),
             ..Settings::default()
         };
         let relay = Relay::new(&client, engine.clone(), settings)
@@ -697,6 +700,7 @@ impl Fleet {
                 compare(id, table.name, &expected, &held, &mut problems);
             }
         }
+        self.check_cohort(&set_aside, &mut problems).await;
         // What the relay records of them agrees with itself and the
         // database: the reasons each row is held, and the counts of what
         // points at it, kept up pass by pass, are what they would be if
@@ -705,6 +709,71 @@ impl Fleet {
             let _ = writeln!(problems, "  record: {line}");
         }
         assert!(problems.is_empty(), "the fleet diverged:\n{problems}");
+    }
+}
+
+impl Fleet {
+    /// The cohort of the `all` tables, when the relay records one, is
+    /// recorded holding exactly what the reference gives a holder that no
+    /// rule names but `all`: every row of those tables but what is set
+    /// aside, and the rows they point at.
+    async fn check_cohort(&self, set_aside: &BTreeSet<(String, String)>, problems: &mut String) {
+        let cohort = "\u{1}all";
+        let recorded: bool = self
+            .writer
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM sync.cohorts WHERE id = $1)",
+                &[&cohort],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if !recorded {
+            return;
+        }
+        let holder = wanted::Replica {
+            id: cohort,
+            partition: None,
+        };
+        let should = wanted::wanted_around(
+            &self.writer,
+            &self.engine,
+            &self.catalog,
+            &holder,
+            set_aside,
+        )
+        .await;
+        for table in self.engine.down_tables() {
+            let held: BTreeSet<String> = self
+                .writer
+                .query(
+                    "SELECT key FROM sync.held WHERE replica = $1 AND table_name = $2",
+                    &[&cohort, &table.name],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|row| {
+                    let key: serde_json::Value = serde_json::from_str(row.get(0)).unwrap();
+                    key.to_string()
+                })
+                .collect();
+            let want = &should[table.name];
+            for k in want.difference(&held) {
+                let _ = writeln!(
+                    problems,
+                    "  the `all` cohort should hold {} {k}, but is not recorded holding it",
+                    table.name
+                );
+            }
+            for k in held.difference(want) {
+                let _ = writeln!(
+                    problems,
+                    "  the `all` cohort is recorded holding {} {k}, which it should not",
+                    table.name
+                );
+            }
+        }
     }
 }
 

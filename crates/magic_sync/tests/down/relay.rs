@@ -308,7 +308,15 @@ async fn unconfirmed(fleet: &Fleet) -> i64 {
     fleet
         .client
         .query_one(
-            "SELECT count(*) FROM sync.held h LEFT JOIN sync.acks a ON a.replica = h.replica
+            "SELECT count(*) FROM (
+                 SELECT h.replica, h.message FROM sync.held h
+                 JOIN sync.replicas r ON r.id = h.replica
+                 UNION ALL
+                 -- What a replica holds through a cohort, when the relay
+                 -- records by rule.
+                 SELECT m.replica, greatest(h.message, m.since) FROM sync.members m
+                 JOIN sync.held h ON h.replica = m.cohort) h
+             LEFT JOIN sync.acks a ON a.replica = h.replica
              WHERE h.message > coalesce(a.number, 0)",
             &[],
         )

@@ -34,6 +34,8 @@ struct Walk {
     units: Vec<String>,
     /// Whether writes crowd around customer 1.
     hot: bool,
+    /// Whether the relay records the `all` tables' rows for their cohort.
+    by_rule: bool,
 }
 
 impl Walk {
@@ -50,6 +52,7 @@ async fn every_replica_holds_exactly_what_its_rules_say_after_every_step() {
         let shape = Walk {
             units: Walk::units(5),
             hot: false,
+            by_rule: false,
         };
         walk(seed, steps, &shape).await;
     }
@@ -63,6 +66,26 @@ async fn a_hot_parent_held_by_a_dozen_tills_stays_exact() {
         let shape = Walk {
             units: Walk::units(12),
             hot: true,
+            by_rule: false,
+        };
+        walk(seed, steps, &shape).await;
+    }
+}
+
+/// The record by rule being built (how-it-works §20): the cohort of the
+/// `all` tables is recorded and planned every pass beside the replicas,
+/// and after every step [`Fleet::check`] finds it holding exactly what the
+/// reference gives it, through both deployments (the notices made an `all`
+/// table, then a partition's again), while every replica stays exact.
+#[tokio::test]
+async fn the_cohort_of_the_all_tables_is_recorded_exactly_after_every_step() {
+    let steps = env("MAGIC_SYNC_STEPS").unwrap_or(40);
+    for seed in seeds(3, 0xc0407) {
+        println!("cohort walk: seed {seed} ({steps} steps); replay with MAGIC_SYNC_SEED={seed}");
+        let shape = Walk {
+            units: Walk::units(5),
+            hot: false,
+            by_rule: true,
         };
         walk(seed, steps, &shape).await;
     }
@@ -82,6 +105,9 @@ async fn walk(seed: u64, steps: u64, shape: &Walk) {
         }
     }
     let mut fleet = Fleet::new(&fixture).await;
+    if shape.by_rule {
+        fleet.reconfigure(|s| s.record_by_rule = true).await;
+    }
     let units: Vec<&str> = shape.units.iter().map(String::as_str).collect();
     for (i, unit) in units.iter().enumerate() {
         fleet.add(unit, Some(REGIONS[i % 2]));
@@ -89,6 +115,27 @@ async fn walk(seed: u64, steps: u64, shape: &Walk) {
     fleet.set_live(units[units.len() - 1], false);
     fleet.sync().await;
     fleet.check().await;
+    if shape.by_rule {
+        let products: i64 = fleet
+            .writer
+            .query_one(
+                "SELECT count(*) FROM sync.held WHERE replica = E'\\001all' AND table_name = 'products'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(products > 0, "the cohort of the `all` tables is recorded");
+        // The shop's own rows point at no row the cohort holds but its
+        // products: the tills kept up joined it.
+        let members: i64 = fleet
+            .writer
+            .query_one("SELECT count(*) FROM sync.members", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(members > 0, "the tills kept up joined the cohort");
+    }
     let there = rng.gen_range(steps / 4..=steps / 2);
     let back = rng.gen_range(there + 1..there + 2 + steps / 3);
     for step in 0..steps {

@@ -12,6 +12,7 @@ use crate::error::{Error, Result, Unsendable};
 use crate::graph::{key_kinds, key_match, Graph, Shape};
 use crate::row::Table;
 use crate::sql::literal;
+use crate::store::cohorts;
 use crate::store::plan::closed::Closed;
 use crate::value::{canonical_key, Kind};
 use std::collections::HashSet;
@@ -101,6 +102,10 @@ pub(crate) struct Loader<'a> {
     /// Where a small pass keeps its statements prepared: its difference is
     /// read by plans PostgreSQL made once.
     pub cache: Option<&'a crate::store::plan::Cache>,
+    /// The members of the cohort of the `all` tables the pass keeps up:
+    /// each is sent what the plan sends the cohort and takes back from it,
+    /// beside its own.
+    pub members: &'a [String],
 }
 
 impl Loader<'_> {
@@ -228,6 +233,7 @@ impl Loader<'_> {
             },
             pairs("SELECT DISTINCT r, t FROM _ms_send")
         )?;
+        let (deleted, sent) = (self.to_members(deleted), self.to_members(sent));
         let both = deleted.intersection(&sent).cloned().collect();
         let tables =
             |pairs: &HashSet<(String, String)>| pairs.iter().map(|(_, t)| t.clone()).collect();
@@ -236,6 +242,34 @@ impl Loader<'_> {
             deleted: tables(&deleted),
             both,
         })
+    }
+
+    /// `pairs` of holder and table, with each of the cohort's given to every
+    /// member too.
+    fn to_members(&self, pairs: HashSet<(String, String)>) -> HashSet<(String, String)> {
+        let mut out = pairs.clone();
+        for (_, table) in pairs.iter().filter(|(h, _)| h == cohorts::ALL) {
+            for m in self.members {
+                out.insert((m.clone(), table.clone()));
+            }
+        }
+        out
+    }
+
+    /// A pass's rows of table `t` (a literal) in the planner's table
+    /// `from`, as `(r, k)`: each of the cohort's rows given to every member
+    /// instead.
+    fn difference_of(&self, from: &str, t: &str) -> String {
+        if self.members.is_empty() {
+            return format!("SELECT r, k FROM {from} WHERE t = {t}");
+        }
+        let all = literal(cohorts::ALL);
+        format!(
+            "SELECT s.r, s.k FROM {from} s WHERE s.t = {t} AND s.r <> {all}
+             UNION ALL
+             SELECT o.r, s.k FROM {from} s JOIN _ms_r o ON o.kind = 'own'
+             WHERE s.t = {t} AND s.r = {all}"
+        )
     }
 
     /// The rows of `shape` the source sends, each read once with every
@@ -256,7 +290,10 @@ impl Loader<'_> {
         let cols = crate::pg::select_list("a", table);
         let rel = &shape.relation;
         let planned = |from: &str| {
-            let rows = format!("SELECT r, k FROM {from} WHERE t = {t}");
+            let rows = match from {
+                "_ms_send" => self.difference_of(from, &t),
+                _ => format!("SELECT r, k FROM {from} WHERE t = {t}"),
+            };
             // Each row once, with every replica it goes to; with one
             // replica there is nothing to gather.
             match single {
@@ -396,7 +433,9 @@ impl Loader<'_> {
                     continue;
                 }
             };
-            for r in &replicas {
+            // A cohort's rows are recorded for it, and sent to no one yet
+            // (see `store::cohorts`).
+            for r in replicas.iter().filter(|r| !cohorts::is_cohort(r)) {
                 packer.upsert(
                     r,
                     table.name,
@@ -421,8 +460,8 @@ impl Loader<'_> {
         sink: &mut impl Sink,
     ) -> Result<()> {
         let sql = format!(
-            "SELECT k, array_agg(r) FROM _ms_del WHERE t = {} GROUP BY k",
-            literal(table)
+            "SELECT k, array_agg(r) FROM ({}) d GROUP BY k",
+            self.difference_of("_ms_del", &literal(table))
         );
         let portal = tx.bind(sql.as_str(), &[]).await?;
         let chunk = self.settings.chunk_rows.max(1);
@@ -434,7 +473,7 @@ impl Loader<'_> {
             for row in &rows {
                 let key = crate::graph::wire_key_of(table, kinds, row.get(0))?.into_bytes();
                 let replicas: Vec<String> = row.get(1);
-                for r in &replicas {
+                for r in replicas.iter().filter(|r| !cohorts::is_cohort(r)) {
                     packer.delete(r, table, key.clone());
                 }
             }

@@ -18,6 +18,7 @@
 //! What replicas say back comes in through [`acknowledge_all`] and [`gap`],
 //! with the replica named by whoever authenticated it.
 
+mod cohort;
 mod configured;
 mod digests;
 mod load;
@@ -68,6 +69,11 @@ pub const RELAY_LOCK: i64 = 0x6d73_5f72_656c_6179;
 /// chain of rows leaning on one another is set aside a link per plan: far
 /// more than any schema's depth.
 const MAX_PLAN_ATTEMPTS: u32 = 64;
+
+/// The most replicas that join the cohort of the `all` tables in one pass:
+/// each forgets its own record of those tables, a catalogue's worth of
+/// deletes, in the pass's transaction.
+const JOIN_PER_PASS: usize = 16;
 
 /// A replica as the host describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -234,6 +240,15 @@ pub struct Settings {
     /// and rows sent, uploads filed, commit-to-acknowledged lags, notes
     /// pending), which an operator's page draws history from.
     pub figures_every: Duration,
+    /// Whether the relay records what many replicas hold alike once, for
+    /// their cohort (how-it-works §20). Being built: on, the rows of the
+    /// tables whose rule is `all` are recorded once, for their cohort, and
+    /// the replicas kept up join it a few a pass (unless their own rows
+    /// could point at the cohort's); each member is still sent every change
+    /// in messages of its own. Off (the default), a cohort recorded by an
+    /// earlier run is forgotten when the relay starts, its members holding
+    /// its rows themselves again.
+    pub record_by_rule: bool,
 }
 
 impl Default for Settings {
@@ -258,6 +273,7 @@ impl Default for Settings {
             deploy_chunk_rows: 50_000,
             deploy_pass_budget: Duration::from_millis(250),
             figures_every: Duration::from_secs(5),
+            record_by_rule: false,
         }
     }
 }
@@ -385,6 +401,17 @@ pub struct Relay {
     describing: bool,
     /// Rows of a deployment's next chunk, paced by the passes before.
     deploy_chunk: i64,
+    /// Whether the cohort of the `all` tables is recorded, as the last
+    /// pass saw it (`None` before one looked): while the relay records by
+    /// rule, a pass that found it missing has it made before the next.
+    cohort: Option<bool>,
+    /// The tables that cohort holds rows of, when replicas may join it
+    /// (`Graph::all_cohort_tables`).
+    cohort_tables: Option<Vec<&'static str>>,
+    /// Replicas kept up whose record of those tables differed from the
+    /// cohort's when they were to join it: left as they are while they stay
+    /// kept up.
+    apart: std::collections::HashSet<String>,
 }
 
 impl Relay {
@@ -443,6 +470,9 @@ impl Relay {
             }
         }
         let described = catalog.schema(&engine).described();
+        let cohort_tables = graph
+            .all_cohort_tables()
+            .map(|tables| tables.into_iter().collect());
         Ok(Relay {
             context: Arc::new(snapshot::Context {
                 schema: described.fingerprint.clone(),
@@ -465,6 +495,9 @@ impl Relay {
             configuring: true,
             describing: true,
             deploy_chunk: settings_chunk.clamp(1, 1_000),
+            cohort: None,
+            cohort_tables,
+            apart: Default::default(),
         })
     }
 
@@ -528,7 +561,27 @@ impl Relay {
                     "rows the inbox held are filed again"
                 );
             }
+            if !self.context.settings.record_by_rule
+                && store::cohorts::forget(&*client, None).await?
+            {
+                // Not kept up while the relay does not record by rule: made
+                // again, whole, when it does.
+                tracing::info!("the record by rule is off: the cohorts recorded are forgotten");
+            }
             self.noted_again = true;
+        }
+        if self.context.settings.record_by_rule && self.cohort != Some(true) {
+            // Each attempt that meets rows that cannot go sets them aside,
+            // and the next plans around them.
+            for _ in 0..MAX_PLAN_ATTEMPTS {
+                let context = &self.context;
+                let made =
+                    cohort::make(client, context, &mut self.leftovers, max_message_bytes).await?;
+                self.cohort = Some(made);
+                if made {
+                    break;
+                }
+            }
         }
         match self.pass(client, replicas, max_message_bytes).await {
             // A value PostgreSQL refuses: what a note that no longer fits
@@ -573,6 +626,8 @@ impl Relay {
             .plan_until_settled(&tx, &mut opened, began, max_message_bytes)
             .await?;
         self.close_and_commit(tx, &opened, &plan, closing).await?;
+        self.apart
+            .retain(|id| opened.observed.kept.iter().any(|k| &k.id == id));
         // Only now, so that a pass that failed leaves the relay as it was
         // and can run again on the same session.
         if opened.bounded {
@@ -606,7 +661,11 @@ impl Relay {
         let epoch = self.open_pass(tx).await?;
         let t0 = std::time::Instant::now();
         let (dropped, bounded) = self.bound_outboxes(tx).await?;
-        let observed = observe::observe(tx, replicas).await?;
+        let by_rule = self.context.settings.record_by_rule;
+        let observed = observe::observe(tx, replicas, by_rule).await?;
+        if by_rule {
+            self.cohort = Some(observed.cohort);
+        }
         trace("observe", t0);
         self.list(tx, &observed).await?;
         // Sent together: one round trip.
@@ -727,7 +786,7 @@ impl Relay {
     /// Runs the pass's closing statements (what each replica now holds, a
     /// deployment's progress, what was set aside taken back) and commits.
     async fn close_and_commit(
-        &self,
+        &mut self,
         tx: Transaction<'_>,
         opened: &Opened,
         plan: &Plan,
@@ -745,6 +804,7 @@ impl Relay {
             closing.push_str(store::quarantine::SETTLE);
         }
         close(&tx, closing).await?;
+        self.join_cohort(&tx, &opened.observed).await?;
         // Where a test takes the lock away mid-pass. The lock is the
         // session's, checked at the pass's start: it is lost only with the
         // session, and the transaction dies with it, so a relay that lost
@@ -757,6 +817,44 @@ impl Relay {
         fail::fail_point!("relay-after-commit", |_| Err(Error::Injected(
             "relay-after-commit"
         )));
+        Ok(())
+    }
+
+    /// While the relay records by rule, a few of the replicas this pass
+    /// kept up join the cohort of the `all` tables, once the pass recorded
+    /// what they hold: from the next pass, those tables' rows are recorded
+    /// once for all of them, and each is sent what the cohort is.
+    async fn join_cohort(
+        &mut self,
+        tx: &Transaction<'_>,
+        observed: &observe::Observation,
+    ) -> Result<()> {
+        let Some(tables) = self.cohort_tables.as_ref() else {
+            return Ok(());
+        };
+        if !self.context.settings.record_by_rule || !observed.cohort {
+            return Ok(());
+        }
+        let joining: Vec<String> = observed
+            .kept
+            .iter()
+            .filter(|k| !k.member && !self.apart.contains(&k.id))
+            .take(JOIN_PER_PASS)
+            .map(|k| k.id.clone())
+            .collect();
+        if joining.is_empty() {
+            return Ok(());
+        }
+        let t0 = std::time::Instant::now();
+        let joined = store::cohorts::join(tx, &joining, tables).await?;
+        trace("join the cohort", t0);
+        for id in joining.into_iter().filter(|id| !joined.contains(id)) {
+            tracing::warn!(
+                replica = %id,
+                "a replica's record of the `all` tables differs from their cohort's: it holds them itself"
+            );
+            self.apart.insert(id);
+        }
         Ok(())
     }
 
@@ -837,11 +935,19 @@ impl Relay {
 
     /// The replicas `observed` kept up, as the planner's replica list.
     async fn list(&mut self, tx: &Transaction<'_>, observed: &observe::Observation) -> Result<()> {
-        let listed: Vec<plan::Listed> = observed
+        let mut listed: Vec<plan::Listed> = observed
             .kept
             .iter()
-            .map(|o| (o.id.clone(), o.partition.clone(), false))
+            .map(|o| plan::Listed::replica(o.id.clone(), o.partition.clone(), o.member))
             .collect();
+        if observed.cohort {
+            listed.push(plan::Listed {
+                id: store::cohorts::ALL.to_string(),
+                partition: None,
+                fresh: false,
+                kind: plan::Kind::All,
+            });
+        }
         self.leftovers.list(tx, listed).await
     }
 
@@ -958,6 +1064,15 @@ impl Relay {
             configured::describe(tx, &mut writer, &describe, &self.context.described).await?;
         if planned_any {
             let t0 = std::time::Instant::now();
+            let members: Vec<String> = match observed.cohort {
+                true => observed
+                    .kept
+                    .iter()
+                    .filter(|o| o.member)
+                    .map(|o| o.id.clone())
+                    .collect(),
+                false => Vec::new(),
+            };
             let loader = load::Loader {
                 graph: &context.graph,
                 engine: &context.engine,
@@ -966,8 +1081,13 @@ impl Relay {
                 removed: plan.removed.as_ref(),
                 described: &context.described,
                 cache: (plan.planned.sends <= plan::CACHED_UP_TO).then_some(&self.plan_cache),
+                members: &members,
             };
-            let kept: Vec<String> = observed.kept.iter().map(|o| o.id.clone()).collect();
+            let mut kept: Vec<String> = observed.kept.iter().map(|o| o.id.clone()).collect();
+            if observed.cohort {
+                // Planned for, loaded for no one yet (see `store::cohorts`).
+                kept.push(store::cohorts::ALL.to_string());
+            }
             let source = load::Source::Difference {
                 deletes: plan.planned.deletes > 0,
             };
@@ -976,11 +1096,20 @@ impl Relay {
         }
         // Rows count as held at the last message that carried them, not at
         // the `Reached` that follows.
-        let carried: std::collections::HashMap<String, i64> = writer
+        let mut carried: std::collections::HashMap<String, i64> = writer
             .last_numbers()
             .into_iter()
             .map(|(r, n)| (r.to_string(), n))
             .collect();
+        if observed.cohort && planned_any {
+            // The cohort's rows of the pass are recorded at the number its
+            // members' streams end on, drawn here if none was written.
+            let number = match writer.pass_last() {
+                Some(number) => number,
+                None => store::outbox::draw(tx, 1).await?[0],
+            };
+            carried.insert(store::cohorts::ALL.to_string(), number);
+        }
         let mut closing = described;
         closing.push_str(&reached::write(tx, &mut writer, reached).await?);
         closing

@@ -30,6 +30,8 @@ pub(crate) struct Kept {
     /// Where its chain of messages stands.
     pub last_number: i64,
     pub last_nonce: Vec<u8>,
+    /// It takes the rows of the `all` tables from their cohort.
+    pub member: bool,
 }
 
 impl Kept {
@@ -54,22 +56,46 @@ pub(crate) struct Observation {
     pub streaming: Vec<String>,
     /// Replicas forgotten by this pass (no longer live, or gone).
     pub forgotten: Vec<String>,
+    /// Whether the cohort of the `all` tables is recorded (looked at only
+    /// while the relay records by rule).
+    pub cohort: bool,
 }
 
 /// Compares the replicas the host lists with what the relay saw last: a
 /// replica that became live or moved partition waits for a snapshot (one of
 /// its that streams is ended); one no longer live, or gone, is forgotten.
-pub(crate) async fn observe(tx: &Transaction<'_>, replicas: &[ReplicaInfo]) -> Result<Observation> {
+/// Whether the cohort is recorded is read beside them when `cohorts`.
+pub(crate) async fn observe(
+    tx: &Transaction<'_>,
+    replicas: &[ReplicaInfo],
+    cohorts: bool,
+) -> Result<Observation> {
     let listed = listed(replicas)?;
-    // Both read at once, one round trip: in a steady fleet nothing changed,
-    // and the live replicas read beside the known ones are the answer.
-    let (known, live) = tokio::try_join!(store::replicas::known(tx), store::replicas::live(tx))?;
+    // Read at once, one round trip: in a steady fleet nothing changed, and
+    // the live replicas read beside the known ones are the answer.
+    let cohort = async {
+        match cohorts {
+            true => store::cohorts::exists(tx).await,
+            false => Ok(false),
+        }
+    };
+    let (known, live, cohort) = tokio::try_join!(
+        store::replicas::known(tx),
+        store::replicas::live(tx),
+        cohort
+    )?;
     let changes = Changes::between(replicas, &listed, &known);
-    if changes.is_empty() {
-        return Ok(sorted(live, changes.forget));
-    }
-    changes.write(tx).await?;
-    Ok(sorted(store::replicas::live(tx).await?, changes.forget))
+    let live = match changes.is_empty() {
+        true => live,
+        false => {
+            changes.write(tx).await?;
+            store::replicas::live(tx).await?
+        }
+    };
+    Ok(Observation {
+        cohort,
+        ..sorted(live, changes.forget)
+    })
 }
 
 /// The ids the host lists, refusing a list that cannot be a fleet.
@@ -186,6 +212,7 @@ fn sorted(live: Vec<store::replicas::Live>, forgotten: Vec<String>) -> Observati
                 partition: live.partition,
                 last_number: live.last_number,
                 last_nonce: live.last_nonce,
+                member: live.member,
             }),
         }
     }

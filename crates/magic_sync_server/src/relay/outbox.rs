@@ -35,6 +35,9 @@ pub(crate) struct Writer<'e> {
     /// Replicas written to this pass.
     touched: Vec<String>,
     written: u64,
+    /// The number the last messages of the pass's streams share, once
+    /// drawn.
+    pass_last: Option<i64>,
 }
 
 impl<'e> Writer<'e> {
@@ -49,11 +52,18 @@ impl<'e> Writer<'e> {
             chains,
             touched: Vec::new(),
             written: 0,
+            pass_last: None,
         }
     }
 
     pub fn written(&self) -> u64 {
         self.written
+    }
+
+    /// The number the last messages of the pass's streams share, if one
+    /// was written: what every holder's rows of the pass are recorded at.
+    pub fn pass_last(&self) -> Option<i64> {
+        self.pass_last
     }
 
     /// Writes `packed` to the outbox, in order: each draws the next number,
@@ -73,6 +83,9 @@ impl<'e> Writer<'e> {
         // In order: the others' numbers, then the last messages' one.
         let drawn = store::outbox::draw(tx, others + ending).await?;
         let (mut others, shared) = (drawn[..others].iter(), drawn.last());
+        if ending == 1 {
+            self.pass_last = shared.copied();
+        }
         let numbers: Vec<i64> = packed
             .iter()
             .map(|p| match p.last {

@@ -111,10 +111,19 @@ pub(crate) async fn rehearse(
     )
     .await?;
     plan::prepare(&tx).await?;
-    let kept: Vec<plan::Listed> = observe::kept(store::replicas::live(&tx).await?)
+    let mut kept: Vec<plan::Listed> = observe::kept(store::replicas::live(&tx).await?)
         .into_iter()
-        .map(|k| (k.id, k.partition, false))
+        .map(|k| plan::Listed::replica(k.id, k.partition, k.member))
         .collect();
+    if store::cohorts::exists(&tx).await? {
+        // Its moves are its members'.
+        kept.push(plan::Listed {
+            id: store::cohorts::ALL.to_string(),
+            partition: None,
+            fresh: false,
+            kind: plan::Kind::All,
+        });
+    }
     // Rows set aside stay as they are: taking them back is no deployment's.
     let blocks = quarantine::Blocks {
         unsettled: false,
@@ -138,10 +147,21 @@ pub(crate) async fn rehearse(
             rehearsing: true,
         };
         planner.plan().await?;
-        tx.batch_execute(
-            "INSERT INTO _ms_rehearsed_send SELECT DISTINCT r, t, k FROM _ms_send ON CONFLICT DO NOTHING;
-             INSERT INTO _ms_rehearsed_del SELECT DISTINCT r, t, k FROM _ms_del ON CONFLICT DO NOTHING;",
-        )
+        let gathered = |from: &str, to: &str| {
+            format!(
+                "INSERT INTO {to} SELECT DISTINCT r, t, k FROM {from} WHERE r <> {all}
+                 ON CONFLICT DO NOTHING;
+                 INSERT INTO {to} SELECT DISTINCT o.r, s.t, s.k
+                 FROM {from} s JOIN _ms_r o ON o.kind = 'own' WHERE s.r = {all}
+                 ON CONFLICT DO NOTHING;",
+                all = crate::sql::literal(store::cohorts::ALL)
+            )
+        };
+        tx.batch_execute(&format!(
+            "{}{}",
+            gathered("_ms_send", "_ms_rehearsed_send"),
+            gathered("_ms_del", "_ms_rehearsed_del")
+        ))
         .await?;
     }
     let rows = tx

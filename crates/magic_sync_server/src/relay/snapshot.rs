@@ -345,6 +345,7 @@ impl Snapshot {
             removed: None,
             described: &context.described,
             cache: None,
+            members: &[],
         };
         let t0 = std::time::Instant::now();
         let source = match closed {
@@ -432,6 +433,7 @@ impl Snapshot {
             &self.context,
             &self.replica,
             self.partition.as_deref(),
+            plan::Kind::Full,
             ruled_out,
         )
         .await?;
@@ -528,19 +530,21 @@ async fn keep(tx: &Transaction<'_>, closed: &Closed) -> Result<()> {
     Ok(())
 }
 
-/// Plans the snapshot of `replica` in the worker's tables: its whole set
-/// (`_ms_f`), and the newest note the snapshot sees of each changed row
-/// (`_ms_changed`), the versions its rows are recorded at. Returns the rows.
-async fn plan_snapshot(
+/// Plans the snapshot of `replica` (a holder of `kind`) in the worker's
+/// tables: its whole set (`_ms_f`), and the newest note the snapshot sees
+/// of each changed row (`_ms_changed`), the versions its rows are recorded
+/// at. Returns the rows.
+pub(super) async fn plan_snapshot(
     tx: &Transaction<'_>,
     context: &Context,
     replica: &str,
     partition: Option<&str>,
+    kind: plan::Kind,
     ruled_out: &std::collections::BTreeSet<&'static str>,
 ) -> Result<u64> {
     tx.execute(
-        "INSERT INTO _ms_r (r, part, fresh) VALUES ($1, $2, true)",
-        &[&replica, &partition],
+        "INSERT INTO _ms_r (r, part, fresh, kind) VALUES ($1, $2, true, $3)",
+        &[&replica, &partition, &kind.as_str()],
     )
     .await?;
     plan::changed_for_snapshot(tx, &context.graph).await?;

@@ -280,6 +280,8 @@ pub(crate) async fn held_of(client: &Client, table: &str) -> Result<Vec<(String,
     Ok(rows
         .iter()
         .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
+        // A cohort's rows go to no one yet (`store::cohorts`).
+        .filter(|(holder, _)| !crate::store::cohorts::is_cohort(holder))
         .collect())
 }
 
@@ -305,6 +307,8 @@ pub(crate) async fn adopt(client: &Client, build: &[u8]) -> Result<()> {
 
 /// Has every replica recorded holding rows of `table` provisioned again.
 pub(crate) async fn provision_holders(client: &Client, table: &str) -> Result<()> {
+    // A cohort holding them is made again too.
+    crate::store::cohorts::forget(client, Some(table)).await?;
     client
         .execute(
             "UPDATE sync.replicas SET provision = true

@@ -219,7 +219,8 @@ pub(crate) async fn holds(
                 "SELECT EXISTS (
                      SELECT 1 FROM sync.held h, jsonb_populate_record(NULL::{relation}, $1) r
                      WHERE h.table_name = {name} AND h.key = jsonb_build_array({held_key})::text
-                       AND h.replica = $2)",
+                       AND (h.replica = $2
+                            OR h.replica IN (SELECT cohort FROM sync.members WHERE replica = $2)))",
                 name = literal(table),
             ),
             &[json, &replica],

@@ -65,8 +65,12 @@ pub(crate) fn closing(graph: &Graph, last: &HashMap<String, i64>, filled: &Fille
         if !owning.is_empty() {
             sql.push_str(&format!(
                 "DELETE FROM sync.filed f USING _ms_del d
-                 WHERE d.t IN ({}) AND f.table_name = d.t AND f.key = d.k::text AND f.replica = d.r;",
-                owning.join(", ")
+                 WHERE d.t IN ({tables}) AND f.table_name = d.t AND f.key = d.k::text AND f.replica = d.r;
+                 DELETE FROM sync.filed f USING _ms_del d, _ms_r o
+                 WHERE d.r = {all} AND o.kind = 'own' AND d.t IN ({tables})
+                   AND f.table_name = d.t AND f.key = d.k::text AND f.replica = o.r;",
+                tables = owning.join(", "),
+                all = literal(crate::store::cohorts::ALL),
             ));
         }
     }
@@ -276,7 +280,7 @@ pub(crate) fn kept_and_done(streaming: &[String], filled: &Filled) -> String {
 }
 
 /// Checks the record against itself and the database: every row a live
-/// replica is recorded holding exists, is recorded as its rule sends it or
+/// replica or a cohort is recorded holding exists, is recorded as its rule sends it or
 /// not, as pointing at what it points at now, and with as many rows of the
 /// replica pointing at it as do. Returns one line per disagreement.
 ///
@@ -315,8 +319,12 @@ pub(crate) async fn audit(client: &Client, graph: &Graph) -> Result<Vec<String>>
         let sql = format!(
             "SELECT h.replica, h.key, a.{k0} IS NOT NULL, h.ruled, {ruled}, h.ptrs::text, {ptrs}::text
              FROM sync.held h
-             JOIN sync.replicas r0 ON r0.id = h.replica AND r0.live
-             CROSS JOIN LATERAL (SELECT r0.id AS r, r0.partition_id AS part, 'full' AS kind) r
+             JOIN (SELECT id AS r, partition_id AS part,
+                          CASE WHEN EXISTS (SELECT 1 FROM sync.members m WHERE m.replica = id)
+                               THEN 'own' ELSE 'full' END AS kind
+                   FROM sync.replicas WHERE live
+                   UNION ALL
+                   SELECT id, NULL, kind FROM sync.cohorts) r ON r.r = h.replica
              LEFT JOIN {rel} a ON {m}
              WHERE h.table_name = {t}
                AND (a.{k0} IS NULL OR h.ruled <> {ruled} OR h.ptrs IS DISTINCT FROM {ptrs})
@@ -356,7 +364,8 @@ pub(crate) async fn audit(client: &Client, graph: &Graph) -> Result<Vec<String>>
     Ok(problems)
 }
 
-/// The keys `replica` is recorded holding of `table`, as JSON arrays.
+/// The keys `replica` is recorded holding of `table`, as JSON arrays: its
+/// own, and its cohort's when it is a member.
 pub(crate) async fn keys(
     tx: &tokio_postgres::Transaction<'_>,
     replica: &str,
@@ -364,7 +373,10 @@ pub(crate) async fn keys(
 ) -> Result<Vec<serde_json::Value>> {
     Ok(tx
         .query(
-            "SELECT key::jsonb FROM sync.held WHERE replica = $1 AND table_name = $2",
+            "SELECT DISTINCT key::jsonb FROM sync.held
+             WHERE table_name = $2
+               AND (replica = $1
+                    OR replica IN (SELECT cohort FROM sync.members WHERE replica = $1))",
             &[&replica, &table],
         )
         .await?

@@ -19,11 +19,13 @@
 //! - the up path: [`filing`] (the inbox of refused rows, backlogs, what was
 //!   answered and filed);
 //! - what an operator reads: [`reads`] (re-exported as `crate::ops`) and
-//!   the runner's [`figures`].
+//!   the runner's [`figures`];
+//! - the record by rule: [`cohorts`], what many replicas hold alike.
 
 pub(crate) mod acks;
 pub mod broker_keys;
 pub(crate) mod checkpoints;
+pub(crate) mod cohorts;
 pub mod credentials;
 pub(crate) mod deployment;
 pub(crate) mod digests;

@@ -73,7 +73,8 @@ pub(crate) async fn forget(tx: &Transaction<'_>, ids: &[String]) -> Result<()> {
          DELETE FROM sync.backlogs WHERE replica = ANY({ids});
          DELETE FROM sync.filed WHERE replica = ANY({ids});
          DELETE FROM sync.checkpoints WHERE replica = ANY({ids});
-         DELETE FROM sync.blocked WHERE replica = ANY({ids});",
+         DELETE FROM sync.blocked WHERE replica = ANY({ids});
+         DELETE FROM sync.members WHERE replica = ANY({ids});",
         ids = text_array(ids.iter().map(String::as_str))
     ))
     .await?;
@@ -90,14 +91,18 @@ pub(crate) struct Live {
     pub streaming: bool,
     pub last_number: i64,
     pub last_nonce: Vec<u8>,
+    /// It takes the rows of the `all` tables from their cohort
+    /// (`sync.members`).
+    pub member: bool,
 }
 
 /// The live replicas, by id.
 pub(crate) async fn live(tx: &Transaction<'_>) -> Result<Vec<Live>> {
     Ok(tx
         .query_typed(
-            "SELECT id, partition_id, provision, snapshot_attempt IS NOT NULL, last_number, last_nonce
-             FROM sync.replicas WHERE live ORDER BY id",
+            "SELECT id, partition_id, provision, snapshot_attempt IS NOT NULL, last_number, last_nonce,
+                    EXISTS (SELECT 1 FROM sync.members m WHERE m.replica = r.id)
+             FROM sync.replicas r WHERE live ORDER BY id",
             &[],
         )
         .await?
@@ -109,6 +114,7 @@ pub(crate) async fn live(tx: &Transaction<'_>) -> Result<Vec<Live>> {
             streaming: row.get(3),
             last_number: row.get(4),
             last_nonce: row.get(5),
+            member: row.get(6),
         })
         .collect())
 }
@@ -122,6 +128,8 @@ pub(crate) async fn provision_again(
 ) -> Result<Vec<String>> {
     tx.batch_execute("LOCK TABLE sync.replicas IN SHARE ROW EXCLUSIVE MODE")
         .await?;
+    // A cohort holding such rows is made again too.
+    crate::store::cohorts::forget(tx, holding).await?;
     let rows = match holding {
         None => {
             tx.query(

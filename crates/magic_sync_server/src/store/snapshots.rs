@@ -85,7 +85,8 @@ pub(crate) async fn begin(
         "DELETE FROM sync.held WHERE replica = {r};
          DELETE FROM sync.outbox WHERE replica = {r};
          DELETE FROM sync.deferred WHERE replica = {r};
-         DELETE FROM sync.blocked WHERE replica = {r};",
+         DELETE FROM sync.blocked WHERE replica = {r};
+         DELETE FROM sync.members WHERE replica = {r};",
         r = crate::sql::escaped(replica)
     ))
     .await?;

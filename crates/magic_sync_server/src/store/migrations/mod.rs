@@ -43,6 +43,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (34, include_str!("034_ordered_epochs.sql")),
     (35, include_str!("035_reads_batches.sql")),
     (36, include_str!("036_cohorts.sql")),
+    (37, include_str!("037_blocked_by_holder.sql")),
 ];
 
 /// The version this build brings the schema to.

@@ -88,9 +88,55 @@ pub(crate) const HASH_ONLY: &str =
 pub(crate) const JOINS_AS_THEY_WERE: &str =
     "SET LOCAL enable_nestloop TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT;";
 
-/// A replica as the replica list (`_ms_r`) holds it: id, partition, and
-/// whether this pass provisions it from scratch.
-pub(crate) type Listed = (String, Option<String>, bool);
+/// A holder as the replica list (`_ms_r`) holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Listed {
+    /// A replica's id, or a cohort's.
+    pub id: String,
+    /// The replica's partition.
+    pub partition: Option<String>,
+    /// Whether this pass provisions it from scratch.
+    pub fresh: bool,
+    pub kind: Kind,
+}
+
+impl Listed {
+    /// A replica kept up: one that holds what every rule gives it, or a
+    /// `member` of the cohort of the `all` tables.
+    pub fn replica(id: String, partition: Option<String>, member: bool) -> Listed {
+        Listed {
+            id,
+            partition,
+            fresh: false,
+            kind: match member {
+                true => Kind::Own,
+                false => Kind::Full,
+            },
+        }
+    }
+}
+
+/// What a holder holds by rule (`_ms_r.kind`, read by `graph::rule`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A replica holding what every rule gives it.
+    Full,
+    /// The cohort of the tables whose rule is `all`.
+    All,
+    /// A member of that cohort: a replica holding what every rule but
+    /// `all` gives it, and the cohort's rows through the cohort.
+    Own,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Full => "full",
+            Kind::All => "all",
+            Kind::Own => "own",
+        }
+    }
+}
 
 /// What the planner's tables hold between passes, so a pass empties no more
 /// than it must, and as cheaply as it can.
@@ -204,16 +250,20 @@ impl Leftovers {
             // Written out whole: one round trip, no statement to prepare.
             let rows: Vec<String> = live
                 .iter()
-                .map(|(id, part, fresh)| {
+                .map(|l| {
                     format!(
-                        "({}, {}::text, {fresh})",
-                        crate::sql::escaped(id),
-                        part.as_deref().map_or("NULL".into(), crate::sql::escaped)
+                        "({}, {}::text, {}, '{}')",
+                        crate::sql::escaped(&l.id),
+                        l.partition
+                            .as_deref()
+                            .map_or("NULL".into(), crate::sql::escaped),
+                        l.fresh,
+                        l.kind.as_str()
                     )
                 })
                 .collect();
             sql.push_str(&format!(
-                "INSERT INTO _ms_r (r, part, fresh) VALUES {};",
+                "INSERT INTO _ms_r (r, part, fresh, kind) VALUES {};",
                 rows.join(", ")
             ));
         }

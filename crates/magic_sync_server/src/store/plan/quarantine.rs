@@ -81,8 +81,18 @@ pub(crate) struct Blocked {
 pub(crate) fn is_blocked(r: &str, t: &str, k: &str) -> String {
     format!(
         "(EXISTS (SELECT 1 FROM sync.quarantine z WHERE z.table_name = {t} AND z.key = ({k})::text OFFSET 0)
-          OR EXISTS (SELECT 1 FROM sync.blocked z WHERE z.replica = {r} AND z.table_name = {t}
-                     AND z.key = ({k})::text OFFSET 0))"
+          OR EXISTS (SELECT 1 FROM sync.blocked z WHERE {} AND z.table_name = {t}
+                     AND z.key = ({k})::text OFFSET 0))",
+        blocked_for(r)
+    )
+}
+
+/// `sync.blocked z` holds a row back from the holder `r`: for it, or for a
+/// cohort it is a member of, which it takes that row from.
+fn blocked_for(r: &str) -> String {
+    format!(
+        "(z.replica = {r}
+          OR z.replica IN (SELECT m.cohort FROM sync.members m WHERE m.replica = {r}))"
     )
 }
 
@@ -96,8 +106,9 @@ fn root_of(r: &str, t: &str, k: &str) -> String {
              WHERE z.table_name = {t} AND z.key = ({k})::text
              UNION ALL
              SELECT z.root_table, z.root_key FROM sync.blocked z
-             WHERE z.replica = {r} AND z.table_name = {t} AND z.key = ({k})::text
-             LIMIT 1) root ON true"
+             WHERE {} AND z.table_name = {t} AND z.key = ({k})::text
+             LIMIT 1) root ON true",
+        blocked_for(r)
     )
 }
 
@@ -295,43 +306,49 @@ impl Planner<'_, '_> {
     /// Rows of `link`'s child a replica holds pointing through it at a row
     /// set aside that the plan takes back from it (and that the plan does
     /// not send again pointing elsewhere): found in the record by the
-    /// replica, or, for a link into an `all` table, in the child table.
+    /// replica, or, for a link into an `all` table, in the child table,
+    /// held by the replica or, for a row the cohort of the `all` tables
+    /// takes back, by any of its members.
     fn held_pointing(&self, link: &Link, tracked: bool) -> String {
         let c = literal(link.child.name);
         let p = literal(link.parent.name);
         let children = if tracked {
             format!(
-                "SELECT h.key FROM sync.held h
+                "SELECT h.replica, h.key FROM sync.held h
                  WHERE h.replica = q.r AND h.table_name = {c} AND h.ptrs -> {name} = q.k OFFSET 0",
                 name = literal(&link.name)
             )
         } else {
             let child = self.graph.shape(link.child.name);
             format!(
-                "SELECT h.key FROM {rel} a
-                 CROSS JOIN LATERAL (SELECT h.key FROM sync.held h
+                "SELECT h.replica, h.key FROM {rel} a
+                 CROSS JOIN LATERAL (SELECT h.replica, h.key FROM sync.held h
                                      WHERE h.table_name = {c} AND h.key = ({ck})::text
-                                       AND h.replica = q.r OFFSET 0) h
+                                       AND (h.replica = q.r
+                                            OR q.r = {all} AND h.replica IN
+                                               (SELECT o.r FROM _ms_r o WHERE o.kind = 'own'))
+                                     OFFSET 0) h
                  WHERE {points} OFFSET 0",
+                all = literal(crate::store::cohorts::ALL),
                 rel = child.relation,
                 ck = key_json("a", link.child),
                 points = link.points_at("a", "q.k"),
             )
         };
         format!(
-            "SELECT q.r, {c} AS t, h.key AS k, root.t AS rt, root.k AS rk
+            "SELECT h.replica AS r, {c} AS t, h.key AS k, root.t AS rt, root.k AS rk
              FROM _ms_q q
              {root}
              CROSS JOIN LATERAL ({children}) h
              WHERE q.t = {p} AND q.questioned AND NOT q.ruled AND NOT q.present
                AND ({tracked_refs}) AND root.t IS NOT NULL
-               AND NOT EXISTS (SELECT 1 FROM _ms_send s WHERE s.r = q.r AND s.t = {c}
+               AND NOT EXISTS (SELECT 1 FROM _ms_send s WHERE s.r = h.replica AND s.t = {c}
                                AND s.k = h.key::jsonb AND s.ptrs -> {name} IS DISTINCT FROM q.k)
                AND {new}",
             root = root_of("q.r", "q.t", "q.k"),
             tracked_refs = if tracked { "q.refs > 0" } else { "true" },
             name = literal(&link.name),
-            new = new_only("q.r", &c, "h.key::jsonb"),
+            new = new_only("h.replica", &c, "h.key::jsonb"),
         )
     }
 }

@@ -273,7 +273,8 @@ struct Figures {
 /// refused (`sync.inbox`). Rows on their way are summed from the counts
 /// kept per message (`sync.held_carried`), only for a replica that has not
 /// acknowledged its last message; rows outdated go from the notes, through
-/// `sync.held`'s key.
+/// `sync.held`'s key. A member of a cohort counts the cohort's rows as its
+/// own.
 async fn figures(tx: &Transaction<'_>, ids: &[String]) -> Result<Vec<Figures>> {
     if ids.is_empty() {
         return Ok(Vec::new());
@@ -298,6 +299,22 @@ async fn figures(tx: &Transaction<'_>, ids: &[String]) -> Result<Vec<Figures>> {
                  FROM n JOIN sync.held h ON h.table_name = n.table_name AND h.key = n.key
                  JOIN r ON r.id = h.replica
                  WHERE h.message <= r.acked AND h.version < n.seq
+                 GROUP BY 1, 2
+                 UNION ALL
+                 -- What a member holds through its cohort, carried by the
+                 -- later of the cohort's message and the one it joined at.
+                 SELECT m.replica, c.table_name, sum(c.rows), 0, 0
+                 FROM r JOIN sync.members m ON m.replica = r.id
+                 JOIN sync.held_carried c
+                   ON c.replica = m.cohort AND greatest(c.message, m.since) > r.acked
+                 WHERE r.last_number > r.acked
+                 GROUP BY 1, 2
+                 UNION ALL
+                 SELECT m.replica, h.table_name, 0, count(*), 0
+                 FROM n JOIN sync.held h ON h.table_name = n.table_name AND h.key = n.key
+                 JOIN sync.members m ON m.cohort = h.replica
+                 JOIN r ON r.id = m.replica
+                 WHERE greatest(h.message, m.since) <= r.acked AND h.version < n.seq
                  GROUP BY 1, 2
                  UNION ALL
                  SELECT i.replica, {}, 0, 0, count(*)

@@ -98,8 +98,14 @@ pub async fn progress(client: &mut tokio_postgres::Client, replica: &str) -> Res
              SELECT h.table_name, count(*),
                     count(*) FILTER (WHERE h.message <= $2),
                     count(*) FILTER (WHERE h.message <= $2 AND n.seq > h.version)
-             FROM sync.held h LEFT JOIN n ON n.table_name = h.table_name AND n.key = h.key
-             WHERE h.replica = $1 GROUP BY 1",
+             FROM (SELECT table_name, key, version, message FROM sync.held WHERE replica = $1
+                   UNION ALL
+                   -- What it holds through its cohort, from when it joined.
+                   SELECT h.table_name, h.key, h.version, greatest(h.message, m.since)
+                   FROM sync.members m JOIN sync.held h ON h.replica = m.cohort
+                   WHERE m.replica = $1) h
+             LEFT JOIN n ON n.table_name = h.table_name AND n.key = h.key
+             GROUP BY 1",
             &[&replica, &summary.acknowledged],
         )
         .await?;

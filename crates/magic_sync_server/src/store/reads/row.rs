@@ -160,12 +160,24 @@ pub async fn row_progress(
                         d.seq IS NOT NULL, i.reason, bl.root_key IS NOT NULL
                  FROM sync.replicas r
                  LEFT JOIN sync.acks a ON a.replica = r.id
-                 LEFT JOIN sync.held h ON h.table_name = $3 AND h.key = $4 AND h.replica = r.id
+                 LEFT JOIN LATERAL (
+                     SELECT h.version, h.message FROM sync.held h
+                     WHERE h.table_name = $3 AND h.key = $4 AND h.replica = r.id
+                     UNION ALL
+                     SELECT h.version, greatest(h.message, m.since)
+                     FROM sync.members m
+                     JOIN sync.held h ON h.table_name = $3 AND h.key = $4 AND h.replica = m.cohort
+                     WHERE m.replica = r.id
+                     LIMIT 1) h ON true
                  LEFT JOIN sync.deferred d
                         ON d.replica = r.id AND d.table_name = $3 AND d.key = $4::text::jsonb
                  LEFT JOIN sync.inbox i ON i.replica = r.id AND i.table_name = $3 AND i.key = $5
-                 LEFT JOIN sync.blocked bl
-                        ON bl.replica = r.id AND bl.table_name = $3 AND bl.key = $4
+                 LEFT JOIN LATERAL (
+                     SELECT bl.root_key FROM sync.blocked bl
+                     WHERE bl.table_name = $3 AND bl.key = $4
+                       AND (bl.replica = r.id
+                            OR bl.replica IN (SELECT cohort FROM sync.members WHERE replica = r.id))
+                     LIMIT 1) bl ON true
                  WHERE {IN_SCOPE}
                  ORDER BY r.id"
             ),

@@ -1,0 +1,378 @@
+//! The record by rule, its first step (how-it-works §20): while the relay
+//! records by rule, the rows of the `all` tables, and the rows they point
+//! at, are recorded once for their cohort, whatever the fleet's size, and
+//! kept exact pass by pass ([`Fleet::check`] compares the cohort's record
+//! with the reference). Replicas join the cohort once a pass recorded what
+//! they hold, and from then on are sent what it is sent, their own record
+//! holding their own rows alone; where a replica's own rows could point at
+//! rows the cohort holds, nobody joins yet, and each holds them itself.
+
+use crate::fleet::Fleet;
+use magic_sync::{Engine, Row};
+
+#[derive(Row, Debug, Clone)]
+#[row(table = "categories", down, referenced, key(id))]
+struct Category {
+    id: i64,
+    name: String,
+}
+
+#[derive(Row, Debug, Clone)]
+#[row(table = "items", down, all, key(id))]
+struct Item {
+    id: i64,
+    category: Option<i64>,
+    name: String,
+}
+
+#[derive(Row, Debug, Clone)]
+#[row(table = "tabs", down, replica = "unit", key(id))]
+struct Tab {
+    id: i64,
+    unit: String,
+    category: Option<i64>,
+}
+
+/// A catalogue (`items`, held by every replica) pointing at categories,
+/// which a till's own tabs point at too.
+const SCHEMA: &str = "
+CREATE TABLE categories (id bigint PRIMARY KEY, name text NOT NULL);
+CREATE TABLE items (id bigint PRIMARY KEY, category bigint REFERENCES categories, name text NOT NULL);
+CREATE TABLE tabs (id bigint PRIMARY KEY, unit text NOT NULL, category bigint REFERENCES categories);
+INSERT INTO categories VALUES (1, 'tea'), (2, 'milk'), (3, 'jam'), (4, 'bread');
+INSERT INTO items VALUES (1, 1, 'green'), (2, 1, 'black'), (3, 2, 'oat');
+INSERT INTO tabs VALUES (1, 'u1', 3), (2, 'u2', NULL);
+";
+
+fn engine() -> Engine {
+    Engine::builder()
+        .table::<Category>()
+        .table::<Item>()
+        .table::<Tab>()
+        .build()
+        .unwrap()
+}
+
+/// A fleet of `tills` recording by rule.
+async fn fleet(schema: &str, tills: usize) -> Fleet {
+    let mut fleet = Fleet::of(schema, engine()).await;
+    fleet.reconfigure(|s| s.record_by_rule = true).await;
+    for i in 1..=tills {
+        fleet.add(&format!("u{i}"), None);
+    }
+    fleet
+}
+
+/// Rows of `table` recorded as held, per holder: the cohort's id first.
+async fn held(fleet: &Fleet, table: &str) -> Vec<(String, i64)> {
+    fleet
+        .writer
+        .query(
+            "SELECT replica, count(*) FROM sync.held WHERE table_name = $1 GROUP BY 1 ORDER BY 1",
+            &[&table],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// Rows of `table` the cohort is recorded holding.
+async fn cohort_holds(fleet: &Fleet, table: &str) -> i64 {
+    held(fleet, table)
+        .await
+        .into_iter()
+        .find(|(holder, _)| holder == "\u{1}all")
+        .map_or(0, |(_, n)| n)
+}
+
+#[tokio::test]
+async fn a_catalogue_change_is_recorded_once_for_the_cohort_and_kept_exact() {
+    let mut fleet = fleet(SCHEMA, 6).await;
+    fleet.sync().await;
+    fleet.check().await;
+    // The three items, and the two categories they point at.
+    assert_eq!(cohort_holds(&fleet, "items").await, 3);
+    assert_eq!(cohort_holds(&fleet, "categories").await, 2);
+
+    // Ten items more: ten rows of the cohort's record, however many tills.
+    let before = held(&fleet, "items").await;
+    fleet
+        .writer
+        .batch_execute(
+            "INSERT INTO items SELECT 10 + i, 4, 'loaf ' || i FROM generate_series(1, 10) i",
+        )
+        .await
+        .unwrap();
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(cohort_holds(&fleet, "items").await, 13);
+    assert_eq!(cohort_holds(&fleet, "categories").await, 3);
+    let after = held(&fleet, "items").await;
+    assert_eq!(after.len(), before.len(), "no holder came or went");
+
+    // An item moves to the category a till's tab points at; the last item
+    // of `tea` goes, and the cohort lets `tea` go; the tabs' category stays
+    // with the till that points at it.
+    fleet
+        .writer
+        .batch_execute(
+            "UPDATE items SET category = 3 WHERE id = 1;
+             DELETE FROM items WHERE id = 2;",
+        )
+        .await
+        .unwrap();
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(cohort_holds(&fleet, "items").await, 12);
+    // jam (3), milk (2), bread (4): tea (1) is no item's any more.
+    assert_eq!(cohort_holds(&fleet, "categories").await, 3);
+    let tea: i64 = fleet
+        .writer
+        .query_one(
+            "SELECT count(*) FROM sync.held WHERE table_name = 'categories' AND key = '[1]'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tea, 0, "nobody holds tea any more");
+}
+
+#[tokio::test]
+async fn off_the_cohort_is_forgotten_and_on_again_it_is_made_afresh() {
+    let mut fleet = fleet(SCHEMA, 2).await;
+    fleet.sync().await;
+    assert_eq!(cohort_holds(&fleet, "items").await, 3);
+
+    // Not kept up while off: forgotten when the relay starts.
+    fleet.reconfigure(|s| s.record_by_rule = false).await;
+    fleet
+        .writer
+        .batch_execute("INSERT INTO items VALUES (4, 4, 'rye'); DELETE FROM items WHERE id = 3")
+        .await
+        .unwrap();
+    fleet.sync().await;
+    fleet.check().await;
+    let cohorts: i64 = fleet
+        .writer
+        .query_one("SELECT count(*) FROM sync.cohorts", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(cohorts, 0);
+    assert_eq!(cohort_holds(&fleet, "items").await, 0);
+    assert_eq!(cohort_holds(&fleet, "categories").await, 0);
+
+    // On again: made from what the database holds now.
+    fleet.reconfigure(|s| s.record_by_rule = true).await;
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(cohort_holds(&fleet, "items").await, 3);
+}
+
+#[tokio::test]
+async fn an_item_that_cannot_go_is_set_aside_before_the_cohort_is_recorded() {
+    // Larger than any message the fleet's transport carries.
+    let schema = format!(
+        "{SCHEMA} INSERT INTO items VALUES (9, 4, repeat('x', {}));",
+        crate::fleet::MAX_MESSAGE * 2
+    );
+    let mut fleet = fleet(&schema, 0).await;
+    // No replica yet: the cohort alone meets the item, and sets it aside.
+    fleet.sync().await;
+    assert!(
+        fleet
+            .quarantined()
+            .await
+            .contains(&("items".to_string(), "[9]".to_string())),
+        "the item is set aside"
+    );
+    assert_eq!(cohort_holds(&fleet, "items").await, 3);
+    fleet.check().await;
+
+    // A till comes, and gets what the cohort holds; the item, made to fit,
+    // goes to both.
+    fleet.add("u1", None);
+    fleet.sync().await;
+    fleet.check().await;
+    fleet
+        .writer
+        .batch_execute("UPDATE items SET name = 'rye' WHERE id = 9")
+        .await
+        .unwrap();
+    fleet.sync().await;
+    fleet.check().await;
+    assert!(fleet.quarantined().await.is_empty());
+    assert_eq!(cohort_holds(&fleet, "items").await, 4);
+}
+
+/// The catalogue alone: the tills' tabs point at nothing the cohort holds.
+const APART: &str = "
+CREATE TABLE items (id bigint PRIMARY KEY, category bigint, name text NOT NULL);
+CREATE TABLE categories (id bigint PRIMARY KEY, name text NOT NULL);
+CREATE TABLE tabs (id bigint PRIMARY KEY, unit text NOT NULL, category bigint REFERENCES categories);
+INSERT INTO categories VALUES (3, 'jam');
+INSERT INTO items VALUES (1, 1, 'green'), (2, 1, 'black'), (3, 2, 'oat');
+INSERT INTO tabs VALUES (1, 'u1', 3), (2, 'u2', NULL);
+";
+
+/// The replicas that joined the cohort.
+async fn members(fleet: &Fleet) -> Vec<String> {
+    fleet
+        .writer
+        .query("SELECT replica FROM sync.members ORDER BY 1", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+#[tokio::test]
+async fn members_take_the_catalogue_from_the_cohort_and_the_record_holds_it_once() {
+    let mut fleet = fleet(APART, 6).await;
+    fleet.sync().await;
+    fleet.check().await;
+    // Each joined once a pass had recorded it: the catalogue is the
+    // cohort's alone in the record.
+    assert_eq!(members(&fleet).await, ["u1", "u2", "u3", "u4", "u5", "u6"]);
+    assert_eq!(held(&fleet, "items").await, [("\u{1}all".to_string(), 3)]);
+
+    // Changes to the catalogue reach every member, recorded once.
+    fleet
+        .writer
+        .batch_execute(
+            "INSERT INTO items SELECT 10 + i, 4, 'loaf ' || i FROM generate_series(1, 10) i;
+             UPDATE items SET name = 'sencha' WHERE id = 1;
+             DELETE FROM items WHERE id = 2;",
+        )
+        .await
+        .unwrap();
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(held(&fleet, "items").await, [("\u{1}all".to_string(), 12)]);
+    // A member's own rows are still its own.
+    fleet
+        .writer
+        .batch_execute("INSERT INTO tabs VALUES (3, 'u3', 3)")
+        .await
+        .unwrap();
+    fleet.sync().await;
+    fleet.check().await;
+
+    // A till that comes later is provisioned whole, then joins.
+    fleet.add("u7", None);
+    fleet.sync().await;
+    fleet.check().await;
+    assert!(members(&fleet).await.contains(&"u7".to_string()));
+    assert_eq!(held(&fleet, "items").await, [("\u{1}all".to_string(), 12)]);
+
+    // Off: the members hold the catalogue themselves again, and are kept
+    // up as before, with no snapshot.
+    let provisioned = fleet.provisionings;
+    fleet.reconfigure(|s| s.record_by_rule = false).await;
+    fleet
+        .writer
+        .batch_execute("UPDATE items SET name = 'rye' WHERE id = 3")
+        .await
+        .unwrap();
+    fleet.sync().await;
+    fleet.check().await;
+    assert!(members(&fleet).await.is_empty());
+    assert_eq!(held(&fleet, "items").await.len(), 7, "each till holds them");
+    assert_eq!(
+        fleet.provisionings, provisioned,
+        "nobody was provisioned again"
+    );
+}
+
+#[tokio::test]
+async fn where_a_tills_rows_may_point_at_the_cohorts_nobody_joins() {
+    // `tabs` and `items` both point at categories.
+    let mut fleet = fleet(SCHEMA, 3).await;
+    fleet.sync().await;
+    fleet.sync().await;
+    fleet.check().await;
+    assert!(members(&fleet).await.is_empty());
+    assert_eq!(
+        held(&fleet, "items").await.len(),
+        4,
+        "the cohort and each till"
+    );
+}
+
+#[derive(Row, Debug, Clone)]
+#[row(table = "lines", down, replica = "unit", key(id))]
+struct Line {
+    id: i64,
+    unit: String,
+    item: i64,
+}
+
+/// Tills' own lines pointing at the catalogue's items.
+const LINES: &str = "
+CREATE TABLE categories (id bigint PRIMARY KEY, name text NOT NULL);
+CREATE TABLE items (id bigint PRIMARY KEY, category bigint, name text NOT NULL);
+CREATE TABLE tabs (id bigint PRIMARY KEY, unit text NOT NULL, category bigint REFERENCES categories);
+CREATE TABLE lines (id bigint PRIMARY KEY, unit text NOT NULL, item bigint NOT NULL REFERENCES items);
+INSERT INTO items VALUES (1, 1, 'green'), (2, 1, 'black'), (3, 2, 'oat');
+INSERT INTO lines VALUES (1, 'u1', 1), (2, 'u2', 1), (3, 'u2', 2), (4, 'u3', 3);
+";
+
+#[tokio::test]
+async fn an_item_set_aside_holds_back_the_members_lines_that_point_at_it() {
+    let engine = Engine::builder()
+        .table::<Category>()
+        .table::<Item>()
+        .table::<Tab>()
+        .table::<Line>()
+        .build()
+        .unwrap();
+    let mut fleet = Fleet::of(LINES, engine).await;
+    fleet.reconfigure(|s| s.record_by_rule = true).await;
+    for unit in ["u1", "u2", "u3"] {
+        fleet.add(unit, None);
+    }
+    fleet.sync().await;
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(members(&fleet).await, ["u1", "u2", "u3"]);
+
+    // Item 1 grows past what a message carries: the cohort lets it go, and
+    // u1's and u2's lines pointing at it are held back with it.
+    fleet
+        .writer
+        .batch_execute(&format!(
+            "UPDATE items SET name = repeat('x', {}) WHERE id = 1",
+            crate::fleet::MAX_MESSAGE * 2
+        ))
+        .await
+        .unwrap();
+    fleet.sync().await;
+    fleet.check().await;
+    assert!(fleet
+        .quarantined()
+        .await
+        .contains(&("items".to_string(), "[1]".to_string())));
+    // A new line at the item is held back too.
+    fleet
+        .writer
+        .batch_execute("INSERT INTO lines VALUES (5, 'u3', 1)")
+        .await
+        .unwrap();
+    fleet.sync().await;
+    fleet.check().await;
+
+    // Made to fit: the item and every line come back.
+    fleet
+        .writer
+        .batch_execute("UPDATE items SET name = 'sencha' WHERE id = 1")
+        .await
+        .unwrap();
+    fleet.sync().await;
+    fleet.check().await;
+    assert!(fleet.quarantined().await.is_empty());
+    assert_eq!(members(&fleet).await, ["u1", "u2", "u3"]);
+}

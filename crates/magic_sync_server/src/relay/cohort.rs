@@ -1,0 +1,120 @@
+//! Making the cohort of the `all` tables (`store::cohorts`): between
+//! passes, on the relay's connection, from one view of the database, as a
+//! snapshot makes a replica's set. Its rows are planned whole by the
+//! planner's provisioning, read and encoded once (a row that cannot go is
+//! set aside, as a snapshot sets it aside), and recorded as the cohort's,
+//! each at the newest note the view saw of it: a pass planning that note
+//! afterwards finds the cohort holding it already.
+
+use super::load::{Loader, Sink, Source};
+use super::pack::Packed;
+use super::snapshot::Context;
+use crate::error::{Error, Result};
+use crate::store::cohorts;
+use crate::store::held;
+use crate::store::plan::quarantine;
+use crate::store::plan::scratch::{Filled, Scratch};
+use crate::store::plan::{self, Leftovers};
+use std::collections::HashMap;
+use tokio_postgres::{Client, IsolationLevel, Transaction};
+
+/// Makes the cohort of the `all` tables unless it is recorded. Returns
+/// whether it is recorded now: not when rows it would hold could not go,
+/// which are set aside, and the next pass's start tries again around them.
+///
+/// `leftovers` is made unknown: the planner's tables are the pass's, and
+/// the next pass makes them again.
+pub(super) async fn make(
+    client: &mut Client,
+    context: &Context,
+    leftovers: &mut Leftovers,
+    max_message_bytes: usize,
+) -> Result<bool> {
+    if cohorts::exists(&*client).await? {
+        return Ok(true);
+    }
+    *leftovers = Leftovers::default();
+    let t0 = std::time::Instant::now();
+    let tx = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .start()
+        .await?;
+    let mut fresh = String::new();
+    for table in Scratch::ALL {
+        fresh.push_str(&format!(
+            "DROP TABLE IF EXISTS {table}; {};",
+            table.create()
+        ));
+    }
+    tx.batch_execute(&fresh).await?;
+    cohorts::clear(&tx).await?;
+    let rows = super::snapshot::plan_snapshot(
+        &tx,
+        context,
+        cohorts::ALL,
+        None,
+        plan::Kind::All,
+        &Default::default(),
+    )
+    .await?;
+    let loader = Loader {
+        graph: &context.graph,
+        engine: &context.engine,
+        settings: &context.settings,
+        max_message_bytes,
+        removed: None,
+        described: &context.described,
+        cache: None,
+        members: &[],
+    };
+    let holder = [cohorts::ALL.to_string()];
+    match loader
+        .load(&tx, Source::Snapshot, &holder, &mut Nowhere)
+        .await
+    {
+        Ok(_) => {}
+        Err(Error::Unsendable(unsendable)) => {
+            let found =
+                quarantine::resolve(&tx, &context.graph, quarantine::From::Fresh, &unsendable)
+                    .await?;
+            tx.rollback().await?;
+            crate::store::quarantine::set_aside(&*client, &found).await?;
+            metrics::counter!("magic_sync_rows_quarantined_total")
+                .increment(unsendable.len() as u64);
+            tracing::warn!(
+                rows = unsendable.len(),
+                "rows of the `all` tables cannot go: set aside before their cohort is recorded"
+            );
+            return Ok(false);
+        }
+        Err(e) => return Err(e),
+    }
+    // Carried by no message: every member holds them from its own chain
+    // until it joins.
+    let last = HashMap::from([(cohorts::ALL.to_string(), 0)]);
+    tx.batch_execute(&held::closing(
+        &context.graph,
+        &last,
+        &Filled::only([Scratch::Fresh]),
+    ))
+    .await?;
+    cohorts::record(&tx).await?;
+    tx.commit().await?;
+    tracing::info!(
+        rows,
+        ms = t0.elapsed().as_millis() as u64,
+        "the cohort of the `all` tables is recorded"
+    );
+    Ok(true)
+}
+
+/// Where the cohort's encoded rows go while it has no member to send them
+/// to: nowhere. Encoding them finds the rows that cannot go.
+struct Nowhere;
+
+impl Sink for Nowhere {
+    async fn take(&mut self, _: &Transaction<'_>, _: Vec<Packed>) -> Result<()> {
+        Ok(())
+    }
+}
