@@ -21,7 +21,6 @@
 use magic_sync::{Engine, Row};
 use magic_sync_testkit::bench::env_u64;
 use magic_sync_testkit::fleet::Fleet;
-use std::time::Duration;
 
 #[derive(Row, Debug, Clone, PartialEq)]
 #[row(table = "categories", down, referenced, key(id))]
@@ -130,33 +129,27 @@ async fn size(fleet: &Fleet) -> (i64, i64) {
     (row.get(0), row.get(1))
 }
 
-/// Rows inserted, updated and deleted in the `sync` schema so far, once
-/// every session's counts reached the statistics (each flushes its own
-/// within a second of going idle).
+/// Rows inserted, updated and deleted in the `sync` schema so far. Each
+/// session keeps its counts until it flushes them (within ten seconds of
+/// going idle, or at once when asked): the fleet's three sessions (the
+/// relay's, the snapshots', the host's) are asked first.
 async fn written(fleet: &Fleet) -> i64 {
-    let mut last = -1;
-    loop {
-        let now: i64 = fleet
-            .writer
-            .query_one(
-                "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::int8
-                 FROM pg_stat_user_tables WHERE schemaname = 'sync'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if now == last {
-            return now;
-        }
-        last = now;
-        fleet
-            .writer
-            .batch_execute("SELECT pg_stat_clear_snapshot()")
+    for session in [&fleet.client, &fleet.snapshots, &fleet.writer] {
+        session
+            .batch_execute("SELECT pg_stat_force_next_flush()")
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(1500)).await;
     }
+    fleet
+        .writer
+        .query_one(
+            "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::int8
+             FROM pg_stat_user_tables WHERE schemaname = 'sync'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
 }
 
 /// Rows written to the `sync` schema for one product changed, until every

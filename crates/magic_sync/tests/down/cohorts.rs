@@ -232,9 +232,22 @@ async fn members(fleet: &Fleet) -> Vec<String> {
 
 #[tokio::test]
 async fn members_take_the_catalogue_from_the_cohort_and_the_record_holds_it_once() {
-    let mut fleet = fleet(APART, 6).await;
+    // A fleet running per replica, then a relay recording by rule: nobody
+    // is provisioned again.
+    let mut fleet = Fleet::of(APART, engine()).await;
+    for i in 1..=6 {
+        fleet.add(&format!("u{i}"), None);
+    }
+    fleet.sync().await;
+    let provisioned = fleet.provisionings;
+    assert_eq!(held(&fleet, "items").await.len(), 6, "each till holds them");
+    fleet.reconfigure(|s| s.record_by_rule = true).await;
     fleet.sync().await;
     fleet.check().await;
+    assert_eq!(
+        fleet.provisionings, provisioned,
+        "nobody was provisioned again"
+    );
     // Each joined once a pass had recorded it: the catalogue is the
     // cohort's alone in the record.
     assert_eq!(members(&fleet).await, ["u1", "u2", "u3", "u4", "u5", "u6"]);

@@ -365,7 +365,8 @@ pub(crate) async fn audit(client: &Client, graph: &Graph) -> Result<Vec<String>>
 }
 
 /// The keys `replica` is recorded holding of `table`, as JSON arrays: its
-/// own, and its cohort's when it is a member.
+/// own, and its cohort's when it is a member (a member's own record holds
+/// none of its cohort's tables).
 pub(crate) async fn keys(
     tx: &tokio_postgres::Transaction<'_>,
     replica: &str,
@@ -373,10 +374,11 @@ pub(crate) async fn keys(
 ) -> Result<Vec<serde_json::Value>> {
     Ok(tx
         .query(
-            "SELECT DISTINCT key::jsonb FROM sync.held
-             WHERE table_name = $2
-               AND (replica = $1
-                    OR replica IN (SELECT cohort FROM sync.members WHERE replica = $1))",
+            "SELECT key::jsonb FROM sync.held WHERE replica = $1 AND table_name = $2
+             UNION ALL
+             SELECT h.key::jsonb FROM sync.members m
+             JOIN sync.held h ON h.replica = m.cohort AND h.table_name = $2
+             WHERE m.replica = $1",
             &[&replica, &table],
         )
         .await?
