@@ -99,14 +99,8 @@ async fn a_catalogue_change_is_recorded_once_for_the_cohort_and_kept_exact() {
     // Ten items more: ten rows of the cohort's record, however many tills.
     let before = held(&fleet, "items").await;
     fleet
-        .writer
-        .batch_execute(
-            "INSERT INTO items SELECT 10 + i, 4, 'loaf ' || i FROM generate_series(1, 10) i",
-        )
-        .await
-        .unwrap();
-    fleet.sync().await;
-    fleet.check().await;
+        .settle("INSERT INTO items SELECT 10 + i, 4, 'loaf ' || i FROM generate_series(1, 10) i")
+        .await;
     assert_eq!(cohort_holds(&fleet, "items").await, 13);
     assert_eq!(cohort_holds(&fleet, "categories").await, 3);
     let after = held(&fleet, "items").await;
@@ -116,15 +110,11 @@ async fn a_catalogue_change_is_recorded_once_for_the_cohort_and_kept_exact() {
     // of `tea` goes, and the cohort lets `tea` go; the tabs' category stays
     // with the till that points at it.
     fleet
-        .writer
-        .batch_execute(
+        .settle(
             "UPDATE items SET category = 3 WHERE id = 1;
              DELETE FROM items WHERE id = 2;",
         )
-        .await
-        .unwrap();
-    fleet.sync().await;
-    fleet.check().await;
+        .await;
     assert_eq!(cohort_holds(&fleet, "items").await, 12);
     // jam (3), milk (2), bread (4): tea (1) is no item's any more.
     assert_eq!(cohort_holds(&fleet, "categories").await, 3);
@@ -149,12 +139,8 @@ async fn off_the_cohort_is_forgotten_and_on_again_it_is_made_afresh() {
     // Not kept up while off: forgotten when the relay starts.
     fleet.reconfigure(|s| s.record_by_rule = false).await;
     fleet
-        .writer
-        .batch_execute("INSERT INTO items VALUES (4, 4, 'rye'); DELETE FROM items WHERE id = 3")
-        .await
-        .unwrap();
-    fleet.sync().await;
-    fleet.check().await;
+        .settle("INSERT INTO items VALUES (4, 4, 'rye'); DELETE FROM items WHERE id = 3")
+        .await;
     let cohorts: i64 = fleet
         .writer
         .query_one("SELECT count(*) FROM sync.cohorts", &[])
@@ -198,12 +184,8 @@ async fn an_item_that_cannot_go_is_set_aside_before_the_cohort_is_recorded() {
     fleet.sync().await;
     fleet.check().await;
     fleet
-        .writer
-        .batch_execute("UPDATE items SET name = 'rye' WHERE id = 9")
-        .await
-        .unwrap();
-    fleet.sync().await;
-    fleet.check().await;
+        .settle("UPDATE items SET name = 'rye' WHERE id = 9")
+        .await;
     assert!(fleet.quarantined().await.is_empty());
     assert_eq!(cohort_holds(&fleet, "items").await, 4);
 }
@@ -255,25 +237,15 @@ async fn members_take_the_catalogue_from_the_cohort_and_the_record_holds_it_once
 
     // Changes to the catalogue reach every member, recorded once.
     fleet
-        .writer
-        .batch_execute(
+        .settle(
             "INSERT INTO items SELECT 10 + i, 4, 'loaf ' || i FROM generate_series(1, 10) i;
              UPDATE items SET name = 'sencha' WHERE id = 1;
              DELETE FROM items WHERE id = 2;",
         )
-        .await
-        .unwrap();
-    fleet.sync().await;
-    fleet.check().await;
+        .await;
     assert_eq!(held(&fleet, "items").await, [("\u{1}all".to_string(), 12)]);
     // A member's own rows are still its own.
-    fleet
-        .writer
-        .batch_execute("INSERT INTO tabs VALUES (3, 'u3', 3)")
-        .await
-        .unwrap();
-    fleet.sync().await;
-    fleet.check().await;
+    fleet.settle("INSERT INTO tabs VALUES (3, 'u3', 3)").await;
 
     // A till that comes later is provisioned whole, then joins.
     fleet.add("u7", None);
@@ -287,12 +259,8 @@ async fn members_take_the_catalogue_from_the_cohort_and_the_record_holds_it_once
     let provisioned = fleet.provisionings;
     fleet.reconfigure(|s| s.record_by_rule = false).await;
     fleet
-        .writer
-        .batch_execute("UPDATE items SET name = 'rye' WHERE id = 3")
-        .await
-        .unwrap();
-    fleet.sync().await;
-    fleet.check().await;
+        .settle("UPDATE items SET name = 'rye' WHERE id = 3")
+        .await;
     assert!(members(&fleet).await.is_empty());
     assert_eq!(held(&fleet, "items").await.len(), 7, "each till holds them");
     assert_eq!(
@@ -356,36 +324,22 @@ async fn an_item_set_aside_holds_back_the_members_lines_that_point_at_it() {
     // Item 1 grows past what a message carries: the cohort lets it go, and
     // u1's and u2's lines pointing at it are held back with it.
     fleet
-        .writer
-        .batch_execute(&format!(
+        .settle(&format!(
             "UPDATE items SET name = repeat('x', {}) WHERE id = 1",
             crate::fleet::MAX_MESSAGE * 2
         ))
-        .await
-        .unwrap();
-    fleet.sync().await;
-    fleet.check().await;
+        .await;
     assert!(fleet
         .quarantined()
         .await
         .contains(&("items".to_string(), "[1]".to_string())));
     // A new line at the item is held back too.
-    fleet
-        .writer
-        .batch_execute("INSERT INTO lines VALUES (5, 'u3', 1)")
-        .await
-        .unwrap();
-    fleet.sync().await;
-    fleet.check().await;
+    fleet.settle("INSERT INTO lines VALUES (5, 'u3', 1)").await;
 
     // Made to fit: the item and every line come back.
     fleet
-        .writer
-        .batch_execute("UPDATE items SET name = 'sencha' WHERE id = 1")
-        .await
-        .unwrap();
-    fleet.sync().await;
-    fleet.check().await;
+        .settle("UPDATE items SET name = 'sencha' WHERE id = 1")
+        .await;
     assert!(fleet.quarantined().await.is_empty());
     assert_eq!(members(&fleet).await, ["u1", "u2", "u3"]);
 }
