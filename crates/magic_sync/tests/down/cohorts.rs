@@ -8,6 +8,7 @@
 //! rows the cohort holds, nobody joins yet, and each holds them itself.
 
 use crate::fleet::Fleet;
+use magic_sync::ops::{self, Concern, Scope};
 use magic_sync::{Engine, Row};
 
 #[derive(Row, Debug, Clone)]
@@ -333,6 +334,14 @@ async fn an_item_set_aside_holds_back_the_members_lines_that_point_at_it() {
         .quarantined()
         .await
         .contains(&("items".to_string(), "[1]".to_string())));
+    // Health counts what is held back from each member: u1's line and u2's.
+    let mut operator = fleet.db.connect().await;
+    let health = ops::health(&mut operator, &Scope::All).await.unwrap();
+    let held_back = health.items.iter().find_map(|i| match &i.concern {
+        Concern::Quarantined { table, blocked, .. } if table == "items" => Some(*blocked),
+        _ => None,
+    });
+    assert_eq!(held_back, Some(2), "{:?}", health.items);
     // A new line at the item is held back too.
     fleet.settle("INSERT INTO lines VALUES (5, 'u3', 1)").await;
 

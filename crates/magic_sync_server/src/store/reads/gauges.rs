@@ -10,7 +10,7 @@
 use super::health::{pending_notes, PendingNotes};
 use super::overview::{summaries, StateCounts, TableFigures};
 use super::state::ReplicaSummary;
-use super::{begin, check_scope, Result, Scope, IN_SCOPE};
+use super::{begin, check_scope, Result, Scope, BLOCKED, IN_SCOPE};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -94,7 +94,7 @@ pub async fn gauges(client: &mut tokio_postgres::Client, scope: &Scope) -> Resul
     let held_back: i64 = tx
         .query_one(
             &format!(
-                "SELECT count(*) FROM sync.blocked b JOIN sync.replicas r ON r.id = b.replica
+                "SELECT count(*) FROM {BLOCKED} b JOIN sync.replicas r ON r.id = b.replica
                  WHERE {IN_SCOPE}"
             ),
             &[&ids, &partition],

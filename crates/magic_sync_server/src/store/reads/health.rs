@@ -6,7 +6,7 @@
 //! healthy: that is the normal state, with replicas out of reach listed
 //! and waited for.
 
-use super::{begin, check_scope, Result, Scope, IN_SCOPE};
+use super::{begin, check_scope, Result, Scope, BLOCKED, IN_SCOPE};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio_postgres::Transaction;
@@ -215,7 +215,7 @@ pub async fn health(client: &mut tokio_postgres::Client, scope: &Scope) -> Resul
         .query(
             &format!(
                 "SELECT z.table_name, z.key, z.reason, z.at,
-                        (SELECT count(*) FROM sync.blocked b JOIN sync.replicas r ON r.id = b.replica
+                        (SELECT count(*) FROM {BLOCKED} b JOIN sync.replicas r ON r.id = b.replica
                          WHERE b.root_table = z.table_name AND b.root_key = z.key AND {IN_SCOPE})
                  FROM sync.quarantine z ORDER BY 1, 2"
             ),

@@ -85,6 +85,15 @@ impl Scope {
 const IN_SCOPE: &str = "r.live AND ($1::text[] IS NULL OR r.id = ANY ($1))
                         AND ($2::text IS NULL OR r.partition_id = $2)";
 
+/// The rows held back from each replica (`sync.blocked`), as a relation
+/// with its columns: a member of a cohort is held back from what the
+/// cohort is.
+const BLOCKED: &str = "(SELECT b.replica, b.table_name, b.key, b.root_table, b.root_key
+                        FROM sync.blocked b
+                        UNION ALL
+                        SELECT m.replica, b.table_name, b.key, b.root_table, b.root_key
+                        FROM sync.blocked b JOIN sync.members m ON m.cohort = b.replica)";
+
 /// What a read could not do.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
