@@ -352,3 +352,82 @@ async fn an_item_set_aside_holds_back_the_members_lines_that_point_at_it() {
     assert!(fleet.quarantined().await.is_empty());
     assert_eq!(members(&fleet).await, ["u1", "u2", "u3"]);
 }
+
+/// The catalogue's items point at categories; tills' lines at items.
+const CHAIN: &str = "
+CREATE TABLE categories (id bigint PRIMARY KEY, name text NOT NULL);
+CREATE TABLE items (id bigint PRIMARY KEY, category bigint REFERENCES categories, name text NOT NULL);
+CREATE TABLE tabs (id bigint PRIMARY KEY, unit text NOT NULL, category bigint);
+CREATE TABLE lines (id bigint PRIMARY KEY, unit text NOT NULL, item bigint NOT NULL REFERENCES items);
+INSERT INTO categories VALUES (1, 'tea'), (2, 'milk');
+INSERT INTO items VALUES (1, 1, 'green'), (2, 1, 'black'), (3, 2, 'oat');
+INSERT INTO lines VALUES (1, 'u1', 1), (2, 'u2', 2), (3, 'u2', 3), (4, 'u3', 3);
+";
+
+#[tokio::test]
+async fn a_category_set_aside_holds_back_the_cohorts_items_and_the_members_lines_at_them() {
+    let engine = Engine::builder()
+        .table::<Category>()
+        .table::<Item>()
+        .table::<Tab>()
+        .table::<Line>()
+        .build()
+        .unwrap();
+    let mut fleet = Fleet::of(CHAIN, engine).await;
+    fleet.reconfigure(|s| s.record_by_rule = true).await;
+    for unit in ["u1", "u2", "u3"] {
+        fleet.add(unit, None);
+    }
+    fleet.sync().await;
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(members(&fleet).await, ["u1", "u2", "u3"]);
+
+    // Tea grows past what a message carries: the cohort lets it go with
+    // the two items in it, and u1's and u2's lines at those items are held
+    // back from them; u3's line, at oat milk, stays.
+    fleet
+        .settle(&format!(
+            "UPDATE categories SET name = repeat('x', {}) WHERE id = 1",
+            crate::fleet::MAX_MESSAGE * 2
+        ))
+        .await;
+    let blocked: Vec<(String, String, String)> = fleet
+        .writer
+        .query(
+            "SELECT replica, table_name, key FROM sync.blocked ORDER BY 1, 2, 3",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let row = |r: &str, t: &str, k: &str| (r.to_string(), t.to_string(), k.to_string());
+    assert_eq!(
+        blocked,
+        [
+            row("\u{1}all", "items", "[1]"),
+            row("\u{1}all", "items", "[2]"),
+            row("u1", "lines", "[1]"),
+            row("u2", "lines", "[2]"),
+        ]
+    );
+    // Health counts the items once for each member, and the lines.
+    let mut operator = fleet.db.connect().await;
+    let health = ops::health(&mut operator, &Scope::All).await.unwrap();
+    let held_back = health.items.iter().find_map(|i| match &i.concern {
+        Concern::Quarantined { table, blocked, .. } if table == "categories" => Some(*blocked),
+        _ => None,
+    });
+    assert_eq!(held_back, Some(3 * 2 + 2), "{:?}", health.items);
+
+    // A new line at a held-back item is held back too; tea made to fit
+    // brings everything back.
+    fleet.settle("INSERT INTO lines VALUES (5, 'u3', 2)").await;
+    fleet
+        .settle("UPDATE categories SET name = 'tea' WHERE id = 1")
+        .await;
+    assert!(fleet.quarantined().await.is_empty());
+    assert_eq!(members(&fleet).await, ["u1", "u2", "u3"]);
+}
