@@ -433,8 +433,8 @@ impl Loader<'_> {
                     continue;
                 }
             };
-            // A cohort's rows are recorded for it, and sent to no one yet
-            // (see `store::cohorts`).
+            // A cohort is sent nothing itself: its members are
+            // (`difference_of`).
             for r in replicas.iter().filter(|r| !cohorts::is_cohort(r)) {
                 packer.upsert(
                     r,

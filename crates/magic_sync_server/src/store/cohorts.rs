@@ -5,10 +5,11 @@
 //!
 //! The first one is the cohort of the tables whose rule is `all`
 //! ([`ALL`]), recorded while `Settings::record_by_rule` is on. It is made
-//! between passes from one view of the database ([`record`]), then planned
-//! by every pass like a replica, its difference recorded at the pass's
-//! last number. Until its members take their `all` rows from it, its
-//! messages go nowhere: every replica still holds those rows itself.
+//! between passes from one view of the database (`relay::cohort`), then
+//! planned by every pass like a replica, its difference recorded at the
+//! pass's last number. Replicas [`join`] it once a pass recorded what they
+//! hold; each member is then sent what the cohort is, in its own messages,
+//! and its own record holds its own rows alone.
 
 use crate::error::Result;
 use tokio_postgres::GenericClient;
