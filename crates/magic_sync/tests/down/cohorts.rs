@@ -218,6 +218,7 @@ async fn members_take_the_catalogue_from_the_cohort_and_the_record_holds_it_once
     // A fleet running per replica, then a relay recording by rule: nobody
     // is provisioned again.
     let mut fleet = Fleet::of(APART, engine()).await;
+    fleet.reconfigure(|s| s.record_by_rule = false).await;
     for i in 1..=6 {
         fleet.add(&format!("u{i}"), None);
     }
