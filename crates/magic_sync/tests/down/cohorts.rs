@@ -304,8 +304,8 @@ INSERT INTO items VALUES (1, 1, 'green'), (2, 1, 'black'), (3, 2, 'oat');
 INSERT INTO lines VALUES (1, 'u1', 1), (2, 'u2', 1), (3, 'u2', 2), (4, 'u3', 3);
 ";
 
-#[tokio::test]
-async fn an_item_set_aside_holds_back_the_members_lines_that_point_at_it() {
+/// Three tills with lines of their own, recording by rule, all joined.
+async fn joined_with_lines(schema: &str) -> Fleet {
     let engine = Engine::builder()
         .table::<Category>()
         .table::<Item>()
@@ -313,7 +313,7 @@ async fn an_item_set_aside_holds_back_the_members_lines_that_point_at_it() {
         .table::<Line>()
         .build()
         .unwrap();
-    let mut fleet = Fleet::of(LINES, engine).await;
+    let mut fleet = Fleet::of(schema, engine).await;
     fleet.reconfigure(|s| s.record_by_rule = true).await;
     for unit in ["u1", "u2", "u3"] {
         fleet.add(unit, None);
@@ -322,6 +322,12 @@ async fn an_item_set_aside_holds_back_the_members_lines_that_point_at_it() {
     fleet.sync().await;
     fleet.check().await;
     assert_eq!(members(&fleet).await, ["u1", "u2", "u3"]);
+    fleet
+}
+
+#[tokio::test]
+async fn an_item_set_aside_holds_back_the_members_lines_that_point_at_it() {
+    let mut fleet = joined_with_lines(LINES).await;
 
     // Item 1 grows past what a message carries: the cohort lets it go, and
     // u1's and u2's lines pointing at it are held back with it.
@@ -367,22 +373,7 @@ INSERT INTO lines VALUES (1, 'u1', 1), (2, 'u2', 2), (3, 'u2', 3), (4, 'u3', 3);
 
 #[tokio::test]
 async fn a_category_set_aside_holds_back_the_cohorts_items_and_the_members_lines_at_them() {
-    let engine = Engine::builder()
-        .table::<Category>()
-        .table::<Item>()
-        .table::<Tab>()
-        .table::<Line>()
-        .build()
-        .unwrap();
-    let mut fleet = Fleet::of(CHAIN, engine).await;
-    fleet.reconfigure(|s| s.record_by_rule = true).await;
-    for unit in ["u1", "u2", "u3"] {
-        fleet.add(unit, None);
-    }
-    fleet.sync().await;
-    fleet.sync().await;
-    fleet.check().await;
-    assert_eq!(members(&fleet).await, ["u1", "u2", "u3"]);
+    let mut fleet = joined_with_lines(CHAIN).await;
 
     // Tea grows past what a message carries: the cohort lets it go with
     // the two items in it, and u1's and u2's lines at those items are held
