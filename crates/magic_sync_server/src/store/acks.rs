@@ -91,32 +91,35 @@ pub(crate) async fn record(
         ];
         // The replica's row is locked against deletion first: a pass
         // forgetting the replica meanwhile leaves nothing to insert, rather
-        // than a foreign key to break.
-        let acks = client.query_typed(
-            "INSERT INTO sync.acks AS a (replica, number, at, reads_batches, nonce)
-             SELECT u.id, u.number, now(), u.batches, u.nonce
-             FROM (SELECT DISTINCT id, number, batches, nonce
-                   FROM unnest($1::text[], $2::int8[], $3::bool[], $4::bytea[])
-                        AS u (id, number, batches, nonce)) u
-             JOIN sync.replicas r ON r.id = u.id FOR KEY SHARE OF r
-             ON CONFLICT (replica) DO UPDATE
-             SET number = greatest(a.number, excluded.number), at = excluded.at,
-                 reads_batches = excluded.reads_batches,
-                 nonce = CASE WHEN excluded.number >= a.number THEN excluded.nonce ELSE a.nonce END
-             -- Also at the same number when it says otherwise of batches:
-             -- a replica going back to an earlier build reads none.
-             WHERE a.number < excluded.number
-                OR a.reads_batches IS DISTINCT FROM excluded.reads_batches",
-            &params,
-        );
-        // What they applied needs sending no more. Sent together with the
-        // acknowledgements: one round trip.
-        let sent = client.query_typed(
-            "DELETE FROM sync.outbox o USING unnest($1::text[], $2::int8[]) AS u (id, number)
-             WHERE o.replica = u.id AND o.number <= u.number",
-            &params[..2],
-        );
-        tokio::try_join!(acks, sent)?;
+        // than a foreign key to break. What it applied needs sending no
+        // more: its outbox up to there goes in the same statement, so
+        // whoever reads the outbox and the acknowledgement together (a
+        // chain continued from the acknowledged message) never sees one
+        // without the other.
+        client
+            .query_typed(
+                "WITH acked AS (
+                     INSERT INTO sync.acks AS a (replica, number, at, reads_batches, nonce)
+                     SELECT u.id, u.number, now(), u.batches, u.nonce
+                     FROM (SELECT DISTINCT id, number, batches, nonce
+                           FROM unnest($1::text[], $2::int8[], $3::bool[], $4::bytea[])
+                                AS u (id, number, batches, nonce)) u
+                     JOIN sync.replicas r ON r.id = u.id FOR KEY SHARE OF r
+                     ON CONFLICT (replica) DO UPDATE
+                     SET number = greatest(a.number, excluded.number), at = excluded.at,
+                         reads_batches = excluded.reads_batches,
+                         nonce = CASE WHEN excluded.number >= a.number
+                                      THEN excluded.nonce ELSE a.nonce END
+                     -- Also at the same number when it says otherwise of
+                     -- batches: a replica going back to an earlier build
+                     -- reads none.
+                     WHERE a.number < excluded.number
+                        OR a.reads_batches IS DISTINCT FROM excluded.reads_batches)
+                 DELETE FROM sync.outbox o USING unnest($1::text[], $2::int8[]) AS u (id, number)
+                 WHERE o.replica = u.id AND o.number <= u.number",
+                &params,
+            )
+            .await?;
     }
     if again.is_empty() {
         return Ok(0);
