@@ -81,25 +81,29 @@ impl Graph {
             .filter(|l| l.follows || !matches!(l.parent.rule, Rule::All))
     }
 
-    /// The tracked links as an SQL `VALUES` list of (child, name, parent),
-    /// for statements that go over every link at once; `None` when there
-    /// are none.
+    /// The tracked links as an SQL `VALUES` list of (child, name, parent,
+    /// whether the child follows the parent), for statements that go over
+    /// every link at once; `None` when there are none.
     pub fn tracked_values(&self) -> Option<String> {
         let rows: Vec<String> = self
             .tracked()
             .map(|l| {
                 format!(
-                    "({}, {}, {})",
+                    "({}, {}, {}, {})",
                     literal(l.child.name),
                     literal(&l.name),
-                    literal(l.parent.name)
+                    literal(l.parent.name),
+                    l.follows
                 )
             })
             .collect();
         if rows.is_empty() {
             None
         } else {
-            Some(format!("(VALUES {}) AS l (c, name, p)", rows.join(", ")))
+            Some(format!(
+                "(VALUES {}) AS l (c, name, p, follows)",
+                rows.join(", ")
+            ))
         }
     }
 
@@ -138,24 +142,53 @@ impl Graph {
 
     /// The tables the cohort of the `all` tables holds rows of: those
     /// tables, and every table their rows reach as parents or followers.
-    /// `None` when a replica's own rows (by any other rule) can reach one
-    /// of them too: a row both could hold has to be let go by each only
-    /// when the other does not hold it, which members do not do yet, so
-    /// no replica joins the cohort.
-    pub fn all_cohort_tables(&self) -> Option<BTreeSet<&'static str>> {
-        let seeded = |own: bool| {
-            self.shapes
-                .iter()
-                .filter(|s| match s.table.rule {
-                    Rule::All => !own,
-                    Rule::Referenced | Rule::Follows(_) => false,
-                    _ => own,
-                })
-                .map(|s| s.table.name)
-                .collect::<BTreeSet<_>>()
-        };
-        let (all, own) = (self.closure(seeded(false)), self.closure(seeded(true)));
-        all.is_disjoint(&own).then_some(all)
+    pub fn all_cohort_tables(&self) -> BTreeSet<&'static str> {
+        self.closure(self.seeded(false))
+    }
+
+    /// The tables of the cohort of the `all` tables that a replica's own
+    /// rows (by any other rule) can reach too: a row of them may be held
+    /// both by the cohort and by a member itself, and each lets it go
+    /// only when the other does not hold it.
+    pub fn shared_cohort_tables(&self) -> BTreeSet<&'static str> {
+        let own = self.closure(self.seeded(true));
+        self.all_cohort_tables()
+            .into_iter()
+            .filter(|t| own.contains(t))
+            .collect()
+    }
+
+    /// The tables outside the cohort of the `all` tables whose rows reach
+    /// a row of `shared` through one link: pointing at it, or followed by
+    /// it. A member's own rows of the shared tables are found from theirs.
+    pub fn reaching(&self, shared: &BTreeSet<&'static str>) -> BTreeSet<&'static str> {
+        let cohort = self.all_cohort_tables();
+        self.tracked()
+            .filter_map(|l| {
+                if shared.contains(l.parent.name) {
+                    Some(l.child.name)
+                } else if l.follows && shared.contains(l.child.name) {
+                    Some(l.parent.name)
+                } else {
+                    None
+                }
+            })
+            .filter(|t| !cohort.contains(t))
+            .collect()
+    }
+
+    /// The tables whose rule is `all` (`own` false), or those whose rule
+    /// selects a replica's own rows (`own` true).
+    fn seeded(&self, own: bool) -> BTreeSet<&'static str> {
+        self.shapes
+            .iter()
+            .filter(|s| match s.table.rule {
+                Rule::All => !own,
+                Rule::Referenced | Rule::Follows(_) => false,
+                _ => own,
+            })
+            .map(|s| s.table.name)
+            .collect()
     }
 
     /// `tables`, and the tables their rows reach as parents (never into an

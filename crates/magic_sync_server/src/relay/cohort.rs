@@ -67,6 +67,7 @@ pub(super) async fn make(
         described: &context.described,
         cache: None,
         members: &[],
+        shared: &[],
     };
     let holder = [cohorts::ALL.to_string()];
     match loader

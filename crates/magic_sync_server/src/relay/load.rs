@@ -106,6 +106,9 @@ pub(crate) struct Loader<'a> {
     /// each is sent what the plan sends the cohort and takes back from it,
     /// beside its own.
     pub members: &'a [String],
+    /// The tables both the cohort and its members' own rows may hold rows
+    /// of (`Graph::shared_cohort_tables`).
+    pub shared: &'a [&'static str],
 }
 
 impl Loader<'_> {
@@ -257,19 +260,15 @@ impl Loader<'_> {
     }
 
     /// A pass's rows of table `t` (a literal) in the planner's table
-    /// `from`, as `(r, k)`: each of the cohort's rows given to every member
-    /// instead.
+    /// `from`, as `(r, k)`: each of the cohort's given to every member
+    /// instead (`cohorts::given_to_members`).
     fn difference_of(&self, from: &str, t: &str) -> String {
         if self.members.is_empty() {
             return format!("SELECT r, k FROM {from} WHERE t = {t}");
         }
-        let all = literal(cohorts::ALL);
-        format!(
-            "SELECT s.r, s.k FROM {from} s WHERE s.t = {t} AND s.r <> {all}
-             UNION ALL
-             SELECT o.r, s.k FROM {from} s JOIN _ms_r o ON o.kind = 'own'
-             WHERE s.t = {t} AND s.r = {all}"
-        )
+        let shared = self.shared.iter().any(|s| literal(s) == t);
+        let rows = cohorts::given_to_members(from, &format!("s.t = {t}"), shared);
+        format!("SELECT r, k FROM ({rows}) g")
     }
 
     /// The rows of `shape` the source sends, each read once with every

@@ -405,9 +405,8 @@ pub struct Relay {
     /// pass saw it (`None` before one looked): while the relay records by
     /// rule, a pass that found it missing has it made before the next.
     cohort: Option<bool>,
-    /// The tables that cohort holds rows of, when replicas may join it
-    /// (`Graph::all_cohort_tables`).
-    cohort_tables: Option<Vec<&'static str>>,
+    /// The tables that cohort holds rows of, as joining it reads them.
+    cohort_tables: store::cohorts::Tables,
     /// Replicas kept up whose record of those tables differed from the
     /// cohort's when they were to join it: left as they are while they stay
     /// kept up.
@@ -470,9 +469,7 @@ impl Relay {
             }
         }
         let described = catalog.schema(&engine).described();
-        let cohort_tables = graph
-            .all_cohort_tables()
-            .map(|tables| tables.into_iter().collect());
+        let cohort_tables = store::cohorts::Tables::of(&graph);
         Ok(Relay {
             context: Arc::new(snapshot::Context {
                 schema: described.fingerprint.clone(),
@@ -562,7 +559,7 @@ impl Relay {
                 );
             }
             if !self.context.settings.record_by_rule
-                && store::cohorts::forget(&*client, None).await?
+                && store::cohorts::forget(&*client, None, Some(&self.cohort_tables)).await?
             {
                 // Not kept up while the relay does not record by rule: made
                 // again, whole, when it does.
@@ -829,9 +826,6 @@ impl Relay {
         tx: &Transaction<'_>,
         observed: &observe::Observation,
     ) -> Result<()> {
-        let Some(tables) = self.cohort_tables.as_ref() else {
-            return Ok(());
-        };
         if !self.context.settings.record_by_rule || !observed.cohort {
             return Ok(());
         }
@@ -846,12 +840,12 @@ impl Relay {
             return Ok(());
         }
         let t0 = std::time::Instant::now();
-        let joined = store::cohorts::join(tx, &joining, tables).await?;
+        let joined = store::cohorts::join(tx, &joining, &self.cohort_tables).await?;
         trace("join the cohort", t0);
         for id in joining.into_iter().filter(|id| !joined.contains(id)) {
             tracing::warn!(
                 replica = %id,
-                "a replica's record of the `all` tables differs from their cohort's: it holds them itself"
+                "a replica's record of the `all` tables differs from their cohort's, or it holds back rows of a table both hold: it holds them itself"
             );
             self.apart.insert(id);
         }
@@ -1082,6 +1076,7 @@ impl Relay {
                 described: &context.described,
                 cache: (plan.planned.sends <= plan::CACHED_UP_TO).then_some(&self.plan_cache),
                 members: &members,
+                shared: &self.cohort_tables.shared,
             };
             let mut kept: Vec<String> = observed.kept.iter().map(|o| o.id.clone()).collect();
             if observed.cohort {

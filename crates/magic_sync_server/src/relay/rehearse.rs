@@ -147,14 +147,14 @@ pub(crate) async fn rehearse(
             rehearsing: true,
         };
         planner.plan().await?;
+        // A member's moves are its own and its cohort's, as the loader
+        // gives them.
+        let shared = !relay.cohort_tables.shared.is_empty();
         let gathered = |from: &str, to: &str| {
             format!(
-                "INSERT INTO {to} SELECT DISTINCT r, t, k FROM {from} WHERE r <> {all}
-                 ON CONFLICT DO NOTHING;
-                 INSERT INTO {to} SELECT DISTINCT o.r, s.t, s.k
-                 FROM {from} s JOIN _ms_r o ON o.kind = 'own' WHERE s.r = {all}
+                "INSERT INTO {to} SELECT DISTINCT r, t, k FROM ({}) g
                  ON CONFLICT DO NOTHING;",
-                all = crate::sql::literal(store::cohorts::ALL)
+                store::cohorts::given_to_members(from, "true", shared)
             )
         };
         tx.batch_execute(&format!(

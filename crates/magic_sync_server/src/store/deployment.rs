@@ -308,7 +308,7 @@ pub(crate) async fn adopt(client: &Client, build: &[u8]) -> Result<()> {
 /// Has every replica recorded holding rows of `table` provisioned again.
 pub(crate) async fn provision_holders(client: &Client, table: &str) -> Result<()> {
     // A cohort holding them is made again too.
-    crate::store::cohorts::forget(client, Some(table)).await?;
+    crate::store::cohorts::forget(client, Some(table), None).await?;
     client
         .execute(
             "UPDATE sync.replicas SET provision = true

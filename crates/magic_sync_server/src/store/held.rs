@@ -65,12 +65,17 @@ pub(crate) fn closing(graph: &Graph, last: &HashMap<String, i64>, filled: &Fille
         if !owning.is_empty() {
             sql.push_str(&format!(
                 "DELETE FROM sync.filed f USING _ms_del d
-                 WHERE d.t IN ({tables}) AND f.table_name = d.t AND f.key = d.k::text AND f.replica = d.r;
+                 WHERE d.t IN ({tables}) AND f.table_name = d.t AND f.key = d.k::text AND f.replica = d.r
+                   AND NOT (EXISTS (SELECT 1 FROM _ms_r o WHERE o.r = d.r AND o.kind = 'own')
+                            AND {cohort_keeps});
                  DELETE FROM sync.filed f USING _ms_del d, _ms_r o
                  WHERE d.r = {all} AND o.kind = 'own' AND d.t IN ({tables})
-                   AND f.table_name = d.t AND f.key = d.k::text AND f.replica = o.r;",
+                   AND f.table_name = d.t AND f.key = d.k::text AND f.replica = o.r
+                   AND NOT {member_keeps};",
                 tables = owning.join(", "),
                 all = literal(crate::store::cohorts::ALL),
+                cohort_keeps = keeps(&literal(crate::store::cohorts::ALL)),
+                member_keeps = keeps("o.r"),
             ));
         }
     }
@@ -86,6 +91,17 @@ pub(crate) fn closing(graph: &Graph, last: &HashMap<String, i64>, filled: &Fille
     }
     sql.push_str("SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT;");
     sql
+}
+
+/// Whether holder `h` holds the row `d` of `_ms_del` once the pass's
+/// take-backs are recorded: still recorded holding it (a member and its
+/// cohort may both hold a row), or sent it.
+fn keeps(h: &str) -> String {
+    format!(
+        "(EXISTS (SELECT 1 FROM sync.held x
+                  WHERE x.table_name = d.t AND x.key = d.k::text AND x.replica = {h})
+          OR EXISTS (SELECT 1 FROM _ms_send x WHERE x.r = {h} AND x.t = d.t AND x.k = d.k))"
+    )
 }
 
 /// Each replica written to and its last message, as a relation `m (r,
@@ -365,8 +381,7 @@ pub(crate) async fn audit(client: &Client, graph: &Graph) -> Result<Vec<String>>
 }
 
 /// The keys `replica` is recorded holding of `table`, as JSON arrays: its
-/// own, and its cohort's when it is a member (a member's own record holds
-/// none of its cohort's tables).
+/// own, and its cohort's when it is a member, each once.
 pub(crate) async fn keys(
     tx: &tokio_postgres::Transaction<'_>,
     replica: &str,
@@ -378,7 +393,10 @@ pub(crate) async fn keys(
              UNION ALL
              SELECT h.key::jsonb FROM sync.members m
              JOIN sync.held h ON h.replica = m.cohort AND h.table_name = $2
-             WHERE m.replica = $1",
+             WHERE m.replica = $1
+               -- A row both hold, once.
+               AND NOT EXISTS (SELECT 1 FROM sync.held o
+                               WHERE o.table_name = $2 AND o.key = h.key AND o.replica = $1)",
             &[&replica, &table],
         )
         .await?

@@ -129,7 +129,7 @@ pub(crate) async fn provision_again(
     tx.batch_execute("LOCK TABLE sync.replicas IN SHARE ROW EXCLUSIVE MODE")
         .await?;
     // A cohort holding such rows is made again too.
-    crate::store::cohorts::forget(tx, holding).await?;
+    crate::store::cohorts::forget(tx, holding, None).await?;
     let rows = match holding {
         None => {
             tx.query(

@@ -87,10 +87,10 @@ const IN_SCOPE: &str = "r.live AND ($1::text[] IS NULL OR r.id = ANY ($1))
 
 /// The rows held back from each replica (`sync.blocked`), as a relation
 /// with its columns: a member of a cohort is held back from what the
-/// cohort is.
+/// cohort is (a row both are held back from, once).
 const BLOCKED: &str = "(SELECT b.replica, b.table_name, b.key, b.root_table, b.root_key
                         FROM sync.blocked b
-                        UNION ALL
+                        UNION
                         SELECT m.replica, b.table_name, b.key, b.root_table, b.root_key
                         FROM sync.blocked b JOIN sync.members m ON m.cohort = b.replica)";
 

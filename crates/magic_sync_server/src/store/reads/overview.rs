@@ -317,6 +317,23 @@ async fn figures(tx: &Transaction<'_>, ids: &[String]) -> Result<Vec<Figures>> {
                  WHERE greatest(h.message, m.since) <= r.acked AND h.version < n.seq
                  GROUP BY 1, 2
                  UNION ALL
+                 -- A row a member holds itself and through its cohort
+                 -- counts as its own: what the cohort's counted of it, not.
+                 SELECT m.replica, h.table_name,
+                        count(*) FILTER (WHERE greatest(c.message, m.since) > r.acked
+                                           AND r.last_number > r.acked) * -1,
+                        count(*) FILTER (WHERE greatest(c.message, m.since) <= r.acked
+                                           AND c.version < n.seq) * -1,
+                        0
+                 FROM r JOIN sync.members m ON m.replica = r.id
+                 JOIN sync.held h ON h.replica = r.id
+                  AND h.table_name IN (SELECT table_name FROM sync.held_carried
+                                       WHERE replica = m.cohort)
+                 JOIN sync.held c ON c.replica = m.cohort AND c.table_name = h.table_name
+                  AND c.key = h.key
+                 LEFT JOIN n ON n.table_name = c.table_name AND n.key = c.key
+                 GROUP BY 1, 2
+                 UNION ALL
                  SELECT i.replica, {}, 0, 0, count(*)
                  FROM sync.inbox i JOIN r ON r.id = i.replica
                  GROUP BY 1, 2) f

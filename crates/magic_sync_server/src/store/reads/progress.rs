@@ -103,7 +103,11 @@ pub async fn progress(client: &mut tokio_postgres::Client, replica: &str) -> Res
                    -- What it holds through its cohort, from when it joined.
                    SELECT h.table_name, h.key, h.version, greatest(h.message, m.since)
                    FROM sync.members m JOIN sync.held h ON h.replica = m.cohort
-                   WHERE m.replica = $1) h
+                   WHERE m.replica = $1
+                     -- A row it holds itself too is counted as its own.
+                     AND NOT EXISTS (SELECT 1 FROM sync.held o
+                                     WHERE o.table_name = h.table_name AND o.key = h.key
+                                       AND o.replica = $1)) h
              LEFT JOIN n ON n.table_name = h.table_name AND n.key = h.key
              GROUP BY 1",
             &[&replica, &summary.acknowledged],
