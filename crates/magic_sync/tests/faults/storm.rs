@@ -12,7 +12,10 @@
 //! - the build's codec has a bug that sets rows aside, and the host's
 //!   database refuses large sales, until a deploy fixes both; the fixed
 //!   build also declares the notices to every till, so a deployment works
-//!   through them amid the rest.
+//!   through them amid the rest;
+//! - every other seed records by rule, so that deployment changes what
+//!   the cohort of the `all` tables holds while its members come and go,
+//!   are restored and provisioned again.
 //!
 //! Each time the storm lets the fleet settle, every replica holds exactly
 //! what it should given the rows set aside, and its digest matches what the
@@ -160,6 +163,13 @@ struct Storm {
 
 async fn storm(seed: u64, steps: u64) -> Tally {
     let mut fleet = Fleet::with_relay_engine(shop::ROWS, shop::buggy_engine()).await;
+    if seed % 2 == 1 {
+        // Every other seed records by rule: the catalogue's cohort lives
+        // through the storm, and the fix's deployment changes what it
+        // holds (the notices become an `all` table) mid-storm.
+        fleet.reconfigure(|s| s.record_by_rule = true).await;
+        println!("storm: seed {seed} records by rule");
+    }
     // The host refuses large sales until the fix: those wait in the inbox.
     fleet
         .write("ALTER TABLE sales ADD CONSTRAINT storm_small CHECK (total < 90)")
