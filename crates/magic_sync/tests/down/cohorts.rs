@@ -11,6 +11,7 @@
 use crate::fleet::Fleet;
 use crate::walk::{env, seeds};
 use magic_sync::ops::{self, Concern, Scope};
+use magic_sync::relay::Compared;
 use magic_sync::{Engine, Row};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -370,6 +371,66 @@ async fn where_a_tills_rows_point_at_the_cohorts_each_lets_a_row_go_only_when_th
         .unwrap()
         .get(0);
     assert_eq!(jam, 2, "u1's tab and the catalogue's quince");
+}
+
+#[tokio::test]
+async fn a_row_a_member_holds_itself_and_through_the_cohort_counts_once() {
+    // u1's tab points at jam (3), and so does the catalogue's quince.
+    let schema = format!("{SCHEMA} INSERT INTO items VALUES (6, 3, 'quince');");
+    let mut fleet = fleet(&schema, 3).await;
+    fleet.sync().await;
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(members(&fleet).await, ["u1", "u2", "u3"]);
+    assert_eq!(
+        held(&fleet, "categories").await,
+        [("\u{1}all".to_string(), 3), ("u1".to_string(), 1)]
+    );
+    let mut client = fleet.db.connect().await;
+    let categories = |progress: &ops::Progress| {
+        let t = progress
+            .tables
+            .iter()
+            .find(|t| t.table == "categories")
+            .expect("categories")
+            .clone();
+        (t.should, t.holds, t.outdated, t.on_its_way)
+    };
+    let shown = |overview: &ops::Overview| {
+        overview
+            .tables
+            .iter()
+            .find(|t| t.table == "categories")
+            .map(|t| (t.replicas, t.rows_outdated, t.rows_on_their_way))
+    };
+    // Tea, milk and jam: three rows, not four.
+    let progress = ops::progress(&mut client, "u1").await.unwrap();
+    assert_eq!(categories(&progress), (3, 3, 0, 0));
+    assert_eq!(
+        crate::digests::digest_of(&mut fleet, "u1").await,
+        Compared::Matched
+    );
+
+    // Jam changed and noted, not planned yet: outdated once for each till.
+    fleet
+        .write("UPDATE categories SET name = 'preserves' WHERE id = 3")
+        .await;
+    let overview = ops::overview(&mut client, &Scope::All, 10).await.unwrap();
+    assert_eq!(shown(&overview), Some((3, 3, 0)), "{overview:?}");
+    let progress = ops::progress(&mut client, "u1").await.unwrap();
+    assert_eq!(categories(&progress), (3, 3, 1, 0));
+
+    // Planned and sent, not applied yet: on its way once for each till.
+    fleet.pass().await;
+    let overview = ops::overview(&mut client, &Scope::All, 10).await.unwrap();
+    assert_eq!(shown(&overview), Some((3, 0, 3)), "{overview:?}");
+    let progress = ops::progress(&mut client, "u1").await.unwrap();
+    assert_eq!(categories(&progress), (3, 2, 0, 1));
+
+    fleet.sync().await;
+    fleet.check().await;
+    let overview = ops::overview(&mut client, &Scope::All, 10).await.unwrap();
+    assert_eq!(shown(&overview), None, "{overview:?}");
 }
 
 #[derive(Row, Debug, Clone)]

@@ -10,7 +10,7 @@ use magic_sync::relay::Compared;
 use magic_sync::run;
 
 /// `unit`'s digest, heard by the server: what became of it.
-async fn digest_of(fleet: &mut Fleet, unit: &str) -> Compared {
+pub(crate) async fn digest_of(fleet: &mut Fleet, unit: &str) -> Compared {
     let report = run::replica::digest(&fleet.unit(unit).replica).unwrap();
     let heeded = run::server::heed(
         &mut fleet.client,

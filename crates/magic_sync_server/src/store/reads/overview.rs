@@ -333,6 +333,10 @@ async fn figures(tx: &Transaction<'_>, ids: &[String]) -> Result<Vec<Figures>> {
                   AND c.key = h.key
                  LEFT JOIN n ON n.table_name = c.table_name AND n.key = c.key
                  GROUP BY 1, 2
+                 HAVING bool_or((greatest(c.message, m.since) > r.acked
+                                 AND r.last_number > r.acked)
+                                OR (greatest(c.message, m.since) <= r.acked
+                                    AND c.version < n.seq))
                  UNION ALL
                  SELECT i.replica, {}, 0, 0, count(*)
                  FROM sync.inbox i JOIN r ON r.id = i.replica
