@@ -215,6 +215,16 @@ async fn storm(seed: u64, steps: u64) -> Tally {
         "seed {seed}: the fixed build let go of every row set aside"
     );
     storm.every_sale_is_on_the_server().await;
+    if seed % 2 == 1 {
+        let members: i64 = storm
+            .fleet
+            .writer
+            .query_one("SELECT count(*) FROM sync.members", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(members > 0, "seed {seed}: tills are members of the cohort");
+    }
     let mut tally = storm.tally;
     tally.provisionings = (storm.fleet.provisionings - first) as u64;
     // A lost message or gap costs its till a snapshot; a restored till,
