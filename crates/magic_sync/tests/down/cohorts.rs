@@ -433,6 +433,54 @@ async fn a_row_a_member_holds_itself_and_through_the_cohort_counts_once() {
     assert_eq!(shown(&overview), None, "{overview:?}");
 }
 
+#[tokio::test]
+async fn a_row_both_hold_set_aside_holds_back_what_points_at_it_for_each() {
+    // Jam (3) is held by u1 itself (its tab) and by the cohort (quince).
+    let schema = format!("{SCHEMA} INSERT INTO items VALUES (6, 3, 'quince');");
+    let mut fleet = fleet(&schema, 3).await;
+    fleet.sync().await;
+    fleet.sync().await;
+    assert_eq!(members(&fleet).await, ["u1", "u2", "u3"]);
+
+    // Jam's new version cannot go, to anyone: set aside for both holders.
+    fleet
+        .settle(&format!(
+            "UPDATE categories SET name = repeat('j', {}) WHERE id = 3",
+            crate::fleet::MAX_MESSAGE * 2
+        ))
+        .await;
+    assert!(fleet
+        .quarantined()
+        .await
+        .contains(&("categories".to_string(), "[3]".to_string())));
+    fleet.check().await;
+    // Meanwhile u2's tab comes to point at it, and a new item does: both
+    // wait for it, and what else changes goes on.
+    fleet
+        .settle(
+            "INSERT INTO tabs VALUES (3, 'u2', 3);
+             INSERT INTO items VALUES (7, 3, 'damson'), (8, 2, 'rice');",
+        )
+        .await;
+    fleet.check().await;
+
+    // Made to fit, it goes to every till, and what waited for it follows.
+    fleet
+        .settle("UPDATE categories SET name = 'preserves' WHERE id = 3")
+        .await;
+    assert!(fleet.quarantined().await.is_empty());
+    fleet.check().await;
+    for unit in ["u1", "u2", "u3"] {
+        assert_eq!(categories_of(&fleet, unit), [1, 2, 3], "{unit}");
+    }
+    let tabs: i64 = fleet.units["u2"]
+        .replica
+        .connection()
+        .query_row("SELECT count(*) FROM tabs", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(tabs, 2, "u2's tabs, the one at jam among them");
+}
+
 #[derive(Row, Debug, Clone)]
 #[row(table = "lines", down, replica = "unit", key(id))]
 struct Line {
