@@ -198,6 +198,14 @@ pub fn progress(p: &Progress) -> String {
     if let Some(e) = &r.last_error {
         let _ = writeln!(out, "last send failed: {}", plain(e));
     }
+    if !r.cohorts.is_empty() {
+        let names: Vec<String> = r.cohorts.iter().map(|c| plain(c).into_owned()).collect();
+        let _ = writeln!(
+            out,
+            "member of the cohort(s) {}: their rows are recorded once for every member",
+            names.join(", ")
+        );
+    }
     let mut t = table(&[
         "table",
         "holds of should",
@@ -396,6 +404,38 @@ pub fn broker_status(read: &crate::BrokerStatus) -> String {
 mod tests {
     use super::*;
     use magic_sync::ops::{Item, PendingNotes};
+
+    #[test]
+    fn a_members_progress_names_its_cohort() {
+        let now = chrono::DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        let replica = ReplicaSummary {
+            id: "u1".into(),
+            partition: None,
+            state: magic_sync::ops::ReplicaState::CaughtUp,
+            last_message: 7,
+            acknowledged: 7,
+            acknowledged_at: Some(now),
+            outbox: 0,
+            rows_on_their_way: 0,
+            rows_outdated: 0,
+            rows_refused: 0,
+            changes_kept: 0,
+            provisioning: false,
+            snapshot_began_at: None,
+            last_error: None,
+            alarm: None,
+            cohorts: vec!["all".into()],
+        };
+        let mut read = Progress {
+            now,
+            replica,
+            tables: Vec::new(),
+            backlog_at: None,
+        };
+        assert!(progress(&read).contains("member of the cohort(s) all:"));
+        read.replica.cohorts.clear();
+        assert!(!progress(&read).contains("cohort"));
+    }
 
     #[test]
     fn nothing_read_reaches_the_terminal_as_a_control_character() {

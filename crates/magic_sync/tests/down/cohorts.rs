@@ -241,6 +241,12 @@ async fn members_take_the_catalogue_from_the_cohort_and_the_record_holds_it_once
     // cohort's alone in the record.
     assert_eq!(members(&fleet).await, ["u1", "u2", "u3", "u4", "u5", "u6"]);
     assert_eq!(held(&fleet, "items").await, [("\u{1}all".to_string(), 3)]);
+    // Operators see it: each replica's summary names its cohort.
+    let mut client = fleet.db.connect().await;
+    let listed = ops::listing(&mut client, &Scope::All, None, 100)
+        .await
+        .unwrap();
+    assert!(listed.replicas.iter().all(|r| r.cohorts == ["all"]));
 
     // Changes to the catalogue reach every member, recorded once.
     fleet
@@ -269,6 +275,8 @@ async fn members_take_the_catalogue_from_the_cohort_and_the_record_holds_it_once
         .settle("UPDATE items SET name = 'rye' WHERE id = 3")
         .await;
     assert!(members(&fleet).await.is_empty());
+    let progress = ops::progress(&mut client, "u1").await.unwrap();
+    assert!(progress.replica.cohorts.is_empty());
     assert_eq!(held(&fleet, "items").await.len(), 7, "each till holds them");
     assert_eq!(
         fleet.provisionings, provisioned,

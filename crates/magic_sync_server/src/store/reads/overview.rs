@@ -191,7 +191,11 @@ pub(super) async fn summaries(
                  SELECT r.id, r.partition_id, r.p, r.snapshot_began_at, r.last_number, r.acked,
                         r.acked_at, r.last_error, r.alarm,
                         (SELECT count(*) FROM sync.outbox o WHERE o.replica = r.id),
-                        (SELECT count(*) FROM sync.deferred d WHERE d.replica = r.id)
+                        (SELECT count(*) FROM sync.deferred d WHERE d.replica = r.id),
+                        -- A cohort's name without the character no
+                        -- replica's id begins with.
+                        ARRAY(SELECT substr(m.cohort, 2) FROM sync.members m
+                              WHERE m.replica = r.id ORDER BY 1)
                  FROM r ORDER BY r.id"
             ),
             &[&scope.ids(), &scope.partition(), &after, &limit],
@@ -251,6 +255,7 @@ pub(super) async fn summaries(
                 snapshot_began_at: row.get(3),
                 last_error,
                 alarm: row.get(8),
+                cohorts: row.get(11),
             }
         })
         .collect();

@@ -75,6 +75,11 @@ pub struct ReplicaSummary {
     pub last_error: Option<String>,
     /// Why its outbox was dropped (it outgrew its bound), if it was.
     pub alarm: Option<String>,
+    /// The cohorts it is a member of, while the relay records by rule
+    /// (`all`: it takes the rows of the `all` tables from theirs, recorded
+    /// once for every member). Left out of the JSON when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cohorts: Vec<String>,
 }
 
 impl ReplicaSummary {
