@@ -2,7 +2,9 @@
 //! in all (15,000 each, over three tables), read twice: when every replica
 //! is caught up, and when every replica has all its rows unconfirmed (it
 //! acknowledged a message before the one that carried them, as after a
-//! snapshot whose end it has not acknowledged yet).
+//! snapshot whose end it has not acknowledged yet). Then the same fleet
+//! recorded by rule: two of the three tables held once for the cohort of
+//! the `all` tables, every replica its member, read the same two ways.
 //!
 //! cargo bench -p magic_sync --features postgres --bench overview
 //!
@@ -67,11 +69,71 @@ async fn main() {
     })
     .await;
     report("all rows unconfirmed", &unconfirmed, Duration::from_secs(1));
+
+    // The same fleet recorded by rule: the 10,000 rows of `items` and
+    // `prices` once, for the cohort of the `all` tables, every replica its
+    // member, holding its 5,000 `tasks` itself, and 50 of the cohort's
+    // items too (as a till's own rows can reach rows the cohort holds).
+    let cohort_rows = ROWS_EACH * 2 / 3;
+    client
+        .batch_execute(&format!(
+            "TRUNCATE sync.held, sync.acks, sync.members, sync.batches, sync.cohorts;
+             INSERT INTO sync.acks (replica, number, at)
+             SELECT id, last_number, now() FROM sync.replicas;
+             INSERT INTO sync.cohorts (id, kind) VALUES (E'\\x01all', 'all');
+             INSERT INTO sync.members (replica, cohort, since, since_nonce)
+             SELECT id, E'\\x01all', 600, '\\x00' FROM sync.replicas;
+             INSERT INTO sync.held (replica, table_name, key, version, message, ruled)
+             SELECT E'\\x01all', (ARRAY['items', 'prices'])[1 + k % 2], '[' || k || ']', 0, 900, true
+             FROM generate_series(1, {cohort_rows}) k;
+             INSERT INTO sync.held (replica, table_name, key, version, message, ruled)
+             SELECT r.id, 'tasks', '[' || k || ']', 0, r.last_number, true
+             FROM sync.replicas r CROSS JOIN generate_series(1, {}) k;
+             INSERT INTO sync.held (replica, table_name, key, version, message, ruled)
+             SELECT r.id, 'items', '[' || (2 * k + 2) || ']', 0, r.last_number, false
+             FROM sync.replicas r CROSS JOIN generate_series(0, 49) k;",
+            ROWS_EACH - cohort_rows
+        ))
+        .await
+        .unwrap();
+    vacuum(&client).await;
+    println!(
+        "by rule: a cohort of {cohort_rows} rows, {REPLICAS} members each holding {} rows of its own \
+         (50 of them the cohort's too)",
+        ROWS_EACH - cohort_rows + 50
+    );
+    let caught_up = measure(&mut client, repeats, |o| {
+        assert_eq!(o.states.caught_up, REPLICAS);
+    })
+    .await;
+    report("by rule, caught up", &caught_up, Duration::from_millis(10));
+    client
+        .batch_execute("UPDATE sync.acks SET number = 500")
+        .await
+        .unwrap();
+    vacuum(&client).await;
+    let unconfirmed = measure(&mut client, repeats, |o| {
+        assert_eq!(o.states.on_its_way, REPLICAS);
+        let rows: i64 = o.tables.iter().map(|t| t.rows_on_their_way).sum();
+        assert_eq!(rows, REPLICAS * ROWS_EACH, "each row once");
+    })
+    .await;
+    report(
+        "by rule, all rows unconfirmed",
+        &unconfirmed,
+        Duration::from_secs(1),
+    );
 }
 
 /// Each alone: VACUUM cannot run in the transaction a batch makes.
 async fn vacuum(client: &tokio_postgres::Client) {
-    for table in ["sync.replicas", "sync.acks", "sync.held"] {
+    for table in [
+        "sync.replicas",
+        "sync.acks",
+        "sync.held",
+        "sync.held_carried",
+        "sync.members",
+    ] {
         client
             .batch_execute(&format!("VACUUM ANALYZE {table}"))
             .await

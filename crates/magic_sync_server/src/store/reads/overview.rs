@@ -324,29 +324,40 @@ async fn figures(tx: &Transaction<'_>, ids: &[String]) -> Result<Vec<Figures>> {
                  UNION ALL
                  -- A row a member holds itself and through its cohort
                  -- counts as its own: what the cohort's counted of it, not.
-                 SELECT m.replica, h.table_name,
-                        count(*) FILTER (WHERE greatest(c.message, m.since) > r.acked
-                                           AND r.last_number > r.acked) * -1,
-                        count(*) FILTER (WHERE greatest(c.message, m.since) <= r.acked
-                                           AND c.version < n.seq) * -1,
-                        0
-                 FROM r JOIN sync.members m ON m.replica = r.id
-                 JOIN sync.held h ON h.replica = r.id
-                  AND h.table_name IN (SELECT table_name FROM sync.held_carried
-                                       WHERE replica = m.cohort)
+                 -- On its way: found table by table of the cohorts' (few)
+                 -- by the record's key, never by going through each
+                 -- member's rows, and only when a member is behind.
+                 SELECT m.replica, h.table_name, -count(*), 0, 0
+                 FROM (SELECT DISTINCT k.replica AS cohort, k.table_name FROM sync.held_carried k
+                       WHERE k.replica IN (SELECT cohort FROM sync.members)
+                         AND EXISTS (SELECT 1 FROM r WHERE r.last_number > r.acked)) t
+                 CROSS JOIN LATERAL (
+                     SELECT h.replica, h.table_name, h.key FROM sync.held h
+                     WHERE h.table_name = t.table_name AND h.replica <> t.cohort OFFSET 0) h
+                 JOIN sync.members m ON m.replica = h.replica AND m.cohort = t.cohort
+                 JOIN r ON r.id = m.replica AND r.last_number > r.acked
                  JOIN sync.held c ON c.replica = m.cohort AND c.table_name = h.table_name
                   AND c.key = h.key
-                 LEFT JOIN n ON n.table_name = c.table_name AND n.key = c.key
+                 WHERE greatest(c.message, m.since) > r.acked
                  GROUP BY 1, 2
-                 HAVING bool_or((greatest(c.message, m.since) > r.acked
-                                 AND r.last_number > r.acked)
-                                OR (greatest(c.message, m.since) <= r.acked
-                                    AND c.version < n.seq))
+                 UNION ALL
+                 -- Outdated: from the pending notes.
+                 SELECT m.replica, h.table_name, 0, -count(*), 0
+                 FROM n JOIN sync.held c ON c.table_name = n.table_name AND c.key = n.key
+                 JOIN sync.members m ON m.cohort = c.replica
+                 JOIN r ON r.id = m.replica
+                 JOIN sync.held h ON h.table_name = c.table_name AND h.key = c.key
+                  AND h.replica = m.replica
+                 WHERE greatest(c.message, m.since) <= r.acked AND c.version < n.seq
+                 GROUP BY 1, 2
                  UNION ALL
                  SELECT i.replica, {}, 0, 0, count(*)
                  FROM sync.inbox i JOIN r ON r.id = i.replica
                  GROUP BY 1, 2) f
-             GROUP BY 1, 2 ORDER BY 1, 2",
+             GROUP BY 1, 2
+             -- Nothing left once a member's rows are counted once.
+             HAVING sum(w) <> 0 OR sum(o) <> 0 OR sum(x) <> 0
+             ORDER BY 1, 2",
                 crate::store::tables::shown("i.table_name")
             ),
             &[&ids],
