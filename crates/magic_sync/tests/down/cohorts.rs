@@ -84,6 +84,11 @@ async fn held(fleet: &Fleet, table: &str) -> Vec<(String, i64)> {
         .collect()
 }
 
+/// The one value the server's database answers `sql` with.
+async fn one<T: for<'a> tokio_postgres::types::FromSql<'a>>(fleet: &Fleet, sql: &str) -> T {
+    fleet.writer.query_one(sql, &[]).await.unwrap().get(0)
+}
+
 /// Rows of `table` the cohort is recorded holding.
 async fn cohort_holds(fleet: &Fleet, table: &str) -> i64 {
     held(fleet, table)
@@ -124,15 +129,11 @@ async fn a_catalogue_change_is_recorded_once_for_the_cohort_and_kept_exact() {
     assert_eq!(cohort_holds(&fleet, "items").await, 12);
     // jam (3), milk (2), bread (4): tea (1) is no item's any more.
     assert_eq!(cohort_holds(&fleet, "categories").await, 3);
-    let tea: i64 = fleet
-        .writer
-        .query_one(
-            "SELECT count(*) FROM sync.held WHERE table_name = 'categories' AND key = '[1]'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let tea: i64 = one(
+        &fleet,
+        "SELECT count(*) FROM sync.held WHERE table_name = 'categories' AND key = '[1]'",
+    )
+    .await;
     assert_eq!(tea, 0, "nobody holds tea any more");
 }
 
@@ -147,12 +148,7 @@ async fn off_the_cohort_is_forgotten_and_on_again_it_is_made_afresh() {
     fleet
         .settle("INSERT INTO items VALUES (4, 4, 'rye'); DELETE FROM items WHERE id = 3")
         .await;
-    let cohorts: i64 = fleet
-        .writer
-        .query_one("SELECT count(*) FROM sync.cohorts", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let cohorts: i64 = one(&fleet, "SELECT count(*) FROM sync.cohorts").await;
     assert_eq!(cohorts, 0);
     assert_eq!(cohort_holds(&fleet, "items").await, 0);
     assert_eq!(cohort_holds(&fleet, "categories").await, 0);
@@ -368,16 +364,12 @@ async fn where_a_tills_rows_point_at_the_cohorts_each_lets_a_row_go_only_when_th
     assert!(members(&fleet).await.is_empty());
     assert_eq!(fleet.provisionings, provisioned);
     assert_eq!(categories_of(&fleet, "u1"), [1, 2, 3]);
-    let jam: i32 = fleet
-        .writer
-        .query_one(
-            "SELECT refs FROM sync.held
-             WHERE replica = 'u1' AND table_name = 'categories' AND key = '[3]'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let jam: i32 = one(
+        &fleet,
+        "SELECT refs FROM sync.held
+         WHERE replica = 'u1' AND table_name = 'categories' AND key = '[3]'",
+    )
+    .await;
     assert_eq!(jam, 2, "u1's tab and the catalogue's quince");
 }
 
