@@ -262,6 +262,34 @@ pub(super) async fn summaries(
     Ok((summaries, tables))
 }
 
+/// The branch of [`figures`] that takes back what a cohort counted on its
+/// way of a row its member holds itself too: read table by table of
+/// `tables` (the cohorts'), by the record's key, only when a member is
+/// behind; nothing without a cohort.
+fn on_their_way_both(tables: &[String]) -> String {
+    if tables.is_empty() {
+        return String::new();
+    }
+    let names: Vec<String> = tables.iter().map(|t| crate::sql::literal(t)).collect();
+    format!(
+        "SELECT o.replica, o.table_name, -count(*), 0, 0
+         -- The members' own rows of those tables first, on their own
+         -- (fenced): never every member crossed with the cohort's rows.
+         FROM (SELECT h.replica, h.table_name, h.key, m.cohort, m.since
+               FROM sync.held h JOIN sync.members m ON m.replica = h.replica
+               WHERE h.table_name IN ({})
+                 AND EXISTS (SELECT 1 FROM r WHERE r.last_number > r.acked)
+               OFFSET 0) o
+         JOIN r ON r.id = o.replica AND r.last_number > r.acked
+         JOIN sync.held c ON c.replica = o.cohort AND c.table_name = o.table_name
+          AND c.key = o.key
+         WHERE greatest(c.message, o.since) > r.acked
+         GROUP BY 1, 2
+         UNION ALL",
+        names.join(", ")
+    )
+}
+
 /// One replica's figures for one table.
 #[derive(Debug)]
 struct Figures {
@@ -284,6 +312,19 @@ async fn figures(tx: &Transaction<'_>, ids: &[String]) -> Result<Vec<Figures>> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
+    // The tables the cohorts hold rows of, named in the statement: the
+    // planner then knows how many rows each has, where a table read from
+    // another relation would be guessed at a share of `sync.held`.
+    let cohort_tables: Vec<String> = tx
+        .query(
+            "SELECT DISTINCT k.table_name FROM sync.held_carried k
+             WHERE k.replica IN (SELECT cohort FROM sync.members)",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     let rows = tx
         .query(
             &format!(
@@ -324,24 +365,9 @@ async fn figures(tx: &Transaction<'_>, ids: &[String]) -> Result<Vec<Figures>> {
                  UNION ALL
                  -- A row a member holds itself and through its cohort
                  -- counts as its own: what the cohort's counted of it, not.
-                 -- On its way: found table by table of the cohorts' (few)
-                 -- by the record's key, never by going through each
-                 -- member's rows, and only when a member is behind.
-                 SELECT m.replica, h.table_name, -count(*), 0, 0
-                 FROM (SELECT DISTINCT k.replica AS cohort, k.table_name FROM sync.held_carried k
-                       WHERE k.replica IN (SELECT cohort FROM sync.members)
-                         AND EXISTS (SELECT 1 FROM r WHERE r.last_number > r.acked)) t
-                 CROSS JOIN LATERAL (
-                     SELECT h.replica, h.table_name, h.key FROM sync.held h
-                     WHERE h.table_name = t.table_name AND h.replica <> t.cohort OFFSET 0) h
-                 JOIN sync.members m ON m.replica = h.replica AND m.cohort = t.cohort
-                 JOIN r ON r.id = m.replica AND r.last_number > r.acked
-                 JOIN sync.held c ON c.replica = m.cohort AND c.table_name = h.table_name
-                  AND c.key = h.key
-                 WHERE greatest(c.message, m.since) > r.acked
-                 GROUP BY 1, 2
-                 UNION ALL
-                 -- Outdated: from the pending notes.
+                 -- On its way (`on_their_way_both`), and outdated, from
+                 -- the pending notes.
+                 {shared}
                  SELECT m.replica, h.table_name, 0, -count(*), 0
                  FROM n JOIN sync.held c ON c.table_name = n.table_name AND c.key = n.key
                  JOIN sync.members m ON m.cohort = c.replica
@@ -358,7 +384,8 @@ async fn figures(tx: &Transaction<'_>, ids: &[String]) -> Result<Vec<Figures>> {
              -- Nothing left once a member's rows are counted once.
              HAVING sum(w) <> 0 OR sum(o) <> 0 OR sum(x) <> 0
              ORDER BY 1, 2",
-                crate::store::tables::shown("i.table_name")
+                crate::store::tables::shown("i.table_name"),
+                shared = on_their_way_both(&cohort_tables),
             ),
             &[&ids],
         )
