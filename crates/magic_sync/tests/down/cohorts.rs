@@ -202,6 +202,29 @@ INSERT INTO items VALUES (1, 1, 'green'), (2, 1, 'black'), (3, 2, 'oat');
 INSERT INTO tabs VALUES (1, 'u1', 3), (2, 'u2', NULL);
 ";
 
+/// A fleet of three tills recording by rule, all joined, where jam (3) is
+/// held both by u1 for its tab and by the cohort for the catalogue's
+/// quince.
+async fn jam_both_ways() -> Fleet {
+    let schema = format!("{SCHEMA} INSERT INTO items VALUES (6, 3, 'quince');");
+    let mut fleet = fleet(&schema, 3).await;
+    fleet.sync().await;
+    fleet.sync().await;
+    assert_eq!(members(&fleet).await, ["u1", "u2", "u3"]);
+    fleet
+}
+
+/// Row `id` of `table` renamed to `fill` repeated past what any message
+/// carries, and the fleet settled.
+async fn past_any_message(fleet: &mut Fleet, table: &str, id: i64, fill: char) {
+    fleet
+        .settle(&format!(
+            "UPDATE {table} SET name = repeat('{fill}', {}) WHERE id = {id}",
+            crate::fleet::MAX_MESSAGE * 2
+        ))
+        .await;
+}
+
 /// The replicas that joined the cohort.
 async fn members(fleet: &Fleet) -> Vec<String> {
     fleet
@@ -295,14 +318,10 @@ async fn where_a_tills_rows_point_at_the_cohorts_each_lets_a_row_go_only_when_th
 ) {
     // `tabs` and `items` both point at categories: u1's tab at jam (3),
     // which an item is in too.
-    let schema = format!("{SCHEMA} INSERT INTO items VALUES (6, 3, 'quince');");
-    let mut fleet = fleet(&schema, 3).await;
-    fleet.sync().await;
-    fleet.sync().await;
+    let mut fleet = jam_both_ways().await;
     // Joined, u1 holds jam itself for its tab alone: the audit counts what
     // points at each row held.
     fleet.check().await;
-    assert_eq!(members(&fleet).await, ["u1", "u2", "u3"]);
     assert_eq!(held(&fleet, "items").await, [("\u{1}all".to_string(), 4)]);
     assert_eq!(
         held(&fleet, "categories").await,
@@ -376,12 +395,8 @@ async fn where_a_tills_rows_point_at_the_cohorts_each_lets_a_row_go_only_when_th
 #[tokio::test]
 async fn a_row_a_member_holds_itself_and_through_the_cohort_counts_once() {
     // u1's tab points at jam (3), and so does the catalogue's quince.
-    let schema = format!("{SCHEMA} INSERT INTO items VALUES (6, 3, 'quince');");
-    let mut fleet = fleet(&schema, 3).await;
-    fleet.sync().await;
-    fleet.sync().await;
+    let mut fleet = jam_both_ways().await;
     fleet.check().await;
-    assert_eq!(members(&fleet).await, ["u1", "u2", "u3"]);
     assert_eq!(
         held(&fleet, "categories").await,
         [("\u{1}all".to_string(), 3), ("u1".to_string(), 1)]
@@ -436,19 +451,10 @@ async fn a_row_a_member_holds_itself_and_through_the_cohort_counts_once() {
 #[tokio::test]
 async fn a_row_both_hold_set_aside_holds_back_what_points_at_it_for_each() {
     // Jam (3) is held by u1 itself (its tab) and by the cohort (quince).
-    let schema = format!("{SCHEMA} INSERT INTO items VALUES (6, 3, 'quince');");
-    let mut fleet = fleet(&schema, 3).await;
-    fleet.sync().await;
-    fleet.sync().await;
-    assert_eq!(members(&fleet).await, ["u1", "u2", "u3"]);
+    let mut fleet = jam_both_ways().await;
 
     // Jam's new version cannot go, to anyone: set aside for both holders.
-    fleet
-        .settle(&format!(
-            "UPDATE categories SET name = repeat('j', {}) WHERE id = 3",
-            crate::fleet::MAX_MESSAGE * 2
-        ))
-        .await;
+    past_any_message(&mut fleet, "categories", 3, 'j').await;
     assert!(fleet
         .quarantined()
         .await
@@ -526,12 +532,7 @@ async fn an_item_set_aside_holds_back_the_members_lines_that_point_at_it() {
 
     // Item 1 grows past what a message carries: the cohort lets it go, and
     // u1's and u2's lines pointing at it are held back with it.
-    fleet
-        .settle(&format!(
-            "UPDATE items SET name = repeat('x', {}) WHERE id = 1",
-            crate::fleet::MAX_MESSAGE * 2
-        ))
-        .await;
+    past_any_message(&mut fleet, "items", 1, 'x').await;
     assert!(fleet
         .quarantined()
         .await
@@ -573,12 +574,7 @@ async fn a_category_set_aside_holds_back_the_cohorts_items_and_the_members_lines
     // Tea grows past what a message carries: the cohort lets it go with
     // the two items in it, and u1's and u2's lines at those items are held
     // back from them; u3's line, at oat milk, stays.
-    fleet
-        .settle(&format!(
-            "UPDATE categories SET name = repeat('x', {}) WHERE id = 1",
-            crate::fleet::MAX_MESSAGE * 2
-        ))
-        .await;
+    past_any_message(&mut fleet, "categories", 1, 'x').await;
     let blocked: Vec<(String, String, String)> = fleet
         .writer
         .query(
