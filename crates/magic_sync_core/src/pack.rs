@@ -52,6 +52,8 @@ pub struct Packer {
     self_referencing: HashSet<String>,
     done: Vec<Packed>,
     done_bytes: usize,
+    /// The replicas given a message so far.
+    streams: HashSet<String>,
 }
 
 /// Bytes a field adds besides its content: a tag and a length.
@@ -73,6 +75,7 @@ impl Packer {
             self_referencing,
             done: Vec::new(),
             done_bytes: 0,
+            streams: HashSet::new(),
         }
     }
 
@@ -167,6 +170,19 @@ impl Packer {
         }
     }
 
+    /// Gives each of `replicas` that was given no message an empty one,
+    /// the last of its stream: it says the replica was sent the pass in
+    /// messages of its own (a member of a cohort whose every row of the
+    /// pass was kept from it), rather than in the cohort's.
+    pub fn end_empty(&mut self, replicas: &[String]) {
+        for r in replicas {
+            if !self.streams.contains(r) {
+                self.push(r, Body::Down(Down { tables: Vec::new() }));
+                self.done.last_mut().expect("just pushed").last = true;
+            }
+        }
+    }
+
     /// Adds a message describing the tables, `described`, for `replica`
     /// (after ending its open message).
     pub fn describe(&mut self, replica: &str, described: &ReplicaSchema) {
@@ -190,6 +206,9 @@ impl Packer {
     }
 
     fn push(&mut self, replica: &str, body: Body) {
+        if !self.streams.contains(replica) {
+            self.streams.insert(replica.to_string());
+        }
         let mut bytes = Vec::new();
         body.encode(&mut bytes);
         self.done_bytes += bytes.len();
@@ -331,5 +350,27 @@ mod tests {
             p.take().into_iter().map(|m| (m.replica, m.last)).collect();
         marked.sort();
         assert_eq!(marked, [("u1".to_string(), true), ("u2".to_string(), true)]);
+    }
+
+    #[test]
+    fn a_replica_given_nothing_may_be_given_an_empty_last_message() {
+        let mut p = Packer::new(1000, HashSet::new(), HashSet::new());
+        for i in 0..4 {
+            p.upsert("u1", "products", row(&format!("[{i}]"), 300));
+        }
+        p.end_all();
+        p.end_empty(&["u1".to_string(), "u2".to_string()]);
+        let packed = p.take();
+        let last: Vec<(&str, bool)> = packed
+            .iter()
+            .map(|m| (m.replica.as_str(), m.last))
+            .collect();
+        assert_eq!(
+            last,
+            [("u1", false), ("u1", true), ("u2", true)],
+            "u1 had messages of its own; u2 gets one, empty"
+        );
+        let empty = ToReplica::decode(packed[2].body.as_slice()).unwrap().body;
+        assert_eq!(empty, Some(Body::Down(Down { tables: Vec::new() })));
     }
 }

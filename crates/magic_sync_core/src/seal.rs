@@ -92,6 +92,22 @@ pub fn epoch_secret(master: &[u8], epoch: &[u8]) -> Seal {
     mac.finalize().into_bytes().into()
 }
 
+/// The nonce of a cohort's message `number`, whose own nonce is `shared`,
+/// as sent to its member `replica`: a message written once for many
+/// replicas is stamped for each one as it is sent, and this makes its nonce
+/// the same every time it goes to that replica, and different for each.
+/// The first 16 bytes of an HMAC under the epoch's `secret`, so no replica
+/// can make another's.
+pub fn member_nonce(secret: &[u8], replica: &str, number: u64, shared: &[u8]) -> Vec<u8> {
+    let mut mac =
+        HmacSha256::new_from_slice(secret).expect("HMAC-SHA256 takes a key of any length");
+    part(&mut mac, b"magic_sync/v1 member nonce");
+    part(&mut mac, replica.as_bytes());
+    part(&mut mac, &number.to_be_bytes());
+    part(&mut mac, shared);
+    mac.finalize().into_bytes()[..16].to_vec()
+}
+
 /// The key receipts of an epoch are made under, drawn from its secret.
 fn receipt_key(secret: &[u8]) -> Seal {
     let mut mac =
@@ -153,7 +169,7 @@ pub fn verify(
 
 #[cfg(test)]
 mod tests {
-    use super::{epoch_secret, receipt, seal, verify, verify_receipt};
+    use super::{epoch_secret, member_nonce, receipt, seal, verify, verify_receipt};
 
     const SECRET: &[u8] = b"the epoch's secret";
     const EPOCH: &[u8] = &[7; 16];
@@ -161,6 +177,17 @@ mod tests {
 
     fn sealed() -> [u8; 32] {
         seal(SECRET, "unit-1", EPOCH, 42, NONCE)
+    }
+
+    #[test]
+    fn a_members_nonce_is_its_own_and_the_same_each_time() {
+        let n = member_nonce(SECRET, "unit-1", 42, NONCE);
+        assert_eq!(n.len(), 16);
+        assert_eq!(n, member_nonce(SECRET, "unit-1", 42, NONCE));
+        assert_ne!(n, member_nonce(SECRET, "unit-2", 42, NONCE));
+        assert_ne!(n, member_nonce(SECRET, "unit-1", 43, NONCE));
+        assert_ne!(n, member_nonce(SECRET, "unit-1", 42, &[8; 16]));
+        assert_ne!(n, member_nonce(b"another secret", "unit-1", 42, NONCE));
     }
 
     #[test]

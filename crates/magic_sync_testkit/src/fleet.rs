@@ -64,6 +64,18 @@ pub struct Fleet {
     /// Snapshots recorded so far, over every step: how often a replica
     /// was provisioned from scratch.
     pub provisionings: usize,
+    /// What publishing remembers between calls, as a runner keeps it: the
+    /// cohorts' messages sent each member, sent again only once
+    /// `RESEND_AFTER` passed, like the outbox's; a replica a send failed
+    /// to, passed over while the network cuts it off. A relay started
+    /// again forgets it.
+    pub away: magic_sync::relay::Away,
+}
+
+/// What publishing remembers, as a relay starting knows it.
+fn fresh_memory() -> magic_sync::relay::Away {
+    let wait = magic_sync::relay::RESEND_AFTER;
+    magic_sync::relay::Away::new(wait, wait)
 }
 
 /// Messages of at most this many bytes: small, so plans span several messages.
@@ -102,6 +114,7 @@ impl Fleet {
         self.relay = Relay::new(&self.client, engine, settings)
             .await
             .expect("the relay starts");
+        self.away = fresh_memory();
     }
 
     /// A relay whose session was lost (and its lock with it) replaced by
@@ -127,6 +140,7 @@ impl Fleet {
                 .unwrap();
         }
         self.client = client;
+        self.away = fresh_memory();
         self.client
             .batch_execute("SET TIME ZONE 'UTC'")
             .await
@@ -225,6 +239,7 @@ impl Fleet {
             dir: tempfile::tempdir().unwrap(),
             units: BTreeMap::new(),
             provisionings: 0,
+            away: fresh_memory(),
         }
     }
 
@@ -345,6 +360,15 @@ impl Fleet {
         self.relay = Relay::new(&self.client, self.engine.clone(), settings)
             .await
             .expect("the relay starts");
+        self.away = fresh_memory();
+    }
+
+    /// The relay again, recording every replica's rows and messages
+    /// for it alone, whatever `MAGIC_SYNC_RECORD_BY_RULE` says: for the
+    /// tests that read the per-replica outbox and record themselves (their
+    /// cohort counterparts are in `down/batches.rs`).
+    pub async fn per_replica(&mut self) {
+        self.reconfigure(|s| s.record_by_rule = false).await;
     }
 
     pub fn unit(&mut self, id: &str) -> &mut Unit {
@@ -512,9 +536,15 @@ impl Fleet {
     /// that every walk and storm runs the batches' signatures, which the
     /// relay uses only from [`magic_sync::relay::BATCH_FROM`] by default.
     pub async fn publish(&mut self) {
-        magic_sync::relay::publish(&self.client, &self.network, 16, BATCHED_FROM)
-            .await
-            .expect("publishing");
+        magic_sync::relay::publish_beside(
+            &self.client,
+            &self.network,
+            16,
+            BATCHED_FROM,
+            &mut self.away,
+        )
+        .await
+        .expect("publishing");
     }
 
     /// Publishes, delivers every message to every replica that is live and

@@ -41,7 +41,7 @@ struct Tab {
 
 /// A catalogue (`items`, held by every replica) pointing at categories,
 /// which a till's own tabs point at too.
-const SCHEMA: &str = "
+pub(crate) const SCHEMA: &str = "
 CREATE TABLE categories (id bigint PRIMARY KEY, name text NOT NULL);
 CREATE TABLE items (id bigint PRIMARY KEY, category bigint REFERENCES categories, name text NOT NULL);
 CREATE TABLE tabs (id bigint PRIMARY KEY, unit text NOT NULL, category bigint REFERENCES categories);
@@ -50,7 +50,7 @@ INSERT INTO items VALUES (1, 1, 'green'), (2, 1, 'black'), (3, 2, 'oat');
 INSERT INTO tabs VALUES (1, 'u1', 3), (2, 'u2', NULL);
 ";
 
-fn engine() -> Engine {
+pub(crate) fn engine() -> Engine {
     Engine::builder()
         .table::<Category>()
         .table::<Item>()
@@ -60,7 +60,7 @@ fn engine() -> Engine {
 }
 
 /// A fleet of `tills` recording by rule.
-async fn fleet(schema: &str, tills: usize) -> Fleet {
+pub(crate) async fn fleet(schema: &str, tills: usize) -> Fleet {
     let mut fleet = Fleet::of(schema, engine()).await;
     fleet.reconfigure(|s| s.record_by_rule = true).await;
     for i in 1..=tills {
@@ -85,7 +85,10 @@ async fn held(fleet: &Fleet, table: &str) -> Vec<(String, i64)> {
 }
 
 /// The one value the server's database answers `sql` with.
-async fn one<T: for<'a> tokio_postgres::types::FromSql<'a>>(fleet: &Fleet, sql: &str) -> T {
+pub(crate) async fn one<T: for<'a> tokio_postgres::types::FromSql<'a>>(
+    fleet: &Fleet,
+    sql: &str,
+) -> T {
     fleet.writer.query_one(sql, &[]).await.unwrap().get(0)
 }
 
@@ -226,7 +229,7 @@ async fn past_any_message(fleet: &mut Fleet, table: &str, id: i64, fill: char) {
 }
 
 /// The replicas that joined the cohort.
-async fn members(fleet: &Fleet) -> Vec<String> {
+pub(crate) async fn members(fleet: &Fleet) -> Vec<String> {
     fleet
         .writer
         .query("SELECT replica FROM sync.members ORDER BY 1", &[])

@@ -6,6 +6,7 @@ use magic_sync_testkit::{fleet, gate, shop, wire};
 
 mod deploy;
 
+mod batches;
 mod cohorts;
 mod cost;
 mod deployments;

@@ -70,6 +70,7 @@ async fn acknowledge(
 #[tokio::test]
 async fn a_till_out_of_reach_keeps_its_messages_and_holds_back_no_one() {
     let mut fleet = shop().await;
+    fleet.per_replica().await;
     fleet.cut("u1", true);
     fleet
         .write("UPDATE products SET name = 'green tea' WHERE id = 1")
@@ -244,6 +245,7 @@ async fn u1_alarm(fleet: &Fleet) -> Option<String> {
 #[tokio::test]
 async fn a_till_out_of_reach_past_its_outbox_bound_is_provisioned_again_and_converges_when_back() {
     let mut fleet = bounded(4, i64::MAX).await;
+    fleet.per_replica().await;
     rename(&mut fleet, 0..4).await;
     assert_eq!(u1_outbox(&fleet).await.1, 4, "one message a change, kept");
     assert_eq!(u1_alarm(&fleet).await, None);
@@ -1011,6 +1013,7 @@ async fn a_loop_holding_a_message_ends_with_its_link() {
 #[tokio::test]
 async fn a_pass_says_what_it_wrote_and_since_when() {
     let mut fleet = shop().await;
+    fleet.per_replica().await;
     let before = std::time::SystemTime::now();
     fleet
         .write("UPDATE products SET name = 'black tea' WHERE id = 1")
@@ -1042,6 +1045,7 @@ async fn a_pass_says_what_it_wrote_and_since_when() {
 #[tokio::test]
 async fn a_server_restored_from_an_older_copy_begins_a_new_epoch_and_provisions_every_replica() {
     let mut fleet = shop().await;
+    fleet.per_replica().await;
     fleet
         .settle("UPDATE products SET price = 3 WHERE id = 1")
         .await;

@@ -294,6 +294,7 @@ async fn twice_is_once_and_a_gap_brings_a_snapshot() {
 #[tokio::test]
 async fn a_last_message_lost_on_the_way_is_sent_again() {
     let mut fleet = shop().await;
+    fleet.per_replica().await;
     fleet
         .write("UPDATE products SET name = 'black tea' WHERE id = 1")
         .await;
@@ -486,6 +487,7 @@ async fn a_sale_keeps_its_customer_until_it_goes() {
 #[tokio::test]
 async fn the_same_rows_for_many_tills_are_stored_once() {
     let mut fleet = shop().await;
+    fleet.per_replica().await;
     fleet
         .write("UPDATE products SET price = 3 WHERE id = 1")
         .await;

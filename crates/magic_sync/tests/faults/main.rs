@@ -151,6 +151,7 @@ async fn a_relay_losing_its_lock_mid_pass_commits_nothing_over_the_next() {
 async fn a_message_sent_and_still_in_the_outbox_goes_again_and_applies_once() {
     let scenario = FailScenario::setup();
     let mut fleet = shop().await;
+    fleet.per_replica().await;
     fleet
         .write("UPDATE products SET price = 4 WHERE id = 2")
         .await;

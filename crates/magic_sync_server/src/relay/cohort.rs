@@ -67,6 +67,7 @@ pub(super) async fn make(
         described: &context.described,
         cache: None,
         members: &[],
+        batches: false,
         shared: &[],
     };
     let holder = [cohorts::ALL.to_string()];
@@ -118,4 +119,55 @@ impl Sink for Nowhere {
     async fn take(&mut self, _: &Transaction<'_>, _: Vec<Packed>) -> Result<()> {
         Ok(())
     }
+}
+
+/// Forgets the cohort of the `all` tables, as `cohorts::forget` does, once
+/// its members hold in their own outboxes what it owes them: each of its
+/// messages a member was not sent and acknowledged yet is written to the
+/// member's outbox as publishing would have stamped it, and a member whose
+/// chain stands at one of the cohort's messages is recorded standing
+/// there. Their chains go on unbroken, and nobody is provisioned again.
+/// Returns whether it was forgotten.
+pub(super) async fn forget(client: &mut Client, tables: &cohorts::Tables) -> Result<bool> {
+    let tx = client.transaction().await?;
+    if !cohorts::exists(&tx).await? {
+        return Ok(false);
+    }
+    let epoch = super::outbox::Epoch::read(&tx).await?;
+    let statements = crate::store::outbox::Statements::prepare(&tx).await?;
+    // Every page read before any is written: a message written would be
+    // read as the member's own, sent it in place of the cohort's.
+    let mut after = (String::new(), 0);
+    let mut rows = crate::store::outbox::Rows::default();
+    loop {
+        let owed = cohorts::owed(&tx, &after, 512, &[], (&[], &[])).await?;
+        let Some(last) = owed.last() else {
+            break;
+        };
+        after = (last.replica.clone(), last.number);
+        let stamped =
+            super::publish::stamp_owed(&tx, &epoch, owed, &|_, _| false, i64::MAX).await?;
+        for m in stamped {
+            rows.replica.push(m.replica.to_string());
+            rows.number.push(m.number);
+            rows.nonce.push(m.nonce);
+            rows.head.push(m.head);
+            rows.hash.push(m.hash);
+            rows.seal.push(m.seal);
+        }
+    }
+    crate::store::outbox::insert(&tx, &statements, &[], &[], &rows).await?;
+    let heads = cohorts::heads_at_cohort(&tx).await?;
+    let nonces: Vec<Vec<u8>> = heads
+        .iter()
+        .map(|(replica, number, shared)| {
+            super::observe::member_nonce(&epoch.secret, replica, *number, shared)
+        })
+        .collect();
+    let replicas: Vec<&str> = heads.iter().map(|(r, _, _)| r.as_str()).collect();
+    let numbers: Vec<i64> = heads.iter().map(|(_, n, _)| *n).collect();
+    crate::store::replicas::chains_at(&tx, &replicas, &numbers, &nonces).await?;
+    let forgotten = cohorts::forget(&tx, None, Some(tables)).await?;
+    tx.commit().await?;
+    Ok(forgotten)
 }

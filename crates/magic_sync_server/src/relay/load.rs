@@ -102,10 +102,15 @@ pub(crate) struct Loader<'a> {
     /// Where a small pass keeps its statements prepared: its difference is
     /// read by plans PostgreSQL made once.
     pub cache: Option<&'a crate::store::plan::Cache>,
-    /// The members of the cohort of the `all` tables the pass keeps up:
-    /// each is sent what the plan sends the cohort and takes back from it,
-    /// beside its own.
+    /// The members of the cohort of the `all` tables the pass keeps up
+    /// that are sent what the plan sends the cohort and takes back from
+    /// it, beside their own, in messages of their own: every member, or
+    /// with `batches` those `cohorts::alone` marked.
     pub members: &'a [String],
+    /// The cohort's rows are packed for the cohort itself, into messages
+    /// written once for its members (`sync.batches`), rather than for
+    /// each member.
+    pub batches: bool,
     /// The tables both the cohort and its members' own rows may hold rows
     /// of (`Graph::shared_cohort_tables`).
     pub shared: &'a [&'static str],
@@ -194,6 +199,11 @@ impl Loader<'_> {
             packer.deletes_done(shape.table.name);
         }
         packer.end_all();
+        if self.batches {
+            // A member sent the pass in messages of its own has one, if
+            // empty: the cohort's are not for it.
+            packer.end_empty(self.members);
+        }
         if source.is_snapshot() {
             let tables: Vec<String> = self
                 .graph
@@ -267,7 +277,7 @@ impl Loader<'_> {
             return format!("SELECT r, k FROM {from} WHERE t = {t}");
         }
         let shared = self.shared.iter().any(|s| literal(s) == t);
-        let rows = cohorts::given_to_members(from, &format!("s.t = {t}"), shared);
+        let rows = cohorts::given_to_members(from, &format!("s.t = {t}"), shared, self.batches);
         format!("SELECT r, k FROM ({rows}) g")
     }
 
@@ -432,9 +442,12 @@ impl Loader<'_> {
                     continue;
                 }
             };
-            // A cohort is sent nothing itself: its members are
-            // (`difference_of`).
-            for r in replicas.iter().filter(|r| !cohorts::is_cohort(r)) {
+            // A cohort is sent nothing itself, unless into its batches:
+            // its members are (`difference_of`).
+            for r in replicas
+                .iter()
+                .filter(|r| self.batches || !cohorts::is_cohort(r))
+            {
                 packer.upsert(
                     r,
                     table.name,
@@ -472,7 +485,10 @@ impl Loader<'_> {
             for row in &rows {
                 let key = crate::graph::wire_key_of(table, kinds, row.get(0))?.into_bytes();
                 let replicas: Vec<String> = row.get(1);
-                for r in replicas.iter().filter(|r| !cohorts::is_cohort(r)) {
+                for r in replicas
+                    .iter()
+                    .filter(|r| self.batches || !cohorts::is_cohort(r))
+                {
                     packer.delete(r, table, key.clone());
                 }
             }

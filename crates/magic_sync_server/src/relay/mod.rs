@@ -559,7 +559,7 @@ impl Relay {
                 );
             }
             if !self.context.settings.record_by_rule
-                && store::cohorts::forget(&*client, None, Some(&self.cohort_tables)).await?
+                && cohort::forget(client, &self.cohort_tables).await?
             {
                 // Not kept up while the relay does not record by rule: made
                 // again, whole, when it does.
@@ -799,6 +799,10 @@ impl Relay {
         if opened.blocks.unsettled {
             // Every row set aside is taken back now from wherever it was held.
             closing.push_str(store::quarantine::SETTLE);
+        }
+        if self.context.settings.record_by_rule && opened.observed.cohort {
+            // What every member has of the cohort's messages goes.
+            closing.push_str(store::cohorts::FORGET_SENT_BATCHES);
         }
         close(&tx, closing).await?;
         self.join_cohort(&tx, &opened.observed).await?;
@@ -1047,7 +1051,7 @@ impl Relay {
         let chains = observed
             .kept
             .iter()
-            .map(|o| (o.id.clone(), o.chain()))
+            .map(|o| (o.id.clone(), o.chain(&epoch.secret)))
             .collect();
         let statements = self
             .statements
@@ -1058,7 +1062,7 @@ impl Relay {
             configured::describe(tx, &mut writer, &describe, &self.context.described).await?;
         if planned_any {
             let t0 = std::time::Instant::now();
-            let members: Vec<String> = match observed.cohort {
+            let mut members: Vec<String> = match observed.cohort {
                 true => observed
                     .kept
                     .iter()
@@ -1067,6 +1071,16 @@ impl Relay {
                     .collect(),
                 false => Vec::new(),
             };
+            // The cohort's messages are written once, for the members
+            // with nothing of their own in the pass; the others are sent
+            // them in messages of their own, beside their own rows.
+            let batches = !members.is_empty();
+            if batches {
+                let alone = store::cohorts::alone(tx, &self.cohort_tables.shared).await?;
+                let owed = members.iter().filter(|m| !alone.contains(m)).cloned();
+                writer.batch_for(owed.collect());
+                members = alone;
+            }
             let loader = load::Loader {
                 graph: &context.graph,
                 engine: &context.engine,
@@ -1076,6 +1090,7 @@ impl Relay {
                 described: &context.described,
                 cache: (plan.planned.sends <= plan::CACHED_UP_TO).then_some(&self.plan_cache),
                 members: &members,
+                batches,
                 shared: &self.cohort_tables.shared,
             };
             let mut kept: Vec<String> = observed.kept.iter().map(|o| o.id.clone()).collect();
@@ -1116,6 +1131,16 @@ impl Relay {
             .into_iter()
             .map(|(r, n)| (ReplicaId::from(r), n))
             .collect();
+        if let Some((owed, last)) = writer.sent_batches() {
+            // Those sent the cohort's messages and none of their own since.
+            let written: std::collections::HashSet<ReplicaId> =
+                recorded.written.iter().map(|(r, _)| r.clone()).collect();
+            for member in owed.iter().map(ReplicaId::from) {
+                if !written.contains(&member) {
+                    recorded.written.push((member, last));
+                }
+            }
+        }
         let (_, chains) = writer.finish();
         closing.push_str(&chains);
         if planned_any {

@@ -32,17 +32,34 @@ pub(crate) struct Kept {
     pub last_nonce: Vec<u8>,
     /// It takes the rows of the `all` tables from their cohort.
     pub member: bool,
+    /// The cohort's newest message, with its own nonce, when it is the
+    /// newest of the replica's chain.
+    pub part: Option<(i64, Vec<u8>)>,
 }
 
 impl Kept {
-    pub fn chain(&self) -> Chain {
+    /// Where its chain stands: at its own last message, or at the cohort's
+    /// newest, stamped for it as publishing stamps it (`secret` is the
+    /// epoch's).
+    pub fn chain(&self, secret: &[u8]) -> Chain {
+        let (last_number, last_nonce) = match &self.part {
+            Some((number, shared)) => (*number, member_nonce(secret, &self.id, *number, shared)),
+            None => (self.last_number, self.last_nonce.clone()),
+        };
         Chain {
-            last_number: self.last_number,
-            last_nonce: self.last_nonce.clone(),
+            last_number,
+            last_nonce,
             begins_snapshot: false,
             snapshot_number: None,
         }
     }
+}
+
+/// The nonce of the cohort's message `number` (its own nonce `shared`) as
+/// sent to `replica`.
+pub(crate) fn member_nonce(secret: &[u8], replica: &str, number: i64, shared: &[u8]) -> Vec<u8> {
+    let number = u64::try_from(number).expect("message numbers are positive");
+    magic_sync_core::seal::member_nonce(secret, replica, number, shared)
 }
 
 /// What a pass observed.
@@ -213,6 +230,7 @@ fn sorted(live: Vec<store::replicas::Live>, forgotten: Vec<String>) -> Observati
                 last_number: live.last_number,
                 last_nonce: live.last_nonce,
                 member: live.member,
+                part: live.part,
             }),
         }
     }

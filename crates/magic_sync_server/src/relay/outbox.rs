@@ -38,6 +38,18 @@ pub(crate) struct Writer<'e> {
     /// The number the last messages of the pass's streams share, once
     /// drawn.
     pass_last: Option<i64>,
+    /// The cohort's messages of the pass, when it writes them once for
+    /// its members.
+    batches: Option<Batches>,
+}
+
+/// A cohort's messages a pass writes once, for the members it sends them.
+struct Batches {
+    /// The members sent the pass in the cohort's messages rather than in
+    /// messages of their own.
+    owed: std::collections::HashSet<String>,
+    /// Each message: its number, its own nonce, its body's hash.
+    parts: Vec<(i64, Vec<u8>, Vec<u8>)>,
 }
 
 impl<'e> Writer<'e> {
@@ -53,7 +65,26 @@ impl<'e> Writer<'e> {
             touched: Vec::new(),
             written: 0,
             pass_last: None,
+            batches: None,
         }
+    }
+
+    /// Writes the messages of the cohort `cohorts::ALL` once, into its
+    /// batches, for the members `owed`; each is sent them stamped for it
+    /// when published (`super::publish`), and nothing is written for it.
+    pub fn batch_for(&mut self, owed: std::collections::HashSet<String>) {
+        self.batches = Some(Batches {
+            owed,
+            parts: Vec::new(),
+        });
+    }
+
+    /// The members sent the cohort's messages of the pass, with the number
+    /// of the last one, if any was written.
+    pub fn sent_batches(&self) -> Option<(&std::collections::HashSet<String>, i64)> {
+        let batches = self.batches.as_ref()?;
+        let (last, _, _) = batches.parts.last()?;
+        Some((&batches.owed, *last))
     }
 
     pub fn written(&self) -> u64 {
@@ -97,6 +128,19 @@ impl<'e> Writer<'e> {
         let mut bodies: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         let mut rows = store::outbox::Rows::default();
         for (message, number) in packed.into_iter().zip(numbers) {
+            let hash = Sha256::digest(&message.body).to_vec();
+            bodies.entry(hash.clone()).or_insert(message.body);
+            if store::cohorts::is_cohort(&message.replica) {
+                let batches = self
+                    .batches
+                    .as_mut()
+                    .expect("a cohort's messages are written into its batches");
+                let mut nonce = vec![0u8; 16];
+                rand::thread_rng().fill_bytes(&mut nonce);
+                batches.parts.push((number, nonce, hash));
+                self.written += 1;
+                continue;
+            }
             let chain = self
                 .chains
                 .get_mut(&message.replica)
@@ -104,9 +148,26 @@ impl<'e> Writer<'e> {
             if !self.touched.contains(&message.replica) {
                 self.touched.push(message.replica.clone());
             }
+            // A member sent the cohort's messages of the pass follows the
+            // last of them, as it was stamped for it.
+            let part = self
+                .batches
+                .as_ref()
+                .filter(|b| b.owed.contains(&message.replica))
+                .and_then(|b| b.parts.last());
+            if let Some((part, shared)) = part
+                .filter(|(n, _, _)| *n > chain.last_number && *n < number)
+                .map(|(n, nonce, _)| (*n, nonce))
+            {
+                chain.last_number = part;
+                chain.last_nonce = super::observe::member_nonce(
+                    &self.epoch.secret,
+                    &message.replica,
+                    part,
+                    shared,
+                );
+            }
             let stamped = stamp(self.epoch, chain, &message.replica, number);
-            let hash = Sha256::digest(&message.body).to_vec();
-            bodies.entry(hash.clone()).or_insert(message.body);
             rows.replica.push(message.replica);
             rows.number.push(number);
             rows.nonce.push(stamped.nonce);
@@ -144,7 +205,13 @@ impl<'e> Writer<'e> {
                 snapshot: chain.snapshot_number,
             });
         }
-        let statement = store::outbox::chains_moved(&moved);
+        let mut statement = store::outbox::chains_moved(&moved);
+        if let Some(batches) = self.batches.filter(|b| !b.parts.is_empty()) {
+            let pass_last = self
+                .pass_last
+                .expect("a cohort's last message of a pass is numbered last");
+            statement.push_str(&store::cohorts::batches_written(&batches.parts, pass_last));
+        }
         (last, statement)
     }
 }
@@ -173,21 +240,36 @@ pub(crate) fn stamp(epoch: &Epoch, chain: &mut Chain, replica: &str, number: i64
         chain.begins_snapshot = false;
         chain.snapshot_number = Some(number);
     }
+    let previous = (chain.last_number, std::mem::take(&mut chain.last_nonce));
+    let stamped = stamped(epoch, replica, number, nonce, previous, begins);
+    chain.last_number = number;
+    chain.last_nonce = stamped.nonce.clone();
+    stamped
+}
+
+/// The head and seal of the message numbered `number` for `replica`, with
+/// `nonce`, following its message `previous` (number and nonce).
+pub(crate) fn stamped(
+    epoch: &Epoch,
+    replica: &str,
+    number: i64,
+    nonce: Vec<u8>,
+    previous: (i64, Vec<u8>),
+    begins_snapshot: bool,
+) -> Stamped {
     let number_u = u64::try_from(number).expect("sequence numbers are positive");
     let head = ToReplica {
         replica: replica.to_string(),
         epoch: epoch.id.to_vec(),
         number: number_u,
         nonce: nonce.clone(),
-        previous: u64::try_from(chain.last_number).unwrap_or(0),
-        previous_nonce: chain.last_nonce.clone(),
-        begins_snapshot: begins,
+        previous: u64::try_from(previous.0).unwrap_or(0),
+        previous_nonce: previous.1,
+        begins_snapshot,
         ..ToReplica::default()
     }
     .encode_to_vec();
     let seal = seal::seal(&epoch.secret, replica, &epoch.id, number_u, &nonce).to_vec();
-    chain.last_number = number;
-    chain.last_nonce = nonce.clone();
     Stamped { nonce, head, seal }
 }
 

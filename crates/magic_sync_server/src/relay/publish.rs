@@ -1,7 +1,8 @@
 //! Publishing: each replica's outbox, in order, through the host's
 //! [`Transport`], beside the passes.
 
-use super::outbox::{message_id, whole, Epoch};
+use super::observe::member_nonce;
+use super::outbox::{message_id, stamped, whole, Epoch};
 use super::{Published, ReplicaId, SendError, Transport};
 use crate::error::{Error, Handling, Result};
 use crate::store;
@@ -103,11 +104,18 @@ pub async fn publish<T: Transport>(
 /// others' publishing reads none of them. The wait doubles with each
 /// failure, between the bounds given, and ends when a send to the replica
 /// goes through or it is heard from ([`Away::back`]).
+///
+/// It also remembers what no row records: up to which number each member
+/// of a cohort was sent the cohort's messages, and when. They are written
+/// once for every member (`sync.batches`), so nothing marks them sent per
+/// member; a relay that starts again sends them again, and a replica
+/// applies each once.
 #[derive(Debug)]
 pub struct Away {
     replicas: HashMap<ReplicaId, (std::time::Instant, std::time::Duration)>,
     least: std::time::Duration,
     most: std::time::Duration,
+    batches_sent: HashMap<ReplicaId, (i64, std::time::Instant)>,
 }
 
 impl Away {
@@ -118,7 +126,26 @@ impl Away {
             replicas: HashMap::new(),
             least,
             most: most.max(least),
+            batches_sent: HashMap::new(),
         }
+    }
+
+    /// The members sent their cohort's messages less than `RESEND_AFTER`
+    /// ago, each with the number up to which they were.
+    fn sent_lately(&self) -> (Vec<String>, Vec<i64>) {
+        let now = std::time::Instant::now();
+        self.batches_sent
+            .iter()
+            .filter(|(_, (_, at))| now.duration_since(*at) < RESEND_AFTER)
+            .map(|(r, (n, _))| (r.to_string(), *n))
+            .unzip()
+    }
+
+    /// Whether `replica` was sent its cohort's message `number` before.
+    fn sent_before(&self, replica: &str, number: i64) -> bool {
+        self.batches_sent
+            .get(replica)
+            .is_some_and(|(n, _)| number <= *n)
     }
 
     /// A send to `replica` failed.
@@ -177,17 +204,22 @@ pub async fn publish_beside<T: Transport>(
     let mut sent_to = std::collections::HashSet::new();
     let mut after = (String::new(), 0i64);
     let mut epoch: Option<Epoch> = None;
+    // Whether every cohort's message owed was read.
+    let mut owed_done = false;
     loop {
         let skip = away.passed_over(transport);
-        let page = read_page(client, &after, &mut epoch, &skip).await?;
+        let (page, last_page) =
+            read_page(client, &after, &mut epoch, &skip, away, &mut owed_done).await?;
         let Some(last) = page.last() else {
             break;
         };
         after = (last.replica.to_string(), last.number);
-        // A page short of both bounds is the last: no query to hear so.
-        let bytes: usize = page.iter().map(|m| m.body.len()).sum();
-        let last_page = page.len() < PAGE as usize && (bytes as i64) < PAGE_BYTES;
         let epoch = epoch.as_ref().expect("read with the first page");
+        let members: std::collections::HashSet<ReplicaId> = page
+            .iter()
+            .filter(|m| m.batched)
+            .map(|m| m.replica.clone())
+            .collect();
         // What goes to a replica a send already failed to in this round
         // is neither signed nor sent.
         let page: Vec<Waiting> = page
@@ -209,6 +241,10 @@ pub async fn publish_beside<T: Transport>(
                 taken_replicas.push(replica.to_string());
                 taken_numbers.push(n);
                 sent_to.insert(replica.clone());
+                if members.contains(&replica) {
+                    away.batches_sent
+                        .insert(replica.clone(), (n, std::time::Instant::now()));
+                }
             }
             match failure {
                 Some((number, reason)) => {
@@ -260,25 +296,126 @@ pub async fn publish_beside<T: Transport>(
 /// with why.
 type Sent = (ReplicaId, Option<i64>, u64, Option<(i64, SendError)>);
 
-/// The next page of the outbox after `after`, in order: at most PAGE
-/// messages and about PAGE_BYTES (whole messages until their bytes pass the
-/// bound, and at least one). The epoch is read with the first page, in the
-/// same round trip.
+/// The next page after `after`, in order (by replica, then number): what
+/// waits in the outbox, and the cohorts' messages members are owed, each
+/// stamped for its member. At most PAGE messages and about PAGE_BYTES
+/// (whole messages until their bytes pass the bound, and at least one),
+/// and whether it is the last. The epoch is read with the first page, in
+/// the same round trip. Once a page holds the last of the cohorts'
+/// messages owed (`owed_done`), they are not asked for again.
 async fn read_page(
     client: &Client,
     after: &(String, i64),
     epoch: &mut Option<Epoch>,
     skip: &std::collections::BTreeSet<String>,
-) -> Result<Vec<Waiting>> {
+    away: &Away,
+    owed_done: &mut bool,
+) -> Result<(Vec<Waiting>, bool)> {
     let page = store::outbox::page(client, after, PAGE, PAGE_BYTES, RESEND_AFTER, skip);
-    match epoch {
-        Some(_) => page.await,
+    let (sent, numbers) = away.sent_lately();
+    let skipped: Vec<String> = skip.iter().cloned().collect();
+    let asked = !*owed_done;
+    let owed = async {
+        match asked {
+            true => store::cohorts::owed(client, after, PAGE, &skipped, (&sent, &numbers)).await,
+            false => Ok(Vec::new()),
+        }
+    };
+    let (mut rows, owed) = match epoch {
+        Some(_) => tokio::try_join!(page, owed)?,
         None => {
-            let (rows, read) = tokio::try_join!(page, Epoch::read(client))?;
+            let (rows, owed, read) = tokio::try_join!(page, owed, Epoch::read(client))?;
             *epoch = Some(read);
-            Ok(rows)
+            (rows, owed)
+        }
+    };
+    let epoch = epoch.as_ref().expect("read with the first page");
+    // Where each list stopped short of what waits: the page ends at the
+    // earlier of the two, so that nothing is passed over.
+    let full = |page: &[Waiting]| {
+        let bytes: usize = page.iter().map(|m| m.body.len()).sum();
+        let full = page.len() >= PAGE as usize || bytes as i64 >= PAGE_BYTES;
+        full.then(|| page.last().map(|m| (m.replica.to_string(), m.number)))
+            .flatten()
+    };
+    let mut ends = vec![full(&rows)];
+    if asked {
+        *owed_done = owed.len() < PAGE as usize;
+    }
+    if !owed.is_empty() {
+        let read = owed.len();
+        let sent_before = |r: &str, n: i64| away.sent_before(r, n);
+        let owed = stamp_owed(client, epoch, owed, &sent_before, PAGE_BYTES).await?;
+        // Cut short by its bytes: the rest is asked for again.
+        *owed_done &= owed.len() == read;
+        ends.push(full(&owed));
+        rows.extend(owed);
+        rows.sort_by(|a, b| (&a.replica, a.number).cmp(&(&b.replica, b.number)));
+    }
+    let end = ends.into_iter().flatten().min();
+    if let Some(end) = &end {
+        let before = rows.len();
+        rows.retain(|m| (m.replica.as_str(), m.number) <= (end.0.as_str(), end.1));
+        // What was cut off is asked for again with the next page.
+        if rows.len() < before {
+            *owed_done = false;
         }
     }
+    Ok((rows, end.is_none()))
+}
+
+/// The cohorts' messages `owed`, each stamped for its member as the
+/// outbox's are when written: its own nonce, drawn from the cohort's, and
+/// the member's message before it; whole messages until their bytes pass
+/// `most_bytes`. `sent_before` says which went before.
+pub(crate) async fn stamp_owed(
+    client: &impl tokio_postgres::GenericClient,
+    epoch: &Epoch,
+    owed: Vec<store::cohorts::Owed>,
+    sent_before: &(dyn Fn(&str, i64) -> bool + Sync),
+    most_bytes: i64,
+) -> Result<Vec<Waiting>> {
+    let mut ids: Vec<i64> = owed.iter().map(|o| o.body).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let bodies = store::cohorts::bodies(client, &ids).await?;
+    let mut bytes = 0;
+    let mut waiting = Vec::with_capacity(owed.len());
+    for o in owed {
+        if bytes as i64 >= most_bytes {
+            break;
+        }
+        let nonce = member_nonce(&epoch.secret, &o.replica, o.number, &o.shared);
+        let previous_nonce = match o.previous_shared {
+            true => member_nonce(&epoch.secret, &o.replica, o.previous, &o.previous_nonce),
+            false => o.previous_nonce,
+        };
+        let head = stamped(
+            epoch,
+            &o.replica,
+            o.number,
+            nonce,
+            (o.previous, previous_nonce),
+            false,
+        );
+        let (body, hash) = bodies.get(&o.body).cloned().ok_or_else(|| Error::Damaged {
+            what: format!("the body of the cohort's message {} is missing", o.number),
+        })?;
+        bytes += body.len();
+        waiting.push(Waiting {
+            resent: sent_before(&o.replica, o.number),
+            replica: o.replica.into(),
+            number: o.number,
+            nonce: head.nonce,
+            head: head.head,
+            body,
+            hash,
+            seal: head.seal,
+            reads_batches: o.reads_batches,
+            batched: true,
+        });
+    }
+    Ok(waiting)
 }
 
 /// Per replica, its messages of the page, in order; none for a replica a
@@ -386,6 +523,7 @@ mod tests {
             seal: vec![4; 32],
             reads_batches: true,
             resent,
+            batched: false,
         }
     }
 

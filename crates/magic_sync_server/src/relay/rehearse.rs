@@ -154,7 +154,7 @@ pub(crate) async fn rehearse(
             format!(
                 "INSERT INTO {to} SELECT DISTINCT r, t, k FROM ({}) g
                  ON CONFLICT DO NOTHING;",
-                store::cohorts::given_to_members(from, "true", shared)
+                store::cohorts::given_to_members(from, "true", shared, false)
             )
         };
         tx.batch_execute(&format!(

@@ -346,6 +346,7 @@ impl Snapshot {
             described: &context.described,
             cache: None,
             members: &[],
+            batches: false,
             shared: &[],
         };
         let t0 = std::time::Instant::now();

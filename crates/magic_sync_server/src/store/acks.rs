@@ -10,8 +10,8 @@ use tokio_postgres::Client;
 /// A live replica's chain as the server records it.
 pub(crate) struct Chain {
     pub id: String,
-    /// The last number sent it (any number drawn, while its snapshot
-    /// streams).
+    /// The last number sent it, in its own messages or its cohort's (any
+    /// number drawn, while its snapshot streams).
     pub last: i64,
     /// The last number it acknowledged.
     pub acked: i64,
@@ -25,8 +25,9 @@ pub(crate) struct Chain {
 pub(crate) async fn chains(client: &Client, ids: &[&str]) -> Result<Vec<Chain>> {
     let rows = client
         .query_typed(
-            "SELECT r.id,
-                    CASE WHEN r.snapshot_attempt IS NULL THEN r.last_number
+            &format!(
+                "SELECT r.id,
+                    CASE WHEN r.snapshot_attempt IS NULL THEN {head}
                          ELSE (SELECT last_value FROM sync.message_seq) END,
                     coalesce(a.number, 0),
                     NOT r.provision AND r.snapshot_attempt IS NULL,
@@ -34,6 +35,8 @@ pub(crate) async fn chains(client: &Client, ids: &[&str]) -> Result<Vec<Chain>> 
              FROM sync.replicas r LEFT JOIN sync.acks a ON a.replica = r.id
              LEFT JOIN sync.uploads_answered u ON u.replica = r.id
              WHERE r.id = ANY($1) AND r.live",
+                head = super::cohorts::head("r")
+            ),
             &[(&ids, Type::TEXT_ARRAY)],
         )
         .await

@@ -155,15 +155,22 @@ async fn recount(client: &impl GenericClient, replicas: &[String], tables: &Tabl
 
 /// A plan's rows of `from` (`_ms_send` or `_ms_del`, under the alias `s`)
 /// that `only` selects, as `(r, t, k)`: each of the cohort's given to
-/// every member instead (`_ms_r`'s kind `own`).
+/// every member instead (`_ms_r`'s kind `own`), or with `alone` to every
+/// member sent the pass in messages of its own (the others are sent the
+/// cohort's messages, see [`alone`]).
 ///
 /// With `shared` (rows of tables a member's own rows can reach too), a row
 /// both hold is sent a member once, and taken back from it only when
 /// neither holds it after the pass: the cohort's take-back not when the
 /// member's own record keeps the row, the member's own not when the
 /// cohort keeps it.
-pub(crate) fn given_to_members(from: &str, only: &str, shared: bool) -> String {
+pub(crate) fn given_to_members(from: &str, only: &str, shared: bool, alone: bool) -> String {
     let all = crate::sql::literal(ALL);
+    // Written once into the cohort's batches, its rows are its own too.
+    let (alone, others) = match alone {
+        true => (" AND o.alone", "true".to_string()),
+        false => ("", format!("s.r <> {all}")),
+    };
     // Whether holder `h` holds the row `s` after the pass: sent it, or
     // recorded holding it and not taken back.
     let holds_after = |h: &str| {
@@ -177,29 +184,124 @@ pub(crate) fn given_to_members(from: &str, only: &str, shared: bool) -> String {
     };
     match (from, shared) {
         (_, false) => format!(
-            "SELECT s.r, s.t, s.k FROM {from} s WHERE {only} AND s.r <> {all}
+            "SELECT s.r, s.t, s.k FROM {from} s WHERE {only} AND {others}
              UNION ALL
-             SELECT o.r, s.t, s.k FROM {from} s JOIN _ms_r o ON o.kind = 'own'
+             SELECT o.r, s.t, s.k FROM {from} s JOIN _ms_r o ON o.kind = 'own'{alone}
              WHERE {only} AND s.r = {all}"
         ),
         ("_ms_del", true) => format!(
-            "SELECT s.r, s.t, s.k FROM _ms_del s WHERE {only} AND s.r <> {all}
+            "SELECT s.r, s.t, s.k FROM _ms_del s WHERE {only} AND {others}
                AND NOT (EXISTS (SELECT 1 FROM _ms_r o WHERE o.r = s.r AND o.kind = 'own')
                         AND {cohort})
              UNION ALL
-             SELECT o.r, s.t, s.k FROM _ms_del s JOIN _ms_r o ON o.kind = 'own'
+             SELECT o.r, s.t, s.k FROM _ms_del s JOIN _ms_r o ON o.kind = 'own'{alone}
              WHERE {only} AND s.r = {all} AND NOT {member}",
             cohort = holds_after(&all),
             member = holds_after("o.r"),
         ),
         (_, true) => format!(
-            "SELECT s.r, s.t, s.k FROM {from} s WHERE {only} AND s.r <> {all}
+            "SELECT s.r, s.t, s.k FROM {from} s WHERE {only} AND {others}
              UNION
-             SELECT o.r, s.t, s.k FROM {from} s JOIN _ms_r o ON o.kind = 'own'
+             SELECT o.r, s.t, s.k FROM {from} s JOIN _ms_r o ON o.kind = 'own'{alone}
              WHERE {only} AND s.r = {all}"
         ),
     }
 }
+
+/// Marks in `_ms_r` the members of [`ALL`] that are sent the pass in
+/// messages of their own (`alone`), and returns them: those with rows of
+/// their own in the difference, and those holding themselves a row of a
+/// `shared` table the cohort lets go of, which they keep. Every other
+/// member is sent the cohort's messages of the pass, written once, with
+/// nothing written for it.
+pub(crate) async fn alone(client: &impl GenericClient, shared: &[&str]) -> Result<Vec<String>> {
+    Ok(client
+        .query(
+            "WITH f AS (
+                 SELECT r FROM _ms_send UNION SELECT r FROM _ms_del
+                 UNION
+                 SELECT x.replica FROM _ms_del d
+                 JOIN sync.held x ON x.table_name = d.t AND x.key = d.k::text AND x.replica <> $1
+                 WHERE d.r = $1 AND d.t = ANY ($2)),
+             -- The list may stay from the last pass: its marks are undone.
+             marked AS (
+                 UPDATE _ms_r o SET alone = o.r IN (SELECT r FROM f)
+                 WHERE o.kind = 'own' AND (o.alone OR o.r IN (SELECT r FROM f))
+                 RETURNING o.r, o.alone)
+             SELECT r FROM marked WHERE alone",
+            &[&ALL, &shared],
+        )
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect())
+}
+
+/// The statement recording the messages of [`ALL`] a pass wrote (number,
+/// own nonce, body hash; their bodies written), the last numbered
+/// `pass_last`, as its newest: for the pass's closing batch.
+pub(crate) fn batches_written(parts: &[(i64, Vec<u8>, Vec<u8>)], pass_last: i64) -> String {
+    let values: Vec<String> = parts
+        .iter()
+        .map(|(number, nonce, hash)| {
+            format!(
+                "({number}::int8, {}, {})",
+                crate::sql::bytea(nonce),
+                crate::sql::bytea(hash)
+            )
+        })
+        .collect();
+    let (_, newest_nonce, _) = parts.last().expect("a pass wrote one");
+    let all = crate::sql::literal(ALL);
+    format!(
+        "INSERT INTO sync.batches (cohort, number, pass_last, nonce, body)
+         SELECT {all}, v.number, {pass_last}, v.nonce, b.id
+         FROM (VALUES {}) AS v (number, nonce, hash) JOIN sync.bodies b ON b.hash = v.hash;
+         UPDATE sync.cohorts SET newest = {pass_last}, newest_nonce = {} WHERE id = {all};",
+        values.join(", "),
+        crate::sql::bytea(newest_nonce)
+    )
+}
+
+/// The cohorts' messages each member is owed, as a relation `(replica,
+/// number, body)`: numbered past what it acknowledged and the message it
+/// joined at, of a pass it was not sent in messages of its own. What its
+/// outbox is to a replica, these are to a member, beside its outbox.
+pub(crate) const OWED: &str = "SELECT m.replica, c.number, c.body
+     FROM sync.members m
+     LEFT JOIN sync.acks a ON a.replica = m.replica
+     JOIN sync.batches c
+       ON c.cohort = m.cohort AND c.number > greatest(m.since, coalesce(a.number, 0))
+     WHERE NOT EXISTS (SELECT 1 FROM sync.outbox o
+                       WHERE o.replica = m.replica AND o.number = c.pass_last)";
+
+/// The number of the newest message of the chain of the replica whose
+/// `sync.replicas` row is `r`: its own last, or its cohort's newest when
+/// that is later and it joined before it.
+pub(crate) fn head(r: &str) -> String {
+    format!(
+        "greatest({r}.last_number, (SELECT max(c.newest) FROM sync.members m
+                                  JOIN sync.cohorts c ON c.id = m.cohort
+                                  WHERE m.replica = {r}.id AND c.newest > m.since))"
+    )
+}
+
+/// The cohorts' messages every member was sent, or joined after: each
+/// cohort's messages up to the least, over its members kept up, of what
+/// each acknowledged or joined at; every message of a cohort without such
+/// a member. For a pass's closing batch.
+pub(crate) const FORGET_SENT_BATCHES: &str = "WITH floor AS (
+         SELECT c.id, coalesce(min(greatest(coalesce(a.number, 0), m.since)), c.newest) AS floor
+         FROM sync.cohorts c
+         LEFT JOIN (sync.members m JOIN sync.replicas r
+                    ON r.id = m.replica AND r.live AND NOT r.provision)
+           ON m.cohort = c.id
+         LEFT JOIN sync.acks a ON a.replica = m.replica
+         WHERE EXISTS (SELECT 1 FROM sync.batches b WHERE b.cohort = c.id)
+         GROUP BY c.id, c.newest),
+     moved AS (UPDATE sync.cohorts c SET floor = f.floor FROM floor f
+               WHERE c.id = f.id AND c.floor < f.floor)
+     DELETE FROM sync.batches b USING floor f WHERE b.cohort = f.id AND b.number <= f.floor;";
 
 /// The tables of the cohort [`ALL`], as joining it reads them.
 #[derive(Debug, Default, Clone)]
@@ -316,4 +418,131 @@ pub(crate) async fn join(
     // pointing at them now.
     recount(client, &alike, tables).await?;
     Ok(alike)
+}
+
+/// A cohort's message a member is owed, with the one before it in the
+/// member's chain, which its head names.
+pub(crate) struct Owed {
+    pub replica: String,
+    pub number: i64,
+    /// The cohort's own nonce of it: the member's is drawn from it
+    /// (`seal::member_nonce`).
+    pub shared: Vec<u8>,
+    /// Its body, by id.
+    pub body: i64,
+    /// The member's message before it: its number, and its nonce, or the
+    /// cohort's own nonce of it when `previous_shared`.
+    pub previous: i64,
+    pub previous_nonce: Vec<u8>,
+    pub previous_shared: bool,
+    /// Its replica said it verifies messages signed in a batch.
+    pub reads_batches: bool,
+}
+
+/// The cohorts' messages members are owed after `after` (replica,
+/// number), in order, at most `limit`: each numbered past what the member
+/// acknowledged and the message it joined at, of a pass it was not sent
+/// in messages of its own (it has no message of its own at the pass's
+/// last number), to a member kept up and not in `skip`, and not among what
+/// `sent` says went lately (per replica, the number up to which it did).
+/// Each comes with the message before it in the member's chain: one of its
+/// own still owed, another of the cohort's, the one it acknowledged, or the
+/// one it joined at, whichever is the latest below it.
+pub(crate) async fn owed(
+    client: &impl GenericClient,
+    after: &(String, i64),
+    limit: i64,
+    skip: &[String],
+    sent: (&[String], &[i64]),
+) -> Result<Vec<Owed>> {
+    let rows = client
+        .query(
+            "WITH m AS (
+                 SELECT m.replica, m.cohort, m.since, m.since_nonce,
+                        coalesce(a.number, 0) AS acked, a.nonce AS acked_nonce,
+                        coalesce(a.reads_batches, false) AS reads_batches
+                 FROM sync.members m
+                 JOIN sync.cohorts c ON c.id = m.cohort
+                 JOIN sync.replicas r ON r.id = m.replica
+                 LEFT JOIN sync.acks a ON a.replica = m.replica
+                 WHERE c.newest > greatest(m.since, coalesce(a.number, 0))
+                   AND r.live AND NOT r.provision AND r.snapshot_attempt IS NULL
+                   AND m.replica >= $1 AND m.replica <> ALL ($4)),
+             chain AS (
+                 SELECT m.replica, b.number, b.nonce, true AS part, b.body
+                 FROM m JOIN sync.batches b
+                   ON b.cohort = m.cohort AND b.number > greatest(m.since, m.acked)
+                 WHERE NOT EXISTS (SELECT 1 FROM sync.outbox o
+                                   WHERE o.replica = m.replica AND o.number = b.pass_last)
+                 UNION ALL
+                 SELECT o.replica, o.number, o.nonce, false, NULL
+                 FROM m JOIN sync.outbox o ON o.replica = m.replica AND o.number > m.acked
+                 UNION ALL
+                 SELECT replica, since, since_nonce, false, NULL FROM m
+                 UNION ALL
+                 SELECT replica, acked, acked_nonce, false, NULL FROM m WHERE acked > 0),
+             linked AS (
+                 SELECT c.*, lag(c.number) OVER w AS previous, lag(c.nonce) OVER w AS previous_nonce,
+                        lag(c.part) OVER w AS previous_part
+                 FROM (SELECT DISTINCT ON (replica, number) * FROM chain
+                       ORDER BY replica, number, nonce IS NULL) c
+                 WINDOW w AS (PARTITION BY c.replica ORDER BY c.number))
+             SELECT l.replica, l.number, l.nonce, l.body, l.previous,
+                    coalesce(l.previous_nonce, ''::bytea), l.previous_part, m.reads_batches
+             FROM linked l JOIN m ON m.replica = l.replica
+             WHERE l.part AND (l.replica, l.number) > ($1, $2)
+               AND NOT EXISTS (SELECT 1 FROM unnest($5::text[], $6::int8[]) AS s (replica, number)
+                               WHERE s.replica = l.replica AND l.number <= s.number)
+             ORDER BY l.replica, l.number LIMIT $3",
+            &[&after.0, &after.1, &limit, &skip, &sent.0, &sent.1],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| Owed {
+            replica: row.get(0),
+            number: row.get(1),
+            shared: row.get(2),
+            body: row.get(3),
+            previous: row.get(4),
+            previous_nonce: row.get(5),
+            previous_shared: row.get(6),
+            reads_batches: row.get(7),
+        })
+        .collect())
+}
+
+/// The members whose chain stands at a message of their cohort's: each
+/// with its number and the cohort's own nonce of it.
+pub(crate) async fn heads_at_cohort(
+    client: &impl GenericClient,
+) -> Result<Vec<(String, i64, Vec<u8>)>> {
+    Ok(client
+        .query(
+            "SELECT m.replica, c.newest, c.newest_nonce
+             FROM sync.members m JOIN sync.cohorts c ON c.id = m.cohort
+             JOIN sync.replicas r ON r.id = m.replica
+             WHERE c.newest > greatest(m.since, r.last_number)",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .collect())
+}
+
+/// The bodies `ids`, each with its hash.
+pub(crate) async fn bodies(
+    client: &impl GenericClient,
+    ids: &[i64],
+) -> Result<std::collections::HashMap<i64, (Vec<u8>, Vec<u8>)>> {
+    Ok(client
+        .query(
+            "SELECT id, bytes, hash FROM sync.bodies WHERE id = ANY ($1)",
+            &[&ids],
+        )
+        .await?
+        .iter()
+        .map(|row| (row.get(0), (row.get(1), row.get(2))))
+        .collect())
 }

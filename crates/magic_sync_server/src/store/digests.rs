@@ -9,7 +9,7 @@ use tokio_postgres::Transaction;
 pub(crate) struct Standing {
     /// Live, not waiting for a snapshot nor streaming one.
     pub kept_up: bool,
-    /// Its last message.
+    /// Its last message, its own or its cohort's.
     pub last_number: i64,
     /// Messages are in its outbox.
     pub owed: bool,
@@ -21,11 +21,14 @@ pub(crate) struct Standing {
 pub(crate) async fn standing(tx: &Transaction<'_>, replica: &str) -> Result<Option<Standing>> {
     let row = tx
         .query_opt(
-            "SELECT r.live AND NOT r.provision AND r.snapshot_attempt IS NULL,
-                    r.last_number,
+            &format!(
+                "SELECT r.live AND NOT r.provision AND r.snapshot_attempt IS NULL,
+                    {},
                     EXISTS (SELECT 1 FROM sync.outbox o WHERE o.replica = r.id),
                     coalesce(r.digest_compared_at > now() - interval '1 minute', false)
              FROM sync.replicas r WHERE r.id = $1",
+                super::cohorts::head("r")
+            ),
             &[&replica],
         )
         .await?;

@@ -5,6 +5,11 @@
 
 use crate::error::{Error, Result};
 use crate::sql;
+use crate::store::cohorts::OWED;
+
+/// About the bytes a member's head and seal add to a cohort's message
+/// body: what counting its owed messages against the bound adds for each.
+pub(crate) const HEAD_AND_SEAL: i64 = 160;
 use std::time::Duration;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, SimpleQueryMessage, Statement, Transaction};
@@ -156,7 +161,9 @@ pub(crate) fn chains_moved(moved: &[Moved<'_>]) -> String {
 
 /// Marks every live replica whose outbox beyond the snapshot it begins with
 /// holds more than `messages` messages or `bytes` bytes to be provisioned
-/// again, with an alarm saying why. Returns those replicas.
+/// again, with an alarm saying why. Returns those replicas. A member of a
+/// cohort counts the cohort's messages it is owed too: one away holds them
+/// back from being forgotten, until it is provisioned again.
 pub(crate) async fn past_bound(
     tx: &Transaction<'_>,
     messages: i64,
@@ -164,21 +171,32 @@ pub(crate) async fn past_bound(
 ) -> Result<Vec<String>> {
     let rows = tx
         .query(
-            "WITH owed AS (
-                 SELECT o.replica, count(*) AS messages,
-                        sum(octet_length(o.head) + octet_length(o.seal) + octet_length(b.bytes))::int8 AS bytes
-                 FROM sync.outbox o
-                 JOIN sync.replicas r ON r.id = o.replica
-                 JOIN sync.bodies b ON b.id = o.body
-                 WHERE o.number > r.snapshot_last AND r.live AND NOT r.provision
-                 GROUP BY o.replica)
+            &format!(
+                "WITH owed AS (
+                 SELECT replica, count(*) AS messages, sum(bytes)::int8 AS bytes FROM (
+                     SELECT o.replica,
+                            octet_length(o.head) + octet_length(o.seal) + octet_length(b.bytes) AS bytes
+                     FROM sync.outbox o
+                     JOIN sync.replicas r ON r.id = o.replica
+                     JOIN sync.bodies b ON b.id = o.body
+                     WHERE o.number > r.snapshot_last AND r.live AND NOT r.provision
+                     UNION ALL
+                     -- A cohort's messages a member is owed, each with
+                     -- about as much head and seal as one of its own.
+                     SELECT w.replica, {HEAD_AND_SEAL} + octet_length(b.bytes)
+                     FROM ({OWED}) w
+                     JOIN sync.replicas r ON r.id = w.replica
+                     JOIN sync.bodies b ON b.id = w.body
+                     WHERE r.live AND NOT r.provision) w
+                 GROUP BY replica)
              UPDATE sync.replicas r SET provision = true, alarm_at = now(),
                  alarm = format('its outbox outgrew its bound: %s messages, %s bytes beyond the snapshot it begins with '
                      '(at most %s messages, %s bytes); dropped, and the replica provisioned again',
                      owed.messages, owed.bytes, $1::int8, $2::int8)
              FROM owed
              WHERE owed.replica = r.id AND (owed.messages > $1::int8 OR owed.bytes > $2::int8)
-             RETURNING r.id",
+             RETURNING r.id"
+            ),
             &[&messages, &bytes],
         )
         .await?;
@@ -223,6 +241,8 @@ pub(crate) struct Waiting {
     pub reads_batches: bool,
     /// Sent before, and not acknowledged since.
     pub resent: bool,
+    /// A cohort's message, stamped for this member of it as it is sent.
+    pub batched: bool,
 }
 
 /// The messages after `after` (replica, number) in order that were never
@@ -304,6 +324,7 @@ pub(crate) async fn page(
             seal: row.get(6),
             reads_batches: row.get(7),
             resent: row.get(8),
+            batched: false,
         })
         .collect())
 }

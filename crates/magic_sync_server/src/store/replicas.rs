@@ -94,6 +94,31 @@ pub(crate) struct Live {
     /// It takes the rows of the `all` tables from their cohort
     /// (`sync.members`).
     pub member: bool,
+    /// The cohort's newest message and its own nonce, when that is the
+    /// newest message of the replica's chain: sent it in the cohort's
+    /// messages, past its own last.
+    pub part: Option<(i64, Vec<u8>)>,
+}
+
+/// Records the chains of `replicas` standing at `numbers`, with `nonces`.
+pub(crate) async fn chains_at(
+    client: &impl tokio_postgres::GenericClient,
+    replicas: &[&str],
+    numbers: &[i64],
+    nonces: &[Vec<u8>],
+) -> Result<()> {
+    if replicas.is_empty() {
+        return Ok(());
+    }
+    client
+        .execute(
+            "UPDATE sync.replicas r SET last_number = u.number, last_nonce = u.nonce
+             FROM unnest($1::text[], $2::int8[], $3::bytea[]) AS u (id, number, nonce)
+             WHERE r.id = u.id",
+            &[&replicas, &numbers, &nonces],
+        )
+        .await?;
+    Ok(())
 }
 
 /// The live replicas, by id.
@@ -101,8 +126,15 @@ pub(crate) async fn live(tx: &Transaction<'_>) -> Result<Vec<Live>> {
     Ok(tx
         .query_typed(
             "SELECT id, partition_id, provision, snapshot_attempt IS NOT NULL, last_number, last_nonce,
-                    EXISTS (SELECT 1 FROM sync.members m WHERE m.replica = r.id)
-             FROM sync.replicas r WHERE live ORDER BY id",
+                    c.member IS NOT NULL, c.newest, c.newest_nonce
+             FROM sync.replicas r
+             LEFT JOIN LATERAL (
+                 SELECT true AS member,
+                        CASE WHEN c.newest > greatest(m.since, r.last_number) THEN c.newest END AS newest,
+                        c.newest_nonce
+                 FROM sync.members m JOIN sync.cohorts c ON c.id = m.cohort
+                 WHERE m.replica = r.id) c ON true
+             WHERE live ORDER BY id",
             &[],
         )
         .await?
@@ -115,6 +147,9 @@ pub(crate) async fn live(tx: &Transaction<'_>) -> Result<Vec<Live>> {
             last_number: row.get(4),
             last_nonce: row.get(5),
             member: row.get(6),
+            part: row
+                .get::<_, Option<i64>>(7)
+                .zip(row.get::<_, Option<Vec<u8>>>(8)),
         })
         .collect())
 }

@@ -76,7 +76,7 @@ impl Scratch {
     /// The statement that makes it.
     pub fn create(self) -> &'static str {
         match self {
-            Scratch::Replicas => "CREATE TEMP TABLE IF NOT EXISTS _ms_r (r text PRIMARY KEY, part text, fresh boolean NOT NULL, kind text NOT NULL DEFAULT 'full')",
+            Scratch::Replicas => "CREATE TEMP TABLE IF NOT EXISTS _ms_r (r text PRIMARY KEY, part text, fresh boolean NOT NULL, kind text NOT NULL DEFAULT 'full', alone boolean NOT NULL DEFAULT false)",
             Scratch::Notes => "CREATE TEMP TABLE IF NOT EXISTS _ms_notes (at tid, seq bigint, t text, k jsonb, xid xid8)",
             Scratch::Deferred => "CREATE TEMP TABLE IF NOT EXISTS _ms_deferred (at tid, r text, t text, k jsonb, seq bigint, unseen boolean NOT NULL)",
             Scratch::Changed => "CREATE TEMP TABLE IF NOT EXISTS _ms_changed (t text, k jsonb, last_seq bigint NOT NULL, PRIMARY KEY (t, k))",

@@ -99,6 +99,7 @@ pub async fn deployed(
         )
         .await?;
     let print: Option<&[u8]> = running.as_ref().map(|f| &f.0[..]);
+    let head = crate::store::cohorts::head("r");
     let fleet = tx
         .query_one(
             &format!(
@@ -106,7 +107,7 @@ pub async fn deployed(
                         count(*) FILTER (WHERE r.configured IS DISTINCT FROM $3),
                         count(*) FILTER (WHERE r.configured = $3
                             AND (r.provision OR r.snapshot_attempt IS NOT NULL
-                                 OR coalesce(a.number, 0) < r.last_number)),
+                                 OR coalesce(a.number, 0) < {head})),
                         count(*) FILTER (WHERE EXISTS (SELECT 1 FROM sync.inbox i
                                                        WHERE i.replica = r.id)),
                         (SELECT count(*) FROM sync.quarantine),

@@ -11,6 +11,8 @@ use super::health::{pending_notes, PendingNotes};
 use super::overview::{summaries, StateCounts, TableFigures};
 use super::state::ReplicaSummary;
 use super::{begin, check_scope, Result, Scope, BLOCKED, IN_SCOPE};
+use crate::store::cohorts::OWED;
+use crate::store::outbox::HEAD_AND_SEAL;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -73,9 +75,13 @@ pub async fn gauges(client: &mut tokio_postgres::Client, scope: &Scope) -> Resul
     let weights = tx
         .query(
             &format!(
-                "SELECT o.replica,
-                        sum(octet_length(o.head) + octet_length(o.seal) + octet_length(b.bytes))::int8
-                 FROM sync.outbox o JOIN sync.bodies b ON b.id = o.body
+                "SELECT r.id, sum(o.bytes)::int8 FROM (
+                     SELECT o.replica,
+                            octet_length(o.head) + octet_length(o.seal) + octet_length(b.bytes) AS bytes
+                     FROM sync.outbox o JOIN sync.bodies b ON b.id = o.body
+                     UNION ALL
+                     SELECT w.replica, {HEAD_AND_SEAL} + octet_length(b.bytes)
+                     FROM ({OWED}) w JOIN sync.bodies b ON b.id = w.body) o
                  JOIN sync.replicas r ON r.id = o.replica
                  WHERE {IN_SCOPE} GROUP BY 1"
             ),

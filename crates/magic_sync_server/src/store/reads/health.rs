@@ -7,6 +7,7 @@
 //! and waited for.
 
 use super::{begin, check_scope, Result, Scope, BLOCKED, IN_SCOPE};
+use crate::store::cohorts::OWED;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio_postgres::Transaction;
@@ -258,7 +259,8 @@ pub async fn health(client: &mut tokio_postgres::Client, scope: &Scope) -> Resul
         .query(
             &format!(
                 "SELECT r.id, r.last_error, r.alarm, r.alarm_at,
-                        (SELECT count(*) FROM sync.outbox o WHERE o.replica = r.id),
+                        (SELECT count(*) FROM sync.outbox o WHERE o.replica = r.id)
+                          + (SELECT count(*) FROM ({OWED}) w WHERE w.replica = r.id),
                         (SELECT count(*) FROM sync.deferred d WHERE d.replica = r.id),
                         r.digest_said, r.digest_differed_at, r.digest_mismatches
                  FROM sync.replicas r

@@ -14,6 +14,7 @@
 
 use super::state::{decide, Facts, ReplicaState, ReplicaSummary};
 use super::{begin, check_scope, Error, Result, Scope, IN_SCOPE};
+use crate::store::cohorts::OWED;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -178,19 +179,21 @@ pub(super) async fn summaries(
     after: Option<&str>,
     limit: Option<i64>,
 ) -> Result<(Vec<ReplicaSummary>, BTreeMap<String, TableFigures>)> {
+    let head = crate::store::cohorts::head("r");
     let rows = tx
         .query(
             &format!(
                 "WITH r AS (
                      SELECT r.id, r.partition_id, r.provision OR r.snapshot_attempt IS NOT NULL AS p,
-                            r.snapshot_began_at, r.last_number, coalesce(a.number, 0) AS acked,
+                            r.snapshot_began_at, {head} AS last_number, coalesce(a.number, 0) AS acked,
                             a.at AS acked_at, r.last_error, r.alarm
                      FROM sync.replicas r LEFT JOIN sync.acks a ON a.replica = r.id
                      WHERE {IN_SCOPE} AND ($3::text IS NULL OR r.id > $3)
                      ORDER BY r.id LIMIT $4)
                  SELECT r.id, r.partition_id, r.p, r.snapshot_began_at, r.last_number, r.acked,
                         r.acked_at, r.last_error, r.alarm,
-                        (SELECT count(*) FROM sync.outbox o WHERE o.replica = r.id),
+                        (SELECT count(*) FROM sync.outbox o WHERE o.replica = r.id)
+                          + (SELECT count(*) FROM ({OWED}) w WHERE w.replica = r.id),
                         (SELECT count(*) FROM sync.deferred d WHERE d.replica = r.id),
                         -- A cohort's name without the character no
                         -- replica's id begins with.
@@ -325,11 +328,12 @@ async fn figures(tx: &Transaction<'_>, ids: &[String]) -> Result<Vec<Figures>> {
         .iter()
         .map(|r| r.get(0))
         .collect();
+    let head = crate::store::cohorts::head("r");
     let rows = tx
         .query(
             &format!(
                 "WITH r AS (
-                 SELECT r.id, r.last_number, coalesce(a.number, 0) AS acked
+                 SELECT r.id, {head} AS last_number, coalesce(a.number, 0) AS acked
                  FROM sync.replicas r LEFT JOIN sync.acks a ON a.replica = r.id
                  WHERE r.id = ANY ($1)),
              n AS (

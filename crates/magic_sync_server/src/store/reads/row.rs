@@ -16,6 +16,7 @@
 
 use super::{begin, Error, Result, IN_SCOPE};
 use crate::envelope::{to_replica, ToReplica};
+use crate::store::cohorts::OWED;
 use chrono::{DateTime, Utc};
 use prost::Message as _;
 use serde::Serialize;
@@ -319,15 +320,21 @@ fn compact(held: &str) -> String {
         .unwrap_or_else(|_| held.to_string())
 }
 
-/// The replicas with a message waiting in their outbox that lets go of the
-/// row. Bodies are searched for the key's bytes first, and only those that
+/// The replicas with a message waiting in their outbox, or a cohort's
+/// owed them, that lets go of the row. Bodies are searched for the key's bytes first, and only those that
 /// contain them decoded.
 async fn letting_go(tx: &Transaction<'_>, table: &str, wire: &str) -> Result<BTreeSet<String>> {
     let rows = tx
         .query(
-            "SELECT o.replica, b.bytes FROM sync.outbox o JOIN sync.bodies b ON b.id = o.body
-             WHERE position($1::bytea IN b.bytes) > 0
-             ORDER BY o.replica, o.number",
+            &format!(
+                "SELECT o.replica, b.bytes FROM (
+                     SELECT o.replica, o.number, o.body FROM sync.outbox o
+                     UNION ALL
+                     {OWED}) o
+                 JOIN sync.bodies b ON b.id = o.body
+                 WHERE position($1::bytea IN b.bytes) > 0
+                 ORDER BY o.replica, o.number"
+            ),
             &[&wire.as_bytes()],
         )
         .await?;
