@@ -13,8 +13,9 @@
 //!   record of what is held (`sync.held`);
 //! - for one product changed, until every till applied and acknowledged
 //!   it, the rows written to the `sync` schema (inserted, updated and
-//!   deleted, from `pg_stat_user_tables`), per till, and the time of the
-//!   pass that recorded it (the median of seven changes).
+//!   deleted, from `pg_stat_user_tables`), per till and (for the larger
+//!   fleet) per table, and the time of the pass that recorded it (the
+//!   median of seven changes).
 //!
 //! MAGIC_SYNC_BENCH_PRODUCTS (default 10,000), MAGIC_SYNC_BENCH_TILLS: the
 //! smaller fleet (default 50; the larger is twice it).
@@ -134,7 +135,8 @@ async fn size(fleet: &Fleet) -> (i64, i64) {
 /// session keeps its counts until it flushes them (within ten seconds of
 /// going idle, or at once when asked): the fleet's three sessions (the
 /// relay's, the snapshots', the host's) are asked first.
-async fn written(fleet: &Fleet) -> i64 {
+/// Rows written so far to each table of the `sync` schema.
+async fn written(fleet: &Fleet) -> Written {
     for session in [&fleet.client, &fleet.snapshots, &fleet.writer] {
         session
             .batch_execute("SELECT pg_stat_force_next_flush()")
@@ -143,20 +145,34 @@ async fn written(fleet: &Fleet) -> i64 {
     }
     fleet
         .writer
-        .query_one(
-            "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::int8
+        .query(
+            "SELECT relname::text, (n_tup_ins + n_tup_upd + n_tup_del)::int8
              FROM pg_stat_user_tables WHERE schemaname = 'sync'",
             &[],
         )
         .await
         .unwrap()
-        .get(0)
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// Rows written, per table of the `sync` schema.
+type Written = std::collections::BTreeMap<String, i64>;
+
+/// What `after` counts beyond `before`, the tables written to only.
+fn beyond(before: &Written, after: &Written) -> Written {
+    after
+        .iter()
+        .map(|(t, n)| (t.clone(), n - before.get(t).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n != 0)
+        .collect()
 }
 
 /// Rows written to the `sync` schema for one product changed, until every
 /// till applied and acknowledged it, and how long the pass that recorded
 /// it took.
-async fn one_change(fleet: &mut Fleet, round: i64) -> (i64, std::time::Duration) {
+async fn one_change(fleet: &mut Fleet, round: i64) -> (Written, std::time::Duration) {
     let before = written(fleet).await;
     fleet
         .writer
@@ -167,14 +183,14 @@ async fn one_change(fleet: &mut Fleet, round: i64) -> (i64, std::time::Duration)
     fleet.pass().await;
     let pass = t0.elapsed();
     fleet.sync().await;
-    (written(fleet).await - before, pass)
+    (beyond(&before, &written(fleet).await), pass)
 }
 
 /// Changes one product `ROUNDS` times: the rows written for the last, and
 /// the median pass.
-async fn changes(fleet: &mut Fleet, round: i64) -> (i64, std::time::Duration) {
+async fn changes(fleet: &mut Fleet, round: i64) -> (Written, std::time::Duration) {
     let mut passes = Vec::new();
-    let mut writes = 0;
+    let mut writes = Written::new();
     for r in 0..ROUNDS {
         let (w, pass) = one_change(fleet, round * 100 + r).await;
         writes = w;
@@ -189,6 +205,8 @@ const ROUNDS: i64 = 7;
 struct Figures {
     bytes: i64,
     held: i64,
+    /// Rows written for the last change, per table.
+    tables: Written,
     writes: i64,
     pass: std::time::Duration,
 }
@@ -222,7 +240,8 @@ async fn run(by_rule: bool, products: u64, tills: u64) -> [Figures; 2] {
         figures.push(Figures {
             bytes,
             held,
-            writes,
+            writes: writes.values().sum(),
+            tables: writes,
             pass,
         });
     }
@@ -263,6 +282,16 @@ async fn main() {
             large.writes as f64 / (2 * tills) as f64,
             small.pass.as_secs_f64() * 1e3,
             large.pass.as_secs_f64() * 1e3,
+        );
+        let tables: Vec<String> = large
+            .tables
+            .iter()
+            .map(|(t, n)| format!("{t} {n}"))
+            .collect();
+        println!(
+            "{name:>11}: rows written at {}, by table: {}",
+            2 * tills,
+            tables.join(", ")
         );
     }
 }

@@ -64,6 +64,9 @@ pub struct Fleet {
     /// Snapshots recorded so far, over every step: how often a replica
     /// was provisioned from scratch.
     pub provisionings: usize,
+    /// Replicas passes found past their outbox's bound, or whose
+    /// snapshot's end was lost, over every pass: each provisioned again.
+    pub dropped: usize,
     /// What publishing remembers between calls, as a runner keeps it: the
     /// cohorts' messages sent each member, sent again only once
     /// `RESEND_AFTER` passed, like the outbox's; a replica a send failed
@@ -239,6 +242,7 @@ impl Fleet {
             dir: tempfile::tempdir().unwrap(),
             units: BTreeMap::new(),
             provisionings: 0,
+            dropped: 0,
             away: fresh_memory(),
         }
     }
@@ -494,10 +498,13 @@ impl Fleet {
     /// One pass, and nothing else.
     pub async fn pass(&mut self) -> Recorded {
         let infos = self.infos();
-        self.relay
+        let recorded = self
+            .relay
             .record(&mut self.client, &infos, self.network.max_message_bytes())
             .await
-            .expect("a pass records")
+            .expect("a pass records");
+        self.dropped += recorded.dropped.len();
+        recorded
     }
 
     /// Begins the snapshot of `replica`, waiting for one.

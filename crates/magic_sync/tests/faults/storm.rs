@@ -85,6 +85,9 @@ struct Tally {
     sales: u64,
     /// Sales the host refuses until the fix.
     sales_refused: u64,
+    /// Tills found past their outbox's bound, or with their snapshot's
+    /// end lost.
+    dropped: u64,
     /// Provisionings after the fleet's first, and the most the faults
     /// above could call for.
     provisionings: u64,
@@ -110,6 +113,7 @@ impl Tally {
         self.digests_differed += other.digests_differed;
         self.sales += other.sales;
         self.sales_refused += other.sales_refused;
+        self.dropped += other.dropped;
         self.provisionings += other.provisionings;
         self.bound += other.bound;
     }
@@ -122,7 +126,8 @@ impl std::fmt::Display for Tally {
             "sends refused {}, out of reach for long {}, messages lost {}, taken in part {}, \
              reports unheard {}, uploads lost {}, answers lost {}, deaths {:?}, \
              server restores {}, till restores {}, rows set aside {}, settles {}, \
-             digests differed {}, sales {} ({} refused until the fix); provisionings {} (bound {})",
+             digests differed {}, sales {} ({} refused until the fix), dropped {}; \
+             provisionings {} (bound {})",
             self.sends_refused,
             self.out_for_long,
             self.lost,
@@ -138,6 +143,7 @@ impl std::fmt::Display for Tally {
             self.digests_differed,
             self.sales,
             self.sales_refused,
+            self.dropped,
             self.provisionings,
             self.bound,
         )
@@ -166,8 +172,17 @@ async fn storm(seed: u64, steps: u64) -> Tally {
     if seed % 2 == 1 {
         // Every other seed records by rule: the catalogue's cohort lives
         // through the storm, and the fix's deployment changes what it
-        // holds (the notices become an `all` table) mid-storm.
-        fleet.reconfigure(|s| s.record_by_rule = true).await;
+        // holds (the notices become an `all` table) mid-storm. Its
+        // outboxes are bounded tight: a member out of reach for long passes
+        // the bound with the cohort's messages it is owed, and is
+        // provisioned again rather than keeping them for ever.
+        fleet
+            .reconfigure(|s| {
+                s.record_by_rule = true;
+                s.outbox_messages = 2;
+                s.outbox_check_every = Duration::ZERO;
+            })
+            .await;
         println!("storm: seed {seed} records by rule");
     }
     // The host refuses large sales until the fix: those wait in the inbox.
@@ -227,12 +242,15 @@ async fn storm(seed: u64, steps: u64) -> Tally {
     }
     let mut tally = storm.tally;
     tally.provisionings = (storm.fleet.provisionings - first) as u64;
+    tally.dropped = storm.fleet.dropped as u64;
     // A lost message or gap costs its till a snapshot; a restored till,
     // one; a digest that differed, one. A restored server, up to two per
     // till: the gap its older chain opens before anything shows it was
     // restored, then the new epoch once a till says it applied (or was
-    // answered) more than the copy records.
+    // answered) more than the copy records. A till past its outbox's
+    // bound, or whose snapshot's end was lost, one.
     tally.bound = tally.lost
+        + tally.dropped
         + tally.till_restores
         + tally.server_restores * 2 * UNITS.len() as u64
         + tally.digests_differed;
@@ -471,10 +489,15 @@ impl Storm {
     async fn pass(&mut self) -> magic_sync::Result<magic_sync::relay::Recorded> {
         let infos = infos(&self.fleet);
         let max = self.fleet.network.max_message_bytes();
-        self.fleet
+        let recorded = self
+            .fleet
             .relay
             .record(&mut self.fleet.client, &infos, max)
-            .await
+            .await;
+        if let Ok(recorded) = &recorded {
+            self.fleet.dropped += recorded.dropped.len();
+        }
+        recorded
     }
 
     fn died(&mut self, point: &'static str, did: &mut Vec<String>) {
