@@ -14,8 +14,8 @@
 //! - for one product changed, until every till applied and acknowledged
 //!   it, the rows written to the `sync` schema (inserted, updated and
 //!   deleted, from `pg_stat_user_tables`), per till and (for the larger
-//!   fleet) per table, and the time of the pass that recorded it (the
-//!   median of seven changes).
+//!   fleet) per table, the time of the pass that recorded it and of
+//!   publishing what it wrote to every till (medians of seven changes).
 //!
 //! MAGIC_SYNC_BENCH_PRODUCTS (default 10,000), MAGIC_SYNC_BENCH_TILLS: the
 //! smaller fleet (default 50; the larger is twice it).
@@ -172,7 +172,7 @@ fn beyond(before: &Written, after: &Written) -> Written {
 /// Rows written to the `sync` schema for one product changed, until every
 /// till applied and acknowledged it, and how long the pass that recorded
 /// it took.
-async fn one_change(fleet: &mut Fleet, round: i64) -> (Written, std::time::Duration) {
+async fn one_change(fleet: &mut Fleet, round: i64) -> (Written, [std::time::Duration; 2]) {
     let before = written(fleet).await;
     fleet
         .writer
@@ -182,22 +182,30 @@ async fn one_change(fleet: &mut Fleet, round: i64) -> (Written, std::time::Durat
     let t0 = std::time::Instant::now();
     fleet.pass().await;
     let pass = t0.elapsed();
+    let t0 = std::time::Instant::now();
+    fleet.publish().await;
+    let publish = t0.elapsed();
     fleet.sync().await;
-    (beyond(&before, &written(fleet).await), pass)
+    (beyond(&before, &written(fleet).await), [pass, publish])
 }
 
 /// Changes one product `ROUNDS` times: the rows written for the last, and
 /// the median pass.
-async fn changes(fleet: &mut Fleet, round: i64) -> (Written, std::time::Duration) {
-    let mut passes = Vec::new();
+async fn changes(fleet: &mut Fleet, round: i64) -> (Written, [std::time::Duration; 2]) {
+    let (mut passes, mut publishes) = (Vec::new(), Vec::new());
     let mut writes = Written::new();
     for r in 0..ROUNDS {
-        let (w, pass) = one_change(fleet, round * 100 + r).await;
+        let (w, [pass, publish]) = one_change(fleet, round * 100 + r).await;
         writes = w;
         passes.push(pass);
+        publishes.push(publish);
     }
     passes.sort();
-    (writes, passes[passes.len() / 2])
+    publishes.sort();
+    (
+        writes,
+        [passes[passes.len() / 2], publishes[publishes.len() / 2]],
+    )
 }
 
 const ROUNDS: i64 = 7;
@@ -209,6 +217,8 @@ struct Figures {
     tables: Written,
     writes: i64,
     pass: std::time::Duration,
+    /// Publishing what the pass wrote, to every till.
+    publish: std::time::Duration,
 }
 
 async fn run(by_rule: bool, products: u64, tills: u64) -> [Figures; 2] {
@@ -235,7 +245,7 @@ async fn run(by_rule: bool, products: u64, tills: u64) -> [Figures; 2] {
         for _ in 0..(2 * tills).div_ceil(16) {
             fleet.sync().await;
         }
-        let (writes, pass) = changes(&mut fleet, to as i64).await;
+        let (writes, [pass, publish]) = changes(&mut fleet, to as i64).await;
         let (bytes, held) = size(&fleet).await;
         figures.push(Figures {
             bytes,
@@ -243,6 +253,7 @@ async fn run(by_rule: bool, products: u64, tills: u64) -> [Figures; 2] {
             writes: writes.values().sum(),
             tables: writes,
             pass,
+            publish,
         });
     }
     fleet.check().await;
@@ -269,7 +280,7 @@ async fn main() {
         println!(
             "{name:>11}: sync schema {:.1} MiB at {tills}, {:.1} MiB at {} ({:.2}x); \
              held rows {} / {}; one product changed: {} rows written ({:.1} per till) / {} ({:.1} per till), \
-             its pass {:.1} / {:.1} ms (median of {ROUNDS})",
+             its pass {:.1} / {:.1} ms, publishing it {:.1} / {:.1} ms (medians of {ROUNDS})",
             mib(small.bytes),
             mib(large.bytes),
             2 * tills,
@@ -282,6 +293,8 @@ async fn main() {
             large.writes as f64 / (2 * tills) as f64,
             small.pass.as_secs_f64() * 1e3,
             large.pass.as_secs_f64() * 1e3,
+            small.publish.as_secs_f64() * 1e3,
+            large.publish.as_secs_f64() * 1e3,
         );
         let tables: Vec<String> = large
             .tables
