@@ -460,14 +460,28 @@ pub(crate) async fn owed(
             "WITH m AS (
                  SELECT m.replica, m.cohort, m.since, m.since_nonce,
                         coalesce(a.number, 0) AS acked, a.nonce AS acked_nonce,
-                        coalesce(a.reads_batches, false) AS reads_batches
+                        coalesce(a.reads_batches, false) AS reads_batches,
+                        coalesce(s.number, 0) AS sent
                  FROM sync.members m
                  JOIN sync.cohorts c ON c.id = m.cohort
                  JOIN sync.replicas r ON r.id = m.replica
                  LEFT JOIN sync.acks a ON a.replica = m.replica
-                 WHERE c.newest > greatest(m.since, coalesce(a.number, 0))
+                 LEFT JOIN unnest($5::text[], $6::int8[]) AS s (replica, number)
+                   ON s.replica = m.replica
+                 WHERE c.newest > greatest(m.since, coalesce(a.number, 0), s.number)
                    AND r.live AND NOT r.provision AND r.snapshot_attempt IS NULL
-                   AND m.replica >= $1 AND m.replica <> ALL ($4)),
+                   AND m.replica >= $1 AND m.replica <> ALL ($4)
+                   -- Only members with one to send at least: the page's
+                   -- first members, in order, and no more than it holds.
+                   AND EXISTS (
+                       SELECT 1 FROM sync.batches b
+                       WHERE b.cohort = m.cohort
+                         AND b.number > greatest(m.since, coalesce(a.number, 0))
+                         AND (m.replica, b.number) > ($1, $2)
+                         AND b.number > coalesce(s.number, 0)
+                         AND NOT EXISTS (SELECT 1 FROM sync.outbox o
+                                         WHERE o.replica = m.replica AND o.number = b.pass_last))
+                 ORDER BY m.replica LIMIT $3),
              chain AS (
                  SELECT m.replica, b.number, b.nonce, true AS part, b.body
                  FROM m JOIN sync.batches b
@@ -490,9 +504,7 @@ pub(crate) async fn owed(
              SELECT l.replica, l.number, l.nonce, l.body, l.previous,
                     coalesce(l.previous_nonce, ''::bytea), l.previous_part, m.reads_batches
              FROM linked l JOIN m ON m.replica = l.replica
-             WHERE l.part AND (l.replica, l.number) > ($1, $2)
-               AND NOT EXISTS (SELECT 1 FROM unnest($5::text[], $6::int8[]) AS s (replica, number)
-                               WHERE s.replica = l.replica AND l.number <= s.number)
+             WHERE l.part AND (l.replica, l.number) > ($1, $2) AND l.number > m.sent
              ORDER BY l.replica, l.number LIMIT $3",
             &[&after.0, &after.1, &limit, &skip, &sent.0, &sent.1],
         )
