@@ -63,17 +63,21 @@ async fn fleet(tills: u64, by_rule: bool) -> Fleet {
     fleet
 }
 
-/// Publishing every message owed, `repeats` times, each as the first.
-async fn publish(fleet: &Fleet, tills: u64, repeats: u64) -> Vec<Duration> {
+/// Publishing every message owed, `repeats` times, each as the first (by
+/// a publisher that starts afresh, of a relay recording `by_rule` or not).
+async fn publish(fleet: &Fleet, tills: u64, repeats: u64, by_rule: bool) -> Vec<Duration> {
     let mut times = Vec::new();
     for _ in 0..repeats {
         fleet.write("UPDATE sync.outbox SET sent_at = NULL").await;
+        let wait = magic_sync::relay::RESEND_AFTER;
+        let mut away = magic_sync::relay::Away::new(wait, wait).by_rule(by_rule);
         let t0 = Instant::now();
-        let published = magic_sync::relay::publish(
+        let published = magic_sync::relay::publish_beside(
             &fleet.client,
             &fleet.network,
             16,
             magic_sync::relay::BATCH_FROM,
+            &mut away,
         )
         .await
         .unwrap();
@@ -98,7 +102,7 @@ async fn main() {
         let mut medians = Vec::new();
         for by_rule in [false, true] {
             let fleet = fleet(tills, by_rule).await;
-            let times = publish(&fleet, tills, repeats).await;
+            let times = publish(&fleet, tills, repeats, by_rule).await;
             let ms: Vec<String> = times
                 .iter()
                 .map(|t| format!("{:.1}", t.as_secs_f64() * 1e3))

@@ -218,7 +218,8 @@ async fn measure(
 ) -> Cost {
     let mut cost = Cost::default();
     let settings = magic_sync::relay::Settings::default();
-    let mut away = magic_sync::relay::Away::new(settings.backoff_min, settings.backoff_max);
+    let mut away = magic_sync::relay::Away::new(settings.backoff_min, settings.backoff_max)
+        .by_rule(settings.record_by_rule);
     for round in 0..rounds {
         let sql = write(round);
         if !sql.is_empty() {

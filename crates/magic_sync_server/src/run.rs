@@ -1099,7 +1099,8 @@ async fn publish_forever<T: Transport, R: Reports>(
     digests: &Digests,
     filings: &Filings,
 ) -> Result<()> {
-    let mut away = crate::relay::Away::new(settings.backoff_min, settings.backoff_max);
+    let mut away = crate::relay::Away::new(settings.backoff_min, settings.backoff_max)
+        .by_rule(settings.record_by_rule);
     loop {
         let started = std::time::Instant::now();
         // While the uploads waiting to be filed are past their bound,

@@ -75,10 +75,10 @@ pub struct Fleet {
     pub away: magic_sync::relay::Away,
 }
 
-/// What publishing remembers, as a relay starting knows it.
-fn fresh_memory() -> magic_sync::relay::Away {
+/// What publishing remembers, as a relay starting with `settings` knows it.
+fn fresh_memory(settings: &Settings) -> magic_sync::relay::Away {
     let wait = magic_sync::relay::RESEND_AFTER;
-    magic_sync::relay::Away::new(wait, wait)
+    magic_sync::relay::Away::new(wait, wait).by_rule(settings.record_by_rule)
 }
 
 /// Messages of at most this many bytes: small, so plans span several messages.
@@ -117,7 +117,7 @@ impl Fleet {
         self.relay = Relay::new(&self.client, engine, settings)
             .await
             .expect("the relay starts");
-        self.away = fresh_memory();
+        self.away = fresh_memory(self.relay.settings());
     }
 
     /// A relay whose session was lost (and its lock with it) replaced by
@@ -143,7 +143,7 @@ impl Fleet {
                 .unwrap();
         }
         self.client = client;
-        self.away = fresh_memory();
+        self.away = fresh_memory(self.relay.settings());
         self.client
             .batch_execute("SET TIME ZONE 'UTC'")
             .await
@@ -229,6 +229,7 @@ impl Fleet {
         let catalog = Catalog::read(&client, &engine).await.unwrap();
         let snapshots = db.connect().await;
         let key = magic_sync::store::keys::public(&client).await.unwrap();
+        let away = fresh_memory(relay.settings());
         Fleet {
             db,
             client,
@@ -243,7 +244,7 @@ impl Fleet {
             units: BTreeMap::new(),
             provisionings: 0,
             dropped: 0,
-            away: fresh_memory(),
+            away,
         }
     }
 
@@ -364,7 +365,7 @@ impl Fleet {
         self.relay = Relay::new(&self.client, self.engine.clone(), settings)
             .await
             .expect("the relay starts");
-        self.away = fresh_memory();
+        self.away = fresh_memory(self.relay.settings());
     }
 
     /// The relay again, recording every replica's rows and messages

@@ -1132,7 +1132,13 @@ impl Relay {
             .map(|(r, n)| (ReplicaId::from(r), n))
             .collect();
         if let Some((owed, last)) = writer.sent_batches() {
-            // Those sent the cohort's messages and none of their own since.
+            // Those sent the cohort's messages: at the last of them, unless
+            // a message of their own followed.
+            for (replica, number) in &mut recorded.written {
+                if owed.contains(replica.as_str()) {
+                    *number = (*number).max(last);
+                }
+            }
             let written: std::collections::HashSet<ReplicaId> =
                 recorded.written.iter().map(|(r, _)| r.clone()).collect();
             for member in owed.iter().map(ReplicaId::from) {

@@ -116,6 +116,9 @@ pub struct Away {
     least: std::time::Duration,
     most: std::time::Duration,
     batches_sent: HashMap<ReplicaId, (i64, std::time::Instant)>,
+    /// The relay may record cohorts: their messages owed are read beside
+    /// the outbox, in one view.
+    cohorts: bool,
 }
 
 impl Away {
@@ -127,7 +130,18 @@ impl Away {
             least,
             most: most.max(least),
             batches_sent: HashMap::new(),
+            cohorts: true,
         }
+    }
+
+    /// Whether the relay publishing records by rule
+    /// (`Settings::record_by_rule`; yes unless said): when it does not, no
+    /// cohort has messages to send (one recorded before is handed to its
+    /// members' outboxes when the relay starts), and a page is the
+    /// outbox's alone, read in one statement.
+    pub fn by_rule(mut self, cohorts: bool) -> Away {
+        self.cohorts = cohorts;
+        self
     }
 
     /// The members sent their cohort's messages less than `RESEND_AFTER`
@@ -204,12 +218,9 @@ pub async fn publish_beside<T: Transport>(
     let mut sent_to = std::collections::HashSet::new();
     let mut after = (String::new(), 0i64);
     let mut epoch: Option<Epoch> = None;
-    // Whether every cohort's message owed was read.
-    let mut owed_done = false;
     loop {
         let skip = away.passed_over(transport);
-        let (page, last_page) =
-            read_page(client, &after, &mut epoch, &skip, away, &mut owed_done).await?;
+        let (page, last_page) = read_page(client, &after, &mut epoch, &skip, away).await?;
         let Some(last) = page.last() else {
             break;
         };
@@ -301,26 +312,57 @@ type Sent = (ReplicaId, Option<i64>, u64, Option<(i64, SendError)>);
 /// stamped for its member. At most PAGE messages and about PAGE_BYTES
 /// (whole messages until their bytes pass the bound, and at least one),
 /// and whether it is the last. The epoch is read with the first page, in
-/// the same round trip. Once a page holds the last of the cohorts'
-/// messages owed (`owed_done`), they are not asked for again.
+/// the same round trip.
+///
+/// Both lists are read in one view of the database: a pass may commit
+/// between two statements, and a member's message of its own read without
+/// the cohort's before it (or the other way round) would reach the replica
+/// without the one it follows.
 async fn read_page(
     client: &Client,
     after: &(String, i64),
     epoch: &mut Option<Epoch>,
     skip: &std::collections::BTreeSet<String>,
     away: &Away,
-    owed_done: &mut bool,
+) -> Result<(Vec<Waiting>, bool)> {
+    if !away.cohorts {
+        let page = store::outbox::page(client, after, PAGE, PAGE_BYTES, RESEND_AFTER, skip);
+        let rows = match epoch {
+            Some(_) => page.await?,
+            None => {
+                let (rows, read) = tokio::try_join!(page, Epoch::read(client))?;
+                *epoch = Some(read);
+                rows
+            }
+        };
+        let bytes: usize = rows.iter().map(|m| m.body.len()).sum();
+        let last = rows.len() < PAGE as usize && (bytes as i64) < PAGE_BYTES;
+        return Ok((rows, last));
+    }
+    client
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .await?;
+    let read = read_in_view(client, after, epoch, skip, away).await;
+    let end = match read {
+        Ok(_) => "COMMIT",
+        Err(_) => "ROLLBACK",
+    };
+    client.batch_execute(end).await?;
+    read
+}
+
+/// [`read_page`]'s reads, in the view it opened.
+async fn read_in_view(
+    client: &Client,
+    after: &(String, i64),
+    epoch: &mut Option<Epoch>,
+    skip: &std::collections::BTreeSet<String>,
+    away: &Away,
 ) -> Result<(Vec<Waiting>, bool)> {
     let page = store::outbox::page(client, after, PAGE, PAGE_BYTES, RESEND_AFTER, skip);
     let (sent, numbers) = away.sent_lately();
     let skipped: Vec<String> = skip.iter().cloned().collect();
-    let asked = !*owed_done;
-    let owed = async {
-        match asked {
-            true => store::cohorts::owed(client, after, PAGE, &skipped, (&sent, &numbers)).await,
-            false => Ok(Vec::new()),
-        }
-    };
+    let owed = store::cohorts::owed(client, after, PAGE, &skipped, (&sent, &numbers));
     let (mut rows, owed) = match epoch {
         Some(_) => tokio::try_join!(page, owed)?,
         None => {
@@ -339,27 +381,16 @@ async fn read_page(
             .flatten()
     };
     let mut ends = vec![full(&rows)];
-    if asked {
-        *owed_done = owed.len() < PAGE as usize;
-    }
     if !owed.is_empty() {
-        let read = owed.len();
         let sent_before = |r: &str, n: i64| away.sent_before(r, n);
         let owed = stamp_owed(client, epoch, owed, &sent_before, PAGE_BYTES).await?;
-        // Cut short by its bytes: the rest is asked for again.
-        *owed_done &= owed.len() == read;
         ends.push(full(&owed));
         rows.extend(owed);
         rows.sort_by(|a, b| (&a.replica, a.number).cmp(&(&b.replica, b.number)));
     }
     let end = ends.into_iter().flatten().min();
     if let Some(end) = &end {
-        let before = rows.len();
         rows.retain(|m| (m.replica.as_str(), m.number) <= (end.0.as_str(), end.1));
-        // What was cut off is asked for again with the next page.
-        if rows.len() < before {
-            *owed_done = false;
-        }
     }
     Ok((rows, end.is_none()))
 }

@@ -291,7 +291,10 @@ pub(crate) fn head(r: &str) -> String {
 /// each acknowledged or joined at; every message of a cohort without such
 /// a member. For a pass's closing batch.
 pub(crate) const FORGET_SENT_BATCHES: &str = "WITH floor AS (
-         SELECT c.id, coalesce(min(greatest(coalesce(a.number, 0), m.since)), c.newest) AS floor
+         SELECT c.id,
+                coalesce(min(greatest(coalesce(a.number, 0), m.since))
+                             FILTER (WHERE m.replica IS NOT NULL),
+                         c.newest) AS floor
          FROM sync.cohorts c
          LEFT JOIN (sync.members m JOIN sync.replicas r
                     ON r.id = m.replica AND r.live AND NOT r.provision)
