@@ -140,11 +140,13 @@ pub(super) async fn forget(client: &mut Client, tables: &cohorts::Tables) -> Res
     let mut after = (String::new(), 0);
     let mut rows = crate::store::outbox::Rows::default();
     loop {
-        let owed = cohorts::owed(&tx, &after, 512, &[], (&[], &[])).await?;
-        let Some(last) = owed.last() else {
-            break;
+        let (owed, through) = cohorts::owed(&tx, &after, 512, 4096, &[], (&[], &[])).await?;
+        // Each list is whole up to its last message when full, else up to
+        // where the members looked at end.
+        let next = match owed.last() {
+            Some(last) if owed.len() == 512 => Some((last.replica.clone(), last.number)),
+            _ => through,
         };
-        after = (last.replica.clone(), last.number);
         let stamped =
             super::publish::stamp_owed(&tx, &epoch, owed, &|_, _| false, i64::MAX).await?;
         for m in stamped {
@@ -154,6 +156,10 @@ pub(super) async fn forget(client: &mut Client, tables: &cohorts::Tables) -> Res
             rows.head.push(m.head);
             rows.hash.push(m.hash);
             rows.seal.push(m.seal);
+        }
+        match next {
+            Some(next) => after = next,
+            None => break,
         }
     }
     crate::store::outbox::insert(&tx, &statements, &[], &[], &rows).await?;

@@ -18,6 +18,9 @@ const PAGE: i64 = 512;
 pub const RESEND_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
 /// About how many bytes of messages are read per round trip.
 const PAGE_BYTES: i64 = 2 << 20;
+/// Members of cohorts looked at per page for the cohorts' messages they
+/// are owed: a page costs these, not the fleet.
+const MEMBERS_LOOKED_AT: i64 = 4 * PAGE;
 
 use crate::store::outbox::Waiting;
 
@@ -220,11 +223,21 @@ pub async fn publish_beside<T: Transport>(
     let mut epoch: Option<Epoch> = None;
     loop {
         let skip = away.passed_over(transport);
-        let (page, last_page) = read_page(client, &after, &mut epoch, &skip, away).await?;
+        let (page, end) = read_page(client, &after, &mut epoch, &skip, away).await?;
         let Some(last) = page.last() else {
-            break;
+            // Nothing to send among the members looked at: the next page
+            // looks past them.
+            match end {
+                Some(end) => {
+                    after = end;
+                    continue;
+                }
+                None => break,
+            }
         };
-        after = (last.replica.to_string(), last.number);
+        let last_page = end.is_none();
+        // Everything up to the page's end was read.
+        after = end.unwrap_or_else(|| (last.replica.to_string(), last.number));
         let epoch = epoch.as_ref().expect("read with the first page");
         let members: std::collections::HashSet<ReplicaId> = page
             .iter()
@@ -311,8 +324,9 @@ type Sent = (ReplicaId, Option<i64>, u64, Option<(i64, SendError)>);
 /// waits in the outbox, and the cohorts' messages members are owed, each
 /// stamped for its member. At most PAGE messages and about PAGE_BYTES
 /// (whole messages until their bytes pass the bound, and at least one),
-/// and whether it is the last. The epoch is read with the first page, in
-/// the same round trip.
+/// and where it ends: everything waiting up to there is in it, and
+/// nothing is past it when `None`. The epoch is read with the first page,
+/// in the same round trip.
 ///
 /// Both lists are read in one view of the database: a pass may commit
 /// between two statements, and a member's message of its own read without
@@ -324,7 +338,7 @@ async fn read_page(
     epoch: &mut Option<Epoch>,
     skip: &std::collections::BTreeSet<String>,
     away: &Away,
-) -> Result<(Vec<Waiting>, bool)> {
+) -> Result<(Vec<Waiting>, Option<(String, i64)>)> {
     if !away.cohorts {
         let page = store::outbox::page(client, after, PAGE, PAGE_BYTES, RESEND_AFTER, skip);
         let rows = match epoch {
@@ -335,9 +349,8 @@ async fn read_page(
                 rows
             }
         };
-        let bytes: usize = rows.iter().map(|m| m.body.len()).sum();
-        let last = rows.len() < PAGE as usize && (bytes as i64) < PAGE_BYTES;
-        return Ok((rows, last));
+        let end = full(&rows);
+        return Ok((rows, end));
     }
     client
         .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
@@ -358,12 +371,19 @@ async fn read_in_view(
     epoch: &mut Option<Epoch>,
     skip: &std::collections::BTreeSet<String>,
     away: &Away,
-) -> Result<(Vec<Waiting>, bool)> {
+) -> Result<(Vec<Waiting>, Option<(String, i64)>)> {
     let page = store::outbox::page(client, after, PAGE, PAGE_BYTES, RESEND_AFTER, skip);
     let (sent, numbers) = away.sent_lately();
     let skipped: Vec<String> = skip.iter().cloned().collect();
-    let owed = store::cohorts::owed(client, after, PAGE, &skipped, (&sent, &numbers));
-    let (mut rows, owed) = match epoch {
+    let owed = store::cohorts::owed(
+        client,
+        after,
+        PAGE,
+        MEMBERS_LOOKED_AT,
+        &skipped,
+        (&sent, &numbers),
+    );
+    let (mut rows, (owed, through)) = match epoch {
         Some(_) => tokio::try_join!(page, owed)?,
         None => {
             let (rows, owed, read) = tokio::try_join!(page, owed, Epoch::read(client))?;
@@ -373,14 +393,8 @@ async fn read_in_view(
     };
     let epoch = epoch.as_ref().expect("read with the first page");
     // Where each list stopped short of what waits: the page ends at the
-    // earlier of the two, so that nothing is passed over.
-    let full = |page: &[Waiting]| {
-        let bytes: usize = page.iter().map(|m| m.body.len()).sum();
-        let full = page.len() >= PAGE as usize || bytes as i64 >= PAGE_BYTES;
-        full.then(|| page.last().map(|m| (m.replica.to_string(), m.number)))
-            .flatten()
-    };
-    let mut ends = vec![full(&rows)];
+    // earliest, so that nothing is passed over.
+    let mut ends = vec![full(&rows), through];
     if !owed.is_empty() {
         let sent_before = |r: &str, n: i64| away.sent_before(r, n);
         let owed = stamp_owed(client, epoch, owed, &sent_before, PAGE_BYTES).await?;
@@ -392,7 +406,16 @@ async fn read_in_view(
     if let Some(end) = &end {
         rows.retain(|m| (m.replica.as_str(), m.number) <= (end.0.as_str(), end.1));
     }
-    Ok((rows, end.is_none()))
+    Ok((rows, end))
+}
+
+/// Where a list of messages stopped short of what waits, if it did: at
+/// its last message, when it holds PAGE of them or PAGE_BYTES.
+fn full(page: &[Waiting]) -> Option<(String, i64)> {
+    let bytes: usize = page.iter().map(|m| m.body.len()).sum();
+    let full = page.len() >= PAGE as usize || bytes as i64 >= PAGE_BYTES;
+    full.then(|| page.last().map(|m| (m.replica.to_string(), m.number)))
+        .flatten()
 }
 
 /// The cohorts' messages `owed`, each stamped for its member as the

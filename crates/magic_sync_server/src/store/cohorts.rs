@@ -451,21 +451,38 @@ pub(crate) struct Owed {
 /// Each comes with the message before it in the member's chain: one of its
 /// own still owed, another of the cohort's, the one it acknowledged, or the
 /// one it joined at, whichever is the latest below it.
+///
+/// Members are looked at `window` at a time, in the order of their key
+/// from `after` on, so a page costs what a window of members does, not
+/// what the fleet does. Returns, beside them, where the members looked at
+/// end when the window was full: nothing past that was looked at.
 pub(crate) async fn owed(
     client: &impl GenericClient,
     after: &(String, i64),
     limit: i64,
+    window: i64,
     skip: &[String],
     sent: (&[String], &[i64]),
-) -> Result<Vec<Owed>> {
-    let rows = client
-        .query(
-            "WITH m AS (
+) -> Result<(Vec<Owed>, Option<(String, i64)>)> {
+    let window_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&after.0, &window];
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+        [&after.0, &after.1, &limit, &skip, &sent.0, &sent.1, &window];
+    let looked = client.query_one(
+        "SELECT count(*), max(replica) FROM (
+             SELECT replica FROM sync.members WHERE replica >= $1
+             ORDER BY replica LIMIT $2) w",
+        &window_params,
+    );
+    let rows = client.query(
+        "WITH w AS MATERIALIZED (
+                 SELECT replica, cohort FROM sync.members WHERE replica >= $1
+                 ORDER BY replica LIMIT $7),
+             m AS (
                  SELECT m.replica, m.cohort, m.since, m.since_nonce,
                         coalesce(a.number, 0) AS acked, a.nonce AS acked_nonce,
                         coalesce(a.reads_batches, false) AS reads_batches,
                         coalesce(s.number, 0) AS sent
-                 FROM sync.members m
+                 FROM w JOIN sync.members m ON m.replica = w.replica AND m.cohort = w.cohort
                  JOIN sync.cohorts c ON c.id = m.cohort
                  JOIN sync.replicas r ON r.id = m.replica
                  LEFT JOIN sync.acks a ON a.replica = m.replica
@@ -485,19 +502,22 @@ pub(crate) async fn owed(
                          AND NOT EXISTS (SELECT 1 FROM sync.outbox o
                                          WHERE o.replica = m.replica AND o.number = b.pass_last))
                  ORDER BY m.replica LIMIT $3),
+             -- Each member's messages from where it stands, with what the
+             -- statement's end needs of the member: no join back to it.
              chain AS (
-                 SELECT m.replica, b.number, b.nonce, true AS part, b.body
+                 SELECT m.replica, b.number, b.nonce, true AS part, b.body, m.sent, m.reads_batches
                  FROM m JOIN sync.batches b
                    ON b.cohort = m.cohort AND b.number > greatest(m.since, m.acked)
                  WHERE NOT EXISTS (SELECT 1 FROM sync.outbox o
                                    WHERE o.replica = m.replica AND o.number = b.pass_last)
                  UNION ALL
-                 SELECT o.replica, o.number, o.nonce, false, NULL
+                 SELECT o.replica, o.number, o.nonce, false, NULL, m.sent, m.reads_batches
                  FROM m JOIN sync.outbox o ON o.replica = m.replica AND o.number > m.acked
                  UNION ALL
-                 SELECT replica, since, since_nonce, false, NULL FROM m
+                 SELECT replica, since, since_nonce, false, NULL, sent, reads_batches FROM m
                  UNION ALL
-                 SELECT replica, acked, acked_nonce, false, NULL FROM m WHERE acked > 0),
+                 SELECT replica, acked, acked_nonce, false, NULL, sent, reads_batches
+                 FROM m WHERE acked > 0),
              linked AS (
                  SELECT c.*, lag(c.number) OVER w AS previous, lag(c.nonce) OVER w AS previous_nonce,
                         lag(c.part) OVER w AS previous_part
@@ -505,14 +525,20 @@ pub(crate) async fn owed(
                        ORDER BY replica, number, nonce IS NULL) c
                  WINDOW w AS (PARTITION BY c.replica ORDER BY c.number))
              SELECT l.replica, l.number, l.nonce, l.body, l.previous,
-                    coalesce(l.previous_nonce, ''::bytea), l.previous_part, m.reads_batches
-             FROM linked l JOIN m ON m.replica = l.replica
-             WHERE l.part AND (l.replica, l.number) > ($1, $2) AND l.number > m.sent
+                    coalesce(l.previous_nonce, ''::bytea), l.previous_part, l.reads_batches
+             FROM linked l
+             WHERE l.part AND (l.replica, l.number) > ($1, $2) AND l.number > l.sent
              ORDER BY l.replica, l.number LIMIT $3",
-            &[&after.0, &after.1, &limit, &skip, &sent.0, &sent.1],
-        )
-        .await?;
-    Ok(rows
+        &params,
+    );
+    let (looked, rows) = tokio::try_join!(looked, rows)?;
+    let through = match looked.get::<_, i64>(0) >= window {
+        true => looked
+            .get::<_, Option<String>>(1)
+            .map(|replica| (replica, i64::MAX)),
+        false => None,
+    };
+    let owed = rows
         .iter()
         .map(|row| Owed {
             replica: row.get(0),
@@ -524,7 +550,8 @@ pub(crate) async fn owed(
             previous_shared: row.get(6),
             reads_batches: row.get(7),
         })
-        .collect())
+        .collect();
+    Ok((owed, through))
 }
 
 /// The members whose chain stands at a message of their cohort's: each
