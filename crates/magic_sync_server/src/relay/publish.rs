@@ -340,22 +340,12 @@ async fn read_page(
     away: &Away,
 ) -> Result<(Vec<Waiting>, Option<(String, i64)>)> {
     if !away.cohorts {
-        let page = store::outbox::page(client, after, PAGE, PAGE_BYTES, RESEND_AFTER, skip);
-        let rows = match epoch {
-            Some(_) => page.await?,
-            None => {
-                let (rows, read) = tokio::try_join!(page, Epoch::read(client))?;
-                *epoch = Some(read);
-                rows
-            }
-        };
-        let end = full(&rows);
-        return Ok((rows, end));
+        return read_lists(client, after, epoch, skip, away).await;
     }
     client
         .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         .await?;
-    let read = read_in_view(client, after, epoch, skip, away).await;
+    let read = read_lists(client, after, epoch, skip, away).await;
     let end = match read {
         Ok(_) => "COMMIT",
         Err(_) => "ROLLBACK",
@@ -364,8 +354,9 @@ async fn read_page(
     read
 }
 
-/// [`read_page`]'s reads, in the view it opened.
-async fn read_in_view(
+/// [`read_page`]'s reads: the outbox's page, and with `away.cohorts` the
+/// cohorts' messages owed beside it.
+async fn read_lists(
     client: &Client,
     after: &(String, i64),
     epoch: &mut Option<Epoch>,
@@ -375,14 +366,16 @@ async fn read_in_view(
     let page = store::outbox::page(client, after, PAGE, PAGE_BYTES, RESEND_AFTER, skip);
     let (sent, numbers) = away.sent_lately();
     let skipped: Vec<String> = skip.iter().cloned().collect();
-    let owed = store::cohorts::owed(
-        client,
-        after,
-        PAGE,
-        MEMBERS_LOOKED_AT,
-        &skipped,
-        (&sent, &numbers),
-    );
+    let owed = async {
+        match away.cohorts {
+            true => {
+                let window = MEMBERS_LOOKED_AT;
+                let sent = (&sent[..], &numbers[..]);
+                store::cohorts::owed(client, after, PAGE, window, &skipped, sent).await
+            }
+            false => Ok((Vec::new(), None)),
+        }
+    };
     let (mut rows, (owed, through)) = match epoch {
         Some(_) => tokio::try_join!(page, owed)?,
         None => {
