@@ -77,7 +77,7 @@ impl Replicas for Tills {
 
 fn main() -> ExitCode {
     // The demo starts its tills as this same program, so that they are
-    // always of the same build: `demo till ...` is `magic-sync-replica ...`.
+    // always of the same build: `demo till ...` is `shop-till ...`.
     match std::env::args().nth(1).as_deref() {
         Some("till") => {
             return demo::till::run(demo::till::Args::parse_from(std::env::args().skip(1)))

@@ -66,7 +66,7 @@ pub fn run(args: Args) -> ExitCode {
             )
         }
         Err(e) => {
-            eprintln!("magic-sync-replica: {e}");
+            eprintln!("shop-till: {e}");
             ExitCode::FAILURE
         }
     }
@@ -90,7 +90,7 @@ pub fn run_broker(args: BrokerArgs) -> ExitCode {
             )
         }
         Err(e) => {
-            eprintln!("magic-sync-replica: {e}");
+            eprintln!("shop-till: {e}");
             ExitCode::FAILURE
         }
     }
@@ -118,7 +118,7 @@ fn serve<L: Connecting>(
             (db.to_path_buf(), id.to_string(), host.sales);
         std::thread::spawn(move || {
             if let Err(e) = sell(&db, &id, Duration::from_millis(every), sales, &nudger) {
-                eprintln!("magic-sync-replica `{id}`: selling: {e}");
+                eprintln!("shop-till `{id}`: selling: {e}");
             }
         });
     }

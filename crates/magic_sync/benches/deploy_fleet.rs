@@ -20,7 +20,9 @@
 //! changes took during the deployment, against before it.
 //!
 //! MAGIC_SYNC_BENCH_REPLICAS (default 100), MAGIC_SYNC_BENCH_ORDERS: orders
-//! per replica (default 8,000; 4 lines each).
+//! per replica (default 8,000; 4 lines each). `MAGIC_SYNC_RECORD_BY_RULE=0`
+//! runs the relay with the record by rule off: the regions and products
+//! recorded for every replica rather than once for their cohort.
 
 use magic_sync::{Engine, Numeric, Row};
 use magic_sync_testkit::bench::{env_u64, show};

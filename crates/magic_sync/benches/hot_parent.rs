@@ -26,6 +26,9 @@
 //! changes per second (default 1,000). MAGIC_SYNC_BENCH_REPLICAS (default
 //! 100), MAGIC_SYNC_BENCH_ITEMS: items per replica (default 100).
 //! MAGIC_SYNC_BENCH_SETTLE_SECONDS: the settling limit (default 60).
+//! `MAGIC_SYNC_RECORD_BY_RULE=0` runs the relay with the record by rule
+//! off: `bulletin`'s row recorded, and each change to it written, for
+//! every replica rather than once for their cohort.
 
 use magic_sync_testkit::bench as support;
 

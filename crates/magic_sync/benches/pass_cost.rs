@@ -11,6 +11,8 @@
 //!
 //! cargo bench -p magic_sync --features postgres,sqlite --bench pass_cost
 //!
+//! `MAGIC_SYNC_RECORD_BY_RULE=0` runs it with the record by rule off.
+//!
 //! The test shop with ten tills on SQLite files, the relay with its default
 //! settings on a connection whose protocol messages are counted
 //! (`magic_sync_testkit::wire`). Each case runs `MAGIC_SYNC_BENCH_ROUNDS`
@@ -21,7 +23,7 @@
 //! millisecond or more.
 
 use magic_sync::run;
-use magic_sync_testkit::bench::{env_u64, show};
+use magic_sync_testkit::bench::{env_u64, record_by_rule, show};
 use magic_sync_testkit::fleet::Fleet;
 use magic_sync_testkit::shop;
 use magic_sync_testkit::wire::{self, Counter, Counts};
@@ -108,11 +110,17 @@ async fn main() {
         fleet.add(id, Some("north"));
     }
     fleet.sync().await;
-    // As production runs it: the defaults, on a connection counted.
+    // As production runs it: the defaults (the record by rule as
+    // `MAGIC_SYNC_RECORD_BY_RULE` says), on a connection counted.
     let (client, counter) = wire::connect(&fleet.db).await;
     fleet.reconnect_on(client).await;
     fleet
-        .reconfigure(|s| *s = magic_sync::relay::Settings::default())
+        .reconfigure(|s| {
+            *s = magic_sync::relay::Settings {
+                record_by_rule: record_by_rule(),
+                ..Default::default()
+            }
+        })
         .await;
     fleet.sync().await;
     fleet.check().await;
@@ -217,7 +225,7 @@ async fn measure(
     write: impl Fn(usize) -> String,
 ) -> Cost {
     let mut cost = Cost::default();
-    let settings = magic_sync::relay::Settings::default();
+    let settings = fleet.relay.settings();
     let mut away = magic_sync::relay::Away::new(settings.backoff_min, settings.backoff_max)
         .by_rule(settings.record_by_rule);
     for round in 0..rounds {

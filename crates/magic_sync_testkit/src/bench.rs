@@ -190,6 +190,17 @@ pub fn snapshot_pace() -> SnapshotPace {
     }
 }
 
+/// Whether a bench's relay records by rule: as `MAGIC_SYNC_RECORD_BY_RULE`
+/// says (`0` off, `1` on), else the default setting's. Runs with it off
+/// and on, one after the other, compare the two records.
+pub fn record_by_rule() -> bool {
+    match std::env::var("MAGIC_SYNC_RECORD_BY_RULE").as_deref() {
+        Ok("0") => false,
+        Ok(_) => true,
+        Err(_) => Settings::default().record_by_rule,
+    }
+}
+
 impl Fleet {
     /// Opens a SQLite file per replica and starts applying into each, where
     /// `MAGIC_SYNC_BENCH_FLEET` says, and starts the relay's runner with
@@ -324,6 +335,7 @@ impl Fleet {
                 "MAGIC_SYNC_BENCH_SNAPSHOTS",
                 Settings::default().snapshots as u64,
             ) as usize,
+            record_by_rule: record_by_rule(),
             ..Settings::default()
         };
         let (config, host, engine) = (self.config.clone(), self.host.clone(), self.engine.clone());
@@ -412,7 +424,8 @@ pub struct Backlog {
     pub notes: i64,
     /// Messages written and not yet taken by the transport.
     pub outbox: i64,
-    /// Replicas written to that acknowledged their last message.
+    /// Replicas written to that acknowledged their last message: their
+    /// own, or their cohort's when that is newer.
     pub caught_up: i64,
 }
 
@@ -421,7 +434,11 @@ SELECT (SELECT count(*) FROM sync.notes),
        (SELECT count(*) FROM sync.outbox),
        (SELECT count(*) FROM sync.replicas r
         WHERE r.last_number > 0
-          AND r.last_number <= coalesce((SELECT a.number FROM sync.acks a WHERE a.replica = r.id), 0))";
+          AND greatest(r.last_number,
+                       (SELECT max(c.newest) FROM sync.members m
+                        JOIN sync.cohorts c ON c.id = m.cohort
+                        WHERE m.replica = r.id AND c.newest > m.since))
+              <= coalesce((SELECT a.number FROM sync.acks a WHERE a.replica = r.id), 0))";
 
 impl Backlog {
     /// Read in one statement, so the three counts are of one moment.

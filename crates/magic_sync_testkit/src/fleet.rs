@@ -214,9 +214,10 @@ impl Fleet {
             // The outboxes, and snapshots whose end was lost, looked at
             // every pass: the tests' time is not the wall clock's.
             outbox_check_every: std::time::Duration::ZERO,
-            // `MAGIC_SYNC_RECORD_BY_RULE=1` runs a suite with the record by
-            // rule on (a test may turn it on for itself).
-            record_by_rule: std::env::var("MAGIC_SYNC_RECORD_BY_RULE").is_ok_and(|v| v == "1"),
+            // `MAGIC_SYNC_RECORD_BY_RULE=0` runs a suite with the record by
+            // rule off (a test may pin either for itself).
+            record_by_rule: std::env::var("MAGIC_SYNC_RECORD_BY_RULE")
+                .map_or(Settings::default().record_by_rule, |v| v != "0"),
             ..Settings::default()
         };
         let relay = Relay::new(&client, engine.clone(), settings)
@@ -368,10 +369,19 @@ impl Fleet {
         self.away = fresh_memory(self.relay.settings());
     }
 
+    /// What publishing remembers, as a few minutes' wait leaves it: the
+    /// cohort's messages sent lately may go again, and replicas away are
+    /// tried again. For tests that stand in for the wall clock by moving
+    /// the record's clocks back.
+    pub fn minutes_pass(&mut self) {
+        self.away = fresh_memory(self.relay.settings());
+    }
+
     /// The relay again, recording every replica's rows and messages
     /// for it alone, whatever `MAGIC_SYNC_RECORD_BY_RULE` says: for the
     /// tests that read the per-replica outbox and record themselves (their
-    /// cohort counterparts are in `down/batches.rs`).
+    /// cohort counterparts are in `down/batches.rs`), and the walk and storm
+    /// seeds that keep the setting's off side exercised.
     pub async fn per_replica(&mut self) {
         self.reconfigure(|s| s.record_by_rule = false).await;
     }

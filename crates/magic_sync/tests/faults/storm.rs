@@ -13,9 +13,10 @@
 //!   database refuses large sales, until a deploy fixes both; the fixed
 //!   build also declares the notices to every till, so a deployment works
 //!   through them amid the rest;
-//! - every other seed records by rule, so that deployment changes what
-//!   the cohort of the `all` tables holds while its members come and go,
-//!   are restored and provisioned again.
+//! - the seeds that record by rule (every other seed; the rest record
+//!   each till's rows for it alone) have that deployment change what the
+//!   cohort of the `all` tables holds while its members come and go, are
+//!   restored and provisioned again, and pass their outbox's bound.
 //!
 //! Each time the storm lets the fleet settle, every replica holds exactly
 //! what it should given the rows set aside, and its digest matches what the
@@ -184,6 +185,9 @@ async fn storm(seed: u64, steps: u64) -> Tally {
             })
             .await;
         println!("storm: seed {seed} records by rule");
+    } else {
+        fleet.per_replica().await;
+        println!("storm: seed {seed} records each till's rows for it alone");
     }
     // The host refuses large sales until the fix: those wait in the inbox.
     fleet
@@ -677,7 +681,7 @@ impl Storm {
         }
         if with_digests {
             // As if the minute between comparisons had passed.
-            a_minute_later(&self.fleet).await;
+            a_minute_later(&mut self.fleet).await;
         }
         let reports = self.fleet.network.reports();
         let heeded = run::server::heed(
@@ -717,7 +721,7 @@ impl Storm {
         }
         self.fleet.heed().await;
         for _ in 0..4 {
-            a_minute_later(&self.fleet).await;
+            a_minute_later(&mut self.fleet).await;
             self.say_where_they_stand(false).await;
             self.fleet.sync().await;
             for _ in 0..8 {
@@ -735,7 +739,7 @@ impl Storm {
         // What every till holds is what the server records it holding.
         for unit in UNITS {
             let digest = run::replica::digest(&self.fleet.unit(unit).replica).unwrap();
-            a_minute_later(&self.fleet).await;
+            a_minute_later(&mut self.fleet).await;
             let heeded = run::server::heed(
                 &mut self.fleet.client,
                 &self.fleet.engine,
@@ -793,8 +797,10 @@ impl Storm {
 /// As if a few minutes passed: the minute a replica's digests wait
 /// between comparisons, the seconds a replica asking for a snapshot again
 /// waits for one, and those a message (or a snapshot's end) goes
-/// unacknowledged before it is sent (or begun) again.
-async fn a_minute_later(fleet: &Fleet) {
+/// unacknowledged before it is sent (or begun) again, in the record and in
+/// what publishing remembers.
+async fn a_minute_later(fleet: &mut Fleet) {
+    fleet.minutes_pass();
     fleet
         .write(
             "UPDATE sync.replicas SET digest_compared_at = now() - interval '2 minutes',

@@ -241,13 +241,15 @@ pub struct Settings {
     /// pending), which an operator's page draws history from.
     pub figures_every: Duration,
     /// Whether the relay records what many replicas hold alike once, for
-    /// their cohort (how-it-works §20). Being built: on, the rows of the
-    /// tables whose rule is `all` are recorded once, for their cohort, and
-    /// the replicas kept up join it a few a pass (unless their own rows
-    /// could point at the cohort's); each member is still sent every change
-    /// in messages of its own. Off (the default), a cohort recorded by an
-    /// earlier run is forgotten when the relay starts, its members holding
-    /// its rows themselves again.
+    /// their cohort (how-it-works §20). On (the default), the rows of the
+    /// tables whose rule is `all`, and the rows they point at, are recorded
+    /// once for their cohort, and the replicas kept up join it a few a
+    /// pass; a change to them is written once, in the cohort's messages,
+    /// and stamped for each member as it is sent. Off, each replica's
+    /// record holds every row it holds: a cohort recorded by an earlier run
+    /// is forgotten when the relay starts, its members holding its rows
+    /// themselves again and given what they were owed in messages of their
+    /// own, with no snapshot.
     pub record_by_rule: bool,
 }
 
@@ -273,7 +275,7 @@ impl Default for Settings {
             deploy_chunk_rows: 50_000,
             deploy_pass_budget: Duration::from_millis(250),
             figures_every: Duration::from_secs(5),
-            record_by_rule: false,
+            record_by_rule: true,
         }
     }
 }

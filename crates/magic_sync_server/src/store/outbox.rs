@@ -204,24 +204,28 @@ pub(crate) async fn past_bound(
 }
 
 /// Marks to be provisioned again every replica whose snapshot's end seems
-/// lost on the way: its chain runs past what it acknowledged, its outbox
-/// has nothing past that to show a gap, and it said nothing new for
-/// `after` since the snapshot ended. Returns those replicas.
+/// lost on the way: its chain runs past what it acknowledged, nothing it is
+/// owed past that (of its outbox, or of a cohort it joined meanwhile) is
+/// there to show a gap, and it said nothing new for `after` since the
+/// snapshot ended. Returns those replicas.
 pub(crate) async fn snapshot_end_lost(
     tx: &Transaction<'_>,
     after: Duration,
 ) -> Result<Vec<String>> {
     let rows = tx
         .query(
-            "UPDATE sync.replicas r SET provision = true,
-                 last_error = 'the end of its snapshot was lost on the way: provisioned again'
-             FROM sync.replicas s LEFT JOIN sync.acks a ON a.replica = s.id
-             WHERE s.id = r.id AND r.live AND NOT r.provision AND r.snapshot_attempt IS NULL
-               AND r.snapshot_last > coalesce(a.number, 0) AND r.last_number > coalesce(a.number, 0)
-               AND greatest(a.at, r.snapshot_ended_at) < now() - $1::float8 * interval '1 second'
-               AND NOT EXISTS (SELECT 1 FROM sync.outbox o
-                               WHERE o.replica = r.id AND o.number > coalesce(a.number, 0))
-             RETURNING r.id",
+            &format!(
+                "UPDATE sync.replicas r SET provision = true,
+                     last_error = 'the end of its snapshot was lost on the way: provisioned again'
+                 FROM sync.replicas s LEFT JOIN sync.acks a ON a.replica = s.id
+                 WHERE s.id = r.id AND r.live AND NOT r.provision AND r.snapshot_attempt IS NULL
+                   AND r.snapshot_last > coalesce(a.number, 0) AND r.last_number > coalesce(a.number, 0)
+                   AND greatest(a.at, r.snapshot_ended_at) < now() - $1::float8 * interval '1 second'
+                   AND NOT EXISTS (SELECT 1 FROM sync.outbox o
+                                   WHERE o.replica = r.id AND o.number > coalesce(a.number, 0))
+                   AND NOT EXISTS (SELECT 1 FROM ({OWED}) w WHERE w.replica = r.id)
+                 RETURNING r.id"
+            ),
             &[&after.as_secs_f64()],
         )
         .await?;
