@@ -147,8 +147,11 @@ pub(super) async fn forget(client: &mut Client, tables: &cohorts::Tables) -> Res
             Some(last) if owed.len() == 512 => Some((last.replica.clone(), last.number)),
             _ => through,
         };
-        let stamped =
-            super::publish::stamp_owed(&tx, &epoch, owed, &|_, _| false, i64::MAX).await?;
+        let mut ids: Vec<i64> = owed.iter().map(|o| o.body).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let bodies = cohorts::bodies(&tx, &ids).await?;
+        let stamped = super::publish::stamp_owed(&epoch, owed, &bodies, &|_, _| false, i64::MAX)?;
         for m in stamped {
             rows.replica.push(m.replica.to_string());
             rows.number.push(m.number);

@@ -802,8 +802,13 @@ impl Relay {
             // Every row set aside is taken back now from wherever it was held.
             closing.push_str(store::quarantine::SETTLE);
         }
-        if self.context.settings.record_by_rule && opened.observed.cohort {
-            // What every member has of the cohort's messages goes.
+        if self.context.settings.record_by_rule
+            && opened.observed.cohort
+            && (opened.bounded || !closing.is_empty())
+        {
+            // What every member has of the cohort's messages goes: in a
+            // pass that closes anything, and in one that measured the
+            // outboxes, so an idle fleet pays for it once in a while.
             closing.push_str(store::cohorts::FORGET_SENT_BATCHES);
         }
         close(&tx, closing).await?;

@@ -122,6 +122,9 @@ pub struct Away {
     /// The relay may record cohorts: their messages owed are read beside
     /// the outbox, in one view.
     cohorts: bool,
+    /// That read, prepared once on the publisher's connection: planning
+    /// it costs more than running it.
+    page: Option<tokio_postgres::Statement>,
 }
 
 impl Away {
@@ -134,6 +137,7 @@ impl Away {
             most: most.max(least),
             batches_sent: HashMap::new(),
             cohorts: true,
+            page: None,
         }
     }
 
@@ -328,69 +332,82 @@ type Sent = (ReplicaId, Option<i64>, u64, Option<(i64, SendError)>);
 /// nothing is past it when `None`. The epoch is read with the first page,
 /// in the same round trip.
 ///
-/// Both lists are read in one view of the database: a pass may commit
-/// between two statements, and a member's message of its own read without
-/// the cohort's before it (or the other way round) would reach the replica
-/// without the one it follows.
+/// Both lists are read in one transaction (`REPEATABLE READ`), so of one
+/// view of the database: a pass may commit between two statements, and a
+/// member's message of its own read without the cohort's before it (or the
+/// other way round) would reach the replica without the one it follows.
 async fn read_page(
     client: &Client,
     after: &(String, i64),
     epoch: &mut Option<Epoch>,
     skip: &std::collections::BTreeSet<String>,
-    away: &Away,
+    away: &mut Away,
 ) -> Result<(Vec<Waiting>, Option<(String, i64)>)> {
+    let epoch_read = async {
+        match epoch {
+            Some(_) => Ok(None),
+            None => Epoch::read(client).await.map(Some),
+        }
+    };
     if !away.cohorts {
-        return read_lists(client, after, epoch, skip, away).await;
-    }
-    client
-        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        .await?;
-    let read = read_lists(client, after, epoch, skip, away).await;
-    let end = match read {
-        Ok(_) => "COMMIT",
-        Err(_) => "ROLLBACK",
-    };
-    client.batch_execute(end).await?;
-    read
-}
-
-/// [`read_page`]'s reads: the outbox's page, and with `away.cohorts` the
-/// cohorts' messages owed beside it.
-async fn read_lists(
-    client: &Client,
-    after: &(String, i64),
-    epoch: &mut Option<Epoch>,
-    skip: &std::collections::BTreeSet<String>,
-    away: &Away,
-) -> Result<(Vec<Waiting>, Option<(String, i64)>)> {
-    let page = store::outbox::page(client, after, PAGE, PAGE_BYTES, RESEND_AFTER, skip);
-    let (sent, numbers) = away.sent_lately();
-    let skipped: Vec<String> = skip.iter().cloned().collect();
-    let owed = async {
-        match away.cohorts {
-            true => {
-                let window = MEMBERS_LOOKED_AT;
-                let sent = (&sent[..], &numbers[..]);
-                store::cohorts::owed(client, after, PAGE, window, &skipped, sent).await
-            }
-            false => Ok((Vec::new(), None)),
-        }
-    };
-    let (mut rows, (owed, through)) = match epoch {
-        Some(_) => tokio::try_join!(page, owed)?,
-        None => {
-            let (rows, owed, read) = tokio::try_join!(page, owed, Epoch::read(client))?;
+        let page = store::outbox::page(client, after, PAGE, PAGE_BYTES, RESEND_AFTER, skip);
+        let (rows, read) = tokio::try_join!(page, epoch_read)?;
+        if let Some(read) = read {
             *epoch = Some(read);
-            (rows, owed)
+        }
+        let end = full(&rows);
+        return Ok((rows, end));
+    }
+    let statement = match &away.page {
+        Some(statement) => statement.clone(),
+        None => {
+            let statement = store::cohorts::prepare_owed_page(client).await?;
+            away.page = Some(statement.clone());
+            statement
         }
     };
+    let (sent, numbers) = away.sent_lately();
+    // One transaction, its statements sent together: one round trip, one
+    // view. The outbox's page is planned for its parameters, as without
+    // cohorts (a plan for any parameters would scan the outboxes of the
+    // replicas away); the cohorts' part by the plan prepared.
+    let begin = async {
+        Ok(client
+            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .await?)
+    };
+    let outbox = store::outbox::page(client, after, PAGE, PAGE_BYTES, RESEND_AFTER, skip);
+    let owed = store::cohorts::owed_page(
+        client,
+        &statement,
+        after,
+        PAGE,
+        skip,
+        MEMBERS_LOOKED_AT,
+        (&sent[..], &numbers[..]),
+    );
+    let commit = async { Ok(client.batch_execute("COMMIT").await?) };
+    let ((), mut rows, owed, read, ()) =
+        match tokio::try_join!(begin, outbox, owed, epoch_read, commit) {
+            Ok(read) => read,
+            Err(e) => {
+                // The transaction ended with the COMMIT sent beside it. The
+                // statement may have been prepared on a connection since
+                // replaced: prepared again with the next page.
+                away.page = None;
+                return Err(e);
+            }
+        };
+    if let Some(read) = read {
+        *epoch = Some(read);
+    }
     let epoch = epoch.as_ref().expect("read with the first page");
     // Where each list stopped short of what waits: the page ends at the
     // earliest, so that nothing is passed over.
-    let mut ends = vec![full(&rows), through];
-    if !owed.is_empty() {
+    let mut ends = vec![full(&rows), owed.through];
+    if !owed.owed.is_empty() {
         let sent_before = |r: &str, n: i64| away.sent_before(r, n);
-        let owed = stamp_owed(client, epoch, owed, &sent_before, PAGE_BYTES).await?;
+        let owed = stamp_owed(epoch, owed.owed, &owed.bodies, &sent_before, PAGE_BYTES)?;
         ends.push(full(&owed));
         rows.extend(owed);
         rows.sort_by(|a, b| (&a.replica, a.number).cmp(&(&b.replica, b.number)));
@@ -415,17 +432,13 @@ fn full(page: &[Waiting]) -> Option<(String, i64)> {
 /// outbox's are when written: its own nonce, drawn from the cohort's, and
 /// the member's message before it; whole messages until their bytes pass
 /// `most_bytes`. `sent_before` says which went before.
-pub(crate) async fn stamp_owed(
-    client: &impl tokio_postgres::GenericClient,
+pub(crate) fn stamp_owed(
     epoch: &Epoch,
     owed: Vec<store::cohorts::Owed>,
+    bodies: &HashMap<i64, (Vec<u8>, Vec<u8>)>,
     sent_before: &(dyn Fn(&str, i64) -> bool + Sync),
     most_bytes: i64,
 ) -> Result<Vec<Waiting>> {
-    let mut ids: Vec<i64> = owed.iter().map(|o| o.body).collect();
-    ids.sort_unstable();
-    ids.dedup();
-    let bodies = store::cohorts::bodies(client, &ids).await?;
     let mut bytes = 0;
     let mut waiting = Vec::with_capacity(owed.len());
     for o in owed {

@@ -24,13 +24,15 @@ pub(crate) fn is_cohort(holder: &str) -> bool {
 
 /// Whether the cohort [`ALL`] is recorded.
 pub(crate) async fn exists(client: &impl GenericClient) -> Result<bool> {
-    Ok(client
-        .query_one(
+    // Typed, so that it is parsed and run in the round trip of the pass's
+    // other first reads (decision 137).
+    let rows = client
+        .query_typed(
             "SELECT EXISTS (SELECT 1 FROM sync.cohorts WHERE id = $1)",
-            &[&ALL],
+            &[(&ALL, tokio_postgres::types::Type::TEXT)],
         )
-        .await?
-        .get(0))
+        .await?;
+    Ok(rows.first().is_some_and(|row| row.get(0)))
 }
 
 /// Clears what is recorded under [`ALL`] before it is made: nothing, unless
@@ -442,6 +444,94 @@ pub(crate) struct Owed {
     pub reads_batches: bool,
 }
 
+/// The cohorts' messages owed, as [`owed`] reads them: the members looked
+/// at (`w`), those with one to send (`m`), each one's chain from where it
+/// stands (`chain`), linked to the message before (`linked`). Its
+/// parameters are named (`@limit@` and so on) for [`owed_sql`] to number.
+const OWED_CTES: &str = "w AS MATERIALIZED (
+                 SELECT replica, cohort FROM sync.members WHERE replica >= @after_replica@
+                 ORDER BY replica LIMIT @window@),
+             m AS (
+                 SELECT m.replica, m.cohort, m.since, m.since_nonce,
+                        coalesce(a.number, 0) AS acked, a.nonce AS acked_nonce,
+                        coalesce(a.reads_batches, false) AS reads_batches,
+                        coalesce(s.number, 0) AS sent
+                 FROM w JOIN sync.members m ON m.replica = w.replica AND m.cohort = w.cohort
+                 JOIN sync.cohorts c ON c.id = m.cohort
+                 JOIN sync.replicas r ON r.id = m.replica
+                 LEFT JOIN sync.acks a ON a.replica = m.replica
+                 LEFT JOIN unnest(@sent_replicas@::text[], @sent_numbers@::int8[]) AS s (replica, number)
+                   ON s.replica = m.replica
+                 WHERE c.newest > greatest(m.since, coalesce(a.number, 0), s.number)
+                   AND r.live AND NOT r.provision AND r.snapshot_attempt IS NULL
+                   AND m.replica >= @after_replica@ AND m.replica <> ALL (@skip@)
+                   -- Only members with one to send at least: the page's
+                   -- first members, in order, and no more than it holds.
+                   AND EXISTS (
+                       SELECT 1 FROM sync.batches b
+                       WHERE b.cohort = m.cohort
+                         AND b.number > greatest(m.since, coalesce(a.number, 0))
+                         AND (m.replica, b.number) > (@after_replica@, @after_number@)
+                         AND b.number > coalesce(s.number, 0)
+                         AND NOT EXISTS (SELECT 1 FROM sync.outbox o
+                                         WHERE o.replica = m.replica AND o.number = b.pass_last))
+                 ORDER BY m.replica LIMIT @limit@),
+             -- Each member's messages from where it stands, with what the
+             -- statement's end needs of the member: no join back to it.
+             chain AS (
+                 SELECT m.replica, b.number, b.nonce, true AS part, b.body, m.sent, m.reads_batches
+                 FROM m JOIN sync.batches b
+                   ON b.cohort = m.cohort AND b.number > greatest(m.since, m.acked)
+                 WHERE NOT EXISTS (SELECT 1 FROM sync.outbox o
+                                   WHERE o.replica = m.replica AND o.number = b.pass_last)
+                 UNION ALL
+                 SELECT o.replica, o.number, o.nonce, false, NULL, m.sent, m.reads_batches
+                 FROM m JOIN sync.outbox o ON o.replica = m.replica AND o.number > m.acked
+                 UNION ALL
+                 SELECT replica, since, since_nonce, false, NULL, sent, reads_batches FROM m
+                 UNION ALL
+                 SELECT replica, acked, acked_nonce, false, NULL, sent, reads_batches
+                 FROM m WHERE acked > 0),
+             linked AS (
+                 SELECT c.*, lag(c.number) OVER w AS previous, lag(c.nonce) OVER w AS previous_nonce,
+                        lag(c.part) OVER w AS previous_part
+                 FROM (SELECT DISTINCT ON (replica, number) * FROM chain
+                       ORDER BY replica, number, nonce IS NULL) c
+                 WINDOW w AS (PARTITION BY c.replica ORDER BY c.number))";
+
+/// What [`OWED_CTES`] owes, in order: replica, number, the cohort's
+/// nonce, body, previous number and nonce, whether the previous is a
+/// cohort's, and whether its replica reads batches.
+const OWED_SELECT: &str = "SELECT l.replica, l.number, l.nonce, l.body, l.previous,
+                    coalesce(l.previous_nonce, ''::bytea) AS previous_nonce, l.previous_part, l.reads_batches
+             FROM linked l
+             WHERE l.part AND (l.replica, l.number) > (@after_replica@, @after_number@) AND l.number > l.sent
+             ORDER BY l.replica, l.number LIMIT @limit@";
+
+/// [`OWED_CTES`] (without `WITH`) and [`OWED_SELECT`], their parameters
+/// numbered: after (replica, number), limit, skip, sent (replicas,
+/// numbers), window.
+fn owed_sql(numbers: [usize; 7]) -> (String, String) {
+    let names = [
+        "@after_replica@",
+        "@after_number@",
+        "@limit@",
+        "@skip@",
+        "@sent_replicas@",
+        "@sent_numbers@",
+        "@window@",
+    ];
+    let number = |sql: &str| {
+        names
+            .iter()
+            .zip(numbers)
+            .fold(sql.to_string(), |sql, (name, n)| {
+                sql.replace(name, &format!("${n}"))
+            })
+    };
+    (number(OWED_CTES), number(OWED_SELECT))
+}
+
 /// The cohorts' messages members are owed after `after` (replica,
 /// number), in order, at most `limit`: each numbered past what the member
 /// acknowledged and the message it joined at, of a pass it was not sent
@@ -473,64 +563,9 @@ pub(crate) async fn owed(
              ORDER BY replica LIMIT $2) w",
         &window_params,
     );
-    let rows = client.query(
-        "WITH w AS MATERIALIZED (
-                 SELECT replica, cohort FROM sync.members WHERE replica >= $1
-                 ORDER BY replica LIMIT $7),
-             m AS (
-                 SELECT m.replica, m.cohort, m.since, m.since_nonce,
-                        coalesce(a.number, 0) AS acked, a.nonce AS acked_nonce,
-                        coalesce(a.reads_batches, false) AS reads_batches,
-                        coalesce(s.number, 0) AS sent
-                 FROM w JOIN sync.members m ON m.replica = w.replica AND m.cohort = w.cohort
-                 JOIN sync.cohorts c ON c.id = m.cohort
-                 JOIN sync.replicas r ON r.id = m.replica
-                 LEFT JOIN sync.acks a ON a.replica = m.replica
-                 LEFT JOIN unnest($5::text[], $6::int8[]) AS s (replica, number)
-                   ON s.replica = m.replica
-                 WHERE c.newest > greatest(m.since, coalesce(a.number, 0), s.number)
-                   AND r.live AND NOT r.provision AND r.snapshot_attempt IS NULL
-                   AND m.replica >= $1 AND m.replica <> ALL ($4)
-                   -- Only members with one to send at least: the page's
-                   -- first members, in order, and no more than it holds.
-                   AND EXISTS (
-                       SELECT 1 FROM sync.batches b
-                       WHERE b.cohort = m.cohort
-                         AND b.number > greatest(m.since, coalesce(a.number, 0))
-                         AND (m.replica, b.number) > ($1, $2)
-                         AND b.number > coalesce(s.number, 0)
-                         AND NOT EXISTS (SELECT 1 FROM sync.outbox o
-                                         WHERE o.replica = m.replica AND o.number = b.pass_last))
-                 ORDER BY m.replica LIMIT $3),
-             -- Each member's messages from where it stands, with what the
-             -- statement's end needs of the member: no join back to it.
-             chain AS (
-                 SELECT m.replica, b.number, b.nonce, true AS part, b.body, m.sent, m.reads_batches
-                 FROM m JOIN sync.batches b
-                   ON b.cohort = m.cohort AND b.number > greatest(m.since, m.acked)
-                 WHERE NOT EXISTS (SELECT 1 FROM sync.outbox o
-                                   WHERE o.replica = m.replica AND o.number = b.pass_last)
-                 UNION ALL
-                 SELECT o.replica, o.number, o.nonce, false, NULL, m.sent, m.reads_batches
-                 FROM m JOIN sync.outbox o ON o.replica = m.replica AND o.number > m.acked
-                 UNION ALL
-                 SELECT replica, since, since_nonce, false, NULL, sent, reads_batches FROM m
-                 UNION ALL
-                 SELECT replica, acked, acked_nonce, false, NULL, sent, reads_batches
-                 FROM m WHERE acked > 0),
-             linked AS (
-                 SELECT c.*, lag(c.number) OVER w AS previous, lag(c.nonce) OVER w AS previous_nonce,
-                        lag(c.part) OVER w AS previous_part
-                 FROM (SELECT DISTINCT ON (replica, number) * FROM chain
-                       ORDER BY replica, number, nonce IS NULL) c
-                 WINDOW w AS (PARTITION BY c.replica ORDER BY c.number))
-             SELECT l.replica, l.number, l.nonce, l.body, l.previous,
-                    coalesce(l.previous_nonce, ''::bytea), l.previous_part, l.reads_batches
-             FROM linked l
-             WHERE l.part AND (l.replica, l.number) > ($1, $2) AND l.number > l.sent
-             ORDER BY l.replica, l.number LIMIT $3",
-        &params,
-    );
+    let (ctes, select) = owed_sql([1, 2, 3, 4, 5, 6, 7]);
+    let sql = format!("WITH {ctes} {select}");
+    let rows = client.query(&sql, &params);
     let (looked, rows) = tokio::try_join!(looked, rows)?;
     let through = match looked.get::<_, i64>(0) >= window {
         true => looked
@@ -552,6 +587,107 @@ pub(crate) async fn owed(
         })
         .collect();
     Ok((owed, through))
+}
+
+/// The cohorts' messages owed from a page's start, as publishing reads
+/// them beside the outbox's page: with their bodies, and where the members
+/// looked at end.
+pub(crate) struct OwedPage {
+    pub owed: Vec<Owed>,
+    /// The bodies of `owed`, by id: their bytes and hash.
+    pub bodies: std::collections::HashMap<i64, (Vec<u8>, Vec<u8>)>,
+    /// Where the members looked at end, when their window was full.
+    pub through: Option<(String, i64)>,
+}
+
+/// Reads [`OwedPage`]: what [`owed`] reads, after `after`, at most `limit`,
+/// members looked at `window` at a time, those in `skip` passed over, and
+/// their bodies, in one statement. Run by a statement prepared once
+/// ([`prepare_owed_page`]): planning it each time took longer than running
+/// it. Publishing reads it in the transaction it reads the outbox's page
+/// in, so that both are of one view (`relay::publish`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn owed_page(
+    client: &impl GenericClient,
+    statement: &tokio_postgres::Statement,
+    after: &(String, i64),
+    limit: i64,
+    skip: &std::collections::BTreeSet<String>,
+    window: i64,
+    sent: (&[String], &[i64]),
+) -> Result<OwedPage> {
+    let skipped: Vec<&String> = skip.iter().collect();
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
+        &after.0, &after.1, &limit, &skipped, &sent.0, &sent.1, &window,
+    ];
+    let rows = client.query(statement, &params).await?;
+    let mut page = OwedPage {
+        owed: Vec::new(),
+        bodies: std::collections::HashMap::new(),
+        through: None,
+    };
+    for row in &rows {
+        match row.get::<_, i32>(0) {
+            1 => page.owed.push(Owed {
+                replica: row.get(1),
+                number: row.get(2),
+                shared: row.get(3),
+                body: row.get(4),
+                previous: row.get(5),
+                previous_nonce: row.get(6),
+                previous_shared: row.get(7),
+                reads_batches: row.get(8),
+            }),
+            2 => {
+                page.bodies.insert(row.get(4), (row.get(6), row.get(9)));
+            }
+            _ => {
+                if row.get::<_, i64>(2) >= window {
+                    page.through = row
+                        .get::<_, Option<String>>(1)
+                        .map(|replica| (replica, i64::MAX));
+                }
+            }
+        }
+    }
+    // A union keeps no order: in the order the list was cut in.
+    page.owed
+        .sort_by(|a, b| (&a.replica, a.number).cmp(&(&b.replica, b.number)));
+    Ok(page)
+}
+
+/// Prepares [`owed_page`]'s statement on `client`'s connection.
+pub(crate) async fn prepare_owed_page(
+    client: &impl GenericClient,
+) -> Result<tokio_postgres::Statement> {
+    use tokio_postgres::types::Type;
+    let (ctes, select) = owed_sql([1, 2, 3, 4, 5, 6, 7]);
+    let sql = format!(
+        "WITH {ctes},
+              owed AS ({select}),
+              owed_bodies AS (SELECT b.id, b.bytes, b.hash FROM sync.bodies b
+                              WHERE b.id IN (SELECT body FROM owed)),
+              looked AS (SELECT count(*) AS n, max(replica) AS last FROM w)
+         SELECT 1, replica, number, nonce, body, previous, previous_nonce, previous_part,
+                reads_batches, NULL::bytea
+         FROM owed
+         UNION ALL
+         SELECT 2, NULL, NULL, NULL, id, NULL, bytes, NULL, NULL, hash
+         FROM owed_bodies
+         UNION ALL
+         SELECT 3, last, n, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+         FROM looked"
+    );
+    let types = [
+        Type::TEXT,
+        Type::INT8,
+        Type::INT8,
+        Type::TEXT_ARRAY,
+        Type::TEXT_ARRAY,
+        Type::INT8_ARRAY,
+        Type::INT8,
+    ];
+    Ok(client.prepare_typed(&sql, &types).await?)
 }
 
 /// The members whose chain stands at a message of their cohort's: each

@@ -249,45 +249,11 @@ pub(crate) struct Waiting {
     pub batched: bool,
 }
 
-/// The messages after `after` (replica, number) in order that were never
-/// sent, or were sent more than `resend` ago and are still not
-/// acknowledged: at most `limit`, and whole messages until their bytes
-/// pass `bytes` (at least one). The replicas in `skip` are passed over
-/// without reading a row of theirs: the outbox is read in ranges of the
-/// primary key between them, each by the index, in one statement.
-pub(crate) async fn page(
-    client: &impl GenericClient,
-    after: &(String, i64),
-    limit: i64,
-    bytes: i64,
-    resend: Duration,
-    skip: &std::collections::BTreeSet<String>,
-) -> Result<Vec<Waiting>> {
-    let resend = resend.as_secs_f64();
-    // The ranges before each replica passed over, from `after` on; the
-    // last one is open.
-    let (mut lows, mut numbers, mut highs) = (Vec::new(), Vec::new(), Vec::new());
-    let mut low = after.clone();
-    for replica in skip.range(after.0.clone()..) {
-        lows.push(low.0);
-        numbers.push(low.1);
-        highs.push(replica.clone());
-        low = (replica.clone(), i64::MAX);
-    }
-    // Typed, so parsed and run in one round trip.
-    let params: [(&(dyn ToSql + Sync), Type); 8] = [
-        (&low.0, Type::TEXT),
-        (&low.1, Type::INT8),
-        (&limit, Type::INT8),
-        (&bytes, Type::INT8),
-        (&resend, Type::FLOAT8),
-        (&lows, Type::TEXT_ARRAY),
-        (&numbers, Type::INT8_ARRAY),
-        (&highs, Type::TEXT_ARRAY),
-    ];
-    let rows = client
-        .query_typed(
-            "SELECT replica, number, nonce, head, bytes, hash, seal, reads_batches, resent FROM (
+/// The outbox's page: `$1`, `$2` where the open range begins (replica,
+/// number), `$3` the most messages, `$4` the most bytes before the last,
+/// `$5` the resend interval in seconds, `$6`–`$8` the ranges before each
+/// replica passed over (low replica, low number, high replica).
+pub(crate) const PAGE: &str = "SELECT replica, number, nonce, head, bytes, hash, seal, reads_batches, resent FROM (
                  SELECT o.replica, o.number, o.nonce, o.head, b.bytes, b.hash, o.seal, o.resent,
                         coalesce((SELECT a.reads_batches FROM sync.acks a
                                   WHERE a.replica = o.replica), false) AS reads_batches,
@@ -312,25 +278,83 @@ pub(crate) async fn page(
                  CROSS JOIN LATERAL (SELECT b.bytes, b.hash FROM sync.bodies b
                                      WHERE b.id = o.body OFFSET 0) b
                  ORDER BY o.replica, o.number LIMIT $3) page
-             WHERE before < $4",
-            &params,
-        )
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|row| Waiting {
-            replica: row.get::<_, String>(0).into(),
-            number: row.get(1),
-            nonce: row.get(2),
-            head: row.get(3),
-            body: row.get(4),
-            hash: row.get(5),
-            seal: row.get(6),
-            reads_batches: row.get(7),
-            resent: row.get(8),
+             WHERE before < $4";
+
+/// The messages after `after` (replica, number) in order that were never
+/// sent, or were sent more than `resend` ago and are still not
+/// acknowledged: at most `limit`, and whole messages until their bytes
+/// pass `bytes` (at least one). The replicas in `skip` are passed over
+/// without reading a row of theirs: the outbox is read in ranges of the
+/// primary key between them, each by the index, in one statement.
+pub(crate) async fn page(
+    client: &impl GenericClient,
+    after: &(String, i64),
+    limit: i64,
+    bytes: i64,
+    resend: Duration,
+    skip: &std::collections::BTreeSet<String>,
+) -> Result<Vec<Waiting>> {
+    let resend = resend.as_secs_f64();
+    let ranges = Ranges::of(after, skip);
+    // Typed, so parsed and run in one round trip.
+    let params: [(&(dyn ToSql + Sync), Type); 8] = [
+        (&ranges.low.0, Type::TEXT),
+        (&ranges.low.1, Type::INT8),
+        (&limit, Type::INT8),
+        (&bytes, Type::INT8),
+        (&resend, Type::FLOAT8),
+        (&ranges.lows, Type::TEXT_ARRAY),
+        (&ranges.numbers, Type::INT8_ARRAY),
+        (&ranges.highs, Type::TEXT_ARRAY),
+    ];
+    let rows = client.query_typed(PAGE, &params).await?;
+    Ok(rows.iter().map(|row| Waiting::read(row, 0)).collect())
+}
+
+/// The ranges of the outbox's key a page reads, between the replicas it
+/// passes over, from `after` on: `low` begins the last, open one.
+pub(crate) struct Ranges {
+    pub low: (String, i64),
+    pub lows: Vec<String>,
+    pub numbers: Vec<i64>,
+    pub highs: Vec<String>,
+}
+
+impl Ranges {
+    pub fn of(after: &(String, i64), skip: &std::collections::BTreeSet<String>) -> Ranges {
+        let (mut lows, mut numbers, mut highs) = (Vec::new(), Vec::new(), Vec::new());
+        let mut low = after.clone();
+        for replica in skip.range(after.0.clone()..) {
+            lows.push(low.0);
+            numbers.push(low.1);
+            highs.push(replica.clone());
+            low = (replica.clone(), i64::MAX);
+        }
+        Ranges {
+            low,
+            lows,
+            numbers,
+            highs,
+        }
+    }
+}
+
+impl Waiting {
+    /// One row of [`PAGE`], its columns from `at` on.
+    pub(crate) fn read(row: &tokio_postgres::Row, at: usize) -> Waiting {
+        Waiting {
+            replica: row.get::<_, String>(at).into(),
+            number: row.get(at + 1),
+            nonce: row.get(at + 2),
+            head: row.get(at + 3),
+            body: row.get(at + 4),
+            hash: row.get(at + 5),
+            seal: row.get(at + 6),
+            reads_batches: row.get(at + 7),
+            resent: row.get(at + 8),
             batched: false,
-        })
-        .collect())
+        }
+    }
 }
 
 /// Marks sent each replica's messages up to the number beside it: they
