@@ -195,7 +195,7 @@ pub fn snapshot_pace() -> SnapshotPace {
 /// and on, one after the other, compare the two records.
 pub fn record_by_rule() -> bool {
     match std::env::var("MAGIC_SYNC_RECORD_BY_RULE").as_deref() {
-        Ok("0") => false,
+        Ok("0" | "false") => false,
         Ok(_) => true,
         Err(_) => Settings::default().record_by_rule,
     }

@@ -217,7 +217,9 @@ impl Fleet {
             // `MAGIC_SYNC_RECORD_BY_RULE=0` runs a suite with the record by
             // rule off (a test may pin either for itself).
             record_by_rule: std::env::var("MAGIC_SYNC_RECORD_BY_RULE")
-                .map_or(Settings::default().record_by_rule, |v| v != "0"),
+                .map_or(Settings::default().record_by_rule, |v| {
+                    !matches!(v.as_str(), "0" | "false")
+                }),
             ..Settings::default()
         };
         let relay = Relay::new(&client, engine.clone(), settings)

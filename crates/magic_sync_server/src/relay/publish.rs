@@ -123,7 +123,9 @@ pub struct Away {
     /// the outbox, in one view.
     cohorts: bool,
     /// That read, prepared once on the publisher's connection: planning
-    /// it costs more than running it.
+    /// it costs more than running it. It ties an `Away` to the connection
+    /// it publishes on: a publisher on a new connection starts a new one
+    /// (one used on another anyway fails a page, and prepares again).
     page: Option<tokio_postgres::Statement>,
 }
 
@@ -387,17 +389,22 @@ async fn read_page(
         (&sent[..], &numbers[..]),
     );
     let commit = async { Ok(client.batch_execute("COMMIT").await?) };
-    let ((), mut rows, owed, read, ()) =
-        match tokio::try_join!(begin, outbox, owed, epoch_read, commit) {
-            Ok(read) => read,
-            Err(e) => {
-                // The transaction ended with the COMMIT sent beside it. The
-                // statement may have been prepared on a connection since
-                // replaced: prepared again with the next page.
-                away.page = None;
-                return Err(e);
-            }
-        };
+    // Polled in this order, so sent in it, and the first error is the
+    // cause (not a later statement's "transaction is aborted").
+    let ((), mut rows, owed, read, ()) = match tokio::try_join!(biased; begin, outbox, owed, epoch_read, commit)
+    {
+        Ok(read) => read,
+        Err(e) => {
+            // The COMMIT sent beside the statements ended the
+            // transaction, unless a statement failed before it went: a
+            // ROLLBACK makes sure (and is a no-op otherwise). The
+            // statement may have been prepared on a connection since
+            // replaced: prepared again with the next page.
+            client.batch_execute("ROLLBACK").await.ok();
+            away.page = None;
+            return Err(e);
+        }
+    };
     if let Some(read) = read {
         *epoch = Some(read);
     }

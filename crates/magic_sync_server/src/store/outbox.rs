@@ -253,7 +253,7 @@ pub(crate) struct Waiting {
 /// number), `$3` the most messages, `$4` the most bytes before the last,
 /// `$5` the resend interval in seconds, `$6`–`$8` the ranges before each
 /// replica passed over (low replica, low number, high replica).
-pub(crate) const PAGE: &str = "SELECT replica, number, nonce, head, bytes, hash, seal, reads_batches, resent FROM (
+const PAGE: &str = "SELECT replica, number, nonce, head, bytes, hash, seal, reads_batches, resent FROM (
                  SELECT o.replica, o.number, o.nonce, o.head, b.bytes, b.hash, o.seal, o.resent,
                         coalesce((SELECT a.reads_batches FROM sync.acks a
                                   WHERE a.replica = o.replica), false) AS reads_batches,
@@ -308,20 +308,20 @@ pub(crate) async fn page(
         (&ranges.highs, Type::TEXT_ARRAY),
     ];
     let rows = client.query_typed(PAGE, &params).await?;
-    Ok(rows.iter().map(|row| Waiting::read(row, 0)).collect())
+    Ok(rows.iter().map(Waiting::read).collect())
 }
 
 /// The ranges of the outbox's key a page reads, between the replicas it
 /// passes over, from `after` on: `low` begins the last, open one.
-pub(crate) struct Ranges {
-    pub low: (String, i64),
-    pub lows: Vec<String>,
-    pub numbers: Vec<i64>,
-    pub highs: Vec<String>,
+struct Ranges {
+    low: (String, i64),
+    lows: Vec<String>,
+    numbers: Vec<i64>,
+    highs: Vec<String>,
 }
 
 impl Ranges {
-    pub fn of(after: &(String, i64), skip: &std::collections::BTreeSet<String>) -> Ranges {
+    fn of(after: &(String, i64), skip: &std::collections::BTreeSet<String>) -> Ranges {
         let (mut lows, mut numbers, mut highs) = (Vec::new(), Vec::new(), Vec::new());
         let mut low = after.clone();
         for replica in skip.range(after.0.clone()..) {
@@ -340,18 +340,18 @@ impl Ranges {
 }
 
 impl Waiting {
-    /// One row of [`PAGE`], its columns from `at` on.
-    pub(crate) fn read(row: &tokio_postgres::Row, at: usize) -> Waiting {
+    /// One row of [`PAGE`].
+    fn read(row: &tokio_postgres::Row) -> Waiting {
         Waiting {
-            replica: row.get::<_, String>(at).into(),
-            number: row.get(at + 1),
-            nonce: row.get(at + 2),
-            head: row.get(at + 3),
-            body: row.get(at + 4),
-            hash: row.get(at + 5),
-            seal: row.get(at + 6),
-            reads_batches: row.get(at + 7),
-            resent: row.get(at + 8),
+            replica: row.get::<_, String>(0).into(),
+            number: row.get(1),
+            nonce: row.get(2),
+            head: row.get(3),
+            body: row.get(4),
+            hash: row.get(5),
+            seal: row.get(6),
+            reads_batches: row.get(7),
+            resent: row.get(8),
             batched: false,
         }
     }
