@@ -190,9 +190,10 @@ pub fn snapshot_pace() -> SnapshotPace {
     }
 }
 
-/// Whether a bench's relay records by rule: as `MAGIC_SYNC_RECORD_BY_RULE`
-/// says (`0` off, `1` on), else the default setting's. Runs with it off
-/// and on, one after the other, compare the two records.
+/// Whether a bench's (or a test fleet's) relay records by rule: as
+/// `MAGIC_SYNC_RECORD_BY_RULE` says (`0` or `false` off, anything else
+/// on), else the default setting's. Runs with it off and on, one after
+/// the other, compare the two records.
 pub fn record_by_rule() -> bool {
     match std::env::var("MAGIC_SYNC_RECORD_BY_RULE").as_deref() {
         Ok("0" | "false") => false,

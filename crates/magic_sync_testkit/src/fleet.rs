@@ -216,10 +216,7 @@ impl Fleet {
             outbox_check_every: std::time::Duration::ZERO,
             // `MAGIC_SYNC_RECORD_BY_RULE=0` runs a suite with the record by
             // rule off (a test may pin either for itself).
-            record_by_rule: std::env::var("MAGIC_SYNC_RECORD_BY_RULE")
-                .map_or(Settings::default().record_by_rule, |v| {
-                    !matches!(v.as_str(), "0" | "false")
-                }),
+            record_by_rule: crate::bench::record_by_rule(),
             ..Settings::default()
         };
         let relay = Relay::new(&client, engine.clone(), settings)

@@ -139,19 +139,20 @@ pub(super) async fn forget(client: &mut Client, tables: &cohorts::Tables) -> Res
     // read as the member's own, sent it in place of the cohort's.
     let mut after = (String::new(), 0);
     let mut rows = crate::store::outbox::Rows::default();
+    let statement = cohorts::prepare_owed_page(&tx).await?;
+    let none = std::collections::BTreeSet::new();
     loop {
-        let (owed, through) = cohorts::owed(&tx, &after, 512, 4096, &[], (&[], &[])).await?;
+        let page =
+            cohorts::owed_page(&tx, &statement, &after, 512, &none, 4096, (&[], &[])).await?;
+        let owed = page.owed;
         // Each list is whole up to its last message when full, else up to
         // where the members looked at end.
         let next = match owed.last() {
             Some(last) if owed.len() == 512 => Some((last.replica.clone(), last.number)),
-            _ => through,
+            _ => page.through,
         };
-        let mut ids: Vec<i64> = owed.iter().map(|o| o.body).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        let bodies = cohorts::bodies(&tx, &ids).await?;
-        let stamped = super::publish::stamp_owed(&epoch, owed, &bodies, &|_, _| false, i64::MAX)?;
+        let stamped =
+            super::publish::stamp_owed(&epoch, owed, &page.bodies, &|_, _| false, i64::MAX)?;
         for m in stamped {
             rows.replica.push(m.replica.to_string());
             rows.number.push(m.number);

@@ -452,13 +452,14 @@ pub(crate) struct Owed {
     pub reads_batches: bool,
 }
 
-/// The cohorts' messages owed, as [`owed`] reads them: the members looked
-/// at (`w`), those with one to send (`m`), each one's chain from where it
-/// stands (`chain`), linked to the message before (`linked`). Its
-/// parameters are named (`@limit@` and so on) for [`owed_sql`] to number.
+/// The cohorts' messages owed, as [`owed_page`] reads them: the members
+/// looked at (`w`), those with one to send (`m`), each one's chain from
+/// where it stands (`chain`), linked to the message before (`linked`).
+/// Parameters: after (`$1` replica, `$2` number), `$3` limit, `$4` skip,
+/// `$5`, `$6` sent (replicas, numbers), `$7` window.
 const OWED_CTES: &str = "w AS MATERIALIZED (
-                 SELECT replica, cohort FROM sync.members WHERE replica >= @after_replica@
-                 ORDER BY replica LIMIT @window@),
+                 SELECT replica, cohort FROM sync.members WHERE replica >= $1
+                 ORDER BY replica LIMIT $7),
              m AS (
                  SELECT m.replica, m.cohort, m.since, m.since_nonce,
                         coalesce(a.number, 0) AS acked, a.nonce AS acked_nonce,
@@ -468,22 +469,22 @@ const OWED_CTES: &str = "w AS MATERIALIZED (
                  JOIN sync.cohorts c ON c.id = m.cohort
                  JOIN sync.replicas r ON r.id = m.replica
                  LEFT JOIN sync.acks a ON a.replica = m.replica
-                 LEFT JOIN unnest(@sent_replicas@::text[], @sent_numbers@::int8[]) AS s (replica, number)
+                 LEFT JOIN unnest($5::text[], $6::int8[]) AS s (replica, number)
                    ON s.replica = m.replica
                  WHERE c.newest > greatest(m.since, coalesce(a.number, 0), s.number)
                    AND r.live AND NOT r.provision AND r.snapshot_attempt IS NULL
-                   AND m.replica >= @after_replica@ AND m.replica <> ALL (@skip@)
+                   AND m.replica >= $1 AND m.replica <> ALL ($4)
                    -- Only members with one to send at least: the page's
                    -- first members, in order, and no more than it holds.
                    AND EXISTS (
                        SELECT 1 FROM sync.batches b
                        WHERE b.cohort = m.cohort
                          AND b.number > greatest(m.since, coalesce(a.number, 0))
-                         AND (m.replica, b.number) > (@after_replica@, @after_number@)
+                         AND (m.replica, b.number) > ($1, $2)
                          AND b.number > coalesce(s.number, 0)
                          AND NOT EXISTS (SELECT 1 FROM sync.outbox o
                                          WHERE o.replica = m.replica AND o.number = b.pass_last))
-                 ORDER BY m.replica LIMIT @limit@),
+                 ORDER BY m.replica LIMIT $3),
              -- Each member's messages from where it stands, with what the
              -- statement's end needs of the member: no join back to it.
              chain AS (
@@ -513,89 +514,8 @@ const OWED_CTES: &str = "w AS MATERIALIZED (
 const OWED_SELECT: &str = "SELECT l.replica, l.number, l.nonce, l.body, l.previous,
                     coalesce(l.previous_nonce, ''::bytea) AS previous_nonce, l.previous_part, l.reads_batches
              FROM linked l
-             WHERE l.part AND (l.replica, l.number) > (@after_replica@, @after_number@) AND l.number > l.sent
-             ORDER BY l.replica, l.number LIMIT @limit@";
-
-/// [`OWED_CTES`] (without `WITH`) and [`OWED_SELECT`], their parameters
-/// numbered: after (replica, number), limit, skip, sent (replicas,
-/// numbers), window.
-fn owed_sql(numbers: [usize; 7]) -> (String, String) {
-    let names = [
-        "@after_replica@",
-        "@after_number@",
-        "@limit@",
-        "@skip@",
-        "@sent_replicas@",
-        "@sent_numbers@",
-        "@window@",
-    ];
-    let number = |sql: &str| {
-        names
-            .iter()
-            .zip(numbers)
-            .fold(sql.to_string(), |sql, (name, n)| {
-                sql.replace(name, &format!("${n}"))
-            })
-    };
-    (number(OWED_CTES), number(OWED_SELECT))
-}
-
-/// The cohorts' messages members are owed after `after` (replica,
-/// number), in order, at most `limit`: each numbered past what the member
-/// acknowledged and the message it joined at, of a pass it was not sent
-/// in messages of its own (it has no message of its own at the pass's
-/// last number), to a member kept up and not in `skip`, and not among what
-/// `sent` says went lately (per replica, the number up to which it did).
-/// Each comes with the message before it in the member's chain: one of its
-/// own still owed, another of the cohort's, the one it acknowledged, or the
-/// one it joined at, whichever is the latest below it.
-///
-/// Members are looked at `window` at a time, in the order of their key
-/// from `after` on, so a page costs what a window of members does, not
-/// what the fleet does. Returns, beside them, where the members looked at
-/// end when the window was full: nothing past that was looked at.
-pub(crate) async fn owed(
-    client: &impl GenericClient,
-    after: &(String, i64),
-    limit: i64,
-    window: i64,
-    skip: &[String],
-    sent: (&[String], &[i64]),
-) -> Result<(Vec<Owed>, Option<(String, i64)>)> {
-    let window_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&after.0, &window];
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
-        [&after.0, &after.1, &limit, &skip, &sent.0, &sent.1, &window];
-    let looked = client.query_one(
-        "SELECT count(*), max(replica) FROM (
-             SELECT replica FROM sync.members WHERE replica >= $1
-             ORDER BY replica LIMIT $2) w",
-        &window_params,
-    );
-    let (ctes, select) = owed_sql([1, 2, 3, 4, 5, 6, 7]);
-    let sql = format!("WITH {ctes} {select}");
-    let rows = client.query(&sql, &params);
-    let (looked, rows) = tokio::try_join!(looked, rows)?;
-    let through = match looked.get::<_, i64>(0) >= window {
-        true => looked
-            .get::<_, Option<String>>(1)
-            .map(|replica| (replica, i64::MAX)),
-        false => None,
-    };
-    let owed = rows
-        .iter()
-        .map(|row| Owed {
-            replica: row.get(0),
-            number: row.get(1),
-            shared: row.get(2),
-            body: row.get(3),
-            previous: row.get(4),
-            previous_nonce: row.get(5),
-            previous_shared: row.get(6),
-            reads_batches: row.get(7),
-        })
-        .collect();
-    Ok((owed, through))
-}
+             WHERE l.part AND (l.replica, l.number) > ($1, $2) AND l.number > l.sent
+             ORDER BY l.replica, l.number LIMIT $3";
 
 /// The cohorts' messages owed from a page's start, as publishing reads
 /// them beside the outbox's page: with their bodies, and where the members
@@ -608,12 +528,25 @@ pub(crate) struct OwedPage {
     pub through: Option<(String, i64)>,
 }
 
-/// Reads [`OwedPage`]: what [`owed`] reads, after `after`, at most `limit`,
-/// members looked at `window` at a time, those in `skip` passed over, and
-/// their bodies, in one statement. Run by a statement prepared once
-/// ([`prepare_owed_page`]): planning it each time took longer than running
-/// it. Publishing reads it in the transaction it reads the outbox's page
-/// in, so that both are of one view (`relay::publish`).
+/// Reads [`OwedPage`]: the cohorts' messages members are owed after
+/// `after` (replica, number), in order, at most `limit`: each numbered
+/// past what the member acknowledged and the message it joined at, of a
+/// pass it was not sent in messages of its own (it has no message of its
+/// own at the pass's last number), to a member kept up and not in `skip`,
+/// and not among what `sent` says went lately (per replica, the number up
+/// to which it did). Each comes with the message before it in the member's
+/// chain: one of its own still owed, another of the cohort's, the one it
+/// acknowledged, or the one it joined at, whichever is the latest below it.
+///
+/// Members are looked at `window` at a time, in the order of their key
+/// from `after` on, so a page costs what a window of members does, not
+/// what the fleet does; `through` says where they end when the window was
+/// full: nothing past that was looked at.
+///
+/// Run by a statement prepared once ([`prepare_owed_page`]): planning it
+/// each time took longer than running it. Publishing reads it in the
+/// transaction it reads the outbox's page in, so that both are of one view
+/// (`relay::publish`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn owed_page(
     client: &impl GenericClient,
@@ -669,10 +602,9 @@ pub(crate) async fn prepare_owed_page(
     client: &impl GenericClient,
 ) -> Result<tokio_postgres::Statement> {
     use tokio_postgres::types::Type;
-    let (ctes, select) = owed_sql([1, 2, 3, 4, 5, 6, 7]);
     let sql = format!(
-        "WITH {ctes},
-              owed AS ({select}),
+        "WITH {OWED_CTES},
+              owed AS ({OWED_SELECT}),
               owed_bodies AS (SELECT b.id, b.bytes, b.hash FROM sync.bodies b
                               WHERE b.id IN (SELECT body FROM owed)),
               looked AS (SELECT count(*) AS n, max(replica) AS last FROM w)
@@ -714,21 +646,5 @@ pub(crate) async fn heads_at_cohort(
         .await?
         .iter()
         .map(|row| (row.get(0), row.get(1), row.get(2)))
-        .collect())
-}
-
-/// The bodies `ids`, each with its hash.
-pub(crate) async fn bodies(
-    client: &impl GenericClient,
-    ids: &[i64],
-) -> Result<std::collections::HashMap<i64, (Vec<u8>, Vec<u8>)>> {
-    Ok(client
-        .query(
-            "SELECT id, bytes, hash FROM sync.bodies WHERE id = ANY ($1)",
-            &[&ids],
-        )
-        .await?
-        .iter()
-        .map(|row| (row.get(0), (row.get(1), row.get(2))))
         .collect())
 }
