@@ -140,6 +140,35 @@ impl Graph {
             .expect("a table that goes down")
     }
 
+    /// Whether every row the child's own rule gives a holder points, through
+    /// `link`, at a row the parent's own rule gives it too: both tables are
+    /// ruled by the same kind of rule (`partition`, or `replica`), and the
+    /// child's rule column is the link's column for the parent's rule column
+    /// (`pgbench_accounts.bid` for `pgbench_branches.bid`, both by
+    /// partition). Then the parents of a holder's ruled rows need no
+    /// looking up: they are its already. Only where equal values always
+    /// print alike (both columns of an integer type, or both `uuid`), since
+    /// a rule compares a column's text.
+    pub fn implied(&self, link: &Link) -> bool {
+        let (child, parent) = match (link.child.rule, link.parent.rule) {
+            (Rule::Partition(c), Rule::Partition(p)) | (Rule::Replica(c), Rule::Replica(p)) => {
+                (c, p)
+            }
+            _ => return false,
+        };
+        let parent_types = &self.shape(link.parent.name).key_types;
+        let integer = |t: &str| matches!(t, "smallint" | "integer" | "bigint");
+        link.columns
+            .iter()
+            .zip(link.parent.key)
+            .zip(link.types.iter().zip(parent_types))
+            .any(|((column, key), (theirs, ours))| {
+                column == child
+                    && *key == parent
+                    && ((integer(theirs) && integer(ours)) || (theirs == "uuid" && ours == "uuid"))
+            })
+    }
+
     /// The tables the cohort of the `all` tables holds rows of: those
     /// tables, and every table their rows reach as parents or followers.
     pub fn all_cohort_tables(&self) -> BTreeSet<&'static str> {

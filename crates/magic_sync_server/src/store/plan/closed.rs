@@ -8,7 +8,7 @@
 //! it, until a round adds nothing. Table by table the same closure reads:
 //! a table's rows are those its rule gives, the parents of its child
 //! tables' rows, and the followers of its parent's rows. So a table's query
-//! reads the rows of the tables it depends on. Two dependencies never
+//! reads the rows of the tables it depends on. Three dependencies never
 //! need following:
 //!
 //! - the parents of rows in an `all` table's place: every row of it is
@@ -16,7 +16,11 @@
 //! - the parents of a follower's rows, through the link it follows, when
 //!   its rows come no other way (nothing else it follows, nothing that
 //!   brings its rows as parents): such a row is there only because its
-//!   parent is.
+//!   parent is;
+//! - the parents of a child's rows its rule gives, when that rule implies
+//!   the parent's (`Graph::implied`: a branch's accounts point at the
+//!   branch, which the same partition rule gives): a query reading its
+//!   parents reads only its other rows.
 //!
 //! What is left is acyclic in most schemas. Where tables still depend on
 //! one another in a cycle (a table pointing at itself, a follower that is a
@@ -270,7 +274,7 @@ impl<'a> Builder<'a> {
         }
         let rows = match self.cyclic[self.component[t]] {
             true => self.rows_in_cycle(t),
-            false => self.rows_from(t, &self.sources[t]),
+            false => self.rows_from(t, &self.sources[t], true),
         };
         if !self.fits(rows.as_deref()) {
             return None;
@@ -325,8 +329,9 @@ impl<'a> Builder<'a> {
     /// rule's filter keeps; then, of the others, those looked up by key (a
     /// group's members, the parents of child tables' rows, and the
     /// followers too when there are such); or else the followers, joined to
-    /// their parents' keys.
-    fn rows_from(&self, t: usize, sources: &[Source]) -> Option<String> {
+    /// their parents' keys. Without the first part unless `ruled`: the rows
+    /// that come only some other way.
+    fn rows_from(&self, t: usize, sources: &[Source], ruled: bool) -> Option<String> {
         let shape = &self.graph.shapes[t];
         let (table, rel) = (shape.table, &shape.relation);
         if matches!(table.rule, Rule::All) {
@@ -362,7 +367,7 @@ impl<'a> Builder<'a> {
             .map(|f| format!(" WHERE ({f}) IS NOT TRUE"))
             .unwrap_or_default();
         let mut parts = Vec::new();
-        if let Some(filter) = &filter {
+        if let (Some(filter), true) = (&filter, ruled) {
             parts.push(format!("SELECT a.* FROM {rel} a WHERE {filter}"));
         }
         if !keys.is_empty() {
@@ -392,14 +397,32 @@ impl<'a> Builder<'a> {
     /// set point at, as the parent's key types.
     fn pointed_at(&self, l: usize) -> Option<String> {
         let link = &self.graph.links[l];
-        let child = self.relation(self.index(link.child.name))?;
-        let parent = self.graph.shape(link.parent.name);
+        let c = self.index(link.child.name);
         let x = self.draw("x");
-        let present: Vec<String> = link
+        let mut present: Vec<String> = link
             .columns
             .iter()
             .map(|c| format!("{x}.{} IS NOT NULL", ident(c)))
             .collect();
+        // The parents of the rows its rule gives are the parent's by its
+        // own rule: only the child's other rows are looked at, read without
+        // their rule's part where the child's query is named in place.
+        let implied = self.graph.implied(link);
+        let child = match implied && !self.keeps[c] && !self.cyclic[self.component[c]] {
+            true => {
+                self.rows(c)?;
+                format!("({})", self.rows_from(c, &self.sources[c], false)?)
+            }
+            false => {
+                let child = self.relation(c)?;
+                if implied {
+                    let ruled = self.filter(link.child, &x).expect("a ruled table");
+                    present.push(format!("({ruled}) IS NOT TRUE"));
+                }
+                child
+            }
+        };
+        let parent = self.graph.shape(link.parent.name);
         Some(format!(
             "SELECT {} FROM {child} {x} WHERE {}",
             as_keys(&x, &link.columns, &parent.key_types),
@@ -526,7 +549,7 @@ impl<'a> Builder<'a> {
                 .copied()
                 .filter(|&s| self.component[self.from(s)] != c)
                 .collect();
-            if let Some(rows) = self.rows_from(m, &outside) {
+            if let Some(rows) = self.rows_from(m, &outside, true) {
                 let y = self.draw("x");
                 bases.push(format!(
                     "SELECT {}::text, {} FROM ({rows}) {y}",
@@ -609,7 +632,11 @@ impl<'a> Builder<'a> {
 ///   one may leave another follower with its link alone, so this goes on
 ///   until none does (rentals that follow an item and are pointed at only
 ///   by payments that follow them: neither the rentals' items nor the
-///   payments' rentals need looking for).
+///   payments' rentals need looking for);
+/// - the parents of a child's rows when its rule implies the parent's
+///   (`Graph::implied`) and nothing else brings it rows: every row of it
+///   points at a row the parent has by its own rule (a branch's accounts
+///   need no scan for their branch).
 fn sources(graph: &Graph, index: impl Fn(&str) -> usize) -> Vec<Vec<Source>> {
     let mut sources = vec![Vec::new(); graph.shapes.len()];
     for (i, link) in graph.links.iter().enumerate() {
@@ -631,7 +658,10 @@ fn sources(graph: &Graph, index: impl Fn(&str) -> usize) -> Vec<Vec<Source>> {
         for (i, link) in graph.links.iter().enumerate() {
             let (child, parent) = (index(link.child.name), index(link.parent.name));
             let only_way = link.follows && sources[child] == [Source::Follows(i)];
-            if only_way && sources[parent].contains(&Source::ParentOf(i)) {
+            // A child whose rows all come by a rule that implies its
+            // parent's brings the parent no row.
+            let only_ruled = sources[child].is_empty() && graph.implied(link);
+            if (only_way || only_ruled) && sources[parent].contains(&Source::ParentOf(i)) {
                 sources[parent].retain(|&s| s != Source::ParentOf(i));
                 dropped = true;
             }
@@ -1028,5 +1058,88 @@ mod tests {
         assert!(query(rental).contains(&kept_name(customer)));
         assert!(query(payment).contains(r#""rental""#));
         assert!(!query(payment).contains(r#""customer" a WHERE"#));
+    }
+
+    static BRANCH: Table = table(
+        "branch",
+        Rule::Partition("id"),
+        &[column("id", Kind::Int32)],
+    );
+    static ACCOUNT: Table = table(
+        "account",
+        Rule::Partition("branch_id"),
+        &[column("id", Kind::Int32), column("branch_id", Kind::Int32)],
+    );
+    static HISTORY: Table = table(
+        "history",
+        Rule::Partition("branch_id"),
+        &[
+            column("id", Kind::Int32),
+            column("branch_id", Kind::Int32),
+            column("account_id", Kind::Int32),
+        ],
+    );
+
+    /// branch ← account ← history, and history → branch: pgbench's
+    /// shape, every table by the partition its branch is.
+    fn bank(types: &str) -> Graph {
+        let tables = [&BRANCH, &ACCOUNT, &HISTORY];
+        let typed = |mut link: Link| {
+            link.types = vec![types.into()];
+            link
+        };
+        Graph {
+            shapes: tables
+                .iter()
+                .map(|t| Shape {
+                    table: t,
+                    relation: format!(r#""public"."{}""#, t.name),
+                    key_types: vec![types.into()],
+                    self_referencing: false,
+                })
+                .collect(),
+            links: vec![
+                typed(link(&ACCOUNT, "branch_id", &BRANCH, false)),
+                typed(link(&HISTORY, "branch_id", &BRANCH, false)),
+                typed(link(&HISTORY, "account_id", &ACCOUNT, false)),
+            ],
+        }
+    }
+
+    #[test]
+    fn a_branch_reads_only_the_accounts_its_rule_does_not_give_for_their_branches() {
+        let graph = bank("integer");
+        let implied: Vec<bool> = graph.links.iter().map(|l| graph.implied(l)).collect();
+        // An account's branch is its partition; a history row's account
+        // is any branch's.
+        assert_eq!(implied, [true, true, false]);
+        let closed = Closed::new(&graph, "b1", Some("1")).expect("short queries");
+        let query = |t: usize| closed.rows(t).clone().expect("rows");
+        let [branch, account, history] = [0, 1, 2];
+        let ruled_accounts = r#""public"."account" a WHERE a."branch_id" = 1"#;
+        assert!(
+            query(account).contains(ruled_accounts),
+            "{}",
+            query(account)
+        );
+        // The branches of the accounts history brings, and of no other:
+        // not branch 1's accounts again, nor history (all of it branch 1's).
+        assert!(query(branch).contains(r#""account""#), "{}", query(branch));
+        assert!(!query(branch).contains(ruled_accounts), "{}", query(branch));
+        let kept: Vec<&str> = closed.kept().iter().map(|k| k.make.as_str()).collect();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert!(
+            kept[0].contains(r#"SELECT DISTINCT a."account_id" FROM"#),
+            "{kept:?}"
+        );
+        assert_eq!(
+            query(history),
+            r#"SELECT a.* FROM "public"."history" a WHERE a."branch_id" = 1"#
+        );
+        // Where equal keys may print apart, nothing is implied.
+        for types in ["text", "numeric", "character varying"] {
+            let graph = bank(types);
+            assert!(!graph.links.iter().any(|l| graph.implied(l)), "{types}");
+        }
     }
 }

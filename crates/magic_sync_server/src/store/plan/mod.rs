@@ -533,6 +533,20 @@ impl Planner<'_, '_> {
         Ok(())
     }
 
+    /// [`Self::analyse`], from a tenth of the sample: for a provisioning's
+    /// set, whose statements join it hashed, so they want its size and
+    /// little else. Its keys are unique and its pointers few: the whole
+    /// sample of a set of 100,000 rows cost 90 ms, a tenth of it 17.
+    async fn analyse_sampled(&self, temp: Scratch) -> Result<()> {
+        self.run(&format!(
+            "SET LOCAL default_statistics_target = 10; ANALYZE {temp}; \
+             SET LOCAL default_statistics_target TO DEFAULT"
+        ))
+        .await?;
+        self.analysed.lock().expect("not poisoned").insert(temp);
+        Ok(())
+    }
+
     /// Plans the replicas in `_ms_r` against every pending note, and the
     /// changes kept for them while their snapshots streamed; the result is
     /// in `_ms_send` and `_ms_del`.
@@ -1649,7 +1663,7 @@ impl Planner<'_, '_> {
         let mut added = total;
         loop {
             if added > ANALYSE_ABOVE {
-                self.analyse(Scratch::Fresh).await?;
+                self.analyse_sampled(Scratch::Fresh).await?;
             }
             if added == 0 {
                 return Ok(total);
@@ -1664,9 +1678,13 @@ impl Planner<'_, '_> {
                 let only_followers_of_it = current
                     .get(link.child.name)
                     .is_some_and(|how| how.len() == 1 && how.contains(&Some(i)));
+                // The first round's rows are its rules': where the child's
+                // rule implies the parent's, their parents are there.
+                let parents_ruled = round == 0 && self.graph.implied(link);
                 if current.contains_key(link.child.name)
                     && !parent_complete
                     && !only_followers_of_it
+                    && !parents_ruled
                 {
                     let n = self.provision_parents(i, link, round).await?;
                     if n > 0 {
