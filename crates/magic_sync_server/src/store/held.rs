@@ -16,7 +16,7 @@ use crate::error::Result;
 use crate::graph::Graph;
 use crate::sql::{int8_array, literal, text_array};
 use crate::store::plan::scratch::{Filled, Scratch};
-use crate::store::plan::{HASH_ONLY, JOINS_AS_THEY_WERE};
+use crate::store::plan::{HASH_ONLY, JOINS_AS_THEY_WERE, LOOPS_AS_THEY_WERE, LOOPS_ONLY};
 use std::collections::HashMap;
 use tokio_postgres::Client;
 
@@ -45,7 +45,7 @@ pub(crate) fn closing(graph: &Graph, last: &HashMap<String, i64>, filled: &Fille
     if !has(Scratch::Delete) && !has(Scratch::Send) {
         return sql;
     }
-    sql.push_str("SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;");
+    sql.push_str(LOOPS_ONLY);
     if has(Scratch::Delete) {
         sql.push_str(
             "DELETE FROM sync.held h USING _ms_del d
@@ -89,7 +89,7 @@ pub(crate) fn closing(graph: &Graph, last: &HashMap<String, i64>, filled: &Fille
             has(Scratch::Delete),
         ));
     }
-    sql.push_str("SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT;");
+    sql.push_str(LOOPS_AS_THEY_WERE);
     sql
 }
 

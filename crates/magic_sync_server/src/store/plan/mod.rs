@@ -80,13 +80,27 @@ const QUESTION_AGAIN: &str =
     "ON CONFLICT (r, t, k) DO UPDATE SET questioned = true, round = EXCLUDED.round
      WHERE NOT _ms_q.questioned AND NOT _ms_q.ruled";
 
-/// Joins by hashing only (see `Planner::bulk`).
+/// Joins by hashing only (see `Planner::bulk`), with no JIT: a join
+/// method turned off adds 10^10 to the cost of a plan that needs it
+/// anyway (a lateral lookup is a nested loop whatever the setting), past
+/// every threshold of JIT's, and a statement of 5 ms was compiled for 70
+/// to 130 ms before it ran, wherever the session had JIT on (the runner's
+/// sessions turn it off; a host's own connection may not).
 pub(crate) const HASH_ONLY: &str =
-    "SET LOCAL enable_nestloop = off; SET LOCAL enable_mergejoin = off;";
+    "SET LOCAL jit = off; SET LOCAL enable_nestloop = off; SET LOCAL enable_mergejoin = off;";
 
 /// Joins as the session had them.
-pub(crate) const JOINS_AS_THEY_WERE: &str =
-    "SET LOCAL enable_nestloop TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT;";
+pub(crate) const JOINS_AS_THEY_WERE: &str = "SET LOCAL enable_nestloop TO DEFAULT; \
+     SET LOCAL enable_mergejoin TO DEFAULT; SET LOCAL jit TO DEFAULT;";
+
+/// Joins by nested loops only (lookups by key from a small table), with
+/// no JIT, as [`HASH_ONLY`].
+pub(crate) const LOOPS_ONLY: &str =
+    "SET LOCAL jit = off; SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;";
+
+/// Joins as the session had them, after [`LOOPS_ONLY`].
+pub(crate) const LOOPS_AS_THEY_WERE: &str = "SET LOCAL enable_hashjoin TO DEFAULT; \
+     SET LOCAL enable_mergejoin TO DEFAULT; SET LOCAL jit TO DEFAULT;";
 
 /// A holder as the replica list (`_ms_r`) holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -692,13 +706,13 @@ impl Planner<'_, '_> {
                 .map(|(name, parent)| format!("({}, {})", literal(name), literal(parent)))
                 .collect();
             self.run(&format!(
-                "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;
+                "{LOOPS_ONLY}
                  UPDATE sync.held h SET refs = h.refs - x.n
                  FROM (SELECT d.r, l.p AS t, d.hptrs -> l.name AS k, count(*)::int AS n
                        FROM _ms_del d JOIN (VALUES {}) AS l (name, p) ON d.hptrs ? l.name
                        WHERE d.t = {t} GROUP BY 1, 2, 3) x
                  WHERE h.table_name = x.t AND h.key = x.k::text AND h.replica = x.r;
-                 SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT;",
+                 {LOOPS_AS_THEY_WERE}",
                 links.join(", ")
             ))
             .await?;
