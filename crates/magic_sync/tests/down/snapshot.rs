@@ -40,6 +40,26 @@ where
     streaming.await
 }
 
+/// Adds `id` (of `partition`) to the fleet and streams its snapshot by its
+/// queries in closed form, on a connection of its own: its rows those of
+/// its plan, recorded. Then the fleet is synced and checked.
+async fn streams_in_closed_form(fleet: &mut Fleet, id: &str, partition: Option<&str>) -> Streamed {
+    fleet.add(id, partition);
+    let pass = fleet.pass().await;
+    assert_eq!(pass.waiting, [id]);
+    let snapshot = fleet.begin_snapshot(id).await.expect("it waits");
+    let mut worker = fleet.db.connect().await;
+    let streamed = snapshot
+        .stream(&mut worker, &fleet.network)
+        .await
+        .expect("the snapshot streams, its rows those of its plan");
+    assert!(!streamed.planned_first, "{streamed:?}");
+    assert!(streamed.recorded, "{streamed:?}");
+    fleet.sync().await;
+    fleet.check().await;
+    streamed
+}
+
 fn keys(fleet: &mut Fleet, unit: &str, table: &magic_sync::Table) -> Vec<String> {
     replica_rows(&fleet.unit(unit).replica, table)
         .into_keys()
@@ -373,19 +393,7 @@ async fn a_snapshot_streams_before_anything_is_planned_even_through_a_cycle() {
         .write("INSERT INTO logistics.shipments VALUES (4, 'north', 1, 3), (5, 'south', 2, NULL)")
         .await;
     fleet.sync().await;
-    fleet.add("u4", Some("north"));
-    let pass = fleet.pass().await;
-    assert_eq!(pass.waiting, ["u4"]);
-    let snapshot = fleet.begin_snapshot("u4").await.expect("u4 waits");
-    let mut worker = fleet.db.connect().await;
-    let streamed = snapshot
-        .stream(&mut worker, &fleet.network)
-        .await
-        .expect("the snapshot streams");
-    assert!(!streamed.planned_first, "{streamed:?}");
-    assert!(streamed.recorded, "{streamed:?}");
-    fleet.sync().await;
-    fleet.check().await;
+    streams_in_closed_form(&mut fleet, "u4", Some("north")).await;
     assert_eq!(
         keys(&mut fleet, "u4", &crate::shop::Shipment::TABLE),
         ["[1]", "[2]", "[3]", "[4]", "[5]"]
@@ -575,19 +583,7 @@ async fn a_snapshot_over_a_deep_graph_of_referenced_tables_holds_exactly_its_pla
     fleet.add("u2", None);
     fleet.add("u3", None);
     fleet.sync().await;
-    fleet.add("u1", None);
-    let pass = fleet.pass().await;
-    assert_eq!(pass.waiting, ["u1"]);
-    let snapshot = fleet.begin_snapshot("u1").await.expect("u1 waits");
-    let mut worker = fleet.db.connect().await;
-    let streamed = snapshot
-        .stream(&mut worker, &fleet.network)
-        .await
-        .expect("the snapshot streams, its rows those of its plan");
-    assert!(!streamed.planned_first, "{streamed:?}");
-    assert!(streamed.recorded, "{streamed:?}");
-    fleet.sync().await;
-    fleet.check().await;
+    let streamed = streams_in_closed_form(&mut fleet, "u1", None).await;
     let held = |fleet: &mut Fleet, table: &magic_sync::Table| keys(fleet, "u1", table);
     assert_eq!(
         held(&mut fleet, &deep::Country::TABLE),
@@ -724,18 +720,7 @@ async fn a_branch_holds_the_branches_its_history_reaches_and_no_more() {
     fleet.add("b2", Some("2"));
     fleet.add("b3", Some("3"));
     fleet.sync().await;
-    fleet.add("b1", Some("1"));
-    let pass = fleet.pass().await;
-    assert_eq!(pass.waiting, ["b1"]);
-    let snapshot = fleet.begin_snapshot("b1").await.expect("b1 waits");
-    let mut worker = fleet.db.connect().await;
-    let streamed = snapshot
-        .stream(&mut worker, &fleet.network)
-        .await
-        .expect("the snapshot streams, its rows those of its plan");
-    assert!(!streamed.planned_first, "{streamed:?}");
-    fleet.sync().await;
-    fleet.check().await;
+    let streamed = streams_in_closed_form(&mut fleet, "b1", Some("1")).await;
     let held = |fleet: &mut Fleet, table: &magic_sync::Table| keys(fleet, "b1", table);
     assert_eq!(held(&mut fleet, &bank::Branch::TABLE), ["[1]", "[2]"]);
     assert_eq!(

@@ -994,24 +994,39 @@ mod tests {
     /// referenced tables over a replica's customers, their rentals and the
     /// payments for those.
     fn chain() -> Graph {
-        let tables = [&COUNTRY, &CITY, &ADDRESS, &CUSTOMER, &RENTAL, &PAYMENT];
-        Graph {
-            shapes: tables
-                .iter()
-                .map(|t| Shape {
-                    table: t,
-                    relation: format!(r#""public"."{}""#, t.name),
-                    key_types: vec!["integer".into()],
-                    self_referencing: false,
-                })
-                .collect(),
-            links: vec![
+        graph(
+            &[&COUNTRY, &CITY, &ADDRESS, &CUSTOMER, &RENTAL, &PAYMENT],
+            vec![
                 link(&CITY, "country_id", &COUNTRY, false),
                 link(&ADDRESS, "city_id", &CITY, false),
                 link(&CUSTOMER, "address_id", &ADDRESS, false),
                 link(&RENTAL, "customer_id", &CUSTOMER, true),
                 link(&PAYMENT, "rental_id", &RENTAL, true),
             ],
+            "integer",
+        )
+    }
+
+    /// The graph of `tables`, in that order, and `links`, every key and
+    /// link column of type `types`.
+    fn graph(tables: &[&'static Table], links: Vec<Link>, types: &str) -> Graph {
+        Graph {
+            shapes: tables
+                .iter()
+                .map(|t| Shape {
+                    table: t,
+                    relation: format!(r#""public"."{}""#, t.name),
+                    key_types: vec![types.into()],
+                    self_referencing: false,
+                })
+                .collect(),
+            links: links
+                .into_iter()
+                .map(|mut link| {
+                    link.types = vec![types.into()];
+                    link
+                })
+                .collect(),
         }
     }
 
@@ -1083,27 +1098,15 @@ mod tests {
     /// branch ← account ← history, and history → branch: pgbench's
     /// shape, every table by the partition its branch is.
     fn bank(types: &str) -> Graph {
-        let tables = [&BRANCH, &ACCOUNT, &HISTORY];
-        let typed = |mut link: Link| {
-            link.types = vec![types.into()];
-            link
-        };
-        Graph {
-            shapes: tables
-                .iter()
-                .map(|t| Shape {
-                    table: t,
-                    relation: format!(r#""public"."{}""#, t.name),
-                    key_types: vec![types.into()],
-                    self_referencing: false,
-                })
-                .collect(),
-            links: vec![
-                typed(link(&ACCOUNT, "branch_id", &BRANCH, false)),
-                typed(link(&HISTORY, "branch_id", &BRANCH, false)),
-                typed(link(&HISTORY, "account_id", &ACCOUNT, false)),
+        graph(
+            &[&BRANCH, &ACCOUNT, &HISTORY],
+            vec![
+                link(&ACCOUNT, "branch_id", &BRANCH, false),
+                link(&HISTORY, "branch_id", &BRANCH, false),
+                link(&HISTORY, "account_id", &ACCOUNT, false),
             ],
-        }
+            types,
+        )
     }
 
     #[test]
