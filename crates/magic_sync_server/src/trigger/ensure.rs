@@ -276,11 +276,14 @@ async fn install(
         }
     };
     let timeout = settings.lock_timeout.as_millis().max(1);
+    // The statement timeout is put back as the session had it once the
+    // lock is taken: `TO DEFAULT` would be the server's, not the session's.
     tx.batch_execute(&format!(
-        "SET LOCAL lock_timeout = '{timeout}ms';
+        "SELECT set_config('magic_sync.statement_timeout', current_setting('statement_timeout'), true);
+         SET LOCAL lock_timeout = '{timeout}ms';
          SET LOCAL statement_timeout = '{timeout}ms';
          LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE;
-         SET LOCAL statement_timeout TO DEFAULT;
+         SELECT set_config('statement_timeout', current_setting('magic_sync.statement_timeout'), true);
          {}",
         qualified(&table.schema, &table.table),
         table.install_sql()

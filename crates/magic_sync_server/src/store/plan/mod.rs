@@ -85,13 +85,16 @@ const QUESTION_AGAIN: &str =
 /// anyway (a lateral lookup is a nested loop whatever the setting), past
 /// every threshold of JIT's, and a statement of 5 ms was compiled for 70
 /// to 130 ms before it ran, wherever the session had JIT on (the runner's
-/// sessions turn it off; a host's own connection may not).
+/// sessions turn it off; a host's own connection may not). JIT stays off
+/// to the transaction's end: `SET LOCAL jit TO DEFAULT` would turn it on
+/// again in a session that turned it off, since `DEFAULT` is the server's
+/// value, not the session's.
 pub(crate) const HASH_ONLY: &str =
     "SET LOCAL jit = off; SET LOCAL enable_nestloop = off; SET LOCAL enable_mergejoin = off;";
 
-/// Joins as the session had them.
-pub(crate) const JOINS_AS_THEY_WERE: &str = "SET LOCAL enable_nestloop TO DEFAULT; \
-     SET LOCAL enable_mergejoin TO DEFAULT; SET LOCAL jit TO DEFAULT;";
+/// Joins as the session had them (no session sets these).
+pub(crate) const JOINS_AS_THEY_WERE: &str =
+    "SET LOCAL enable_nestloop TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT;";
 
 /// Joins by nested loops only (lookups by key from a small table), with
 /// no JIT, as [`HASH_ONLY`].
@@ -99,8 +102,8 @@ pub(crate) const LOOPS_ONLY: &str =
     "SET LOCAL jit = off; SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;";
 
 /// Joins as the session had them, after [`LOOPS_ONLY`].
-pub(crate) const LOOPS_AS_THEY_WERE: &str = "SET LOCAL enable_hashjoin TO DEFAULT; \
-     SET LOCAL enable_mergejoin TO DEFAULT; SET LOCAL jit TO DEFAULT;";
+pub(crate) const LOOPS_AS_THEY_WERE: &str =
+    "SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT;";
 
 /// A holder as the replica list (`_ms_r`) holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -552,9 +555,13 @@ impl Planner<'_, '_> {
     /// little else. Its keys are unique and its pointers few: the whole
     /// sample of a set of 100,000 rows cost 90 ms, a tenth of it 17.
     async fn analyse_sampled(&self, temp: Scratch) -> Result<()> {
+        // Put back as the session had it, which `TO DEFAULT` would not.
         self.run(&format!(
-            "SET LOCAL default_statistics_target = 10; ANALYZE {temp}; \
-             SET LOCAL default_statistics_target TO DEFAULT"
+            "SELECT set_config('magic_sync.statistics_target', \
+                                current_setting('default_statistics_target'), true); \
+             SET LOCAL default_statistics_target = 10; ANALYZE {temp}; \
+             SELECT set_config('default_statistics_target', \
+                               current_setting('magic_sync.statistics_target'), true)"
         ))
         .await?;
         self.analysed.lock().expect("not poisoned").insert(temp);
