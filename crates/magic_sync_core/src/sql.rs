@@ -46,6 +46,22 @@ pub fn qualified(schema: &str, name: &str) -> String {
     format!("{}.{}", ident(schema), ident(name))
 }
 
+/// `statement` run with the setting `name` at `value` for the
+/// transaction (`SET LOCAL`), the setting then put back as the session had
+/// it. `SET LOCAL name TO DEFAULT` would not: `DEFAULT` is the value the
+/// server would give a session that set nothing, so a session's own
+/// setting (the runner's statement timeout, its JIT off) would be lost to
+/// the transaction's end. The session's value is kept meanwhile in a
+/// placeholder setting of the engine's own, `magic_sync.saved_<name>`.
+/// `name` and `value` are the engine's, never a host's.
+pub fn with_setting(name: &str, value: &str, statement: &str) -> String {
+    format!(
+        "SELECT set_config('magic_sync.saved_{name}', current_setting('{name}'), true); \
+         SET LOCAL {name} = {value}; {statement}; \
+         SELECT set_config('{name}', current_setting('magic_sync.saved_{name}'), true);"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -64,5 +80,17 @@ mod tests {
         );
         assert_eq!(super::int8_array([1, -2]), "ARRAY[1, -2]::int8[]");
         assert_eq!(super::bytea(&[0, 255]), r"E'\\x00ff'::bytea");
+    }
+
+    #[test]
+    fn a_setting_for_one_statement_is_put_back_from_where_it_was_saved() {
+        assert_eq!(
+            super::with_setting("statement_timeout", "'5ms'", "LOCK TABLE t"),
+            "SELECT set_config('magic_sync.saved_statement_timeout', \
+             current_setting('statement_timeout'), true); \
+             SET LOCAL statement_timeout = '5ms'; LOCK TABLE t; \
+             SELECT set_config('statement_timeout', \
+             current_setting('magic_sync.saved_statement_timeout'), true);"
+        );
     }
 }

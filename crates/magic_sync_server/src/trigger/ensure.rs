@@ -32,7 +32,7 @@ use super::{inspect, noted, refuse_truncate_sql, Fault, Finding, Noted, REFUSE_T
 use crate::catalog::Catalog;
 use crate::engine::Engine;
 use crate::error::{Error, Result, TriggerProblem};
-use crate::sql::qualified;
+use crate::sql::{qualified, with_setting};
 use std::time::Duration;
 use tokio_postgres::Client;
 
@@ -276,16 +276,17 @@ async fn install(
         }
     };
     let timeout = settings.lock_timeout.as_millis().max(1);
-    // The statement timeout is put back as the session had it once the
-    // lock is taken: `TO DEFAULT` would be the server's, not the session's.
+    // The statement timeout bounds the lock alone; the session's is put
+    // back for the installation.
+    let lock = format!(
+        "LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE",
+        qualified(&table.schema, &table.table)
+    );
     tx.batch_execute(&format!(
-        "SELECT set_config('magic_sync.statement_timeout', current_setting('statement_timeout'), true);
-         SET LOCAL lock_timeout = '{timeout}ms';
-         SET LOCAL statement_timeout = '{timeout}ms';
-         LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE;
-         SELECT set_config('statement_timeout', current_setting('magic_sync.statement_timeout'), true);
+        "SET LOCAL lock_timeout = '{timeout}ms';
+         {}
          {}",
-        qualified(&table.schema, &table.table),
+        with_setting("statement_timeout", &format!("'{timeout}ms'"), &lock),
         table.install_sql()
     ))
     .await?;

@@ -54,7 +54,7 @@ pub(crate) mod scratch;
 use crate::error::Result;
 use crate::graph::{key_json, key_match, row_by_key, rule, Graph, Link, Shape};
 use crate::row::Rule;
-use crate::sql::literal;
+use crate::sql::{literal, with_setting};
 use quarantine::{is_blocked, Blocks};
 use scratch::{Filled, Scratch};
 use std::collections::{BTreeMap, BTreeSet};
@@ -555,15 +555,9 @@ impl Planner<'_, '_> {
     /// little else. Its keys are unique and its pointers few: the whole
     /// sample of a set of 100,000 rows cost 90 ms, a tenth of it 17.
     async fn analyse_sampled(&self, temp: Scratch) -> Result<()> {
-        // Put back as the session had it, which `TO DEFAULT` would not.
-        self.run(&format!(
-            "SELECT set_config('magic_sync.statistics_target', \
-                                current_setting('default_statistics_target'), true); \
-             SET LOCAL default_statistics_target = 10; ANALYZE {temp}; \
-             SELECT set_config('default_statistics_target', \
-                               current_setting('magic_sync.statistics_target'), true)"
-        ))
-        .await?;
+        let analyse = format!("ANALYZE {temp}");
+        self.run(&with_setting("default_statistics_target", "10", &analyse))
+            .await?;
         self.analysed.lock().expect("not poisoned").insert(temp);
         Ok(())
     }
