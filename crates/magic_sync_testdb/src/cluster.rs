@@ -58,21 +58,41 @@ log_checkpoints = off
 /// (`keep`), only stops the server, with a fast shutdown. Exits with status 0
 /// when that worked. Arguments: mode, cluster directory, data directory, then
 /// the `pg_ctl` command (possibly behind `runuser`).
+///
+/// A kept cluster's server is stopped by its process, whose id comes first
+/// on the pipe ([`Watchdog::follow`]), not by its directory: the next run's
+/// `keep` starts a server there as soon as this one is gone, and `pg_ctl`
+/// given the directory could stop that one instead (it did, reading the new
+/// server's pid file half written, then escalating to an immediate stop).
 const WATCHDOG_SCRIPT: &str = r#"
 trap '' HUP INT QUIT TERM PIPE
 mode=$1
 dir=$2
 data=$3
 shift 3
-cat >/dev/null 2>&1
 if [ "$mode" = keep ]; then
-    "$@" stop -D "$data" -m fast -w -t 60 -s >/dev/null 2>&1 ||
-        "$@" stop -D "$data" -m immediate -w -t 60 -s >/dev/null 2>&1
-    # Exit status 3 (or 4, no data directory): no server running.
-    "$@" status -D "$data" >/dev/null 2>&1
-    [ $? -ne 0 ]
+    read -r pid
+    cat >/dev/null 2>&1
+    case $pid in
+        ''|*[!0-9]*) pid=$(head -n 1 "$data/postmaster.pid" 2>/dev/null) ;;
+    esac
+    case $pid in
+        ''|*[!0-9]*) exit 0 ;;
+    esac
+    gone() {
+        i=0
+        while kill -0 "$pid" 2>/dev/null; do
+            [ "$i" -lt 600 ] || return 1
+            sleep 0.1
+            i=$((i + 1))
+        done
+    }
+    # To the postmaster, SIGINT is a fast shutdown and SIGQUIT an immediate one.
+    kill -INT "$pid" 2>/dev/null
+    gone || { kill -QUIT "$pid" 2>/dev/null; gone; }
     exit
 fi
+cat >/dev/null 2>&1
 "$@" stop -D "$data" -m immediate -w -t 60 -s >/dev/null 2>&1
 if [ -f "$data/postmaster.pid" ]; then
     pid=$(head -n 1 "$data/postmaster.pid")
@@ -220,7 +240,10 @@ impl Cluster {
         // this value is gone, which must not be one still used by another process.
         let watchdog = Watchdog::spawn(&runner, Kind::Kept, &layout)?;
         let port = start_server(&runner, &layout)?;
-        Ok(layout.into_cluster(Kind::Kept, runner, port, began, watchdog))
+        let mut cluster = layout.into_cluster(Kind::Kept, runner, port, began, watchdog);
+        let pid = cluster.postmaster_pid();
+        cluster.watchdog.follow(pid);
+        Ok(cluster)
     }
 
     /// Stops the server now, and for a throwaway cluster deletes its
@@ -717,6 +740,15 @@ impl Watchdog {
             return Err("cannot start the watchdog: it has no stdin".to_owned());
         }
         Ok(Watchdog { pipe, child })
+    }
+
+    /// Tells a kept cluster's watchdog which server is its own: the
+    /// postmaster `pid`. Without it (`None`, or a watchdog gone) it reads
+    /// the pid file when it stops the server.
+    fn follow(&mut self, pid: Option<u32>) {
+        if let (Some(pipe), Some(pid)) = (self.pipe.as_mut(), pid) {
+            let _ = writeln!(pipe, "{pid}");
+        }
     }
 
     /// Lets the watchdog do its work and waits until it is done.
