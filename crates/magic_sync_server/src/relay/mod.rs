@@ -32,7 +32,9 @@ mod publish;
 mod reached;
 mod rehearse;
 mod replies;
+mod settings;
 mod snapshot;
+mod transport;
 
 pub use crate::store::plan::Planned;
 pub(crate) use deployment::declared;
@@ -43,7 +45,9 @@ pub(crate) use rehearse::{rehearse, Owed};
 pub use rehearse::{Moves, Rehearsal};
 pub(crate) use replies::{acknowledge, gaps};
 pub use replies::{acknowledge_all, gap};
+pub use settings::Settings;
 pub use snapshot::{Failed, Snapshot, Streamed};
+pub use transport::{ReplicaInfo, Replicas, SendError, Transport};
 
 use crate::catalog::Catalog;
 use crate::engine::Engine;
@@ -54,7 +58,6 @@ use crate::sql::qualified;
 use crate::store::plan::scratch::Plan;
 use crate::store::plan::{self, quarantine};
 use crate::store::{self, deployment, held, parked};
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::types::Type;
@@ -74,211 +77,6 @@ const MAX_PLAN_ATTEMPTS: u32 = 64;
 /// each forgets its own record of those tables, a catalogue's worth of
 /// deletes, in the pass's transaction.
 const JOIN_PER_PASS: usize = 16;
-
-/// A replica as the host describes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReplicaInfo {
-    /// Its id: what rules compare a replica column with.
-    pub id: ReplicaId,
-    /// Whether it takes part now. A replica that is not live holds nothing
-    /// as far as the server records, and is sent nothing.
-    pub live: bool,
-    /// Its partition: what partition rules compare with.
-    pub partition: Option<String>,
-}
-
-impl ReplicaInfo {
-    /// A live replica.
-    pub fn live(id: impl Into<ReplicaId>, partition: Option<&str>) -> Self {
-        ReplicaInfo {
-            id: id.into(),
-            live: true,
-            partition: partition.map(str::to_string),
-        }
-    }
-}
-
-/// Where the replicas are: the host says, before every pass.
-pub trait Replicas: Send + Sync {
-    /// Every replica the host knows, live or not.
-    fn replicas(&self) -> impl Future<Output = Result<Vec<ReplicaInfo>>> + Send;
-}
-
-/// A fixed fleet: the host's list as it was when the relay started, for a
-/// host whose replicas do not change while it runs.
-impl Replicas for Vec<ReplicaInfo> {
-    fn replicas(&self) -> impl Future<Output = Result<Vec<ReplicaInfo>>> + Send {
-        let list = self.clone();
-        async move { Ok(list) }
-    }
-}
-
-/// A send the transport could not make; the message stays in the outbox.
-/// Its kind decides what the relay does ([`Error::Send`]): a replica out of
-/// reach ([`LinkErrorKind::Unreachable`]) is tried again after a backoff;
-/// a transport that refuses a message the relay made within its own limit
-/// ([`LinkErrorKind::Refused`]), or that refuses the relay
-/// ([`LinkErrorKind::Misconfigured`]: credentials, a setting), stops the
-/// runner with what it said, rather than being tried for ever.
-pub type SendError = LinkError;
-
-/// How bytes reach replicas. The transport moves bytes and never looks inside.
-pub trait Transport: Send + Sync {
-    /// The most bytes one message may have.
-    fn max_message_bytes(&self) -> usize;
-    /// Hands `message` (a whole `ToReplica`) to the replica `replica`. `id`
-    /// names the message for de-duplication: it is the same however often
-    /// the message goes. Ok means the transport took it.
-    fn send(
-        &self,
-        replica: &ReplicaId,
-        id: &str,
-        message: Vec<u8>,
-    ) -> impl Future<Output = Result<(), SendError>> + Send;
-    /// Hands `replica` the answer to an upload it sent, once filed. A
-    /// transport that carries none (the default) fails: the replica sends
-    /// the upload again after a while, and filing it again changes nothing.
-    fn answer(
-        &self,
-        replica: &ReplicaId,
-        filed: crate::envelope::Filed,
-    ) -> impl Future<Output = Result<(), SendError>> + Send {
-        let _ = filed;
-        let replica = replica.to_string();
-        async move {
-            Err(SendError::refused(format!(
-                "this transport carries no answers to uploads (replica `{replica}`)"
-            )))
-        }
-    }
-    /// Whether `replica` can be sent to now, as far as the transport knows
-    /// (connected, say); `None`, the default, when it cannot tell. A
-    /// replica a send failed to is passed over by publishing until its
-    /// wait is over ([`Away`]), unless the transport says it is back.
-    fn reachable(&self, replica: &ReplicaId) -> Option<bool> {
-        let _ = replica;
-        None
-    }
-    /// `replica` said what it had no business saying: an acknowledgement
-    /// whose seal is not of a message sent to it, or an upload larger than
-    /// a message may be. Nothing of it was recorded or filed. A transport
-    /// that holds connections closes this one, saying `why`; the default
-    /// does nothing.
-    fn misbehaved(&self, replica: &ReplicaId, why: &str) {
-        let _ = (replica, why);
-    }
-}
-
-/// How the relay works.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Replicas published to at once.
-    pub concurrency: usize,
-    /// A page of the outbox signs its messages to replicas that read
-    /// batches together once this many go ([`BATCH_FROM`]).
-    pub batch_from: usize,
-    /// Rows loaded per round trip.
-    pub chunk_rows: i32,
-    /// Message bytes buffered before they are written to the outbox.
-    pub flush_bytes: usize,
-    /// How long the runner waits before the next pass when the last had
-    /// nothing to do but a note may still come unannounced: a transaction
-    /// that wrote one while the relay was at work has not ended (or
-    /// `wake_on_commit` is off).
-    pub idle: Duration,
-    /// Whether a runner with nothing to do dozes until a note's commit
-    /// wakes it (`LISTEN`/`NOTIFY`, sent only while it dozes), rather than
-    /// polling every `idle`. Turn it off where a declared table is written
-    /// by a prepared (two-phase) transaction: PostgreSQL refuses to prepare
-    /// one that notified.
-    pub wake_on_commit: bool,
-    /// The longest a dozing runner waits before a pass all the same, for
-    /// what wakes nothing: a change in the host's list of replicas, a retry
-    /// that came due.
-    pub idle_longest: Duration,
-    /// The least wait after a failed pass; the waits double from it, with
-    /// jitter, up to `backoff_max`.
-    pub backoff_min: Duration,
-    /// The longest wait after failed passes.
-    pub backoff_max: Duration,
-    /// The most messages a replica's outbox may hold beyond the snapshot it
-    /// begins with. Past it (or past `outbox_bytes`), the outbox is dropped
-    /// and the replica provisioned again: a replica out of reach for long
-    /// costs one snapshot, not storage without end.
-    pub outbox_messages: i64,
-    /// The most bytes (heads, bodies and seals) a replica's outbox may hold
-    /// beyond the snapshot it begins with.
-    pub outbox_bytes: i64,
-    /// How often a pass measures the outboxes against their bound.
-    pub outbox_check_every: Duration,
-    /// How the runner's sessions are set up and ended (see
-    /// [`crate::session`]).
-    pub session: crate::session::SessionSettings,
-    /// Snapshots the runner streams at once, each on a connection of its
-    /// own.
-    pub snapshots: usize,
-    /// How fast a snapshot streams beside the passes: by default as fast as
-    /// it can, or within a budget of rows a second (see [`SnapshotPace`]).
-    pub snapshot_pace: SnapshotPace,
-    /// A replica is provisioned again at its own request (a gap it
-    /// reports, an acknowledgement the server did not expect, a digest
-    /// that differs) at most once this often: one that asks again sooner
-    /// waits, so a replica cannot make the server read its whole share over
-    /// and over. The wait doubles with each such snapshot it asked for
-    /// since it last went an hour without asking, up to an hour.
-    pub provision_asked_every: Duration,
-    /// The most rows of a table a deployment works through in one pass
-    /// (`crate::deploy`). A deployment begins with at most 1,000 rows a
-    /// chunk and paces itself by `deploy_pass_budget`.
-    pub deploy_chunk_rows: i64,
-    /// How long a pass that works through a deployment's chunk should
-    /// take: the chunk doubles while its passes take less than half of it
-    /// and halves when one takes more, so the changes planned beside it
-    /// wait about this long at most.
-    pub deploy_pass_budget: Duration,
-    /// How often the runner writes its figures (`sync.figures`: messages
-    /// and rows sent, uploads filed, commit-to-acknowledged lags, notes
-    /// pending), which an operator's page draws history from.
-    pub figures_every: Duration,
-    /// Whether the relay records what many replicas hold alike once, for
-    /// their cohort (how-it-works §20). On (the default), the rows of the
-    /// tables whose rule is `all`, and the rows they point at, are recorded
-    /// once for their cohort, and the replicas kept up join it a few a
-    /// pass; a change to them is written once, in the cohort's messages,
-    /// and stamped for each member as it is sent. Off, each replica's
-    /// record holds every row it holds: a cohort recorded by an earlier run
-    /// is forgotten when the relay starts, its members holding its rows
-    /// themselves again and given what they were owed in messages of their
-    /// own, with no snapshot.
-    pub record_by_rule: bool,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            concurrency: 16,
-            batch_from: BATCH_FROM,
-            chunk_rows: 2_000,
-            flush_bytes: 1 << 20,
-            idle: Duration::from_millis(5),
-            wake_on_commit: true,
-            idle_longest: Duration::from_millis(100),
-            backoff_min: Duration::from_millis(50),
-            backoff_max: Duration::from_secs(10),
-            outbox_messages: 50_000,
-            outbox_bytes: 512 << 20,
-            outbox_check_every: Duration::from_secs(10),
-            session: crate::session::SessionSettings::default(),
-            snapshots: 2,
-            snapshot_pace: SnapshotPace::default(),
-            provision_asked_every: Duration::from_secs(10),
-            deploy_chunk_rows: 50_000,
-            deploy_pass_budget: Duration::from_millis(250),
-            figures_every: Duration::from_secs(5),
-            record_by_rule: true,
-        }
-    }
-}
 
 /// What one [`Relay::record`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
