@@ -226,7 +226,7 @@ async fn run(by_rule: bool, products: u64, tills: u64) -> [Figures; 2] {
     fleet
         .reconfigure(|s| {
             s.chunk_rows = 2_000;
-            s.flush_bytes = 1 << 20;
+            s.flush_bytes = magic_sync::relay::ByteSize::mib(1);
             s.record_by_rule = by_rule;
         })
         .await;

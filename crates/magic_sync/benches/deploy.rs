@@ -175,7 +175,7 @@ async fn main() {
     fleet
         .reconfigure(|s| {
             s.chunk_rows = 2_000;
-            s.flush_bytes = 1 << 20;
+            s.flush_bytes = magic_sync::relay::ByteSize::mib(1);
             s.deploy_chunk_rows = chunk;
             s.deploy_pass_budget = budget;
         })

@@ -4,7 +4,7 @@
 use crate::fleet::{replica_rows, Fleet};
 use crate::scenarios::{shop, SHOP};
 use magic_sync::envelope::Ack;
-use magic_sync::relay::{Acknowledged, ReplicaInfo, Replicas, Settings};
+use magic_sync::relay::{Acknowledged, ByteSize, ReplicaInfo, Replicas, Settings};
 use magic_sync::run::memory::Network;
 use magic_sync::Error;
 use std::collections::BTreeMap;
@@ -192,12 +192,12 @@ async fn a_send_refused_for_good_ends_publishing_with_what_the_transport_said() 
 
 /// The shop with u1 out of reach, and an outbox bound of `messages` and
 /// `bytes` measured at every pass.
-async fn bounded(messages: i64, bytes: i64) -> Fleet {
+async fn bounded(messages: i64, bytes: u64) -> Fleet {
     let mut fleet = shop().await;
     fleet
         .reconfigure(|s| {
             s.outbox_messages = messages;
-            s.outbox_bytes = bytes;
+            s.outbox_bytes = ByteSize::b(bytes);
             s.outbox_check_every = Duration::ZERO;
         })
         .await;
@@ -244,7 +244,7 @@ async fn u1_alarm(fleet: &Fleet) -> Option<String> {
 
 #[tokio::test]
 async fn a_till_out_of_reach_past_its_outbox_bound_is_provisioned_again_and_converges_when_back() {
-    let mut fleet = bounded(4, i64::MAX).await;
+    let mut fleet = bounded(4, u64::MAX).await;
     fleet.per_replica().await;
     rename(&mut fleet, 0..4).await;
     assert_eq!(u1_outbox(&fleet).await.1, 4, "one message a change, kept");

@@ -368,7 +368,9 @@ impl Loader<'_> {
                 self.pack_rows(table, &rows, to, packer, limit, &mut unsendable)?;
                 Vec::new()
             };
-            if unsendable.is_empty() && packer.pending_bytes() >= self.settings.flush_bytes {
+            if unsendable.is_empty()
+                && packer.pending_bytes() as u64 >= self.settings.flush_bytes.as_u64()
+            {
                 let t_write = std::time::Instant::now();
                 sink.take(tx, packer.take()).await?;
                 trace_sum("write", t_write);
@@ -492,7 +494,7 @@ impl Loader<'_> {
                     packer.delete(r, table, key.clone());
                 }
             }
-            if packer.pending_bytes() >= self.settings.flush_bytes {
+            if packer.pending_bytes() as u64 >= self.settings.flush_bytes.as_u64() {
                 sink.take(tx, packer.take()).await?;
             }
             if rows.len() < chunk as usize {

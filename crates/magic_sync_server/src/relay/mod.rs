@@ -37,6 +37,7 @@ mod snapshot;
 mod transport;
 
 pub use crate::store::plan::Planned;
+pub use bytesize::ByteSize;
 pub(crate) use deployment::declared;
 pub use digests::{compare_digest, Compared, Heard};
 pub use pace::SnapshotPace;

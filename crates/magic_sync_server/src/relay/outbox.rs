@@ -297,8 +297,8 @@ pub(crate) fn message_id(epoch: &Epoch, number: i64, nonce: &[u8]) -> String {
 /// again (which drops its outbox and held set when the pass observes it),
 /// with an alarm saying why. Returns those replicas.
 pub(crate) async fn bound(tx: &Transaction<'_>, settings: &super::Settings) -> Result<Vec<String>> {
-    let mut dropped =
-        store::outbox::past_bound(tx, settings.outbox_messages, settings.outbox_bytes).await?;
+    let bytes = i64::try_from(settings.outbox_bytes.as_u64()).unwrap_or(i64::MAX);
+    let mut dropped = store::outbox::past_bound(tx, settings.outbox_messages, bytes).await?;
     // A snapshot's messages go to the transport as they are read, not
     // through the outbox: one lost on the way past the last the replica
     // acknowledged is never sent again, and with nothing after it to show

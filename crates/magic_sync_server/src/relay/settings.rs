@@ -2,6 +2,7 @@
 //! host may change, with the defaults the benchmarks were measured at.
 
 use super::{SnapshotPace, BATCH_FROM};
+use bytesize::ByteSize;
 use std::time::Duration;
 
 /// How the relay works.
@@ -15,7 +16,7 @@ pub struct Settings {
     /// Rows loaded per round trip.
     pub chunk_rows: i32,
     /// Message bytes buffered before they are written to the outbox.
-    pub flush_bytes: usize,
+    pub flush_bytes: ByteSize,
     /// How long the runner waits before the next pass when the last had
     /// nothing to do but a note may still come unannounced: a transaction
     /// that wrote one while the relay was at work has not ended (or
@@ -43,7 +44,7 @@ pub struct Settings {
     pub outbox_messages: i64,
     /// The most bytes (heads, bodies and seals) a replica's outbox may hold
     /// beyond the snapshot it begins with.
-    pub outbox_bytes: i64,
+    pub outbox_bytes: ByteSize,
     /// How often a pass measures the outboxes against their bound.
     pub outbox_check_every: Duration,
     /// How the runner's sessions are set up and ended (see
@@ -94,14 +95,14 @@ impl Default for Settings {
             concurrency: 16,
             batch_from: BATCH_FROM,
             chunk_rows: 2_000,
-            flush_bytes: 1 << 20,
+            flush_bytes: ByteSize::mib(1),
             idle: Duration::from_millis(5),
             wake_on_commit: true,
             idle_longest: Duration::from_millis(100),
             backoff_min: Duration::from_millis(50),
             backoff_max: Duration::from_secs(10),
             outbox_messages: 50_000,
-            outbox_bytes: 512 << 20,
+            outbox_bytes: ByteSize::mib(512),
             outbox_check_every: Duration::from_secs(10),
             session: crate::session::SessionSettings::default(),
             snapshots: 2,

@@ -73,7 +73,7 @@ impl Fleet {
         // its messages over several batches, as a large one does.
         let settings = Settings {
             chunk_rows: 3,
-            flush_bytes: 2048,
+            flush_bytes: magic_sync::relay::ByteSize::b(2048),
             // And deployments over several passes: four rows a pass from
             // the first (the most, and what a deployment begins with).
             deploy_chunk_rows: 4,
