@@ -180,7 +180,13 @@ fn described_message(engine: &Engine) -> (Vec<u8>, usize) {
     let described = magic_sync::core::schema::Schema::new(engine, &foreign_keys()).described();
     let epoch = vec![0xE1; 16];
     let nonce = vec![0xA5; 16];
-    let seal = magic_sync::seal::seal(SECRET, REPLICA, &epoch, 1, &nonce);
+    let seal = magic_sync::seal::seal(
+        SECRET,
+        REPLICA,
+        &epoch,
+        magic_sync::MessageNo::from_store(1),
+        &nonce,
+    );
     let message = ToReplica {
         replica: REPLICA.into(),
         epoch,

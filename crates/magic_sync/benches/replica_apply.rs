@@ -90,6 +90,11 @@ const SECRET: &[u8] = b"a stand-in for the epoch's secret";
 /// The transport's limit, less what the relay keeps for the head and seal.
 const BODY_LIMIT: usize = (1 << 20) - 256;
 
+/// A message number from the wire, as the seal takes it.
+fn wire(number: u64) -> magic_sync::MessageNo {
+    magic_sync::MessageNo::from_wire(number).expect("a number the server could draw")
+}
+
 fn engine() -> Engine {
     Engine::builder()
         .table::<Store>()
@@ -266,7 +271,7 @@ impl Chain {
         let mut nonce = number.to_be_bytes().to_vec();
         nonce.extend_from_slice(&[0xA5; 8]);
         let (previous, previous_nonce) = self.last.take().unwrap_or((0, Vec::new()));
-        let seal = magic_sync::seal::seal(SECRET, REPLICA, &self.epoch, number, &nonce);
+        let seal = magic_sync::seal::seal(SECRET, REPLICA, &self.epoch, wire(number), &nonce);
         self.last = Some((number, nonce.clone()));
         let message = ToReplica {
             replica: REPLICA.into(),

@@ -45,6 +45,11 @@ use sha2::{Digest, Sha256};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+/// A message number from the wire, as the seal takes it.
+fn wire(number: u64) -> magic_sync_core::MessageNo {
+    magic_sync_core::MessageNo::from_wire(number).expect("a number the server could draw")
+}
+
 fn message(body_bytes: usize) -> ToReplica {
     let row = RowData {
         key: b"[123456]".to_vec(),
@@ -102,7 +107,8 @@ fn main() {
         }
         .encode_to_vec();
         let hash = Sha256::digest(&body);
-        let sealed = || seal::seal(&secret, &m.replica, &m.epoch, m.number, &m.nonce).to_vec();
+        let sealed =
+            || seal::seal(&secret, &m.replica, &m.epoch, wire(m.number), &m.nonce).to_vec();
         let unsigned = [
             head.as_slice(),
             &body,
@@ -196,7 +202,13 @@ fn member(i: usize, secret: &[u8]) -> (Vec<u8>, Vec<u8>) {
         previous_nonce: vec![8; 16],
         ..ToReplica::default()
     };
-    let seal = seal::seal(secret, &head.replica, &head.epoch, number, &head.nonce);
+    let seal = seal::seal(
+        secret,
+        &head.replica,
+        &head.epoch,
+        wire(number),
+        &head.nonce,
+    );
     (head.encode_to_vec(), seal.to_vec())
 }
 

@@ -28,6 +28,7 @@
 //!   of that epoch, which a replica acknowledging it hands back, and learn
 //!   that it went back in time.
 
+use crate::ids::MessageNo;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
@@ -44,7 +45,7 @@ type HmacSha256 = Hmac<Sha256>;
 struct Sealed<'a> {
     replica: &'a str,
     epoch: &'a [u8],
-    number: u64,
+    number: MessageNo,
     nonce: &'a [u8],
 }
 
@@ -56,7 +57,7 @@ impl Sealed<'_> {
             HmacSha256::new_from_slice(secret).expect("HMAC-SHA256 takes a key of any length");
         part(&mut mac, self.replica.as_bytes());
         part(&mut mac, self.epoch);
-        part(&mut mac, &self.number.to_be_bytes());
+        part(&mut mac, &self.number.wire().to_be_bytes());
         part(&mut mac, self.nonce);
         mac
     }
@@ -71,7 +72,7 @@ fn part(mac: &mut HmacSha256, bytes: &[u8]) {
 }
 
 /// The seal of message `number` (with `nonce`) of `epoch`, for `replica`.
-pub fn seal(secret: &[u8], replica: &str, epoch: &[u8], number: u64, nonce: &[u8]) -> Seal {
+pub fn seal(secret: &[u8], replica: &str, epoch: &[u8], number: MessageNo, nonce: &[u8]) -> Seal {
     let sealed = Sealed {
         replica,
         epoch,
@@ -98,12 +99,12 @@ pub fn epoch_secret(master: &[u8], epoch: &[u8]) -> Seal {
 /// the same every time it goes to that replica, and different for each.
 /// The first 16 bytes of an HMAC under the epoch's `secret`, so no replica
 /// can make another's.
-pub fn member_nonce(secret: &[u8], replica: &str, number: u64, shared: &[u8]) -> Vec<u8> {
+pub fn member_nonce(secret: &[u8], replica: &str, number: MessageNo, shared: &[u8]) -> Vec<u8> {
     let mut mac =
         HmacSha256::new_from_slice(secret).expect("HMAC-SHA256 takes a key of any length");
     part(&mut mac, b"magic_sync/v1 member nonce");
     part(&mut mac, replica.as_bytes());
-    part(&mut mac, &number.to_be_bytes());
+    part(&mut mac, &number.wire().to_be_bytes());
     part(&mut mac, shared);
     mac.finalize().into_bytes()[..16].to_vec()
 }
@@ -154,7 +155,7 @@ pub fn verify(
     secret: &[u8],
     replica: &str,
     epoch: &[u8],
-    number: u64,
+    number: MessageNo,
     nonce: &[u8],
     seal: &[u8],
 ) -> bool {
@@ -170,29 +171,34 @@ pub fn verify(
 #[cfg(test)]
 mod tests {
     use super::{epoch_secret, member_nonce, receipt, seal, verify, verify_receipt};
+    use crate::ids::MessageNo;
+
+    fn no(number: i64) -> MessageNo {
+        MessageNo::from_store(number)
+    }
 
     const SECRET: &[u8] = b"the epoch's secret";
     const EPOCH: &[u8] = &[7; 16];
     const NONCE: &[u8] = &[9; 16];
 
     fn sealed() -> [u8; 32] {
-        seal(SECRET, "unit-1", EPOCH, 42, NONCE)
+        seal(SECRET, "unit-1", EPOCH, no(42), NONCE)
     }
 
     #[test]
     fn a_members_nonce_is_its_own_and_the_same_each_time() {
-        let n = member_nonce(SECRET, "unit-1", 42, NONCE);
+        let n = member_nonce(SECRET, "unit-1", no(42), NONCE);
         assert_eq!(n.len(), 16);
-        assert_eq!(n, member_nonce(SECRET, "unit-1", 42, NONCE));
-        assert_ne!(n, member_nonce(SECRET, "unit-2", 42, NONCE));
-        assert_ne!(n, member_nonce(SECRET, "unit-1", 43, NONCE));
-        assert_ne!(n, member_nonce(SECRET, "unit-1", 42, &[8; 16]));
-        assert_ne!(n, member_nonce(b"another secret", "unit-1", 42, NONCE));
+        assert_eq!(n, member_nonce(SECRET, "unit-1", no(42), NONCE));
+        assert_ne!(n, member_nonce(SECRET, "unit-2", no(42), NONCE));
+        assert_ne!(n, member_nonce(SECRET, "unit-1", no(43), NONCE));
+        assert_ne!(n, member_nonce(SECRET, "unit-1", no(42), &[8; 16]));
+        assert_ne!(n, member_nonce(b"another secret", "unit-1", no(42), NONCE));
     }
 
     #[test]
     fn a_seal_verifies_for_the_message_it_was_made_for() {
-        assert!(verify(SECRET, "unit-1", EPOCH, 42, NONCE, &sealed()));
+        assert!(verify(SECRET, "unit-1", EPOCH, no(42), NONCE, &sealed()));
         assert_eq!(sealed(), sealed(), "a seal is deterministic");
     }
 
@@ -203,12 +209,24 @@ mod tests {
         epoch[15] ^= 1;
         let mut nonce = NONCE.to_vec();
         nonce[0] ^= 0x80;
-        assert!(!verify(SECRET, "unit-2", EPOCH, 42, NONCE, &s), "replica");
-        assert!(!verify(SECRET, "unit-1", &epoch, 42, NONCE, &s), "epoch");
-        assert!(!verify(SECRET, "unit-1", EPOCH, 43, NONCE, &s), "number");
-        assert!(!verify(SECRET, "unit-1", EPOCH, 42, &nonce, &s), "nonce");
         assert!(
-            !verify(b"another secret", "unit-1", EPOCH, 42, NONCE, &s),
+            !verify(SECRET, "unit-2", EPOCH, no(42), NONCE, &s),
+            "replica"
+        );
+        assert!(
+            !verify(SECRET, "unit-1", &epoch, no(42), NONCE, &s),
+            "epoch"
+        );
+        assert!(
+            !verify(SECRET, "unit-1", EPOCH, no(43), NONCE, &s),
+            "number"
+        );
+        assert!(
+            !verify(SECRET, "unit-1", EPOCH, no(42), &nonce, &s),
+            "nonce"
+        );
+        assert!(
+            !verify(b"another secret", "unit-1", EPOCH, no(42), NONCE, &s),
             "secret"
         );
     }
@@ -218,14 +236,20 @@ mod tests {
         for i in 0..32 {
             let mut s = sealed();
             s[i] ^= 1;
-            assert!(!verify(SECRET, "unit-1", EPOCH, 42, NONCE, &s), "byte {i}");
+            assert!(
+                !verify(SECRET, "unit-1", EPOCH, no(42), NONCE, &s),
+                "byte {i}"
+            );
         }
         let s = sealed();
         assert!(
-            !verify(SECRET, "unit-1", EPOCH, 42, NONCE, &s[..31]),
+            !verify(SECRET, "unit-1", EPOCH, no(42), NONCE, &s[..31]),
             "short"
         );
-        assert!(!verify(SECRET, "unit-1", EPOCH, 42, NONCE, &[]), "empty");
+        assert!(
+            !verify(SECRET, "unit-1", EPOCH, no(42), NONCE, &[]),
+            "empty"
+        );
     }
 
     #[test]
@@ -238,7 +262,7 @@ mod tests {
         assert!(!verify_receipt(b"another", "unit-1", EPOCH, 7, &r));
         assert!(!verify_receipt(SECRET, "unit-1", EPOCH, 7, &[]));
         // Never a message's seal, whatever the nonce.
-        assert!(!verify(SECRET, "unit-1", EPOCH, 7, &[], &r));
+        assert!(!verify(SECRET, "unit-1", EPOCH, no(7), &[], &r));
     }
 
     #[test]
@@ -252,11 +276,11 @@ mod tests {
     #[test]
     fn bytes_moved_between_parts_do_not_collide() {
         // Without the lengths, both would feed the MAC "unit-1" ++ "ab".
-        let a = seal(SECRET, "unit-1a", b"b", 1, NONCE);
-        let b = seal(SECRET, "unit-1", b"ab", 1, NONCE);
+        let a = seal(SECRET, "unit-1a", b"b", no(1), NONCE);
+        let b = seal(SECRET, "unit-1", b"ab", no(1), NONCE);
         assert_ne!(a, b);
-        let c = seal(SECRET, "u", b"", 1, b"x");
-        let d = seal(SECRET, "u", b"x", 1, b"");
+        let c = seal(SECRET, "u", b"", no(1), b"x");
+        let d = seal(SECRET, "u", b"x", no(1), b"");
         assert_ne!(c, d);
     }
 }

@@ -44,7 +44,7 @@ fn a_message_applies_and_is_acknowledged_as_it_came() {
             SECRET,
             UNIT,
             &expected.epoch,
-            expected.number,
+            magic_sync::MessageNo::from_wire(expected.number).unwrap(),
             &expected.nonce,
             &expected.seal
         ),

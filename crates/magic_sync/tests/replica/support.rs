@@ -199,7 +199,7 @@ impl Server {
         nonce.extend_from_slice(&number.to_be_bytes());
         nonce.extend_from_slice(&[0x5A; 4]);
         let (previous, previous_nonce) = self.last.clone().unwrap_or((0, Vec::new()));
-        let seal = magic_sync::seal::seal(SECRET, &self.replica, &self.epoch, number, &nonce);
+        let seal = magic_sync::seal::seal(SECRET, &self.replica, &self.epoch, wire(number), &nonce);
         self.last = Some((number, nonce.clone()));
         ToReplica {
             replica: self.replica.clone(),
@@ -251,6 +251,11 @@ impl Server {
 }
 
 /// The message as the server sends it: signed.
+/// A message number from the wire, as the seal takes it.
+fn wire(number: u64) -> magic_sync::MessageNo {
+    magic_sync::MessageNo::from_wire(number).expect("a number the server could draw")
+}
+
 pub fn bytes(message: &ToReplica) -> Vec<u8> {
     signer().to_replica(message)
 }

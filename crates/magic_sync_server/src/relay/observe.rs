@@ -19,6 +19,7 @@ use super::outbox::Chain;
 use super::ReplicaInfo;
 use crate::error::{Error, Result};
 use crate::store;
+use magic_sync_core::MessageNo;
 use std::collections::{HashMap, HashSet};
 use tokio_postgres::Transaction;
 
@@ -58,7 +59,7 @@ impl Kept {
 /// The nonce of the cohort's message `number` (its own nonce `shared`) as
 /// sent to `replica`.
 pub(crate) fn member_nonce(secret: &[u8], replica: &str, number: i64, shared: &[u8]) -> Vec<u8> {
-    let number = u64::try_from(number).expect("message numbers are positive");
+    let number = MessageNo::from_store(number);
     magic_sync_core::seal::member_nonce(secret, replica, number, shared)
 }
 

@@ -8,6 +8,7 @@ use crate::envelope::ToReplica;
 use crate::error::Result;
 use crate::seal;
 use crate::store;
+use magic_sync_core::MessageNo;
 use prost::Message;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
@@ -257,11 +258,11 @@ pub(crate) fn stamped(
     previous: (i64, Vec<u8>),
     begins_snapshot: bool,
 ) -> Stamped {
-    let number_u = u64::try_from(number).expect("sequence numbers are positive");
+    let number = MessageNo::from_store(number);
     let head = ToReplica {
         replica: replica.to_string(),
         epoch: epoch.id.to_vec(),
-        number: number_u,
+        number: number.wire(),
         nonce: nonce.clone(),
         previous: u64::try_from(previous.0).unwrap_or(0),
         previous_nonce: previous.1,
@@ -269,7 +270,7 @@ pub(crate) fn stamped(
         ..ToReplica::default()
     }
     .encode_to_vec();
-    let seal = seal::seal(&epoch.secret, replica, &epoch.id, number_u, &nonce).to_vec();
+    let seal = seal::seal(&epoch.secret, replica, &epoch.id, number, &nonce).to_vec();
     Stamped { nonce, head, seal }
 }
 

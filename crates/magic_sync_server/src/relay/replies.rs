@@ -194,23 +194,22 @@ fn judge(epoch: &Epoch, replica: &ReplicaId, ack: &Ack, chain: &mut Chain) -> Re
         replica: replica.clone(),
         number: ack.number,
     };
+    // A number the server sealed is one it drew, so it fits; one that does
+    // not was never sealed by it.
+    let number = MessageNo::from_wire(ack.number).map_err(|_| forged())?;
     // The seal first: nothing else an acknowledgement says counts before it
     // is shown to be the server's own.
     if !seal::verify(
         &epoch.secret,
         replica,
         &epoch.id,
-        ack.number,
+        number,
         &ack.nonce,
         &ack.seal,
     ) {
         return Err(forged());
     }
-    // A number the server sealed is one it drew, so it fits; one that does
-    // not was never sealed by it.
-    let number = MessageNo::from_wire(ack.number)
-        .map_err(|_| forged())?
-        .store();
+    let number = number.store();
     if number < chain.acked {
         // Sealed by this server, but behind what the replica said before:
         // the replica was restored from an older copy.
@@ -257,8 +256,10 @@ fn judge(epoch: &Epoch, replica: &ReplicaId, ack: &Ack, chain: &mut Chain) -> Re
 fn of_another_epoch(epoch: &Epoch, replica: &str, ack: &Ack) -> Acknowledged {
     let theirs = EpochId::from(ack.epoch.as_slice());
     let sealed = epoch.id.precedes(&theirs)
-        && epoch.secret_of(&theirs).is_some_and(|secret| {
-            seal::verify(&secret, replica, &theirs, ack.number, &ack.nonce, &ack.seal)
+        && MessageNo::from_wire(ack.number).is_ok_and(|number| {
+            epoch.secret_of(&theirs).is_some_and(|secret| {
+                seal::verify(&secret, replica, &theirs, number, &ack.nonce, &ack.seal)
+            })
         });
     match sealed {
         true => Acknowledged::ServerRestored,
