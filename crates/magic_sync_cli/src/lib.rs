@@ -1,6 +1,7 @@
 //! `magic-sync`: what an operator sees of a magic_sync server database,
-//! from the engine's own record (`magic_sync::ops`), without the host's
-//! declarations.
+//! from the engine's own record (`magic_sync::ops`). Reading needs none of
+//! the host's declarations; `deploy` and `indexes` are the two commands
+//! that do, which a host mounts beside them.
 //!
 //! The commands are a clap [`Command`] a host can mount in its own binary
 //! (`#[command(subcommand)]`) and run with [`run`] on a connection of its

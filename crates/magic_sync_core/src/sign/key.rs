@@ -152,7 +152,7 @@ impl Signer {
     }
 
     /// `messages`, each whole as [`message`](Self::message) makes it, under
-    /// one signature over the root of their tree (see the module's
+    /// one signature over the root of their tree (see [`crate::sign`]'s
     /// "Batches"), in the order given. A batch of one is signed on its own.
     pub fn batch(&self, messages: Vec<Unsigned<'_>>) -> Vec<Vec<u8>> {
         if messages.len() < 2 {
