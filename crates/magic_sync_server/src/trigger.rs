@@ -56,8 +56,11 @@ pub struct Noted {
     pub key: Vec<String>,
     /// Columns whose change is a change the replicas must hear of.
     pub watched: Vec<String>,
-    /// Columns pointing at other declared tables, recorded as they were before.
-    pub parents: Vec<String>,
+    /// Columns a note keeps as the row had them before the change (its
+    /// `parents`): those pointing at other declared tables, and the column
+    /// its rule reads (`replica`, `partition`). With them a note says what
+    /// the row was, which rows it pointed at and who its rule gave it to.
+    pub before: Vec<String>,
     /// Its partitions, at any depth, as (schema, name).
     pub partitions: Vec<(String, String)>,
 }
@@ -82,13 +85,7 @@ impl Noted {
         let insert =
             |key: &str, parents: &str| crate::store::notes::note(&self.table, key, parents);
         let key = |rec: &str| columns_call("jsonb_build_array", rec, &self.key, false);
-        let parents = |rec: &str| {
-            if self.parents.is_empty() {
-                "'{}'::jsonb".to_string()
-            } else {
-                columns_call("jsonb_build_object", rec, &self.parents, true)
-            }
-        };
+        let parents = |rec: &str| self.before_of(rec);
         let row = |rec: &str, cols: &[String]| columns_call("ROW", rec, cols, false);
         let insert_new = insert(&key("NEW"), "NULL");
         let delete_old = insert(&key("OLD"), &parents("OLD"));
@@ -114,6 +111,16 @@ END
             new_watched = row("NEW", &self.watched),
             update = insert(&key("NEW"), &parents("OLD")),
         )
+    }
+
+    /// The columns [`before`](Self::before) names, of the row `rec`, as the
+    /// `jsonb` object a note keeps in `parents`.
+    pub(crate) fn before_of(&self, rec: &str) -> String {
+        if self.before.is_empty() {
+            "'{}'::jsonb".to_string()
+        } else {
+            columns_call("jsonb_build_object", rec, &self.before, true)
+        }
     }
 
     fn relations(&self) -> impl Iterator<Item = (&str, &str)> {
@@ -183,12 +190,15 @@ fn push_unique(list: &mut Vec<String>, item: &str) {
 }
 
 fn noted_table(table: &Table, catalog: &Catalog) -> Noted {
-    let parents = catalog.pointing_columns(table.name);
+    let mut before = catalog.pointing_columns(table.name);
+    if let Rule::Replica(c) | Rule::Partition(c) = table.rule {
+        push_unique(&mut before, c);
+    }
     let mut watched: Vec<String> = Vec::new();
     for c in table.columns.iter().filter(|c| !table.owns(c.name)) {
         push_unique(&mut watched, c.name);
     }
-    for c in &parents {
+    for c in &before {
         push_unique(&mut watched, c);
     }
     match &table.rule {
@@ -201,7 +211,7 @@ fn noted_table(table: &Table, catalog: &Catalog) -> Noted {
         schema: table.schema.to_string(),
         key: table.key.iter().map(|k| k.to_string()).collect(),
         watched,
-        parents,
+        before,
         partitions: catalog
             .relation(table.schema, table.name)
             .map(|r| r.partitions.clone())
@@ -222,7 +232,7 @@ pub fn noted(engine: &Engine, catalog: &Catalog) -> Vec<Noted> {
             schema: g.schema.to_string(),
             watched: key.clone(),
             key,
-            parents: Vec::new(),
+            before: Vec::new(),
             partitions: catalog
                 .relation(g.schema, g.name)
                 .map(|r| r.partitions.clone())

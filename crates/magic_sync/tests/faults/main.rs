@@ -145,6 +145,91 @@ async fn a_relay_losing_its_lock_mid_pass_commits_nothing_over_the_next() {
     scenario.teardown();
 }
 
+/// A relay starting notes again every row set aside and every row blocked
+/// behind one, each as the row is now: the columns its table's notes keep
+/// (its foreign keys and its rule's column), read from the row, as a
+/// trigger's note keeps what the row was. The relay's first pass is cut
+/// short here (its session ended before it commits), so the notes it wrote
+/// first are seen before any pass plans them.
+#[tokio::test]
+async fn rows_set_aside_are_noted_again_as_they_are_now() {
+    let scenario = FailScenario::setup();
+    let mut fleet = Fleet::with_relay_engine(SHOP, magic_sync_testkit::shop::buggy_engine()).await;
+    fleet.add("u1", Some("north"));
+    fleet.add("u2", Some("north"));
+    fleet.sync().await;
+    fleet
+        .settle("UPDATE products SET name = 'milk (bug)' WHERE id = 2")
+        .await;
+    assert_eq!(fleet.quarantined().await.len(), 1, "milk is set aside");
+
+    // The same build starts again.
+    fleet.deploy(magic_sync_testkit::shop::buggy_engine()).await;
+    let pid: i32 = fleet
+        .client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let config = fleet.db.config();
+    fail::cfg_callback("relay-before-commit", move || {
+        end_session(config.clone(), pid)
+    })
+    .unwrap();
+    let infos = infos(&fleet);
+    let cut = fleet
+        .relay
+        .record(&mut fleet.client, &infos, fleet.network.max_message_bytes())
+        .await
+        .unwrap_err();
+    fail::remove("relay-before-commit");
+    assert!(cut.is_transient(), "the session went: {cut}");
+    let noted: Vec<(String, serde_json::Value, Option<serde_json::Value>)> = fleet
+        .writer
+        .query(
+            "SELECT table_name, key, parents FROM sync.notes ORDER BY table_name, key::text",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(
+        noted,
+        vec![
+            // u2's line of milk and its stock of it, blocked behind it.
+            (
+                "order_lines".to_string(),
+                serde_json::json!([2, 1]),
+                Some(serde_json::json!({"order_id": 2, "product_id": 2}))
+            ),
+            // A product points at nothing, and `all` reads no column.
+            (
+                "products".to_string(),
+                serde_json::json!([2]),
+                Some(serde_json::json!({}))
+            ),
+            (
+                "stock".to_string(),
+                serde_json::json!(["u2", 2]),
+                Some(serde_json::json!({"product_id": 2, "unit_id": "u2"}))
+            ),
+        ]
+    );
+    // The next relay plans them, finds milk still set aside, and every
+    // replica is as the reference says.
+    fleet.reconnect().await;
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(
+        fleet.quarantined().await.len(),
+        1,
+        "milk is still set aside"
+    );
+    scenario.teardown();
+}
+
 /// A publisher dying after the transport took a message, before the
 /// outbox let go of it: the message goes again, and is applied once.
 #[tokio::test]

@@ -53,6 +53,9 @@ fn s(x: &str) -> String {
     x.to_string()
 }
 
+/// A note keeps what the row was before its change: the columns pointing
+/// at other tables and the column its rule reads, by name; NULL for a row
+/// that was not there.
 #[tokio::test]
 async fn insert_update_delete_each_write_one_note() {
     let (_db, client) = shop::installed().await;
@@ -85,13 +88,13 @@ async fn insert_update_delete_each_write_one_note() {
                 s("orders"),
                 s("public.orders"),
                 json!([1]),
-                Some(json!({"customer_id": 7}))
+                Some(json!({"customer_id": 7, "unit_id": "u1"}))
             ),
             (
                 s("orders"),
                 s("public.orders"),
                 json!([1]),
-                Some(json!({"customer_id": 8}))
+                Some(json!({"customer_id": 8, "unit_id": "u1"}))
             ),
             (s("orders"), s("public.orders"), json!([2]), None),
         ]
@@ -163,7 +166,7 @@ async fn a_write_that_changes_nothing_the_replicas_see_is_not_noted() {
             s("stock"),
             s("public.stock"),
             json!(["u1", 1]),
-            Some(json!({"product_id": 1}))
+            Some(json!({"product_id": 1, "unit_id": "u1"}))
         )]
     );
 }
@@ -233,7 +236,7 @@ async fn a_row_moving_partition_is_noted_in_both() {
                 s("events"),
                 s("public.events_north"),
                 json!(["north", 1]),
-                Some(json!({}))
+                Some(json!({"region": "north"}))
             ),
             (
                 s("events"),

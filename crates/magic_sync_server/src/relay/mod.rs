@@ -188,9 +188,11 @@ pub struct Relay {
     /// Whether PostgreSQL records commit times, read with the first pass.
     commit_times: Option<bool>,
     /// Whether this relay noted again the rows set aside by the build before
-    /// it (`store::quarantine::note_again`) and filed again what its inbox
+    /// it (`store::quarantine::NoteAgain`) and filed again what its inbox
     /// holds (`file::refile`), once, before its first pass.
     noted_again: bool,
+    /// The statements that do it.
+    note_again: store::quarantine::NoteAgain,
     /// Whether a deployment may have work left (`crate::deploy`): read at
     /// every pass until one finds none.
     deploying: bool,
@@ -271,6 +273,8 @@ impl Relay {
         }
         let described = catalog.schema(&engine).described();
         let cohort_tables = store::cohorts::Tables::of(&graph);
+        let note_again =
+            store::quarantine::NoteAgain::new(&graph, &crate::trigger::noted(&engine, catalog));
         Ok(Relay {
             context: Arc::new(snapshot::Context {
                 schema: described.fingerprint.clone(),
@@ -289,6 +293,7 @@ impl Relay {
             outbox_checked: None,
             commit_times: None,
             noted_again: false,
+            note_again,
             deploying: false,
             configuring: true,
             describing: true,
@@ -336,7 +341,7 @@ impl Relay {
         if !self.noted_again {
             // This build may send what the one before it could not, and
             // file what it refused.
-            let noted = crate::store::quarantine::note_again(&*client).await?;
+            let noted = self.note_again.run(&*client).await?;
             if noted > 0 {
                 tracing::info!(
                     rows = noted,

@@ -4,6 +4,9 @@
 //! operator's reads. How a plan goes around them is `store::plan::quarantine`'s.
 
 use crate::error::Result;
+use crate::graph::{key_match, Graph};
+use crate::sql::literal;
+use crate::trigger::Noted;
 use tokio_postgres::GenericClient;
 
 /// A row to set aside: its table, its key as the record keeps it (the text
@@ -42,18 +45,84 @@ pub(crate) async fn set_aside(client: &impl GenericClient, rows: &[SetAside]) ->
 /// Notes every row in quarantine, and every row blocked by one, again: the
 /// next pass tries each as if it had changed. A relay does this as it
 /// starts, so a fix deployed lets through what the build before it could
-/// not send. Returns the rows noted.
-pub async fn note_again(client: &impl GenericClient) -> Result<u64> {
-    Ok(client
-        .execute(
-            "INSERT INTO sync.notes (table_name, source, key, parents)
-             SELECT table_name, table_name, key::jsonb, NULL FROM (
-                 SELECT table_name, key FROM sync.quarantine
-                 UNION
-                 SELECT table_name, key FROM sync.blocked) s",
-            &[],
-        )
-        .await?)
+/// not send.
+///
+/// A note written again says what the row is now, as a trigger's note says
+/// what it was: its `parents` are the row's columns its table's notes keep
+/// (`Noted::before`), read from the row by its key, and NULL when the row
+/// is gone or its key no longer fits the table's columns (no such row can
+/// be there). So every pending note is the row as it was before its change,
+/// whoever wrote it (decision 176).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct NoteAgain {
+    /// One statement per table that goes down.
+    declared: Vec<String>,
+    /// The names of the tables that go down: the rows of any other table
+    /// (a group's) are noted again with `parents` NULL, as they keep none.
+    names: Vec<&'static str>,
+}
+
+impl NoteAgain {
+    /// The statements for `graph`'s tables, whose notes keep the columns
+    /// `noted` names.
+    pub(crate) fn new(graph: &Graph, noted: &[Noted]) -> Self {
+        let mut declared = Vec::new();
+        for shape in &graph.shapes {
+            let Some(noted) = noted.iter().find(|n| n.table == shape.table.name) else {
+                continue;
+            };
+            let key = "s.key::jsonb";
+            let mut fits = vec![
+                format!("jsonb_typeof({key}) <> 'array'"),
+                format!("jsonb_array_length({key}) <> {}", shape.key_types.len()),
+            ];
+            fits.extend(
+                shape
+                    .key_types
+                    .iter()
+                    .enumerate()
+                    .map(|(i, ty)| format!("NOT sync.castable({key}->>{i}, {})", literal(ty))),
+            );
+            // A CASE is evaluated in order, so no key is cast before it is
+            // known to fit.
+            let before = format!(
+                "CASE {} ELSE (SELECT {} FROM {} r WHERE {} OFFSET 0) END",
+                fits.iter()
+                    .map(|f| format!("WHEN {f} THEN NULL"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                noted.before_of("r"),
+                shape.relation,
+                key_match("r", shape, key),
+            );
+            declared.push(again(&before, &format!("= {}", literal(shape.table.name))));
+        }
+        let names = graph.shapes.iter().map(|s| s.table.name).collect();
+        NoteAgain { declared, names }
+    }
+
+    /// Writes the notes. Returns the rows noted.
+    pub(crate) async fn run(&self, client: &impl GenericClient) -> Result<u64> {
+        let mut noted = 0;
+        for sql in &self.declared {
+            noted += client.execute(sql.as_str(), &[]).await?;
+        }
+        let others = again("NULL", "<> ALL ($1::text[])");
+        Ok(noted + client.execute(others.as_str(), &[&self.names]).await?)
+    }
+}
+
+/// The statement that notes again the rows set aside or blocked of the
+/// tables whose name is `table` (`= 'x'`, `<> ALL (...)`), their `parents`
+/// being `before`, over `s`.
+fn again(before: &str, table: &str) -> String {
+    format!(
+        "INSERT INTO sync.notes (table_name, source, key, parents)
+         SELECT s.table_name, s.table_name, s.key::jsonb, {before} FROM (
+             SELECT table_name, key FROM sync.quarantine WHERE table_name {table}
+             UNION
+             SELECT table_name, key FROM sync.blocked WHERE table_name {table}) s"
+    )
 }
 
 /// One row in quarantine, as an operator sees it.
