@@ -44,7 +44,7 @@ pub use deployment::{deploy, indexes, Deploy, Indexes, Missing};
 pub use telemetry::{flush_traces, logs};
 
 use broker::{broker, broker_status, draw_server};
-use magic_sync::ops;
+use magic_sync::ops::{self, Scope};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -236,56 +236,16 @@ pub async fn run(
             allow_hosts,
             allow_plain_http,
         } => {
-            let access = match token_file {
-                Some(path) => dashboard::Access::Token(dashboard::Token::new(&read_token(path)?)),
-                None if listen.ip().is_loopback() => dashboard::Access::Open,
-                None => {
-                    return Err(Error::Argument(
-                        "listening beyond this machine needs --token-file: \
-                         the dashboard shows every replica's state",
-                    ))
-                }
-            };
-            let serving = |source| Error::Serve {
-                addr: *listen,
-                source,
-            };
-            let options = dashboard::Options {
-                access,
-                hosts: allow_hosts.clone(),
-                plain_http: *allow_plain_http,
-            };
-            let listener = TcpListener::bind(listen).await.map_err(serving)?;
-            let addr = listener.local_addr().map_err(serving)?;
-            match dashboard::exposure(addr, &options) {
-                Err(why) => return Err(Error::Exposed(why)),
-                Ok(Some(warning)) => {
-                    // Beside the command's output, which a script may read.
-                    #[allow(clippy::print_stderr, reason = "an operator's command warns on stderr")]
-                    {
-                        eprintln!("warning: {warning}");
-                    }
-                }
-                Ok(None) => {}
-            }
-            writeln!(
-                out,
-                "magic-sync dashboard at http://{addr}/ (Ctrl-C stops it)"
+            let options = dashboard_options(
+                listen,
+                token_file.as_deref(),
+                allow_hosts,
+                *allow_plain_http,
             )?;
-            out.flush()?;
-            let stop = async {
-                let _ = tokio::signal::ctrl_c().await;
-            };
-            dashboard::serve_with(listener, client, scope.scope(), options, stop)
-                .await
-                .map_err(serving)?;
-            Ok(Outcome::Fine)
+            serve_dashboard(client, scope.scope(), *listen, options, out).await
         }
         Command::Watch { scope, every } => {
-            let every = Duration::try_from_secs_f64(*every)
-                .ok()
-                .filter(|d| !d.is_zero())
-                .ok_or(Error::Argument("--every takes a number of seconds above 0"))?;
+            let every = seconds(*every, "--every takes a number of seconds above 0")?;
             watch::watch(client, &scope.scope(), every, out).await
         }
         Command::Wait {
@@ -296,22 +256,17 @@ pub async fn run(
             timeout,
             every,
         } => {
-            let seconds = |s: f64, what: &'static str| {
-                Duration::try_from_secs_f64(s)
-                    .ok()
-                    .filter(|d| !d.is_zero())
-                    .ok_or(Error::Argument(what))
+            let until = match deployed {
+                Some(build) => Until::Deployed(build.as_ref()),
+                None if *caught_up => Until::CaughtUp,
+                None => Until::Settled,
             };
-            let every = seconds(*every, "--every takes a number of seconds above 0")?;
-            let timeout = timeout
-                .map(|t| seconds(t, "--timeout takes a number of seconds above 0"))
-                .transpose()?;
-            let until = match (deployed, caught_up) {
-                (Some(build), _) => Until::Deployed(build.as_ref()),
-                (None, true) => Until::CaughtUp,
-                (None, false) => Until::Settled,
+            let pace = Pace {
+                every: seconds(*every, "--every takes a number of seconds above 0")?,
+                timeout: timeout
+                    .map(|t| seconds(t, "--timeout takes a number of seconds above 0"))
+                    .transpose()?,
             };
-            let pace = Pace { every, timeout };
             wait(client, &scope.scope(), until, pace, json, out).await
         }
         Command::Key { rotate } => {
@@ -328,6 +283,79 @@ pub async fn run(
         }
         Command::Broker(command) => broker(command, json, client, out).await,
     }
+}
+
+/// `s` seconds as a duration, refused with `what` unless above 0.
+fn seconds(s: f64, what: &'static str) -> Result<Duration, Error> {
+    Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or(Error::Argument(what))
+}
+
+/// How the dashboard the arguments describe is reached: a token is needed
+/// to listen beyond this machine, since it shows every replica's state.
+fn dashboard_options(
+    listen: &SocketAddr,
+    token_file: Option<&std::path::Path>,
+    allow_hosts: &[String],
+    allow_plain_http: bool,
+) -> Result<dashboard::Options, Error> {
+    let access = match token_file {
+        Some(path) => dashboard::Access::Token(dashboard::Token::new(&read_token(path)?)),
+        None if listen.ip().is_loopback() => dashboard::Access::Open,
+        None => {
+            return Err(Error::Argument(
+                "listening beyond this machine needs --token-file: \
+                 the dashboard shows every replica's state",
+            ))
+        }
+    };
+    Ok(dashboard::Options {
+        access,
+        hosts: allow_hosts.to_vec(),
+        plain_http: allow_plain_http,
+    })
+}
+
+/// Serves the dashboard on `listen` until Ctrl-C, having said where; an
+/// exposure it refuses is an error, one it warns of is said on stderr.
+async fn serve_dashboard(
+    client: &mut Client,
+    scope: Scope,
+    listen: SocketAddr,
+    options: dashboard::Options,
+    out: &mut dyn Write,
+) -> Result<Outcome, Error> {
+    let serving = |source| Error::Serve {
+        addr: listen,
+        source,
+    };
+    let listener = TcpListener::bind(listen).await.map_err(serving)?;
+    let addr = listener.local_addr().map_err(serving)?;
+    match dashboard::exposure(addr, &options) {
+        Err(why) => return Err(Error::Exposed(why)),
+        Ok(Some(warning)) => {
+            // Beside the command's output, which a script may read.
+            #[allow(clippy::print_stderr, reason = "an operator's command warns on stderr")]
+            {
+                eprintln!("warning: {warning}");
+            }
+        }
+        Ok(None) => {}
+    }
+    writeln!(
+        out,
+        "magic-sync dashboard at http://{addr}/ (Ctrl-C stops it)"
+    )?;
+    out.flush()?;
+    let stop = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    dashboard::serve_with(listener, client, scope, options, stop)
+        .await
+        .map_err(serving)?;
+    Ok(Outcome::Fine)
 }
 
 /// Runs a command that needs no database ([`Command::needs_database`]):

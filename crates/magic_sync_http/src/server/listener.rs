@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 /// The most bytes of an HTTP head the hub reads before it answers 431 and
@@ -117,59 +117,17 @@ pub async fn serve(
                 }
             },
         };
-        let inner = &hub.inner;
-        let open = inner.connections.fetch_add(1, Ordering::Relaxed);
-        // Held by the connection until it ends, a replica's or not.
-        let mut counted = Counted(inner.clone(), None);
-        if open >= inner.settings.max_connections {
-            inner.log(Kind::Crowded, |more| {
-                tracing::warn!(
-                    %addr,
-                    "closed at once, {open} connections are open (at most {}){more}",
-                    inner.settings.max_connections
-                )
-            });
-            continue;
+        if let Some(counted) = admit(&hub.inner, addr) {
+            let _ = tcp.set_nodelay(true);
+            tokio::spawn(handshake(
+                tcp,
+                addr,
+                app.clone(),
+                security.clone(),
+                counted,
+                hub.inner.settings.handshake_timeout,
+            ));
         }
-        let from = match inner.guard.open(addr.ip()) {
-            Ok(from) => from,
-            Err(crowded) => {
-                let (whose, most) = match crowded {
-                    Crowded::Address => ("address", inner.settings.max_connections_per_address),
-                    Crowded::Network => ("network", inner.settings.max_connections_per_network),
-                };
-                tracing::debug!(%addr, "closed at once, its {whose} has {most} connections open");
-                continue;
-            }
-        };
-        counted.1 = Some(from);
-        let counted = Arc::new(counted);
-        let _ = tcp.set_nodelay(true);
-        let (app, security) = (app.clone(), security.clone());
-        let handshake = inner.settings.handshake_timeout;
-        // TLS, requests, and checking a secret: all within the timeout.
-        let deadline = tokio::time::Instant::now() + handshake;
-        tokio::spawn(async move {
-            match security {
-                Security::Plain => connection(tcp, addr, app, counted, handshake, deadline).await,
-                #[cfg(feature = "tls")]
-                Security::Tls(acceptor) => {
-                    match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
-                        Ok(Ok(tls)) => {
-                            connection(tls, addr, app, counted, handshake, deadline).await
-                        }
-                        Ok(Err(e)) => counted.0.log(
-                            Kind::Handshake,
-                            |more| tracing::warn!(%addr, error = %e, "TLS{more}"),
-                        ),
-                        Err(_) => counted.0.log(
-                            Kind::Handshake,
-                            |more| tracing::warn!(%addr, "no TLS handshake in {handshake:?}{more}"),
-                        ),
-                    }
-                }
-            }
-        });
     }
     stopping.send_replace(true);
     let peers = hub.inner.peers();
@@ -179,6 +137,67 @@ pub async fn serve(
             .send(Out::Close(CLOSE_AWAY, "the server stops".into()));
     }
     Ok(())
+}
+
+/// Counts the connection from `addr` open, or refuses it (`None`: it is
+/// closed at once) when the server, its address or its network has as many
+/// open as they may.
+fn admit(inner: &Arc<Inner>, addr: SocketAddr) -> Option<Arc<Counted>> {
+    let open = inner.connections.fetch_add(1, Ordering::Relaxed);
+    // Held by the connection until it ends, a replica's or not.
+    let mut counted = Counted(inner.clone(), None);
+    if open >= inner.settings.max_connections {
+        inner.log(Kind::Crowded, |more| {
+            tracing::warn!(
+                %addr,
+                "closed at once, {open} connections are open (at most {}){more}",
+                inner.settings.max_connections
+            )
+        });
+        return None;
+    }
+    match inner.guard.open(addr.ip()) {
+        Ok(from) => counted.1 = Some(from),
+        Err(crowded) => {
+            let (whose, most) = match crowded {
+                Crowded::Address => ("address", inner.settings.max_connections_per_address),
+                Crowded::Network => ("network", inner.settings.max_connections_per_network),
+            };
+            tracing::debug!(%addr, "closed at once, its {whose} has {most} connections open");
+            return None;
+        }
+    }
+    Some(Arc::new(counted))
+}
+
+/// TLS (when `security` asks for it), requests, and checking a secret, all
+/// within `timeout`; then the connection is the app's.
+async fn handshake(
+    tcp: TcpStream,
+    addr: SocketAddr,
+    app: Router,
+    security: Security,
+    counted: Arc<Counted>,
+    timeout: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    match security {
+        Security::Plain => connection(tcp, addr, app, counted, timeout, deadline).await,
+        #[cfg(feature = "tls")]
+        Security::Tls(acceptor) => {
+            match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => connection(tls, addr, app, counted, timeout, deadline).await,
+                Ok(Err(e)) => counted.0.log(
+                    Kind::Handshake,
+                    |more| tracing::warn!(%addr, error = %e, "TLS{more}"),
+                ),
+                Err(_) => counted.0.log(
+                    Kind::Handshake,
+                    |more| tracing::warn!(%addr, "no TLS handshake in {timeout:?}{more}"),
+                ),
+            }
+        }
+    }
 }
 
 /// Counts a connection open while it lives, in all and against its address:

@@ -5,8 +5,10 @@
 
 use super::hub::{Inner, Out};
 use super::listener::Stopped;
+use super::Settings;
 use crate::logbook::Kind;
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use magic_sync::core::bounds::{bounded_decode, Bounded, Refusal, UpBounds};
 use std::net::SocketAddr;
@@ -67,96 +69,15 @@ pub(super) async fn replica_connection(
     inner: Arc<Inner>,
     replica: String,
     addr: SocketAddr,
-    mut stopped: Stopped,
+    stopped: Stopped,
     socket: WebSocket,
 ) {
-    let (mut sink, mut stream) = socket.split();
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (sink, mut stream) = socket.split();
+    let (tx, rx) = mpsc::unbounded_channel();
     let generation = inner.attach(&replica, tx.clone());
-    let settings = inner.settings.clone();
-    let mut writer = tokio::spawn(async move {
-        let mut ping = tokio::time::interval(settings.ping_every);
-        ping.tick().await;
-        loop {
-            let (message, last) = tokio::select! {
-                out = rx.recv() => match out {
-                    Some(Out::Frame(bytes)) => (Message::Binary(bytes), false),
-                    Some(Out::Close(code, why)) => (
-                        Message::Close(Some(CloseFrame { code, reason: reason(&why).into() })),
-                        true,
-                    ),
-                    None => return Ok(()),
-                },
-                _ = ping.tick() => (Message::Ping(axum::body::Bytes::new()), false),
-                // Became a replica's as the server stopped.
-                () = stopped.wait() => (
-                    Message::Close(Some(CloseFrame {
-                        code: CLOSE_AWAY,
-                        reason: "the server stops".into(),
-                    })),
-                    true,
-                ),
-            };
-            match tokio::time::timeout(settings.write_timeout, sink.send(message)).await {
-                Ok(Ok(())) if !last => {}
-                Ok(Ok(())) => return Ok(()),
-                Ok(Err(e)) => return Err(e.to_string()),
-                Err(_) => {
-                    return Err(format!(
-                        "took no frame for {:?}: it does not read",
-                        settings.write_timeout
-                    ))
-                }
-            }
-        }
-    });
-    let idle = inner.settings.idle_timeout;
-    let mut pace = Pace::new(
-        inner.settings.max_bytes_per_second,
-        inner.settings.max_message_bytes,
-    );
-    if let Some(paid_at) = inner.paid_at(&replica) {
-        pace.paid_at = pace.paid_at.max(paid_at);
-    }
-    let bounds = UpBounds::of_messages(inner.settings.max_message_bytes);
-    let reader = async {
-        loop {
-            let frame = match tokio::time::timeout(idle, stream.next()).await {
-                Err(_) => return Err((CLOSE_POLICY, format!("said nothing for {idle:?}"))),
-                Ok(None) => return Ok(()),
-                Ok(Some(Err(e))) => return lost_or_refused(e),
-                Ok(Some(Ok(frame))) => frame,
-            };
-            match frame {
-                // Counted on the wire before anything is decoded, and
-                // queued by what it takes decoded (an empty entry is two
-                // bytes sent and tens held).
-                Message::Binary(bytes) => match bounded_decode(&bytes, &bounds) {
-                    Ok(Bounded { up, decoded_bytes }) => {
-                        let rows = magic_sync::core::link::upload_rows(&up);
-                        inner.hear(&replica, up, decoded_bytes).await;
-                        let charged = bytes.len().max(FRAME_FLOOR).max(rows * ROW_FLOOR);
-                        inner.paid(&replica, pace.owe(charged));
-                        pace.after(charged).await;
-                    }
-                    Err(Refusal::Malformed(e)) => {
-                        return Err((CLOSE_INVALID, format!("a frame that is not an Up: {e}")))
-                    }
-                    Err(e) => return Err((CLOSE_POLICY, e.to_string())),
-                },
-                Message::Text(_) => {
-                    return Err((
-                        CLOSE_POLICY,
-                        "a text frame: only binary frames are spoken".into(),
-                    ))
-                }
-                Message::Close(_) => return Ok(()),
-                Message::Ping(_) | Message::Pong(_) => {}
-            }
-        }
-    };
+    let mut writer = tokio::spawn(write_frames(sink, rx, inner.settings.clone(), stopped));
     let ended = tokio::select! {
-        read = reader => Some(read),
+        read = read_frames(&inner, &replica, &mut stream) => Some(read),
         _ = &mut writer => None,
     };
     match ended {
@@ -181,6 +102,105 @@ pub(super) async fn replica_connection(
         None => closing(&mut stream).await,
     }
     inner.detach(&replica, generation);
+}
+
+/// Writes what the hub sends the replica, and a ping every
+/// `settings.ping_every`, each frame within `settings.write_timeout`; ends
+/// after a close frame (the hub's, or the server's as it stops), or with
+/// why it could not write.
+async fn write_frames(
+    mut sink: SplitSink<WebSocket, Message>,
+    mut rx: mpsc::UnboundedReceiver<Out>,
+    settings: Settings,
+    mut stopped: Stopped,
+) -> Result<(), String> {
+    let mut ping = tokio::time::interval(settings.ping_every);
+    ping.tick().await;
+    loop {
+        let (message, last) = tokio::select! {
+            out = rx.recv() => match out {
+                Some(Out::Frame(bytes)) => (Message::Binary(bytes), false),
+                Some(Out::Close(code, why)) => (
+                    Message::Close(Some(CloseFrame { code, reason: reason(&why).into() })),
+                    true,
+                ),
+                None => return Ok(()),
+            },
+            _ = ping.tick() => (Message::Ping(axum::body::Bytes::new()), false),
+            // Became a replica's as the server stopped.
+            () = stopped.wait() => (
+                Message::Close(Some(CloseFrame {
+                    code: CLOSE_AWAY,
+                    reason: "the server stops".into(),
+                })),
+                true,
+            ),
+        };
+        match tokio::time::timeout(settings.write_timeout, sink.send(message)).await {
+            Ok(Ok(())) if !last => {}
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => {
+                return Err(format!(
+                    "took no frame for {:?}: it does not read",
+                    settings.write_timeout
+                ))
+            }
+        }
+    }
+}
+
+/// Reads what `replica` says, at its pace, and hands each `Up` to the hub,
+/// until it closes (`Ok`), goes away (code 0) or says what is refused (the
+/// close code to tell it, and why).
+async fn read_frames(
+    inner: &Inner,
+    replica: &str,
+    stream: &mut SplitStream<WebSocket>,
+) -> Result<(), (u16, String)> {
+    let idle = inner.settings.idle_timeout;
+    let mut pace = Pace::new(
+        inner.settings.max_bytes_per_second,
+        inner.settings.max_message_bytes,
+    );
+    if let Some(paid_at) = inner.paid_at(replica) {
+        pace.paid_at = pace.paid_at.max(paid_at);
+    }
+    let bounds = UpBounds::of_messages(inner.settings.max_message_bytes);
+    loop {
+        let frame = match tokio::time::timeout(idle, stream.next()).await {
+            Err(_) => return Err((CLOSE_POLICY, format!("said nothing for {idle:?}"))),
+            Ok(None) => return Ok(()),
+            Ok(Some(Err(e))) => return lost_or_refused(e),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        match frame {
+            // Counted on the wire before anything is decoded, and queued by
+            // what it takes decoded (an empty entry is two bytes sent and
+            // tens held).
+            Message::Binary(bytes) => match bounded_decode(&bytes, &bounds) {
+                Ok(Bounded { up, decoded_bytes }) => {
+                    let rows = magic_sync::core::link::upload_rows(&up);
+                    inner.hear(replica, up, decoded_bytes).await;
+                    let charged = bytes.len().max(FRAME_FLOOR).max(rows * ROW_FLOOR);
+                    inner.paid(replica, pace.owe(charged));
+                    pace.after(charged).await;
+                }
+                Err(Refusal::Malformed(e)) => {
+                    return Err((CLOSE_INVALID, format!("a frame that is not an Up: {e}")))
+                }
+                Err(e) => return Err((CLOSE_POLICY, e.to_string())),
+            },
+            Message::Text(_) => {
+                return Err((
+                    CLOSE_POLICY,
+                    "a text frame: only binary frames are spoken".into(),
+                ))
+            }
+            Message::Close(_) => return Ok(()),
+            Message::Ping(_) | Message::Pong(_) => {}
+        }
+    }
 }
 
 /// Reading at most so many bytes a second, after a first burst: a token
@@ -227,7 +247,7 @@ const CLOSING: Duration = Duration::from_secs(1);
 /// Keeps reading, briefly, after the server's close frame went: the
 /// socket stays open until the replica answers it (or goes), so a replica
 /// behind on reading still gets to read why.
-async fn closing(stream: &mut futures_util::stream::SplitStream<WebSocket>) {
+async fn closing(stream: &mut SplitStream<WebSocket>) {
     let _ = tokio::time::timeout(CLOSING, async {
         while let Some(Ok(frame)) = stream.next().await {
             if matches!(frame, Message::Close(_)) {
