@@ -16,7 +16,7 @@
 //!   replicas) and draws them beside it: history that costs the server
 //!   nothing.
 //! - `/metrics`: the figures of [`ops::gauges`] in Prometheus' text format
-//!   ([`crate::scrape`]).
+//!   (`crate::scrape`).
 //!
 //! Given a token, every path wants it: HTTP Basic with the token as the
 //! password (any user name; a browser asks for it once and sends it with

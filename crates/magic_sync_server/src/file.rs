@@ -129,7 +129,7 @@ pub async fn file(
 /// on disk, and a fleet's uploads slowed the passes and the filing alike.
 const SAVEPOINTS_PER_TRANSACTION: usize = 32;
 
-/// Files several uploads, each as [`file`] would. Uploads that carry only
+/// Files several uploads, each as [`file`](fn@file) would. Uploads that carry only
 /// records (the common case: a till's sales) are filed together, a
 /// statement per table for all of them; the others one by one, each behind
 /// a savepoint of its own, so one that waits files nothing of its own and

@@ -10,14 +10,14 @@
 //! The child tells the parent, one line each on its standard output, every
 //! row a replica applied (`r id table applied-micros json`) and every
 //! snapshot's end (`e id applied-micros`); the parent hands the rows to the
-//! benchmark's [`Watch`] on a thread of its own. Its standard input takes
+//! benchmark's [`Watch`](crate::bench::Watch) on a thread of its own. Its standard input takes
 //! the hub's address, the server's key, the directory and each replica's
 //! secret, then commands: `load` and `stop` start and stop the benchmark's
 //! [`Host`] on every device, `away id` closes that replica's socket for
 //! good (a device switched off), and `quit` ends the fleet. What a host tells
 //! (`t line`) the parent keeps for the benchmark.
 //!
-//! On threads ([`Threads`]) the same replica loop and the same hosts run in
+//! On threads (`Threads`) the same replica loop and the same hosts run in
 //! the benchmark's process, over the in-process network: only the process
 //! and the transport differ.
 

@@ -194,7 +194,7 @@ impl Snapshot {
     }
 
     /// The snapshot, failed before it streamed (its worker could not
-    /// connect): the replica is to wait for another ([`abandon`]).
+    /// connect): the replica is to wait for another (`abandon`).
     pub fn fail(self, source: Error) -> Failed {
         Failed {
             replica: self.replica,
@@ -209,7 +209,7 @@ impl Snapshot {
     /// `EndSnapshot`, then records it as held, what the snapshot saw, and
     /// the replica as kept up. On failure the replica waits for another
     /// snapshot (marked so on `worker` when it still works; the caller may
-    /// also [`abandon`] it on a connection of its own).
+    /// also `abandon` it on a connection of its own).
     pub async fn stream<T: Transport>(
         self,
         worker: &mut Client,

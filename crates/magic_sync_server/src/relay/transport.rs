@@ -90,7 +90,7 @@ pub trait Transport: Send + Sync {
     /// Whether `replica` can be sent to now, as far as the transport knows
     /// (connected, say); `None`, the default, when it cannot tell. A
     /// replica a send failed to is passed over by publishing until its
-    /// wait is over ([`Away`]), unless the transport says it is back.
+    /// wait is over ([`Away`](crate::relay::Away)), unless the transport says it is back.
     fn reachable(&self, replica: &ReplicaId) -> Option<bool> {
         let _ = replica;
         None

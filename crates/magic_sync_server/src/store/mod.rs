@@ -3,24 +3,24 @@
 //! relation (a test below holds them to it). The rest of the server decides
 //! and calls these; the store says how it is kept.
 //!
-//! - the schema itself: [`migrations`]; the installation's [`epoch`]; the
+//! - the schema itself: [`migrations`]; the installation's `epoch`; the
 //!   [`keys`] the server signs with; the replicas' [`credentials`] the
 //!   transport checks;
 //! - the declarations: [`tables`] (what each build declared),
-//!   [`deployment`] (what a changed declaration owes, chunk by chunk);
-//! - the fleet: [`replicas`] (live, partition, chain, told what),
-//!   [`snapshots`] (waiting, under way, ended), [`digests`];
-//! - the down path: [`notes`] (the triggers' statement), [`plan`] (the
+//!   `deployment` (what a changed declaration owes, chunk by chunk);
+//! - the fleet: `replicas` (live, partition, chain, told what),
+//!   `snapshots` (waiting, under way, ended), `digests`;
+//! - the down path: `notes` (the triggers' statement), `plan` (the
 //!   planner: the difference per replica, in the pass's scratch tables),
-//!   [`held`] (what each replica holds, and why), [`outbox`] (messages
-//!   waiting, sent, acknowledged), [`acks`], [`checkpoints`] (reading one's
-//!   own writes), [`quarantine`] and [`parked`] (what cannot go, set
+//!   `held` (what each replica holds, and why), `outbox` (messages
+//!   waiting, sent, acknowledged), `acks`, `checkpoints` (reading one's
+//!   own writes), [`quarantine`] and `parked` (what cannot go, set
 //!   aside), [`wake`] (dozing until a commit);
-//! - the up path: [`filing`] (the inbox of refused rows, backlogs, what was
+//! - the up path: `filing` (the inbox of refused rows, backlogs, what was
 //!   answered and filed);
 //! - what an operator reads: [`reads`] (re-exported as `crate::ops`) and
 //!   the runner's [`figures`];
-//! - the record by rule: [`cohorts`], what many replicas hold alike.
+//! - the record by rule: `cohorts`, what many replicas hold alike.
 
 pub(crate) mod acks;
 pub mod broker_keys;

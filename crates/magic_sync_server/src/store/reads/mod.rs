@@ -17,7 +17,7 @@
 //! figures are of one moment, and carries that moment as the server tells
 //! it (`now()`). Every read counts live replicas only, and reads nothing but
 //! the `sync` schema: no host table, no declaration, no rule. A host shows
-//! them without its [`Engine`](crate::Engine), and a dashboard costs the
+//! them without its [`Engine`](magic_sync_core::Engine), and a dashboard costs the
 //! database what the engine records, never what the replicas should hold.
 //!
 //! What "held" means here is the relay's own rule: a row recorded in
