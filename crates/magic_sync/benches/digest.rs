@@ -53,13 +53,14 @@ async fn main() {
         "a record of {ROWS} rows written in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    let mut keys: Vec<String> = (1..=ROWS).map(|i| format!("[{i}]")).collect();
+    let keys: Vec<String> = (1..=ROWS).map(|i| format!("[{i}]")).collect();
     let digest = Digest {
         tables: vec![TableDigest {
             table: "items".into(),
             rows: ROWS as u64,
-            fingerprint: magic_sync::replica::fingerprint(&mut keys),
+            fingerprint: magic_sync::replica::fingerprint(&keys),
         }],
+        form: magic_sync::envelope::DigestForm::Summed.into(),
     };
     let applied = Ack {
         number: 5,

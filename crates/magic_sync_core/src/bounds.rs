@@ -411,6 +411,7 @@ mod tests {
                 .collect(),
             digest: Some(Digest {
                 tables: vec![TableDigest::default(); 3],
+                ..Digest::default()
             }),
             backlog: Some(Backlog {
                 tables: vec![TableBacklog::default(); 2],
@@ -452,6 +453,7 @@ mod tests {
         let half = Up {
             digest: Some(Digest {
                 tables: vec![TableDigest::default(); 2],
+                ..Digest::default()
             }),
             ..Up::default()
         }
@@ -504,6 +506,7 @@ mod tests {
         let mut digest = up_of(0, 0, 0, 0);
         digest.digest = Some(Digest {
             tables: vec![TableDigest::default(); 4],
+            ..Digest::default()
         });
         assert!(matches!(
             refused(&digest),

@@ -2144,6 +2144,7 @@ mod attacker {
                                 rows: 1,
                                 fingerprint: 42,
                             }],
+                            ..Digest::default()
                         }),
                         applied: Some(own.clone()),
                         ..Up::default()

@@ -141,6 +141,7 @@ fn within_bounds() -> Vec<(&'static str, Up)> {
         ],
         digest: Some(Digest {
             tables: vec![TableDigest::default(); 10_000],
+            ..Digest::default()
         }),
         backlog: Some(Backlog {
             tables: vec![TableBacklog::default(); 10_000],

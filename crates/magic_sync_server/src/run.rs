@@ -1225,6 +1225,7 @@ mod tests {
                     rows,
                     fingerprint: 0,
                 }],
+                ..crate::envelope::Digest::default()
             },
             applied: None,
             refused: Vec::new(),

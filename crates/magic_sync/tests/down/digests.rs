@@ -3,8 +3,9 @@
 //! however it happened, is provisioned again and holds what it should; the
 //! difference is counted and shown.
 
-use crate::fleet::Fleet;
+use crate::fleet::{replica_rows, Fleet};
 use crate::scenarios::shop;
+use magic_sync::core::digest::{self, DigestForm};
 use magic_sync::ops::{self, Concern, Scope};
 use magic_sync::relay::Compared;
 use magic_sync::run;
@@ -12,16 +13,7 @@ use magic_sync::run;
 /// `unit`'s digest, heard by the server: what became of it.
 pub(crate) async fn digest_of(fleet: &mut Fleet, unit: &str) -> Compared {
     let report = run::replica::digest(&fleet.unit(unit).replica).unwrap();
-    let heeded = run::server::heed(
-        &mut fleet.client,
-        &fleet.engine,
-        &fleet.network,
-        vec![(unit.into(), report)],
-    )
-    .await
-    .unwrap();
-    assert_eq!(heeded.digests.len(), 1);
-    heeded.digests[0].1.clone()
+    heard(fleet, unit, report).await
 }
 
 /// As if the minute a replica's digests wait between comparisons passed.
@@ -85,6 +77,62 @@ async fn a_replica_that_drifted_from_the_record_is_provisioned_again() {
     fleet.check().await;
     a_minute_later(&fleet).await;
     assert_eq!(digest_of(&mut fleet, "u1").await, Compared::Matched);
+}
+
+/// `report`'s digest, heard by the server as `unit`'s.
+async fn heard(fleet: &mut Fleet, unit: &str, report: run::Report) -> Compared {
+    let heeded = run::server::heed(
+        &mut fleet.client,
+        &fleet.engine,
+        &fleet.network,
+        vec![(unit.into(), report)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(heeded.digests.len(), 1);
+    heeded.digests[0].1.clone()
+}
+
+/// A replica of an older build, or written in another language, may send
+/// its fingerprints in the first form (the sorted keys'); the server
+/// compares them as exactly as the summed ones this build's replicas send.
+#[tokio::test]
+async fn a_digest_in_the_first_form_is_compared_as_exactly() {
+    let mut fleet = shop().await;
+    let sorted = |fleet: &mut Fleet, shift: u64| {
+        let run::Report::Upload(mut up) = run::replica::digest(&fleet.unit("u1").replica).unwrap()
+        else {
+            panic!("a digest is an upload");
+        };
+        let digest = up.digest.as_mut().unwrap();
+        assert_eq!(digest.form, DigestForm::Summed as i32, "this build's form");
+        digest.form = DigestForm::Sorted.into();
+        for t in &mut digest.tables {
+            let table = fleet
+                .engine
+                .down_tables()
+                .find(|d| d.name == t.table)
+                .unwrap();
+            let mut keys: Vec<String> = replica_rows(&fleet.unit("u1").replica, table)
+                .into_keys()
+                .collect();
+            t.fingerprint = digest::sorted(&mut keys).wrapping_add(shift);
+        }
+        run::Report::Upload(up)
+    };
+    let report = sorted(&mut fleet, 0);
+    assert_eq!(heard(&mut fleet, "u1", report).await, Compared::Matched);
+    a_minute_later(&fleet).await;
+    // Every table's fingerprint off by one: each differs, with its rows.
+    let report = sorted(&mut fleet, 1);
+    let Compared::Differed(differed) = heard(&mut fleet, "u1", report).await else {
+        panic!("a fingerprint that is not the record's differs");
+    };
+    assert!(
+        differed.iter().all(|d| d.ends_with("(other keys)")),
+        "{differed:?}"
+    );
+    assert_eq!(differed.len(), fleet.engine.down_tables().count());
 }
 
 #[tokio::test]

@@ -396,6 +396,8 @@ fn uploads(s: &Said) -> Vec<(String, Up)> {
                     fingerprint: 0,
                 },
             ],
+            // Both forms, and (at 2^63) one no build reads.
+            form: (n % 3) as i32,
         };
         let refused = vec![Refused {
             table: "products".into(),

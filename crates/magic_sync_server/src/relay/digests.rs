@@ -1,5 +1,6 @@
 //! The backstop: a replica's digest of what it holds (per table, a row
-//! count and a fingerprint of its sorted keys), compared with what the
+//! count and a fingerprint of its keys, in the form the digest names:
+//! `magic_sync_core::digest`), compared with what the
 //! server records it holding (`sync.held`). A replica that drifted from
 //! the record, by a bug nobody predicted or a failure misjudged as
 //! harmless, is provisioned again, and the difference counted and shown.
@@ -18,7 +19,7 @@ use crate::engine::Engine;
 use crate::envelope::{Ack, Digest, Refused};
 use crate::error::Result;
 use crate::store;
-use magic_sync_core::digest::{extend, fnv1a};
+use magic_sync_core::digest::{self, DigestForm};
 use magic_sync_core::MessageNo;
 use std::collections::{BTreeMap, HashSet};
 use tokio_postgres::{Client, IsolationLevel};
@@ -97,6 +98,11 @@ async fn compare_in_one_snapshot(
     let Some(applied) = applied.and_then(|a| MessageNo::from_wire(a.number).ok()) else {
         return Ok(Compared::Skipped("it names no message it applied"));
     };
+    let Ok(form) = DigestForm::try_from(digest.form) else {
+        return Ok(Compared::Skipped(
+            "its fingerprints are of a form this build does not read",
+        ));
+    };
     let tx = client
         .build_transaction()
         .isolation_level(IsolationLevel::RepeatableRead)
@@ -123,16 +129,17 @@ async fn compare_in_one_snapshot(
     if let Some(why) = skipped {
         return Ok(Compared::Skipped(why));
     }
-    let recorded = recorded(&tx, engine, replica, refused).await?;
+    let recorded = recorded(&tx, engine, replica, refused, form).await?;
     let said: BTreeMap<&str, (u64, u64)> = digest
         .tables
         .iter()
         .map(|t| (t.table.as_str(), (t.rows, t.fingerprint)))
         .collect();
+    let empty = (0, fingerprint(form, &mut Vec::new()));
     let mut differed = Vec::new();
     for table in engine.down_tables() {
-        let ours = recorded.get(table.name).copied().unwrap_or((0, fnv1a(b"")));
-        let theirs = said.get(table.name).copied().unwrap_or((0, fnv1a(b"")));
+        let ours = recorded.get(table.name).copied().unwrap_or(empty);
+        let theirs = said.get(table.name).copied().unwrap_or(empty);
         if ours != theirs {
             differed.push(format!(
                 "{}: it holds {} rows, the record {}{}",
@@ -170,14 +177,15 @@ async fn compare_in_one_snapshot(
 }
 
 /// Per table, the rows the record says `replica` holds and their
-/// fingerprint, leaving out the rows it says it refused: as the replica
-/// computes its own (`magic_sync_replica::fingerprint`), over the keys as
-/// they travel, sorted bytewise, each followed by a zero byte.
+/// fingerprint in `form`, leaving out the rows it says it refused: as the
+/// replica computes its own (`magic_sync_replica::fingerprint`), over the
+/// keys as they travel.
 async fn recorded(
     tx: &tokio_postgres::Transaction<'_>,
     engine: &Engine,
     replica: &str,
     refused: &[Refused],
+    form: DigestForm,
 ) -> Result<BTreeMap<&'static str, (u64, u64)>> {
     let refused: HashSet<(&str, &[u8])> = refused
         .iter()
@@ -193,11 +201,18 @@ async fn recorded(
                 keys.push(key);
             }
         }
-        keys.sort_unstable();
-        let fingerprint = keys
-            .iter()
-            .fold(fnv1a(b""), |h, k| extend(extend(h, k.as_bytes()), &[0]));
-        out.insert(table.name, (keys.len() as u64, fingerprint));
+        out.insert(
+            table.name,
+            (keys.len() as u64, fingerprint(form, &mut keys)),
+        );
     }
     Ok(out)
+}
+
+/// The fingerprint of `keys` in `form`.
+fn fingerprint(form: DigestForm, keys: &mut [String]) -> u64 {
+    match form {
+        DigestForm::Sorted => digest::sorted(keys),
+        DigestForm::Summed => digest::summed(keys.iter()),
+    }
 }
