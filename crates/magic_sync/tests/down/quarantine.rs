@@ -143,6 +143,39 @@ async fn a_row_that_does_not_encode_is_set_aside_with_what_points_at_it() {
     );
 }
 
+/// A row held back through another (a line following an order that points
+/// at a customer set aside) goes as soon as the row between them lets go of
+/// the one set aside: the order re-pointed goes, and its line with it,
+/// while the customer stays aside.
+#[tokio::test]
+async fn a_row_held_back_through_another_goes_once_that_one_lets_go() {
+    let mut fleet = buggy_shop().await;
+    fleet
+        .settle("UPDATE customers SET name = 'Bob (bug)' WHERE id = 8")
+        .await;
+    assert!(keys(&mut fleet, "u2", &Order::TABLE).is_empty());
+    assert!(keys(&mut fleet, "u2", &OrderLine::TABLE).is_empty());
+    fleet
+        .settle("UPDATE orders SET customer_id = 9 WHERE id = 2")
+        .await;
+    assert_eq!(
+        fleet.quarantined().await,
+        BTreeSet::from([("customers".to_string(), "[8]".to_string())])
+    );
+    assert_eq!(keys(&mut fleet, "u2", &Order::TABLE), set(&["[2]"]));
+    assert_eq!(
+        keys(&mut fleet, "u2", &OrderLine::TABLE),
+        set(&["[2,1]"]),
+        "the line goes with its order"
+    );
+    fleet.check().await;
+    let items = quarantined_in_health(&fleet).await;
+    assert_eq!(
+        items[0].3, 0,
+        "nothing leans on the customer now: {items:?}"
+    );
+}
+
 /// A row of a table every replica holds, refused by a codec bug: taken back
 /// everywhere with what points at it (through links the record does not
 /// track), planned around by snapshots too, found by a snapshot first, and

@@ -177,7 +177,12 @@ impl Planner<'_, '_> {
     /// Rows in quarantine that changed since they failed, and the rows
     /// blocked by them, let go: the plan tries them again. Blocked rows that
     /// changed themselves are let go too (they are among the changed rows
-    /// already). Returns the rows added to what changed.
+    /// already), and with each, every row blocked for the same holder
+    /// behind the same root: a block names its root, not the rows between,
+    /// and a row held back through the one that changed (a line following
+    /// an order re-pointed away from a customer set aside) may lean on
+    /// nothing set aside any more. One that still does is blocked again by
+    /// the plan. Returns the rows added to what changed.
     pub(crate) async fn release_changed(&self) -> Result<u64> {
         let roots = "SELECT z.table_name, z.key FROM sync.quarantine z
                      JOIN _ms_changed c ON c.t = z.table_name AND c.k::text = z.key
@@ -202,10 +207,28 @@ impl Planner<'_, '_> {
         .await?;
         // Only what an earlier pass blocked (and settled): this pass's own
         // blocks are of the very changes it plans.
-        self.run(
-            "DELETE FROM sync.blocked b USING _ms_changed c
-             WHERE b.table_name = c.t AND b.key = c.k::text AND b.settled",
-        )
+        let behind_changed = "SELECT o.replica, o.table_name, o.key FROM sync.blocked b
+             JOIN _ms_changed c ON b.table_name = c.t AND b.key = c.k::text
+             JOIN sync.blocked o ON o.replica = b.replica
+                 AND o.root_table = b.root_table AND o.root_key = b.root_key
+             WHERE b.settled AND o.settled";
+        let added = added
+            + self
+                .fill(
+                    crate::store::plan::scratch::Scratch::Touched,
+                    &format!(
+                        "INSERT INTO _ms_touched (t, k)
+                         SELECT DISTINCT s.table_name, s.key::jsonb FROM ({behind_changed}) s
+                         WHERE s.table_name IN ({})
+                         ON CONFLICT DO NOTHING",
+                        self.declared_tables()
+                    ),
+                )
+                .await?;
+        self.run(&format!(
+            "DELETE FROM sync.blocked o USING ({behind_changed}) s
+             WHERE o.replica = s.replica AND o.table_name = s.table_name AND o.key = s.key"
+        ))
         .await?;
         self.run(
             "DELETE FROM sync.quarantine z USING _ms_changed c
