@@ -22,7 +22,7 @@
 //! [`Ack`](envelope::Ack), and the server checks it there (see [`crate::seal`]).
 
 use crate::envelope::{self, ToReplica};
-use crate::ids::EpochId;
+use crate::ids::{BeyondAnyMessage, EpochId, MessageNo};
 
 /// The last message a replica applied, as it came.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,7 +30,7 @@ pub struct Applied {
     /// The epoch it belongs to.
     pub epoch: EpochId,
     /// Its number.
-    pub number: u64,
+    pub number: MessageNo,
     /// Its nonce.
     pub nonce: Vec<u8>,
     /// Its seal, unchecked: the server checks it when the replica acknowledges.
@@ -38,21 +38,23 @@ pub struct Applied {
 }
 
 impl Applied {
-    /// The head of `message`, once applied.
-    pub fn of(message: &ToReplica) -> Self {
-        Applied {
+    /// The head of `message`, once applied; refused when its number is
+    /// one the server never gives (a replica refuses such a message before
+    /// it asks the chain about it).
+    pub fn of(message: &ToReplica) -> Result<Self, BeyondAnyMessage> {
+        Ok(Applied {
             epoch: EpochId::from(message.epoch.as_slice()),
-            number: message.number,
+            number: MessageNo::from_wire(message.number)?,
             nonce: message.nonce.clone(),
             seal: message.seal.clone(),
-        }
+        })
     }
 
     /// What the replica tells the server it applied.
     pub fn ack(&self) -> envelope::Ack {
         envelope::Ack {
             epoch: self.epoch.to_vec(),
-            number: self.number,
+            number: self.number.wire(),
             nonce: self.nonce.clone(),
             seal: self.seal.clone(),
             // The replica's to say: the chain knows nothing of uploads.
@@ -70,7 +72,7 @@ pub struct GapAt {
     /// The epoch of that message.
     pub epoch: EpochId,
     /// Its number.
-    pub number: u64,
+    pub number: MessageNo,
 }
 
 impl GapAt {
@@ -78,7 +80,7 @@ impl GapAt {
     pub fn envelope(&self) -> envelope::Gap {
         envelope::Gap {
             epoch: self.epoch.to_vec(),
-            number: self.number,
+            number: self.number.wire(),
         }
     }
 }
@@ -147,32 +149,34 @@ impl Chain {
         }
     }
 
-    /// The chain once `message` is applied: it is the last, and no gap is open
-    /// (in a gap, only a message that begins a snapshot applies).
-    pub fn applied(&self, message: &ToReplica) -> Chain {
+    /// The chain once the message whose head is `applied` is applied: it
+    /// is the last, and no gap is open (in a gap, only a message that
+    /// begins a snapshot applies).
+    pub fn applied(&self, applied: Applied) -> Chain {
         Chain {
-            applied: Some(Applied::of(message)),
+            applied: Some(applied),
             gap: None,
         }
     }
 
     /// The gap once `message` could not be followed: it names the newest
-    /// such message, of the newest epoch seen.
-    pub fn newest_gap(&self, message: &ToReplica) -> GapAt {
-        match &self.gap {
-            Some(g) if g.epoch == message.epoch && g.number >= message.number => g.clone(),
+    /// such message, of the newest epoch seen. Refused as
+    /// [`Applied::of`] refuses.
+    pub fn newest_gap(&self, message: &ToReplica) -> Result<GapAt, BeyondAnyMessage> {
+        Ok(match &self.gap {
+            Some(g) if g.epoch == message.epoch && g.number.wire() >= message.number => g.clone(),
             _ => GapAt {
                 epoch: EpochId::from(message.epoch.as_slice()),
-                number: message.number,
+                number: MessageNo::from_wire(message.number)?,
             },
-        }
+        })
     }
 
-    /// The chain once `message` could not be followed.
-    pub fn gapped(&self, message: &ToReplica) -> Chain {
+    /// The chain once it is in `gap` ([`newest_gap`](Self::newest_gap)).
+    pub fn gapped(&self, gap: GapAt) -> Chain {
         Chain {
             applied: self.applied.clone(),
-            gap: Some(self.newest_gap(message)),
+            gap: Some(gap),
         }
     }
 
@@ -191,8 +195,8 @@ impl Chain {
     fn is_duplicate(&self, message: &ToReplica) -> bool {
         self.applied.as_ref().is_some_and(|a| {
             a.epoch == message.epoch
-                && (message.number < a.number
-                    || (message.number == a.number && message.nonce == a.nonce))
+                && (message.number < a.number.wire()
+                    || (message.number == a.number.wire() && message.nonce == a.nonce))
         })
     }
 
@@ -206,7 +210,7 @@ impl Chain {
         if last.epoch != message.epoch {
             return Err(Break::OtherEpoch);
         }
-        if message.previous != last.number || message.previous_nonce != last.nonce {
+        if message.previous != last.number.wire() || message.previous_nonce != last.nonce {
             return Err(Break::NotNext);
         }
         Ok(())
@@ -217,7 +221,7 @@ impl Chain {
 mod tests {
     use super::{Applied, Break, Chain, Decision, GapAt};
     use crate::envelope::ToReplica;
-    use crate::ids::EpochId;
+    use crate::ids::{EpochId, MessageNo};
 
     const EPOCH: [u8; 16] = [1; 16];
     const OTHER_EPOCH: [u8; 16] = [2; 16];
@@ -256,7 +260,17 @@ mod tests {
 
     /// A chain whose last applied message is `number` of `EPOCH`.
     fn after(number: u64) -> Chain {
-        Chain::default().applied(&message(number, 0))
+        Chain::default().applied(head(&message(number, 0)))
+    }
+
+    /// The head of `m`, once applied.
+    fn head(m: &ToReplica) -> Applied {
+        Applied::of(m).expect("a number the server gives")
+    }
+
+    /// `chain` once `m` could not be followed.
+    fn gapped(chain: &Chain, m: &ToReplica) -> Chain {
+        chain.gapped(chain.newest_gap(m).expect("a number the server gives"))
     }
 
     #[test]
@@ -337,14 +351,14 @@ mod tests {
 
     #[test]
     fn in_a_gap_only_a_snapshot_applies() {
-        let chain = after(5).gapped(&message(8, 7));
+        let chain = gapped(&after(5), &message(8, 7));
         // Even the message that would have followed the last applied.
         assert_eq!(
             chain.decide("unit-1", &message(6, 5)),
             Decision::Gap(Break::InGap)
         );
         assert_eq!(chain.decide("unit-1", &snapshot(9, 8)), Decision::Apply);
-        let healed = chain.applied(&snapshot(9, 8));
+        let healed = chain.applied(head(&snapshot(9, 8)));
         assert_eq!(healed.gap, None);
         assert_eq!(healed.decide("unit-1", &message(10, 9)), Decision::Apply);
     }
@@ -355,7 +369,7 @@ mod tests {
         m.epoch = OTHER_EPOCH.to_vec();
         let chain = after(5);
         assert_eq!(chain.decide("unit-1", &m), Decision::Apply);
-        let next = chain.applied(&m);
+        let next = chain.applied(head(&m));
         let mut second = message(2, 1);
         second.epoch = OTHER_EPOCH.to_vec();
         assert_eq!(next.decide("unit-1", &second), Decision::Apply);
@@ -368,13 +382,13 @@ mod tests {
             epoch: epoch(g),
             ..m
         };
-        let chain = Chain::default().applied(&of(snapshot(40, 0), 8));
+        let chain = Chain::default().applied(head(&of(snapshot(40, 0), 8)));
         // A snapshot, a message, a message beyond the last: all older.
         for old in [snapshot(90, 0), message(41, 40), message(2, 1)] {
             assert_eq!(chain.decide("unit-1", &of(old, 7)), Decision::Superseded);
         }
         // In a gap too: only a snapshot of its epoch or a newer one ends it.
-        let gapped = chain.gapped(&of(message(50, 45), 8));
+        let gapped = gapped(&chain, &of(message(50, 45), 8));
         assert_eq!(
             gapped.decide("unit-1", &of(snapshot(60, 0), 7)),
             Decision::Superseded
@@ -412,19 +426,19 @@ mod tests {
 
     #[test]
     fn the_gap_names_the_newest_message_not_followed() {
-        let chain = after(5).gapped(&message(8, 7)).gapped(&message(7, 6));
+        let chain = gapped(&gapped(&after(5), &message(8, 7)), &message(7, 6));
         assert_eq!(
             chain.gap,
             Some(GapAt {
                 epoch: EPOCH.to_vec().into(),
-                number: 8
+                number: MessageNo::from_store(8)
             })
         );
         let mut other = message(2, 1);
         other.epoch = OTHER_EPOCH.to_vec();
-        let chain = chain.gapped(&other);
+        let chain = gapped(&chain, &other);
         assert_eq!(
-            chain.gap.map(|g| (g.epoch.into_bytes(), g.number)),
+            chain.gap.map(|g| (g.epoch.into_bytes(), g.number.wire())),
             Some((OTHER_EPOCH.to_vec(), 2))
         );
     }
@@ -432,7 +446,7 @@ mod tests {
     #[test]
     fn the_ack_is_the_last_applied_as_it_came() {
         let m = message(6, 5);
-        let applied = Applied::of(&m);
+        let applied = head(&m);
         let ack = applied.ack();
         assert_eq!(
             (ack.epoch, ack.number, ack.nonce, ack.seal),

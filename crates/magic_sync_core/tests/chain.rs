@@ -13,7 +13,7 @@
 //!
 //! Seeded: the seed is printed, and `PROPTEST_RNG_SEED=N` replays it.
 
-use magic_sync_core::chain::{Chain, Decision};
+use magic_sync_core::chain::{Applied, Chain, Decision};
 use magic_sync_core::envelope::ToReplica;
 use magic_sync_core::EpochId;
 use proptest::prelude::*;
@@ -157,10 +157,16 @@ fn check(steps: &[Step], arrivals: &[usize]) -> Result<(), TestCaseError> {
                     );
                 }
                 applied.push(i);
-                chain = chain.applied(message);
+                chain = chain.applied(Applied::of(message).expect("a number the server gives"));
             }
             Decision::Duplicate => {}
-            Decision::Gap(_) => chain = chain.gapped(message),
+            Decision::Gap(_) => {
+                chain = chain.gapped(
+                    chain
+                        .newest_gap(message)
+                        .expect("a number the server gives"),
+                )
+            }
             Decision::Superseded => prop_assert!(false, "arrivals keep to their epochs' order"),
             Decision::WrongReplica => prop_assert!(false, "every message is for {REPLICA}"),
         }
@@ -215,7 +221,7 @@ fn delivered_in_order_everything_applies() {
             let mut chain = Chain::default();
             for Sent { message, .. } in &sent(&steps) {
                 prop_assert_eq!(chain.decide(REPLICA, message), Decision::Apply);
-                chain = chain.applied(message);
+                chain = chain.applied(Applied::of(message).expect("a number the server gives"));
             }
             Ok(())
         })
@@ -254,14 +260,18 @@ fn a_lost_message_stops_the_replica_until_a_snapshot_begins() {
                         sent[lost].number
                     );
                     gapped = true;
-                    chain = chain.gapped(message);
+                    chain = chain.gapped(
+                        chain
+                            .newest_gap(message)
+                            .expect("a number the server gives"),
+                    );
                     continue;
                 }
                 prop_assert_eq!(decision, Decision::Apply, "message {}", message.number);
                 if message.begins_snapshot {
                     gapped = false;
                 }
-                chain = chain.applied(message);
+                chain = chain.applied(Applied::of(message).expect("a number the server gives"));
             }
             Ok(())
         })

@@ -8,6 +8,7 @@ use crate::envelope::{self, ToReplica};
 use crate::open::{drop_former, statements, take_description};
 use crate::{apply, sign, state, up, write_transaction};
 use crate::{Error, Forgery, Replica, Result};
+use magic_sync_core::ids::BeyondAnyMessage;
 use prost::Message;
 
 /// What became of a message.
@@ -95,6 +96,7 @@ impl Replica {
     }
 
     fn apply_message(&mut self, message: &ToReplica) -> Result<Outcome> {
+        let head = Applied::of(message).map_err(beyond(message))?;
         let description = match &message.body {
             Some(envelope::to_replica::Body::Described(d)) => Some(d),
             Some(envelope::to_replica::Body::EndSnapshot(end)) => end.described.as_ref(),
@@ -157,7 +159,7 @@ impl Replica {
         let former = newly_former.as_ref().unwrap_or(&self.former);
         let schema = retold.as_ref().map_or(&self.schema, |r| &r.schema);
         let dropped = !former.is_empty() && drop_former(&tx, schema, former)?;
-        state::save_applied(&tx, &Applied::of(message))?;
+        state::save_applied(&tx, &head)?;
         tx.commit()?;
         if let Some(newly) = newly_former {
             self.former = newly;
@@ -176,7 +178,7 @@ impl Replica {
             self.described = description.cloned();
         }
         self.ring();
-        self.chain = self.chain.applied(message);
+        self.chain = self.chain.applied(head);
         let purged = self.purge().map_err(|e| Error::Purge {
             number: message.number,
             source: Box::new(e),
@@ -189,13 +191,11 @@ impl Replica {
     }
 
     fn open_gap(&mut self, message: &ToReplica, why: Break) -> Result<Outcome> {
-        let gap = self.chain.newest_gap(message);
+        let gap = self.chain.newest_gap(message).map_err(beyond(message))?;
         state::save_gap(&self.conn, &gap)?;
-        self.chain = self.chain.gapped(message);
-        Ok(Outcome::Gap {
-            newest: gap.number,
-            why,
-        })
+        let newest = gap.number.wire();
+        self.chain = self.chain.gapped(gap);
+        Ok(Outcome::Gap { newest, why })
     }
 
     /// Purges retired rows nothing of the replica points at any more, in a
@@ -242,6 +242,16 @@ fn decode(bytes: &[u8]) -> Result<ToReplica> {
             number: message.number,
             problem: problem.to_string(),
         }),
+    }
+}
+
+/// `message` refused for a number no message of the server's has (which
+/// [`decode`] refuses before the chain is asked).
+fn beyond(message: &ToReplica) -> impl FnOnce(BeyondAnyMessage) -> Error + '_ {
+    |e| Error::Malformed {
+        replica: message.replica.clone(),
+        number: message.number,
+        problem: e.to_string(),
     }
 }
 

@@ -8,6 +8,7 @@
 use crate::chain::{Applied, Chain, GapAt};
 use crate::envelope;
 use crate::error::{Error, Result};
+use magic_sync_core::MessageNo;
 use rusqlite::{params, Connection, OptionalExtension};
 
 /// Creates the bookkeeping tables when they are missing.
@@ -137,6 +138,17 @@ pub(crate) fn to_sql(number: u64) -> Result<i64> {
         .map_err(|_| Error::Bookkeeping(format!("message number {number} does not fit SQLite")))
 }
 
+/// A message number as the replica's database keeps it, refused below zero
+/// (which no server gives).
+fn stored(number: i64) -> Result<MessageNo> {
+    if number < 0 {
+        return Err(Error::Bookkeeping(format!(
+            "it holds message number {number}, below zero"
+        )));
+    }
+    Ok(MessageNo::from_store(number))
+}
+
 fn from_sql(number: i64) -> Result<u64> {
     u64::try_from(number)
         .map_err(|_| Error::Bookkeeping(format!("it holds message number {number}, below zero")))
@@ -157,7 +169,7 @@ pub(crate) fn load_chain(conn: &Connection) -> Result<Chain> {
         .map(|(epoch, number, nonce, seal)| -> Result<Applied> {
             Ok(Applied {
                 epoch: epoch.into(),
-                number: from_sql(number)?,
+                number: stored(number)?,
                 nonce,
                 seal,
             })
@@ -171,7 +183,7 @@ pub(crate) fn load_chain(conn: &Connection) -> Result<Chain> {
         .map(|(epoch, number)| -> Result<GapAt> {
             Ok(GapAt {
                 epoch: epoch.into(),
-                number: from_sql(number)?,
+                number: stored(number)?,
             })
         })
         .transpose()?;
@@ -182,7 +194,7 @@ pub(crate) fn load_chain(conn: &Connection) -> Result<Chain> {
 pub(crate) fn save_applied(conn: &Connection, applied: &Applied) -> Result<()> {
     conn.prepare_cached(SAVE_APPLIED)?.execute(params![
         applied.epoch.as_bytes(),
-        to_sql(applied.number)?,
+        applied.number.store(),
         applied.nonce,
         applied.seal
     ])?;
@@ -193,7 +205,7 @@ pub(crate) fn save_applied(conn: &Connection, applied: &Applied) -> Result<()> {
 /// Records the gap the replica is in.
 pub(crate) fn save_gap(conn: &Connection, gap: &GapAt) -> Result<()> {
     conn.prepare_cached(SAVE_GAP)?
-        .execute(params![gap.epoch.as_bytes(), to_sql(gap.number)?])?;
+        .execute(params![gap.epoch.as_bytes(), gap.number.store()])?;
     Ok(())
 }
 
@@ -529,7 +541,7 @@ pub(crate) fn status(conn: &Connection) -> Result<Status> {
     let refused: i64 = conn
         .prepare_cached("SELECT count(*) FROM _magic_sync_refused WHERE superseded = 0")?
         .query_row([], |r| r.get(0))?;
-    let applied = chain.applied.as_ref().map(|a| a.number);
+    let applied = chain.applied.as_ref().map(|a| a.number.wire());
     let (epoch, nonce) = chain.applied.map(|a| (a.epoch, a.nonce)).unzip();
     let trust = crate::trust::load(conn)?;
     let dropped: i64 = conn
@@ -539,7 +551,7 @@ pub(crate) fn status(conn: &Connection) -> Result<Status> {
         ready: applied.is_some() && snapshot_began.is_none(),
         applied,
         snapshot_began,
-        gap: chain.gap.as_ref().map(|g| g.number),
+        gap: chain.gap.as_ref().map(|g| g.number.wire()),
         refused: u64::try_from(refused).unwrap_or(0),
         forged: trust.forged,
         last_forgery: trust.last_forgery,
