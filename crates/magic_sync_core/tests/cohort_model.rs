@@ -98,6 +98,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
+mod seeded;
+use seeded::{env, seeds};
+
 // ---------------------------------------------------------------------------
 // The schema
 
@@ -1605,19 +1608,6 @@ fn walk(seed: u64, steps: u64, design: Design) -> Result<Stats, String> {
     w.settle().map_err(|e| fail(steps + 1, e, &log))?;
     w.check().map_err(|e| fail(steps + 1, e, &log))?;
     Ok(w.stats)
-}
-
-fn env(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
-}
-
-fn seeds(default: u64, base: u64) -> Vec<u64> {
-    match env("MAGIC_SYNC_SEED") {
-        Some(seed) => vec![seed],
-        None => (0..env("MAGIC_SYNC_SEEDS").unwrap_or(default))
-            .map(|i| base + i)
-            .collect(),
-    }
 }
 
 // ---------------------------------------------------------------------------

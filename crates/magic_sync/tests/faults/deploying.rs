@@ -2,7 +2,7 @@
 //! goes on from the last chunk committed, works no row twice, and sends
 //! nothing twice that a replica would apply twice.
 
-use super::{end_session, infos, injected};
+use super::{cut_before_commit, failing_pass, injected};
 use fail::FailScenario;
 use magic_sync::{Engine, Row};
 use magic_sync_testkit::fleet::Fleet;
@@ -43,16 +43,6 @@ async fn rows_done(fleet: &Fleet) -> (i64, bool) {
     (row.get(0), row.get(1))
 }
 
-/// One pass of the relay as it stands, which the caller expects to fail.
-async fn failing_pass(fleet: &mut Fleet) -> magic_sync::Error {
-    let infos = infos(fleet);
-    fleet
-        .relay
-        .record(&mut fleet.client, &infos, fleet.network.max_message_bytes())
-        .await
-        .unwrap_err()
-}
-
 #[tokio::test]
 async fn a_relay_killed_mid_deployment_goes_on_from_the_last_chunk_committed() {
     let scenario = FailScenario::setup();
@@ -83,20 +73,7 @@ async fn a_relay_killed_mid_deployment_goes_on_from_the_last_chunk_committed() {
     fleet.reconnect().await;
     // The chunk after loses its session before it commits: nothing of it
     // stays.
-    let pid: i32 = fleet
-        .client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let config = fleet.db.config();
-    fail::cfg_callback("relay-before-commit", move || {
-        end_session(config.clone(), pid)
-    })
-    .unwrap();
-    let lost = failing_pass(&mut fleet).await;
-    fail::remove("relay-before-commit");
-    assert!(lost.is_transient(), "the session went: {lost}");
+    cut_before_commit(&mut fleet).await;
     assert_eq!(
         rows_done(&fleet).await,
         (8, false),

@@ -36,6 +36,16 @@ fn infos(fleet: &Fleet) -> Vec<ReplicaInfo> {
     fleet.units.values().map(|u| u.info.clone()).collect()
 }
 
+/// One pass of the relay as it stands, which the caller expects to fail.
+async fn failing_pass(fleet: &mut Fleet) -> magic_sync::Error {
+    let infos = infos(fleet);
+    fleet
+        .relay
+        .record(&mut fleet.client, &infos, fleet.network.max_message_bytes())
+        .await
+        .unwrap_err()
+}
+
 fn injected(e: &magic_sync::Error, at: &str) -> bool {
     matches!(e, magic_sync::Error::Injected(name) if *name == at)
 }
@@ -50,12 +60,7 @@ async fn a_relay_dying_after_its_pass_committed_loses_nothing() {
         .write("UPDATE products SET price = 3 WHERE id = 1")
         .await;
     fail::cfg("relay-after-commit", "1*return").unwrap();
-    let infos = infos(&fleet);
-    let died = fleet
-        .relay
-        .record(&mut fleet.client, &infos, fleet.network.max_message_bytes())
-        .await
-        .unwrap_err();
+    let died = failing_pass(&mut fleet).await;
     assert!(injected(&died, "relay-after-commit"), "{died}");
     let pending: i64 = fleet
         .writer
@@ -69,6 +74,26 @@ async fn a_relay_dying_after_its_pass_committed_loses_nothing() {
     fleet.sync().await;
     fleet.check().await;
     scenario.teardown();
+}
+
+/// A pass whose session ends just before it commits (as an operator or a
+/// network partition ends it): it fails as a connection lost, and commits
+/// nothing. The fleet's client is gone with it (`Fleet::reconnect`).
+async fn cut_before_commit(fleet: &mut Fleet) {
+    let pid: i32 = fleet
+        .client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let config = fleet.db.config();
+    fail::cfg_callback("relay-before-commit", move || {
+        end_session(config.clone(), pid)
+    })
+    .unwrap();
+    let lost = failing_pass(fleet).await;
+    fail::remove("relay-before-commit");
+    assert!(lost.is_transient(), "the session went: {lost}");
 }
 
 /// Ends the session `pid` from a session of its own, and waits until it
@@ -106,25 +131,7 @@ async fn a_relay_losing_its_lock_mid_pass_commits_nothing_over_the_next() {
     fleet
         .write("UPDATE products SET price = 7 WHERE id = 1; UPDATE customers SET name = 'Ada L' WHERE id = 7")
         .await;
-    let pid: i32 = fleet
-        .client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let config = fleet.db.config();
-    fail::cfg_callback("relay-before-commit", move || {
-        end_session(config.clone(), pid)
-    })
-    .unwrap();
-    let infos = infos(&fleet);
-    let lost = fleet
-        .relay
-        .record(&mut fleet.client, &infos, fleet.network.max_message_bytes())
-        .await
-        .unwrap_err();
-    fail::remove("relay-before-commit");
-    assert!(lost.is_transient(), "the session went: {lost}");
+    cut_before_commit(&mut fleet).await;
     let (pending, outbox): (i64, i64) = {
         let row = fleet
             .writer
@@ -165,25 +172,7 @@ async fn rows_set_aside_are_noted_again_as_they_are_now() {
 
     // The same build starts again.
     fleet.deploy(magic_sync_testkit::shop::buggy_engine()).await;
-    let pid: i32 = fleet
-        .client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let config = fleet.db.config();
-    fail::cfg_callback("relay-before-commit", move || {
-        end_session(config.clone(), pid)
-    })
-    .unwrap();
-    let infos = infos(&fleet);
-    let cut = fleet
-        .relay
-        .record(&mut fleet.client, &infos, fleet.network.max_message_bytes())
-        .await
-        .unwrap_err();
-    fail::remove("relay-before-commit");
-    assert!(cut.is_transient(), "the session went: {cut}");
+    cut_before_commit(&mut fleet).await;
     let noted: Vec<(String, serde_json::Value, Option<serde_json::Value>)> = fleet
         .writer
         .query(
