@@ -1,6 +1,6 @@
 //! What comparing a replica's digest with the record costs, for a replica
 //! of a million rows: the server reads the replica's whole record, turns
-//! each key into the form it travels in, and fingerprints them sorted.
+//! each key into the form it travels in, and fingerprints them (the summed form).
 //!
 //! cargo bench -p magic_sync --features postgres,sqlite --bench digest
 //!
@@ -58,9 +58,10 @@ async fn main() {
         tables: vec![TableDigest {
             table: "items".into(),
             rows: ROWS as u64,
-            fingerprint: magic_sync::replica::fingerprint(&keys),
+            fingerprint: 0,
+            summed: Some(magic_sync::replica::fingerprint(&keys)),
         }],
-        form: magic_sync::envelope::DigestForm::Summed.into(),
+        ..Digest::default()
     };
     let applied = Ack {
         number: 5,

@@ -2143,6 +2143,7 @@ mod attacker {
                                 table: "items".into(),
                                 rows: 1,
                                 fingerprint: 42,
+                                summed: None,
                             }],
                             ..Digest::default()
                         }),

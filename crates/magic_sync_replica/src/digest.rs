@@ -5,28 +5,34 @@
 //!
 //! - `rows`: how many rows the replica holds, leaving out rows it retired and
 //!   rows whose latest version it refused;
-//! - `fingerprint`: the [`DigestForm::Summed`] fingerprint
-//!   ([`magic_sync_core::digest`]) of the canonical key texts of those rows
+//! - `fingerprint` and `summed`: fingerprints ([`magic_sync_core::digest`])
+//!   of the canonical key texts of those rows
 //!   ([`canonical_key`](super::canonical_key): the compact JSON array of the
 //!   key's values, in declared key order, as
-//!   [`Value::to_json`](crate::Value::to_json) writes them): the wrapping
-//!   sum of each key's hash, 0 for an empty table. The digest says its form.
+//!   [`Value::to_json`](crate::Value::to_json) writes them), in both forms:
+//!   `fingerprint` in the first ([`DigestForm::Sorted`]), which is what a
+//!   server of any build reads, and `summed` in the summed one
+//!   ([`DigestForm::Summed`]), which a server of this build compares instead.
+//!
+//! Sending both costs a sort of the keys, once a digest; it keeps a server
+//! rolled back to a build that knows only the first form comparing digests
+//! rightly, where a replica sending only the summed form would differ from
+//! it every time and be provisioned again every hour.
 //!
 //! The server computes the same over the rows it records the replica holding,
 //! leaving out the ones the replica refused; [`fingerprint`] is that
-//! computation given the keys. A replica of another build or language may
-//! send the first form ([`DigestForm::Sorted`]), which the server reads too.
+//! computation given the keys, in the form the server compares.
 
 use super::key;
 use super::state;
 use super::tables::{TableSql, Tables};
 use crate::envelope::{Digest, TableDigest};
 use crate::error::Result;
-use magic_sync_core::digest::{key_hash, summed, DigestForm};
+use magic_sync_core::digest::{sorted, summed, DigestForm};
 use rusqlite::Connection;
 
-/// The fingerprint a replica's digest gives `keys` (canonical key texts):
-/// the [`DigestForm::Summed`] one.
+/// The fingerprint a server of this build compares for `keys` (canonical
+/// key texts): the [`DigestForm::Summed`] one, `TableDigest.summed`.
 pub fn fingerprint(keys: &[String]) -> u64 {
     summed(keys)
 }
@@ -39,7 +45,7 @@ pub(crate) fn digest(conn: &Connection, tables: &Tables) -> Result<Digest> {
         .collect::<Result<_>>()?;
     Ok(Digest {
         tables,
-        form: DigestForm::Summed.into(),
+        form: DigestForm::Sorted.into(),
     })
 }
 
@@ -48,17 +54,17 @@ fn table_digest(conn: &Connection, sql: &TableSql) -> Result<TableDigest> {
     let refused = state::refused_keys(conn, name)?;
     let mut stmt = conn.prepare(&sql.live_keys)?;
     let mut rows = stmt.query([])?;
-    let (mut held, mut sum) = (0, 0u64);
+    let mut keys = Vec::new();
     while let Some(row) = rows.next()? {
         let text = key::canonical(&key::read(&sql.table, row)?);
         if !refused.contains(&text) {
-            held += 1;
-            sum = sum.wrapping_add(key_hash(text.as_bytes()));
+            keys.push(text);
         }
     }
     Ok(TableDigest {
         table: name.to_string(),
-        rows: held,
-        fingerprint: sum,
+        rows: keys.len() as u64,
+        summed: Some(summed(&keys)),
+        fingerprint: sorted(&mut keys),
     })
 }

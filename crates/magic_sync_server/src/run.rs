@@ -1224,6 +1224,7 @@ mod tests {
                     table: "t".into(),
                     rows,
                     fingerprint: 0,
+                    summed: None,
                 }],
                 ..crate::envelope::Digest::default()
             },

@@ -6,6 +6,7 @@
 use crate::fleet::{replica_rows, Fleet};
 use crate::scenarios::shop;
 use magic_sync::core::digest::{self, DigestForm};
+use magic_sync::envelope::{Digest, TableDigest};
 use magic_sync::ops::{self, Concern, Scope};
 use magic_sync::relay::Compared;
 use magic_sync::run;
@@ -93,46 +94,96 @@ async fn heard(fleet: &mut Fleet, unit: &str, report: run::Report) -> Compared {
     heeded.digests[0].1.clone()
 }
 
-/// A replica of an older build, or written in another language, may send
-/// its fingerprints in the first form (the sorted keys'); the server
-/// compares them as exactly as the summed ones this build's replicas send.
-#[tokio::test]
-async fn a_digest_in_the_first_form_is_compared_as_exactly() {
-    let mut fleet = shop().await;
-    let sorted = |fleet: &mut Fleet, shift: u64| {
-        let run::Report::Upload(mut up) = run::replica::digest(&fleet.unit("u1").replica).unwrap()
-        else {
-            panic!("a digest is an upload");
-        };
-        let digest = up.digest.as_mut().unwrap();
-        assert_eq!(digest.form, DigestForm::Summed as i32, "this build's form");
-        digest.form = DigestForm::Sorted.into();
-        for t in &mut digest.tables {
-            let table = fleet
-                .engine
-                .down_tables()
-                .find(|d| d.name == t.table)
-                .unwrap();
-            let mut keys: Vec<String> = replica_rows(&fleet.unit("u1").replica, table)
-                .into_keys()
-                .collect();
-            t.fingerprint = digest::sorted(&mut keys).wrapping_add(shift);
-        }
-        run::Report::Upload(up)
+/// u1's digest as it sends it, changed by `change`.
+fn digest_changed(fleet: &mut Fleet, change: impl FnOnce(&mut Digest)) -> run::Report {
+    let run::Report::Upload(mut up) = run::replica::digest(&fleet.unit("u1").replica).unwrap()
+    else {
+        panic!("a digest is an upload");
     };
-    let report = sorted(&mut fleet, 0);
+    change(up.digest.as_mut().unwrap());
+    run::Report::Upload(up)
+}
+
+/// u1's digest as it sends it, each table's fingerprints changed by `change`.
+fn tables_changed(fleet: &mut Fleet, change: impl Fn(&mut TableDigest)) -> run::Report {
+    digest_changed(fleet, |d| d.tables.iter_mut().for_each(change))
+}
+
+/// A replica sends its fingerprints in both forms: the first (the sorted
+/// keys') in `fingerprint`, which a server of any build reads, and the
+/// summed one beside it, which this server compares. A server that knows
+/// no `summed` (one rolled back to an earlier build) still matches what the
+/// replica holds; and a replica of another build or language that sends
+/// one form alone is compared in that form, as exactly.
+#[tokio::test]
+async fn a_digest_is_compared_in_the_form_the_server_reads() {
+    let mut fleet = shop().await;
+    let tables = fleet.engine.down_tables().count();
+    let differs = |compared: Compared| {
+        let Compared::Differed(differed) = compared else {
+            panic!("a fingerprint that is not the record's differs: {compared:?}");
+        };
+        assert!(
+            differed.iter().all(|d| d.ends_with("(other keys)")),
+            "{differed:?}"
+        );
+        differed.len()
+    };
+    let keys = |fleet: &mut Fleet, table: &str| -> Vec<String> {
+        let table = fleet
+            .engine
+            .down_tables()
+            .find(|d| d.name == table)
+            .unwrap();
+        replica_rows(&fleet.unit("u1").replica, table)
+            .into_keys()
+            .collect()
+    };
+    let mut digest = Digest::default();
+    digest_changed(&mut fleet, |d| digest = d.clone());
+    assert_eq!(
+        digest.form,
+        DigestForm::Sorted as i32,
+        "`fingerprint` in the first form"
+    );
+    for t in &digest.tables {
+        let mut keys = keys(&mut fleet, &t.table);
+        assert_eq!(t.summed, Some(digest::summed(&keys)), "{}", t.table);
+        assert_eq!(t.fingerprint, digest::sorted(&mut keys), "{}", t.table);
+    }
+
+    // As sent, as a server that knows no `summed` reads it (the first form
+    // alone), and as a replica that sends the summed form alone, saying so:
+    // each matches.
+    let report = tables_changed(&mut fleet, |_| {});
     assert_eq!(heard(&mut fleet, "u1", report).await, Compared::Matched);
     a_minute_later(&fleet).await;
-    // Every table's fingerprint off by one: each differs, with its rows.
-    let report = sorted(&mut fleet, 1);
-    let Compared::Differed(differed) = heard(&mut fleet, "u1", report).await else {
-        panic!("a fingerprint that is not the record's differs");
-    };
-    assert!(
-        differed.iter().all(|d| d.ends_with("(other keys)")),
-        "{differed:?}"
-    );
-    assert_eq!(differed.len(), fleet.engine.down_tables().count());
+    let report = tables_changed(&mut fleet, |t| t.summed = None);
+    assert_eq!(heard(&mut fleet, "u1", report).await, Compared::Matched);
+    a_minute_later(&fleet).await;
+    let report = digest_changed(&mut fleet, |d| {
+        d.form = DigestForm::Summed.into();
+        for t in &mut d.tables {
+            t.fingerprint = t.summed.take().unwrap();
+        }
+    });
+    assert_eq!(heard(&mut fleet, "u1", report).await, Compared::Matched);
+    a_minute_later(&fleet).await;
+
+    // The summed fingerprints are what this server compares: off by one
+    // they differ, whatever the first form says.
+    let report = tables_changed(&mut fleet, |t| {
+        t.summed = t.summed.map(|s| s.wrapping_add(1))
+    });
+    assert_eq!(differs(heard(&mut fleet, "u1", report).await), tables);
+    // Provisioned again; then the first form alone, off by one, differs too.
+    fleet.sync().await;
+    a_minute_later(&fleet).await;
+    let report = tables_changed(&mut fleet, |t| {
+        t.summed = None;
+        t.fingerprint = t.fingerprint.wrapping_add(1);
+    });
+    assert_eq!(differs(heard(&mut fleet, "u1", report).await), tables);
 }
 
 #[tokio::test]

@@ -389,14 +389,17 @@ fn uploads(s: &Said) -> Vec<(String, Up)> {
                     table: "products".into(),
                     rows: n,
                     fingerprint: n,
+                    summed: (n % 2 == 0).then_some(n),
                 },
                 TableDigest {
                     table: "no such table".into(),
                     rows: n,
                     fingerprint: 0,
+                    summed: (n % 2 == 0).then_some(0),
                 },
             ],
-            // Both forms, and (at 2^63) one no build reads.
+            // Both forms, summed beside the first or not, and (at 2^63)
+            // one no build reads.
             form: (n % 3) as i32,
         };
         let refused = vec![Refused {

@@ -98,7 +98,7 @@ async fn compare_in_one_snapshot(
     let Some(applied) = applied.and_then(|a| MessageNo::from_wire(a.number).ok()) else {
         return Ok(Compared::Skipped("it names no message it applied"));
     };
-    let Ok(form) = DigestForm::try_from(digest.form) else {
+    let Some((form, said)) = fingerprints(digest) else {
         return Ok(Compared::Skipped(
             "its fingerprints are of a form this build does not read",
         ));
@@ -130,11 +130,6 @@ async fn compare_in_one_snapshot(
         return Ok(Compared::Skipped(why));
     }
     let recorded = recorded(&tx, engine, replica, refused, form).await?;
-    let said: BTreeMap<&str, (u64, u64)> = digest
-        .tables
-        .iter()
-        .map(|t| (t.table.as_str(), (t.rows, t.fingerprint)))
-        .collect();
     let empty = (0, fingerprint(form, &mut Vec::new()));
     let mut differed = Vec::new();
     for table in engine.down_tables() {
@@ -174,6 +169,25 @@ async fn compare_in_one_snapshot(
     });
     metrics::counter!("magic_sync_digest_mismatches_total").increment(1);
     Ok(Compared::Differed(differed))
+}
+
+/// The form a digest is compared in, and per table the rows and the
+/// fingerprint it gives in that form: the summed fingerprints when every
+/// table carries one (`TableDigest.summed`), otherwise `fingerprint` in the
+/// digest's form. None for a form this build does not know.
+fn fingerprints(digest: &Digest) -> Option<(DigestForm, BTreeMap<&str, (u64, u64)>)> {
+    let tables = || digest.tables.iter();
+    let summed: Option<BTreeMap<_, _>> = tables()
+        .map(|t| Some((t.table.as_str(), (t.rows, t.summed?))))
+        .collect();
+    match summed {
+        Some(said) if !said.is_empty() => Some((DigestForm::Summed, said)),
+        _ => {
+            let form = DigestForm::try_from(digest.form).ok()?;
+            let said = tables().map(|t| (t.table.as_str(), (t.rows, t.fingerprint)));
+            Some((form, said.collect()))
+        }
+    }
 }
 
 /// Per table, the rows the record says `replica` holds and their
