@@ -171,11 +171,14 @@ async fn compare_in_one_snapshot(
     Ok(Compared::Differed(differed))
 }
 
+/// Per table, the rows a digest says and their fingerprint.
+type Said<'a> = BTreeMap<&'a str, (u64, u64)>;
+
 /// The form a digest is compared in, and per table the rows and the
 /// fingerprint it gives in that form: the summed fingerprints when every
 /// table carries one (`TableDigest.summed`), otherwise `fingerprint` in the
 /// digest's form. None for a form this build does not know.
-fn fingerprints(digest: &Digest) -> Option<(DigestForm, BTreeMap<&str, (u64, u64)>)> {
+fn fingerprints(digest: &Digest) -> Option<(DigestForm, Said<'_>)> {
     let tables = || digest.tables.iter();
     let summed: Option<BTreeMap<_, _>> = tables()
         .map(|t| Some((t.table.as_str(), (t.rows, t.summed?))))
