@@ -82,13 +82,13 @@ impl Noted {
 
     /// The body of the note function.
     pub fn body(&self) -> String {
-        let insert =
-            |key: &str, parents: &str| crate::store::notes::note(&self.table, key, parents);
+        use crate::store::notes::{note, Op};
+        let insert = |op, key: &str, parents: &str| note(&self.table, op, key, parents);
         let key = |rec: &str| columns_call("jsonb_build_array", rec, &self.key, false);
         let parents = |rec: &str| self.before_of(rec);
         let row = |rec: &str, cols: &[String]| columns_call("ROW", rec, cols, false);
-        let insert_new = insert(&key("NEW"), "NULL");
-        let delete_old = insert(&key("OLD"), &parents("OLD"));
+        let insert_new = insert(Op::Insert, &key("NEW"), "NULL");
+        let delete_old = insert(Op::Delete, &key("OLD"), &parents("OLD"));
         format!(
             "
 BEGIN
@@ -109,7 +109,7 @@ END
             new_key = row("NEW", &self.key),
             old_watched = row("OLD", &self.watched),
             new_watched = row("NEW", &self.watched),
-            update = insert(&key("NEW"), &parents("OLD")),
+            update = insert(Op::Update, &key("NEW"), &parents("OLD")),
         )
     }
 

@@ -7,6 +7,7 @@ use magic_sync_testkit::{fleet, gate, shop, wire};
 mod deploy;
 
 mod batches;
+mod by_rule;
 mod cohorts;
 mod cost;
 mod deployments;

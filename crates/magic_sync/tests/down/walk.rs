@@ -200,6 +200,9 @@ async fn walk(seed: u64, steps: u64, shape: &Walk) {
             }
         }
         println!("seed {seed} step {step}: {}", done.join(" | "));
+        // The step's notes are pending: the rows each holder holds by its
+        // rule are still read right from them (decision 176).
+        fleet.check_rules().await;
         if rng.gen_bool(0.2) {
             // A pass recorded and published before the next writes land:
             // replicas fall behind by a message or more.

@@ -176,7 +176,8 @@ async fn rows_set_aside_are_noted_again_as_they_are_now() {
     let noted: Vec<(String, serde_json::Value, Option<serde_json::Value>)> = fleet
         .writer
         .query(
-            "SELECT table_name, key, parents FROM sync.notes ORDER BY table_name, key::text",
+            "SELECT table_name, key, parents FROM sync.notes WHERE op = 'a'
+             ORDER BY table_name, key::text",
             &[],
         )
         .await
@@ -184,6 +185,13 @@ async fn rows_set_aside_are_noted_again_as_they_are_now() {
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect();
+    let notes: i64 = fleet
+        .writer
+        .query_one("SELECT count(*) FROM sync.notes", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(notes, 3, "every note pending is one noted again ('a')");
     assert_eq!(
         noted,
         vec![

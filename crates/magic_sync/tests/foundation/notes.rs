@@ -42,6 +42,18 @@ async fn summary(client: &Client) -> Vec<(String, String, Json, Option<Json>)> {
         .collect()
 }
 
+/// What each note says happened to its row (`sync.notes.op`), in order.
+async fn ops(client: &Client) -> String {
+    client
+        .query_one(
+            "SELECT string_agg(op::text, '' ORDER BY seq) FROM sync.notes",
+            &[],
+        )
+        .await
+        .expect("read notes")
+        .get(0)
+}
+
 async fn clear(client: &Client) {
     client
         .execute("DELETE FROM sync.notes", &[])
@@ -98,6 +110,25 @@ async fn insert_update_delete_each_write_one_note() {
             ),
             (s("orders"), s("public.orders"), json!([2]), None),
         ]
+    );
+    assert_eq!(ops(&client).await, "udi");
+
+    // In one transaction, a key inserted and then updated: the update's
+    // pre-image is the row just inserted, and only the kinds say the key
+    // was not there before.
+    clear(&client).await;
+    client
+        .batch_execute(
+            "BEGIN; INSERT INTO orders (id, unit_id) VALUES (3, 'u1');
+             UPDATE orders SET customer_id = 7 WHERE id = 3; COMMIT;",
+        )
+        .await
+        .unwrap();
+    assert_eq!(ops(&client).await, "iu");
+    let notes = summary(&client).await;
+    assert_eq!(
+        notes.iter().map(|n| n.3.clone()).collect::<Vec<_>>(),
+        vec![None, Some(json!({"customer_id": null, "unit_id": "u1"}))]
     );
 }
 
@@ -206,6 +237,7 @@ async fn a_key_change_notes_the_old_key_too() {
             ),
         ]
     );
+    assert_eq!(ops(&client).await, "diu");
 }
 
 #[tokio::test]

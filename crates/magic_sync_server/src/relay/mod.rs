@@ -413,7 +413,18 @@ impl Relay {
     /// record: for tests, and for an operator in doubt; exact only while no
     /// note is pending.
     pub async fn audit(&self, client: &Client) -> Result<Vec<String>> {
-        held::audit(client, &self.context.graph).await
+        let mut problems = held::audit(client, &self.context.graph).await?;
+        problems.extend(self.audit_rules(client).await?);
+        Ok(problems)
+    }
+
+    /// Checks that the rows the record says each holder holds by its own
+    /// rule are the rows its rule gives it at its position, read from the
+    /// host's rows and the pending notes alone (decision 176), pointing at
+    /// the same parents; exact whether notes are pending or not. Returns
+    /// one line per disagreement. It reads every table whole: for tests.
+    pub async fn audit_rules(&self, client: &Client) -> Result<Vec<String>> {
+        crate::store::by_rule::audit(client, &self.context.graph).await
     }
 }
 

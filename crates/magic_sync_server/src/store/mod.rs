@@ -24,6 +24,7 @@
 
 pub(crate) mod acks;
 pub mod broker_keys;
+pub(crate) mod by_rule;
 pub(crate) mod checkpoints;
 pub(crate) mod cohorts;
 pub mod credentials;

@@ -57,8 +57,8 @@ pub(crate) async fn park(client: &Client, graph: &Graph) -> Result<u64> {
                          DELETE FROM sync.notes n
                          WHERE n.format = 1 AND n.table_name = {name} AND NOT ({fits})
                          RETURNING n.*)
-                     INSERT INTO sync.parked (seq, table_name, source, key, parents, xid, format, reason)
-                     SELECT seq, table_name, source, key, parents, xid, format, $1 FROM bad",
+                     INSERT INTO sync.parked (seq, table_name, source, key, parents, xid, format, op, reason)
+                     SELECT seq, table_name, source, key, parents, xid, format, op, $1 FROM bad",
                     name = literal(table.name),
                     fits = fits.join(" AND "),
                 ),
@@ -76,8 +76,8 @@ pub(crate) async fn unpark(client: &Client) -> Result<u64> {
     Ok(client
         .execute(
             "WITH back AS (DELETE FROM sync.parked RETURNING *)
-             INSERT INTO sync.notes (seq, table_name, source, key, parents, xid, format)
-             SELECT seq, table_name, source, key, parents, xid, format FROM back",
+             INSERT INTO sync.notes (seq, table_name, source, key, parents, xid, format, op)
+             SELECT seq, table_name, source, key, parents, xid, format, op FROM back",
             &[],
         )
         .await?)

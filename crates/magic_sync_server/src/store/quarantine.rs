@@ -117,11 +117,12 @@ impl NoteAgain {
 /// being `before`, over `s`.
 fn again(before: &str, table: &str) -> String {
     format!(
-        "INSERT INTO sync.notes (table_name, source, key, parents)
-         SELECT s.table_name, s.table_name, s.key::jsonb, {before} FROM (
+        "INSERT INTO sync.notes (table_name, source, key, parents, op)
+         SELECT s.table_name, s.table_name, s.key::jsonb, {before}, {again} FROM (
              SELECT table_name, key FROM sync.quarantine WHERE table_name {table}
              UNION
-             SELECT table_name, key FROM sync.blocked WHERE table_name {table}) s"
+             SELECT table_name, key FROM sync.blocked WHERE table_name {table}) s",
+        again = super::notes::Op::Again.literal(),
     )
 }
 

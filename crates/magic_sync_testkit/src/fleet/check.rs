@@ -24,6 +24,25 @@ impl Fleet {
         );
     }
 
+    /// The rows the record says each holder holds by its own rule are the
+    /// rows its rule gives it at its position, read from the host's rows
+    /// and the pending notes alone ([`Relay::audit_rules`]): exact while
+    /// notes are pending, which [`Fleet::check`] never sees.
+    ///
+    /// [`Relay::audit_rules`]: magic_sync::relay::Relay::audit_rules
+    pub async fn check_rules(&self) {
+        let problems = self
+            .relay
+            .audit_rules(&self.client)
+            .await
+            .expect("the audit");
+        assert!(
+            problems.is_empty(),
+            "the rule read at each holder's position disagrees with the record:\n  {}",
+            problems.join("\n  ")
+        );
+    }
+
     /// The rows in quarantine, as (table, compact key).
     pub async fn quarantined(&self) -> BTreeSet<(String, String)> {
         self.writer

@@ -44,6 +44,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (35, include_str!("035_reads_batches.sql")),
     (36, include_str!("036_cohorts.sql")),
     (37, include_str!("037_blocked_by_holder.sql")),
+    (38, include_str!("038_note_ops.sql")),
 ];
 
 /// The version this build brings the schema to.
