@@ -408,10 +408,11 @@ impl Relay {
     /// Checks the record of what replicas hold (`sync.held`) against
     /// itself and the database: every row recorded exists, is recorded as
     /// its rule sends it and as pointing at what it points at now, and with
-    /// as many of the replica's rows pointing at it as do. Returns one line
-    /// per disagreement, none when the record is sound. It reads the whole
-    /// record: for tests, and for an operator in doubt; exact only while no
-    /// note is pending.
+    /// as many of the replica's rows pointing at it as do; and every row a
+    /// holder's own rule gives it is recorded so ([`Self::audit_rules`]).
+    /// Returns one line per disagreement, none when the record is sound. It
+    /// reads the whole record: for tests, and for an operator in doubt;
+    /// exact only while no note is pending.
     pub async fn audit(&self, client: &Client) -> Result<Vec<String>> {
         let mut problems = held::audit(client, &self.context.graph).await?;
         problems.extend(self.audit_rules(client).await?);
