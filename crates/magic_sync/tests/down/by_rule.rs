@@ -27,12 +27,7 @@ struct Task {
 /// syncs and checks the fleet.
 async fn pending_then_synced(fleet: &mut Fleet, sql: &str) {
     fleet.write(sql).await;
-    let pending: i64 = fleet
-        .writer
-        .query_one("SELECT count(*) FROM sync.notes", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let pending: i64 = fleet.count("SELECT count(*) FROM sync.notes").await;
     assert!(pending > 0, "{sql}: its notes are pending");
     fleet.check_rules().await;
     fleet.sync().await;

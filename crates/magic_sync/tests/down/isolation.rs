@@ -124,11 +124,8 @@ async fn a_replica_saying_nonsense_holds_back_no_other_and_ends_no_attempt() {
         "the runner's attempt was ended and begun again"
     );
     let acknowledged: i64 = fleet
-        .writer
-        .query_one("SELECT count(*) FROM sync.acks WHERE replica = 'u2'", &[])
-        .await
-        .unwrap()
-        .get(0);
+        .count("SELECT count(*) FROM sync.acks WHERE replica = 'u2'")
+        .await;
     assert_eq!(acknowledged, 0, "nothing u2 said counted as applied");
     // The table it made up is named in no read: the operator sees rows of an
     // undeclared table, not a name a replica chose.
@@ -268,15 +265,11 @@ async fn snapshot_number(fleet: &crate::fleet::Fleet, replica: &str) -> i64 {
 /// The relay's sessions on this test's database.
 async fn relay_sessions(fleet: &crate::fleet::Fleet) -> i64 {
     fleet
-        .writer
-        .query_one(
+        .count(
             "SELECT count(*) FROM pg_stat_activity
              WHERE datname = current_database() AND application_name LIKE 'magic_sync relay: %'",
-            &[],
         )
         .await
-        .unwrap()
-        .get(0)
 }
 
 /// SIGTERM, as a service manager sends it, stops the runner where it is:

@@ -344,10 +344,5 @@ async fn a_note_the_planner_cannot_plan_is_parked_and_holds_back_nothing_else() 
 }
 
 async fn parked_notes(fleet: &Fleet) -> i64 {
-    fleet
-        .writer
-        .query_one("SELECT count(*) FROM sync.parked", &[])
-        .await
-        .unwrap()
-        .get(0)
+    fleet.count("SELECT count(*) FROM sync.parked").await
 }

@@ -1065,14 +1065,8 @@ async fn a_server_restored_from_an_older_copy_begins_a_new_epoch_and_provisions_
     fleet.heed().await;
     assert_ne!(epoch_of(&fleet).await, before, "a new epoch");
     let waiting: i64 = fleet
-        .writer
-        .query_one(
-            "SELECT count(*) FROM sync.replicas WHERE live AND provision",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+        .count("SELECT count(*) FROM sync.replicas WHERE live AND provision")
+        .await;
     assert_eq!(waiting, fleet.units.len() as i64, "every replica");
     fleet.sync().await;
     fleet.check().await;

@@ -312,12 +312,7 @@ async fn a_last_message_lost_on_the_way_is_sent_again() {
     fleet.check().await;
     assert_eq!(product_name(&fleet, "u1"), "black tea");
     assert_eq!(fleet.provisionings, before, "no snapshot");
-    let outbox: i64 = fleet
-        .writer
-        .query_one("SELECT count(*) FROM sync.outbox", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let outbox: i64 = fleet.count("SELECT count(*) FROM sync.outbox").await;
     assert_eq!(outbox, 0, "acknowledged, let go of");
 }
 

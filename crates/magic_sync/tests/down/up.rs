@@ -550,12 +550,7 @@ async fn an_oversized_upload_is_refused_and_files_nothing() {
         .map(|f| f.send_id)
         .collect();
     assert_eq!(answers, [up.send_id], "only it is answered");
-    let kept: i64 = fleet
-        .writer
-        .query_one("SELECT count(*) FROM sync.inbox", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let kept: i64 = fleet.count("SELECT count(*) FROM sync.inbox").await;
     assert_eq!(kept, 0, "nothing of the oversized upload is kept");
 }
 
@@ -1140,12 +1135,7 @@ async fn a_till_whose_inbox_is_full_has_its_uploads_wait_and_loses_nothing() {
     // empties, and u1's sale goes in as it comes again.
     fleet.deploy(crate::shop::engine()).await;
     fleet.pass().await;
-    let held: i64 = fleet
-        .writer
-        .query_one("SELECT count(*) FROM sync.inbox", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let held: i64 = fleet.count("SELECT count(*) FROM sync.inbox").await;
     assert_eq!(held, 0);
     let filing = file_as(&fleet, "u1", &up).await;
     assert_eq!(counts(&filing), (1, 0, 0));
@@ -1315,12 +1305,7 @@ async fn rows_the_server_refused_are_filed_again_once_a_fix_is_deployed() {
 }
 
 async fn inbox_rows(fleet: &Fleet) -> i64 {
-    fleet
-        .writer
-        .query_one("SELECT count(*) FROM sync.inbox", &[])
-        .await
-        .unwrap()
-        .get(0)
+    fleet.count("SELECT count(*) FROM sync.inbox").await
 }
 
 /// What a till's own columns were last taken from is kept while it holds

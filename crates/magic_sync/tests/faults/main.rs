@@ -62,12 +62,7 @@ async fn a_relay_dying_after_its_pass_committed_loses_nothing() {
     fail::cfg("relay-after-commit", "1*return").unwrap();
     let died = failing_pass(&mut fleet).await;
     assert!(injected(&died, "relay-after-commit"), "{died}");
-    let pending: i64 = fleet
-        .writer
-        .query_one("SELECT count(*) FROM sync.notes", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let pending: i64 = fleet.count("SELECT count(*) FROM sync.notes").await;
     assert_eq!(pending, 0, "the pass committed");
     // The next relay (the same build, started again) publishes it.
     fleet.deploy(fleet.engine.clone()).await;
@@ -185,12 +180,7 @@ async fn rows_set_aside_are_noted_again_as_they_are_now() {
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect();
-    let notes: i64 = fleet
-        .writer
-        .query_one("SELECT count(*) FROM sync.notes", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let notes: i64 = fleet.count("SELECT count(*) FROM sync.notes").await;
     assert_eq!(notes, 3, "every note pending is one noted again ('a')");
     assert_eq!(
         noted,
@@ -248,12 +238,7 @@ async fn a_message_sent_and_still_in_the_outbox_goes_again_and_applies_once() {
     .await
     .unwrap_err();
     assert!(injected(&died, "publish-after-send"), "{died}");
-    let outbox: i64 = fleet
-        .writer
-        .query_one("SELECT count(*) FROM sync.outbox", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let outbox: i64 = fleet.count("SELECT count(*) FROM sync.outbox").await;
     assert!(outbox > 0, "still in the outbox");
     // Delivered once from the first send, once more from the second.
     let applied = fleet.deliver().await;

@@ -239,13 +239,7 @@ async fn storm(seed: u64, steps: u64) -> Tally {
     );
     storm.every_sale_is_on_the_server().await;
     if seed % 2 == 1 {
-        let members: i64 = storm
-            .fleet
-            .writer
-            .query_one("SELECT count(*) FROM sync.members", &[])
-            .await
-            .unwrap()
-            .get(0);
+        let members: i64 = storm.fleet.count("SELECT count(*) FROM sync.members").await;
         assert!(members > 0, "seed {seed}: tills are members of the cohort");
     }
     let mut tally = storm.tally;

@@ -81,11 +81,8 @@ async fn a_receipt_the_server_made_shows_it_forgot_a_filing() {
     }
     fleet.check().await;
     let sale: i64 = fleet
-        .writer
-        .query_one("SELECT count(*) FROM sales WHERE id = 's1'", &[])
-        .await
-        .unwrap()
-        .get(0);
+        .count("SELECT count(*) FROM sales WHERE id = 's1'")
+        .await;
     assert_eq!(sale, 1, "the sale is filed again");
 }
 

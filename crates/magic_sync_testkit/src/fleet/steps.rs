@@ -39,6 +39,15 @@ impl Fleet {
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
+    /// The count `sql` (a `SELECT count(...)`) gives, read on the server.
+    pub async fn count(&self, sql: &str) -> i64 {
+        self.writer
+            .query_one(sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .get(0)
+    }
+
     /// A write, then passes until nothing moves, then the check.
     pub async fn settle(&mut self, sql: &str) {
         self.write(sql).await;
