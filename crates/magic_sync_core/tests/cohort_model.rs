@@ -99,7 +99,7 @@ use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 mod seeded;
-use seeded::{env, seeds};
+use seeded::{env, link, seeds};
 
 // ---------------------------------------------------------------------------
 // The schema
@@ -130,21 +130,8 @@ enum Rule {
     Follows,
 }
 
-/// A foreign key: the child's `fks[i]` names a row of `parent`.
-#[derive(Debug)]
-struct Link {
-    parent: Table,
-    nullable: bool,
-    follows: bool,
-}
-
-const fn link(parent: Table, nullable: bool, follows: bool) -> Link {
-    Link {
-        parent,
-        nullable,
-        follows,
-    }
-}
+/// A foreign key of this model's schema.
+type Link = seeded::Link<Table>;
 
 impl Table {
     /// The tables a write may insert into (regions are fixed).

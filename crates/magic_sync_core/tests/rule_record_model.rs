@@ -134,7 +134,7 @@ use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 mod seeded;
-use seeded::{env, seeds};
+use seeded::{env, link, seeds};
 
 // ---------------------------------------------------------------------------
 // The schema
@@ -153,20 +153,8 @@ type Fks = Vec<Option<u32>>;
 /// A transaction's rows: each key with its new row, or none (deleted).
 type Changes = Vec<(Key, Option<Row>)>;
 
-#[derive(Debug)]
-struct Link {
-    parent: Table,
-    nullable: bool,
-    follows: bool,
-}
-
-const fn link(parent: Table, nullable: bool, follows: bool) -> Link {
-    Link {
-        parent,
-        nullable,
-        follows,
-    }
-}
+/// A foreign key of this model's schema.
+type Link = seeded::Link<Table>;
 
 impl Table {
     fn links(self) -> &'static [Link] {

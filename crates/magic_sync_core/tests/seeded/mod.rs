@@ -1,5 +1,6 @@
 //! What the seeded model walks (`cohort_model.rs`, `rule_record_model.rs`)
-//! share: how a run is chosen from the environment. `MAGIC_SYNC_SEED=n`
+//! share: their schemas' foreign keys, and how a run is chosen from the
+//! environment. `MAGIC_SYNC_SEED=n`
 //! replays one seed, `MAGIC_SYNC_SEEDS=n` walks that many from the test's
 //! base.
 
@@ -16,5 +17,22 @@ pub fn seeds(default: u64, base: u64) -> Vec<u64> {
         None => (0..env("MAGIC_SYNC_SEEDS").unwrap_or(default))
             .map(|i| base + i)
             .collect(),
+    }
+}
+
+/// A foreign key of a model's schema (tables of type `T`): the child's
+/// `fks[i]` names a row of `parent`.
+#[derive(Debug)]
+pub struct Link<T> {
+    pub parent: T,
+    pub nullable: bool,
+    pub follows: bool,
+}
+
+pub const fn link<T>(parent: T, nullable: bool, follows: bool) -> Link<T> {
+    Link {
+        parent,
+        nullable,
+        follows,
     }
 }
