@@ -10,7 +10,8 @@
 //! took under a deferrable unique key, then deleted, notes (insert,
 //! delete). What the row was is the `parents` of its first pending note
 //! that is not an insert: the columns that point at other tables and the
-//! one its rule reads, read into a row of the table's type.
+//! one its rule reads. A key whose notes cannot say it is read as not
+//! known, and its holders stay recorded (see [`pending`]).
 //!
 //! Today the record keeps every row held, so this reading is not what
 //! plans; [`audit`] checks it against the record at any moment, notes
@@ -21,7 +22,7 @@ use super::notes::Op;
 use crate::error::Result;
 use crate::graph::{key_json, key_match, rule, Graph, Shape};
 use crate::row::Rule;
-use crate::sql::literal;
+use crate::sql::{ident, literal};
 use tokio_postgres::Client;
 
 /// The holders read: every live replica kept up (not waiting for a
@@ -44,25 +45,92 @@ pub(crate) fn readable(shape: &Shape) -> bool {
     )
 }
 
-/// Per key of `shape` with pending notes: whether every note says what it
-/// is (`known`; a note function of an earlier build does not), whether the
-/// key was there before them (`was`), and the row's columns then
-/// (`before`, the `parents` of its first note that is not an insert).
-fn pending(shape: &Shape) -> String {
+/// Per key of `shape` with pending notes: whether the reading can say
+/// what the key was before them (`known`), whether it was there (`was`),
+/// and the row's columns then (`before`, the `parents` of its first note
+/// that is not an insert).
+///
+/// A key is not known when a note of an earlier build (no kind) is among
+/// them; when the key, or the parents a note names, no longer fit the
+/// table's columns (a note written before the table changed, not parked
+/// yet); and when its first
+/// note is an insert although it was there. That last one happens only
+/// under a deferrable unique key, where two rows share the key for a while
+/// inside one transaction, and the notes cannot say which row's values
+/// were there: a swap of keys notes (insert, delete) and the delete is the
+/// row that was there, but another row taking the key and being updated
+/// there before the first leaves notes (insert, update, delete), and a row
+/// taking the key and leaving it again notes (insert, delete) of its own
+/// values while the row that was there is untouched.
+fn pending(graph: &Graph, shape: &Shape) -> String {
+    let mut fits = vec![
+        "jsonb_typeof(n.key) = 'array'".to_string(),
+        format!("jsonb_array_length(n.key) = {}", shape.table.key.len()),
+    ];
+    fits.extend(
+        shape
+            .key_types
+            .iter()
+            .enumerate()
+            .map(|(i, ty)| format!("sync.castable(n.key->>{i}, {})", literal(ty))),
+    );
+    let parents_fit: Vec<String> = before_columns(graph, shape)
+        .iter()
+        .map(|(c, ty)| {
+            format!(
+                "bool_and(n.parents IS NULL OR sync.castable(n.parents->>{}, {}))",
+                literal(c),
+                literal(ty)
+            )
+        })
+        .chain(std::iter::once("true".to_string()))
+        .collect();
     format!(
-        "SELECT n.key, bool_and(n.op IS NOT NULL) AS known,
-                (EXISTS (SELECT 1 FROM {rel} a WHERE {now}))::int
-                  - sum(CASE n.op WHEN {i} THEN 1 WHEN {d} THEN -1 ELSE 0 END) = 1 AS was,
-                (array_agg(n.parents ORDER BY n.seq)
-                   FILTER (WHERE n.op <> {i} AND n.parents IS NOT NULL))[1] AS before
-         FROM sync.notes n WHERE n.table_name = {t}
-         GROUP BY n.key",
+        "SELECT key, known AND NOT (first = {i} AND was) AS known, was, before
+         FROM (SELECT n.key, bool_and(n.op IS NOT NULL) AND {fits} AND {parents_fit} AS known,
+                      CASE WHEN {fits}
+                           THEN (EXISTS (SELECT 1 FROM {rel} a WHERE {now}))::int
+                                - sum(CASE n.op WHEN {i} THEN 1 WHEN {d} THEN -1 ELSE 0 END) = 1
+                      END AS was,
+                      (array_agg(n.op ORDER BY n.seq))[1] AS first,
+                      (array_agg(n.parents ORDER BY n.seq)
+                         FILTER (WHERE n.op <> {i} AND n.parents IS NOT NULL))[1] AS before
+               FROM sync.notes n WHERE n.table_name = {t}
+               GROUP BY n.key) n",
+        fits = fits.join(" AND "),
+        parents_fit = parents_fit.join(" AND "),
         rel = shape.relation,
         now = key_match("a", shape, "n.key"),
         i = Op::Insert.literal(),
         d = Op::Delete.literal(),
         t = literal(shape.table.name),
     )
+}
+
+/// The columns a note keeps in `parents` that the reading reads, with the
+/// types `jsonb_to_record` reads them as: those of the links out of `shape`,
+/// as the child has them, and the column its rule reads, as text (the rule
+/// compares its text). Only these: the table's other columns may be of a
+/// domain that refuses the NULL they would be read as.
+fn before_columns(graph: &Graph, shape: &Shape) -> Vec<(String, String)> {
+    let mut columns: Vec<(String, String)> = Vec::new();
+    for link in graph
+        .links
+        .iter()
+        .filter(|l| l.child.name == shape.table.name)
+    {
+        for (c, ty) in link.columns.iter().zip(&link.types) {
+            if !columns.iter().any(|(x, _)| x == c) {
+                columns.push((c.clone(), ty.clone()));
+            }
+        }
+    }
+    if let Rule::Replica(c) | Rule::Partition(c) = shape.table.rule {
+        if !columns.iter().any(|(x, _)| x == c) {
+            columns.push((c.to_string(), "text".into()));
+        }
+    }
+    columns
 }
 
 /// The rows of `shape` each holder of `holders` (`r`, `part`, `kind`)
@@ -72,6 +140,17 @@ fn pending(shape: &Shape) -> String {
 fn given(graph: &Graph, shape: &Shape, holders: &str) -> Option<String> {
     let now = rule(shape.table, "a", "h")?;
     let then = rule(shape.table, "p", "h")?;
+    let read = before_columns(graph, shape);
+    // `jsonb_to_record` needs a column: an `all` table with no link reads
+    // none.
+    let columns = if read.is_empty() {
+        "_ms_none text".to_string()
+    } else {
+        read.iter()
+            .map(|(c, ty)| format!("{} {ty}", ident(c)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     Some(format!(
         "WITH h AS ({holders}), n AS ({pending})
          SELECT h.r, {key_now} AS k, {ptrs_now} AS ptrs
@@ -79,10 +158,10 @@ fn given(graph: &Graph, shape: &Shape, holders: &str) -> Option<String> {
          WHERE {now} AND NOT EXISTS (SELECT 1 FROM n WHERE n.key = {key_now})
          UNION ALL
          SELECT h.r, n.key, {ptrs_then}
-         FROM n CROSS JOIN LATERAL jsonb_populate_record(NULL::{rel}, n.before) p
+         FROM n CROSS JOIN LATERAL jsonb_to_record(CASE WHEN n.known THEN n.before END) AS p ({columns})
          CROSS JOIN h
          WHERE n.known AND n.was AND {then}",
-        pending = pending(shape),
+        pending = pending(graph, shape),
         key_now = key_json("a", shape.table),
         ptrs_now = graph.pointers("a", shape.table.name),
         ptrs_then = graph.pointers("p", shape.table.name),
@@ -130,7 +209,7 @@ pub(crate) async fn audit(client: &Client, graph: &Graph) -> Result<Vec<String>>
                                WHERE x.table_name = {t} AND x.done_at IS NULL AND x.work <> 'resend')
              ORDER BY 1, 2",
             t = literal(shape.table.name),
-            pending = pending(shape),
+            pending = pending(graph, shape),
         );
         for row in client.query(&sql, &[]).await? {
             let (r, k, given, recorded): (String, String, bool, bool) =
