@@ -202,6 +202,19 @@ pub fn record_by_rule() -> bool {
     }
 }
 
+/// Whether a bench's (or a test fleet's) relay records a row for each row
+/// a holder's rule gives it: as `MAGIC_SYNC_RECORD_RULED` says (`0` or
+/// `false` off, anything else on), else the default setting's. The suite
+/// run with it off fails where a read still takes the record alone
+/// (`docs/record-by-rule-plan.md` §7).
+pub fn record_ruled_rows() -> bool {
+    match std::env::var("MAGIC_SYNC_RECORD_RULED").as_deref() {
+        Ok("0" | "false") => false,
+        Ok(_) => true,
+        Err(_) => Settings::default().record_ruled_rows,
+    }
+}
+
 impl Fleet {
     /// Opens a SQLite file per replica and starts applying into each, where
     /// `MAGIC_SYNC_BENCH_FLEET` says, and starts the relay's runner with
@@ -337,6 +350,7 @@ impl Fleet {
                 Settings::default().snapshots as u64,
             ) as usize,
             record_by_rule: record_by_rule(),
+            record_ruled_rows: record_ruled_rows(),
             ..Settings::default()
         };
         let (config, host, engine) = (self.config.clone(), self.host.clone(), self.engine.clone());

@@ -99,6 +99,7 @@ pub(super) async fn make(
         &context.graph,
         &last,
         &Filled::only([Scratch::Fresh]),
+        held::Ruled::of(&context.settings),
     ))
     .await?;
     cohorts::record(&tx).await?;

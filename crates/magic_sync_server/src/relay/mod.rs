@@ -425,7 +425,12 @@ impl Relay {
     /// the same parents; exact whether notes are pending or not. Returns
     /// one line per disagreement. It reads every table whole: for tests.
     pub async fn audit_rules(&self, client: &Client) -> Result<Vec<String>> {
-        crate::store::by_rule::audit(client, &self.context.graph).await
+        crate::store::by_rule::audit(
+            client,
+            &self.context.graph,
+            crate::store::held::Ruled::of(&self.context.settings),
+        )
+        .await
     }
 }
 

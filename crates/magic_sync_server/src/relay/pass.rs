@@ -596,7 +596,12 @@ impl Relay {
         let (_, chains) = writer.finish();
         closing.push_str(&chains);
         if planned_any {
-            closing.push_str(&held::closing(&context.graph, &carried, &plan.filled));
+            closing.push_str(&held::closing(
+                &context.graph,
+                &carried,
+                &plan.filled,
+                held::Ruled::of(&context.settings),
+            ));
         }
         Ok(closing)
     }

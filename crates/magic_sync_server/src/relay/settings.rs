@@ -87,6 +87,14 @@ pub struct Settings {
     /// themselves again and given what they were owed in messages of their
     /// own, with no snapshot.
     pub record_by_rule: bool,
+    /// Whether the record keeps a row for each row a holder's own rule
+    /// gives it (decision 176). On (the default), every row held has its
+    /// record row. Off, a provisioning records none for a row that says
+    /// only what its rule says, which the pending notes let the relay read
+    /// instead (`docs/record-by-rule-plan.md` §7). Being built: the passes
+    /// do not read every such row by its rule yet, so off is for measuring
+    /// what is left, not for a fleet.
+    pub record_ruled_rows: bool,
 }
 
 impl Default for Settings {
@@ -112,6 +120,7 @@ impl Default for Settings {
             deploy_pass_budget: Duration::from_millis(250),
             figures_every: Duration::from_secs(5),
             record_by_rule: true,
+            record_ruled_rows: true,
         }
     }
 }

@@ -49,7 +49,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::graph::Graph;
 use crate::store;
-use crate::store::held::Staged;
+use crate::store::held::{Ruled, Staged};
 use crate::store::outbox::draw;
 use crate::store::plan::closed::Closed;
 use crate::store::plan::scratch::{Filled, Scratch};
@@ -463,7 +463,14 @@ impl Snapshot {
         tx.batch_execute("SET LOCAL enable_sort = off").await?;
         let graph = &self.context.graph;
         if pacer.paced() {
-            let staged = Staged::stage(&tx, graph, &self.replica, chain.last_number).await?;
+            let staged = Staged::stage(
+                &tx,
+                graph,
+                &self.replica,
+                chain.last_number,
+                Ruled::of(&self.context.settings),
+            )
+            .await?;
             let per_page = (staged.rows as f64 / staged.pages.max(1) as f64).max(1.0);
             let pages = ((pacer.chunk_rows() as f64 / per_page) as u64).max(1);
             let mut from = 0;
@@ -476,8 +483,13 @@ impl Snapshot {
         } else {
             let last = HashMap::from([(self.replica.to_string(), chain.last_number)]);
             let filled = Filled::only([Scratch::Fresh]);
-            tx.batch_execute(&held::closing(graph, &last, &filled))
-                .await?;
+            tx.batch_execute(&held::closing(
+                graph,
+                &last,
+                &filled,
+                Ruled::of(&self.context.settings),
+            ))
+            .await?;
         }
         let ended = store::snapshots::Ended {
             replica: &self.replica,

@@ -30,7 +30,12 @@ use tokio_postgres::Client;
 /// with `sync.held` goes through its key, row by row from the planner's
 /// side, whatever PostgreSQL's statistics of either say: hash and merge
 /// joins are off for those statements.
-pub(crate) fn closing(graph: &Graph, last: &HashMap<String, i64>, filled: &Filled) -> String {
+pub(crate) fn closing(
+    graph: &Graph,
+    last: &HashMap<String, i64>,
+    filled: &Filled,
+    ruled: Ruled,
+) -> String {
     let has = |table: Scratch| filled.has(table);
     let mut sql = String::new();
     // Each replica written to, with its last message of the pass.
@@ -40,7 +45,7 @@ pub(crate) fn closing(graph: &Graph, last: &HashMap<String, i64>, filled: &Fille
         last_messages(ids, numbers)
     });
     if let (true, Some(messages)) = (has(Scratch::Fresh), &messages) {
-        sql.push_str(&provisioned(graph, messages));
+        sql.push_str(&provisioned(graph, messages, ruled));
     }
     if !has(Scratch::Delete) && !has(Scratch::Send) {
         return sql;
@@ -93,6 +98,33 @@ pub(crate) fn closing(graph: &Graph, last: &HashMap<String, i64>, filled: &Fille
     sql
 }
 
+/// Whether the record keeps a row for each row its holder's own rule gives
+/// it (`Settings::record_ruled_rows`, decision 176).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ruled {
+    /// Every row held has a record row.
+    Recorded,
+    /// A provisioning records no row that says only what the holder's rule
+    /// says: a row its rule gives (round 0), of a table whose rule reads
+    /// the row's own columns (`all`, `replica`, `partition`), that no row
+    /// of its set points at through a tracked link (`refs` 0), with no
+    /// note in the provisioning's view and none kept for its holder since
+    /// (`sync.deferred`). Such a row is held as the host had it at the
+    /// holder's position, which the pending notes say (`store::by_rule`).
+    ByRule,
+}
+
+impl Ruled {
+    /// As the settings say.
+    pub(crate) fn of(settings: &crate::relay::Settings) -> Ruled {
+        if settings.record_ruled_rows {
+            Ruled::Recorded
+        } else {
+            Ruled::ByRule
+        }
+    }
+}
+
 /// Whether holder `h` holds the row `d` of `_ms_del` once the pass's
 /// take-backs are recorded: still recorded holding it (a member and its
 /// cohort may both hold a row), or sent it.
@@ -120,19 +152,20 @@ fn last_messages<'a>(
 /// A replica provisioned from scratch held nothing: its rows (`_ms_f`) go
 /// in plainly, each with how many of its rows point at it. In bulk, so
 /// hashed.
-fn provisioned(graph: &Graph, messages: &str) -> String {
+fn provisioned(graph: &Graph, messages: &str, ruled: Ruled) -> String {
     format!(
         "{HASH_ONLY}
          INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs, refs)
          {};
          {JOINS_AS_THEY_WERE}",
-        provisioned_rows(graph, messages)
+        provisioned_rows(graph, messages, ruled)
     )
 }
 
 /// The rows a replica provisioned from scratch holds, in `sync.held`'s
-/// columns (from `replica` to `refs`).
-fn provisioned_rows(graph: &Graph, messages: &str) -> String {
+/// columns (from `replica` to `refs`): every row of its set, or, by rule,
+/// those that say more than its rule (see [`Ruled::ByRule`]).
+fn provisioned_rows(graph: &Graph, messages: &str, ruled: Ruled) -> String {
     let refs = match graph.tracked_values() {
         Some(links) => format!(
             "LEFT JOIN (SELECT f.r, l.p AS t, f.ptrs -> l.name AS k, count(*)::int AS n
@@ -142,13 +175,31 @@ fn provisioned_rows(graph: &Graph, messages: &str) -> String {
         ),
         None => "LEFT JOIN (SELECT NULL::text AS r, 0 AS n) c ON false".into(),
     };
+    let readable: Vec<String> = graph
+        .shapes
+        .iter()
+        .filter(|s| crate::store::by_rule::readable(s))
+        .map(|s| literal(s.table.name))
+        .collect();
+    let said_by_rule = match ruled {
+        Ruled::ByRule if !readable.is_empty() => format!(
+            "WHERE NOT (f.round = 0 AND f.t IN ({readable}) AND coalesce(c.n, 0) = 0
+                        AND ch.last_seq IS NULL
+                        AND NOT EXISTS (SELECT 1 FROM sync.deferred d
+                                        WHERE d.replica = f.r AND d.table_name = f.t
+                                          AND d.key = f.k))",
+            readable = readable.join(", ")
+        ),
+        _ => String::new(),
+    };
     format!(
         "SELECT f.r AS replica, f.t AS table_name, f.k::text AS key,
                 coalesce(ch.last_seq, 0) AS version, m.number AS message, f.round = 0 AS ruled,
                 f.ptrs, coalesce(c.n, 0) AS refs
          FROM _ms_f f JOIN {messages} ON m.r = f.r
          LEFT JOIN _ms_changed ch ON ch.t = f.t AND ch.k = f.k
-         {refs}"
+         {refs}
+         {said_by_rule}"
     )
 }
 
@@ -171,6 +222,7 @@ impl Staged {
         graph: &Graph,
         replica: &str,
         last: i64,
+        ruled: Ruled,
     ) -> Result<Staged> {
         let messages = last_messages([replica], [last]);
         tx.batch_execute(HASH_ONLY).await?;
@@ -178,7 +230,7 @@ impl Staged {
             .execute(
                 &format!(
                     "CREATE TEMP TABLE _ms_held ON COMMIT DROP AS {}",
-                    provisioned_rows(graph, &messages)
+                    provisioned_rows(graph, &messages, ruled)
                 ),
                 &[],
             )

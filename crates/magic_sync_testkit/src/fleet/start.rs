@@ -84,6 +84,9 @@ impl Fleet {
             // `MAGIC_SYNC_RECORD_BY_RULE=0` runs a suite with the record by
             // rule off (a test may pin either for itself).
             record_by_rule: crate::bench::record_by_rule(),
+            // And `MAGIC_SYNC_RECORD_RULED=0` with the record of rows a
+            // holder's rule gives thinned.
+            record_ruled_rows: crate::bench::record_ruled_rows(),
             ..Settings::default()
         };
         let relay = Relay::new(&client, engine.clone(), settings)
