@@ -414,9 +414,31 @@ impl Relay {
     /// reads the whole record: for tests, and for an operator in doubt;
     /// exact only while no note is pending.
     pub async fn audit(&self, client: &Client) -> Result<Vec<String>> {
-        let mut problems = held::audit(client, &self.context.graph).await?;
+        let ruled = crate::store::held::Ruled::of(&self.context.settings);
+        let mut problems = held::audit(client, &self.context.graph, ruled).await?;
         problems.extend(self.audit_rules(client).await?);
         Ok(problems)
+    }
+
+    /// The keys `holder` (a replica or a cohort) holds of `table`, as JSON
+    /// arrays: by its record, and by its rule at its position where the
+    /// record leaves the rows a rule gives to it
+    /// (`Settings::record_ruled_rows` off). Not a member's cohort's rows.
+    /// It reads the table whole: for tests and an operator in doubt.
+    pub async fn holds(
+        &self,
+        client: &Client,
+        holder: &str,
+        table: &str,
+    ) -> Result<Vec<serde_json::Value>> {
+        crate::store::by_rule::holds(
+            client,
+            &self.context.graph,
+            crate::store::held::Ruled::of(&self.context.settings),
+            holder,
+            table,
+        )
+        .await
     }
 
     /// Checks that the rows the record says each holder holds by its own

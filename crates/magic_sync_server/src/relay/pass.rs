@@ -415,6 +415,7 @@ impl Relay {
             deployment: work.map(|w| (w, self.deploy_chunk)),
             worked: Default::default(),
             ruled_out: Default::default(),
+            ruled: crate::store::held::Ruled::of(&self.context.settings),
             cache: Some(&self.plan_cache),
             rehearsing: false,
         };

@@ -143,6 +143,7 @@ pub(crate) async fn rehearse(
             deployment: Some((work, i64::MAX)),
             worked: Default::default(),
             ruled_out: Default::default(),
+            ruled: crate::store::held::Ruled::of(&relay.context.settings),
             cache: None,
             rehearsing: true,
         };

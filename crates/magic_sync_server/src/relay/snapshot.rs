@@ -577,6 +577,7 @@ pub(super) async fn plan_snapshot(
             deployment: None,
             worked: Default::default(),
             ruled_out: ruled_out.clone(),
+            ruled: Ruled::of(&context.settings),
             cache: None,
             rehearsing: false,
         };

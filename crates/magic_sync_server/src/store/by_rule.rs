@@ -29,7 +29,7 @@ use tokio_postgres::Client;
 /// The holders read: every live replica kept up (not waiting for a
 /// snapshot nor streaming one) and every cohort, as the planner lists them
 /// (`r`, `part`, `kind`).
-const HOLDERS: &str = "SELECT id AS r, partition_id AS part,
+pub(crate) const HOLDERS: &str = "SELECT id AS r, partition_id AS part,
             CASE WHEN EXISTS (SELECT 1 FROM sync.members m WHERE m.replica = id)
                  THEN 'own' ELSE 'full' END AS kind
      FROM sync.replicas WHERE live AND NOT provision AND snapshot_attempt IS NULL
@@ -48,8 +48,10 @@ pub(crate) fn readable(shape: &Shape) -> bool {
 
 /// Per key of `shape` with pending notes: whether the reading can say
 /// what the key was before them (`known`), whether it was there (`was`),
-/// and the row's columns then (`before`, the `parents` of its first note
-/// that is not an insert).
+/// the row's columns then (`before`, the `parents` of its first note
+/// that is not an insert), and, where its notes fit the table, every
+/// `parents` they carry (`candidates`: one of them is what the key was,
+/// when it was there).
 ///
 /// A key is not known when a note of an earlier build (no kind) is among
 /// them; when the key, or the parents a note names, no longer fit the
@@ -64,6 +66,16 @@ pub(crate) fn readable(shape: &Shape) -> bool {
 /// taking the key and leaving it again notes (insert, delete) of its own
 /// values while the row that was there is untouched.
 fn pending(graph: &Graph, shape: &Shape) -> String {
+    pending_among(
+        graph,
+        shape,
+        &format!("n.table_name = {}", literal(shape.table.name)),
+    )
+}
+
+/// [`pending`], over the notes of `sync.notes n` that `notes` picks (of
+/// `shape`'s table): a pass reads the ones it planned.
+pub(crate) fn pending_among(graph: &Graph, shape: &Shape, notes: &str) -> String {
     let mut fits = vec![
         "jsonb_typeof(n.key) = 'array'".to_string(),
         format!("jsonb_array_length(n.key) = {}", shape.table.key.len()),
@@ -87,8 +99,11 @@ fn pending(graph: &Graph, shape: &Shape) -> String {
         .chain(std::iter::once("true".to_string()))
         .collect();
     format!(
-        "SELECT key, known AND NOT (first = {i} AND was) AS known, was, before
+        "SELECT key, known AND NOT (first = {i} AND was) AS known, was, before,
+                CASE WHEN fit THEN parents END AS candidates
          FROM (SELECT n.key, bool_and(n.op IS NOT NULL) AND {fits} AND {parents_fit} AS known,
+                      {fits} AND {parents_fit} AS fit,
+                      jsonb_agg(n.parents) FILTER (WHERE n.parents IS NOT NULL) AS parents,
                       CASE WHEN {fits}
                            THEN (EXISTS (SELECT 1 FROM {rel} a WHERE {now}))::int
                                 - sum(CASE n.op WHEN {i} THEN 1 WHEN {d} THEN -1 ELSE 0 END) = 1
@@ -96,7 +111,7 @@ fn pending(graph: &Graph, shape: &Shape) -> String {
                       (array_agg(n.op ORDER BY n.seq))[1] AS first,
                       (array_agg(n.parents ORDER BY n.seq)
                          FILTER (WHERE n.op <> {i} AND n.parents IS NOT NULL))[1] AS before
-               FROM sync.notes n WHERE n.table_name = {t}
+               FROM sync.notes n WHERE {notes}
                GROUP BY n.key) n",
         fits = fits.join(" AND "),
         parents_fit = parents_fit.join(" AND "),
@@ -104,8 +119,25 @@ fn pending(graph: &Graph, shape: &Shape) -> String {
         now = key_match("a", shape, "n.key"),
         i = Op::Insert.literal(),
         d = Op::Delete.literal(),
-        t = literal(shape.table.name),
     )
+}
+
+/// `jsonb_to_record(...) AS {alias} (...)`: the row of `shape` a note's
+/// `parents` (`json`) says it was, read as far as the reading needs it
+/// (its links' columns and its rule's; see [`before_columns`]).
+pub(crate) fn before_row(graph: &Graph, shape: &Shape, json: &str, alias: &str) -> String {
+    let read = before_columns(graph, shape);
+    // `jsonb_to_record` needs a column: an `all` table with no link reads
+    // none.
+    let columns = if read.is_empty() {
+        "_ms_none text".to_string()
+    } else {
+        read.iter()
+            .map(|(c, ty)| format!("{} {ty}", ident(c)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!("jsonb_to_record({json}) AS {alias} ({columns})")
 }
 
 /// The columns a note keeps in `parents` that the reading reads, with the
@@ -141,17 +173,6 @@ fn before_columns(graph: &Graph, shape: &Shape) -> Vec<(String, String)> {
 fn given(graph: &Graph, shape: &Shape, holders: &str) -> Option<String> {
     let now = rule(shape.table, "a", "h")?;
     let then = rule(shape.table, "p", "h")?;
-    let read = before_columns(graph, shape);
-    // `jsonb_to_record` needs a column: an `all` table with no link reads
-    // none.
-    let columns = if read.is_empty() {
-        "_ms_none text".to_string()
-    } else {
-        read.iter()
-            .map(|(c, ty)| format!("{} {ty}", ident(c)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
     Some(format!(
         "WITH h AS ({holders}), n AS ({pending})
          SELECT h.r, {key_now} AS k, {ptrs_now} AS ptrs
@@ -159,7 +180,7 @@ fn given(graph: &Graph, shape: &Shape, holders: &str) -> Option<String> {
          WHERE {now} AND NOT EXISTS (SELECT 1 FROM n WHERE n.key = {key_now})
          UNION ALL
          SELECT h.r, n.key, {ptrs_then}
-         FROM n CROSS JOIN LATERAL jsonb_to_record(CASE WHEN n.known THEN n.before END) AS p ({columns})
+         FROM n CROSS JOIN LATERAL {before}
          CROSS JOIN h
          WHERE n.known AND n.was AND {then}",
         pending = pending(graph, shape),
@@ -167,7 +188,74 @@ fn given(graph: &Graph, shape: &Shape, holders: &str) -> Option<String> {
         ptrs_now = graph.pointers("a", shape.table.name),
         ptrs_then = graph.pointers("p", shape.table.name),
         rel = shape.relation,
+        before = before_row(graph, shape, "CASE WHEN n.known THEN n.before END", "p"),
     ))
+}
+
+/// The rows of `shape` each holder of `holders` (`r`, `part`, `kind`)
+/// holds by its rule alone at its position, as (`r`, `k`, `ptrs`): what [`given`]
+/// reads, less the rows held back from it (set aside, or blocked for it)
+/// and the rows a change was kept for while its snapshot streamed, whose
+/// record says what it holds until that change is planned. `None` for a
+/// table whose rows no rule of their own gives.
+pub(crate) fn held(graph: &Graph, shape: &Shape, holders: &str) -> Option<String> {
+    if !readable(shape) {
+        return None;
+    }
+    Some(format!(
+        "SELECT g.r, g.k, g.ptrs FROM ({given}) g
+         WHERE NOT EXISTS (SELECT 1 FROM sync.quarantine q
+                           WHERE q.table_name = {t} AND q.key = g.k::text)
+           AND NOT EXISTS (SELECT 1 FROM sync.blocked b
+                           WHERE b.replica = g.r AND b.table_name = {t} AND b.key = g.k::text)
+           AND NOT EXISTS (SELECT 1 FROM sync.deferred d
+                           WHERE d.replica = g.r AND d.table_name = {t} AND d.key = g.k)",
+        given = given(graph, shape, holders)?,
+        t = literal(shape.table.name),
+    ))
+}
+
+/// The keys `holder` (a replica or a cohort) holds of `table` by its own
+/// record and, with the rows a rule gives left to it ([`Ruled::ByRule`]),
+/// by its rule at its position, as JSON arrays, each once. Not a member's
+/// cohort's rows: those are the cohort's.
+pub(crate) async fn holds(
+    client: &Client,
+    graph: &Graph,
+    ruled: Ruled,
+    holder: &str,
+    table: &str,
+) -> Result<Vec<serde_json::Value>> {
+    let recorded = "SELECT key::jsonb FROM sync.held WHERE replica = $1 AND table_name = $2";
+    let by_rule = match ruled {
+        Ruled::Recorded => None,
+        Ruled::ByRule => graph
+            .shapes
+            .iter()
+            .find(|s| s.table.name == table)
+            .and_then(|shape| {
+                held(
+                    graph,
+                    shape,
+                    "SELECT id AS r, partition_id AS part,
+                            CASE WHEN EXISTS (SELECT 1 FROM sync.members m WHERE m.replica = id)
+                                 THEN 'own' ELSE 'full' END AS kind
+                     FROM sync.replicas WHERE id = $1
+                     UNION ALL
+                     SELECT id, NULL, kind FROM sync.cohorts WHERE id = $1",
+                )
+            }),
+    };
+    let sql = match by_rule {
+        None => recorded.to_string(),
+        Some(held) => format!("{recorded} UNION SELECT k FROM ({held}) g"),
+    };
+    Ok(client
+        .query(&sql, &[&holder, &table])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
 }
 
 /// Checks, for every holder kept up and every table whose rows its rule

@@ -355,20 +355,38 @@ pub(crate) fn kept_and_done(streaming: &[String], filled: &Filled) -> String {
 /// It reads the whole record, so it is for tests and for an operator in
 /// doubt, not for every pass; and it is exact only when no note is pending
 /// (a pending note is a change the record has not caught up with yet).
-pub(crate) async fn audit(client: &Client, graph: &Graph) -> Result<Vec<String>> {
+pub(crate) async fn audit(client: &Client, graph: &Graph, ruled: Ruled) -> Result<Vec<String>> {
     let mut problems = Vec::new();
     if let Some(links) = graph.tracked_values() {
+        // The rows held: recorded, and, where the record leaves them to
+        // the rule, those the holders' rules give them.
+        let mut held = vec!["SELECT replica, table_name, ptrs FROM sync.held".to_string()];
+        if ruled == Ruled::ByRule {
+            for shape in &graph.shapes {
+                let t = literal(shape.table.name);
+                if let Some(by_rule) =
+                    crate::store::by_rule::held(graph, shape, crate::store::by_rule::HOLDERS)
+                {
+                    held.push(format!(
+                        "SELECT g.r, {t}, g.ptrs FROM ({by_rule}) g
+                         WHERE NOT EXISTS (SELECT 1 FROM sync.held x WHERE x.replica = g.r
+                                           AND x.table_name = {t} AND x.key = g.k::text)"
+                    ));
+                }
+            }
+        }
         let sql = format!(
             "WITH pointing AS (
                  SELECT h.replica AS r, l.p AS t, (h.ptrs -> l.name)::text AS k, count(*) AS n
-                 FROM sync.held h JOIN {links} ON l.c = h.table_name
+                 FROM ({held}) h (replica, table_name, ptrs) JOIN {links} ON l.c = h.table_name
                  WHERE h.ptrs ? l.name GROUP BY 1, 2, 3)
              SELECT coalesce(h.replica, p.r), coalesce(h.table_name, p.t),
                     coalesce(h.key, p.k), coalesce(h.refs, 0), coalesce(p.n, 0)
              FROM (SELECT * FROM sync.held WHERE refs <> 0) h
              FULL JOIN pointing p ON p.r = h.replica AND p.t = h.table_name AND p.k = h.key
              WHERE coalesce(h.refs, 0) <> coalesce(p.n, 0)
-             ORDER BY 1, 2, 3"
+             ORDER BY 1, 2, 3",
+            held = held.join(" UNION ALL ")
         );
         for row in client.query(&sql, &[]).await? {
             let (r, t, k, refs, n): (String, String, String, i32, i64) =

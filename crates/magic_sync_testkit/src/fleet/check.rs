@@ -169,24 +169,18 @@ impl Fleet {
         .await;
         for table in self.engine.down_tables() {
             let held: BTreeSet<String> = self
-                .writer
-                .query(
-                    "SELECT key FROM sync.held WHERE replica = $1 AND table_name = $2",
-                    &[&cohort, &table.name],
-                )
+                .relay
+                .holds(&self.writer, cohort, table.name)
                 .await
                 .unwrap()
                 .iter()
-                .map(|row| {
-                    let key: serde_json::Value = serde_json::from_str(row.get(0)).unwrap();
-                    key.to_string()
-                })
+                .map(|key| key.to_string())
                 .collect();
             let want = &should[table.name];
             for k in want.difference(&held) {
                 let _ = writeln!(
                     problems,
-                    "  the `all` cohort should hold {} {k}, but is not recorded holding it",
+                    "  the `all` cohort should hold {} {k}, but does not hold it",
                     table.name
                 );
             }

@@ -55,6 +55,8 @@ use crate::error::Result;
 use crate::graph::{key_json, key_match, row_by_key, rule, Graph, Link, Shape};
 use crate::row::Rule;
 use crate::sql::{literal, with_setting};
+use crate::store::by_rule;
+use crate::store::held::Ruled;
 use quarantine::{is_blocked, Blocks};
 use scratch::{Filled, Scratch};
 use std::collections::{BTreeMap, BTreeSet};
@@ -346,6 +348,9 @@ pub(crate) struct Planner<'a, 't> {
     /// provisioning does not scan them by their rule again (rows of them
     /// that come as parents or followers are still planned).
     pub ruled_out: BTreeSet<&'static str>,
+    /// Whether the record keeps the rows holders' rules give them, or the
+    /// planner reads those by the rule at each holder's position.
+    pub ruled: crate::store::held::Ruled,
     /// Statements prepared on this connection, by their text.
     pub cache: Option<&'a Cache>,
     /// A dry run's plan (`crate::deploy::dry_run`): the deployment's chunk
@@ -893,11 +898,41 @@ impl Planner<'_, '_> {
                 "INSERT INTO _ms_touched (t, k) SELECT t, k FROM _ms_changed",
             )
             .await?;
+        if self.ruled == Ruled::ByRule {
+            self.read_before().await?;
+        }
         if changed > ANALYSE_ABOVE {
             self.analyse(Scratch::Changed).await?;
             self.analyse(Scratch::Touched).await?;
         }
         Ok(notes)
+    }
+
+    /// What each changed row of a table whose rule reads its own columns
+    /// was before the notes this pass read (`_ms_before`): the holders its
+    /// rule gave it to then hold it, with no record row (decision 176).
+    async fn read_before(&self) -> Result<()> {
+        let changed = self.present(Scratch::Changed).await?;
+        for shape in self.graph.shapes.iter().filter(|s| by_rule::readable(s)) {
+            if !changed.contains(shape.table.name) {
+                continue;
+            }
+            let t = literal(shape.table.name);
+            let notes = format!(
+                "n.ctid = ANY (ARRAY (SELECT at FROM _ms_notes WHERE t = {t})) AND n.table_name = {t}"
+            );
+            self.fill(
+                Scratch::Before,
+                &format!(
+                    "INSERT INTO _ms_before (t, k, known, was, before, candidates)
+                     SELECT {t}, key, known, was, before, candidates
+                     FROM ({}) n",
+                    by_rule::pending_among(self.graph, shape, &notes)
+                ),
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     /// The declared tables, as SQL literals.
@@ -1052,6 +1087,9 @@ impl Planner<'_, '_> {
             let name = shape.table.name;
             if touched.contains(name) {
                 first += self.question_changed(shape).await?;
+                if self.ruled == Ruled::ByRule && by_rule::readable(shape) {
+                    first += self.question_changed_by_rule(shape).await?;
+                }
             }
             if granted.contains(name) {
                 first += self.question_granted(shape).await?;
@@ -1131,6 +1169,91 @@ impl Planner<'_, '_> {
             t = literal(shape.table.name),
         ))
         .await
+    }
+
+    /// The holders of each changed row of `shape` that hold it by their
+    /// rule alone, with no record row (decision 176): those its rule gave
+    /// the row to as it was before the pass's notes (`_ms_before`), unless
+    /// it is held back from them, or a change was kept for them while their
+    /// snapshot streamed (their record says what they hold until it is
+    /// planned). What their version points at is what the row pointed at
+    /// then. A holder the record has is in question already, by its record.
+    ///
+    /// A key whose notes cannot say what it was (two rows sharing it for a
+    /// while under a deferrable key) is put in question for every holder
+    /// any of its notes' `parents` gives it to, pointing at nothing: sent
+    /// again or taken back, never left stale, though the parents it pointed
+    /// at keep counting it.
+    async fn question_changed_by_rule(&self, shape: &Shape) -> Result<u64> {
+        let Some(gave) = crate::graph::rule_for(
+            shape.table,
+            "p",
+            &crate::graph::Holder {
+                id: "r.r",
+                partition: "r.part",
+                kind: Some("r.kind"),
+            },
+        ) else {
+            return Ok(0);
+        };
+        let known = self
+            .fill(
+                Scratch::Questioned,
+                &format!(
+                    "INSERT INTO {Q_COLUMNS}
+             SELECT r.r, c.t, c.k, 0, n.ruled, {moved}, cur.present,
+                    0, true, h.ptrs, cur.ptrs, 0
+             FROM _ms_touched c
+             JOIN _ms_before b ON b.t = c.t AND b.k = c.k AND b.known AND b.was
+             CROSS JOIN LATERAL {before}
+             CROSS JOIN LATERAL (SELECT r.r, r.part, r.fresh, r.kind FROM _ms_r r
+                                 WHERE {gave} OFFSET 0) r
+             CROSS JOIN LATERAL (SELECT true AS ruled, {ptrs} AS ptrs) h
+             {current}
+             CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
+             WHERE c.t = {t} AND NOT r.fresh
+               AND NOT EXISTS (SELECT 1 FROM sync.deferred d
+                               WHERE d.replica = r.r AND d.table_name = c.t AND d.key = c.k)
+               {unblocked}
+             ON CONFLICT DO NOTHING",
+                    moved = self.moved(shape),
+                    before = by_rule::before_row(self.graph, shape, "b.before", "p"),
+                    ptrs = self.graph.pointers("p", shape.table.name),
+                    current = self.current(shape, "c.k"),
+                    ruled = Self::ruled(shape, "r"),
+                    t = literal(shape.table.name),
+                    unblocked = self.unblocked("r.r", "c.t", "c.k"),
+                ),
+            )
+            .await?;
+        let unknown = self
+            .fill(
+                Scratch::Questioned,
+                &format!(
+                    "INSERT INTO {Q_COLUMNS}
+             SELECT r.r, c.t, c.k, 0, n.ruled, true, cur.present, 0, true, NULL, cur.ptrs, 0
+             FROM _ms_touched c
+             JOIN _ms_before b ON b.t = c.t AND b.k = c.k AND NOT b.known
+             CROSS JOIN LATERAL (SELECT DISTINCT r.r, r.part, r.fresh, r.kind
+                                 FROM jsonb_array_elements(b.candidates) e
+                                 CROSS JOIN LATERAL {candidate}
+                                 JOIN _ms_r r ON {gave} OFFSET 0) r
+             {current}
+             CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
+             WHERE c.t = {t} AND NOT r.fresh
+               AND NOT EXISTS (SELECT 1 FROM sync.deferred d
+                               WHERE d.replica = r.r AND d.table_name = c.t AND d.key = c.k)
+               {unblocked}
+             ON CONFLICT DO NOTHING",
+                    candidate = by_rule::before_row(self.graph, shape, "e.value", "p"),
+                    current = self.current(shape, "c.k"),
+                    ruled = Self::ruled(shape, "r"),
+                    t = literal(shape.table.name),
+                    unblocked = self.unblocked("r.r", "c.t", "c.k"),
+                ),
+            )
+            .await?;
+        Ok(known + unknown)
     }
 
     /// The record of each row whose group was given to or taken from its

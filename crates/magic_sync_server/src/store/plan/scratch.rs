@@ -19,6 +19,10 @@ pub(crate) enum Scratch {
     Deferred,
     /// Each changed row once, with its newest note (`_ms_changed`).
     Changed,
+    /// What each changed row was before the notes the pass read, as far as
+    /// its rule and links say, where its rule reads its own columns and the
+    /// record leaves such rows to the rule (`_ms_before`).
+    Before,
     /// Rows changed for every replica (`_ms_touched`), and rows a
     /// deployment plans again (`resend`: and sends again to their holders).
     Touched,
@@ -40,11 +44,12 @@ pub(crate) enum Scratch {
 
 impl Scratch {
     /// Every one, in the order they are made.
-    pub const ALL: [Scratch; 12] = [
+    pub const ALL: [Scratch; 13] = [
         Scratch::Replicas,
         Scratch::Notes,
         Scratch::Deferred,
         Scratch::Changed,
+        Scratch::Before,
         Scratch::Touched,
         Scratch::Grant,
         Scratch::Questioned,
@@ -62,6 +67,7 @@ impl Scratch {
             Scratch::Notes => "_ms_notes",
             Scratch::Deferred => "_ms_deferred",
             Scratch::Changed => "_ms_changed",
+            Scratch::Before => "_ms_before",
             Scratch::Touched => "_ms_touched",
             Scratch::Grant => "_ms_grant",
             Scratch::Questioned => "_ms_q",
@@ -80,6 +86,7 @@ impl Scratch {
             Scratch::Notes => "CREATE TEMP TABLE IF NOT EXISTS _ms_notes (at tid, seq bigint, t text, k jsonb, xid xid8)",
             Scratch::Deferred => "CREATE TEMP TABLE IF NOT EXISTS _ms_deferred (at tid, r text, t text, k jsonb, seq bigint, unseen boolean NOT NULL)",
             Scratch::Changed => "CREATE TEMP TABLE IF NOT EXISTS _ms_changed (t text, k jsonb, last_seq bigint NOT NULL, PRIMARY KEY (t, k))",
+            Scratch::Before => "CREATE TEMP TABLE IF NOT EXISTS _ms_before (t text, k jsonb, known boolean NOT NULL, was boolean, before jsonb, candidates jsonb, PRIMARY KEY (t, k))",
             Scratch::Touched => "CREATE TEMP TABLE IF NOT EXISTS _ms_touched (t text, k jsonb, resend boolean NOT NULL DEFAULT false, PRIMARY KEY (t, k))",
             Scratch::Grant => "CREATE TEMP TABLE IF NOT EXISTS _ms_grant (r text, t text, k jsonb, seq bigint NOT NULL DEFAULT 0, PRIMARY KEY (r, t, k))",
             Scratch::Questioned => "CREATE TEMP TABLE IF NOT EXISTS _ms_q (r text, t text, k jsonb, round int NOT NULL,
