@@ -140,6 +140,20 @@ pub(crate) fn before_row(graph: &Graph, shape: &Shape, json: &str, alias: &str) 
     format!("jsonb_to_record({json}) AS {alias} ({columns})")
 }
 
+/// The columns [`before_row`] reads, as a select list over `alias`, a row
+/// of `shape`'s table as it is now: the same names and types, so that a
+/// row as it is and a row as a note says it was read alike.
+pub(crate) fn now_row(graph: &Graph, shape: &Shape, alias: &str) -> String {
+    let read = before_columns(graph, shape);
+    if read.is_empty() {
+        return "NULL::text AS _ms_none".into();
+    }
+    read.iter()
+        .map(|(c, ty)| format!("{alias}.{c}::{ty} AS {c}", c = ident(c)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The columns a note keeps in `parents` that the reading reads, with the
 /// types `jsonb_to_record` reads them as: those of the links out of `shape`,
 /// as the child has them, and the column its rule reads, as text (the rule

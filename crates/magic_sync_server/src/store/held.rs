@@ -85,16 +85,111 @@ pub(crate) fn closing(
         }
     }
     if let (true, Some(messages)) = (has(Scratch::Send), &messages) {
-        sql.push_str(&sent(messages));
+        sql.push_str(&sent(messages, ruled));
     }
-    if let Some(links) = graph.tracked_values() {
-        sql.push_str(&moved_refs(
-            &links,
-            has(Scratch::Send),
-            has(Scratch::Delete),
-        ));
+    let moves = moves(graph, has(Scratch::Send), has(Scratch::Delete));
+    if let Some(moves) = &moves {
+        sql.push_str(&moved_refs(moves));
+        if ruled == Ruled::ByRule {
+            sql.push_str(&pointed_at_by_rule(graph, moves, messages.as_deref()));
+        }
+    }
+    if ruled == Ruled::ByRule {
+        sql.push_str(&said_by_rule(graph, has(Scratch::Send), moves.as_deref()));
     }
     sql.push_str(LOOPS_AS_THEY_WERE);
+    sql
+}
+
+/// Rows of `table` (SQL) that hold a ruled row's record row where the
+/// record need not say anything: a table whose rule reads its rows' own
+/// columns, nothing held back, kept for a snapshot, parked, or planned by
+/// an unfinished deployment (its keys past the cursor are held by the old
+/// rule), of the record row `h`.
+fn only_the_rule(graph: &Graph) -> Option<String> {
+    let readable: Vec<String> = graph
+        .shapes
+        .iter()
+        .filter(|s| crate::store::by_rule::readable(s))
+        .map(|s| literal(s.table.name))
+        .collect();
+    (!readable.is_empty()).then(|| {
+        format!(
+            "h.ruled AND h.refs = 0 AND h.table_name IN ({})
+             AND NOT EXISTS (SELECT 1 FROM sync.deferred x
+                             WHERE x.replica = h.replica AND x.table_name = h.table_name
+                               AND x.key = h.key::jsonb)
+             AND NOT EXISTS (SELECT 1 FROM sync.blocked x
+                             WHERE x.table_name = h.table_name AND x.key = h.key)
+             AND NOT EXISTS (SELECT 1 FROM sync.quarantine x
+                             WHERE x.table_name = h.table_name AND x.key = h.key)
+             AND NOT EXISTS (SELECT 1 FROM sync.parked x
+                             WHERE x.table_name = h.table_name AND x.key = h.key::jsonb)
+             AND NOT EXISTS (SELECT 1 FROM sync.deployment x
+                             WHERE x.table_name = h.table_name AND x.done_at IS NULL
+                               AND x.work <> 'resend')",
+            readable.join(", ")
+        )
+    })
+}
+
+/// With the rows a rule gives left to it ([`Ruled::ByRule`]): the record
+/// rows of the rows the pass sent, and of the parents whose counts it
+/// moved, that say only what their holder's rule says, deleted. The pass
+/// planned every note its view holds, so none is pending for them at its
+/// position: the rule on the row as it is says what they said.
+fn said_by_rule(graph: &Graph, sends: bool, moves: Option<&str>) -> String {
+    let Some(only) = only_the_rule(graph) else {
+        return String::new();
+    };
+    let mut sql = String::new();
+    if sends {
+        sql.push_str(&format!(
+            "DELETE FROM sync.held h USING _ms_send s
+             WHERE h.table_name = s.t AND h.key = s.k::text AND h.replica = s.r AND {only};"
+        ));
+    }
+    if let Some(moves) = moves {
+        sql.push_str(&format!(
+            "DELETE FROM sync.held h
+             USING (SELECT DISTINCT r, t, k FROM ({moves}) a WHERE n < 0) x
+             WHERE h.table_name = x.t AND h.key = x.k::text AND h.replica = x.r AND {only};"
+        ));
+    }
+    sql
+}
+
+/// With the rows a rule gives left to it ([`Ruled::ByRule`]): a parent
+/// held by its rule alone that rows now point at gets its record row, to
+/// count them (`refs`), pointing at what it points at now (the pass
+/// planned every note its view holds, so the holder has it as it is).
+fn pointed_at_by_rule(graph: &Graph, moves: &str, messages: Option<&str>) -> String {
+    let mut sql = String::new();
+    for shape in graph
+        .shapes
+        .iter()
+        .filter(|s| crate::store::by_rule::readable(s))
+        .filter(|s| graph.tracked().any(|l| l.parent.name == s.table.name))
+    {
+        let message = match messages {
+            Some(messages) => format!("coalesce((SELECT m.number FROM {messages} WHERE m.r = x.r), 0)"),
+            None => "0".into(),
+        };
+        sql.push_str(&format!(
+            "INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs, refs)
+             SELECT x.r, x.t, x.k::text, 0, {message}, true, {ptrs}, x.n
+             FROM (SELECT r, t, k, sum(n)::int AS n FROM ({moves}) a
+                   WHERE t = {t} GROUP BY r, t, k HAVING sum(n) > 0) x
+             CROSS JOIN LATERAL (SELECT * FROM {rel} p WHERE {key} OFFSET 0) p
+             WHERE NOT EXISTS (SELECT 1 FROM sync.held h
+                               WHERE h.table_name = x.t AND h.key = x.k::text AND h.replica = x.r)
+             ON CONFLICT DO NOTHING;",
+            ptrs = graph.pointers("p", shape.table.name),
+            t = literal(shape.table.name),
+            rel = shape.relation,
+            key = crate::graph::key_match("p", shape, "x.k"),
+        ));
+    }
     sql
 }
 
@@ -270,8 +365,19 @@ impl Staged {
 }
 
 /// Rows sent (`_ms_send`) the replica held already: a new version, in
-/// place; then the rows it lacked.
-fn sent(messages: &str) -> String {
+/// place; then the rows it lacked, and, with the rows a rule gives left to
+/// it ([`Ruled::ByRule`]), the rows it held by its rule alone (those that
+/// still say only what the rule says are deleted again by
+/// [`said_by_rule`]).
+fn sent(messages: &str, ruled: Ruled) -> String {
+    let lacked = match ruled {
+        Ruled::Recorded => "NOT s.held",
+        Ruled::ByRule => {
+            "(NOT s.held OR NOT EXISTS (SELECT 1 FROM sync.held x
+                                        WHERE x.table_name = s.t AND x.key = s.k::text
+                                          AND x.replica = s.r))"
+        }
+    };
     format!(
         "UPDATE sync.held h SET version = s.version, message = m.number, ruled = s.ruled, ptrs = s.ptrs
          FROM _ms_send s JOIN {messages} ON m.r = s.r
@@ -279,17 +385,19 @@ fn sent(messages: &str) -> String {
          INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs)
          SELECT s.r, s.t, s.k::text, s.version, m.number, s.ruled, s.ptrs
          FROM _ms_send s JOIN {messages} ON m.r = s.r
-         WHERE NOT s.held
+         WHERE {lacked}
          ON CONFLICT (replica, table_name, key)
          DO UPDATE SET version = EXCLUDED.version, message = EXCLUDED.message,
                        ruled = EXCLUDED.ruled, ptrs = EXCLUDED.ptrs;"
     )
 }
 
-/// The counts of what points at each parent, moved by the rows sent (to
-/// what they point at now, from what the held version pointed at) and the
-/// rows let go of.
-fn moved_refs(links: &str, sends: bool, deletes: bool) -> String {
+/// The moves of the counts of what points at each parent, as rows (`r`,
+/// `t`, `k`, `n`), by the rows sent (to what they point at now, from what
+/// the held version pointed at) and the rows let go of; `None` with no
+/// tracked link or nothing sent or let go of.
+fn moves(graph: &Graph, sends: bool, deletes: bool) -> Option<String> {
+    let links = graph.tracked_values()?;
     let mut moves = Vec::new();
     if sends {
         moves.push(format!(
@@ -306,12 +414,16 @@ fn moved_refs(links: &str, sends: bool, deletes: bool) -> String {
              FROM _ms_del d JOIN {links} ON l.c = d.t WHERE d.hptrs ? l.name"
         ));
     }
+    (!moves.is_empty()).then(|| moves.join(" UNION ALL "))
+}
+
+/// The counts of what points at each parent, moved by [`moves`].
+fn moved_refs(moves: &str) -> String {
     format!(
         "UPDATE sync.held h SET refs = h.refs + x.n
-         FROM (SELECT r, t, k, sum(n)::int AS n FROM ({}) a
+         FROM (SELECT r, t, k, sum(n)::int AS n FROM ({moves}) a
                GROUP BY r, t, k HAVING sum(n) <> 0) x
-         WHERE h.table_name = x.t AND h.key = x.k::text AND h.replica = x.r;",
-        moves.join(" UNION ALL ")
+         WHERE h.table_name = x.t AND h.key = x.k::text AND h.replica = x.r;"
     )
 }
 

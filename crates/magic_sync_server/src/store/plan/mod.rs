@@ -458,6 +458,80 @@ impl Planner<'_, '_> {
         }
     }
 
+    /// The holders of `_ms_r` that hold the row of `shape` keyed `k` by
+    /// their rule alone at their position (decision 176), as rows (`r`,
+    /// `ptrs`: what the version they hold points at), those matching
+    /// `and` (on `hr`, the holder): those its rule gave the row to as it
+    /// was before the pass's notes, or as it is when it has none, less the
+    /// holders it is held back from and those a change was kept for while
+    /// their snapshot streamed. None while the record keeps every row.
+    fn held_by_rule(&self, shape: &Shape, k: &str, and: &str) -> Option<String> {
+        if self.ruled == Ruled::Recorded || !by_rule::readable(shape) {
+            return None;
+        }
+        let gave = crate::graph::rule_for(
+            shape.table,
+            "pre",
+            &crate::graph::Holder {
+                id: "hr.r",
+                partition: "hr.part",
+                kind: Some("hr.kind"),
+            },
+        )?;
+        let t = literal(shape.table.name);
+        Some(format!(
+            "SELECT hr.r, {ptrs} AS ptrs
+             FROM (SELECT pre.* FROM _ms_before bef CROSS JOIN LATERAL {before}
+                   WHERE bef.t = {t} AND bef.k = {k} AND bef.known AND bef.was
+                   UNION ALL
+                   SELECT {now} FROM {rel} pre
+                   WHERE {key} AND NOT EXISTS (SELECT 1 FROM _ms_before bef
+                                               WHERE bef.t = {t} AND bef.k = {k})) pre
+             JOIN _ms_r hr ON {gave}
+             WHERE NOT hr.fresh{and}
+               AND NOT EXISTS (SELECT 1 FROM sync.deferred kept
+                               WHERE kept.replica = hr.r AND kept.table_name = {t}
+                                 AND kept.key = {k}){unblocked}",
+            ptrs = self.graph.pointers("pre", shape.table.name),
+            before = by_rule::before_row(self.graph, shape, "bef.before", "pre"),
+            now = by_rule::now_row(self.graph, shape, "pre"),
+            rel = shape.relation,
+            key = key_match("pre", shape, k),
+            unblocked = self.unblocked("hr.r", &t, k),
+        ))
+    }
+
+    /// `EXISTS`: the replica `r` holds the row of `shape` keyed `k`, by its
+    /// record or by its rule ([`Self::held_by_rule`]).
+    fn is_held(&self, shape: &Shape, k: &str, r: &str) -> String {
+        let recorded = is_held(&literal(shape.table.name), k, r);
+        match self.held_by_rule(shape, k, &format!(" AND hr.r = {r}")) {
+            None => recorded,
+            Some(by_rule) => format!("({recorded} OR EXISTS ({by_rule} OFFSET 0))"),
+        }
+    }
+
+    /// `LATERAL ... h`: what the replica `r` holds of the row of `shape`
+    /// keyed `k` (version, ruled, ptrs, refs): its record, or the version
+    /// its rule gives it ([`Self::held_by_rule`]) at version 0, held by its
+    /// rule, pointed at by nothing counted.
+    fn held_by(&self, shape: &Shape, k: &str, r: &str) -> String {
+        let t = literal(shape.table.name);
+        let recorded = held_by(&t, k, r);
+        match self.held_by_rule(shape, k, &format!(" AND hr.r = {r}")) {
+            None => recorded,
+            Some(by_rule) => format!(
+                "LATERAL ((SELECT h.version, h.ruled, h.ptrs, h.refs FROM sync.held h
+                           WHERE h.table_name = {t} AND h.key = ({k})::text AND h.replica = {r}
+                           OFFSET 0)
+                          UNION ALL
+                          (SELECT 0::bigint, true, byr.ptrs, 0 FROM ({by_rule}) byr
+                           WHERE NOT {is_recorded} LIMIT 1)) h",
+                is_recorded = is_held(&t, k, r),
+            ),
+        }
+    }
+
     /// ` AND q.present` while rows are set aside: a held row set aside is
     /// in question as not present, so no step keeps it.
     fn present_only(&self) -> &'static str {
@@ -1212,8 +1286,8 @@ impl Planner<'_, '_> {
              {current}
              CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
              WHERE c.t = {t} AND NOT r.fresh
-               AND NOT EXISTS (SELECT 1 FROM sync.deferred d
-                               WHERE d.replica = r.r AND d.table_name = c.t AND d.key = c.k)
+               AND NOT EXISTS (SELECT 1 FROM sync.deferred kept
+                               WHERE kept.replica = r.r AND kept.table_name = c.t AND kept.key = c.k)
                {unblocked}
              ON CONFLICT DO NOTHING",
                     moved = self.moved(shape),
@@ -1241,8 +1315,8 @@ impl Planner<'_, '_> {
              {current}
              CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
              WHERE c.t = {t} AND NOT r.fresh
-               AND NOT EXISTS (SELECT 1 FROM sync.deferred d
-                               WHERE d.replica = r.r AND d.table_name = c.t AND d.key = c.k)
+               AND NOT EXISTS (SELECT 1 FROM sync.deferred kept
+                               WHERE kept.replica = r.r AND kept.table_name = c.t AND kept.key = c.k)
                {unblocked}
              ON CONFLICT DO NOTHING",
                     candidate = by_rule::before_row(self.graph, shape, "e.value", "p"),
@@ -1308,7 +1382,7 @@ impl Planner<'_, '_> {
                 c = literal(link.child.name),
                 next = round + 1,
                 replica = replica_of("d.r"),
-                held = held_by(&literal(link.parent.name), "d.k", "d.r"),
+                held = self.held_by(parent, "d.k", "d.r"),
                 current = self.current(parent, "d.k"),
                 ruled = Self::ruled(parent, "r"),
             ),
@@ -1341,7 +1415,7 @@ impl Planner<'_, '_> {
                 ptrs = self.graph.pointers("a", link.child.name),
                 rel = child.relation,
                 points = link.points_at("a", "q.k"),
-                held = held_by(&c, "a.k", "q.r"),
+                held = self.held_by(child, "a.k", "q.r"),
             ),
         )
         .await
@@ -1511,7 +1585,11 @@ impl Planner<'_, '_> {
                AND NOT {questioned}
              ON CONFLICT DO NOTHING",
                 c = literal(link.child.name),
-                held = is_held(&p, &format!("q.cptrs -> {name}"), "q.r"),
+                held = self.is_held(
+                    self.graph.shape(link.parent.name),
+                    &format!("q.cptrs -> {name}"),
+                    "q.r"
+                ),
                 questioned = in_question(
                     "q.r",
                     &p,
@@ -1532,15 +1610,20 @@ impl Planner<'_, '_> {
         let c = literal(link.child.name);
         let p = literal(link.parent.name);
         let ptr = link.pointer("a");
+        let parent = self.graph.shape(link.parent.name);
         let holders = if from == Scratch::Grant {
             format!(
                 "CROSS JOIN LATERAL (SELECT c.r AS replica WHERE {}) h",
-                is_held(&p, &ptr, "c.r")
+                self.is_held(parent, &ptr, "c.r")
             )
         } else {
+            let by_rule = match self.held_by_rule(parent, &ptr, "") {
+                Some(by_rule) => format!(" UNION SELECT byr.r FROM ({by_rule}) byr"),
+                None => String::new(),
+            };
             format!(
-                "CROSS JOIN LATERAL (SELECT h.replica FROM sync.held h
-                                     WHERE h.table_name = {p} AND h.key = ({ptr})::text OFFSET 0) h"
+                "CROSS JOIN LATERAL ((SELECT h.replica FROM sync.held h
+                                      WHERE h.table_name = {p} AND h.key = ({ptr})::text OFFSET 0){by_rule}) h"
             )
         };
         self.fill(
@@ -1601,7 +1684,7 @@ impl Planner<'_, '_> {
                     ruled = Self::ruled(parent, "r"),
                     ptrs = self.graph.pointers("x", link.parent.name),
                     row = row_by_key("x", parent, "d.k"),
-                    held = is_held(&p, "d.k", "d.r"),
+                    held = self.is_held(parent, "d.k", "d.r"),
                 ),
             )
             .await?;
@@ -1654,7 +1737,7 @@ impl Planner<'_, '_> {
                  WHERE n.t = {p} AND n.round = {round} AND (NOT n.held OR n.questioned)
                    AND NOT {held}{unblocked}
                  ON CONFLICT DO NOTHING",
-                    held = is_held(&c, "a.k", "n.r"),
+                    held = self.is_held(child, "a.k", "n.r"),
                     unblocked = self.unblocked("n.r", &c, "a.k"),
                 ),
             )
