@@ -172,7 +172,9 @@ fn pointed_at_by_rule(graph: &Graph, moves: &str, messages: Option<&str>) -> Str
         .filter(|s| graph.tracked().any(|l| l.parent.name == s.table.name))
     {
         let message = match messages {
-            Some(messages) => format!("coalesce((SELECT m.number FROM {messages} WHERE m.r = x.r), 0)"),
+            Some(messages) => {
+                format!("coalesce((SELECT m.number FROM {messages} WHERE m.r = x.r), 0)")
+            }
             None => "0".into(),
         };
         sql.push_str(&format!(
