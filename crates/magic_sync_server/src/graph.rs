@@ -24,6 +24,26 @@ pub(crate) struct Shape {
     pub self_referencing: bool,
 }
 
+impl Shape {
+    /// The conditions under which the JSON `key` fits the table's key
+    /// columns: an array of as many values, each of which casts to its
+    /// column's type (`sync.castable`, which a key written before the
+    /// table's type changed may not).
+    pub fn key_fits(&self, key: &str) -> Vec<String> {
+        let mut fits = vec![
+            format!("jsonb_typeof({key}) = 'array'"),
+            format!("jsonb_array_length({key}) = {}", self.table.key.len()),
+        ];
+        fits.extend(
+            self.key_types
+                .iter()
+                .enumerate()
+                .map(|(i, ty)| format!("sync.castable({key}->>{i}, {})", literal(ty))),
+        );
+        fits
+    }
+}
+
 /// A foreign key between two tables that go down.
 #[derive(Debug, Clone)]
 pub(crate) struct Link {

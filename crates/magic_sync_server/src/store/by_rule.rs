@@ -46,6 +46,17 @@ pub(crate) fn readable(shape: &Shape) -> bool {
     )
 }
 
+/// The tables of `graph` whose rows [`readable`] can give, as SQL
+/// literals.
+pub(crate) fn readable_tables(graph: &Graph) -> Vec<String> {
+    graph
+        .shapes
+        .iter()
+        .filter(|s| readable(s))
+        .map(|s| literal(s.table.name))
+        .collect()
+}
+
 /// Per key of `shape` with pending notes: whether the reading can say
 /// what the key was before them (`known`), whether it was there (`was`),
 /// the row's columns then (`before`, the `parents` of its first note
@@ -76,17 +87,7 @@ fn pending(graph: &Graph, shape: &Shape) -> String {
 /// [`pending`], over the notes of `sync.notes n` that `notes` picks (of
 /// `shape`'s table): a pass reads the ones it planned.
 pub(crate) fn pending_among(graph: &Graph, shape: &Shape, notes: &str) -> String {
-    let mut fits = vec![
-        "jsonb_typeof(n.key) = 'array'".to_string(),
-        format!("jsonb_array_length(n.key) = {}", shape.table.key.len()),
-    ];
-    fits.extend(
-        shape
-            .key_types
-            .iter()
-            .enumerate()
-            .map(|(i, ty)| format!("sync.castable(n.key->>{i}, {})", literal(ty))),
-    );
+    let fits = shape.key_fits("n.key");
     let parents_fit: Vec<String> = before_columns(graph, shape)
         .iter()
         .map(|(c, ty)| {

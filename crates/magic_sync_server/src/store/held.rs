@@ -107,12 +107,7 @@ pub(crate) fn closing(
 /// an unfinished deployment (its keys past the cursor are held by the old
 /// rule), of the record row `h`.
 fn only_the_rule(graph: &Graph) -> Option<String> {
-    let readable: Vec<String> = graph
-        .shapes
-        .iter()
-        .filter(|s| crate::store::by_rule::readable(s))
-        .map(|s| literal(s.table.name))
-        .collect();
+    let readable = crate::store::by_rule::readable_tables(graph);
     (!readable.is_empty()).then(|| {
         format!(
             "h.ruled AND h.refs = 0 AND h.table_name IN ({})
@@ -272,12 +267,7 @@ fn provisioned_rows(graph: &Graph, messages: &str, ruled: Ruled) -> String {
         ),
         None => "LEFT JOIN (SELECT NULL::text AS r, 0 AS n) c ON false".into(),
     };
-    let readable: Vec<String> = graph
-        .shapes
-        .iter()
-        .filter(|s| crate::store::by_rule::readable(s))
-        .map(|s| literal(s.table.name))
-        .collect();
+    let readable = crate::store::by_rule::readable_tables(graph);
     let said_by_rule = match ruled {
         Ruled::ByRule if !readable.is_empty() => format!(
             "WHERE NOT (f.round = 0 AND f.t IN ({readable}) AND coalesce(c.n, 0) = 0

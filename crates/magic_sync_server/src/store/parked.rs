@@ -19,17 +19,7 @@ pub(crate) async fn park(client: &Client, graph: &Graph) -> Result<u64> {
     let mut parked = 0;
     for shape in &graph.shapes {
         let table = shape.table;
-        let mut fits = vec![
-            "jsonb_typeof(n.key) = 'array'".to_string(),
-            format!("jsonb_array_length(n.key) = {}", table.key.len()),
-        ];
-        fits.extend(
-            shape
-                .key_types
-                .iter()
-                .enumerate()
-                .map(|(i, ty)| format!("sync.castable(n.key->>{i}, {})", literal(ty))),
-        );
+        let mut fits = shape.key_fits("n.key");
         for link in graph.links.iter().filter(|l| l.child.name == table.name) {
             for (column, ty) in link.columns.iter().zip(&link.types) {
                 fits.push(format!(

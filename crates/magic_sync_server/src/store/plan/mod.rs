@@ -424,6 +424,16 @@ fn held_by(t: &str, k: &str, r: &str) -> String {
     )
 }
 
+/// `EXISTS`: a change of the row `t`, `k` was kept for the replica `r`
+/// while its snapshot streamed (`sync.deferred`): until it is planned, the
+/// record alone says whether `r` holds the row.
+fn kept_for(r: &str, t: &str, k: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM sync.deferred kept
+                 WHERE kept.replica = {r} AND kept.table_name = {t} AND kept.key = {k})"
+    )
+}
+
 /// `LATERAL ... r`: the replica `r` (a row of `_ms_r`) of the expression,
 /// looked up by the list's key, per row.
 fn replica_of(r: &str) -> String {
@@ -488,15 +498,13 @@ impl Planner<'_, '_> {
                    WHERE {key} AND NOT EXISTS (SELECT 1 FROM _ms_before bef
                                                WHERE bef.t = {t} AND bef.k = {k})) pre
              JOIN _ms_r hr ON {gave}
-             WHERE NOT hr.fresh{and}
-               AND NOT EXISTS (SELECT 1 FROM sync.deferred kept
-                               WHERE kept.replica = hr.r AND kept.table_name = {t}
-                                 AND kept.key = {k}){unblocked}",
+             WHERE NOT hr.fresh{and} AND NOT {kept}{unblocked}",
             ptrs = self.graph.pointers("pre", shape.table.name),
             before = by_rule::before_row(self.graph, shape, "bef.before", "pre"),
             now = by_rule::now_row(self.graph, shape, "pre"),
             rel = shape.relation,
             key = key_match("pre", shape, k),
+            kept = kept_for("hr.r", &t, k),
             unblocked = self.unblocked("hr.r", &t, k),
         ))
     }
@@ -1270,6 +1278,19 @@ impl Planner<'_, '_> {
         ) else {
             return Ok(0);
         };
+        // Each holder `r` found, with the row as it is now, unless held
+        // back from it or kept for it while its snapshot streamed.
+        let rest = format!(
+            "{current}
+             CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
+             WHERE c.t = {t} AND NOT r.fresh AND NOT {kept}{unblocked}
+             ON CONFLICT DO NOTHING",
+            current = self.current(shape, "c.k"),
+            ruled = Self::ruled(shape, "r"),
+            t = literal(shape.table.name),
+            kept = kept_for("r.r", "c.t", "c.k"),
+            unblocked = self.unblocked("r.r", "c.t", "c.k"),
+        );
         let known = self
             .fill(
                 Scratch::Questioned,
@@ -1283,20 +1304,11 @@ impl Planner<'_, '_> {
              CROSS JOIN LATERAL (SELECT r.r, r.part, r.fresh, r.kind FROM _ms_r r
                                  WHERE {gave} OFFSET 0) r
              CROSS JOIN LATERAL (SELECT true AS ruled, {ptrs} AS ptrs) h
-             {current}
-             CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
-             WHERE c.t = {t} AND NOT r.fresh
-               AND NOT EXISTS (SELECT 1 FROM sync.deferred kept
-                               WHERE kept.replica = r.r AND kept.table_name = c.t AND kept.key = c.k)
-               {unblocked}
-             ON CONFLICT DO NOTHING",
+             {rest}",
                     moved = self.moved(shape),
                     before = by_rule::before_row(self.graph, shape, "b.before", "p"),
                     ptrs = self.graph.pointers("p", shape.table.name),
-                    current = self.current(shape, "c.k"),
-                    ruled = Self::ruled(shape, "r"),
-                    t = literal(shape.table.name),
-                    unblocked = self.unblocked("r.r", "c.t", "c.k"),
+                    rest = rest,
                 ),
             )
             .await?;
@@ -1312,18 +1324,9 @@ impl Planner<'_, '_> {
                                  FROM jsonb_array_elements(b.candidates) e
                                  CROSS JOIN LATERAL {candidate}
                                  JOIN _ms_r r ON {gave} OFFSET 0) r
-             {current}
-             CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
-             WHERE c.t = {t} AND NOT r.fresh
-               AND NOT EXISTS (SELECT 1 FROM sync.deferred kept
-                               WHERE kept.replica = r.r AND kept.table_name = c.t AND kept.key = c.k)
-               {unblocked}
-             ON CONFLICT DO NOTHING",
+             {rest}",
                     candidate = by_rule::before_row(self.graph, shape, "e.value", "p"),
-                    current = self.current(shape, "c.k"),
-                    ruled = Self::ruled(shape, "r"),
-                    t = literal(shape.table.name),
-                    unblocked = self.unblocked("r.r", "c.t", "c.k"),
+                    rest = rest,
                 ),
             )
             .await?;
