@@ -22,26 +22,9 @@ pub(crate) struct Shape {
     pub key_types: Vec<String>,
     /// Whether one of its foreign keys points at itself.
     pub self_referencing: bool,
-}
-
-impl Shape {
-    /// The conditions under which the JSON `key` fits the table's key
-    /// columns: an array of as many values, each of which casts to its
-    /// column's type (`sync.castable`, which a key written before the
-    /// table's type changed may not).
-    pub fn key_fits(&self, key: &str) -> Vec<String> {
-        let mut fits = vec![
-            format!("jsonb_typeof({key}) = 'array'"),
-            format!("jsonb_array_length({key}) = {}", self.table.key.len()),
-        ];
-        fits.extend(
-            self.key_types
-                .iter()
-                .enumerate()
-                .map(|(i, ty)| format!("sync.castable({key}->>{i}, {})", literal(ty))),
-        );
-        fits
-    }
+    /// The type the column its rule reads (`replica`, `partition`) is read
+    /// as (its base type), when it has one.
+    pub rule_type: Option<String>,
 }
 
 /// A foreign key between two tables that go down.
@@ -82,6 +65,13 @@ impl Graph {
                 self_referencing: links
                     .iter()
                     .any(|l| l.child.name == t.name && l.parent.name == t.name),
+                rule_type: match t.rule {
+                    Rule::Replica(c) | Rule::Partition(c) => catalog
+                        .relation(t.schema, t.name)
+                        .and_then(|r| r.column(c))
+                        .map(|c| c.base_type.clone()),
+                    _ => None,
+                },
             });
         }
         Ok(Graph {

@@ -124,7 +124,8 @@ async fn a_holders_rows_are_read_at_its_position_from_what_each_note_says() {
 
 /// Projects, held by the tills whose jobs or chores point at them; jobs by
 /// till, with steps following them; chores by till, under a key checked
-/// only at commit (which no foreign key may point at).
+/// only at commit (which no foreign key may point at), their till's id
+/// blank-padded (a note's JSON keeps the blanks its text drops).
 const PLANNED: &str = "
     CREATE TABLE projects (id bigint PRIMARY KEY, name text NOT NULL);
     CREATE TABLE jobs (
@@ -134,7 +135,7 @@ const PLANNED: &str = "
         title text NOT NULL);
     CREATE TABLE chores (
         id bigint PRIMARY KEY DEFERRABLE INITIALLY DEFERRED,
-        unit_id text NOT NULL,
+        unit_id char(2) NOT NULL,
         project_id bigint REFERENCES projects,
         title text NOT NULL);
     CREATE TABLE steps (

@@ -87,7 +87,6 @@ fn pending(graph: &Graph, shape: &Shape) -> String {
 /// [`pending`], over the notes of `sync.notes n` that `notes` picks (of
 /// `shape`'s table): a pass reads the ones it planned.
 pub(crate) fn pending_among(graph: &Graph, shape: &Shape, notes: &str) -> String {
-    let fits = shape.key_fits("n.key");
     let parents_fit: Vec<String> = before_columns(graph, shape)
         .iter()
         .map(|(c, ty)| {
@@ -99,25 +98,33 @@ pub(crate) fn pending_among(graph: &Graph, shape: &Shape, notes: &str) -> String
         })
         .chain(std::iter::once("true".to_string()))
         .collect();
+    // Each key's notes summed up once (`x`), whether the key fits worked
+    // out once (`g`, fenced so that it is not worked out again where it is
+    // read), then whether the key was there (`w`).
     format!(
-        "SELECT key, known AND NOT (first = {i} AND was) AS known, was, before,
-                CASE WHEN fit THEN parents END AS candidates
-         FROM (SELECT n.key, bool_and(n.op IS NOT NULL) AND {fits} AND {parents_fit} AS known,
-                      {fits} AND {parents_fit} AS fit,
-                      jsonb_agg(n.parents) FILTER (WHERE n.parents IS NOT NULL) AS parents,
-                      CASE WHEN {fits}
-                           THEN (EXISTS (SELECT 1 FROM {rel} a WHERE {now}))::int
-                                - sum(CASE n.op WHEN {i} THEN 1 WHEN {d} THEN -1 ELSE 0 END) = 1
-                      END AS was,
-                      (array_agg(n.op ORDER BY n.seq))[1] AS first,
-                      (array_agg(n.parents ORDER BY n.seq)
-                         FILTER (WHERE n.op <> {i} AND n.parents IS NOT NULL))[1] AS before
-               FROM sync.notes n WHERE {notes}
-               GROUP BY n.key) n",
-        fits = fits.join(" AND "),
+        "SELECT key, known, was, before,
+                CASE WHEN fit AND NOT known THEN parents END AS candidates
+         FROM (SELECT g.key, g.fit, w.was, g.before, g.parents,
+                      g.kinds AND g.fit AND NOT (g.first = {i} AND w.was) AS known
+               FROM (SELECT x.*, {fits} AND x.parents_fit AS fit
+                     FROM (SELECT n.key, bool_and(n.op IS NOT NULL) AS kinds,
+                                  {parents_fit} AS parents_fit,
+                                  sum(CASE n.op WHEN {i} THEN -1 WHEN {d} THEN 1 ELSE 0 END) AS net,
+                                  (array_agg(n.op ORDER BY n.seq))[1] AS first,
+                                  (array_agg(n.parents ORDER BY n.seq)
+                                     FILTER (WHERE n.op <> {i} AND n.parents IS NOT NULL))[1] AS before,
+                                  jsonb_agg(n.parents) FILTER (WHERE n.parents IS NOT NULL) AS parents
+                           FROM sync.notes n WHERE {notes}
+                           GROUP BY n.key) x
+                     OFFSET 0) g
+               CROSS JOIN LATERAL (
+                   SELECT CASE WHEN g.fit
+                               THEN (EXISTS (SELECT 1 FROM {rel} a WHERE {now}))::int + g.net = 1
+                          END AS was) w) n",
+        fits = super::parked::key_fits(shape, "x.key").join(" AND "),
         parents_fit = parents_fit.join(" AND "),
         rel = shape.relation,
-        now = key_match("a", shape, "n.key"),
+        now = key_match("a", shape, "g.key"),
         i = Op::Insert.literal(),
         d = Op::Delete.literal(),
     )
@@ -157,9 +164,10 @@ pub(crate) fn now_row(graph: &Graph, shape: &Shape, alias: &str) -> String {
 
 /// The columns a note keeps in `parents` that the reading reads, with the
 /// types `jsonb_to_record` reads them as: those of the links out of `shape`,
-/// as the child has them, and the column its rule reads, as text (the rule
-/// compares its text). Only these: the table's other columns may be of a
-/// domain that refuses the NULL they would be read as.
+/// as the child has them, and the column its rule reads, as its base type
+/// (the rule compares its text, which for `char(n)` or a timestamp is not
+/// the text a note's JSON keeps). Only these: the table's other columns
+/// may be of a domain that refuses the NULL they would be read as.
 fn before_columns(graph: &Graph, shape: &Shape) -> Vec<(String, String)> {
     let mut columns: Vec<(String, String)> = Vec::new();
     for link in graph
@@ -175,7 +183,8 @@ fn before_columns(graph: &Graph, shape: &Shape) -> Vec<(String, String)> {
     }
     if let Rule::Replica(c) | Rule::Partition(c) = shape.table.rule {
         if !columns.iter().any(|(x, _)| x == c) {
-            columns.push((c.to_string(), "text".into()));
+            let ty = shape.rule_type.clone().unwrap_or_else(|| "text".into());
+            columns.push((c.to_string(), ty));
         }
     }
     columns

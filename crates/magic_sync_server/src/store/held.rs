@@ -274,7 +274,12 @@ fn provisioned_rows(graph: &Graph, messages: &str, ruled: Ruled) -> String {
                         AND ch.last_seq IS NULL
                         AND NOT EXISTS (SELECT 1 FROM sync.deferred d
                                         WHERE d.replica = f.r AND d.table_name = f.t
-                                          AND d.key = f.k))",
+                                          AND d.key = f.k)
+                        AND NOT EXISTS (SELECT 1 FROM sync.parked x
+                                        WHERE x.table_name = f.t AND x.key = f.k)
+                        AND NOT EXISTS (SELECT 1 FROM sync.deployment x
+                                        WHERE x.table_name = f.t AND x.done_at IS NULL
+                                          AND x.work <> 'resend'))",
             readable = readable.join(", ")
         ),
         _ => String::new(),

@@ -8,9 +8,28 @@
 //! pays nothing: the search runs only after a pass failed so.
 
 use crate::error::Result;
-use crate::graph::Graph;
+use crate::graph::{Graph, Shape};
 use crate::sql::literal;
 use tokio_postgres::Client;
+
+/// The conditions under which the JSON `key` fits the key columns of
+/// `shape`: an array of as many values, each of which casts to its
+/// column's type (`sync.castable`, which a key written before the table's
+/// type changed may not).
+pub(crate) fn key_fits(shape: &Shape, key: &str) -> Vec<String> {
+    let mut fits = vec![
+        format!("jsonb_typeof({key}) = 'array'"),
+        format!("jsonb_array_length({key}) = {}", shape.table.key.len()),
+    ];
+    fits.extend(
+        shape
+            .key_types
+            .iter()
+            .enumerate()
+            .map(|(i, ty)| format!("sync.castable({key}->>{i}, {})", literal(ty))),
+    );
+    fits
+}
 
 /// Moves every pending note of a declared table whose key or parents do
 /// not fit the table's columns to `sync.parked`, with why. Returns how
@@ -19,7 +38,7 @@ pub(crate) async fn park(client: &Client, graph: &Graph) -> Result<u64> {
     let mut parked = 0;
     for shape in &graph.shapes {
         let table = shape.table;
-        let mut fits = shape.key_fits("n.key");
+        let mut fits = key_fits(shape, "n.key");
         for link in graph.links.iter().filter(|l| l.child.name == table.name) {
             for (column, ty) in link.columns.iter().zip(&link.types) {
                 fits.push(format!(

@@ -1018,6 +1018,7 @@ mod tests {
                     relation: format!(r#""public"."{}""#, t.name),
                     key_types: vec![types.into()],
                     self_referencing: false,
+                    rule_type: None,
                 })
                 .collect(),
             links: links
