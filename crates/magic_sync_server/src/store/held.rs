@@ -101,11 +101,12 @@ pub(crate) fn closing(
     sql
 }
 
-/// Rows of `table` (SQL) that hold a ruled row's record row where the
-/// record need not say anything: a table whose rule reads its rows' own
-/// columns, nothing held back, kept for a snapshot, parked, or planned by
-/// an unfinished deployment (its keys past the cursor are held by the old
-/// rule), of the record row `h`.
+/// The condition under which the record row `h` says only what its
+/// holder's rule says, and may go: ruled, nothing counted pointing at it,
+/// of a table whose rule reads its rows' own columns, and its row neither
+/// held back, kept for a snapshot, parked, nor in a table an unfinished
+/// deployment plans again (its keys past the cursor are held by the old
+/// rule). `None` when no table's rule reads its rows' own columns.
 fn only_the_rule(graph: &Graph) -> Option<String> {
     let readable = crate::store::by_rule::readable_tables(graph);
     (!readable.is_empty()).then(|| {
