@@ -44,6 +44,7 @@
 use crate::engine::Engine;
 use crate::envelope::{Filed, RowData, Up, UpRows};
 use crate::error::{Error, Result};
+use crate::graph::Graph;
 use crate::row::{Mirror, Table};
 use crate::sql::ident;
 use crate::store;
@@ -155,6 +156,7 @@ async fn file_with(
     bounded: bool,
 ) -> Result<Vec<Result<Filing>>> {
     let mut filings: Vec<Option<Result<Filing>>> = uploads.iter().map(|_| None).collect();
+    let by_rule = by_rule_graph(client, engine, uploads).await?;
     let mut tx = client.transaction().await?;
     let (known, signer, mut full) = tokio::try_join!(
         known_replicas(&tx, uploads),
@@ -200,7 +202,8 @@ async fn file_with(
             let run = &uploads[from..i];
             savepoints += file_records(&mut tx, engine, run, &mut filings[from..i]).await?;
         } else {
-            filings[i] = Some(kept(file_in(&mut tx, engine, replica, up).await)?);
+            let filing = file_in(&mut tx, engine, by_rule.as_ref(), replica, up).await;
+            filings[i] = Some(kept(filing)?);
             savepoints += 1 + up
                 .tables
                 .iter()
@@ -244,7 +247,8 @@ async fn file_records(
     }
     let mut savepoints = 0;
     for ((replica, up), slot) in run.iter().zip(filings.iter_mut()) {
-        *slot = Some(kept(file_in(tx, engine, replica, up).await)?);
+        // Records only: whether a replica holds a row is never asked.
+        *slot = Some(kept(file_in(tx, engine, None, replica, up).await)?);
         savepoints += 1 + up.tables.iter().map(|t| t.rows.len()).sum::<usize>();
     }
     Ok(savepoints)
@@ -433,6 +437,26 @@ fn unknown(replica: &ReplicaId) -> Error {
     }
 }
 
+/// The graph filing reads by, while the record leaves the rows a rule
+/// gives to it (`sync.record_form`) and one of `uploads` carries rows that
+/// are not records (a two-way row's owned columns are filed only from a
+/// replica holding it): read from the catalogue once per call, outside its
+/// transaction. `None` otherwise.
+async fn by_rule_graph(
+    client: &Client,
+    engine: &Engine,
+    uploads: &[(ReplicaId, Up)],
+) -> Result<Option<Graph>> {
+    if uploads.iter().all(|(_, up)| records_only(engine, up))
+        || store::held::Ruled::stored(client).await? == store::held::Ruled::Recorded
+    {
+        return Ok(None);
+    }
+    let catalog = crate::catalog::Catalog::read(client, engine).await?;
+    let tables: Vec<&'static Table> = engine.down_tables().collect();
+    Ok(Some(Graph::new(&tables, &catalog)?))
+}
+
 /// Whether every row `up` carries is a record of a table that names its
 /// origin (no key gone, no two-way row, nothing the server does not
 /// declare): such uploads are filed together.
@@ -552,6 +576,7 @@ pub async fn checkpoint(
 async fn file_in(
     outer: &mut Transaction<'_>,
     engine: &Engine,
+    by_rule: Option<&Graph>,
     replica: &ReplicaId,
     up: &Up,
 ) -> Result<Filing> {
@@ -570,6 +595,7 @@ async fn file_in(
     for rows in &up.tables {
         let filing = TableFiling {
             engine,
+            by_rule,
             replica,
             provisioning,
             sequence,
@@ -603,6 +629,10 @@ struct Tally {
 /// One table's rows of an upload, and what filing them needs to know.
 struct TableFiling<'a> {
     engine: &'a Engine,
+    /// The graph, while the record leaves the rows a rule gives to it
+    /// (`store::held::Ruled::ByRule`): whether the replica holds a row is
+    /// then read by its rule too.
+    by_rule: Option<&'a Graph>,
     replica: &'a str,
     /// Whether the replica is being provisioned again.
     provisioning: bool,
@@ -640,17 +670,7 @@ impl TableFiling<'_> {
             .map(|r| (r.key.as_slice(), Some(r.data.as_slice())))
             .chain(rows.gone.iter().map(|k| (k.as_slice(), None)));
         for (key, data) in items {
-            let outcome = file_row(
-                tx,
-                self.engine,
-                self.replica,
-                self.provisioning,
-                self.sequence,
-                rows,
-                key,
-                data,
-            )
-            .await?;
+            let outcome = self.file_row(tx, key, data).await?;
             match outcome {
                 Outcome::Taken => tally.taken += 1,
                 Outcome::Unchanged => tally.unchanged += 1,
@@ -736,57 +756,53 @@ async fn keep_refused(
     .await
 }
 
-/// Files one row (`data`, or `None` for a key gone) behind a savepoint, so
-/// that a row PostgreSQL refuses is refused alone.
-#[allow(clippy::too_many_arguments)]
-async fn file_row(
-    tx: &mut Transaction<'_>,
-    engine: &Engine,
-    replica: &str,
-    provisioning: bool,
-    sequence: i64,
-    rows: &UpRows,
-    key: &[u8],
-    data: Option<&[u8]>,
-) -> Result<Outcome> {
-    let Some(codec) = engine.codec(&rows.table) else {
-        return Ok(Outcome::Refused(format!(
-            "the server declares no table `{}`",
-            rows.table
-        )));
-    };
-    let table = codec.table();
-    if table.mirror == Mirror::Down {
-        return Ok(Outcome::Refused(
-            "a catalog: replicas do not write the server's tables".into(),
-        ));
-    }
-    let json = match prepare(codec, replica, key, data) {
-        Ok(json) => json,
-        Err(reason) => return Ok(Outcome::Refused(reason)),
-    };
-    let savepoint = tx.savepoint("magic_sync_row").await?;
-    let outcome = match (table.mirror, data.is_some()) {
-        (Mirror::Up, true) => record(&savepoint, table, replica, &json).await,
-        (Mirror::Up, false) => gone(&savepoint, table, replica, &json).await,
-        (Mirror::Both, true) => {
-            owned(&savepoint, table, replica, provisioning, sequence, &json).await
+impl TableFiling<'_> {
+    /// Files one row (`data`, or `None` for a key gone) behind a savepoint,
+    /// so that a row PostgreSQL refuses is refused alone.
+    async fn file_row(
+        &self,
+        tx: &mut Transaction<'_>,
+        key: &[u8],
+        data: Option<&[u8]>,
+    ) -> Result<Outcome> {
+        let (replica, rows) = (self.replica, self.rows);
+        let Some(codec) = self.engine.codec(&rows.table) else {
+            return Ok(Outcome::Refused(format!(
+                "the server declares no table `{}`",
+                rows.table
+            )));
+        };
+        let table = codec.table();
+        if table.mirror == Mirror::Down {
+            return Ok(Outcome::Refused(
+                "a catalog: replicas do not write the server's tables".into(),
+            ));
         }
-        (Mirror::Both, false) => Ok(Outcome::Refused(
-            "a two-way row is the server's to delete".into(),
-        )),
-        (Mirror::Down, _) => unreachable!("refused above"),
-    };
-    match outcome {
-        Ok(outcome) => {
-            savepoint.commit().await?;
-            Ok(outcome)
+        let json = match prepare(codec, replica, key, data) {
+            Ok(json) => json,
+            Err(reason) => return Ok(Outcome::Refused(reason)),
+        };
+        let savepoint = tx.savepoint("magic_sync_row").await?;
+        let outcome = match (table.mirror, data.is_some()) {
+            (Mirror::Up, true) => record(&savepoint, table, replica, &json).await,
+            (Mirror::Up, false) => gone(&savepoint, table, replica, &json).await,
+            (Mirror::Both, true) => self.owned(&savepoint, table, &json).await,
+            (Mirror::Both, false) => Ok(Outcome::Refused(
+                "a two-way row is the server's to delete".into(),
+            )),
+            (Mirror::Down, _) => unreachable!("refused above"),
+        };
+        match outcome {
+            Ok(outcome) => {
+                savepoint.commit().await?;
+                Ok(outcome)
+            }
+            Err(Error::Postgres(e)) if crate::error::refuses_the_row(&e) => {
+                savepoint.rollback().await?;
+                Ok(Outcome::Refused(reason::postgres(&e)))
+            }
+            Err(e) => Err(e),
         }
-        Err(Error::Postgres(e)) if crate::error::refuses_the_row(&e) => {
-            savepoint.rollback().await?;
-            Ok(Outcome::Refused(reason::postgres(&e)))
-        }
-        Err(e) => Err(e),
     }
 }
 
@@ -1270,50 +1286,61 @@ async fn gone(
     })
 }
 
-/// The columns the sender owns of a two-way row it holds, unless an upload
-/// of its newer than `sequence` already gave them (0: an upload that does
-/// not say, taken as it comes).
-async fn owned(
-    tx: &Transaction<'_>,
-    table: &Table,
-    replica: &str,
-    provisioning: bool,
-    sequence: i64,
-    json: &serde_json::Value,
-) -> Result<Outcome> {
-    let held_key: Vec<String> = table
-        .key
-        .iter()
-        .map(|k| format!("r.{}", ident(k)))
-        .collect();
-    let held_key = held_key.join(", ");
-    let held =
-        store::filing::holds(tx, &table.qualified(), table.name, &held_key, json, replica).await?;
-    if held {
-        return owned_of_held(tx, table, replica, sequence, json, &held_key).await;
-    }
-    let exists: bool = tx
-        .query_one(
-            &format!(
-                "SELECT EXISTS (SELECT 1 FROM {rel} t, jsonb_populate_record(NULL::{rel}, $1) r WHERE {m})",
-                rel = table.qualified(),
-                m = key_match(table, "t", "r"),
-            ),
-            &[json],
+impl TableFiling<'_> {
+    /// The columns the sender owns of a two-way row it holds, unless an
+    /// upload of its newer than the upload's sequence already gave them (0:
+    /// an upload that does not say, taken as it comes).
+    async fn owned(
+        &self,
+        tx: &Transaction<'_>,
+        table: &Table,
+        json: &serde_json::Value,
+    ) -> Result<Outcome> {
+        let replica = self.replica;
+        let held_key: Vec<String> = table
+            .key
+            .iter()
+            .map(|k| format!("r.{}", ident(k)))
+            .collect();
+        let held_key = held_key.join(", ");
+        let held = store::filing::holds(
+            tx,
+            &table.qualified(),
+            table.name,
+            &held_key,
+            json,
+            replica,
+            self.by_rule,
         )
-        .await?
-        .get(0);
-    Ok(if !exists {
-        // Deleted on the server: its change wins.
-        Outcome::Unchanged
-    } else if provisioning {
-        Outcome::Waits(format!(
-            "replica `{replica}` is being provisioned: what it holds of `{}` is not recorded yet",
-            table.name
-        ))
-    } else {
-        Outcome::Refused("a row the replica does not hold: never sent to it, or taken back".into())
-    })
+        .await?;
+        if held {
+            return owned_of_held(tx, table, replica, self.sequence, json, &held_key).await;
+        }
+        let exists: bool = tx
+            .query_one(
+                &format!(
+                    "SELECT EXISTS (SELECT 1 FROM {rel} t, jsonb_populate_record(NULL::{rel}, $1) r WHERE {m})",
+                    rel = table.qualified(),
+                    m = key_match(table, "t", "r"),
+                ),
+                &[json],
+            )
+            .await?
+            .get(0);
+        Ok(if !exists {
+            // Deleted on the server: its change wins.
+            Outcome::Unchanged
+        } else if self.provisioning {
+            Outcome::Waits(format!(
+                "replica `{replica}` is being provisioned: what it holds of `{}` is not recorded yet",
+                table.name
+            ))
+        } else {
+            Outcome::Refused(
+                "a row the replica does not hold: never sent to it, or taken back".into(),
+            )
+        })
+    }
 }
 
 /// The owned columns of a row the server records `replica` holding: taken,

@@ -265,4 +265,18 @@ async fn rows_left_to_their_rule_are_planned_by_it_and_every_till_stays_exact() 
     .await;
     pending_then_synced(&mut fleet, "DELETE FROM jobs WHERE id = 40").await;
     assert_eq!(fleet.count(said_by_rule).await, 0);
+    // Recording every row again: a relay that does finds the record
+    // thinned (`sync.record_form`) and has every till provisioned again,
+    // its record written whole; its audit expects a record row for every
+    // row a rule gives.
+    fleet.reconfigure(|s| s.record_ruled_rows = true).await;
+    fleet.sync().await;
+    fleet.check().await;
+    assert!(fleet.count(said_by_rule).await > 0, "recorded again");
+    assert_eq!(
+        fleet
+            .count("SELECT count(*) FROM sync.record_form WHERE by_rule")
+            .await,
+        0
+    );
 }

@@ -323,6 +323,74 @@ async fn a_tills_count_is_filed_into_the_column_it_owns_of_a_row_it_holds() {
     fleet.check().await;
 }
 
+/// With the record of the rows a rule gives thinned
+/// (`Settings::record_ruled_rows` off), a till's stock row has no record
+/// row: whether the till holds it is read by its rule at its position.
+/// Its count is filed; another till's edit of it is refused; and a row
+/// moved to it on the server is its own only once the move is planned.
+#[tokio::test]
+async fn a_count_of_a_row_left_to_its_rule_is_filed_by_the_rule() {
+    let mut fleet = Fleet::new(SHOP).await;
+    fleet.reconfigure(|s| s.record_ruled_rows = false).await;
+    fleet.add("u1", Some("north"));
+    fleet.add("u2", Some("north"));
+    fleet.sync().await;
+    fleet.check().await;
+    let recorded = "SELECT count(*) FROM sync.held WHERE table_name = 'stock'";
+    assert_eq!(fleet.count(recorded).await, 0, "left to their rule");
+    till_writes(
+        &mut fleet,
+        "u1",
+        "UPDATE stock SET counted = 4 WHERE product_id = 1",
+    );
+    assert_eq!(counts(&send(&mut fleet, "u1", "u1").await), (1, 0, 0));
+    let counted = "SELECT count(*) FROM stock WHERE unit_id = 'u1' AND counted = 4";
+    assert_eq!(fleet.count(counted).await, 1);
+    // u2 edits u1's row: its rule does not give it the row.
+    let up = Up {
+        send_id: vec![1; 16],
+        tables: vec![UpRows {
+            table: "stock".into(),
+            rows: vec![RowData {
+                key: br#"["u1",1]"#.to_vec(),
+                data: br#"{"unit_id":"u1","product_id":1,"on_hand":5,"counted":9}"#.to_vec(),
+            }],
+            gone: vec![],
+        }],
+        ..Up::default()
+    };
+    let refused = refusals(&file_as(&fleet, "u2", &up).await);
+    assert_eq!(refused.len(), 1);
+    assert!(refused[0].reason.contains("does not hold"), "{refused:?}");
+    // u2's row moved to u1 on the server, the move not planned yet: at
+    // u1's position the row is not its own, and its edit is refused; once
+    // planned, it is.
+    fleet
+        .writer
+        .batch_execute("UPDATE stock SET unit_id = 'u1' WHERE product_id = 2")
+        .await
+        .unwrap();
+    let edit = |send_id: u8| Up {
+        send_id: vec![send_id; 16],
+        tables: vec![UpRows {
+            table: "stock".into(),
+            rows: vec![RowData {
+                key: br#"["u1",2]"#.to_vec(),
+                data: br#"{"unit_id":"u1","product_id":2,"on_hand":3,"counted":2}"#.to_vec(),
+            }],
+            gone: vec![],
+        }],
+        ..Up::default()
+    };
+    let refused = refusals(&file_as(&fleet, "u1", &edit(2)).await);
+    assert_eq!(refused.len(), 1, "not u1's at its position");
+    fleet.sync().await;
+    assert_eq!(counts(&file_as(&fleet, "u1", &edit(3)).await), (1, 0, 0));
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(fleet.count(recorded).await, 0);
+}
+
 #[tokio::test]
 async fn an_edit_of_a_row_the_till_does_not_hold_is_refused() {
     let fleet = shop().await;

@@ -311,6 +311,16 @@ impl Relay {
         max_message_bytes: usize,
     ) -> Result<Recorded> {
         if !self.noted_again {
+            let tx = client.transaction().await?;
+            let again = held::settle_form(&tx, held::Ruled::of(&self.context.settings)).await?;
+            tx.commit().await?;
+            if !again.is_empty() {
+                tracing::warn!(
+                    replicas = again.len(),
+                    "every row held is recorded again, where the record left the rows a rule \
+                     gives to it: every replica is provisioned again"
+                );
+            }
             // This build may send what the one before it could not, and
             // file what it refused.
             let noted = self.note_again.run(&*client).await?;

@@ -239,6 +239,55 @@ pub(crate) fn held(graph: &Graph, shape: &Shape, holders: &str) -> Option<String
     ))
 }
 
+/// `EXISTS`: the replica `replica` (an SQL expression of its id), or the
+/// cohort it is a member of, holds the row of `shape` keyed `key` (a JSON
+/// array) by its rule alone at its position: what [`held`] reads, looked up
+/// by the key, for one row. `None` for a table whose rows no rule of their
+/// own gives. A replica waiting for a snapshot or streaming one holds
+/// nothing by its rule: its record is being written.
+pub(crate) fn holds_key(graph: &Graph, shape: &Shape, replica: &str, key: &str) -> Option<String> {
+    if !readable(shape) {
+        return None;
+    }
+    let now = rule(shape.table, "a", "h")?;
+    let then = rule(shape.table, "p", "h")?;
+    let t = literal(shape.table.name);
+    Some(format!(
+        "EXISTS (
+             WITH h AS (
+                 SELECT id AS r, partition_id AS part,
+                        CASE WHEN EXISTS (SELECT 1 FROM sync.members m WHERE m.replica = id)
+                             THEN 'own' ELSE 'full' END AS kind
+                 FROM sync.replicas
+                 WHERE id = {replica} AND live AND NOT provision AND snapshot_attempt IS NULL
+                 UNION ALL
+                 SELECT c.id, NULL, c.kind FROM sync.cohorts c
+                 WHERE c.id IN (SELECT m.cohort FROM sync.members m WHERE m.replica = {replica})),
+             n AS ({pending}),
+             g AS (
+                 SELECT h.r FROM {rel} a CROSS JOIN h
+                 WHERE {keyed} AND {now} AND NOT EXISTS (SELECT 1 FROM n)
+                 UNION ALL
+                 SELECT h.r FROM n CROSS JOIN LATERAL {before} CROSS JOIN h
+                 WHERE n.known AND n.was AND {then})
+             SELECT 1 FROM g
+             WHERE NOT EXISTS (SELECT 1 FROM sync.quarantine q
+                               WHERE q.table_name = {t} AND q.key = ({key})::text)
+               AND NOT EXISTS (SELECT 1 FROM sync.blocked b
+                               WHERE b.replica = g.r AND b.table_name = {t} AND b.key = ({key})::text)
+               AND NOT EXISTS (SELECT 1 FROM sync.deferred d
+                               WHERE d.replica = g.r AND d.table_name = {t} AND d.key = {key}))",
+        pending = pending_among(
+            graph,
+            shape,
+            &format!("n.table_name = {t} AND n.key = {key}")
+        ),
+        rel = shape.relation,
+        keyed = key_match("a", shape, key),
+        before = before_row(graph, shape, "n.before", "p"),
+    ))
+}
+
 /// The keys `holder` (a replica or a cohort) holds of `table` by its own
 /// record and, with the rows a rule gives left to it ([`Ruled::ByRule`]),
 /// by its rule at its position, as JSON arrays, each once. Not a member's

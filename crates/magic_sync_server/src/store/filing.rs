@@ -202,9 +202,11 @@ pub(crate) async fn refused_one(
     .await
 }
 
-/// Whether `replica` is recorded holding the row of `table` (its relation
-/// `relation`) whose values are `json`; `held_key` is the row's key as SQL
-/// over that row (aliased `r`).
+/// Whether `replica` holds the row of `table` (its relation `relation`)
+/// whose values are `json`: by its record, or, with `by_rule` (the graph,
+/// while the record leaves the rows a rule gives to it), by its rule at
+/// its position. `held_key` is the row's key as SQL over that row (aliased
+/// `r`).
 pub(crate) async fn holds(
     tx: &Transaction<'_>,
     relation: &str,
@@ -212,15 +214,25 @@ pub(crate) async fn holds(
     held_key: &str,
     json: &serde_json::Value,
     replica: &str,
+    by_rule: Option<&crate::graph::Graph>,
 ) -> Result<bool> {
+    let key = format!("jsonb_build_array({held_key})");
+    let ruled = by_rule
+        .and_then(|graph| {
+            let shape = graph.shapes.iter().find(|s| s.table.name == table)?;
+            super::by_rule::holds_key(graph, shape, "$2", &key)
+        })
+        .map(|held| format!(" OR {held}"))
+        .unwrap_or_default();
     Ok(tx
         .query_one(
             &format!(
                 "SELECT EXISTS (
-                     SELECT 1 FROM sync.held h, jsonb_populate_record(NULL::{relation}, $1) r
-                     WHERE h.table_name = {name} AND h.key = jsonb_build_array({held_key})::text
+                     SELECT 1 FROM sync.held h
+                     WHERE h.table_name = {name} AND h.key = {key}::text
                        AND (h.replica = $2
-                            OR h.replica IN (SELECT cohort FROM sync.members WHERE replica = $2)))",
+                            OR h.replica IN (SELECT cohort FROM sync.members WHERE replica = $2))){ruled}
+                 FROM jsonb_populate_record(NULL::{relation}, $1) r",
                 name = literal(table),
             ),
             &[json, &replica],

@@ -216,6 +216,48 @@ impl Ruled {
             Ruled::ByRule
         }
     }
+
+    /// The form the record is in (`sync.record_form`), which whoever reads
+    /// the record beside the relay (filing, the operator's reads) reads it
+    /// by: [`Ruled::ByRule`] once a relay was told to leave rows to their
+    /// rule, until one records every row again.
+    pub(crate) async fn stored(client: &impl tokio_postgres::GenericClient) -> Result<Ruled> {
+        let row = client
+            .query_opt("SELECT by_rule FROM sync.record_form", &[])
+            .await?;
+        Ok(match row.is_some_and(|r| r.get(0)) {
+            true => Ruled::ByRule,
+            false => Ruled::Recorded,
+        })
+    }
+}
+
+/// Brings the record to the form `wanted`, in the transaction `tx`, before
+/// a relay's first pass. Leaving rows to their rule needs nothing but the
+/// mark: a whole record is a thinned one that has not shed its rows yet.
+/// The other way, the rows left to their rule have no record row a relay
+/// recording every row would question, so every replica is provisioned
+/// again, and the cohort made again, from a record written whole. Returns
+/// the replicas provisioned again.
+pub(crate) async fn settle_form(
+    tx: &tokio_postgres::Transaction<'_>,
+    wanted: Ruled,
+) -> Result<Vec<String>> {
+    let stored: bool = tx
+        .query_one("SELECT by_rule FROM sync.record_form FOR UPDATE", &[])
+        .await?
+        .get(0);
+    let again = match (stored, wanted) {
+        (true, Ruled::Recorded) => super::replicas::provision_again(tx, None).await?,
+        (false, Ruled::Recorded) | (true, Ruled::ByRule) => return Ok(Vec::new()),
+        (false, Ruled::ByRule) => Vec::new(),
+    };
+    tx.execute(
+        "UPDATE sync.record_form SET by_rule = $1",
+        &[&(wanted == Ruled::ByRule)],
+    )
+    .await?;
+    Ok(again)
 }
 
 /// Whether holder `h` holds the row `d` of `_ms_del` once the pass's

@@ -45,6 +45,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (36, include_str!("036_cohorts.sql")),
     (37, include_str!("037_blocked_by_holder.sql")),
     (38, include_str!("038_note_ops.sql")),
+    (39, include_str!("039_record_form.sql")),
 ];
 
 /// The version this build brings the schema to.
