@@ -437,24 +437,19 @@ fn unknown(replica: &ReplicaId) -> Error {
     }
 }
 
-/// The graph filing reads by, while the record leaves the rows a rule
-/// gives to it (`sync.record_form`) and one of `uploads` carries rows that
-/// are not records (a two-way row's owned columns are filed only from a
-/// replica holding it): read from the catalogue once per call, outside its
-/// transaction. `None` otherwise.
+/// The graph filing reads by ([`Graph::while_by_rule`]) when one of
+/// `uploads` carries rows that are not records: a two-way row's owned
+/// columns are filed only from a replica holding it. Read once per call,
+/// outside its transaction.
 async fn by_rule_graph(
     client: &Client,
     engine: &Engine,
     uploads: &[(ReplicaId, Up)],
 ) -> Result<Option<Graph>> {
-    if uploads.iter().all(|(_, up)| records_only(engine, up))
-        || store::held::Ruled::stored(client).await? == store::held::Ruled::Recorded
-    {
+    if uploads.iter().all(|(_, up)| records_only(engine, up)) {
         return Ok(None);
     }
-    let catalog = crate::catalog::Catalog::read(client, engine).await?;
-    let tables: Vec<&'static Table> = engine.down_tables().collect();
-    Ok(Some(Graph::new(&tables, &catalog)?))
+    Graph::while_by_rule(client, engine).await
 }
 
 /// Whether every row `up` carries is a record of a table that names its

@@ -54,6 +54,23 @@ pub(crate) struct Graph {
 }
 
 impl Graph {
+    /// The graph of `engine`'s tables as the catalogue has them now, for
+    /// those who read the record beside the relay (filing, digests) while it
+    /// leaves the rows a rule gives to their rule (`sync.record_form`):
+    /// `None` while it keeps a row for each.
+    pub async fn while_by_rule(
+        client: &tokio_postgres::Client,
+        engine: &crate::engine::Engine,
+    ) -> Result<Option<Graph>> {
+        use crate::store::held::Ruled;
+        if Ruled::stored(client).await? == Ruled::Recorded {
+            return Ok(None);
+        }
+        let catalog = Catalog::read(client, engine).await?;
+        let tables: Vec<&'static Table> = engine.down_tables().collect();
+        Ok(Some(Graph::new(&tables, &catalog)?))
+    }
+
     pub fn new(tables: &[&'static Table], catalog: &Catalog) -> Result<Graph> {
         let links = links(tables, catalog)?;
         let mut shapes = Vec::new();

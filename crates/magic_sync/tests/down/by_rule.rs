@@ -3,7 +3,9 @@
 //! record while notes are pending: what each note says happened to its row
 //! is what tells whether the key was there before them.
 
+use crate::digests::digest_of;
 use crate::fleet::Fleet;
+use magic_sync::relay::Compared;
 use magic_sync::{Engine, Row};
 
 /// Tasks by till, under a key checked only at commit, titled by a domain
@@ -217,6 +219,14 @@ async fn rows_left_to_their_rule_are_planned_by_it_and_every_till_stays_exact() 
             .await,
         2
     );
+    // Each till's digest is compared with the record and the rule.
+    for till in ["a", "b"] {
+        assert_eq!(
+            digest_of(&mut fleet, till).await,
+            Compared::Matched,
+            "{till}"
+        );
+    }
     // Moved to the other till: b lets go of it and of the project only
     // it pointed at there; a takes both.
     pending_then_synced(&mut fleet, "UPDATE jobs SET unit_id = 'a' WHERE id = 2").await;

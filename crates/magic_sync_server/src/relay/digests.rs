@@ -18,6 +18,7 @@
 use crate::engine::Engine;
 use crate::envelope::{Ack, Digest, Refused};
 use crate::error::Result;
+use crate::graph::Graph;
 use crate::store;
 use magic_sync_core::digest::{self, DigestForm};
 use magic_sync_core::MessageNo;
@@ -103,6 +104,7 @@ async fn compare_in_one_snapshot(
             "its fingerprints are of a form this build does not read",
         ));
     };
+    let by_rule = Graph::while_by_rule(client, engine).await?;
     let tx = client
         .build_transaction()
         .isolation_level(IsolationLevel::RepeatableRead)
@@ -129,7 +131,7 @@ async fn compare_in_one_snapshot(
     if let Some(why) = skipped {
         return Ok(Compared::Skipped(why));
     }
-    let recorded = recorded(&tx, engine, replica, refused, form).await?;
+    let recorded = recorded(&tx, engine, by_rule.as_ref(), replica, refused, form).await?;
     let empty = (0, fingerprint(form, &mut Vec::new()));
     let mut differed = Vec::new();
     for table in engine.down_tables() {
@@ -200,6 +202,7 @@ fn fingerprints(digest: &Digest) -> Option<(DigestForm, Said<'_>)> {
 async fn recorded(
     tx: &tokio_postgres::Transaction<'_>,
     engine: &Engine,
+    by_rule: Option<&Graph>,
     replica: &str,
     refused: &[Refused],
     form: DigestForm,
@@ -210,7 +213,7 @@ async fn recorded(
         .collect();
     let mut out = BTreeMap::new();
     for table in engine.down_tables() {
-        let held = store::held::keys(tx, replica, table.name).await?;
+        let held = store::held::keys(tx, replica, table.name, by_rule).await?;
         let mut keys = Vec::with_capacity(held.len());
         for json in held {
             let key = crate::graph::wire_key(table, json)?;

@@ -239,6 +239,34 @@ pub(crate) fn held(graph: &Graph, shape: &Shape, holders: &str) -> Option<String
     ))
 }
 
+/// The holders (`r`, `part`, `kind`) through which the replica `replica`
+/// (an SQL expression of its id) holds rows: itself, kept up (not waiting
+/// for a snapshot nor streaming one: its record is being written), and
+/// the cohorts it is a member of.
+fn replica_and_cohorts(replica: &str) -> String {
+    format!(
+        "SELECT id AS r, partition_id AS part,
+                CASE WHEN EXISTS (SELECT 1 FROM sync.members m WHERE m.replica = id)
+                     THEN 'own' ELSE 'full' END AS kind
+         FROM sync.replicas
+         WHERE id = {replica} AND live AND NOT provision AND snapshot_attempt IS NULL
+         UNION ALL
+         SELECT c.id, NULL, c.kind FROM sync.cohorts c
+         WHERE c.id IN (SELECT m.cohort FROM sync.members m WHERE m.replica = {replica})"
+    )
+}
+
+/// The keys of `shape` the replica `replica` (an SQL expression of its id)
+/// holds by its rule alone at its position, itself or through its cohorts,
+/// as `(k)`: [`held`], for one replica. `None` for a table whose rows no
+/// rule of their own gives.
+pub(crate) fn keys_held(graph: &Graph, shape: &Shape, replica: &str) -> Option<String> {
+    Some(format!(
+        "SELECT g.k FROM ({}) g",
+        held(graph, shape, &replica_and_cohorts(replica))?
+    ))
+}
+
 /// `EXISTS`: the replica `replica` (an SQL expression of its id), or the
 /// cohort it is a member of, holds the row of `shape` keyed `key` (a JSON
 /// array) by its rule alone at its position: what [`held`] reads, looked up
@@ -254,15 +282,7 @@ pub(crate) fn holds_key(graph: &Graph, shape: &Shape, replica: &str, key: &str) 
     let t = literal(shape.table.name);
     Some(format!(
         "EXISTS (
-             WITH h AS (
-                 SELECT id AS r, partition_id AS part,
-                        CASE WHEN EXISTS (SELECT 1 FROM sync.members m WHERE m.replica = id)
-                             THEN 'own' ELSE 'full' END AS kind
-                 FROM sync.replicas
-                 WHERE id = {replica} AND live AND NOT provision AND snapshot_attempt IS NULL
-                 UNION ALL
-                 SELECT c.id, NULL, c.kind FROM sync.cohorts c
-                 WHERE c.id IN (SELECT m.cohort FROM sync.members m WHERE m.replica = {replica})),
+             WITH h AS ({holders}),
              n AS ({pending}),
              g AS (
                  SELECT h.r FROM {rel} a CROSS JOIN h
@@ -282,6 +302,7 @@ pub(crate) fn holds_key(graph: &Graph, shape: &Shape, replica: &str, key: &str) 
             shape,
             &format!("n.table_name = {t} AND n.key = {key}")
         ),
+        holders = replica_and_cohorts(replica),
         rel = shape.relation,
         keyed = key_match("a", shape, key),
         before = before_row(graph, shape, "n.before", "p"),

@@ -602,25 +602,35 @@ pub(crate) async fn audit(client: &Client, graph: &Graph, ruled: Ruled) -> Resul
     Ok(problems)
 }
 
-/// The keys `replica` is recorded holding of `table`, as JSON arrays: its
-/// own, and its cohort's when it is a member, each once.
+/// The keys `replica` holds of `table`, as JSON arrays: its own and its
+/// cohort's when it is a member, by the record and, with `by_rule` (the
+/// graph, while the record leaves the rows a rule gives to it), by the
+/// rule at each one's position; each once.
 pub(crate) async fn keys(
     tx: &tokio_postgres::Transaction<'_>,
     replica: &str,
     table: &str,
+    by_rule: Option<&Graph>,
 ) -> Result<Vec<serde_json::Value>> {
+    let recorded = "SELECT key::jsonb AS k FROM sync.held WHERE replica = $1 AND table_name = $2
+         UNION ALL
+         SELECT h.key::jsonb FROM sync.members m
+         JOIN sync.held h ON h.replica = m.cohort AND h.table_name = $2
+         WHERE m.replica = $1
+           -- A row both hold, once.
+           AND NOT EXISTS (SELECT 1 FROM sync.held o
+                           WHERE o.table_name = $2 AND o.key = h.key AND o.replica = $1)";
+    let ruled = by_rule.and_then(|graph| {
+        let shape = graph.shapes.iter().find(|s| s.table.name == table)?;
+        super::by_rule::keys_held(graph, shape, "$1")
+    });
+    let sql = match ruled {
+        None => recorded.to_string(),
+        // A row recorded and given by the rule, once.
+        Some(ruled) => format!("{recorded} UNION {ruled}"),
+    };
     Ok(tx
-        .query(
-            "SELECT key::jsonb FROM sync.held WHERE replica = $1 AND table_name = $2
-             UNION ALL
-             SELECT h.key::jsonb FROM sync.members m
-             JOIN sync.held h ON h.replica = m.cohort AND h.table_name = $2
-             WHERE m.replica = $1
-               -- A row both hold, once.
-               AND NOT EXISTS (SELECT 1 FROM sync.held o
-                               WHERE o.table_name = $2 AND o.key = h.key AND o.replica = $1)",
-            &[&replica, &table],
-        )
+        .query(&sql, &[&replica, &table])
         .await?
         .iter()
         .map(|r| r.get(0))
