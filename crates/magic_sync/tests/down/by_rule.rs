@@ -6,6 +6,7 @@
 use crate::digests::digest_of;
 use crate::fleet::Fleet;
 use magic_sync::relay::Compared;
+use magic_sync::trigger::{ensure, InstallSettings};
 use magic_sync::{Engine, Row};
 
 /// Tasks by till, under a key checked only at commit, titled by a domain
@@ -289,4 +290,44 @@ async fn rows_left_to_their_rule_are_planned_by_it_and_every_till_stays_exact() 
             .await,
         0
     );
+}
+
+/// A TRUNCATE while a table's trigger was missing took rows with no note.
+/// With the record of the rows a rule gives thinned, nothing says who held
+/// them: the repair provisions every replica again, not only those the
+/// record names, and every till ends exact.
+#[tokio::test]
+async fn a_truncate_unnoted_in_a_thinned_record_provisions_every_till_again() {
+    let engine = Engine::builder()
+        .table::<Project>()
+        .table::<Job>()
+        .table::<Chore>()
+        .table::<Step>()
+        .build()
+        .unwrap();
+    let mut fleet = Fleet::of(PLANNED, engine).await;
+    fleet.reconfigure(|s| s.record_ruled_rows = false).await;
+    fleet.add("a", None);
+    fleet.add("b", None);
+    fleet.add("c", None);
+    fleet.sync().await;
+    fleet.check().await;
+    let recorded = "SELECT count(*) FROM sync.held WHERE table_name = 'chores'";
+    assert_eq!(fleet.count(recorded).await, 0, "left to their rule");
+    fleet
+        .write(
+            "DROP TRIGGER magic_sync_no_truncate ON chores;
+             TRUNCATE chores;",
+        )
+        .await;
+    let ensured = ensure(
+        &fleet.engine,
+        &mut fleet.writer,
+        &InstallSettings::default(),
+    )
+    .await
+    .expect("repaired");
+    assert_eq!(ensured.provisioned, ["a", "b", "c"]);
+    fleet.sync().await;
+    fleet.check().await;
 }

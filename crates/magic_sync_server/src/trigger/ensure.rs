@@ -24,7 +24,9 @@
 //! concerned are marked to be provisioned again: a table missing its row
 //! trigger concerns every replica (an unnoted insert may be owed to any of
 //! them, and the rows it points at with it); one missing only its TRUNCATE
-//! trigger, those holding its rows (a TRUNCATE only takes rows away). The
+//! trigger, those holding its rows (a TRUNCATE only takes rows away), or
+//! every replica while the record leaves the rows a rule gives to that rule
+//! (decision 176: who held a row taken with no note is then nowhere). The
 //! next pass of the relay sends them a snapshot taken after the trigger was
 //! in place, so nothing written before or after is missed.
 
@@ -119,8 +121,14 @@ pub struct Installed {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reprovision {
     Nobody,
-    /// Those holding a row of the table.
-    Holders,
+    /// Those holding a row of the table. While the record leaves the rows
+    /// a rule gives to it (`sync.record_form`) and the table's rule reads
+    /// its rows' columns (`left_to_rule`), every replica: rows taken or
+    /// moved with no note left no trace of who held them, and the rule on
+    /// the rows as they are now cannot say it.
+    Holders {
+        left_to_rule: bool,
+    },
     Everyone,
 }
 
@@ -161,9 +169,17 @@ pub async fn ensure(
         let new_to_the_sync = noted_before
             .as_ref()
             .is_some_and(|before| !before.contains(&table.table));
+        let left_to_rule = engine.codec(&table.table).is_some_and(|codec| {
+            matches!(
+                codec.table().rule,
+                crate::row::Rule::All
+                    | crate::row::Rule::Replica(_)
+                    | crate::row::Rule::Partition(_)
+            )
+        });
         let reprovision = match new_to_the_sync {
             true => Reprovision::Nobody,
-            false => reprovision(&found, declared),
+            false => reprovision(&found, declared, left_to_rule),
         };
         let triggers = found.iter().any(|f| f.fault != Fault::Body);
         let (marked, retries) = repair(client, table, triggers, reprovision, settings).await?;
@@ -201,7 +217,7 @@ async fn ensure_refuse_truncate(client: &Client) -> Result<bool> {
 /// table: see the module's documentation. A group table's rows are never
 /// held themselves (they decide which rows of another table are), so a
 /// TRUNCATE of one concerns every replica.
-fn reprovision(found: &[&Finding], declared: bool) -> Reprovision {
+fn reprovision(found: &[&Finding], declared: bool, left_to_rule: bool) -> Reprovision {
     let silenced = |notes: bool| {
         found
             .iter()
@@ -211,7 +227,7 @@ fn reprovision(found: &[&Finding], declared: bool) -> Reprovision {
         Reprovision::Everyone
     } else if silenced(false) {
         if declared {
-            Reprovision::Holders
+            Reprovision::Holders { left_to_rule }
         } else {
             Reprovision::Everyone
         }
@@ -270,10 +286,13 @@ async fn install(
     let tx = client.transaction().await?;
     let marked = match reprovision {
         Reprovision::Nobody => Vec::new(),
-        _ => {
-            let holding = (reprovision == Reprovision::Holders).then_some(table.table.as_str());
+        Reprovision::Holders { left_to_rule } => {
+            use crate::store::held::Ruled;
+            let thinned = left_to_rule && Ruled::stored(&tx).await? == Ruled::ByRule;
+            let holding = (!thinned).then_some(table.table.as_str());
             crate::store::replicas::provision_again(&tx, holding).await?
         }
+        Reprovision::Everyone => crate::store::replicas::provision_again(&tx, None).await?,
     };
     let timeout = settings.lock_timeout.as_millis().max(1);
     // The statement timeout bounds the lock alone; the session's is put
