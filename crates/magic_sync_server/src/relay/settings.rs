@@ -91,9 +91,11 @@ pub struct Settings {
     /// gives it (decision 176). On (the default), every row held has its
     /// record row. Off, a provisioning records none for a row that says
     /// only what its rule says, which the pending notes let the relay read
-    /// instead (`docs/record-by-rule-plan.md` §7). Being built: the passes
-    /// do not read every such row by its rule yet, so off is for measuring
-    /// what is left, not for a fleet.
+    /// instead (`docs/record-by-rule-plan.md` §7). The relay marks the
+    /// record's form in the database (`sync.record_form`) for filing and
+    /// digests; turned back on, it provisions every replica again first.
+    /// Being built: the passes do not read every such row by its rule yet,
+    /// so off is for measuring what is left, not for a fleet.
     pub record_ruled_rows: bool,
 }
 
