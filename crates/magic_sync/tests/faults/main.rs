@@ -381,3 +381,69 @@ async fn an_upload_filed_and_not_answered_is_sent_again_and_filed_once() {
     fleet.check().await;
     scenario.teardown();
 }
+
+/// With the record of the rows a rule gives thinned
+/// (`Settings::record_ruled_rows` off): a pass that began while a till's
+/// snapshot streamed, and keeps for it a change the snapshot's view did not
+/// see, commits only after the snapshot recorded what it sent. The
+/// snapshot sees the change's note still pending and records the row, so
+/// the next pass plans the kept change against it: the order moved away
+/// is taken back from the till, not left there with no record row saying
+/// it holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_kept_for_a_till_while_its_snapshot_recorded_is_planned_against_what_it_sent() {
+    let scenario = FailScenario::setup();
+    let mut fleet = shop().await;
+    fleet.reconfigure(|s| s.record_ruled_rows = false).await;
+    // An order of u3's that nothing points at: left to its rule.
+    fleet
+        .write("INSERT INTO orders (id, unit_id, customer_id) VALUES (3, 'u3', 7)")
+        .await;
+    fleet.add("u3", Some("south"));
+    assert_eq!(fleet.pass().await.waiting, ["u3"]);
+    let snapshot = fleet.begin_snapshot("u3").await.expect("u3 waits");
+    let gate = std::sync::Arc::new(magic_sync_testkit::gate::Gate::new(&fleet.network, "u3", 0));
+    let (ended, has_ended) = std::sync::mpsc::channel();
+    let streaming = {
+        let gate = gate.clone();
+        let mut worker = fleet.db.connect().await;
+        tokio::spawn(async move {
+            let streamed = snapshot.stream(&mut worker, &*gate).await;
+            ended.send(()).expect("the pass waits for the snapshot");
+            streamed
+        })
+    };
+    // The snapshot's view is taken; then the order moves to u1.
+    gate.reached().await;
+    fleet
+        .write("UPDATE orders SET unit_id = 'u1' WHERE id = 3")
+        .await;
+    // The pass keeps the move for u3, and before it commits the snapshot
+    // streams the rest and records what it sent.
+    let has_ended = std::sync::Mutex::new(has_ended);
+    let opener = gate.clone();
+    fail::cfg_callback("relay-before-commit", move || {
+        opener.open();
+        has_ended
+            .lock()
+            .unwrap()
+            .recv_timeout(Duration::from_secs(120))
+            .expect("the snapshot records while the pass has not committed");
+    })
+    .unwrap();
+    let pass = fleet.pass().await;
+    fail::remove("relay-before-commit");
+    assert_eq!(pass.streaming, ["u3"]);
+    let streamed = streaming.await.unwrap().expect("the snapshot streams");
+    assert!(streamed.recorded, "{streamed:?}");
+    assert_eq!(
+        fleet
+            .count("SELECT count(*) FROM sync.held WHERE replica = 'u3' AND table_name = 'orders'")
+            .await,
+        1,
+        "the order whose change was kept is recorded"
+    );
+    fleet.sync().await;
+    fleet.check().await;
+    scenario.teardown();
+}
