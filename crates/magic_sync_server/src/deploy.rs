@@ -29,8 +29,10 @@
 use crate::catalog::Catalog;
 use crate::engine::Engine;
 use crate::error::Result;
+use crate::graph::Graph;
 use crate::sql::qualified;
 use crate::store;
+use crate::store::by_rule::OldRule;
 pub(crate) use crate::store::deployment::Declared;
 pub use crate::store::deployment::Progress;
 use crate::store::tables::Recorded;
@@ -478,9 +480,11 @@ pub(crate) async fn begin(
     client: &Client,
     engine: &Engine,
     declared: &Declared,
+    graph: &Graph,
+    catalog: &Catalog,
 ) -> Result<Deployment> {
     client.batch_execute("BEGIN").await?;
-    let begun = begin_in(client, engine, declared).await;
+    let begun = begin_in(client, engine, declared, graph, catalog).await;
     match begun {
         Ok(deployment) => {
             client.batch_execute("COMMIT").await?;
@@ -494,10 +498,17 @@ pub(crate) async fn begin(
     }
 }
 
-async fn begin_in(client: &Client, engine: &Engine, declared: &Declared) -> Result<Deployment> {
+async fn begin_in(
+    client: &Client,
+    engine: &Engine,
+    declared: &Declared,
+    graph: &Graph,
+    catalog: &Catalog,
+) -> Result<Deployment> {
     // Two relays starting at once: the second sees what the first wrote.
     store::tables::lock(client).await?;
     let before = store::tables::recorded(client).await?;
+    let thinned = store::held::Ruled::stored(client).await? == store::held::Ruled::ByRule;
     let first_build = before.is_empty();
     let (reused, changed) = changes(&before, declared);
     let changes = if first_build {
@@ -515,13 +526,47 @@ async fn begin_in(client: &Client, engine: &Engine, declared: &Declared) -> Resu
     // older build still running leaves it alone.
     let build = declared.schema.fingerprint().0.to_vec();
     store::deployment::adopt(client, &build).await?;
+    // A rule this build changes, with the record thinned: what the old one
+    // gave is recorded first, unless the triggers' installation did it
+    // (`record_whole_before`).
+    if thinned {
+        for owed in owed_whole(client, &before, declared, graph, catalog).await? {
+            let shape = graph.shape(&owed.table);
+            let came = store::by_rule::record_whole(
+                client,
+                graph,
+                shape,
+                &owed.old,
+                owed.old_type.as_deref(),
+            )
+            .await?;
+            tracing::info!(
+                table = owed.table,
+                ?came,
+                "the old rule's rows are recorded whole"
+            );
+        }
+    }
+    let cohort_tables = store::cohorts::Tables::of(graph);
     for c in &changes {
         let definition: Option<serde_json::Value> = match c.action {
             Action::Remove => before.get(&c.table).and_then(|b| b.definition.clone()),
             _ => None,
         };
+        if matches!(c.action, Action::Replan | Action::Reshape) {
+            // The cohort's rows of a table planned again go back to its
+            // members, each planned for itself; the cohort is made again
+            // of this build's tables. (It passed its take-backs of rows of
+            // tables only the old build shared to every member.)
+            store::cohorts::forget(client, Some(&c.table), Some(&cohort_tables)).await?;
+        }
         if c.action == Action::Rebuild {
-            store::deployment::provision_holders(client, &c.table).await?;
+            if thinned && old_rule(&before, &c.table).is_some() {
+                // Its rows left to their rule name no holder: everyone.
+                store::replicas::provision_again(client, None).await?;
+            } else {
+                store::deployment::provision_holders(client, &c.table).await?;
+            }
             if declared
                 .schema
                 .table(&c.table)
@@ -540,6 +585,9 @@ async fn begin_in(client: &Client, engine: &Engine, declared: &Declared) -> Resu
         };
         store::deployment::owe(client, &owed, &build).await?;
     }
+    client
+        .batch_execute(store::by_rule::NO_LONGER_WHOLE)
+        .await?;
     declare(client, declared).await?;
     Ok(Deployment {
         first: first_build,
@@ -575,4 +623,69 @@ async fn declare(client: &Client, declared: &Declared) -> Result<()> {
 /// changed anything since the sync began.
 pub async fn progress(client: &impl tokio_postgres::GenericClient) -> Result<Vec<Progress>> {
     Ok(store::deployment::progress(client).await?)
+}
+
+/// A table whose rule this build changes from one that reads its rows'
+/// own columns, while the record leaves the rows a rule gives to it: what
+/// the old rule gives each holder is recorded before the rule changes
+/// ([`store::by_rule::record_whole`]).
+pub(crate) struct OwedWhole {
+    pub table: String,
+    pub old: OldRule,
+    /// The type its column is read as; `None` when the table lost it.
+    pub old_type: Option<String>,
+}
+
+/// The rule `table` had, as the last build recorded it, when it went down
+/// and its rule read its rows' own columns.
+fn old_rule(before: &BTreeMap<String, Recorded>, table: &str) -> Option<OldRule> {
+    let b = before.get(table).filter(|b| b.goes_down())?;
+    let text = b.definition.as_ref()?.get("rule")?.as_str()?;
+    OldRule::parse(text)
+}
+
+/// The tables of `declared` owed recording whole (see [`OwedWhole`]) and
+/// not recorded whole yet, from what the last build recorded (`before`).
+pub(crate) async fn owed_whole(
+    client: &impl tokio_postgres::GenericClient,
+    before: &BTreeMap<String, Recorded>,
+    declared: &Declared,
+    graph: &Graph,
+    catalog: &Catalog,
+) -> Result<Vec<OwedWhole>> {
+    let marked = store::by_rule::marked_whole(client).await?;
+    let mut owed = Vec::new();
+    for shape in &graph.shapes {
+        let table = shape.table;
+        let Some(now) = declared.schema.table(table.name) else {
+            continue;
+        };
+        if marked.contains(table.name) {
+            continue;
+        }
+        let Some(old) = old_rule(before, table.name) else {
+            continue;
+        };
+        let unchanged = before
+            .get(table.name)
+            .and_then(|b| b.definition.as_ref())
+            .and_then(|d| d.get("rule"))
+            .and_then(|r| r.as_str())
+            == Some(now.rule.as_str());
+        if unchanged {
+            continue;
+        }
+        let old_type = old.column().and_then(|c| {
+            catalog
+                .relation(table.schema, table.name)
+                .and_then(|r| r.column(c))
+                .map(|c| c.base_type.clone())
+        });
+        owed.push(OwedWhole {
+            table: table.name.to_string(),
+            old,
+            old_type,
+        });
+    }
+    Ok(owed)
 }

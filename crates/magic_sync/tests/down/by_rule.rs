@@ -177,6 +177,16 @@ struct Chore {
     title: String,
 }
 
+/// The chores of an earlier build, which every till held.
+#[derive(Row, Debug, Clone, PartialEq)]
+#[row(table = "chores", down, all, key(id))]
+struct EveryChore {
+    id: i64,
+    unit_id: String,
+    project_id: Option<i64>,
+    title: String,
+}
+
 #[derive(Row, Debug, Clone, PartialEq)]
 #[row(table = "steps", down, follows = "job_id", key(job_id, n))]
 struct Step {
@@ -330,4 +340,68 @@ async fn a_truncate_unnoted_in_a_thinned_record_provisions_every_till_again() {
     assert_eq!(ensured.provisioned, ["a", "b", "c"]);
     fleet.sync().await;
     fleet.check().await;
+}
+
+/// A build that changes a rule from `all` to `replica`: every till held
+/// every chore by the old rule, through the `all` cohort, and till `a`
+/// holds project 2 both for its own job and through the cohort, for chore
+/// 10. The cohort's rows of the table go back to its members before the
+/// deployment plans them, so the cohort's letting go of project 2 reaches
+/// only `b`: `a` keeps it for its job and chore. With the record thinned,
+/// the chores had no record row: before the rule changes, the triggers'
+/// installation records what the old rule gave each holder, and the table
+/// is read by no rule until its deployment is done. Either way every till
+/// ends exact, each holding only its own chores.
+async fn rule_changed_from_all_to_replica(thinned: bool) {
+    let engine = |every: bool| {
+        let builder = Engine::builder().table::<Project>().table::<Job>();
+        let builder = match every {
+            true => builder.table::<EveryChore>(),
+            false => builder.table::<Chore>(),
+        };
+        builder.table::<Step>().build().unwrap()
+    };
+    let mut fleet = Fleet::of(PLANNED, engine(true)).await;
+    fleet.reconfigure(|s| s.record_ruled_rows = !thinned).await;
+    fleet.add("a", None);
+    fleet.add("b", None);
+    fleet.sync().await;
+    fleet.check().await;
+    // A change pending as the build changes: read from its note's
+    // pre-image by the old rule.
+    fleet
+        .write("UPDATE chores SET title = 'sweep up' WHERE id = 10")
+        .await;
+    let recorded = "SELECT count(*) FROM sync.held WHERE table_name = 'chores'";
+    let before = fleet.count(recorded).await;
+    fleet.redeploy(engine(false)).await;
+    let whole = "SELECT count(*) FROM sync.recorded_whole WHERE table_name = 'chores'";
+    if thinned {
+        assert!(before < 3, "{before} of the cohort's 3 chores recorded");
+        assert_eq!(fleet.count(whole).await, 1, "recorded whole while deployed");
+    } else {
+        assert_eq!(before, 3, "the cohort's");
+        assert_eq!(fleet.count(whole).await, 0);
+    }
+    // Each till holds all three itself now, the cohort none.
+    assert_eq!(fleet.count(recorded).await, 6);
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(
+        fleet
+            .count("SELECT count(*) FROM sync.recorded_whole")
+            .await,
+        0,
+        "read by its rule again once deployed"
+    );
+}
+
+#[tokio::test]
+async fn a_rule_changed_from_all_takes_back_through_the_cohort_only_what_no_member_keeps() {
+    rule_changed_from_all_to_replica(false).await;
+}
+
+#[tokio::test]
+async fn a_rule_changed_over_a_thinned_record_takes_back_what_the_old_one_gave() {
+    rule_changed_from_all_to_replica(true).await;
 }

@@ -203,7 +203,14 @@ impl Relay {
         }
         let mut relay = Self::with_catalog(&catalog, engine, settings)?;
         let declared = deployment::declared(&relay.context.engine, &catalog)?;
-        let deployment = crate::deploy::begin(client, &relay.context.engine, &declared).await?;
+        let deployment = crate::deploy::begin(
+            client,
+            &relay.context.engine,
+            &declared,
+            &relay.context.graph,
+            &catalog,
+        )
+        .await?;
         if !deployment.is_empty() {
             tracing::info!(
                 changes = deployment.changes.len(),

@@ -36,6 +36,15 @@ pub(crate) const HOLDERS: &str = "SELECT id AS r, partition_id AS part,
      UNION ALL
      SELECT id, NULL, kind FROM sync.cohorts";
 
+/// `EXISTS`: the table `t` (an SQL literal) is recorded whole for now
+/// (`sync.recorded_whole`): a deployment is changing its rule, and what
+/// the old rule gave each holder was recorded before it changed, so no
+/// rule, old or new, says what its holders hold until the deployment of
+/// the table is done. Evaluated once per statement.
+pub(crate) fn recorded_whole(t: &str) -> String {
+    format!("EXISTS (SELECT 1 FROM sync.recorded_whole w WHERE w.table_name = {t})")
+}
+
 /// Whether the rows of `shape` can be read by their rule from the notes: a
 /// rule of its own that reads the row's columns. A group's rows are given
 /// by rows of other tables, with no note on the row, and stay recorded.
@@ -134,7 +143,11 @@ pub(crate) fn pending_among(graph: &Graph, shape: &Shape, notes: &str) -> String
 /// `parents` (`json`) says it was, read as far as the reading needs it
 /// (its links' columns and its rule's; see [`before_columns`]).
 pub(crate) fn before_row(graph: &Graph, shape: &Shape, json: &str, alias: &str) -> String {
-    let read = before_columns(graph, shape);
+    record_of(&before_columns(graph, shape), json, alias)
+}
+
+/// `jsonb_to_record(...) AS {alias} (...)` over `read` (name, type).
+fn record_of(read: &[(String, String)], json: &str, alias: &str) -> String {
     // `jsonb_to_record` needs a column: an `all` table with no link reads
     // none.
     let columns = if read.is_empty() {
@@ -228,7 +241,8 @@ pub(crate) fn held(graph: &Graph, shape: &Shape, holders: &str) -> Option<String
     }
     Some(format!(
         "SELECT g.r, g.k, g.ptrs FROM ({given}) g
-         WHERE NOT EXISTS (SELECT 1 FROM sync.quarantine q
+         WHERE NOT {whole}
+           AND NOT EXISTS (SELECT 1 FROM sync.quarantine q
                            WHERE q.table_name = {t} AND q.key = g.k::text)
            AND NOT EXISTS (SELECT 1 FROM sync.blocked b
                            WHERE b.replica = g.r AND b.table_name = {t} AND b.key = g.k::text)
@@ -236,6 +250,7 @@ pub(crate) fn held(graph: &Graph, shape: &Shape, holders: &str) -> Option<String
                            WHERE d.replica = g.r AND d.table_name = {t} AND d.key = g.k)",
         given = given(graph, shape, holders)?,
         t = literal(shape.table.name),
+        whole = recorded_whole(&literal(shape.table.name)),
     ))
 }
 
@@ -291,7 +306,8 @@ pub(crate) fn holds_key(graph: &Graph, shape: &Shape, replica: &str, key: &str) 
                  SELECT h.r FROM n CROSS JOIN LATERAL {before} CROSS JOIN h
                  WHERE n.known AND n.was AND {then})
              SELECT 1 FROM g
-             WHERE NOT EXISTS (SELECT 1 FROM sync.quarantine q
+             WHERE NOT {whole}
+               AND NOT EXISTS (SELECT 1 FROM sync.quarantine q
                                WHERE q.table_name = {t} AND q.key = ({key})::text)
                AND NOT EXISTS (SELECT 1 FROM sync.blocked b
                                WHERE b.replica = g.r AND b.table_name = {t} AND b.key = ({key})::text)
@@ -303,6 +319,7 @@ pub(crate) fn holds_key(graph: &Graph, shape: &Shape, replica: &str, key: &str) 
             &format!("n.table_name = {t} AND n.key = {key}")
         ),
         holders = replica_and_cohorts(replica),
+        whole = recorded_whole(&t),
         rel = shape.relation,
         keyed = key_match("a", shape, key),
         before = before_row(graph, shape, "n.before", "p"),
@@ -392,7 +409,9 @@ pub(crate) async fn audit(client: &Client, graph: &Graph, ruled: Ruled) -> Resul
                AND NOT EXISTS (SELECT 1 FROM n WHERE n.key = coalesce(g.k, rec.k) AND NOT n.known)
                AND NOT EXISTS (SELECT 1 FROM sync.deployment x
                                WHERE x.table_name = {t} AND x.done_at IS NULL AND x.work <> 'resend')
+               AND NOT {whole}
              ORDER BY 1, 2",
+            whole = recorded_whole(&literal(shape.table.name)),
             t = literal(shape.table.name),
             pending = pending(graph, shape),
         );
@@ -421,3 +440,178 @@ pub(crate) async fn audit(client: &Client, graph: &Graph, ruled: Ruled) -> Resul
     }
     Ok(problems)
 }
+
+/// A rule a table was declared with, as `sync.tables.definition` keeps it
+/// (`all`, `replica(c)`, `partition(c)`), when it reads the row's own
+/// columns: what a deployment that changes it records before it changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OldRule {
+    All,
+    Replica(String),
+    Partition(String),
+}
+
+impl OldRule {
+    /// The rule `text` names (`magic_sync_core::schema`'s words), if it
+    /// reads the row's own columns.
+    pub(crate) fn parse(text: &str) -> Option<OldRule> {
+        let column = |prefix: &str| {
+            text.strip_prefix(prefix)
+                .and_then(|rest| rest.strip_suffix(')'))
+                .map(str::to_string)
+        };
+        match text {
+            "all" => Some(OldRule::All),
+            _ => column("replica(")
+                .map(OldRule::Replica)
+                .or_else(|| column("partition(").map(OldRule::Partition)),
+        }
+    }
+
+    /// The column it reads, if any.
+    pub(crate) fn column(&self) -> Option<&str> {
+        match self {
+            OldRule::All => None,
+            OldRule::Replica(c) | OldRule::Partition(c) => Some(c),
+        }
+    }
+
+    /// Whether the holder `h` (`r`, `part`, `kind`) is given the row whose
+    /// rule column, as text, is `value`; as [`crate::graph::rule_for`]
+    /// guards a holder's kind.
+    fn gives(&self, value: &str, h: &str) -> String {
+        match self {
+            OldRule::All => format!("{h}.kind <> 'own'"),
+            OldRule::Replica(_) => format!("({h}.kind <> 'all' AND {value} = {h}.r)"),
+            OldRule::Partition(_) => format!("({h}.kind <> 'all' AND {value} = {h}.part)"),
+        }
+    }
+}
+
+/// What [`record_whole`] came to.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Whole {
+    /// What the old rule gave each holder kept up is recorded: this many
+    /// rows written.
+    Recorded(u64),
+    /// The old rule cannot be read at every holder's position (its column
+    /// is gone, or a pending key's notes cannot say what it was): every
+    /// replica is provisioned again instead, these.
+    ProvisionedAgain(Vec<String>),
+}
+
+/// Before the rule of `shape`'s table changes from `old`, with the record
+/// of the rows a rule gives thinned: records for every holder kept up the
+/// rows `old` gives it at its position (the row as it is, or as its first
+/// pending note says it was), and marks the table recorded whole
+/// (`sync.recorded_whole`), so that no relay thins it or reads it by a
+/// rule until the deployment of the table is done; the deployment then
+/// plans it against a whole record, as it always did. `old_type` is the
+/// type the old rule's column is read as, `None` when the table no longer
+/// has it. Snapshots under way begin again (they may have thinned by the
+/// old rule unseen). Serialises with the passes (`sync.replicas` locked),
+/// in the caller's transaction, which the notes must be read in whole: the
+/// table locked against writes, or its triggers noting the old rule's
+/// column still.
+pub(crate) async fn record_whole(
+    tx: &impl tokio_postgres::GenericClient,
+    graph: &Graph,
+    shape: &Shape,
+    old: &OldRule,
+    old_type: Option<&str>,
+) -> Result<Whole> {
+    let t = literal(shape.table.name);
+    tx.batch_execute(&format!(
+        "LOCK TABLE sync.replicas IN SHARE ROW EXCLUSIVE MODE;
+         INSERT INTO sync.recorded_whole (table_name) VALUES ({t}) ON CONFLICT DO NOTHING;"
+    ))
+    .await?;
+    super::snapshots::orphaned(tx).await?;
+    let mut columns = before_columns(graph, shape);
+    let (now, then) = match (old.column(), old_type) {
+        (None, _) => ("NULL::text".to_string(), "NULL::text".to_string()),
+        (Some(c), Some(ty)) => {
+            columns.retain(|(x, _)| x != c);
+            columns.push((c.to_string(), ty.to_string()));
+            (
+                format!("a.{}::text", ident(c)),
+                format!("p.{}::text", ident(c)),
+            )
+        }
+        (Some(_), None) => {
+            return Ok(Whole::ProvisionedAgain(
+                super::replicas::provision_again(tx, None).await?,
+            ))
+        }
+    };
+    let pending = pending(graph, shape);
+    // A note written once the old rule's column was no longer noted cannot
+    // say what the row was to the old rule.
+    let lacks = match old.column() {
+        Some(c) => format!(" OR (n.was AND NOT n.before ? {})", literal(c)),
+        None => String::new(),
+    };
+    let unknown: bool = tx
+        .query_one(
+            &format!("SELECT EXISTS (SELECT 1 FROM ({pending}) n WHERE NOT n.known{lacks})"),
+            &[],
+        )
+        .await?
+        .get(0);
+    if unknown {
+        return Ok(Whole::ProvisionedAgain(
+            super::replicas::provision_again(tx, None).await?,
+        ));
+    }
+    let written = tx
+        .execute(
+            &format!(
+                "WITH h AS ({HOLDERS}), n AS ({pending}),
+                 x AS (
+                     SELECT {key_now} AS k, {ptrs_now} AS ptrs, {now} AS v FROM {rel} a
+                     WHERE NOT EXISTS (SELECT 1 FROM n WHERE n.key = {key_now})
+                     UNION ALL
+                     SELECT n.key, {ptrs_then}, {then}
+                     FROM n CROSS JOIN LATERAL {before}
+                     WHERE n.was)
+                 INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs, refs)
+                 SELECT h.r, {t}, x.k::text, 0, 0, true, x.ptrs, 0
+                 FROM x JOIN h ON {gives}
+                 WHERE NOT EXISTS (SELECT 1 FROM sync.quarantine q
+                                   WHERE q.table_name = {t} AND q.key = x.k::text)
+                   AND NOT EXISTS (SELECT 1 FROM sync.blocked b
+                                   WHERE b.replica = h.r AND b.table_name = {t} AND b.key = x.k::text)
+                   AND NOT EXISTS (SELECT 1 FROM sync.deferred d
+                                   WHERE d.replica = h.r AND d.table_name = {t} AND d.key = x.k)
+                 ON CONFLICT (table_name, key, replica) DO NOTHING",
+                key_now = key_json("a", shape.table),
+                ptrs_now = graph.pointers("a", shape.table.name),
+                ptrs_then = graph.pointers("p", shape.table.name),
+                rel = shape.relation,
+                before = record_of(&columns, "n.before", "p"),
+                gives = old.gives("x.v", "h"),
+            ),
+            &[],
+        )
+        .await?;
+    Ok(Whole::Recorded(written))
+}
+
+/// The tables recorded whole for now (`sync.recorded_whole`).
+pub(crate) async fn marked_whole(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<std::collections::BTreeSet<String>> {
+    Ok(client
+        .query("SELECT table_name FROM sync.recorded_whole", &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
+/// Lets the tables no unfinished deployment plans again be read by their
+/// rule again: their record was whole while their rule changed.
+pub(crate) const NO_LONGER_WHOLE: &str = "DELETE FROM sync.recorded_whole w
+     WHERE NOT EXISTS (SELECT 1 FROM sync.deployment d
+                       WHERE d.table_name = w.table_name AND d.done_at IS NULL
+                         AND d.work <> 'resend');";

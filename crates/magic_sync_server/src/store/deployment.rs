@@ -252,12 +252,21 @@ pub(crate) fn chunk_sql(shape: &Shape, after: Option<&serde_json::Value>, limit:
     )
 }
 
-/// The closing statement of a chunk: where the table's work stands.
+/// The closing statement of a chunk: where the table's work stands; once
+/// done, a table recorded whole while its rule changed is read by its rule
+/// again.
 pub(crate) fn closing(table: &str, worked: &Worked) -> String {
+    let whole = match worked.done {
+        true => format!(
+            "DELETE FROM sync.recorded_whole WHERE table_name = {};",
+            literal(table)
+        ),
+        false => String::new(),
+    };
     format!(
         "UPDATE sync.deployment SET rows_done = rows_done + {rows}, after = coalesce({last}::jsonb, after),
              done_at = {done}
-         WHERE table_name = {t} AND done_at IS NULL;",
+         WHERE table_name = {t} AND done_at IS NULL;{whole}",
         rows = worked.rows,
         last = worked
             .last

@@ -123,7 +123,9 @@ fn only_the_rule(graph: &Graph) -> Option<String> {
                              WHERE x.table_name = h.table_name AND x.key = h.key::jsonb)
              AND NOT EXISTS (SELECT 1 FROM sync.deployment x
                              WHERE x.table_name = h.table_name AND x.done_at IS NULL
-                               AND x.work <> 'resend')",
+                               AND x.work <> 'resend')
+             AND NOT EXISTS (SELECT 1 FROM sync.recorded_whole x
+                             WHERE x.table_name = h.table_name)",
             readable.join(", ")
         )
     })
@@ -324,7 +326,9 @@ fn provisioned_rows(graph: &Graph, messages: &str, ruled: Ruled) -> String {
                                         WHERE x.table_name = f.t AND x.key = f.k)
                         AND NOT EXISTS (SELECT 1 FROM sync.deployment x
                                         WHERE x.table_name = f.t AND x.done_at IS NULL
-                                          AND x.work <> 'resend'))",
+                                          AND x.work <> 'resend')
+                        AND NOT EXISTS (SELECT 1 FROM sync.recorded_whole x
+                                        WHERE x.table_name = f.t))",
             readable = readable.join(", ")
         ),
         _ => String::new(),

@@ -153,6 +153,7 @@ pub async fn ensure(
         refuse_truncate: ensure_refuse_truncate(client).await?,
         ..Ensured::default()
     };
+    ensured.retries += record_whole_before(engine, client, &catalog, settings).await?;
     let mut noted = noted(engine, &catalog);
     noted.sort_by(|a, b| (&a.schema, &a.table).cmp(&(&b.schema, &b.table)));
     let findings = inspect(&noted, client).await?;
@@ -236,6 +237,93 @@ fn reprovision(found: &[&Finding], declared: bool, left_to_rule: bool) -> Reprov
     }
 }
 
+/// With the record of the rows a rule gives thinned (decision 176), each
+/// table whose rule this build changes from one that reads its rows'
+/// columns is recorded whole first (`store::by_rule::record_whole`): what
+/// its old rule gives each holder, read from the rows and their notes while
+/// the old triggers still note the old rule's column, the table locked
+/// against writes for that one statement. Until the deployment of the table
+/// is done, no relay (this build's, or the one still running) reads it by
+/// a rule. Returns the attempts that gave way.
+async fn record_whole_before(
+    engine: &Engine,
+    client: &mut Client,
+    catalog: &Catalog,
+    settings: &InstallSettings,
+) -> Result<u32> {
+    use crate::store::held::Ruled;
+    if Ruled::stored(&*client).await? == Ruled::Recorded {
+        return Ok(0);
+    }
+    let before = crate::store::tables::recorded(client).await?;
+    let declared = crate::store::deployment::declared(engine, catalog)?;
+    let tables: Vec<&'static crate::row::Table> = engine.down_tables().collect();
+    let graph = crate::graph::Graph::new(&tables, catalog)?;
+    let owed = crate::deploy::owed_whole(&*client, &before, &declared, &graph, catalog).await?;
+    let mut retries = 0;
+    for owed in owed {
+        let shape = graph.shape(&owed.table);
+        let relation = shape.relation.clone();
+        let (came, gave_way) = giving_way(settings, &relation, async || {
+            let tx = client.transaction().await?;
+            let timeout = settings.lock_timeout.as_millis().max(1);
+            let lock = format!("LOCK TABLE {relation} IN SHARE ROW EXCLUSIVE MODE");
+            tx.batch_execute(&format!(
+                "SET LOCAL lock_timeout = '{timeout}ms'; {}",
+                with_setting("statement_timeout", &format!("'{timeout}ms'"), &lock),
+            ))
+            .await?;
+            let came = crate::store::by_rule::record_whole(
+                &tx,
+                &graph,
+                shape,
+                &owed.old,
+                owed.old_type.as_deref(),
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(came)
+        })
+        .await?;
+        retries += gave_way;
+        tracing::info!(
+            table = owed.table,
+            ?came,
+            "the old rule's rows are recorded whole"
+        );
+    }
+    Ok(retries)
+}
+
+/// Runs `attempt` again, after a backoff, while it gives way to the
+/// application (a lock not had in time, a deadlock), at most
+/// `settings.attempts` times. Returns what it came to and the attempts that
+/// gave way.
+async fn giving_way<T>(
+    settings: &InstallSettings,
+    relation: &str,
+    mut attempt: impl AsyncFnMut() -> Result<T>,
+) -> Result<(T, u32)> {
+    let mut retries = 0;
+    let mut backoff = crate::backoff::Backoff::new(settings.backoff_min, settings.backoff_max);
+    loop {
+        let e = match attempt().await {
+            Ok(done) => return Ok((done, retries)),
+            Err(Error::Postgres(e)) if crate::error::gave_way(&e) => e,
+            Err(e) => return Err(e),
+        };
+        if retries + 1 >= settings.attempts.max(1) {
+            return Err(Error::InstallGaveWay {
+                relation: relation.to_string(),
+                attempts: retries + 1,
+                source: e,
+            });
+        }
+        retries += 1;
+        tokio::time::sleep(backoff.next_wait()).await;
+    }
+}
+
 /// Repairs one table, attempt after attempt while it gives way. Returns the
 /// replicas marked and the attempts that gave way.
 async fn repair(
@@ -245,31 +333,17 @@ async fn repair(
     reprovision: Reprovision,
     settings: &InstallSettings,
 ) -> Result<(Vec<String>, u32)> {
-    let mut retries = 0;
-    let mut backoff = crate::backoff::Backoff::new(settings.backoff_min, settings.backoff_max);
-    loop {
-        let attempt = if triggers {
+    let relation = format!("{}.{}", table.schema, table.table);
+    giving_way(settings, &relation, async || {
+        if triggers {
             install(client, table, reprovision, settings).await
         } else {
             // Only the function's body differs: nothing to lock.
             client.batch_execute(&table.function_sql()).await?;
             Ok(Vec::new())
-        };
-        let e = match attempt {
-            Ok(marked) => return Ok((marked, retries)),
-            Err(Error::Postgres(e)) if crate::error::gave_way(&e) => e,
-            Err(e) => return Err(e),
-        };
-        if retries + 1 >= settings.attempts.max(1) {
-            return Err(Error::InstallGaveWay {
-                relation: format!("{}.{}", table.schema, table.table),
-                attempts: retries + 1,
-                source: e,
-            });
         }
-        retries += 1;
-        tokio::time::sleep(backoff.next_wait()).await;
-    }
+    })
+    .await
 }
 
 /// One attempt at one table, in one transaction: the replicas to provision

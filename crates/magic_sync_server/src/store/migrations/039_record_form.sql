@@ -11,3 +11,13 @@ CREATE TABLE sync.record_form (
 );
 
 INSERT INTO sync.record_form DEFAULT VALUES;
+
+-- Tables whose rows are all recorded for the time being, none left to their
+-- rule: a deployment is changing their rule. Before the rule changes (when
+-- the new build's triggers go in, or its relay starts), what the old rule
+-- gives each holder is recorded; until the deployment of the table is done,
+-- no relay thins it or reads it by a rule, old or new.
+CREATE TABLE sync.recorded_whole (
+    table_name text PRIMARY KEY,
+    since      timestamptz NOT NULL DEFAULT now()
+);

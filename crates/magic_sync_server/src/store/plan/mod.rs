@@ -498,7 +498,7 @@ impl Planner<'_, '_> {
                    WHERE {key} AND NOT EXISTS (SELECT 1 FROM _ms_before bef
                                                WHERE bef.t = {t} AND bef.k = {k})) pre
              JOIN _ms_r hr ON {gave}
-             WHERE NOT hr.fresh{and} AND NOT {kept}{unblocked}",
+             WHERE NOT hr.fresh{and} AND NOT {kept}{unblocked} AND NOT {whole}",
             ptrs = self.graph.pointers("pre", shape.table.name),
             before = by_rule::before_row(self.graph, shape, "bef.before", "pre"),
             now = by_rule::now_row(self.graph, shape, "pre"),
@@ -506,6 +506,7 @@ impl Planner<'_, '_> {
             key = key_match("pre", shape, k),
             kept = kept_for("hr.r", &t, k),
             unblocked = self.unblocked("hr.r", &t, k),
+            whole = by_rule::recorded_whole(&t),
         ))
     }
 
@@ -1008,8 +1009,9 @@ impl Planner<'_, '_> {
                 &format!(
                     "INSERT INTO _ms_before (t, k, known, was, before, candidates)
                      SELECT {t}, key, known, was, before, candidates
-                     FROM ({}) n",
-                    by_rule::pending_among(self.graph, shape, &notes)
+                     FROM ({}) n WHERE NOT {whole}",
+                    by_rule::pending_among(self.graph, shape, &notes),
+                    whole = by_rule::recorded_whole(&t),
                 ),
             )
             .await?;
