@@ -36,13 +36,19 @@ pub(crate) const HOLDERS: &str = "SELECT id AS r, partition_id AS part,
      UNION ALL
      SELECT id, NULL, kind FROM sync.cohorts";
 
-/// `EXISTS`: the table `t` (an SQL literal) is recorded whole for now
-/// (`sync.recorded_whole`): a deployment is changing its rule, and what
-/// the old rule gave each holder was recorded before it changed, so no
-/// rule, old or new, says what its holders hold until the deployment of
-/// the table is done. Evaluated once per statement.
+/// Whether the table `t` (an SQL literal) is recorded whole for now, as
+/// SQL: a deployment is changing its rule, and what the old rule gave each
+/// holder was recorded before it changed (`sync.recorded_whole`); or a
+/// deployment plans it again and has not finished (a table new to the sync
+/// holds nothing until its deployment sends it, whatever its rule says).
+/// Either way no rule, old or new, says what its holders hold until the
+/// deployment of the table is done. Evaluated once per statement.
 pub(crate) fn recorded_whole(t: &str) -> String {
-    format!("EXISTS (SELECT 1 FROM sync.recorded_whole w WHERE w.table_name = {t})")
+    format!(
+        "(EXISTS (SELECT 1 FROM sync.recorded_whole w WHERE w.table_name = {t})
+          OR EXISTS (SELECT 1 FROM sync.deployment w
+                     WHERE w.table_name = {t} AND w.done_at IS NULL AND w.work <> 'resend'))"
+    )
 }
 
 /// Whether the rows of `shape` can be read by their rule from the notes: a
