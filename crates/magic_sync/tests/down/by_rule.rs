@@ -195,14 +195,9 @@ struct Step {
     what: String,
 }
 
-/// With the record of the rows a rule gives thinned
-/// (`Settings::record_ruled_rows` off), the planner reads them by the rule
-/// at each holder's position: a till is provisioned with no record row for
-/// a job or chore nothing it holds points at, and every move, repointing,
-/// delete and key swap after it leaves each till exact, with the parents
-/// and followers that go with them.
-#[tokio::test]
-async fn rows_left_to_their_rule_are_planned_by_it_and_every_till_stays_exact() {
+/// The planned schema's fleet of `tills`, provisioned with the record of
+/// the rows a rule gives thinned (`Settings::record_ruled_rows` off).
+async fn thinned(tills: &[&str]) -> Fleet {
     let engine = Engine::builder()
         .table::<Project>()
         .table::<Job>()
@@ -212,10 +207,23 @@ async fn rows_left_to_their_rule_are_planned_by_it_and_every_till_stays_exact() 
         .unwrap();
     let mut fleet = Fleet::of(PLANNED, engine).await;
     fleet.reconfigure(|s| s.record_ruled_rows = false).await;
-    fleet.add("a", None);
-    fleet.add("b", None);
+    for till in tills {
+        fleet.add(till, None);
+    }
     fleet.sync().await;
     fleet.check().await;
+    fleet
+}
+
+/// With the record of the rows a rule gives thinned
+/// (`Settings::record_ruled_rows` off), the planner reads them by the rule
+/// at each holder's position: a till is provisioned with no record row for
+/// a job or chore nothing it holds points at, and every move, repointing,
+/// delete and key swap after it leaves each till exact, with the parents
+/// and followers that go with them.
+#[tokio::test]
+async fn rows_left_to_their_rule_are_planned_by_it_and_every_till_stays_exact() {
+    let mut fleet = thinned(&["a", "b"]).await;
     let said_by_rule = "SELECT count(*) FROM sync.held
                         WHERE table_name IN ('jobs', 'chores') AND ruled AND refs = 0";
     assert_eq!(
@@ -308,20 +316,7 @@ async fn rows_left_to_their_rule_are_planned_by_it_and_every_till_stays_exact() 
 /// record names, and every till ends exact.
 #[tokio::test]
 async fn a_truncate_unnoted_in_a_thinned_record_provisions_every_till_again() {
-    let engine = Engine::builder()
-        .table::<Project>()
-        .table::<Job>()
-        .table::<Chore>()
-        .table::<Step>()
-        .build()
-        .unwrap();
-    let mut fleet = Fleet::of(PLANNED, engine).await;
-    fleet.reconfigure(|s| s.record_ruled_rows = false).await;
-    fleet.add("a", None);
-    fleet.add("b", None);
-    fleet.add("c", None);
-    fleet.sync().await;
-    fleet.check().await;
+    let mut fleet = thinned(&["a", "b", "c"]).await;
     let recorded = "SELECT count(*) FROM sync.held WHERE table_name = 'chores'";
     assert_eq!(fleet.count(recorded).await, 0, "left to their rule");
     fleet

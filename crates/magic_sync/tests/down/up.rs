@@ -67,6 +67,22 @@ async fn sales(fleet: &Fleet) -> Vec<(String, String, Option<i64>, String, i64)>
         .collect()
 }
 
+/// An upload of one stock row, `key` with `data` (JSON).
+fn stock_up(send_id: u8, key: &[u8], data: &[u8]) -> Up {
+    Up {
+        send_id: vec![send_id; 16],
+        tables: vec![UpRows {
+            table: "stock".into(),
+            rows: vec![RowData {
+                key: key.to_vec(),
+                data: data.to_vec(),
+            }],
+            gone: vec![],
+        }],
+        ..Up::default()
+    }
+}
+
 fn counts(filing: &Filing) -> (usize, usize, usize) {
     match filing {
         Filing::Filed {
@@ -347,18 +363,11 @@ async fn a_count_of_a_row_left_to_its_rule_is_filed_by_the_rule() {
     let counted = "SELECT count(*) FROM stock WHERE unit_id = 'u1' AND counted = 4";
     assert_eq!(fleet.count(counted).await, 1);
     // u2 edits u1's row: its rule does not give it the row.
-    let up = Up {
-        send_id: vec![1; 16],
-        tables: vec![UpRows {
-            table: "stock".into(),
-            rows: vec![RowData {
-                key: br#"["u1",1]"#.to_vec(),
-                data: br#"{"unit_id":"u1","product_id":1,"on_hand":5,"counted":9}"#.to_vec(),
-            }],
-            gone: vec![],
-        }],
-        ..Up::default()
-    };
+    let up = stock_up(
+        1,
+        br#"["u1",1]"#,
+        br#"{"unit_id":"u1","product_id":1,"on_hand":5,"counted":9}"#,
+    );
     let refused = refusals(&file_as(&fleet, "u2", &up).await);
     assert_eq!(refused.len(), 1);
     assert!(refused[0].reason.contains("does not hold"), "{refused:?}");
@@ -370,17 +379,12 @@ async fn a_count_of_a_row_left_to_its_rule_is_filed_by_the_rule() {
         .batch_execute("UPDATE stock SET unit_id = 'u1' WHERE product_id = 2")
         .await
         .unwrap();
-    let edit = |send_id: u8| Up {
-        send_id: vec![send_id; 16],
-        tables: vec![UpRows {
-            table: "stock".into(),
-            rows: vec![RowData {
-                key: br#"["u1",2]"#.to_vec(),
-                data: br#"{"unit_id":"u1","product_id":2,"on_hand":3,"counted":2}"#.to_vec(),
-            }],
-            gone: vec![],
-        }],
-        ..Up::default()
+    let edit = |send_id: u8| {
+        stock_up(
+            send_id,
+            br#"["u1",2]"#,
+            br#"{"unit_id":"u1","product_id":2,"on_hand":3,"counted":2}"#,
+        )
     };
     let refused = refusals(&file_as(&fleet, "u1", &edit(2)).await);
     assert_eq!(refused.len(), 1, "not u1's at its position");
@@ -395,18 +399,11 @@ async fn a_count_of_a_row_left_to_its_rule_is_filed_by_the_rule() {
 async fn an_edit_of_a_row_the_till_does_not_hold_is_refused() {
     let fleet = shop().await;
     // u2's stock row, edited by u1 in an upload it forged.
-    let up = Up {
-        send_id: vec![1; 16],
-        tables: vec![UpRows {
-            table: "stock".into(),
-            rows: vec![RowData {
-                key: br#"["u2",2]"#.to_vec(),
-                data: br#"{"unit_id":"u2","product_id":2,"on_hand":3,"counted":1}"#.to_vec(),
-            }],
-            gone: vec![],
-        }],
-        ..Up::default()
-    };
+    let up = stock_up(
+        1,
+        br#"["u2",2]"#,
+        br#"{"unit_id":"u2","product_id":2,"on_hand":3,"counted":1}"#,
+    );
     let refused = refusals(&file_as(&fleet, "u1", &up).await);
     assert_eq!(refused.len(), 1);
     assert!(refused[0].reason.contains("does not hold"), "{refused:?}");
