@@ -476,6 +476,19 @@ impl Planner<'_, '_> {
     /// holders it is held back from and those a change was kept for while
     /// their snapshot streamed. None while the record keeps every row.
     fn held_by_rule(&self, shape: &Shape, k: &str, and: &str) -> Option<String> {
+        self.given_by_rule(shape, k, and, true)
+    }
+
+    /// [`Self::held_by_rule`], and with `unblocked` false, the rows set
+    /// aside or blocked too: the holders a row held back is to be taken
+    /// from while its block is not settled.
+    pub(crate) fn given_by_rule(
+        &self,
+        shape: &Shape,
+        k: &str,
+        and: &str,
+        unblocked: bool,
+    ) -> Option<String> {
         if self.ruled == Ruled::Recorded || !by_rule::readable(shape) {
             return None;
         }
@@ -505,7 +518,10 @@ impl Planner<'_, '_> {
             rel = shape.relation,
             key = key_match("pre", shape, k),
             kept = kept_for("hr.r", &t, k),
-            unblocked = self.unblocked("hr.r", &t, k),
+            unblocked = match unblocked {
+                true => self.unblocked("hr.r", &t, k),
+                false => String::new(),
+            },
             whole = by_rule::recorded_whole(&t),
         ))
     }

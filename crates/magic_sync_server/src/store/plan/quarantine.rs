@@ -158,6 +158,35 @@ impl Planner<'_, '_> {
                 ),
             )
             .await?;
+        // The holders of such a row by their rule alone (decision 176),
+        // at their position: for a row set aside, every one its rule gives
+        // it to; for a row blocked, its holder.
+        for shape in &self.graph.shapes {
+            let t = literal(shape.table.name);
+            let Some(given) = self.given_by_rule(shape, "u.k", "", false) else {
+                continue;
+            };
+            n += self
+                .fill(
+                    crate::store::plan::scratch::Scratch::Questioned,
+                    &format!(
+                        "INSERT INTO {q_columns}
+                         SELECT g.r, {t}, u.k, 0, false, true, false, 0, true, g.ptrs, NULL, 0
+                         FROM (SELECT z.key::jsonb AS k, NULL::text AS r FROM sync.quarantine z
+                               WHERE z.table_name = {t} AND NOT z.settled
+                               UNION ALL
+                               SELECT b.key::jsonb, b.replica FROM sync.blocked b
+                               WHERE b.table_name = {t} AND NOT b.settled) u
+                         CROSS JOIN LATERAL ({given} OFFSET 0) g
+                         WHERE (u.r IS NULL OR g.r = u.r)
+                           AND NOT EXISTS (SELECT 1 FROM sync.held h
+                                           WHERE h.table_name = {t} AND h.key = u.k::text
+                                             AND h.replica = g.r)
+                         {set_aside}"
+                    ),
+                )
+                .await?;
+        }
         Ok(n)
     }
 
@@ -358,6 +387,14 @@ impl Planner<'_, '_> {
                 points = link.points_at("a", "q.k"),
             )
         };
+        // And the children held by their rule alone (decision 176): the
+        // child table's rows pointing at it, now, whose rule gives them to
+        // the holder, read from the table as a link into an `all` table
+        // is; a row set aside is rare, and it reads only those.
+        let children = match self.ruled_children(link, tracked) {
+            Some(ruled) => format!("({children}) UNION ({ruled})"),
+            None => children,
+        };
         format!(
             "SELECT h.replica AS r, {c} AS t, h.key AS k, root.t AS rt, root.k AS rk
              FROM _ms_q q
@@ -373,6 +410,53 @@ impl Planner<'_, '_> {
             name = literal(&link.name),
             new = new_only("h.replica", &c, "h.key::jsonb"),
         )
+    }
+}
+
+impl Planner<'_, '_> {
+    /// The rows of `link`'s child held by their rule alone, with no record
+    /// row, that point through it at the row in question `q`: those its
+    /// holder `q.r` holds, or, through a link into an `all` table, a member
+    /// of the cohort taking it back. `None` when the record keeps every
+    /// row, or the child's rule does not read its own columns.
+    fn ruled_children(&self, link: &Link, tracked: bool) -> Option<String> {
+        let child = self.graph.shape(link.child.name);
+        if self.ruled == crate::store::held::Ruled::Recorded
+            || !crate::store::by_rule::readable(child)
+        {
+            return None;
+        }
+        let gives = crate::graph::rule_for(
+            child.table,
+            "a",
+            &crate::graph::Holder {
+                id: "x.r",
+                partition: "x.part",
+                kind: Some("x.kind"),
+            },
+        )?;
+        let c = literal(link.child.name);
+        let members = match tracked {
+            true => String::new(),
+            false => format!(
+                " OR q.r = {} AND x.kind = 'own'",
+                literal(crate::store::cohorts::ALL)
+            ),
+        };
+        Some(format!(
+            "SELECT x.r, {ck}::text FROM {rel} a
+             JOIN _ms_r x ON (x.r = q.r{members}) AND NOT x.fresh AND {gives}
+             WHERE {points} AND NOT {whole}
+               AND NOT EXISTS (SELECT 1 FROM sync.deferred d
+                               WHERE d.replica = x.r AND d.table_name = {c} AND d.key = {ck})
+               AND NOT EXISTS (SELECT 1 FROM sync.held h
+                               WHERE h.table_name = {c} AND h.key = ({ck})::text
+                                 AND h.replica = x.r)",
+            ck = key_json("a", link.child),
+            rel = child.relation,
+            points = link.points_at("a", "q.k"),
+            whole = crate::store::by_rule::recorded_whole(&c),
+        ))
     }
 }
 
