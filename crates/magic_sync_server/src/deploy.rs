@@ -547,7 +547,11 @@ async fn begin_in(
             );
         }
     }
-    let cohort_tables = store::cohorts::Tables::of(graph);
+    let ruled = match thinned {
+        true => store::held::Ruled::ByRule,
+        false => store::held::Ruled::Recorded,
+    };
+    let cohort_tables = store::cohorts::Tables::of(graph, ruled);
     for c in &changes {
         let definition: Option<serde_json::Value> = match c.action {
             Action::Remove => before.get(&c.table).and_then(|b| b.definition.clone()),

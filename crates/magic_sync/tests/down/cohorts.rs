@@ -209,8 +209,25 @@ INSERT INTO tabs VALUES (1, 'u1', 3), (2, 'u2', NULL);
 /// held both by u1 for its tab and by the cohort for the catalogue's
 /// quince.
 async fn jam_both_ways() -> Fleet {
+    jam_both_ways_thinned(false).await
+}
+
+/// [`jam_both_ways`], with the record of the rows a rule gives thinned
+/// when `thinned` (`Settings::record_ruled_rows` off).
+async fn jam_both_ways_thinned(thinned: bool) -> Fleet {
     let schema = format!("{SCHEMA} INSERT INTO items VALUES (6, 3, 'quince');");
-    let mut fleet = fleet(&schema, 3).await;
+    let mut fleet = Fleet::of(&schema, engine()).await;
+    fleet
+        .reconfigure(|s| {
+            s.record_by_rule = true;
+            if thinned {
+                s.record_ruled_rows = false;
+            }
+        })
+        .await;
+    for i in 1..=3 {
+        fleet.add(&format!("u{i}"), None);
+    }
     fleet.sync().await;
     fleet.sync().await;
     assert_eq!(members(&fleet).await, ["u1", "u2", "u3"]);
@@ -319,13 +336,32 @@ fn categories_of(fleet: &Fleet, replica: &str) -> Vec<i64> {
 #[tokio::test]
 async fn where_a_tills_rows_point_at_the_cohorts_each_lets_a_row_go_only_when_the_other_does_not_hold_it(
 ) {
+    sharing_with_the_cohort(false).await;
+}
+
+/// The same with the record of the rows a rule gives thinned: the items
+/// the cohort holds by their rule and the tabs the tills hold by theirs
+/// have no record row. Joining finds a till's own categories from its tabs
+/// by their rule, and what points at each category is counted from the
+/// record and the rule alike.
+#[tokio::test]
+async fn where_a_tills_rows_left_to_their_rule_point_at_the_cohorts_each_lets_a_row_go_only_when_the_other_does_not_hold_it(
+) {
+    sharing_with_the_cohort(true).await;
+}
+
+async fn sharing_with_the_cohort(thinned: bool) {
     // `tabs` and `items` both point at categories: u1's tab at jam (3),
     // which an item is in too.
-    let mut fleet = jam_both_ways().await;
+    let mut fleet = jam_both_ways_thinned(thinned).await;
     // Joined, u1 holds jam itself for its tab alone: the audit counts what
     // points at each row held.
     fleet.check().await;
-    assert_eq!(held(&fleet, "items").await, [("\u{1}all".to_string(), 4)]);
+    let items = match thinned {
+        true => vec![],
+        false => vec![("\u{1}all".to_string(), 4)],
+    };
+    assert_eq!(held(&fleet, "items").await, items);
     assert_eq!(
         held(&fleet, "categories").await,
         [("\u{1}all".to_string(), 3), ("u1".to_string(), 1)]

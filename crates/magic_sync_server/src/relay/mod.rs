@@ -251,7 +251,7 @@ impl Relay {
             }
         }
         let described = catalog.schema(&engine).described();
-        let cohort_tables = store::cohorts::Tables::of(&graph);
+        let cohort_tables = store::cohorts::Tables::of(&graph, store::held::Ruled::of(&settings));
         let note_again =
             store::quarantine::NoteAgain::new(&graph, &crate::trigger::noted(&engine, catalog));
         Ok(Relay {

@@ -12,6 +12,7 @@
 //! and its own record holds its own rows alone.
 
 use crate::error::Result;
+use std::collections::BTreeSet;
 use tokio_postgres::GenericClient;
 
 /// The cohort of the tables whose rule is `all`, as a holder.
@@ -132,13 +133,24 @@ async fn recount(client: &impl GenericClient, replicas: &[String], tables: &Tabl
     if replicas.is_empty() || tables.shared.is_empty() {
         return Ok(());
     }
+    // What points at them: the members' record, and the rows they hold by
+    // their rule alone.
+    let pointing = match &tables.ruled_as_they_stand {
+        Some(ruled) => format!(
+            "(SELECT replica, table_name, ptrs FROM sync.held WHERE replica = ANY ($1)
+              UNION ALL
+              SELECT r, t, ptrs FROM ({}) g)",
+            ruled.replace("$2", "$1")
+        ),
+        None => "sync.held".to_string(),
+    };
     client
         .execute(
             &format!(
                 "WITH p AS (
                      SELECT c.replica AS r, l.p AS t, (c.ptrs -> l.name)::text AS k,
                             count(*)::int AS n
-                     FROM sync.held c JOIN {links} ON l.c = c.table_name
+                     FROM {pointing} c JOIN {links} ON l.c = c.table_name
                      WHERE c.replica = ANY ($1) AND l.p = ANY ($2) AND c.ptrs ? l.name
                      GROUP BY 1, 2, 3)
                  UPDATE sync.held h SET refs = x.n
@@ -323,14 +335,65 @@ pub(crate) struct Tables {
     pub reaching: Vec<&'static str>,
     /// The tracked links (`Graph::tracked_values`).
     pub links: Option<String>,
+    /// The rows of the `reaching` and `shared` tables the replicas `$2`
+    /// (a text array) hold by their rule alone as members, with no record
+    /// row (decision 176), as (`r`, `t`, `k` as text, `ptrs`): their own
+    /// rows, not the cohort's. `None` when no such table's rule reads its
+    /// rows' own columns.
+    pub ruled: Option<String>,
+    /// The rows of the tables pointing at a `shared` one through a tracked
+    /// link the replicas `$2` hold by their rule alone, the same way, each
+    /// replica as it stands: a member, or, once the cohort is forgotten,
+    /// holding every rule itself. What [`recount`] counts beside the
+    /// record.
+    pub ruled_as_they_stand: Option<String>,
 }
 
 impl Tables {
-    pub fn of(graph: &crate::graph::Graph) -> Tables {
+    /// The tables of `graph`'s cohort, and, while the record leaves the
+    /// rows a rule gives to it (`ruled`), how to read the rows its members
+    /// hold by their rule alone.
+    pub fn of(graph: &crate::graph::Graph, ruled: super::held::Ruled) -> Tables {
+        let thinned = ruled == super::held::Ruled::ByRule;
         let shared = graph.shared_cohort_tables();
+        let reaching = graph.reaching(&shared);
+        // What points at a shared row: a child through a tracked link.
+        let pointing: BTreeSet<&str> = graph
+            .tracked()
+            .filter(|l| shared.contains(l.parent.name))
+            .map(|l| l.child.name)
+            .collect();
+        let ruled = |kind: &str, tables: &dyn Fn(&str) -> bool| {
+            let holders = format!(
+                "SELECT id AS r, partition_id AS part, {kind} AS kind
+                 FROM sync.replicas WHERE id = ANY ($2)"
+            );
+            let parts: Vec<String> = graph
+                .shapes
+                .iter()
+                .filter(|s| tables(s.table.name))
+                .filter_map(|shape| {
+                    let held = crate::store::by_rule::held(graph, shape, &holders)?;
+                    let t = crate::sql::literal(shape.table.name);
+                    Some(format!(
+                        "SELECT g.r, {t}::text AS t, g.k::text AS k, g.ptrs FROM ({held}) g
+                         WHERE NOT EXISTS (SELECT 1 FROM sync.held x
+                                           WHERE x.table_name = {t} AND x.key = g.k::text
+                                             AND x.replica = g.r)"
+                    ))
+                })
+                .collect();
+            (thinned && !parts.is_empty()).then(|| parts.join(" UNION ALL "))
+        };
         Tables {
             all: graph.all_cohort_tables().into_iter().collect(),
-            reaching: graph.reaching(&shared).into_iter().collect(),
+            ruled: ruled("'own'", &|t| reaching.contains(t) || shared.contains(t)),
+            ruled_as_they_stand: ruled(
+                "CASE WHEN EXISTS (SELECT 1 FROM sync.members m WHERE m.replica = id)
+                      THEN 'own' ELSE 'full' END",
+                &|t| pointing.contains(t),
+            ),
+            reaching: reaching.into_iter().collect(),
             shared: shared.into_iter().collect(),
             links: graph.tracked_values(),
         }
@@ -357,29 +420,40 @@ pub(crate) async fn join(
     }
     // A member's own rows of the shared tables: ruled, or reached from its
     // rows of other tables, pointed at or followed, over and over.
-    let seed = "SELECT h.replica, h.table_name, h.key FROM sync.held h
-                WHERE h.replica = ANY ($2)
-                  AND ((h.table_name = ANY ($4) AND h.ruled) OR h.table_name = ANY ($5))";
+    // Those of its rows it holds by their rule alone (decision 176) seed
+    // the search too: their pointers are the reading's.
+    let ruled = match &tables.ruled {
+        Some(ruled) => format!(
+            " UNION ALL SELECT g.r, g.t, g.k, g.ptrs FROM ({ruled}) g
+              WHERE g.t = ANY ($4) OR g.t = ANY ($5)"
+        ),
+        None => String::new(),
+    };
+    let seed = format!(
+        "SELECT h.replica, h.table_name, h.key, h.ptrs FROM sync.held h
+         WHERE h.replica = ANY ($2)
+           AND ((h.table_name = ANY ($4) AND h.ruled) OR h.table_name = ANY ($5)){ruled}"
+    );
     let own = match &tables.links {
         Some(links) => format!(
-            "WITH RECURSIVE own (r, t, k) AS (
+            "WITH RECURSIVE own (r, t, k, ptrs) AS (
                  {seed}
                  UNION
-                 SELECT x.replica, x.table_name, x.key
-                 FROM own o JOIN sync.held y ON y.replica = o.r AND y.table_name = o.t AND y.key = o.k
+                 SELECT x.replica, x.table_name, x.key, x.ptrs
+                 FROM own o
                  CROSS JOIN LATERAL (
-                     SELECT h.replica, h.table_name, h.key FROM {links} JOIN sync.held h
-                       ON h.replica = y.replica AND h.table_name = l.p
-                      AND h.key = (y.ptrs -> l.name)::text
-                     WHERE l.c = y.table_name AND y.ptrs ? l.name
+                     SELECT h.replica, h.table_name, h.key, h.ptrs FROM {links} JOIN sync.held h
+                       ON h.replica = o.r AND h.table_name = l.p
+                      AND h.key = (o.ptrs -> l.name)::text
+                     WHERE l.c = o.t AND o.ptrs ? l.name
                      UNION ALL
-                     SELECT h.replica, h.table_name, h.key FROM {links} JOIN sync.held h
-                       ON h.replica = y.replica AND h.table_name = l.c
-                      AND (h.ptrs -> l.name)::text = y.key
-                     WHERE l.follows AND l.p = y.table_name) x
+                     SELECT h.replica, h.table_name, h.key, h.ptrs FROM {links} JOIN sync.held h
+                       ON h.replica = o.r AND h.table_name = l.c
+                      AND (h.ptrs -> l.name)::text = o.k
+                     WHERE l.follows AND l.p = o.t) x
                  WHERE x.table_name = ANY ($4)),"
         ),
-        None => format!("WITH own (r, t, k) AS ({seed}),"),
+        None => format!("WITH own (r, t, k, ptrs) AS ({seed}),"),
     };
     let alike: Vec<String> = client
         .query(
