@@ -40,6 +40,10 @@ struct Walk {
     hot: bool,
     /// Whether the relay records the `all` tables' rows for their cohort.
     by_rule: bool,
+    /// Whether the record leaves the rows a rule gives to it
+    /// (`Settings::record_ruled_rows` off); otherwise as the environment
+    /// says.
+    thinned: bool,
 }
 
 impl Walk {
@@ -57,6 +61,7 @@ async fn every_replica_holds_exactly_what_its_rules_say_after_every_step() {
             units: Walk::units(5),
             hot: false,
             by_rule: false,
+            thinned: false,
         };
         walk(seed, steps, &shape).await;
     }
@@ -71,6 +76,7 @@ async fn a_hot_parent_held_by_a_dozen_tills_stays_exact() {
             units: Walk::units(12),
             hot: true,
             by_rule: true,
+            thinned: false,
         };
         walk(seed, steps, &shape).await;
     }
@@ -90,6 +96,28 @@ async fn the_cohort_of_the_all_tables_is_recorded_exactly_after_every_step() {
             units: Walk::units(5),
             hot: false,
             by_rule: true,
+            thinned: false,
+        };
+        walk(seed, steps, &shape).await;
+    }
+}
+
+/// The same with the record of the rows a rule gives thinned: the tills
+/// kept up join the cohort (their record and the cohort's compared but
+/// for the rows the rule gives both alike), and every step, both
+/// deployments included, leaves every till and the cohort exact.
+#[tokio::test]
+async fn the_cohort_with_the_rows_a_rule_gives_left_to_it_stays_exact_after_every_step() {
+    let steps = env("MAGIC_SYNC_STEPS").unwrap_or(30);
+    for seed in seeds(1, 0xc0408) {
+        println!(
+            "thinned cohort walk: seed {seed} ({steps} steps); replay with MAGIC_SYNC_SEED={seed}"
+        );
+        let shape = Walk {
+            units: Walk::units(5),
+            hot: false,
+            by_rule: true,
+            thinned: true,
         };
         walk(seed, steps, &shape).await;
     }
@@ -110,7 +138,12 @@ async fn walk(seed: u64, steps: u64, shape: &Walk) {
     }
     let mut fleet = Fleet::new(&fixture).await;
     fleet
-        .reconfigure(|s| s.record_by_rule = shape.by_rule)
+        .reconfigure(|s| {
+            s.record_by_rule = shape.by_rule;
+            if shape.thinned {
+                s.record_ruled_rows = false;
+            }
+        })
         .await;
     let units: Vec<&str> = shape.units.iter().map(String::as_str).collect();
     for (i, unit) in units.iter().enumerate() {

@@ -347,6 +347,11 @@ pub(crate) struct Tables {
     /// holding every rule itself. What [`recount`] counts beside the
     /// record.
     pub ruled_as_they_stand: Option<String>,
+    /// Those of `all` whose rows the record leaves to their rule: whether
+    /// each holder has a record row of one it holds by its rule says what
+    /// points at it, not what it holds, and joining compares the rest.
+    /// Empty while the record keeps every row.
+    pub left_to_rule: Vec<&'static str>,
 }
 
 impl Tables {
@@ -385,8 +390,17 @@ impl Tables {
                 .collect();
             (thinned && !parts.is_empty()).then(|| parts.join(" UNION ALL "))
         };
+        let all = graph.all_cohort_tables();
+        let left_to_rule = graph
+            .shapes
+            .iter()
+            .filter(|s| thinned && all.contains(s.table.name))
+            .filter(|s| crate::store::by_rule::readable(s))
+            .map(|s| s.table.name)
+            .collect();
         Tables {
-            all: graph.all_cohort_tables().into_iter().collect(),
+            all: all.into_iter().collect(),
+            left_to_rule,
             ruled: ruled("'own'", &|t| reaching.contains(t) || shared.contains(t)),
             ruled_as_they_stand: ruled(
                 "CASE WHEN EXISTS (SELECT 1 FROM sync.members m WHERE m.replica = id)
@@ -408,8 +422,11 @@ impl Tables {
 /// rest of its rows and blocks of those tables, the cohort's standing for
 /// them; the rows it keeps count only its own rows pointing at them; and it
 /// joins at the message its chain stands at. A replica holding back rows
-/// of a table both hold is left as it is. Run at the end of a pass, once
-/// the record is the pass's. Returns those that joined.
+/// of a table both hold is left as it is. While the record leaves the
+/// rows a rule gives to it, the rows of a table whose rule reads its rows'
+/// columns are held alike by the rule, at the same position, and only the
+/// rest of the record is compared (`Tables::left_to_rule`). Run at the end
+/// of a pass, once the record is the pass's. Returns those that joined.
 pub(crate) async fn join(
     client: &impl GenericClient,
     replicas: &[String],
@@ -459,9 +476,11 @@ pub(crate) async fn join(
         .query(
             &format!(
                 "{own}
-                 c AS (SELECT table_name, key FROM sync.held WHERE replica = $1),
+                 c AS (SELECT table_name, key FROM sync.held
+                       WHERE replica = $1 AND NOT (ruled AND table_name = ANY ($6))),
                  m AS (SELECT replica, table_name, key FROM sync.held h
-                       WHERE replica = ANY ($2) AND table_name = ANY ($3)),
+                       WHERE replica = ANY ($2) AND table_name = ANY ($3)
+                         AND NOT (ruled AND table_name = ANY ($6))),
                  theirs AS (SELECT * FROM m WHERE NOT EXISTS (
                                SELECT 1 FROM own o
                                WHERE o.r = m.replica AND o.t = m.table_name AND o.k = m.key)),
@@ -495,6 +514,7 @@ pub(crate) async fn join(
                 &tables.all,
                 &tables.shared,
                 &tables.reaching,
+                &tables.left_to_rule,
             ],
         )
         .await?
