@@ -492,15 +492,7 @@ impl Planner<'_, '_> {
         if self.ruled == Ruled::Recorded || !by_rule::readable(shape) {
             return None;
         }
-        let gave = crate::graph::rule_for(
-            shape.table,
-            "pre",
-            &crate::graph::Holder {
-                id: "hr.r",
-                partition: "hr.part",
-                kind: Some("hr.kind"),
-            },
-        )?;
+        let gave = crate::graph::rule(shape.table, "pre", "hr")?;
         let t = literal(shape.table.name);
         Some(format!(
             "SELECT hr.r, {ptrs} AS ptrs
@@ -1285,15 +1277,7 @@ impl Planner<'_, '_> {
     /// again or taken back, never left stale, though the parents it pointed
     /// at keep counting it.
     async fn question_changed_by_rule(&self, shape: &Shape) -> Result<u64> {
-        let Some(gave) = crate::graph::rule_for(
-            shape.table,
-            "p",
-            &crate::graph::Holder {
-                id: "r.r",
-                partition: "r.part",
-                kind: Some("r.kind"),
-            },
-        ) else {
+        let Some(gave) = crate::graph::rule(shape.table, "p", "r") else {
             return Ok(0);
         };
         // Each holder `r` found, with the row as it is now, unless held

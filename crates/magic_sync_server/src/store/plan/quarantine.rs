@@ -426,15 +426,7 @@ impl Planner<'_, '_> {
         {
             return None;
         }
-        let gives = crate::graph::rule_for(
-            child.table,
-            "a",
-            &crate::graph::Holder {
-                id: "x.r",
-                partition: "x.part",
-                kind: Some("x.kind"),
-            },
-        )?;
+        let gives = crate::graph::rule(child.table, "a", "x")?;
         let c = literal(link.child.name);
         let members = match tracked {
             true => String::new(),
