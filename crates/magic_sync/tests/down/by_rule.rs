@@ -400,3 +400,212 @@ async fn a_rule_changed_from_all_takes_back_through_the_cohort_only_what_no_memb
 async fn a_rule_changed_over_a_thinned_record_takes_back_what_the_old_one_gave() {
     rule_changed_from_all_to_replica(true).await;
 }
+
+/// The `all` cohort made between passes, from a view that saw a chore
+/// deleted whose note no pass has planned yet, with the chores left to
+/// their rule: the cohort never held the chore, and the project it pointed
+/// at counts only the chore still there. The pass after plans the delete
+/// by the record alone for the cohort (the key kept for it as seen,
+/// `sync.deferred`), not by the rule at a position before the note, which
+/// would take the chore back again and count it out of its project once
+/// more, letting the project go while a chore points at it.
+#[tokio::test]
+async fn a_cohort_made_from_a_view_that_saw_a_delete_lets_its_parent_go_only_once_unpointed() {
+    let engine = Engine::builder()
+        .table::<Project>()
+        .table::<Job>()
+        .table::<EveryChore>()
+        .table::<Step>()
+        .build()
+        .unwrap();
+    let mut fleet = Fleet::of(PLANNED, engine).await;
+    fleet
+        .reconfigure(|s| {
+            s.record_ruled_rows = false;
+            s.record_by_rule = true;
+        })
+        .await;
+    fleet.add("a", None);
+    fleet.add("b", None);
+    fleet
+        .settle("INSERT INTO chores VALUES (13, 'b', 2, 'mop')")
+        .await;
+    fleet.check().await;
+    // Made again at the next pass's start, before that pass reads the
+    // delete's note.
+    fleet.reconfigure(|s| s.record_by_rule = false).await;
+    fleet.sync().await;
+    fleet.reconfigure(|s| s.record_by_rule = true).await;
+    fleet.settle("DELETE FROM chores WHERE id = 10").await;
+    fleet.check().await;
+    let kept = "SELECT count(*) FROM sync.deferred";
+    assert_eq!(fleet.count(kept).await, 0, "let go once planned");
+    // Its last chore gone, the project goes too.
+    fleet.settle("DELETE FROM chores WHERE id = 13").await;
+    fleet.check().await;
+}
+
+/// A till's snapshot whose view saw a job deleted that no pass has planned
+/// yet, with the jobs left to their rule: the till never got the job, and
+/// the project it pointed at counts only the till's job still there. The
+/// pass after plans the delete by the record alone for the till (the key
+/// kept for it as its view saw it, `sync.deferred`), not by its rule at a
+/// position before the note, which would count the job out of its project
+/// once more and take the project from under the job left.
+#[tokio::test]
+async fn a_snapshot_whose_view_saw_a_delete_no_pass_planned_lets_its_parent_go_only_once_unpointed()
+{
+    let mut fleet = thinned(&["a", "b"]).await;
+    fleet
+        .settle("INSERT INTO jobs VALUES (4, 'c', 2, 'lift'), (5, 'c', 2, 'carry')")
+        .await;
+    fleet.add("c", None);
+    assert_eq!(fleet.pass().await.waiting, ["c"]);
+    let snapshot = fleet.begin_snapshot("c").await.expect("c waits");
+    fleet.write("DELETE FROM jobs WHERE id = 4").await;
+    let mut worker = fleet.db.connect().await;
+    let streamed = snapshot
+        .stream(&mut worker, &fleet.network)
+        .await
+        .expect("the snapshot streams");
+    assert!(streamed.recorded, "{streamed:?}");
+    let kept = "SELECT count(*) FROM sync.deferred WHERE replica = 'c'";
+    assert_eq!(fleet.count(kept).await, 1, "the delete its view saw");
+    fleet.sync().await;
+    fleet.check().await;
+    assert_eq!(fleet.count(kept).await, 0, "let go once planned");
+    fleet.settle("DELETE FROM jobs WHERE id = 5").await;
+    fleet.check().await;
+}
+
+/// Makes the note function of `jobs` an earlier build's: the same body
+/// with a line more, as a build before this one would have written it.
+const EARLIER_BUILD: &str = "
+    DO $$
+    DECLARE f regprocedure; body text;
+    BEGIN
+        SELECT t.tgfoid::regprocedure, p.prosrc INTO f, body
+        FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+        WHERE t.tgname = 'magic_sync_note' AND t.tgrelid = 'jobs'::regclass;
+        EXECUTE format('CREATE OR REPLACE FUNCTION %s RETURNS trigger LANGUAGE plpgsql AS %L',
+                       f, body || E'\\n-- an earlier build');
+    END $$";
+
+/// A relay told to leave the rows a rule gives to it, over a record an
+/// earlier build kept whole, records every row until the reading by rule
+/// can read every note: while a note of the earlier build's (no kind) is
+/// pending, and while a transaction in progress when this build's note
+/// functions replaced the earlier one's has not ended, a till provisioned
+/// is recorded whole; then the record's form is marked and the next till
+/// is not.
+#[tokio::test]
+async fn a_relay_leaves_rows_to_their_rule_once_the_earlier_builds_notes_are_planned_and_its_writers_ended(
+) {
+    let engine = Engine::builder()
+        .table::<Project>()
+        .table::<Job>()
+        .table::<Chore>()
+        .table::<Step>()
+        .build()
+        .unwrap();
+    let mut fleet = Fleet::of(PLANNED, engine).await;
+    // The earlier build recorded every row.
+    fleet.reconfigure(|s| s.record_ruled_rows = true).await;
+    fleet.add("a", None);
+    fleet.sync().await;
+    // A writer of the earlier build's, in the middle of its transaction.
+    fleet.write(EARLIER_BUILD).await;
+    let writer = fleet.db.connect().await;
+    writer
+        .batch_execute("BEGIN; UPDATE jobs SET title = 'repaint' WHERE id = 2")
+        .await
+        .unwrap();
+    let ensured = ensure(
+        &fleet.engine,
+        &mut fleet.writer,
+        &InstallSettings::default(),
+    )
+    .await
+    .expect("this build's note functions");
+    assert_eq!(ensured.installed.len(), 1, "{ensured:?}");
+    fleet.reconfigure(|s| s.record_ruled_rows = false).await;
+    let by_rule = "SELECT count(*) FROM sync.record_form WHERE by_rule";
+    let jobs_of = |till: &str| {
+        format!("SELECT count(*) FROM sync.held WHERE replica = '{till}' AND table_name = 'jobs'")
+    };
+    fleet
+        .write("INSERT INTO jobs VALUES (4, 'c', NULL, 'lift'), (5, 'd', NULL, 'carry')")
+        .await;
+    fleet.add("c", None);
+    fleet.sync().await;
+    assert_eq!(
+        fleet.count(by_rule).await,
+        0,
+        "a writer of the earlier build's is open"
+    );
+    assert_eq!(fleet.count(&jobs_of("c")).await, 1, "c recorded whole");
+    fleet.check().await;
+    writer.batch_execute("COMMIT").await.unwrap();
+    // A note the earlier build's function wrote, which says no kind.
+    fleet
+        .write(
+            "UPDATE jobs SET title = 'rewire' WHERE id = 1;
+             UPDATE sync.notes SET op = NULL",
+        )
+        .await;
+    fleet.pass().await;
+    assert_eq!(fleet.count(by_rule).await, 0, "a note says no kind");
+    fleet.pass().await;
+    assert_eq!(fleet.count(by_rule).await, 1, "every note readable");
+    fleet.add("d", None);
+    fleet.sync().await;
+    assert_eq!(
+        fleet.count(&jobs_of("d")).await,
+        0,
+        "d's job left to its rule"
+    );
+    fleet.check().await;
+}
+
+/// With the jobs left to their rule, a job moved from b to a by a note the
+/// planner cannot plan (the project it names no longer fits, as a note
+/// written before the column changed type would not), then changed again:
+/// the note is parked, and the job is read by its record alone until it is
+/// planned. Without that, the later change would be read from its own
+/// pre-image, where the job was a's already, and b, which never had the
+/// move, would keep the job. The tills the job's notes name are provisioned
+/// again, once. A relay starting plans the note by the record, and the job
+/// is read by its rule again.
+#[tokio::test]
+async fn a_row_with_a_note_parked_is_read_by_its_record_alone_until_the_note_is_planned() {
+    let mut fleet = thinned(&["a", "b"]).await;
+    fleet
+        .write(
+            "UPDATE jobs SET unit_id = 'a' WHERE id = 2;
+             UPDATE sync.notes SET parents = jsonb_set(parents, '{project_id}', '\"one\"')
+             WHERE table_name = 'jobs';
+             UPDATE jobs SET title = 'paint again' WHERE id = 2;",
+        )
+        .await;
+    fleet.sync().await;
+    let parked = "SELECT count(*) FROM sync.parked";
+    let ruled_out = "SELECT count(*) FROM sync.ruled_out WHERE table_name = 'jobs' AND key = '[2]'";
+    assert_eq!(fleet.count(parked).await, 1);
+    assert_eq!(fleet.count(ruled_out).await, 1);
+    fleet.check().await;
+    // A relay starting moves the note back; the job read by its record,
+    // the note is planned by it (it needs no parent of the note's), and
+    // the job is read by its rule again. Nobody is provisioned again.
+    let provisioned = "SELECT count(*) FROM sync.replicas WHERE provision";
+    fleet.reconfigure(|_| {}).await;
+    fleet.pass().await;
+    assert_eq!(fleet.count(parked).await, 0);
+    assert_eq!(fleet.count(ruled_out).await, 0);
+    assert_eq!(fleet.count(provisioned).await, 0, "provisioned once");
+    fleet.sync().await;
+    fleet.check().await;
+    fleet
+        .settle("UPDATE jobs SET unit_id = 'b' WHERE id = 2")
+        .await;
+    fleet.check().await;
+}

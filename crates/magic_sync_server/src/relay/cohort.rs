@@ -10,6 +10,7 @@ use super::load::{Loader, Sink, Source};
 use super::pack::Packed;
 use super::snapshot::Context;
 use crate::error::{Error, Result};
+use crate::sql::literal;
 use crate::store::cohorts;
 use crate::store::held;
 use crate::store::plan::quarantine;
@@ -102,6 +103,12 @@ pub(super) async fn make(
         held::Ruled::of(&context.settings),
     ))
     .await?;
+    // The notes its view saw are planned by the next pass: until then the
+    // record alone says what the cohort holds of their rows.
+    let ruled = held::Ruled::of(&context.settings);
+    if let Some(kept) = held::kept_as_seen(&context.graph, &literal(cohorts::ALL), "true", ruled) {
+        tx.batch_execute(&kept).await?;
+    }
     cohorts::record(&tx).await?;
     tx.commit().await?;
     tracing::info!(

@@ -142,8 +142,15 @@ pub enum Acknowledged {
 /// The server side of the down path over one database.
 #[derive(Debug)]
 pub struct Relay {
-    /// What snapshots share with the passes.
+    /// What snapshots share with the passes, with the settings the relay
+    /// works by now: as given, but for the record's form while it waits
+    /// ([`Relay::settle_form`]).
     context: Arc<snapshot::Context>,
+    /// The settings as given.
+    settings: Settings,
+    /// Whether the record's form is not yet the one the settings want, and
+    /// is settled again at every pass until it is.
+    form_waits: bool,
     groups: Vec<plan::Group>,
     prepared: bool,
     /// Whether a pass ran yet: the first one ends the snapshots a relay
@@ -260,9 +267,11 @@ impl Relay {
                 described,
                 engine,
                 graph,
-                settings,
+                settings: settings.clone(),
                 plan_first: Default::default(),
             }),
+            settings,
+            form_waits: false,
             groups,
             prepared: false,
             started: false,
@@ -283,14 +292,57 @@ impl Relay {
         })
     }
 
+    /// Brings the record to the form the settings want, or as near as it
+    /// can be yet (`held::settle_form`), and records in that form from this
+    /// pass on.
+    async fn settle_form(&mut self, client: &mut Client) -> Result<()> {
+        let wanted = held::Ruled::of(&self.settings);
+        let tx = client.transaction().await?;
+        let settled = held::settle_form(&tx, wanted).await?;
+        tx.commit().await?;
+        if !settled.again.is_empty() {
+            tracing::warn!(
+                replicas = settled.again.len(),
+                "every row held is recorded again, where the record left the rows a rule \
+                 gives to it: every replica is provisioned again"
+            );
+        }
+        let waits = settled.ruled != wanted;
+        if waits && !self.form_waits {
+            tracing::info!(
+                "every row held is recorded until the notes an earlier build's triggers \
+                 wrote are planned and the transactions that wrote them have ended"
+            );
+        }
+        self.form_waits = waits;
+        if held::Ruled::of(&self.context.settings) != settled.ruled {
+            let mut settings = self.settings.clone();
+            settings.record_ruled_rows = settled.ruled == held::Ruled::Recorded;
+            let context = &self.context;
+            self.cohort_tables = store::cohorts::Tables::of(&context.graph, settled.ruled);
+            self.context = Arc::new(snapshot::Context {
+                engine: context.engine.clone(),
+                graph: context.graph.clone(),
+                settings,
+                schema: context.schema.clone(),
+                described: context.described.clone(),
+                plan_first: context
+                    .plan_first
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
     /// The engine.
     pub fn engine(&self) -> &Engine {
         &self.context.engine
     }
 
-    /// The settings.
+    /// The settings, as given.
     pub fn settings(&self) -> &Settings {
-        &self.context.settings
+        &self.settings
     }
 
     /// Takes the relay's lock on this connection's session, if no other
@@ -317,17 +369,10 @@ impl Relay {
         replicas: &[ReplicaInfo],
         max_message_bytes: usize,
     ) -> Result<Recorded> {
+        if !self.noted_again || self.form_waits {
+            self.settle_form(client).await?;
+        }
         if !self.noted_again {
-            let tx = client.transaction().await?;
-            let again = held::settle_form(&tx, held::Ruled::of(&self.context.settings)).await?;
-            tx.commit().await?;
-            if !again.is_empty() {
-                tracing::warn!(
-                    replicas = again.len(),
-                    "every row held is recorded again, where the record left the rows a rule \
-                     gives to it: every replica is provisioned again"
-                );
-            }
             // This build may send what the one before it could not, and
             // file what it refused.
             let noted = self.note_again.run(&*client).await?;
@@ -381,7 +426,12 @@ impl Relay {
             Err(e) if e.is_data_exception() => {
                 // A note that no longer fits its table would fail every
                 // pass: parked, the others are planned without it.
-                let found = parked::park(&*client, &self.context.graph).await?;
+                let found = parked::park(
+                    client,
+                    &self.context.graph,
+                    held::Ruled::of(&self.context.settings),
+                )
+                .await?;
                 if found == 0 {
                     return Err(e);
                 }

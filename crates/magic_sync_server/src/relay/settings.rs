@@ -94,7 +94,9 @@ pub struct Settings {
     /// instead (`docs/record-by-rule-plan.md` §7). The relay marks the
     /// record's form in the database (`sync.record_form`) for filing and
     /// digests; turned back on, it provisions every replica again first.
-    /// Being built: the passes do not read every such row by its rule yet,
+    /// Turned off over a record an earlier build's note functions wrote
+    /// notes for, it keeps recording every row until those notes are
+    /// planned and their writers have ended. Being built: the passes do not read every such row by its rule yet,
     /// so off is for measuring what is left, not for a fleet.
     pub record_ruled_rows: bool,
 }

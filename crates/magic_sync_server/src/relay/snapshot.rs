@@ -491,6 +491,21 @@ impl Snapshot {
             ))
             .await?;
         }
+        // Notes the view saw that no pass planned yet: the record alone
+        // says what the replica holds of their rows until one does.
+        let seen_by_view = format!(
+            "pg_visible_in_snapshot(n.xid, {}::pg_snapshot)",
+            crate::sql::literal(seen)
+        );
+        let ruled = Ruled::of(&self.context.settings);
+        if let Some(kept) = held::kept_as_seen(
+            graph,
+            &crate::sql::literal(&self.replica),
+            &seen_by_view,
+            ruled,
+        ) {
+            tx.batch_execute(&kept).await?;
+        }
         let ended = store::snapshots::Ended {
             replica: &self.replica,
             attempt: &self.attempt,

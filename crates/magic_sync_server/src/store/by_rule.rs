@@ -51,6 +51,13 @@ pub(crate) fn recorded_whole(t: &str) -> String {
     )
 }
 
+/// `EXISTS`: the key `k` (a JSON array) of the table `t` (expressions) is
+/// read by its record alone (`sync.ruled_out`): a note of it is parked, or
+/// was moved back and is not planned yet.
+pub(crate) fn ruled_out(t: &str, k: &str) -> String {
+    format!("EXISTS (SELECT 1 FROM sync.ruled_out o WHERE o.table_name = {t} AND o.key = {k})")
+}
+
 /// Whether the rows of `shape` can be read by their rule from the notes: a
 /// rule of its own that reads the row's columns. A group's rows are given
 /// by rows of other tables, with no note on the row, and stay recorded.
@@ -118,7 +125,7 @@ pub(crate) fn pending_among(graph: &Graph, shape: &Shape, notes: &str) -> String
     // read), then whether the key was there (`w`).
     format!(
         "SELECT key, known, was, before,
-                CASE WHEN fit AND NOT known THEN parents END AS candidates
+                CASE WHEN fit AND NOT known THEN parents END AS candidates, fit
          FROM (SELECT g.key, g.fit, w.was, g.before, g.parents,
                       g.kinds AND g.fit AND NOT (g.first = {i} AND w.was) AS known
                FROM (SELECT x.*, {fits} AND x.parents_fit AS fit
@@ -253,8 +260,10 @@ pub(crate) fn held(graph: &Graph, shape: &Shape, holders: &str) -> Option<String
            AND NOT EXISTS (SELECT 1 FROM sync.blocked b
                            WHERE b.replica = g.r AND b.table_name = {t} AND b.key = g.k::text)
            AND NOT EXISTS (SELECT 1 FROM sync.deferred d
-                           WHERE d.replica = g.r AND d.table_name = {t} AND d.key = g.k)",
+                           WHERE d.replica = g.r AND d.table_name = {t} AND d.key = g.k)
+           AND NOT {out}",
         given = given(graph, shape, holders)?,
+        out = ruled_out(&literal(shape.table.name), "g.k"),
         t = literal(shape.table.name),
         whole = recorded_whole(&literal(shape.table.name)),
     ))
@@ -318,7 +327,9 @@ pub(crate) fn holds_key(graph: &Graph, shape: &Shape, replica: &str, key: &str) 
                AND NOT EXISTS (SELECT 1 FROM sync.blocked b
                                WHERE b.replica = g.r AND b.table_name = {t} AND b.key = ({key})::text)
                AND NOT EXISTS (SELECT 1 FROM sync.deferred d
-                               WHERE d.replica = g.r AND d.table_name = {t} AND d.key = {key}))",
+                               WHERE d.replica = g.r AND d.table_name = {t} AND d.key = {key})
+               AND NOT {out})",
+        out = ruled_out(&t, key),
         pending = pending_among(
             graph,
             shape,
@@ -412,12 +423,14 @@ pub(crate) async fn audit(client: &Client, graph: &Graph, ruled: Ruled) -> Resul
                                  AND d.key = coalesce(g.k, rec.k))
                AND NOT EXISTS (SELECT 1 FROM sync.parked x
                                WHERE x.table_name = {t} AND x.key = coalesce(g.k, rec.k))
+               AND NOT {out}
                AND NOT EXISTS (SELECT 1 FROM n WHERE n.key = coalesce(g.k, rec.k) AND NOT n.known)
                AND NOT EXISTS (SELECT 1 FROM sync.deployment x
                                WHERE x.table_name = {t} AND x.done_at IS NULL AND x.work <> 'resend')
                AND NOT {whole}
              ORDER BY 1, 2",
             whole = recorded_whole(&literal(shape.table.name)),
+            out = ruled_out(&literal(shape.table.name), "coalesce(g.k, rec.k)"),
             t = literal(shape.table.name),
             pending = pending(graph, shape),
         );
@@ -589,7 +602,9 @@ pub(crate) async fn record_whole(
                                    WHERE b.replica = h.r AND b.table_name = {t} AND b.key = x.k::text)
                    AND NOT EXISTS (SELECT 1 FROM sync.deferred d
                                    WHERE d.replica = h.r AND d.table_name = {t} AND d.key = x.k)
+                   AND NOT {out}
                  ON CONFLICT (table_name, key, replica) DO NOTHING",
+                out = ruled_out(&t, "x.k"),
                 key_now = key_json("a", shape.table),
                 ptrs_now = graph.pointers("a", shape.table.name),
                 ptrs_then = graph.pointers("p", shape.table.name),

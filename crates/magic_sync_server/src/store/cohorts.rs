@@ -45,6 +45,9 @@ pub(crate) async fn clear(client: &impl GenericClient) -> Result<()> {
     client
         .execute("DELETE FROM sync.blocked WHERE replica = $1", &[&ALL])
         .await?;
+    client
+        .execute("DELETE FROM sync.deferred WHERE replica = $1", &[&ALL])
+        .await?;
     Ok(())
 }
 
@@ -65,7 +68,8 @@ pub(crate) async fn record(client: &impl GenericClient) -> Result<()> {
 /// next pass. Its members hold its rows again themselves first: each is
 /// recorded holding every row the cohort holds, carried by the message the
 /// cohort's was, or by the one it joined at when later, and held back
-/// from what the cohort was. A row a member held itself too is held once,
+/// from what the cohort was, and with the keys kept for it since it was
+/// made (`held::kept_as_seen`). A row a member held itself too is held once,
 /// at the newer version; with `tables` given, the rows of the shared tables
 /// then count every row of the member's pointing at them (without, they
 /// count both holders' pointing rows, and their members are to be
@@ -110,8 +114,16 @@ pub(crate) async fn forget(
                  FROM sync.blocked b CROSS JOIN members m
                  WHERE b.replica IN (SELECT id FROM gone)
                  ON CONFLICT DO NOTHING),
+             deferred_back AS (
+                 INSERT INTO sync.deferred AS o (replica, table_name, key, seq, xid)
+                 SELECT m.replica, d.table_name, d.key, d.seq, d.xid
+                 FROM sync.deferred d CROSS JOIN members m
+                 WHERE d.replica IN (SELECT id FROM gone)
+                 ON CONFLICT (replica, table_name, key) DO UPDATE
+                 SET seq = excluded.seq, xid = excluded.xid WHERE o.seq < excluded.seq),
              held AS (DELETE FROM sync.held WHERE replica IN (SELECT id FROM gone)),
-             blocked AS (DELETE FROM sync.blocked WHERE replica IN (SELECT id FROM gone))
+             blocked AS (DELETE FROM sync.blocked WHERE replica IN (SELECT id FROM gone)),
+             deferred AS (DELETE FROM sync.deferred WHERE replica IN (SELECT id FROM gone))
              SELECT (SELECT count(*) FROM gone),
                     coalesce((SELECT array_agg(replica) FROM members), '{}')",
             &[&ALL, &holding],

@@ -121,12 +121,14 @@ fn only_the_rule(graph: &Graph) -> Option<String> {
                              WHERE x.table_name = h.table_name AND x.key = h.key)
              AND NOT EXISTS (SELECT 1 FROM sync.parked x
                              WHERE x.table_name = h.table_name AND x.key = h.key::jsonb)
+             AND NOT {out}
              AND NOT EXISTS (SELECT 1 FROM sync.deployment x
                              WHERE x.table_name = h.table_name AND x.done_at IS NULL
                                AND x.work <> 'resend')
              AND NOT EXISTS (SELECT 1 FROM sync.recorded_whole x
                              WHERE x.table_name = h.table_name)",
-            readable.join(", ")
+            readable.join(", "),
+            out = crate::store::by_rule::ruled_out("h.table_name", "h.key::jsonb"),
         )
     })
 }
@@ -234,32 +236,90 @@ impl Ruled {
     }
 }
 
+/// What [`settle_form`] settled: the form to record in now, and the
+/// replicas it provisioned again.
+#[derive(Debug)]
+pub(crate) struct Settled {
+    /// The form the relay records in until it settles again: the form
+    /// wanted, or [`Ruled::Recorded`] while leaving rows to their rule
+    /// waits for the notes of the build before to be planned.
+    pub ruled: Ruled,
+    /// The replicas provisioned again.
+    pub again: Vec<String>,
+}
+
 /// Brings the record to the form `wanted`, in the transaction `tx`, before
-/// a relay's first pass. Leaving rows to their rule needs nothing but the
-/// mark: a whole record is a thinned one that has not shed its rows yet.
-/// The other way, the rows left to their rule have no record row a relay
-/// recording every row would question, so every replica is provisioned
-/// again, and the cohort made again, from a record written whole. Returns
-/// the replicas provisioned again.
+/// a relay's pass. Leaving rows to their rule needs nothing but the mark (a
+/// whole record is a thinned one that has not shed its rows yet), once a
+/// reading by rule can read every pending note: none written by an earlier
+/// build's note functions (with no kind, `sync.notes.op`), pending or
+/// parked, and every transaction in progress when this build's functions
+/// replaced those (`sync.record_form.replaced`) ended. Until then every row
+/// is recorded, and the relay settles again at its next pass. The other
+/// way, the rows left to their rule have no record row a relay recording
+/// every row would question, so every replica is provisioned again, and
+/// the cohort made again, from a record written whole.
 pub(crate) async fn settle_form(
     tx: &tokio_postgres::Transaction<'_>,
     wanted: Ruled,
-) -> Result<Vec<String>> {
-    let stored: bool = tx
-        .query_one("SELECT by_rule FROM sync.record_form FOR UPDATE", &[])
-        .await?
-        .get(0);
+) -> Result<Settled> {
+    let row = tx
+        .query_one(
+            &format!(
+                "SELECT by_rule,
+                    NOT EXISTS (SELECT 1 FROM sync.notes WHERE op IS NULL)
+                    AND NOT EXISTS (SELECT 1 FROM sync.parked WHERE op IS NULL)
+                    AND (replaced IS NULL
+                         OR NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(replaced) x
+                                        WHERE pg_xact_status(x) = 'in progress'
+                                          AND NOT EXISTS ({ELSEWHERE})))
+             FROM sync.record_form FOR UPDATE"
+            ),
+            &[],
+        )
+        .await?;
+    let (stored, readable): (bool, bool) = (row.get(0), row.get(1));
+    let settled = |ruled| Settled {
+        ruled,
+        again: Vec::new(),
+    };
     let again = match (stored, wanted) {
         (true, Ruled::Recorded) => super::replicas::provision_again(tx, None).await?,
-        (false, Ruled::Recorded) | (true, Ruled::ByRule) => return Ok(Vec::new()),
+        (false, Ruled::Recorded) | (true, Ruled::ByRule) => return Ok(settled(wanted)),
+        (false, Ruled::ByRule) if !readable => return Ok(settled(Ruled::Recorded)),
         (false, Ruled::ByRule) => Vec::new(),
     };
     tx.execute(
-        "UPDATE sync.record_form SET by_rule = $1",
+        "UPDATE sync.record_form SET by_rule = $1, replaced = NULL",
         &[&(wanted == Ruled::ByRule)],
     )
     .await?;
-    Ok(again)
+    Ok(Settled {
+        ruled: wanted,
+        again,
+    })
+}
+
+/// `EXISTS`: the transaction `x` (an `xid8`) is one a session of another
+/// database runs, as far as this session may see: its notes go elsewhere.
+/// (A session this role may not see is not ruled out.)
+const ELSEWHERE: &str = "SELECT 1 FROM pg_stat_activity a
+     WHERE a.backend_xid::text = (x::text::numeric % 4294967296)::text
+       AND a.datname IS DISTINCT FROM current_database()";
+
+/// Marks this build's note functions as having replaced an earlier
+/// build's now (see [`settle_form`]): the transactions in progress may
+/// still commit notes those wrote.
+pub(crate) async fn note_functions_replaced(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<()> {
+    client
+        .execute(
+            "UPDATE sync.record_form SET replaced = pg_current_snapshot()",
+            &[],
+        )
+        .await?;
+    Ok(())
 }
 
 /// Whether holder `h` holds the row `d` of `_ms_del` once the pass's
@@ -324,12 +384,14 @@ fn provisioned_rows(graph: &Graph, messages: &str, ruled: Ruled) -> String {
                                         WHERE p.table_name = f.t AND p.key = f.k)
                         AND NOT EXISTS (SELECT 1 FROM sync.parked x
                                         WHERE x.table_name = f.t AND x.key = f.k)
+                        AND NOT {out}
                         AND NOT EXISTS (SELECT 1 FROM sync.deployment x
                                         WHERE x.table_name = f.t AND x.done_at IS NULL
                                           AND x.work <> 'resend')
                         AND NOT EXISTS (SELECT 1 FROM sync.recorded_whole x
                                         WHERE x.table_name = f.t))",
-            readable = readable.join(", ")
+            readable = readable.join(", "),
+            out = crate::store::by_rule::ruled_out("f.t", "f.k"),
         ),
         _ => String::new(),
     };
@@ -485,6 +547,40 @@ fn moved_refs(moves: &str) -> String {
     )
 }
 
+/// With the rows a rule gives left to it ([`Ruled::ByRule`]), keeps for
+/// `holder` (an SQL expression), as a pass keeps a change for a replica
+/// whose snapshot streams (`sync.deferred`), each key of a table a rule
+/// reads with notes pending that a provisioning from a view of its own saw
+/// (`seen`, a condition on the note `n`), at the newest such note. A
+/// reading by rule puts a holder before every pending note, which for such
+/// a holder is before its view: a row the view saw deleted, or moved away
+/// from it, would read as held, be taken back and counted out of its
+/// parents once more. With the key kept, the record alone says what it
+/// holds until the next pass plans those notes and lets the keys go. `None`
+/// with every row recorded, or no such table.
+pub(crate) fn kept_as_seen(
+    graph: &Graph,
+    holder: &str,
+    seen: &str,
+    ruled: Ruled,
+) -> Option<String> {
+    let readable = crate::store::by_rule::readable_tables(graph);
+    if ruled == Ruled::Recorded || readable.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "INSERT INTO sync.deferred (replica, table_name, key, seq, xid)
+         SELECT DISTINCT ON (n.table_name, n.key) {holder}, n.table_name, n.key, n.seq, n.xid
+         FROM sync.notes n
+         WHERE n.format = 1 AND n.table_name IN ({readable}) AND {seen}
+         ORDER BY n.table_name, n.key, n.seq DESC
+         ON CONFLICT (replica, table_name, key) DO UPDATE
+         SET seq = EXCLUDED.seq, xid = EXCLUDED.xid
+         WHERE sync.deferred.seq < EXCLUDED.seq;",
+        readable = readable.join(", ")
+    ))
+}
+
 /// The statements that close a pass's notes: every note it planned is
 /// done; for each replica whose snapshot streams (`streaming`), the rows
 /// they changed are kept, at the newest note and its transaction
@@ -508,6 +604,15 @@ pub(crate) fn kept_and_done(streaming: &[String], filled: &Filled) -> String {
             ));
         }
         sql.push_str("DELETE FROM sync.notes WHERE ctid = ANY (ARRAY (SELECT at FROM _ms_notes));");
+        // A key read by its record alone while a note of it was parked is
+        // read by its rule again once its notes are planned and none is
+        // parked. The keys are few: read from their side.
+        sql.push_str(
+            "DELETE FROM sync.ruled_out o
+             WHERE EXISTS (SELECT 1 FROM _ms_notes n WHERE n.t = o.table_name AND n.k = o.key)
+               AND NOT EXISTS (SELECT 1 FROM sync.parked p
+                               WHERE p.table_name = o.table_name AND p.key = o.key);",
+        );
     }
     if has(Scratch::Deferred) {
         sql.push_str(

@@ -161,6 +161,9 @@ pub async fn ensure(
     // trigger are owed to no one through notes, and the deployment plans
     // every row of the tables they decide once the relay starts.
     let noted_before = crate::store::tables::noted_before(client).await?;
+    // Whether a note function of an earlier build, writing notes in its
+    // way, was replaced.
+    let mut replaced = false;
     for (index, table) in noted.iter().enumerate() {
         let found: Vec<&Finding> = findings.iter().filter(|f| f.table == index).collect();
         if found.is_empty() {
@@ -183,6 +186,7 @@ pub async fn ensure(
             false => reprovision(&found, declared, left_to_rule),
         };
         let triggers = found.iter().any(|f| f.fault != Fault::Body);
+        replaced |= found.iter().any(|f| f.notes && f.fault != Fault::Silenced);
         let (marked, retries) = repair(client, table, triggers, reprovision, settings).await?;
         ensured.retries += retries;
         ensured.provisioned.extend(marked);
@@ -194,6 +198,9 @@ pub async fn ensure(
             triggers,
             retries,
         });
+    }
+    if replaced {
+        crate::store::held::note_functions_replaced(&*client).await?;
     }
     ensured.provisioned.sort();
     ensured.provisioned.dedup();

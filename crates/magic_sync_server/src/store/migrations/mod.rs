@@ -46,6 +46,9 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (37, include_str!("037_blocked_by_holder.sql")),
     (38, include_str!("038_note_ops.sql")),
     (39, include_str!("039_record_form.sql")),
+    (40, include_str!("040_deferred_by_holder.sql")),
+    (41, include_str!("041_record_form_waits.sql")),
+    (42, include_str!("042_ruled_out.sql")),
 ];
 
 /// The version this build brings the schema to.

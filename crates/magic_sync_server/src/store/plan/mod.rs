@@ -503,7 +503,9 @@ impl Planner<'_, '_> {
                    WHERE {key} AND NOT EXISTS (SELECT 1 FROM _ms_before bef
                                                WHERE bef.t = {t} AND bef.k = {k})) pre
              JOIN _ms_r hr ON {gave}
-             WHERE NOT hr.fresh{and} AND NOT {kept}{unblocked} AND NOT {whole}",
+             WHERE NOT hr.fresh{and} AND NOT {kept}{unblocked} AND NOT {whole}
+               AND NOT {out}",
+            out = by_rule::ruled_out(&t, k),
             ptrs = self.graph.pointers("pre", shape.table.name),
             before = by_rule::before_row(self.graph, shape, "bef.before", "pre"),
             now = by_rule::now_row(self.graph, shape, "pre"),
@@ -1015,14 +1017,37 @@ impl Planner<'_, '_> {
             self.fill(
                 Scratch::Before,
                 &format!(
-                    "INSERT INTO _ms_before (t, k, known, was, before, candidates)
-                     SELECT {t}, key, known, was, before, candidates
-                     FROM ({}) n WHERE NOT {whole}",
+                    "INSERT INTO _ms_before (t, k, known, was, before, candidates, fit)
+                     SELECT {t}, key, known, was, before, candidates, fit
+                     FROM ({}) n WHERE NOT {whole} AND NOT {out}",
                     by_rule::pending_among(self.graph, shape, &notes),
                     whole = by_rule::recorded_whole(&t),
+                    out = by_rule::ruled_out(&t, "n.key"),
                 ),
             )
             .await?;
+        }
+        // A note whose key or parents no longer fit its table cannot say
+        // what its row was: parked, as a note whose key the planner cannot
+        // cast is, its key is read by its record alone (`store::parked`).
+        // The reading casts nothing it cannot, so it says so itself.
+        if self.has(Scratch::Before) {
+            let unfit: Option<String> = self
+                .tx
+                .query_one("SELECT min(t) FROM _ms_before WHERE NOT fit", &[])
+                .await?
+                .get(0);
+            if let Some(table) = unfit {
+                self.tx
+                    .batch_execute(&format!(
+                        "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'data_exception',
+                             MESSAGE = {}; END $$",
+                        literal(&format!(
+                            "a note of {table} names a key or parents that do not fit its columns"
+                        ))
+                    ))
+                    .await?;
+            }
         }
         Ok(())
     }
@@ -1042,16 +1067,19 @@ impl Planner<'_, '_> {
     /// (`sync.deferred`), now that they are kept up again: those whose
     /// transaction the snapshot did not see are changes of that replica's
     /// alone (`_ms_grant`, with their version); the others are in the
-    /// snapshot, and only go. Returns how many are planned.
+    /// snapshot, and only go. A cohort's were all seen by the view it was
+    /// made from (`held::kept_as_seen`). Returns how many are planned.
     async fn read_deferred(&self) -> Result<u64> {
         let read = self
             .fill(
                 Scratch::Deferred,
                 "INSERT INTO _ms_deferred (at, r, t, k, seq, unseen)
                  SELECT d.ctid, d.replica, d.table_name, d.key, d.seq,
-                        x.snapshot IS NULL OR NOT pg_visible_in_snapshot(d.xid, x.snapshot)
+                        CASE WHEN x.id IS NULL THEN false
+                             ELSE x.snapshot IS NULL OR NOT pg_visible_in_snapshot(d.xid, x.snapshot)
+                        END
                  FROM sync.deferred d
-                 JOIN sync.replicas x ON x.id = d.replica
+                 LEFT JOIN sync.replicas x ON x.id = d.replica
                  WHERE d.replica = ANY (ARRAY (SELECT r FROM _ms_r WHERE NOT fresh))",
             )
             .await?;

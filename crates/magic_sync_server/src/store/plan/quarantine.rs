@@ -441,6 +441,7 @@ impl Planner<'_, '_> {
              WHERE {points} AND NOT {whole}
                AND NOT EXISTS (SELECT 1 FROM sync.deferred d
                                WHERE d.replica = x.r AND d.table_name = {c} AND d.key = {ck})
+               AND NOT {out}
                AND NOT EXISTS (SELECT 1 FROM sync.held h
                                WHERE h.table_name = {c} AND h.key = ({ck})::text
                                  AND h.replica = x.r)",
@@ -448,6 +449,7 @@ impl Planner<'_, '_> {
             rel = child.relation,
             points = link.points_at("a", "q.k"),
             whole = crate::store::by_rule::recorded_whole(&c),
+            out = crate::store::by_rule::ruled_out(&c, &key_json("a", link.child)),
         ))
     }
 }
