@@ -11,7 +11,8 @@
 //!
 //! cargo bench -p magic_sync --features postgres,sqlite --bench pass_cost
 //!
-//! `MAGIC_SYNC_RECORD_BY_RULE=0` runs it with the record by rule off.
+//! `MAGIC_SYNC_RECORD_BY_RULE=0` runs it with the record by rule off;
+//! `MAGIC_SYNC_RECORD_RULED=0` with the rows a rule gives left to it.
 //!
 //! The test shop with ten tills on SQLite files, the relay with its default
 //! settings on a connection whose protocol messages are counted
@@ -23,7 +24,7 @@
 //! millisecond or more.
 
 use magic_sync::run;
-use magic_sync_testkit::bench::{env_u64, record_by_rule, show};
+use magic_sync_testkit::bench::{env_u64, record_by_rule, record_ruled_rows, show};
 use magic_sync_testkit::fleet::Fleet;
 use magic_sync_testkit::shop;
 use magic_sync_testkit::wire::{self, Counter, Counts};
@@ -111,13 +112,15 @@ async fn main() {
     }
     fleet.sync().await;
     // As production runs it: the defaults (the record by rule as
-    // `MAGIC_SYNC_RECORD_BY_RULE` says), on a connection counted.
+    // `MAGIC_SYNC_RECORD_BY_RULE` says, the rows a rule gives recorded as
+    // `MAGIC_SYNC_RECORD_RULED` says), on a connection counted.
     let (client, counter) = wire::connect(&fleet.db).await;
     fleet.reconnect_on(client).await;
     fleet
         .reconfigure(|s| {
             *s = magic_sync::relay::Settings {
                 record_by_rule: record_by_rule(),
+                record_ruled_rows: record_ruled_rows(),
                 ..Default::default()
             }
         })

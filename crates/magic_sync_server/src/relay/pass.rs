@@ -233,6 +233,7 @@ impl Relay {
         closing.push_str(&held::kept_and_done(
             &opened.observed.streaming,
             &plan.filled,
+            held::Ruled::of(&self.context.settings),
         ));
         if let Some(work) = &opened.work {
             closing.push_str(&deployment::closing(work.table(), &plan.worked));

@@ -10,3 +10,13 @@ CREATE TABLE sync.ruled_out (
     key        jsonb NOT NULL,
     PRIMARY KEY (table_name, key)
 );
+
+-- Refuses a note the reading by rule cannot read, as a data exception, so
+-- that the pass parks it (`store::parked`): its key or parents no longer
+-- fit its table's columns. Called only for such a note.
+CREATE FUNCTION sync.unfit(table_name text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'data_exception',
+        MESSAGE = format('a note of %s names a key or parents that do not fit its columns', table_name);
+END $$;

@@ -1003,7 +1003,12 @@ impl Planner<'_, '_> {
 
     /// What each changed row of a table whose rule reads its own columns
     /// was before the notes this pass read (`_ms_before`): the holders its
-    /// rule gave it to then hold it, with no record row (decision 176).
+    /// rule gave it to then hold it, with no record row (decision 176). A
+    /// note whose key or parents no longer fit its table cannot say what
+    /// its row was: the reading, which casts nothing it cannot, refuses it
+    /// as a data exception of its own (`sync.unfit`), and the pass parks it
+    /// as it parks a note whose key the planner cannot cast, its key read
+    /// by its record alone (`store::parked`).
     async fn read_before(&self) -> Result<()> {
         let changed = self.present(Scratch::Changed).await?;
         for shape in self.graph.shapes.iter().filter(|s| by_rule::readable(s)) {
@@ -1017,37 +1022,18 @@ impl Planner<'_, '_> {
             self.fill(
                 Scratch::Before,
                 &format!(
-                    "INSERT INTO _ms_before (t, k, known, was, before, candidates, fit)
-                     SELECT {t}, key, known, was, before, candidates, fit
-                     FROM ({}) n WHERE NOT {whole} AND NOT {out}",
+                    "INSERT INTO _ms_before (t, k, known, was, before, candidates)
+                     SELECT {t}, key, known, was, before, candidates
+                     FROM ({}) n
+                     WHERE CASE WHEN {whole} OR {out} THEN false
+                                WHEN fit THEN true
+                                ELSE sync.unfit({t}) END",
                     by_rule::pending_among(self.graph, shape, &notes),
                     whole = by_rule::recorded_whole(&t),
                     out = by_rule::ruled_out(&t, "n.key"),
                 ),
             )
             .await?;
-        }
-        // A note whose key or parents no longer fit its table cannot say
-        // what its row was: parked, as a note whose key the planner cannot
-        // cast is, its key is read by its record alone (`store::parked`).
-        // The reading casts nothing it cannot, so it says so itself.
-        if self.has(Scratch::Before) {
-            let unfit: Option<String> = self
-                .tx
-                .query_one("SELECT min(t) FROM _ms_before WHERE NOT fit", &[])
-                .await?
-                .get(0);
-            if let Some(table) = unfit {
-                self.tx
-                    .batch_execute(&format!(
-                        "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'data_exception',
-                             MESSAGE = {}; END $$",
-                        literal(&format!(
-                            "a note of {table} names a key or parents that do not fit its columns"
-                        ))
-                    ))
-                    .await?;
-            }
         }
         Ok(())
     }
@@ -1313,19 +1299,19 @@ impl Planner<'_, '_> {
         let rest = format!(
             "{current}
              CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
-             WHERE c.t = {t} AND NOT r.fresh AND NOT {kept}{unblocked}
-             ON CONFLICT DO NOTHING",
+             WHERE c.t = {t} AND NOT r.fresh AND NOT {kept}{unblocked}",
             current = self.current(shape, "c.k"),
             ruled = Self::ruled(shape, "r"),
             t = literal(shape.table.name),
             kept = kept_for("r.r", "c.t", "c.k"),
             unblocked = self.unblocked("r.r", "c.t", "c.k"),
         );
-        let known = self
-            .fill(
-                Scratch::Questioned,
-                &format!(
-                    "INSERT INTO {Q_COLUMNS}
+        // The keys whose notes say what they were, and those whose notes
+        // cannot (their candidates), in one statement.
+        self.fill(
+            Scratch::Questioned,
+            &format!(
+                "INSERT INTO {Q_COLUMNS}
              SELECT r.r, c.t, c.k, 0, n.ruled, {moved}, cur.present,
                     0, true, h.ptrs, cur.ptrs, 0
              FROM _ms_touched c
@@ -1334,19 +1320,8 @@ impl Planner<'_, '_> {
              CROSS JOIN LATERAL (SELECT r.r, r.part, r.fresh, r.kind FROM _ms_r r
                                  WHERE {gave} OFFSET 0) r
              CROSS JOIN LATERAL (SELECT true AS ruled, {ptrs} AS ptrs) h
-             {rest}",
-                    moved = self.moved(shape),
-                    before = by_rule::before_row(self.graph, shape, "b.before", "p"),
-                    ptrs = self.graph.pointers("p", shape.table.name),
-                    rest = rest,
-                ),
-            )
-            .await?;
-        let unknown = self
-            .fill(
-                Scratch::Questioned,
-                &format!(
-                    "INSERT INTO {Q_COLUMNS}
+             {rest}
+             UNION ALL
              SELECT r.r, c.t, c.k, 0, n.ruled, true, cur.present, 0, true, NULL, cur.ptrs, 0
              FROM _ms_touched c
              JOIN _ms_before b ON b.t = c.t AND b.k = c.k AND NOT b.known
@@ -1354,13 +1329,15 @@ impl Planner<'_, '_> {
                                  FROM jsonb_array_elements(b.candidates) e
                                  CROSS JOIN LATERAL {candidate}
                                  JOIN _ms_r r ON {gave} OFFSET 0) r
-             {rest}",
-                    candidate = by_rule::before_row(self.graph, shape, "e.value", "p"),
-                    rest = rest,
-                ),
-            )
-            .await?;
-        Ok(known + unknown)
+             {rest}
+             ON CONFLICT DO NOTHING",
+                moved = self.moved(shape),
+                before = by_rule::before_row(self.graph, shape, "b.before", "p"),
+                ptrs = self.graph.pointers("p", shape.table.name),
+                candidate = by_rule::before_row(self.graph, shape, "e.value", "p"),
+            ),
+        )
+        .await
     }
 
     /// The record of each row whose group was given to or taken from its

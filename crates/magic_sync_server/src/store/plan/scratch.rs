@@ -86,7 +86,7 @@ impl Scratch {
             Scratch::Notes => "CREATE TEMP TABLE IF NOT EXISTS _ms_notes (at tid, seq bigint, t text, k jsonb, xid xid8)",
             Scratch::Deferred => "CREATE TEMP TABLE IF NOT EXISTS _ms_deferred (at tid, r text, t text, k jsonb, seq bigint, unseen boolean NOT NULL)",
             Scratch::Changed => "CREATE TEMP TABLE IF NOT EXISTS _ms_changed (t text, k jsonb, last_seq bigint NOT NULL, PRIMARY KEY (t, k))",
-            Scratch::Before => "CREATE TEMP TABLE IF NOT EXISTS _ms_before (t text, k jsonb, known boolean NOT NULL, was boolean, before jsonb, candidates jsonb, fit boolean, PRIMARY KEY (t, k))",
+            Scratch::Before => "CREATE TEMP TABLE IF NOT EXISTS _ms_before (t text, k jsonb, known boolean NOT NULL, was boolean, before jsonb, candidates jsonb, PRIMARY KEY (t, k))",
             Scratch::Touched => "CREATE TEMP TABLE IF NOT EXISTS _ms_touched (t text, k jsonb, resend boolean NOT NULL DEFAULT false, PRIMARY KEY (t, k))",
             Scratch::Grant => "CREATE TEMP TABLE IF NOT EXISTS _ms_grant (r text, t text, k jsonb, seq bigint NOT NULL DEFAULT 0, PRIMARY KEY (r, t, k))",
             Scratch::Questioned => "CREATE TEMP TABLE IF NOT EXISTS _ms_q (r text, t text, k jsonb, round int NOT NULL,
