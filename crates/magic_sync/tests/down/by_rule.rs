@@ -195,16 +195,21 @@ struct Step {
     what: String,
 }
 
+/// The planned schema's engine: its chores by till, or, with `every`, to
+/// every till (an earlier build's rule).
+fn planned(every: bool) -> Engine {
+    let builder = Engine::builder().table::<Project>().table::<Job>();
+    let builder = match every {
+        true => builder.table::<EveryChore>(),
+        false => builder.table::<Chore>(),
+    };
+    builder.table::<Step>().build().unwrap()
+}
+
 /// The planned schema's fleet of `tills`, provisioned with the record of
 /// the rows a rule gives thinned (`Settings::record_ruled_rows` off).
 async fn thinned(tills: &[&str]) -> Fleet {
-    let engine = Engine::builder()
-        .table::<Project>()
-        .table::<Job>()
-        .table::<Chore>()
-        .table::<Step>()
-        .build()
-        .unwrap();
+    let engine = planned(false);
     let mut fleet = Fleet::of(PLANNED, engine).await;
     fleet.reconfigure(|s| s.record_ruled_rows = false).await;
     for till in tills {
@@ -348,15 +353,7 @@ async fn a_truncate_unnoted_in_a_thinned_record_provisions_every_till_again() {
 /// is read by no rule until its deployment is done. Either way every till
 /// ends exact, each holding only its own chores.
 async fn rule_changed_from_all_to_replica(thinned: bool) {
-    let engine = |every: bool| {
-        let builder = Engine::builder().table::<Project>().table::<Job>();
-        let builder = match every {
-            true => builder.table::<EveryChore>(),
-            false => builder.table::<Chore>(),
-        };
-        builder.table::<Step>().build().unwrap()
-    };
-    let mut fleet = Fleet::of(PLANNED, engine(true)).await;
+    let mut fleet = Fleet::of(PLANNED, planned(true)).await;
     fleet.reconfigure(|s| s.record_ruled_rows = !thinned).await;
     fleet.add("a", None);
     fleet.add("b", None);
@@ -369,7 +366,7 @@ async fn rule_changed_from_all_to_replica(thinned: bool) {
         .await;
     let recorded = "SELECT count(*) FROM sync.held WHERE table_name = 'chores'";
     let before = fleet.count(recorded).await;
-    fleet.redeploy(engine(false)).await;
+    fleet.redeploy(planned(false)).await;
     let whole = "SELECT count(*) FROM sync.recorded_whole WHERE table_name = 'chores'";
     if thinned {
         assert!(before < 3, "{before} of the cohort's 3 chores recorded");
@@ -411,13 +408,7 @@ async fn a_rule_changed_over_a_thinned_record_takes_back_what_the_old_one_gave()
 /// more, letting the project go while a chore points at it.
 #[tokio::test]
 async fn a_cohort_made_from_a_view_that_saw_a_delete_lets_its_parent_go_only_once_unpointed() {
-    let engine = Engine::builder()
-        .table::<Project>()
-        .table::<Job>()
-        .table::<EveryChore>()
-        .table::<Step>()
-        .build()
-        .unwrap();
+    let engine = planned(true);
     let mut fleet = Fleet::of(PLANNED, engine).await;
     fleet
         .reconfigure(|s| {
@@ -501,13 +492,7 @@ const EARLIER_BUILD: &str = "
 #[tokio::test]
 async fn a_relay_leaves_rows_to_their_rule_once_the_earlier_builds_notes_are_planned_and_its_writers_ended(
 ) {
-    let engine = Engine::builder()
-        .table::<Project>()
-        .table::<Job>()
-        .table::<Chore>()
-        .table::<Step>()
-        .build()
-        .unwrap();
+    let engine = planned(false);
     let mut fleet = Fleet::of(PLANNED, engine).await;
     // The earlier build recorded every row.
     fleet.reconfigure(|s| s.record_ruled_rows = true).await;
