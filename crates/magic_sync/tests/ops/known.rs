@@ -60,7 +60,17 @@ pub fn engine() -> Engine {
 
 /// `a` to `d` provisioned and caught up.
 pub async fn settled() -> Fleet {
+    settled_as(None).await
+}
+
+/// [`settled`], with every row a holder's own rule gives it recorded
+/// (`Some(true)`), left to the rule (`Some(false)`), or as the suite runs
+/// (`None`, `MAGIC_SYNC_RECORD_RULED`).
+pub async fn settled_as(recorded: Option<bool>) -> Fleet {
     let mut fleet = Fleet::of(SCHEMA, engine()).await;
+    if let Some(recorded) = recorded {
+        fleet.reconfigure(|s| s.record_ruled_rows = recorded).await;
+    }
     fleet.add("a", Some("north"));
     fleet.add("b", Some("north"));
     fleet.add("c", Some("south"));
@@ -72,7 +82,12 @@ pub async fn settled() -> Fleet {
 
 /// The fleet in the state the module's doc describes.
 pub async fn known() -> Fleet {
-    let mut fleet = settled().await;
+    known_as(None).await
+}
+
+/// [`known`], recorded as [`settled_as`] says.
+pub async fn known_as(recorded: Option<bool>) -> Fleet {
+    let mut fleet = settled_as(recorded).await;
     for till in ["a", "d"] {
         fleet
             .unit(till)

@@ -1,6 +1,6 @@
 //! Each read over the known fleet (see `known`), figure by figure.
 
-use crate::known::{known, operator, settled};
+use crate::known::{known, known_as, operator, settled};
 use magic_sync::ops::{
     self, Action, Concern, ReplicaState, RowState, Scope, StateCounts, TableFigures, TableProgress,
     UpBacklog,
@@ -428,4 +428,92 @@ async fn the_json_field_names_are_stable() {
     assert_eq!(json["items"][0]["action"], "deploy_fix");
     assert_eq!(json["items"][0]["kind"], "refused");
     assert_eq!(json["items"][1]["kind"], "send_failing");
+}
+
+/// Rows in the record.
+async fn recorded(fleet: &crate::fleet::Fleet) -> i64 {
+    let client = operator(fleet).await;
+    client
+        .query_one("SELECT count(*) FROM sync.held", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Every replica's progress and the overview's figures, as the operator
+/// reads them (the times left out).
+async fn read_all(fleet: &crate::fleet::Fleet) -> Vec<String> {
+    let mut client = operator(fleet).await;
+    let seen = ops::overview(&mut client, &Scope::All, 10).await.unwrap();
+    let mut read = vec![
+        format!("{:?}", seen.states),
+        format!("{:?}", seen.tables),
+        format!("pending {}", seen.pending_notes),
+    ];
+    for r in &seen.worst {
+        read.push(format!(
+            "{} {:?} on their way {} outdated {} refused {}",
+            r.id, r.state, r.rows_on_their_way, r.rows_outdated, r.rows_refused
+        ));
+    }
+    for id in ["a", "b", "c", "d", "e"] {
+        let progress = ops::progress(&mut client, id).await.unwrap();
+        read.push(format!("{id} {:?}", progress.tables));
+    }
+    read
+}
+
+#[tokio::test]
+async fn a_fleet_whose_rows_are_left_to_their_rule_reads_as_one_that_records_them() {
+    // The same steps over a record of every row and over one that leaves
+    // the rows a holder's rule gives it to the rule: what the operator
+    // reads is the same, step by step, though the second has no record row
+    // of most of what is held.
+    let mut whole = known_as(Some(true)).await;
+    let mut thinned = known_as(Some(false)).await;
+    assert!(
+        recorded(&thinned).await < recorded(&whole).await,
+        "the thinned fleet records fewer rows"
+    );
+    assert_eq!(read_all(&thinned).await, read_all(&whole).await, "as known");
+    let steps = [
+        // A task moved from `b` to `a`, one of `a`'s deleted, an item
+        // added and one changed: sent, taken back, and let go of again.
+        "UPDATE tasks SET unit_id = 'a' WHERE id = 2",
+        "DELETE FROM tasks WHERE id = 1",
+        "INSERT INTO items VALUES (5, 'salt')",
+        "UPDATE items SET name = 'black tea' WHERE id = 1",
+        // Task 2 changed again, and b's task 10 taken back, each before the
+        // message that carried it to its till arrived.
+        "UPDATE tasks SET title = 'count again' WHERE id = 2",
+        "DELETE FROM tasks WHERE id = 10",
+    ];
+    for (i, step) in steps.iter().enumerate() {
+        for fleet in [&mut whole, &mut thinned] {
+            fleet.write(step).await;
+            fleet.pass().await;
+        }
+        assert_eq!(
+            read_all(&thinned).await,
+            read_all(&whole).await,
+            "after step {i}, before any acknowledgement"
+        );
+    }
+    // `e`'s snapshot sent, every message published and acknowledged but
+    // `c`'s, still cut off.
+    for fleet in [&mut whole, &mut thinned] {
+        fleet.sync().await;
+    }
+    assert_eq!(read_all(&thinned).await, read_all(&whole).await, "synced");
+    for fleet in [&mut whole, &mut thinned] {
+        fleet.cut("c", false);
+        fleet.sync().await;
+    }
+    let read = read_all(&thinned).await;
+    assert_eq!(read, read_all(&whole).await, "every replica caught up");
+    assert!(
+        read.iter()
+            .any(|l| l.starts_with("e ") && l.contains("should: 5")),
+        "e holds the items: {read:?}"
+    );
 }

@@ -82,7 +82,9 @@ pub(super) async fn make(
                 quarantine::resolve(&tx, &context.graph, quarantine::From::Fresh, &unsendable)
                     .await?;
             tx.rollback().await?;
-            crate::store::quarantine::set_aside(&*client, &found).await?;
+            let by_rule = (held::Ruled::of(&context.settings) == held::Ruled::ByRule)
+                .then_some(&context.graph);
+            crate::store::quarantine::set_aside(&*client, &found, by_rule).await?;
             metrics::counter!("magic_sync_rows_quarantined_total")
                 .increment(unsendable.len() as u64);
             tracing::warn!(

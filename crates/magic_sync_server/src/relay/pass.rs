@@ -43,6 +43,13 @@ struct Opened {
 }
 
 impl Relay {
+    /// The graph, while the rows a rule gives are left to it: what moves
+    /// the sums of the rows held by the rule alone as rows are held back.
+    fn by_rule(&self) -> Option<&crate::graph::Graph> {
+        (held::Ruled::of(&self.context.settings) == held::Ruled::ByRule)
+            .then_some(&self.context.graph)
+    }
+
     /// One pass, as [`record`](Self::record) describes it.
     pub(super) async fn pass(
         &mut self,
@@ -150,7 +157,7 @@ impl Relay {
             opened.analysed.extend(plan.analysed.iter().copied());
             if let Some(blocked) = plan.blocked.as_ref().filter(|b| !b.is_empty()) {
                 tx.batch_execute("ROLLBACK TO SAVEPOINT plan").await?;
-                quarantine::block(tx, blocked, false).await?;
+                quarantine::block(tx, blocked, false, self.by_rule()).await?;
                 // What was set aside stays when the next attempt rolls back.
                 tx.batch_execute("RELEASE SAVEPOINT plan; SAVEPOINT plan")
                     .await?;
@@ -214,7 +221,7 @@ impl Relay {
                 "a row cannot go down: set aside until it changes or a fix is deployed"
             );
         }
-        store::quarantine::set_aside(tx, &found).await?;
+        store::quarantine::set_aside(tx, &found, self.by_rule()).await?;
         tx.batch_execute("RELEASE SAVEPOINT plan; SAVEPOINT plan")
             .await?;
         metrics::counter!("magic_sync_rows_quarantined_total").increment(rows.len() as u64);
@@ -235,6 +242,13 @@ impl Relay {
             &plan.filled,
             held::Ruled::of(&self.context.settings),
         ));
+        if let Some(graph) = self.by_rule() {
+            // Its notes planned, the view reads each row as it is now.
+            closing.push_str(&store::by_rule::recounted_where_not_known(
+                graph,
+                &plan.filled,
+            ));
+        }
         if let Some(work) = &opened.work {
             closing.push_str(&deployment::closing(work.table(), &plan.worked));
         }

@@ -279,7 +279,9 @@ impl Snapshot {
             Ok(read) => read.iter().sum::<u64>(),
             Err(unsendable) => {
                 let found = self.leaning_on(tx, &unsendable).await?;
-                crate::store::quarantine::set_aside(worker, &found).await?;
+                let by_rule = (Ruled::of(&self.context.settings) == Ruled::ByRule)
+                    .then_some(&self.context.graph);
+                crate::store::quarantine::set_aside(worker, &found, by_rule).await?;
                 metrics::counter!("magic_sync_rows_quarantined_total")
                     .increment(unsendable.len() as u64);
                 return Err(Error::Unsendable(unsendable));
@@ -480,6 +482,13 @@ impl Snapshot {
                 pacer.went(rows).await;
                 from = to;
             }
+            Staged::left_to_rule(
+                &tx,
+                &self.replica,
+                chain.last_number,
+                Ruled::of(&self.context.settings),
+            )
+            .await?;
         } else {
             let last = HashMap::from([(self.replica.to_string(), chain.last_number)]);
             let filled = Filled::only([Scratch::Fresh]);
@@ -606,7 +615,8 @@ pub(super) async fn plan_snapshot(
         }
         tx.batch_execute("ROLLBACK TO SAVEPOINT fresh").await?;
         // Never sent this replica, so never held by it.
-        quarantine::block(tx, &blocked, true).await?;
+        // Its replica is no holder the rule's reading counts yet.
+        quarantine::block(tx, &blocked, true, None).await?;
         tx.batch_execute("RELEASE SAVEPOINT fresh; SAVEPOINT fresh")
             .await?;
     }

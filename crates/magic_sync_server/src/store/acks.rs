@@ -98,7 +98,8 @@ pub(crate) async fn record(
         // more: its outbox up to there goes in the same statement, so
         // whoever reads the outbox and the acknowledgement together (a
         // chain continued from the acknowledged message) never sees one
-        // without the other.
+        // without the other. The counts of what those messages carried go
+        // too (`sync.held_carried`).
         client
             .query_typed(
                 "WITH acked AS (
@@ -117,7 +118,17 @@ pub(crate) async fn record(
                      -- batches: a replica going back to an earlier build
                      -- reads none.
                      WHERE a.number < excluded.number
-                        OR a.reads_batches IS DISTINCT FROM excluded.reads_batches)
+                        OR a.reads_batches IS DISTINCT FROM excluded.reads_batches),
+                 -- What its messages up to there carried is held: the
+                 -- reads count only what is on its way.
+                 carried AS (
+                     DELETE FROM sync.held_carried c
+                     USING unnest($1::text[], $2::int8[]) AS u (id, number)
+                     WHERE c.replica = u.id AND c.message <= u.number),
+                 arrived AS (
+                     DELETE FROM sync.let_go l
+                     USING unnest($1::text[], $2::int8[]) AS u (id, number)
+                     WHERE l.replica = u.id AND l.message <= u.number)
                  DELETE FROM sync.outbox o USING unnest($1::text[], $2::int8[]) AS u (id, number)
                  WHERE o.replica = u.id AND o.number <= u.number",
                 &params,

@@ -343,6 +343,160 @@ pub(crate) fn holds_key(graph: &Graph, shape: &Shape, replica: &str, key: &str) 
     ))
 }
 
+/// The holders kept up (`r`) that hold the row of `shape` keyed `key` (an
+/// SQL expression of a JSON array, which may name an outer query's
+/// column) by their rule alone at their position: given it, with no record
+/// row of it, and nothing holding it back from them. What the sums of the
+/// rows held by the rule alone (`sync.left_to_rule`) count of the key.
+/// `None` for a table whose rows no rule of their own gives.
+fn holders_of_key(graph: &Graph, shape: &Shape, key: &str) -> Option<String> {
+    if !readable(shape) {
+        return None;
+    }
+    let now = rule(shape.table, "a", "h")?;
+    let then = rule(shape.table, "p", "h")?;
+    let t = literal(shape.table.name);
+    let pending = pending_among(
+        graph,
+        shape,
+        &format!("n.table_name = {t} AND n.key = {key}"),
+    );
+    Some(format!(
+        "SELECT g.r FROM (
+             SELECT h.r FROM {rel} a CROSS JOIN ({HOLDERS}) h
+             WHERE {keyed} AND {now} AND NOT EXISTS (SELECT 1 FROM ({pending}) n)
+             UNION ALL
+             SELECT h.r FROM ({pending}) n CROSS JOIN LATERAL {before} CROSS JOIN ({HOLDERS}) h
+             WHERE n.known AND n.was AND {then}) g
+         WHERE NOT {whole}
+           AND NOT EXISTS (SELECT 1 FROM sync.held x
+                           WHERE x.table_name = {t} AND x.key = ({key})::text AND x.replica = g.r)
+           AND NOT EXISTS (SELECT 1 FROM sync.quarantine q
+                           WHERE q.table_name = {t} AND q.key = ({key})::text)
+           AND NOT EXISTS (SELECT 1 FROM sync.blocked b
+                           WHERE b.replica = g.r AND b.table_name = {t} AND b.key = ({key})::text)
+           AND NOT EXISTS (SELECT 1 FROM sync.deferred d
+                           WHERE d.replica = g.r AND d.table_name = {t} AND d.key = {key})
+           AND NOT {out}",
+        out = ruled_out(&t, key),
+        whole = recorded_whole(&t),
+        rel = shape.relation,
+        keyed = key_match("a", shape, key),
+        before = before_row(graph, shape, "n.before", "p"),
+    ))
+}
+
+/// The statements that move the sums of the rows held by the rule alone
+/// (`sync.left_to_rule`) by `sign` (`1` or `-1`) for each holder
+/// [`holders_of_key`] names of each row `rows` lists, as `(t, k, r)`
+/// (`k` a JSON array; `r` one holder, or NULL for every holder): to run
+/// before a row is set aside or blocked (`-1`: the reading no longer
+/// counts it), or after it is let go (`1`: it does again). Empty when no
+/// table's rule reads its rows' columns.
+pub(crate) fn moved_with(graph: &Graph, rows: &str, sign: i32) -> String {
+    let mut sql = String::new();
+    for shape in &graph.shapes {
+        let Some(holders) = holders_of_key(graph, shape, "mv.k") else {
+            continue;
+        };
+        let t = literal(shape.table.name);
+        sql.push_str(&super::held::left_to_rule(&format!(
+            "SELECT y.r, {t}, {sign} * count(*) FROM (
+                 SELECT DISTINCT g.r, mv.k FROM ({rows}) mv (t, k, r)
+                 CROSS JOIN LATERAL ({holders}) g
+                 WHERE mv.t = {t} AND (mv.r IS NULL OR mv.r = g.r)) y
+             GROUP BY 1"
+        )));
+    }
+    sql
+}
+
+/// For a pass's closing, after its notes are done (the view then reads
+/// every row as it is now): the sums of the rows held by the rule alone
+/// made again, from the reading, for each holder and table the pass put a
+/// key in question for, sent or took back, whose notes could not say what
+/// it was (a key two
+/// rows shared under a deferrable key). Whether such a holder held the key
+/// before is what nothing says, so its moves cannot be summed; the
+/// reading after the pass can. Such keys are rare, and only their holders'
+/// rows of their tables are read. Empty when the pass read no such key.
+pub(crate) fn recounted_where_not_known(
+    graph: &Graph,
+    filled: &crate::store::plan::scratch::Filled,
+) -> String {
+    use crate::store::plan::scratch::Scratch;
+    if !filled.has(Scratch::Before) {
+        return String::new();
+    }
+    let planned: Vec<&str> = [Scratch::Questioned, Scratch::Send, Scratch::Delete]
+        .into_iter()
+        .filter(|s| filled.has(*s))
+        .map(|s| s.name())
+        .collect();
+    if planned.is_empty() {
+        return String::new();
+    }
+    let planned: Vec<String> = planned
+        .iter()
+        .map(|t| format!("SELECT r, t, k FROM {t}"))
+        .collect();
+    let pairs = format!(
+        "SELECT DISTINCT q.r, q.t FROM ({}) q
+         JOIN _ms_before b ON b.t = q.t AND b.k = q.k AND NOT b.known",
+        planned.join(" UNION ALL ")
+    );
+    let mut sql = String::new();
+    for shape in &graph.shapes {
+        let t = literal(shape.table.name);
+        let Some(held) = held(
+            graph,
+            shape,
+            &format!(
+                "SELECT * FROM ({HOLDERS}) h0
+                 WHERE h0.r IN (SELECT p.r FROM ({pairs}) p WHERE p.t = {t})"
+            ),
+        ) else {
+            continue;
+        };
+        sql.push_str(&format!(
+            "WITH p AS (SELECT p.r FROM ({pairs}) p WHERE p.t = {t}),
+             c AS (SELECT g.r, count(*) AS n FROM ({held}) g
+                   WHERE NOT EXISTS (SELECT 1 FROM sync.held x WHERE x.replica = g.r
+                                     AND x.table_name = {t} AND x.key = g.k::text)
+                   GROUP BY 1)
+             INSERT INTO sync.left_to_rule AS l (replica, table_name, rows)
+             SELECT p.r, {t}, coalesce(c.n, 0) FROM p LEFT JOIN c ON c.r = p.r
+             ON CONFLICT (replica, table_name) DO UPDATE SET rows = excluded.rows;"
+        ));
+    }
+    sql
+}
+
+/// `AND`-able SQL: the row of the plan's table aliased `a` (`r`, `t`, `k`)
+/// without a record row would be counted by the sums of the rows held by
+/// the rule alone: of a table a rule reads, with nothing holding it back
+/// from `a.r` (the reading's exclusions but the notes). A row held back has
+/// no holder by the rule; the sums moved when it was held back.
+pub(crate) fn counted(graph: &Graph, a: &str) -> Option<String> {
+    let readable = readable_tables(graph);
+    (!readable.is_empty()).then(|| {
+        format!(
+            "{a}.t IN ({tables})
+             AND NOT EXISTS (SELECT 1 FROM sync.quarantine zq
+                             WHERE zq.table_name = {a}.t AND zq.key = {a}.k::text)
+             AND NOT EXISTS (SELECT 1 FROM sync.blocked zb
+                             WHERE zb.replica = {a}.r AND zb.table_name = {a}.t AND zb.key = {a}.k::text)
+             AND NOT EXISTS (SELECT 1 FROM sync.deferred zd
+                             WHERE zd.replica = {a}.r AND zd.table_name = {a}.t AND zd.key = {a}.k)
+             AND NOT {out}
+             AND NOT {whole}",
+            tables = readable.join(", "),
+            out = ruled_out(&format!("{a}.t"), &format!("{a}.k")),
+            whole = recorded_whole(&format!("{a}.t")),
+        )
+    })
+}
+
 /// The keys `holder` (a replica or a cohort) holds of `table` by its own
 /// record and, with the rows a rule gives left to it ([`Ruled::ByRule`]),
 /// by its rule at its position, as JSON arrays, each once. Not a member's
@@ -542,7 +696,10 @@ pub(crate) async fn record_whole(
     let t = literal(shape.table.name);
     tx.batch_execute(&format!(
         "LOCK TABLE sync.replicas IN SHARE ROW EXCLUSIVE MODE;
-         INSERT INTO sync.recorded_whole (table_name) VALUES ({t}) ON CONFLICT DO NOTHING;"
+         INSERT INTO sync.recorded_whole (table_name) VALUES ({t}) ON CONFLICT DO NOTHING;
+         -- Every row its holders hold by the rule is recorded below, or
+         -- they are provisioned again.
+         DELETE FROM sync.left_to_rule WHERE table_name = {t};"
     ))
     .await?;
     super::snapshots::orphaned(tx).await?;

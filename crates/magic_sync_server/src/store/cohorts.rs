@@ -43,6 +43,9 @@ pub(crate) async fn clear(client: &impl GenericClient) -> Result<()> {
         .execute("DELETE FROM sync.held WHERE replica = $1", &[&ALL])
         .await?;
     client
+        .execute("DELETE FROM sync.left_to_rule WHERE replica = $1", &[&ALL])
+        .await?;
+    client
         .execute("DELETE FROM sync.blocked WHERE replica = $1", &[&ALL])
         .await?;
     client
@@ -121,6 +124,21 @@ pub(crate) async fn forget(
                  WHERE d.replica IN (SELECT id FROM gone)
                  ON CONFLICT (replica, table_name, key) DO UPDATE
                  SET seq = excluded.seq, xid = excluded.xid WHERE o.seq < excluded.seq),
+             -- What it held by its rule alone, each member holds so: less
+             -- what a member's record holds of it (read before this
+             -- statement's writes), counted there.
+             left_back AS (
+                 INSERT INTO sync.left_to_rule AS l (replica, table_name, rows)
+                 SELECT m.replica, s.table_name,
+                        s.rows - (SELECT count(*) FROM sync.held o
+                                  WHERE o.replica = m.replica AND o.table_name = s.table_name
+                                    AND NOT EXISTS (SELECT 1 FROM sync.held c
+                                                    WHERE c.table_name = o.table_name
+                                                      AND c.key = o.key AND c.replica = s.replica))
+                 FROM sync.left_to_rule s CROSS JOIN members m
+                 WHERE s.replica IN (SELECT id FROM gone)
+                 ON CONFLICT (replica, table_name) DO UPDATE SET rows = l.rows + excluded.rows),
+             left_gone AS (DELETE FROM sync.left_to_rule WHERE replica IN (SELECT id FROM gone)),
              held AS (DELETE FROM sync.held WHERE replica IN (SELECT id FROM gone)),
              blocked AS (DELETE FROM sync.blocked WHERE replica IN (SELECT id FROM gone)),
              deferred AS (DELETE FROM sync.deferred WHERE replica IN (SELECT id FROM gone))
@@ -514,7 +532,10 @@ pub(crate) async fn join(
                                             WHERE o.r = h.replica AND o.t = h.table_name
                                               AND o.k = h.key)),
                  blocked AS (DELETE FROM sync.blocked
-                             WHERE replica IN (SELECT r FROM alike) AND table_name = ANY ($3))
+                             WHERE replica IN (SELECT r FROM alike) AND table_name = ANY ($3)),
+                 -- What the rule gives them of those, the cohort holds.
+                 left_gone AS (DELETE FROM sync.left_to_rule
+                               WHERE replica IN (SELECT r FROM alike) AND table_name = ANY ($3))
              INSERT INTO sync.members (replica, cohort, since, since_nonce)
              SELECT id, $1, last_number, last_nonce FROM sync.replicas
              WHERE id IN (SELECT r FROM alike)

@@ -52,6 +52,21 @@ pub(crate) fn closing(
     }
     sql.push_str(LOOPS_ONLY);
     if has(Scratch::Delete) {
+        if let (Ruled::ByRule, Some(counted)) = (ruled, crate::store::by_rule::counted(graph, "d"))
+        {
+            // A row taken back that has no record row was held by its rule
+            // alone, unless something held it back (a row set aside is
+            // taken back from the holders its rule gives it to, who may
+            // not have it).
+            sql.push_str(&arrived_elsewhere("_ms_del"));
+            sql.push_str(&left_to_rule(&format!(
+                "SELECT d.r, d.t, -count(*) FROM _ms_del d
+                 WHERE NOT EXISTS (SELECT 1 FROM sync.held x
+                                   WHERE x.table_name = d.t AND x.key = d.k::text AND x.replica = d.r)
+                   AND {counted}
+                 GROUP BY 1, 2"
+            )));
+        }
         sql.push_str(
             "DELETE FROM sync.held h USING _ms_del d
              WHERE h.table_name = d.t AND h.key = d.k::text AND h.replica = d.r;",
@@ -85,6 +100,23 @@ pub(crate) fn closing(
         }
     }
     if let (true, Some(messages)) = (has(Scratch::Send), &messages) {
+        if let (Ruled::ByRule, Some(counted)) = (ruled, crate::store::by_rule::counted(graph, "s"))
+        {
+            // A row sent that the holder held with no record row was held
+            // by its rule alone: it is recorded now. So was a row this pass
+            // let go of holding back, as the sums count it from then on,
+            // whatever the plan says it held.
+            sql.push_str(&left_to_rule(&format!(
+                "SELECT s.r, s.t, -count(*) FROM _ms_send s
+                 WHERE (s.held OR (s.ruled AND {released}))
+                   AND NOT EXISTS (SELECT 1 FROM sync.held x
+                                              WHERE x.table_name = s.t AND x.key = s.k::text
+                                                AND x.replica = s.r)
+                   AND {counted}
+                 GROUP BY 1, 2",
+                released = released(filled, "s"),
+            )));
+        }
         sql.push_str(&sent(messages, ruled));
     }
     let moves = moves(graph, has(Scratch::Send), has(Scratch::Delete));
@@ -95,6 +127,7 @@ pub(crate) fn closing(
         }
     }
     if ruled == Ruled::ByRule {
+        sql.push_str(RECORDED_AGAIN);
         sql.push_str(&said_by_rule(graph, has(Scratch::Send), moves.as_deref()));
     }
     sql.push_str(LOOPS_AS_THEY_WERE);
@@ -156,10 +189,121 @@ fn said_by_rule(graph: &Graph, sends: bool, moves: Option<&str>) -> String {
     if rows.is_empty() {
         return String::new();
     }
+    // Each row let go is held by its rule alone from then on. One on its
+    // way (its message not acknowledged) still counts there, and which
+    // message that is stays known until it arrives (`sync.let_go`): sent
+    // again or taken back meanwhile, it moves from that count, as a record
+    // row would. A cohort's rows are let go only once no message carries
+    // them: its members acknowledge its messages each for itself.
     format!(
-        "DELETE FROM sync.held h USING ({}) x
-         WHERE h.table_name = x.t AND h.key = x.k::text AND h.replica = x.r AND {only};",
-        rows.join(" UNION ")
+        "WITH gone AS (
+             DELETE FROM sync.held h USING ({}) x
+             WHERE h.table_name = x.t AND h.key = x.k::text AND h.replica = x.r AND {only}
+               AND (h.message = 0 OR h.replica NOT IN (SELECT id FROM sync.cohorts))
+             RETURNING h.replica, h.table_name, h.key, h.message,
+                       h.message > coalesce((SELECT a.number FROM sync.acks a
+                                             WHERE a.replica = h.replica), 0) AS on_its_way),
+         ruled AS ({}),
+         moving AS (
+             INSERT INTO sync.let_go AS l (replica, table_name, key, message)
+             SELECT replica, table_name, key, message FROM gone WHERE on_its_way
+             ON CONFLICT (replica, table_name, key) DO UPDATE SET message = excluded.message)
+         INSERT INTO sync.held_carried AS c (replica, message, table_name, rows)
+         SELECT replica, message, table_name, count(*) FROM gone WHERE on_its_way GROUP BY 1, 2, 3
+         ON CONFLICT (replica, message, table_name) DO UPDATE SET rows = c.rows + excluded.rows;",
+        rows.join(" UNION "),
+        left_to_rule_values("SELECT replica, table_name, count(*) FROM gone GROUP BY 1, 2")
+    )
+}
+
+/// `EXISTS`: the row of the plan's table aliased `a` (`r`, `t`, `k`) was
+/// set aside or held back from its holder until this pass let it go
+/// (`_ms_released`).
+fn released(filled: &Filled, a: &str) -> String {
+    match filled.has(Scratch::Released) {
+        true => format!(
+            "EXISTS (SELECT 1 FROM _ms_released x
+                     WHERE x.t = {a}.t AND x.k = {a}.k AND (x.r IS NULL OR x.r = {a}.r))"
+        ),
+        false => "false".into(),
+    }
+}
+
+/// A row let go while its message was on its way (`sync.let_go`) that has
+/// a record row again (sent again, or pointed at): the record row counts
+/// it now, in the message it names, so the message it was let go from no
+/// longer does. The rows let go on their way are few (those in messages
+/// not acknowledged): each is looked up in the record.
+const RECORDED_AGAIN: &str = "WITH l AS (
+         DELETE FROM sync.let_go x
+         WHERE EXISTS (SELECT 1 FROM sync.held h WHERE h.table_name = x.table_name
+                       AND h.key = x.key AND h.replica = x.replica)
+         RETURNING x.replica, x.message, x.table_name),
+     m AS (SELECT replica, message, table_name, count(*) AS n FROM l GROUP BY 1, 2, 3),
+     gone AS (
+         DELETE FROM sync.held_carried c USING m
+         WHERE c.replica = m.replica AND c.message = m.message
+           AND c.table_name = m.table_name AND c.rows <= m.n)
+     UPDATE sync.held_carried c SET rows = c.rows - m.n FROM m
+     WHERE c.replica = m.replica AND c.message = m.message
+       AND c.table_name = m.table_name AND c.rows > m.n;";
+
+/// A row held by its rule alone that the plan's table aliased `a` (`r`,
+/// `t`, `k`: `_ms_del`) takes back, let go while its message was on its
+/// way (`sync.let_go`): that message's count of what it carried loses it,
+/// as a record row's would.
+fn arrived_elsewhere(from: &str) -> String {
+    format!(
+        "WITH l AS (
+             DELETE FROM sync.let_go x USING {from} a
+             WHERE x.replica = a.r AND x.table_name = a.t AND x.key = a.k::text
+             RETURNING x.replica, x.message, x.table_name),
+         m AS (SELECT replica, message, table_name, count(*) AS n FROM l GROUP BY 1, 2, 3),
+         gone AS (
+             DELETE FROM sync.held_carried c USING m
+             WHERE c.replica = m.replica AND c.message = m.message
+               AND c.table_name = m.table_name AND c.rows <= m.n)
+         UPDATE sync.held_carried c SET rows = c.rows - m.n FROM m
+         WHERE c.replica = m.replica AND c.message = m.message
+           AND c.table_name = m.table_name AND c.rows > m.n;"
+    )
+}
+
+/// Moves the sums of the rows each holder holds by its rule alone
+/// (`sync.left_to_rule`) by `moves`, a query of `(holder, table, n)`.
+pub(crate) fn left_to_rule(moves: &str) -> String {
+    format!("{};", left_to_rule_values(moves))
+}
+
+/// [`left_to_rule`] without its closing semicolon, for a `WITH` clause.
+fn left_to_rule_values(moves: &str) -> String {
+    format!(
+        "INSERT INTO sync.left_to_rule AS l (replica, table_name, rows)
+         SELECT * FROM ({moves}) m (replica, table_name, n) WHERE n <> 0
+         ON CONFLICT (replica, table_name) DO UPDATE SET rows = l.rows + excluded.rows"
+    )
+}
+
+/// With the rows a rule gives left to it ([`Ruled::ByRule`]), after a
+/// provisioning from scratch (`_ms_f`) recorded its rows: how many of each
+/// holder's set of each table it left to the rule, from the set and the
+/// holder's record, which held nothing before. They are summed
+/// (`sync.left_to_rule`) and counted as carried by the holder's last
+/// message of the provisioning (`messages`, see [`last_messages`]), as a
+/// recorded row is.
+pub(crate) fn provisioned_left_to_rule(messages: &str) -> String {
+    format!(
+        "WITH f AS (SELECT r, t, count(*) AS n FROM _ms_f GROUP BY 1, 2),
+         h AS (SELECT replica AS r, table_name AS t, count(*) AS n FROM sync.held
+               WHERE replica IN (SELECT DISTINCT r FROM f) GROUP BY 1, 2),
+         x AS MATERIALIZED (SELECT f.r, f.t, f.n - coalesce(h.n, 0) AS n
+                            FROM f LEFT JOIN h ON h.r = f.r AND h.t = f.t
+                            WHERE f.n > coalesce(h.n, 0)),
+         ruled AS ({})
+         INSERT INTO sync.held_carried AS c (replica, message, table_name, rows)
+         SELECT x.r, m.number, x.t, x.n FROM x JOIN {messages} ON m.r = x.r
+         ON CONFLICT (replica, message, table_name) DO UPDATE SET rows = c.rows + excluded.rows;",
+        left_to_rule_values("SELECT r, t, n FROM x")
     )
 }
 
@@ -176,11 +320,17 @@ fn pointed_at_by_rule(graph: &Graph, moves: &str, messages: Option<&str>) -> Str
         .filter(|s| crate::store::by_rule::readable(s))
         .filter(|s| graph.tracked().any(|l| l.parent.name == s.table.name))
     {
+        // A row let go on its way is still in the message it was let go
+        // from.
         let message = match messages {
-            Some(messages) => {
-                format!("coalesce((SELECT m.number FROM {messages} WHERE m.r = x.r), 0)")
-            }
-            None => "0".into(),
+            Some(messages) => format!(
+                "coalesce((SELECT l.message FROM sync.let_go l
+                           WHERE l.replica = x.r AND l.table_name = x.t AND l.key = x.k::text),
+                          (SELECT m.number FROM {messages} WHERE m.r = x.r), 0)"
+            ),
+            None => "coalesce((SELECT l.message FROM sync.let_go l
+                               WHERE l.replica = x.r AND l.table_name = x.t AND l.key = x.k::text), 0)"
+                .into(),
         };
         parts.push(format!(
             "SELECT x.r, x.t, x.k::text, 0, {message}, true, {ptrs}, x.n
@@ -198,12 +348,17 @@ fn pointed_at_by_rule(graph: &Graph, moves: &str, messages: Option<&str>) -> Str
     if parts.is_empty() {
         return String::new();
     }
+    // Each recorded was held by its rule alone.
     format!(
-        "WITH moved AS MATERIALIZED ({moves})
-         INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs, refs)
-         {}
-         ON CONFLICT DO NOTHING;",
-        parts.join(" UNION ALL ")
+        "WITH moved AS MATERIALIZED ({moves}),
+         recorded AS (
+             INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs, refs)
+             {}
+             ON CONFLICT DO NOTHING
+             RETURNING replica, table_name)
+         {};",
+        parts.join(" UNION ALL "),
+        left_to_rule_values("SELECT replica, table_name, -count(*) FROM recorded GROUP BY 1, 2")
     )
 }
 
@@ -362,10 +517,15 @@ fn last_messages<'a>(
 /// in plainly, each with how many of its rows point at it. In bulk, so
 /// hashed.
 fn provisioned(graph: &Graph, messages: &str, ruled: Ruled) -> String {
+    let left = match ruled {
+        Ruled::ByRule => provisioned_left_to_rule(messages),
+        Ruled::Recorded => String::new(),
+    };
     format!(
         "{HASH_ONLY}
          INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs, refs)
          {};
+         {left}
          {JOINS_AS_THEY_WERE}",
         provisioned_rows(graph, messages, ruled)
     )
@@ -474,6 +634,23 @@ impl Staged {
             rows,
             pages: pages.max(0) as u64,
         })
+    }
+
+    /// With the rows a rule gives left to it, once every staged row is
+    /// recorded: what the snapshot of `replica`, ended by message `last`,
+    /// left to the rule (see [`provisioned_left_to_rule`]).
+    pub(crate) async fn left_to_rule(
+        tx: &tokio_postgres::Transaction<'_>,
+        replica: &str,
+        last: i64,
+        ruled: Ruled,
+    ) -> Result<()> {
+        if ruled == Ruled::ByRule {
+            let messages = last_messages([replica], [last]);
+            tx.batch_execute(&provisioned_left_to_rule(&messages))
+                .await?;
+        }
+        Ok(())
     }
 
     /// Records the staged rows on pages `from..to` as held (read by their
@@ -688,6 +865,9 @@ pub(crate) async fn audit(client: &Client, graph: &Graph, ruled: Ruled) -> Resul
             ));
         }
     }
+    if ruled == Ruled::ByRule {
+        problems.extend(audit_left_to_rule(client, graph).await?);
+    }
     for shape in &graph.shapes {
         let t = literal(shape.table.name);
         let ruled = match crate::graph::rule(shape.table, "a", "r") {
@@ -737,6 +917,47 @@ pub(crate) async fn audit(client: &Client, graph: &Graph, ruled: Ruled) -> Resul
                     now_ptrs.as_deref().unwrap_or("nothing")
                 ));
             }
+        }
+    }
+    Ok(problems)
+}
+
+/// Checks the sums of the rows each holder kept up holds by its rule alone
+/// (`sync.left_to_rule`) against the rows its rule gives it at its position
+/// that it has no record row of. A table recorded whole for now (a
+/// deployment changing it) is left out: no rule says what its holders hold
+/// until it is done.
+async fn audit_left_to_rule(client: &Client, graph: &Graph) -> Result<Vec<String>> {
+    use crate::store::by_rule;
+    let mut problems = Vec::new();
+    for shape in &graph.shapes {
+        let t = literal(shape.table.name);
+        let counted = match by_rule::held(graph, shape, by_rule::HOLDERS) {
+            Some(held) => format!(
+                "SELECT g.r, count(*) AS n FROM ({held}) g
+                 WHERE NOT EXISTS (SELECT 1 FROM sync.held x WHERE x.replica = g.r
+                                   AND x.table_name = {t} AND x.key = g.k::text)
+                 GROUP BY 1"
+            ),
+            None => "SELECT NULL::text AS r, 0::int8 AS n WHERE false".into(),
+        };
+        let sql = format!(
+            "SELECT coalesce(g.r, l.replica), coalesce(l.rows, 0), coalesce(g.n, 0)
+             FROM ({counted}) g
+             FULL JOIN (SELECT replica, rows FROM sync.left_to_rule
+                        WHERE table_name = {t} AND rows <> 0
+                          AND replica IN (SELECT r FROM ({holders}) h)) l ON l.replica = g.r
+             WHERE coalesce(l.rows, 0) <> coalesce(g.n, 0) AND NOT {whole}
+             ORDER BY 1",
+            holders = by_rule::HOLDERS,
+            whole = by_rule::recorded_whole(&t),
+        );
+        for row in client.query(&sql, &[]).await? {
+            let (r, summed, given): (String, i64, i64) = (row.get(0), row.get(1), row.get(2));
+            problems.push(format!(
+                "{r} is summed holding {summed} rows of {} by its rule alone, but its rule gives it {given} it has no record row of",
+                shape.table.name
+            ));
         }
     }
     Ok(problems)

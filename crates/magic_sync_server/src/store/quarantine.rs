@@ -20,24 +20,41 @@ pub struct SetAside {
 }
 
 /// Puts `rows` in quarantine, not settled: the next plan takes them back
-/// from wherever they are held.
-pub(crate) async fn set_aside(client: &impl GenericClient, rows: &[SetAside]) -> Result<()> {
+/// from wherever they are held. With the rows a rule gives left to it
+/// (`by_rule`, the graph), the holders its rule gave a row to, at their
+/// position, no longer hold it by the reading: their sums of the rows held
+/// by the rule alone move in the same statements.
+pub(crate) async fn set_aside(
+    client: &impl GenericClient,
+    rows: &[SetAside],
+    by_rule: Option<&Graph>,
+) -> Result<()> {
+    use crate::sql::{int8_array, text_array};
     if rows.is_empty() {
         return Ok(());
     }
-    let tables: Vec<&str> = rows.iter().map(|r| r.table.as_str()).collect();
-    let keys: Vec<&str> = rows.iter().map(|r| r.key.as_str()).collect();
-    let versions: Vec<i64> = rows.iter().map(|r| r.version).collect();
-    let reasons: Vec<&str> = rows.iter().map(|r| r.reason.as_str()).collect();
+    let tables = text_array(rows.iter().map(|r| r.table.as_str()));
+    let keys = text_array(rows.iter().map(|r| r.key.as_str()));
+    let moved = match by_rule {
+        Some(graph) => crate::store::by_rule::moved_with(
+            graph,
+            &format!("SELECT t, k::jsonb, NULL::text FROM unnest({tables}, {keys}) AS u (t, k)"),
+            -1,
+        ),
+        None => String::new(),
+    };
+    // One batch, so one transaction whatever the client.
     client
-        .execute(
-            "INSERT INTO sync.quarantine AS z (table_name, key, version, reason)
-             SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[])
+        .batch_execute(&format!(
+            "{moved}
+             INSERT INTO sync.quarantine AS z (table_name, key, version, reason)
+             SELECT * FROM unnest({tables}, {keys}, {versions}, {reasons})
              ON CONFLICT (table_name, key) DO UPDATE
              SET version = greatest(z.version, excluded.version), reason = excluded.reason,
                  at = now(), settled = false",
-            &[&tables, &keys, &versions, &reasons],
-        )
+            versions = int8_array(rows.iter().map(|r| r.version)),
+            reasons = text_array(rows.iter().map(|r| r.reason.as_str())),
+        ))
         .await?;
     Ok(())
 }

@@ -68,6 +68,8 @@ pub(crate) async fn forget(tx: &Transaction<'_>, ids: &[String]) -> Result<()> {
     }
     tx.batch_execute(&format!(
         "DELETE FROM sync.held WHERE replica = ANY({ids});
+         DELETE FROM sync.left_to_rule WHERE replica = ANY({ids});
+         DELETE FROM sync.let_go WHERE replica = ANY({ids});
          DELETE FROM sync.outbox WHERE replica = ANY({ids});
          DELETE FROM sync.deferred WHERE replica = ANY({ids});
          DELETE FROM sync.backlogs WHERE replica = ANY({ids});

@@ -83,6 +83,8 @@ pub(crate) async fn begin(
     };
     tx.batch_execute(&format!(
         "DELETE FROM sync.held WHERE replica = {r};
+         DELETE FROM sync.left_to_rule WHERE replica = {r};
+         DELETE FROM sync.let_go WHERE replica = {r};
          DELETE FROM sync.outbox WHERE replica = {r};
          DELETE FROM sync.deferred WHERE replica = {r};
          DELETE FROM sync.blocked WHERE replica = {r};

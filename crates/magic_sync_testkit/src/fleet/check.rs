@@ -66,15 +66,23 @@ impl Fleet {
         // that leans on them: the reference leaves them out.
         let set_aside = self.quarantined().await;
         // The counts per message the operator's reads sum agree with the
-        // record they count, whatever path wrote it.
+        // record they count, whatever path wrote it, for every message not
+        // acknowledged yet (the reads count nothing else): as many, or, with
+        // the rows a rule gives left to it, at least as many (a row let go
+        // to its rule is still on its way in its message).
         for row in self
             .writer
             .query(
-                "SELECT replica, message, table_name, h.rows, c.rows
-                 FROM (SELECT replica, message, table_name, count(*) AS rows
-                       FROM sync.held GROUP BY 1, 2, 3) h
-                 FULL JOIN sync.held_carried c USING (replica, message, table_name)
-                 WHERE h.rows IS DISTINCT FROM c.rows",
+                "SELECT * FROM (
+                     SELECT replica, message, table_name, h.rows AS held, c.rows AS counted
+                     FROM (SELECT replica, message, table_name, count(*) AS rows
+                           FROM sync.held GROUP BY 1, 2, 3) h
+                     FULL JOIN sync.held_carried c USING (replica, message, table_name)) x
+                 WHERE x.message > coalesce((SELECT a.number FROM sync.acks a
+                                             WHERE a.replica = x.replica), 0)
+                   AND CASE WHEN (SELECT by_rule FROM sync.record_form)
+                            THEN coalesce(x.held, 0) > coalesce(x.counted, 0)
+                            ELSE x.held IS DISTINCT FROM x.counted END",
                 &[],
             )
             .await

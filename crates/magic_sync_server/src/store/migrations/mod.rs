@@ -49,6 +49,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (40, include_str!("040_deferred_by_holder.sql")),
     (41, include_str!("041_record_form_waits.sql")),
     (42, include_str!("042_ruled_out.sql")),
+    (43, include_str!("043_left_to_rule.sql")),
 ];
 
 /// The version this build brings the schema to.

@@ -816,6 +816,13 @@ impl Planner<'_, '_> {
             ))
             .await?;
         }
+        if (rows as i64) < limit {
+            // Nothing of it is held by a rule any more either.
+            self.run(&format!(
+                "DELETE FROM sync.left_to_rule WHERE table_name = {t}"
+            ))
+            .await?;
+        }
         *self.worked.lock().expect("not poisoned") = crate::store::deployment::Worked {
             rows,
             last: None,

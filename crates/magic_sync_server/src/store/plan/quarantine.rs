@@ -216,6 +216,29 @@ impl Planner<'_, '_> {
         let roots = "SELECT z.table_name, z.key FROM sync.quarantine z
                      JOIN _ms_changed c ON c.t = z.table_name AND c.k::text = z.key
                      WHERE c.last_seq > z.version";
+        // Only what an earlier pass blocked (and settled): this pass's own
+        // blocks are of the very changes it plans.
+        let behind_changed = "SELECT o.replica, o.table_name, o.key FROM sync.blocked b
+             JOIN _ms_changed c ON b.table_name = c.t AND b.key = c.k::text
+             JOIN sync.blocked o ON o.replica = b.replica
+                 AND o.root_table = b.root_table AND o.root_key = b.root_key
+             WHERE b.settled AND o.settled";
+        if self.ruled == crate::store::held::Ruled::ByRule {
+            // Read before they go: what was let go, and from whom.
+            self.fill(
+                crate::store::plan::scratch::Scratch::Released,
+                &format!(
+                    "INSERT INTO _ms_released (r, t, k)
+                     SELECT NULL, z.t, z.k::jsonb FROM ({roots}) z (t, k)
+                     UNION ALL
+                     SELECT b.replica, b.table_name, b.key::jsonb FROM sync.blocked b
+                     JOIN ({roots}) z (t, k) ON b.root_table = z.t AND b.root_key = z.k
+                     UNION ALL
+                     SELECT s.replica, s.table_name, s.key::jsonb FROM ({behind_changed}) s"
+                ),
+            )
+            .await?;
+        }
         let added = self
             .fill(
                 crate::store::plan::scratch::Scratch::Touched,
@@ -234,13 +257,6 @@ impl Planner<'_, '_> {
              WHERE b.root_table = z.t AND b.root_key = z.k"
         ))
         .await?;
-        // Only what an earlier pass blocked (and settled): this pass's own
-        // blocks are of the very changes it plans.
-        let behind_changed = "SELECT o.replica, o.table_name, o.key FROM sync.blocked b
-             JOIN _ms_changed c ON b.table_name = c.t AND b.key = c.k::text
-             JOIN sync.blocked o ON o.replica = b.replica
-                 AND o.root_table = b.root_table AND o.root_key = b.root_key
-             WHERE b.settled AND o.settled";
         let added = added
             + self
                 .fill(
@@ -264,6 +280,18 @@ impl Planner<'_, '_> {
              WHERE z.table_name = c.t AND z.key = c.k::text AND c.last_seq > z.version",
         )
         .await?;
+        if self.has(crate::store::plan::scratch::Scratch::Released) {
+            // Let go, they are held by their rule again, by the reading,
+            // wherever it gives them.
+            let moved = crate::store::by_rule::moved_with(
+                self.graph,
+                "SELECT t, k, r FROM _ms_released",
+                1,
+            );
+            if !moved.is_empty() {
+                self.run(&moved).await?;
+            }
+        }
         Ok(added)
     }
 
@@ -520,11 +548,36 @@ pub(crate) async fn resolve(
 /// A row blocked before and blocked again is this pass's own block again:
 /// a pass lets go of settled blocks of the rows it plans, and letting go
 /// of it again on the next attempt would meet it again, for ever.
-pub(crate) async fn block(tx: &Transaction<'_>, blocked: &[Blocked], settled: bool) -> Result<()> {
+///
+/// With the rows a rule gives left to it (`by_rule`, the graph), a holder
+/// its rule gives a row to no longer holds it by the reading once it is
+/// blocked for it: its sum of the rows held by the rule alone moves first.
+pub(crate) async fn block(
+    tx: &Transaction<'_>,
+    blocked: &[Blocked],
+    settled: bool,
+    by_rule: Option<&Graph>,
+) -> Result<()> {
     if blocked.is_empty() {
         return Ok(());
     }
     let column = |f: fn(&Blocked) -> &str| blocked.iter().map(f).collect::<Vec<&str>>();
+    if let Some(graph) = by_rule {
+        use crate::sql::text_array;
+        let moved = crate::store::by_rule::moved_with(
+            graph,
+            &format!(
+                "SELECT t, k::jsonb, r FROM unnest({}, {}, {}) AS u (t, k, r)",
+                text_array(column(|b| &b.table)),
+                text_array(column(|b| &b.key)),
+                text_array(column(|b| &b.replica)),
+            ),
+            -1,
+        );
+        if !moved.is_empty() {
+            tx.batch_execute(&moved).await?;
+        }
+    }
     tx.execute(
         "INSERT INTO sync.blocked AS b (replica, table_name, key, root_table, root_key, settled)
          SELECT *, $6 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])

@@ -40,11 +40,16 @@ pub(crate) enum Scratch {
     Fresh,
     /// A deployment's chunk of rows to send again as they are held (`_ms_chunk`).
     Chunk,
+    /// Rows set aside or held back that the pass lets go to be tried
+    /// again, per holder (`NULL`: every holder), with the rows a rule gives
+    /// left to it (`_ms_released`): whoever the rule gives them to did not
+    /// hold them, whatever the reading says once they are let go.
+    Released,
 }
 
 impl Scratch {
     /// Every one, in the order they are made.
-    pub const ALL: [Scratch; 13] = [
+    pub const ALL: [Scratch; 14] = [
         Scratch::Replicas,
         Scratch::Notes,
         Scratch::Deferred,
@@ -58,6 +63,7 @@ impl Scratch {
         Scratch::Delete,
         Scratch::Fresh,
         Scratch::Chunk,
+        Scratch::Released,
     ];
 
     /// Its name in SQL.
@@ -76,6 +82,7 @@ impl Scratch {
             Scratch::Delete => "_ms_del",
             Scratch::Fresh => "_ms_f",
             Scratch::Chunk => "_ms_chunk",
+            Scratch::Released => "_ms_released",
         }
     }
 
@@ -101,6 +108,7 @@ impl Scratch {
             Scratch::Delete => "CREATE TEMP TABLE IF NOT EXISTS _ms_del (r text, t text, k jsonb, hptrs jsonb)",
             Scratch::Fresh => "CREATE TEMP TABLE IF NOT EXISTS _ms_f (r text, t text, k jsonb, round int NOT NULL, ptrs jsonb, via int NOT NULL DEFAULT -1)",
             Scratch::Chunk => "CREATE TEMP TABLE IF NOT EXISTS _ms_chunk (k jsonb)",
+            Scratch::Released => "CREATE TEMP TABLE IF NOT EXISTS _ms_released (r text, t text, k jsonb)",
         }
     }
 }

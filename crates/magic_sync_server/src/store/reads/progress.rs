@@ -13,12 +13,15 @@ use std::collections::BTreeMap;
 
 /// One table of one replica. Every figure is as the engine records it:
 ///
-/// - `should`: rows recorded in `sync.held` for the replica, that is, what
-///   the passes (and its snapshot) decided it holds once every message
-///   written for it is applied. Changes no pass has planned yet (pending
-///   notes) are not in it: a pending note is no replica's until planned.
-/// - `holds`: of those, the rows carried by a message the replica
-///   acknowledged (`message <= sync.acks.number`).
+/// - `should`: rows recorded in `sync.held` for the replica, and rows it
+///   holds by its rule alone with no record row (summed as the record
+///   moves, `sync.left_to_rule`): what the passes (and its snapshot)
+///   decided it holds once every message written for it is applied.
+///   Changes no pass has planned yet (pending notes) are not in it: a
+///   pending note is no replica's until planned.
+/// - `holds`: of those, the rows not carried by a message the replica has
+///   not acknowledged (`message > sync.acks.number`, counted per message in
+///   `sync.held_carried` whether recorded or not).
 /// - `outdated`: of `holds`, the rows with a pending note newer than the
 ///   version held (`sync.notes.seq > sync.held.version`): the replica has a
 ///   copy, and the next pass sends it the new one or takes it back.
@@ -119,6 +122,57 @@ pub async fn progress(client: &mut tokio_postgres::Client, replica: &str) -> Res
         t.holds = row.get(2);
         t.outdated = row.get(3);
         t.on_its_way = t.should - t.holds;
+    }
+    // What it holds by its rule alone, which has no record row (decision
+    // 177): summed per holder and table as the record moves, and on its
+    // way as long as a message it has not acknowledged carried it (the
+    // counts of what each message carried, less the record's rows that
+    // say so). Nothing while every row is recorded.
+    let ruled = tx
+        .query(
+            "SELECT table_name, sum(rows)::int8, sum(moving)::int8 FROM (
+                 SELECT table_name, rows, 0 AS moving FROM sync.left_to_rule WHERE replica = $1
+                 UNION ALL
+                 SELECT l.table_name, l.rows, 0 FROM sync.members m
+                 JOIN sync.left_to_rule l ON l.replica = m.cohort
+                 WHERE m.replica = $1
+                 UNION ALL
+                 -- A row it holds itself that its cohort holds by the rule
+                 -- alone is counted as its own.
+                 SELECT o.table_name, -count(*), 0 FROM sync.members m
+                 JOIN sync.left_to_rule l ON l.replica = m.cohort AND l.rows > 0
+                 JOIN sync.held o ON o.replica = m.replica AND o.table_name = l.table_name
+                 WHERE m.replica = $1
+                   AND NOT EXISTS (SELECT 1 FROM sync.held c
+                                   WHERE c.table_name = o.table_name AND c.key = o.key
+                                     AND c.replica = m.cohort)
+                 GROUP BY 1
+                 UNION ALL
+                 SELECT table_name, 0, rows FROM sync.held_carried
+                 WHERE replica = $1 AND message > $2
+                 UNION ALL
+                 SELECT table_name, 0, -count(*) FROM sync.held
+                 WHERE replica = $1 AND message > $2 GROUP BY 1
+                 UNION ALL
+                 SELECT c.table_name, 0, c.rows FROM sync.members m
+                 JOIN sync.held_carried c
+                   ON c.replica = m.cohort AND greatest(c.message, m.since) > $2
+                 WHERE m.replica = $1
+                 UNION ALL
+                 SELECT h.table_name, 0, -count(*) FROM sync.members m
+                 JOIN sync.held h ON h.replica = m.cohort AND greatest(h.message, m.since) > $2
+                 WHERE m.replica = $1 GROUP BY 1) f
+             GROUP BY 1
+             HAVING sum(rows) <> 0 OR sum(moving) <> 0",
+            &[&replica, &summary.acknowledged],
+        )
+        .await?;
+    for row in ruled {
+        let t = entry(&mut tables, row.get(0));
+        let (rows, moving): (i64, i64) = (row.get(1), row.get(2));
+        t.should += rows;
+        t.on_its_way += moving;
+        t.holds = t.should - t.on_its_way;
     }
     let refused = tx
         .query(
