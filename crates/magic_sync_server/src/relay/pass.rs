@@ -243,11 +243,15 @@ impl Relay {
             held::Ruled::of(&self.context.settings),
         ));
         if let Some(graph) = self.by_rule() {
-            // Its notes planned, the view reads each row as it is now.
-            closing.push_str(&store::by_rule::recounted_where_not_known(
-                graph,
-                &plan.filled,
-            ));
+            // Its notes planned, the view reads each row as it is now. Only
+            // when a key's notes could not say what it was: the statements
+            // are costly to plan, and such a key is rare.
+            if store::by_rule::any_not_known(&tx, &plan.filled).await? {
+                closing.push_str(&store::by_rule::recounted_where_not_known(
+                    graph,
+                    &plan.filled,
+                ));
+            }
         }
         if let Some(work) = &opened.work {
             closing.push_str(&deployment::closing(work.table(), &plan.worked));

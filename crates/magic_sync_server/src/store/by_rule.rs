@@ -254,17 +254,9 @@ pub(crate) fn held(graph: &Graph, shape: &Shape, holders: &str) -> Option<String
     }
     Some(format!(
         "SELECT g.r, g.k, g.ptrs FROM ({given}) g
-         WHERE NOT {whole}
-           AND NOT EXISTS (SELECT 1 FROM sync.quarantine q
-                           WHERE q.table_name = {t} AND q.key = g.k::text)
-           AND NOT EXISTS (SELECT 1 FROM sync.blocked b
-                           WHERE b.replica = g.r AND b.table_name = {t} AND b.key = g.k::text)
-           AND NOT EXISTS (SELECT 1 FROM sync.deferred d
-                           WHERE d.replica = g.r AND d.table_name = {t} AND d.key = g.k)
-           AND NOT {out}",
+         WHERE NOT {whole} AND {not_held_back}",
         given = given(graph, shape, holders)?,
-        out = ruled_out(&literal(shape.table.name), "g.k"),
-        t = literal(shape.table.name),
+        not_held_back = not_held_back(&literal(shape.table.name), "g.k", "g.r"),
         whole = recorded_whole(&literal(shape.table.name)),
     ))
 }
@@ -322,14 +314,8 @@ pub(crate) fn holds_key(graph: &Graph, shape: &Shape, replica: &str, key: &str) 
                  WHERE n.known AND n.was AND {then})
              SELECT 1 FROM g
              WHERE NOT {whole}
-               AND NOT EXISTS (SELECT 1 FROM sync.quarantine q
-                               WHERE q.table_name = {t} AND q.key = ({key})::text)
-               AND NOT EXISTS (SELECT 1 FROM sync.blocked b
-                               WHERE b.replica = g.r AND b.table_name = {t} AND b.key = ({key})::text)
-               AND NOT EXISTS (SELECT 1 FROM sync.deferred d
-                               WHERE d.replica = g.r AND d.table_name = {t} AND d.key = {key})
-               AND NOT {out})",
-        out = ruled_out(&t, key),
+               AND {not_held_back})",
+        not_held_back = not_held_back(&t, key, "g.r"),
         pending = pending_among(
             graph,
             shape,
@@ -371,14 +357,8 @@ fn holders_of_key(graph: &Graph, shape: &Shape, key: &str) -> Option<String> {
          WHERE NOT {whole}
            AND NOT EXISTS (SELECT 1 FROM sync.held x
                            WHERE x.table_name = {t} AND x.key = ({key})::text AND x.replica = g.r)
-           AND NOT EXISTS (SELECT 1 FROM sync.quarantine q
-                           WHERE q.table_name = {t} AND q.key = ({key})::text)
-           AND NOT EXISTS (SELECT 1 FROM sync.blocked b
-                           WHERE b.replica = g.r AND b.table_name = {t} AND b.key = ({key})::text)
-           AND NOT EXISTS (SELECT 1 FROM sync.deferred d
-                           WHERE d.replica = g.r AND d.table_name = {t} AND d.key = {key})
-           AND NOT {out}",
-        out = ruled_out(&t, key),
+           AND {not_held_back}",
+        not_held_back = not_held_back(&t, key, "g.r"),
         whole = recorded_whole(&t),
         rel = shape.relation,
         keyed = key_match("a", shape, key),
@@ -409,6 +389,24 @@ pub(crate) fn moved_with(graph: &Graph, rows: &str, sign: i32) -> String {
         )));
     }
     sql
+}
+
+/// Whether the pass read a key whose notes could not say what it was (see
+/// [`recounted_where_not_known`]).
+pub(crate) async fn any_not_known(
+    tx: &tokio_postgres::Transaction<'_>,
+    filled: &crate::store::plan::scratch::Filled,
+) -> Result<bool> {
+    if !filled.has(crate::store::plan::scratch::Scratch::Before) {
+        return Ok(false);
+    }
+    Ok(tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM _ms_before WHERE NOT known)",
+            &[],
+        )
+        .await?
+        .get(0))
 }
 
 /// For a pass's closing, after its notes are done (the view then reads
@@ -481,20 +479,30 @@ pub(crate) fn counted(graph: &Graph, a: &str) -> Option<String> {
     let readable = readable_tables(graph);
     (!readable.is_empty()).then(|| {
         format!(
-            "{a}.t IN ({tables})
-             AND NOT EXISTS (SELECT 1 FROM sync.quarantine zq
-                             WHERE zq.table_name = {a}.t AND zq.key = {a}.k::text)
-             AND NOT EXISTS (SELECT 1 FROM sync.blocked zb
-                             WHERE zb.replica = {a}.r AND zb.table_name = {a}.t AND zb.key = {a}.k::text)
-             AND NOT EXISTS (SELECT 1 FROM sync.deferred zd
-                             WHERE zd.replica = {a}.r AND zd.table_name = {a}.t AND zd.key = {a}.k)
-             AND NOT {out}
-             AND NOT {whole}",
+            "{a}.t IN ({tables}) AND {not_held_back} AND NOT {whole}",
             tables = readable.join(", "),
-            out = ruled_out(&format!("{a}.t"), &format!("{a}.k")),
+            not_held_back = not_held_back(&format!("{a}.t"), &format!("{a}.k"), &format!("{a}.r")),
             whole = recorded_whole(&format!("{a}.t")),
         )
     })
+}
+
+/// That the row of the table `t` keyed `k` (a JSON array) is not held back
+/// from the holder `r` (SQL expressions), as SQL: not set aside, not
+/// blocked for it, not kept for it while its snapshot streamed, and not
+/// read by its record alone. No rule says a holder holds a row held back.
+fn not_held_back(t: &str, k: &str, r: &str) -> String {
+    format!(
+        "NOT EXISTS (SELECT 1 FROM sync.quarantine hb_q
+                     WHERE hb_q.table_name = {t} AND hb_q.key = ({k})::text)
+         AND NOT EXISTS (SELECT 1 FROM sync.blocked hb_b
+                         WHERE hb_b.replica = {r} AND hb_b.table_name = {t}
+                           AND hb_b.key = ({k})::text)
+         AND NOT EXISTS (SELECT 1 FROM sync.deferred hb_d
+                         WHERE hb_d.replica = {r} AND hb_d.table_name = {t} AND hb_d.key = {k})
+         AND NOT {out}",
+        out = ruled_out(t, k),
+    )
 }
 
 /// The keys `holder` (a replica or a cohort) holds of `table` by its own

@@ -51,22 +51,10 @@ pub(crate) fn closing(
         return sql;
     }
     sql.push_str(LOOPS_ONLY);
+    if ruled == Ruled::ByRule {
+        sql.push_str(&recorded_or_taken_back(graph, filled, messages.is_some()));
+    }
     if has(Scratch::Delete) {
-        if let (Ruled::ByRule, Some(counted)) = (ruled, crate::store::by_rule::counted(graph, "d"))
-        {
-            // A row taken back that has no record row was held by its rule
-            // alone, unless something held it back (a row set aside is
-            // taken back from the holders its rule gives it to, who may
-            // not have it).
-            sql.push_str(&arrived_elsewhere("_ms_del"));
-            sql.push_str(&left_to_rule(&format!(
-                "SELECT d.r, d.t, -count(*) FROM _ms_del d
-                 WHERE NOT EXISTS (SELECT 1 FROM sync.held x
-                                   WHERE x.table_name = d.t AND x.key = d.k::text AND x.replica = d.r)
-                   AND {counted}
-                 GROUP BY 1, 2"
-            )));
-        }
         sql.push_str(
             "DELETE FROM sync.held h USING _ms_del d
              WHERE h.table_name = d.t AND h.key = d.k::text AND h.replica = d.r;",
@@ -100,23 +88,6 @@ pub(crate) fn closing(
         }
     }
     if let (true, Some(messages)) = (has(Scratch::Send), &messages) {
-        if let (Ruled::ByRule, Some(counted)) = (ruled, crate::store::by_rule::counted(graph, "s"))
-        {
-            // A row sent that the holder held with no record row was held
-            // by its rule alone: it is recorded now. So was a row this pass
-            // let go of holding back, as the sums count it from then on,
-            // whatever the plan says it held.
-            sql.push_str(&left_to_rule(&format!(
-                "SELECT s.r, s.t, -count(*) FROM _ms_send s
-                 WHERE (s.held OR (s.ruled AND {released}))
-                   AND NOT EXISTS (SELECT 1 FROM sync.held x
-                                              WHERE x.table_name = s.t AND x.key = s.k::text
-                                                AND x.replica = s.r)
-                   AND {counted}
-                 GROUP BY 1, 2",
-                released = released(filled, "s"),
-            )));
-        }
         sql.push_str(&sent(messages, ruled));
     }
     let moves = moves(graph, has(Scratch::Send), has(Scratch::Delete));
@@ -127,7 +98,7 @@ pub(crate) fn closing(
         }
     }
     if ruled == Ruled::ByRule {
-        sql.push_str(RECORDED_AGAIN);
+        sql.push_str(&arrived_elsewhere(has(Scratch::Delete)));
         sql.push_str(&said_by_rule(graph, has(Scratch::Send), moves.as_deref()));
     }
     sql.push_str(LOOPS_AS_THEY_WERE);
@@ -230,33 +201,25 @@ fn released(filled: &Filled, a: &str) -> String {
 }
 
 /// A row let go while its message was on its way (`sync.let_go`) that has
-/// a record row again (sent again, or pointed at): the record row counts
-/// it now, in the message it names, so the message it was let go from no
-/// longer does. The rows let go on their way are few (those in messages
-/// not acknowledged): each is looked up in the record.
-const RECORDED_AGAIN: &str = "WITH l AS (
-         DELETE FROM sync.let_go x
-         WHERE EXISTS (SELECT 1 FROM sync.held h WHERE h.table_name = x.table_name
-                       AND h.key = x.key AND h.replica = x.replica)
-         RETURNING x.replica, x.message, x.table_name),
-     m AS (SELECT replica, message, table_name, count(*) AS n FROM l GROUP BY 1, 2, 3),
-     gone AS (
-         DELETE FROM sync.held_carried c USING m
-         WHERE c.replica = m.replica AND c.message = m.message
-           AND c.table_name = m.table_name AND c.rows <= m.n)
-     UPDATE sync.held_carried c SET rows = c.rows - m.n FROM m
-     WHERE c.replica = m.replica AND c.message = m.message
-       AND c.table_name = m.table_name AND c.rows > m.n;";
-
-/// A row held by its rule alone that the plan's table aliased `a` (`r`,
-/// `t`, `k`: `_ms_del`) takes back, let go while its message was on its
-/// way (`sync.let_go`): that message's count of what it carried loses it,
-/// as a record row's would.
-fn arrived_elsewhere(from: &str) -> String {
+/// a record row again (sent again, or pointed at), or that the pass took
+/// back (`takes_back`: `_ms_del` filled): the message it was let go from no
+/// longer carries it, and its count there loses it, as a record row's
+/// would (a record row counts it where it is now). The rows let go on
+/// their way are few (those in messages not acknowledged): each is looked
+/// up in the record.
+fn arrived_elsewhere(takes_back: bool) -> String {
+    let taken = match takes_back {
+        true => {
+            " OR EXISTS (SELECT 1 FROM _ms_del d
+                         WHERE d.r = x.replica AND d.t = x.table_name AND d.k::text = x.key)"
+        }
+        false => "",
+    };
     format!(
         "WITH l AS (
-             DELETE FROM sync.let_go x USING {from} a
-             WHERE x.replica = a.r AND x.table_name = a.t AND x.key = a.k::text
+             DELETE FROM sync.let_go x
+             WHERE EXISTS (SELECT 1 FROM sync.held h WHERE h.table_name = x.table_name
+                           AND h.key = x.key AND h.replica = x.replica){taken}
              RETURNING x.replica, x.message, x.table_name),
          m AS (SELECT replica, message, table_name, count(*) AS n FROM l GROUP BY 1, 2, 3),
          gone AS (
@@ -267,6 +230,49 @@ fn arrived_elsewhere(from: &str) -> String {
          WHERE c.replica = m.replica AND c.message = m.message
            AND c.table_name = m.table_name AND c.rows > m.n;"
     )
+}
+
+/// With the rows a rule gives left to it, before the record takes in the
+/// plan: the sums of the rows held by the rule alone lose each row the
+/// plan takes back (`_ms_del`) or sends (`_ms_send`, only when a message
+/// is written: `sends`) that the holder held with no record row, unless
+/// something held it back (a row set aside is taken back from the holders
+/// its rule gives it to, who may not have it). A row sent counts so when
+/// the plan held it, or when this pass let go of holding it back, as the
+/// sums count it from then on whatever the plan says it held. Empty when
+/// neither table was filled, or no table's rule reads its rows' columns.
+fn recorded_or_taken_back(graph: &Graph, filled: &Filled, sends: bool) -> String {
+    let mut parts = Vec::new();
+    if filled.has(Scratch::Delete) {
+        if let Some(counted) = crate::store::by_rule::counted(graph, "d") {
+            parts.push(format!(
+                "SELECT d.r, d.t FROM _ms_del d
+                 WHERE NOT EXISTS (SELECT 1 FROM sync.held x
+                                   WHERE x.table_name = d.t AND x.key = d.k::text AND x.replica = d.r)
+                   AND {counted}"
+            ));
+        }
+    }
+    if filled.has(Scratch::Send) && sends {
+        if let Some(counted) = crate::store::by_rule::counted(graph, "s") {
+            parts.push(format!(
+                "SELECT s.r, s.t FROM _ms_send s
+                 WHERE (s.held OR (s.ruled AND {released}))
+                   AND NOT EXISTS (SELECT 1 FROM sync.held x
+                                   WHERE x.table_name = s.t AND x.key = s.k::text
+                                     AND x.replica = s.r)
+                   AND {counted}",
+                released = released(filled, "s"),
+            ));
+        }
+    }
+    if parts.is_empty() {
+        return String::new();
+    }
+    left_to_rule(&format!(
+        "SELECT r, t, -count(*) FROM ({}) a GROUP BY 1, 2",
+        parts.join(" UNION ALL ")
+    ))
 }
 
 /// Moves the sums of the rows each holder holds by its rule alone
