@@ -127,10 +127,17 @@ pub async fn progress(client: &mut tokio_postgres::Client, replica: &str) -> Res
     // 177): summed per holder and table as the record moves, and on its
     // way as long as a message it has not acknowledged carried it (the
     // counts of what each message carried, less the record's rows that
-    // say so). Nothing while every row is recorded.
-    let ruled = tx
-        .query(
-            "SELECT table_name, sum(rows)::int8, sum(moving)::int8 FROM (
+    // say so). Nothing while every row is recorded: then it is not read,
+    // as it would read the replica's record a second time for nothing.
+    let by_rule: bool = tx
+        .query_opt("SELECT by_rule FROM sync.record_form", &[])
+        .await?
+        .is_some_and(|r| r.get(0));
+    let ruled = match by_rule {
+        false => Vec::new(),
+        true => {
+            tx.query(
+                "SELECT table_name, sum(rows)::int8, sum(moving)::int8 FROM (
                  SELECT table_name, rows, 0 AS moving FROM sync.left_to_rule WHERE replica = $1
                  UNION ALL
                  SELECT l.table_name, l.rows, 0 FROM sync.members m
@@ -164,9 +171,11 @@ pub async fn progress(client: &mut tokio_postgres::Client, replica: &str) -> Res
                  WHERE m.replica = $1 GROUP BY 1) f
              GROUP BY 1
              HAVING sum(rows) <> 0 OR sum(moving) <> 0",
-            &[&replica, &summary.acknowledged],
-        )
-        .await?;
+                &[&replica, &summary.acknowledged],
+            )
+            .await?
+        }
+    };
     for row in ruled {
         let t = entry(&mut tables, row.get(0));
         let (rows, moving): (i64, i64) = (row.get(1), row.get(2));
