@@ -120,15 +120,20 @@ pub(crate) async fn record(
                      WHERE a.number < excluded.number
                         OR a.reads_batches IS DISTINCT FROM excluded.reads_batches),
                  -- What its messages up to there carried is held: the
-                 -- reads count only what is on its way.
+                 -- reads count only what is on its way. Deleted only while
+                 -- rows are left to their rule, whose counts no record row
+                 -- moves: with the record whole, deleting them at every
+                 -- acknowledgement slowed a hot row's passes 1.5-1.8x.
                  carried AS (
                      DELETE FROM sync.held_carried c
                      USING unnest($1::text[], $2::int8[]) AS u (id, number)
-                     WHERE c.replica = u.id AND c.message <= u.number),
+                     WHERE c.replica = u.id AND c.message <= u.number
+                       AND (SELECT by_rule FROM sync.record_form)),
                  arrived AS (
                      DELETE FROM sync.let_go l
                      USING unnest($1::text[], $2::int8[]) AS u (id, number)
-                     WHERE l.replica = u.id AND l.message <= u.number)
+                     WHERE l.replica = u.id AND l.message <= u.number
+                       AND (SELECT by_rule FROM sync.record_form))
                  DELETE FROM sync.outbox o USING unnest($1::text[], $2::int8[]) AS u (id, number)
                  WHERE o.replica = u.id AND o.number <= u.number",
                 &params,

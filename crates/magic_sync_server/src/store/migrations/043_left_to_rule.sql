@@ -28,8 +28,9 @@ CREATE TABLE sync.let_go (
 CREATE INDEX let_go_by_message ON sync.let_go (replica, message);
 
 -- The counts of what each message carried (015) stay exact for the
--- messages a replica has not acknowledged, and only those are read: a
--- replica's acknowledgement deletes its counts up to it. A row carried
+-- messages a replica has not acknowledged, and only those are read: while
+-- rows are left to their rule, a replica's acknowledgement deletes its
+-- counts up to it (a count of a row let go moves with no record row). A row carried
 -- since and moved on (sent again, or taken back) then moves from a count
 -- that is gone: nothing is written for it, where before a count below
 -- zero would have been made.
