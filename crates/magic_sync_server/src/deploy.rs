@@ -615,7 +615,15 @@ async fn declare(client: &Client, declared: &Declared) -> Result<()> {
                 mirror: t.mirror.as_str(),
                 fingerprint: t.fingerprint().0.to_vec(),
                 plan_print: declared.schema.plan_print(t).0.to_vec(),
-                definition: definition(t, &links, &hex::encode(t.encoding_print().0)),
+                definition: {
+                    let mut d = definition(t, &links, &hex::encode(t.encoding_print().0));
+                    // Where its rows are, for the one read of an operator's
+                    // that reads a row of it (`ops::row_progress`).
+                    if let Some(schema) = declared.schemas.get(&t.name) {
+                        d["schema"] = serde_json::Value::from(schema.as_str());
+                    }
+                    d
+                },
                 noted: declared.noted.get(&t.name).cloned().unwrap_or_default(),
             }
         })

@@ -48,11 +48,23 @@ async fn a_key_is_checked_against_the_keys_recorded() {
         err.to_string(),
         "table `items`: key value 1 (`tea`) is not a number, as its recorded keys are"
     );
-    // Nothing records a sale yet: its key cannot be checked, and says so.
-    let err = ops::row_progress(&mut client, "sales", &["s1".into()])
+    // Nothing records a sale yet: its key is checked against the key its
+    // build declared, and no replica holds it.
+    let sale = ops::row_progress(&mut client, "sales", &["s1".into()])
+        .await
+        .unwrap();
+    assert_eq!(sale.key, r#"["s1"]"#);
+    assert!(
+        sale.replicas
+            .iter()
+            .all(|p| p.state == ops::RowState::DoesNotHold),
+        "{sale:?}"
+    );
+    // A table no build declared cannot be checked, and says so.
+    let err = ops::row_progress(&mut client, "refunds", &["r1".into()])
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::UnrecordedTable(ref t) if t == "sales"));
+    assert!(matches!(err, Error::UnrecordedTable(ref t) if t == "refunds"));
     assert!(err.to_string().contains("cannot be checked"), "{err}");
 }
 

@@ -460,6 +460,30 @@ async fn read_all(fleet: &crate::fleet::Fleet) -> Vec<String> {
         let progress = ops::progress(&mut client, id).await.unwrap();
         read.push(format!("{id} {:?}", progress.tables));
     }
+    // Where rows are: the version and message a record row says are not
+    // compared, as a row left to its rule has none.
+    for (table, key) in [
+        ("items", "2"),
+        ("items", "4"),
+        ("items", "5"),
+        ("tasks", "2"),
+        ("tasks", "3"),
+        ("tasks", "10"),
+        ("tasks", "11"),
+    ] {
+        let row = ops::row_progress(&mut client, table, &[key.into()])
+            .await
+            .unwrap();
+        let places: Vec<String> = row
+            .replicas
+            .iter()
+            .map(|p| format!("{} {}", p.replica, p.state.words()))
+            .collect();
+        read.push(format!(
+            "{table} {key}: note {:?}, {places:?}",
+            row.pending_note.is_some()
+        ));
+    }
     read
 }
 
@@ -487,10 +511,23 @@ async fn a_fleet_whose_rows_are_left_to_their_rule_reads_as_one_that_records_the
         // message that carried it to its till arrived.
         "UPDATE tasks SET title = 'count again' WHERE id = 2",
         "DELETE FROM tasks WHERE id = 10",
+        // A row every till holds by its rule, changed for the first time,
+        // and a task for `e`, which its snapshot is to carry.
+        "UPDATE items SET name = 'oat milk' WHERE id = 2",
+        "INSERT INTO tasks VALUES (11, 'e', 'first')",
     ];
     for (i, step) in steps.iter().enumerate() {
         for fleet in [&mut whole, &mut thinned] {
             fleet.write(step).await;
+        }
+        // Its note pending: the holders of the row it changed hold an
+        // outdated copy, whether recorded or left to their rule.
+        assert_eq!(
+            read_all(&thinned).await,
+            read_all(&whole).await,
+            "after step {i}'s write, before the pass"
+        );
+        for fleet in [&mut whole, &mut thinned] {
             fleet.pass().await;
         }
         assert_eq!(
@@ -499,6 +536,19 @@ async fn a_fleet_whose_rows_are_left_to_their_rule_reads_as_one_that_records_the
             "after step {i}, before any acknowledgement"
         );
     }
+    // `e`'s snapshot written, not acknowledged yet, and its task changed:
+    // on its way, not outdated.
+    for fleet in [&mut whole, &mut thinned] {
+        fleet.snapshot("e").await;
+        fleet
+            .write("UPDATE tasks SET title = 'first, again' WHERE id = 11")
+            .await;
+    }
+    assert_eq!(
+        read_all(&thinned).await,
+        read_all(&whole).await,
+        "a row of e's snapshot changed before e acknowledged it"
+    );
     // `e`'s snapshot sent, every message published and acknowledged but
     // `c`'s, still cut off.
     for fleet in [&mut whole, &mut thinned] {

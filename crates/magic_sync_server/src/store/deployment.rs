@@ -45,6 +45,8 @@ pub(crate) struct Declared {
     pub links: BTreeMap<String, Vec<(String, String)>>,
     /// Per table, the relations whose writes are noted for it.
     pub noted: BTreeMap<String, Vec<String>>,
+    /// Per table sent down, the schema it is in.
+    pub schemas: BTreeMap<String, String>,
 }
 
 /// What this build declares, for `crate::deploy`.
@@ -73,6 +75,10 @@ pub(crate) fn declared(engine: &Engine, catalog: &Catalog) -> Result<Declared> {
         schema: catalog.schema(engine),
         links,
         noted,
+        schemas: tables
+            .iter()
+            .map(|t| (t.name.to_string(), t.schema.to_string()))
+            .collect(),
     })
 }
 

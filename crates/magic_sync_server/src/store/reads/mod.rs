@@ -16,9 +16,13 @@
 //! Every read runs in one `REPEATABLE READ READ ONLY` transaction, so its
 //! figures are of one moment, and carries that moment as the server tells
 //! it (`now()`). Every read counts live replicas only, and reads nothing but
-//! the `sync` schema: no host table, no declaration, no rule. A host shows
+//! the `sync` schema: no host table, and no declaration but what the
+//! running build recorded of its tables (`sync.tables`). A host shows
 //! them without its [`Engine`](magic_sync_core::Engine), and a dashboard costs the
 //! database what the engine records, never what the replicas should hold.
+//! The one exception is [`row_progress`], a read of one row: while rows
+//! are held by their rule alone, with no record row (decision 176), it
+//! reads that row from its table by its key to see whom the rule gives it.
 //!
 //! What "held" means here is the relay's own rule: a row recorded in
 //! `sync.held` counts as held once the replica acknowledged the message that
@@ -33,6 +37,7 @@ mod history;
 mod overview;
 mod progress;
 mod row;
+mod ruled;
 mod settled;
 mod state;
 
@@ -159,12 +164,13 @@ pub enum Error {
         /// What the recorded keys have there.
         expected: &'static str,
     },
-    /// A table nothing in the `sync` schema records a row of, so neither
-    /// its key's arity nor its columns' kinds are known.
+    /// A table no build declared and nothing in the `sync` schema records
+    /// a row of, so neither its key's arity nor its columns' kinds are
+    /// known.
     #[error(
-        "nothing in the sync schema records a row of table `{0}` (no replica holds one, no note \
-         is pending, no upload was refused): no replica holds the row, and its key's columns \
-         cannot be checked here"
+        "no build declared table `{0}` and nothing in the sync schema records a row of it (no \
+         replica holds one, no note is pending, no upload was refused): no replica holds the \
+         row, and its key's columns cannot be checked here"
     )]
     UnrecordedTable(String),
     /// The scope names no replica, or a limit of nothing.

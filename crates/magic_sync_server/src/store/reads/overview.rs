@@ -309,7 +309,8 @@ struct Figures {
 /// refused (`sync.inbox`). Rows on their way are summed from the counts
 /// kept per message (`sync.held_carried`), only for a replica that has not
 /// acknowledged its last message; rows outdated go from the notes, through
-/// `sync.held`'s key. A member of a cohort counts the cohort's rows as its
+/// `sync.held`'s key, and for rows held by their rule alone through the
+/// rule the note's row was given by ([`super::ruled::outdated`]). A member of a cohort counts the cohort's rows as its
 /// own.
 async fn figures(tx: &Transaction<'_>, ids: &[String]) -> Result<Vec<Figures>> {
     if ids.is_empty() {
@@ -328,6 +329,16 @@ async fn figures(tx: &Transaction<'_>, ids: &[String]) -> Result<Vec<Figures>> {
         .iter()
         .map(|r| r.get(0))
         .collect();
+    // Rows held by their rule alone that a pending note changed, only
+    // while the record leaves rows to their rule.
+    let ruled = match super::ruled::thinned(tx).await? {
+        true => format!(
+            "SELECT replica, table_name, 0, outdated, 0 FROM ({}) o
+             UNION ALL",
+            super::ruled::outdated("r")
+        ),
+        false => String::new(),
+    };
     let head = crate::store::cohorts::head("r");
     let rows = tx
         .query(
@@ -381,6 +392,7 @@ async fn figures(tx: &Transaction<'_>, ids: &[String]) -> Result<Vec<Figures>> {
                  WHERE greatest(c.message, m.since) <= r.acked AND c.version < n.seq
                  GROUP BY 1, 2
                  UNION ALL
+                 {ruled}
                  SELECT i.replica, {}, 0, 0, count(*)
                  FROM sync.inbox i JOIN r ON r.id = i.replica
                  GROUP BY 1, 2) f

@@ -23,8 +23,10 @@ use std::collections::BTreeMap;
 ///   not acknowledged (`message > sync.acks.number`, counted per message in
 ///   `sync.held_carried` whether recorded or not).
 /// - `outdated`: of `holds`, the rows with a pending note newer than the
-///   version held (`sync.notes.seq > sync.held.version`): the replica has a
-///   copy, and the next pass sends it the new one or takes it back.
+///   version held (`sync.notes.seq > sync.held.version`, or, for a row held
+///   by its rule alone, any pending note that says the rule gave it the
+///   row as it was): the replica has a copy, and the next pass sends it the
+///   new one or takes it back.
 /// - `on_its_way`: `should − holds`, the rows sent (or waiting in the
 ///   outbox) in messages it has not acknowledged.
 /// - `set_aside`: rows of the replica's uploads of this table the server
@@ -129,10 +131,7 @@ pub async fn progress(client: &mut tokio_postgres::Client, replica: &str) -> Res
     // counts of what each message carried, less the record's rows that
     // say so). Nothing while every row is recorded: then it is not read,
     // as it would read the replica's record a second time for nothing.
-    let by_rule: bool = tx
-        .query_opt("SELECT by_rule FROM sync.record_form", &[])
-        .await?
-        .is_some_and(|r| r.get(0));
+    let by_rule = super::ruled::thinned(&tx).await?;
     let ruled = match by_rule {
         false => Vec::new(),
         true => {
@@ -182,6 +181,22 @@ pub async fn progress(client: &mut tokio_postgres::Client, replica: &str) -> Res
         t.should += rows;
         t.on_its_way += moving;
         t.holds = t.should - t.on_its_way;
+    }
+    if by_rule {
+        let outdated = tx
+            .query(
+                &format!(
+                    "WITH r AS (SELECT $1::text AS id, $2::int8 AS acked)
+                     SELECT table_name, outdated FROM ({}) o",
+                    super::ruled::outdated("r")
+                ),
+                &[&replica, &summary.acknowledged],
+            )
+            .await?;
+        for row in outdated {
+            let count: i64 = row.get(1);
+            entry(&mut tables, row.get(0)).outdated += count;
+        }
     }
     let refused = tx
         .query(

@@ -14,6 +14,7 @@
 //! other forms on the wire than in the record; those are found by the
 //! record's form only.
 
+use super::ruled::Given;
 use super::{begin, Error, Result, IN_SCOPE};
 use crate::envelope::{to_replica, ToReplica};
 use crate::store::cohorts::OWED;
@@ -151,6 +152,12 @@ pub async fn row_progress(
         )
         .await?
         .map(|row| row.get(0));
+    // Whom its rule gave it to, for the replicas that hold it by their
+    // rule alone, with no record row of it.
+    let given = match super::ruled::thinned(&tx).await? {
+        true => super::ruled::given(&tx, table, &held).await?,
+        false => Given::Nobody,
+    };
     let no_scope: Option<Vec<String>> = None;
     let no_partition: Option<String> = None;
     let rows = tx
@@ -158,7 +165,12 @@ pub async fn row_progress(
             &format!(
                 "SELECT r.id, r.provision OR r.snapshot_attempt IS NOT NULL,
                         coalesce(a.number, 0), h.version, h.message,
-                        d.seq IS NOT NULL, i.reason, bl.root_key IS NOT NULL
+                        d.seq IS NOT NULL, i.reason, bl.root_key IS NOT NULL,
+                        r.partition_id, r.snapshot_last,
+                        (SELECT m.since FROM sync.members m JOIN sync.cohorts c ON c.id = m.cohort
+                         WHERE m.replica = r.id AND c.kind = 'all'),
+                        (SELECT l.message FROM sync.let_go l
+                         WHERE l.replica = r.id AND l.table_name = $3 AND l.key = $4)
                  FROM sync.replicas r
                  LEFT JOIN sync.acks a ON a.replica = r.id
                  LEFT JOIN LATERAL (
@@ -198,6 +210,28 @@ pub async fn row_progress(
             let refused: Option<String> = row.get(6);
             let held_back: bool = row.get(7);
             let newer = pending_note.zip(version).is_some_and(|(n, v)| n > v) || kept;
+            // Held by its rule alone: on its way until the message that
+            // carried it is acknowledged (the one that let its record row
+            // go, its snapshot's last, or, through the `all` cohort, the
+            // one it joined at), and older than the database's as soon as
+            // a note of it is pending.
+            let (part, snapshot_last, since, let_go): (
+                Option<String>,
+                i64,
+                Option<i64>,
+                Option<i64>,
+            ) = (row.get(8), row.get(9), row.get(10), row.get(11));
+            let carried = match &given {
+                Given::Nobody => None,
+                Given::All => Some(since.unwrap_or(let_go.unwrap_or(0).max(snapshot_last))),
+                Given::Replica(id) => {
+                    (*id == replica).then_some(let_go.unwrap_or(0).max(snapshot_last))
+                }
+                Given::Partition(p) => {
+                    (part.as_ref() == Some(p)).then_some(let_go.unwrap_or(0).max(snapshot_last))
+                }
+            }
+            .filter(|_| !kept && !held_back && quarantined.is_none());
             let state = if refused.is_some() {
                 RowState::SetAside
             } else if provisioning {
@@ -206,6 +240,14 @@ pub async fn row_progress(
                 if m > acked {
                     RowState::OnItsWay
                 } else if newer {
+                    RowState::HoldsOlder
+                } else {
+                    RowState::Holds
+                }
+            } else if let Some(m) = carried {
+                if m > acked {
+                    RowState::OnItsWay
+                } else if pending_note.is_some() {
                     RowState::HoldsOlder
                 } else {
                     RowState::Holds
@@ -253,7 +295,7 @@ async fn recorded_key(tx: &Transaction<'_>, table: &str) -> Result<Vec<serde_jso
         )
         .await?;
     let Some(row) = row else {
-        return Err(Error::UnrecordedTable(table.to_string()));
+        return declared_key(tx, table).await;
     };
     let text: String = row.get(0);
     match serde_json::from_str(&text) {
@@ -261,6 +303,30 @@ async fn recorded_key(tx: &Transaction<'_>, table: &str) -> Result<Vec<serde_jso
         // A refused upload keeps the key as it came, which may be anything.
         _ => Err(Error::UnrecordedTable(table.to_string())),
     }
+}
+
+/// A key of `table` of the kinds its declaration gives its key columns
+/// (`sync.tables.definition`), for a table none of whose keys is recorded:
+/// every row of it held by its rule alone.
+async fn declared_key(tx: &Transaction<'_>, table: &str) -> Result<Vec<serde_json::Value>> {
+    let kinds: Option<serde_json::Value> = tx
+        .query_opt(
+            "SELECT definition -> 'key' FROM sync.tables WHERE name = $1",
+            &[&table],
+        )
+        .await?
+        .and_then(|r| r.get(0));
+    let Some(serde_json::Value::Array(columns)) = kinds else {
+        return Err(Error::UnrecordedTable(table.to_string()));
+    };
+    Ok(columns
+        .iter()
+        .map(|c| match c[1].as_str() {
+            Some("i16" | "i32" | "i64") => serde_json::Value::from(0),
+            Some("bool") => serde_json::Value::Bool(false),
+            _ => serde_json::Value::from(""),
+        })
+        .collect())
 }
 
 /// The JSON array of `values`, each of the kind its place has in `sample`
