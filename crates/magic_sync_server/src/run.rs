@@ -1156,6 +1156,7 @@ async fn publish_forever<T: Transport, R: Reports>(
         };
         if let Some(period) = period {
             crate::store::figures::write(publisher, period).await?;
+            crate::store::acks::forget_carried(publisher).await?;
         }
         let started = std::time::Instant::now();
         let publishing = tracing::info_span!(

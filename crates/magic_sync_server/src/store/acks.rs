@@ -98,8 +98,8 @@ pub(crate) async fn record(
         // more: its outbox up to there goes in the same statement, so
         // whoever reads the outbox and the acknowledgement together (a
         // chain continued from the acknowledged message) never sees one
-        // without the other. The counts of what those messages carried go
-        // too (`sync.held_carried`).
+        // without the other. The counts of what those messages carried are
+        // left for [`forget_carried`].
         client
             .query_typed(
                 "WITH acked AS (
@@ -118,22 +118,7 @@ pub(crate) async fn record(
                      -- batches: a replica going back to an earlier build
                      -- reads none.
                      WHERE a.number < excluded.number
-                        OR a.reads_batches IS DISTINCT FROM excluded.reads_batches),
-                 -- What its messages up to there carried is held: the
-                 -- reads count only what is on its way. Deleted only while
-                 -- rows are left to their rule, whose counts no record row
-                 -- moves: with the record whole, deleting them at every
-                 -- acknowledgement slowed a hot row's passes 1.5-1.8x.
-                 carried AS (
-                     DELETE FROM sync.held_carried c
-                     USING unnest($1::text[], $2::int8[]) AS u (id, number)
-                     WHERE c.replica = u.id AND c.message <= u.number
-                       AND (SELECT by_rule FROM sync.record_form)),
-                 arrived AS (
-                     DELETE FROM sync.let_go l
-                     USING unnest($1::text[], $2::int8[]) AS u (id, number)
-                     WHERE l.replica = u.id AND l.message <= u.number
-                       AND (SELECT by_rule FROM sync.record_form))
+                        OR a.reads_batches IS DISTINCT FROM excluded.reads_batches)
                  DELETE FROM sync.outbox o USING unnest($1::text[], $2::int8[]) AS u (id, number)
                  WHERE o.replica = u.id AND o.number <= u.number",
                 &params,
@@ -151,4 +136,33 @@ pub(crate) async fn record(
             &[&again],
         )
         .await?)
+}
+
+/// Forgets, while rows are left to their rule, the counts of what each
+/// message a replica acknowledged carried (`sync.held_carried`) and which
+/// of those messages its rows let go were in (`sync.let_go`): the reads
+/// count only messages on their way, and nothing else moves these once the
+/// message arrived. With the record whole, the record's own moves keep the
+/// counts few, and nothing is done. Run now and then (with the runner's
+/// figures), not at every acknowledgement: deleting them there took locks
+/// the passes' own moves of those counts waited on, and a row changed a
+/// thousand times a second reached the replicas twice as late.
+pub(crate) async fn forget_carried(client: &Client) -> Result<u64> {
+    let forgotten = client
+        .query_one(
+            "WITH carried AS (
+                 DELETE FROM sync.held_carried c USING sync.acks a
+                 WHERE c.replica = a.replica AND c.message <= a.number
+                   AND (SELECT by_rule FROM sync.record_form)
+                 RETURNING 1),
+             arrived AS (
+                 DELETE FROM sync.let_go l USING sync.acks a
+                 WHERE l.replica = a.replica AND l.message <= a.number
+                   AND (SELECT by_rule FROM sync.record_form)
+                 RETURNING 1)
+             SELECT (SELECT count(*) FROM carried) + (SELECT count(*) FROM arrived)",
+            &[],
+        )
+        .await?;
+    Ok(forgotten.get::<_, i64>(0) as u64)
 }
