@@ -596,6 +596,84 @@ async fn the_runners_carry_a_write_to_a_till() {
     till.join().unwrap().unwrap();
 }
 
+/// With the rows a rule gives left to it, what each message carried is
+/// counted whether recorded or not, and once the replica acknowledged the
+/// message nothing reads the count again: the runner forgets it with its
+/// figures, and which messages rows let go of were in, so that neither
+/// grows with every message a till ever had.
+#[tokio::test]
+async fn the_runner_forgets_what_acknowledged_messages_carried() {
+    let (fleet, network) = for_the_runner().await;
+    let (path, till) = till(&fleet, &network, "u1");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let settings = Settings {
+        record_ruled_rows: false,
+        figures_every: Duration::from_millis(100),
+        ..Settings::default()
+    };
+    let server = start_server_with(
+        &fleet,
+        &network,
+        vec![ReplicaInfo::live("u1", Some("north"))],
+        settings,
+        async {
+            stopped.await.ok();
+        },
+    );
+    // Its snapshot counted its orders at its last message; an order changed
+    // is sent, and let go of to its rule while on its way.
+    fleet
+        .write("UPDATE orders SET customer_id = NULL WHERE id = 1")
+        .await;
+    fleet
+        .write("UPDATE products SET name = 'green tea' WHERE id = 1")
+        .await;
+    until("the write did not reach the till", || async {
+        product_name(&path).as_deref() == Some("green tea")
+    })
+    .await;
+    until(
+        "the counts of what acknowledged messages carried were not forgotten",
+        || async {
+            let row = fleet
+                .writer
+                .query_one(
+                    "SELECT f.by_rule,
+                            -- Caught up, with no snapshot under way: one begun
+                            -- while the record was still whole begins again
+                            -- once it leaves rows to their rule.
+                            coalesce(a.number, 0) = r.last_number AND r.last_number > 0
+                              AND NOT r.provision AND r.snapshot_attempt IS NULL,
+                            (SELECT count(*) FROM sync.held_carried c
+                             WHERE c.replica = r.id AND c.message <= coalesce(a.number, 0))
+                          + (SELECT count(*) FROM sync.let_go l
+                             WHERE l.replica = r.id AND l.message <= coalesce(a.number, 0))
+                     FROM sync.replicas r LEFT JOIN sync.acks a ON a.replica = r.id
+                     CROSS JOIN sync.record_form f
+                     WHERE r.id = 'u1'",
+                    &[],
+                )
+                .await
+                .unwrap();
+            row.get::<_, bool>(0) && row.get::<_, bool>(1) && row.get::<_, i64>(2) == 0
+        },
+    )
+    .await;
+    // The reads still count what it holds.
+    let mut client = fleet.db.connect().await;
+    let progress = magic_sync::ops::progress(&mut client, "u1").await.unwrap();
+    let orders = progress.tables.iter().find(|t| t.table == "orders");
+    assert_eq!(
+        orders.map(|t| (t.should, t.holds, t.on_its_way)),
+        Some((2, 2, 0)),
+        "{progress:?}"
+    );
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+    network.close();
+    till.join().unwrap().unwrap();
+}
+
 /// The runner reports each pass's duration through the `metrics` facade, to
 /// whatever recorder its host installed: here Prometheus' exporter, as a
 /// host would. (The recorder is the process's: passes of other tests may

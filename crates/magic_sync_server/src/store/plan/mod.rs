@@ -520,6 +520,23 @@ impl Planner<'_, '_> {
         ))
     }
 
+    /// ` AND NOT EXISTS ...`: the row of the table `t` keyed `k` was not
+    /// let go of holding back from the holder `r` this pass
+    /// (`_ms_released`). Let go before the plan reads, a row set aside was
+    /// taken back from its holders and a row blocked for one never reached
+    /// it: neither holds it, whatever its rule gave, and it goes to them as
+    /// new, with the parents it points at.
+    fn unreleased(&self, r: &str, t: &str, k: &str) -> String {
+        match self.has(Scratch::Released) {
+            true => format!(
+                " AND NOT EXISTS (SELECT 1 FROM _ms_released rel
+                                  WHERE rel.t = {t} AND rel.k = {k}
+                                    AND (rel.r IS NULL OR rel.r = {r}))"
+            ),
+            false => String::new(),
+        }
+    }
+
     /// `EXISTS`: the replica `r` holds the row of `shape` keyed `k`, by its
     /// record or by its rule ([`Self::held_by_rule`]).
     fn is_held(&self, shape: &Shape, k: &str, r: &str) -> String {
@@ -1306,12 +1323,13 @@ impl Planner<'_, '_> {
         let rest = format!(
             "{current}
              CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
-             WHERE c.t = {t} AND NOT r.fresh AND NOT {kept}{unblocked}",
+             WHERE c.t = {t} AND NOT r.fresh AND NOT {kept}{unblocked}{unreleased}",
             current = self.current(shape, "c.k"),
             ruled = Self::ruled(shape, "r"),
             t = literal(shape.table.name),
             kept = kept_for("r.r", "c.t", "c.k"),
             unblocked = self.unblocked("r.r", "c.t", "c.k"),
+            unreleased = self.unreleased("r.r", "c.t", "c.k"),
         );
         // The keys whose notes say what they were, and those whose notes
         // cannot (their candidates), in one statement.
