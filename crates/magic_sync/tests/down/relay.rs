@@ -494,6 +494,18 @@ pub async fn for_the_runner() -> (Fleet, Network) {
     (fleet, Network::new(64 * 1024))
 }
 
+/// Renames product 1 "green tea", and waits until the till at `path` has
+/// applied it.
+async fn green_tea_reaches(fleet: &Fleet, path: &std::path::Path) {
+    fleet
+        .write("UPDATE products SET name = 'green tea' WHERE id = 1")
+        .await;
+    until("the write did not reach the till", || async {
+        product_name(path).as_deref() == Some("green tea")
+    })
+    .await;
+}
+
 /// A till on a thread of its own, applying what the network brings it.
 pub fn till(
     fleet: &Fleet,
@@ -569,13 +581,7 @@ async fn the_runners_carry_a_write_to_a_till() {
         vec![ReplicaInfo::live("u1", Some("north"))],
         stopped,
     );
-    fleet
-        .write("UPDATE products SET name = 'green tea' WHERE id = 1")
-        .await;
-    until("the write did not reach the till", || async {
-        product_name(&path).as_deref() == Some("green tea")
-    })
-    .await;
+    green_tea_reaches(&fleet, &path).await;
     // The till said what it applied, and the relay recorded it.
     until("the acknowledgement did not come back", || async {
         let row = fleet
@@ -625,13 +631,7 @@ async fn the_runner_forgets_what_acknowledged_messages_carried() {
     fleet
         .write("UPDATE orders SET customer_id = NULL WHERE id = 1")
         .await;
-    fleet
-        .write("UPDATE products SET name = 'green tea' WHERE id = 1")
-        .await;
-    until("the write did not reach the till", || async {
-        product_name(&path).as_deref() == Some("green tea")
-    })
-    .await;
+    green_tea_reaches(&fleet, &path).await;
     until(
         "the counts of what acknowledged messages carried were not forgotten",
         || async {
