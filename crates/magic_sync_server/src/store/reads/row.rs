@@ -221,15 +221,12 @@ pub async fn row_progress(
                 Option<i64>,
                 Option<i64>,
             ) = (row.get(8), row.get(9), row.get(10), row.get(11));
+            let own = let_go.unwrap_or(0).max(snapshot_last);
             let carried = match &given {
                 Given::Nobody => None,
-                Given::All => Some(since.unwrap_or(let_go.unwrap_or(0).max(snapshot_last))),
-                Given::Replica(id) => {
-                    (*id == replica).then_some(let_go.unwrap_or(0).max(snapshot_last))
-                }
-                Given::Partition(p) => {
-                    (part.as_ref() == Some(p)).then_some(let_go.unwrap_or(0).max(snapshot_last))
-                }
+                Given::All => Some(since.unwrap_or(own)),
+                Given::Replica(id) => (*id == replica).then_some(own),
+                Given::Partition(p) => (part.as_ref() == Some(p)).then_some(own),
             }
             .filter(|_| !kept && !held_back && quarantined.is_none());
             let state = if refused.is_some() {
