@@ -98,12 +98,15 @@ pub(super) async fn make(
     // Carried by no message: every member holds them from its own chain
     // until it joins.
     let last = HashMap::from([(cohorts::ALL.to_string(), 0)]);
-    tx.batch_execute(&held::closing(
-        &context.graph,
-        &last,
-        &Filled::only([Scratch::Fresh]),
-        held::Ruled::of(&context.settings),
-    ))
+    tx.batch_execute(
+        &held::closing(
+            &context.graph,
+            &last,
+            &Filled::only([Scratch::Fresh]),
+            held::Ruled::of(&context.settings),
+        )
+        .text(),
+    )
     .await?;
     // The notes its view saw are planned by the next pass: until then the
     // record alone says what the cohort holds of their rows.

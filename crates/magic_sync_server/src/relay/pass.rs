@@ -8,7 +8,7 @@ use super::{
     ReplicaInfo, RELAY_LOCK,
 };
 use crate::error::{Error, Result};
-use crate::store::plan::scratch::Plan;
+use crate::store::plan::scratch::{Plan, Scratch};
 use crate::store::plan::{self, quarantine, Planned};
 use crate::store::{self, deployment, held};
 use std::time::Duration;
@@ -189,7 +189,16 @@ impl Relay {
                 )
                 .await;
             match loaded {
-                Ok(closing) => return Ok((plan, recorded, closing)),
+                Ok(closing) => {
+                    // The closing wrote the last messages of a pass that
+                    // sent or took back rows (`held::closing`).
+                    let mut plan = plan;
+                    if plan.planned.sends > 0 || plan.planned.deletes > 0 {
+                        let written = recorded.written.len().max(1) as u64;
+                        plan.filled.add(Scratch::Last, written);
+                    }
+                    return Ok((plan, recorded, closing));
+                }
                 Err(Error::Unsendable(rows)) => {
                     self.set_aside(tx, &rows).await?;
                     opened.blocks.added();
@@ -246,7 +255,7 @@ impl Relay {
             // Its notes planned, the view reads each row as it is now. Only
             // when a key's notes could not say what it was: the statements
             // are costly to plan, and such a key is rare.
-            if store::by_rule::any_not_known(&tx, &plan.filled).await? {
+            if plan.filled.any_not_known() {
                 closing.push_str(&store::by_rule::recounted_where_not_known(
                     graph,
                     &plan.filled,
@@ -616,12 +625,15 @@ impl Relay {
         let (_, chains) = writer.finish();
         closing.push_str(&chains);
         if planned_any {
-            closing.push_str(&held::closing(
+            // A small pass's closing runs by the plans made the first time.
+            let cache = (plan.filled.total() <= plan::CACHED_UP_TO).then_some(&self.plan_cache);
+            let held = held::closing(
                 &context.graph,
                 &carried,
                 &plan.filled,
                 held::Ruled::of(&context.settings),
-            ));
+            );
+            closing.push_str(&held.sql(tx, cache).await?);
         }
         Ok(closing)
     }

@@ -492,12 +492,9 @@ impl Snapshot {
         } else {
             let last = HashMap::from([(self.replica.to_string(), chain.last_number)]);
             let filled = Filled::only([Scratch::Fresh]);
-            tx.batch_execute(&held::closing(
-                graph,
-                &last,
-                &filled,
-                Ruled::of(&self.context.settings),
-            ))
+            tx.batch_execute(
+                &held::closing(graph, &last, &filled, Ruled::of(&self.context.settings)).text(),
+            )
             .await?;
         }
         // Notes the view saw that no pass planned yet: the record alone

@@ -391,24 +391,6 @@ pub(crate) fn moved_with(graph: &Graph, rows: &str, sign: i32) -> String {
     sql
 }
 
-/// Whether the pass read a key whose notes could not say what it was (see
-/// [`recounted_where_not_known`]).
-pub(crate) async fn any_not_known(
-    tx: &tokio_postgres::Transaction<'_>,
-    filled: &crate::store::plan::scratch::Filled,
-) -> Result<bool> {
-    if !filled.has(crate::store::plan::scratch::Scratch::Before) {
-        return Ok(false);
-    }
-    Ok(tx
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM _ms_before WHERE NOT known)",
-            &[],
-        )
-        .await?
-        .get(0))
-}
-
 /// For a pass's closing, after its notes are done (the view then reads
 /// every row as it is now): the sums of the rows held by the rule alone
 /// made again, from the reading, for each holder and table the pass put a
@@ -423,7 +405,7 @@ pub(crate) fn recounted_where_not_known(
     filled: &crate::store::plan::scratch::Filled,
 ) -> String {
     use crate::store::plan::scratch::Scratch;
-    if !filled.has(Scratch::Before) {
+    if !filled.any_not_known() {
         return String::new();
     }
     let planned: Vec<&str> = [Scratch::Questioned, Scratch::Send, Scratch::Delete]

@@ -16,6 +16,7 @@ use crate::error::Result;
 use crate::graph::Graph;
 use crate::sql::{int8_array, literal, text_array};
 use crate::store::plan::scratch::{Filled, Scratch};
+use crate::store::plan::Batch;
 use crate::store::plan::{HASH_ONLY, JOINS_AS_THEY_WERE, LOOPS_AS_THEY_WERE, LOOPS_ONLY};
 use std::collections::HashMap;
 use tokio_postgres::Client;
@@ -35,9 +36,9 @@ pub(crate) fn closing(
     last: &HashMap<String, i64>,
     filled: &Filled,
     ruled: Ruled,
-) -> String {
+) -> Batch {
     let has = |table: Scratch| filled.has(table);
-    let mut sql = String::new();
+    let mut batch = Batch::default();
     // Each replica written to, with its last message of the pass.
     let messages = (!last.is_empty()).then(|| {
         let (ids, numbers): (Vec<&str>, Vec<i64>) =
@@ -45,19 +46,28 @@ pub(crate) fn closing(
         last_messages(ids, numbers)
     });
     if let (true, Some(messages)) = (has(Scratch::Fresh), &messages) {
-        sql.push_str(&provisioned(graph, messages, ruled));
+        batch.push(provisioned(graph, messages, ruled));
     }
     if !has(Scratch::Delete) && !has(Scratch::Send) {
-        return sql;
+        return batch;
     }
-    sql.push_str(LOOPS_ONLY);
+    // The last messages in a table of their own, for the statements below
+    // to read them with the same text every pass.
+    let messages = messages.map(|m| {
+        batch.push(format!(
+            "INSERT INTO {} (r, number) SELECT * FROM {m};",
+            Scratch::Last
+        ));
+        format!("{} m", Scratch::Last)
+    });
+    batch.push(LOOPS_ONLY);
     if ruled == Ruled::ByRule {
-        sql.push_str(&recorded_or_taken_back(graph, filled, messages.is_some()));
+        batch.keep(recorded_or_taken_back(graph, filled, messages.is_some()));
     }
     if has(Scratch::Delete) {
-        sql.push_str(
+        batch.keep(
             "DELETE FROM sync.held h USING _ms_del d
-             WHERE h.table_name = d.t AND h.key = d.k::text AND h.replica = d.r;",
+             WHERE h.table_name = d.t AND h.key = d.k::text AND h.replica = d.r",
         );
         // Which upload of the replica's a row's own columns were last taken
         // from matters only while it holds the row: taken back, it may edit
@@ -71,38 +81,42 @@ pub(crate) fn closing(
             .map(|s| crate::sql::literal(s.table.name))
             .collect();
         if !owning.is_empty() {
-            sql.push_str(&format!(
+            let tables = owning.join(", ");
+            batch.keep(format!(
                 "DELETE FROM sync.filed f USING _ms_del d
                  WHERE d.t IN ({tables}) AND f.table_name = d.t AND f.key = d.k::text AND f.replica = d.r
                    AND NOT (EXISTS (SELECT 1 FROM _ms_r o WHERE o.r = d.r AND o.kind = 'own')
-                            AND {cohort_keeps});
-                 DELETE FROM sync.filed f USING _ms_del d, _ms_r o
+                            AND {cohort_keeps})",
+                cohort_keeps = keeps(&literal(crate::store::cohorts::ALL)),
+            ));
+            batch.keep(format!(
+                "DELETE FROM sync.filed f USING _ms_del d, _ms_r o
                  WHERE d.r = {all} AND o.kind = 'own' AND d.t IN ({tables})
                    AND f.table_name = d.t AND f.key = d.k::text AND f.replica = o.r
-                   AND NOT {member_keeps};",
-                tables = owning.join(", "),
+                   AND NOT {member_keeps}",
                 all = literal(crate::store::cohorts::ALL),
-                cohort_keeps = keeps(&literal(crate::store::cohorts::ALL)),
                 member_keeps = keeps("o.r"),
             ));
         }
     }
     if let (true, Some(messages)) = (has(Scratch::Send), &messages) {
-        sql.push_str(&sent(messages, ruled));
+        for statement in sent(messages, ruled) {
+            batch.keep(statement);
+        }
     }
     let moves = moves(graph, has(Scratch::Send), has(Scratch::Delete));
     if let Some(moves) = &moves {
-        sql.push_str(&moved_refs(moves));
+        batch.keep(moved_refs(moves));
         if ruled == Ruled::ByRule {
-            sql.push_str(&pointed_at_by_rule(graph, moves, messages.as_deref()));
+            batch.keep(pointed_at_by_rule(graph, moves, messages.as_deref()));
         }
     }
     if ruled == Ruled::ByRule {
-        sql.push_str(&arrived_elsewhere(has(Scratch::Delete)));
-        sql.push_str(&said_by_rule(graph, has(Scratch::Send), moves.as_deref()));
+        batch.keep(arrived_elsewhere(has(Scratch::Delete)));
+        batch.keep(said_by_rule(graph, has(Scratch::Send), moves.as_deref()));
     }
-    sql.push_str(LOOPS_AS_THEY_WERE);
-    sql
+    batch.push(LOOPS_AS_THEY_WERE);
+    batch
 }
 
 /// The condition under which the record row `h` says only what its
@@ -684,7 +698,7 @@ impl Staged {
 /// it ([`Ruled::ByRule`]), the rows it held by its rule alone (those that
 /// still say only what the rule says are deleted again by
 /// [`said_by_rule`]).
-fn sent(messages: &str, ruled: Ruled) -> String {
+fn sent(messages: &str, ruled: Ruled) -> [String; 2] {
     let lacked = match ruled {
         Ruled::Recorded => "NOT s.held",
         Ruled::ByRule => {
@@ -693,18 +707,22 @@ fn sent(messages: &str, ruled: Ruled) -> String {
                                           AND x.replica = s.r))"
         }
     };
-    format!(
-        "UPDATE sync.held h SET version = s.version, message = m.number, ruled = s.ruled, ptrs = s.ptrs
-         FROM _ms_send s JOIN {messages} ON m.r = s.r
-         WHERE s.held AND h.table_name = s.t AND h.key = s.k::text AND h.replica = s.r;
-         INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs)
+    [
+        format!(
+            "UPDATE sync.held h SET version = s.version, message = m.number, ruled = s.ruled, ptrs = s.ptrs
+             FROM _ms_send s JOIN {messages} ON m.r = s.r
+             WHERE s.held AND h.table_name = s.t AND h.key = s.k::text AND h.replica = s.r"
+        ),
+        format!(
+            "INSERT INTO sync.held (replica, table_name, key, version, message, ruled, ptrs)
          SELECT s.r, s.t, s.k::text, s.version, m.number, s.ruled, s.ptrs
          FROM _ms_send s JOIN {messages} ON m.r = s.r
          WHERE {lacked}
          ON CONFLICT (replica, table_name, key)
          DO UPDATE SET version = EXCLUDED.version, message = EXCLUDED.message,
-                       ruled = EXCLUDED.ruled, ptrs = EXCLUDED.ptrs;"
-    )
+                       ruled = EXCLUDED.ruled, ptrs = EXCLUDED.ptrs"
+        ),
+    ]
 }
 
 /// The moves of the counts of what points at each parent, as rows (`r`,

@@ -47,6 +47,7 @@
 //! of the other side once per row, is what made a pass over a large
 //! backlog run for minutes.
 
+pub(crate) mod cache;
 pub(crate) mod closed;
 pub(crate) mod quarantine;
 pub(crate) mod scratch;
@@ -57,6 +58,7 @@ use crate::row::Rule;
 use crate::sql::{literal, with_setting};
 use crate::store::by_rule;
 use crate::store::held::Ruled;
+pub(crate) use cache::{Batch, Cache};
 use quarantine::{is_blocked, Blocks};
 use scratch::{Filled, Scratch};
 use std::collections::{BTreeMap, BTreeSet};
@@ -362,40 +364,6 @@ pub(crate) struct Planner<'a, 't> {
 /// to run by a plan PostgreSQL made once and kept ([`Cache`]).
 pub(crate) const CACHED_UP_TO: u64 = 1_000;
 
-/// The most statements a [`Cache`] keeps.
-const CACHED_STATEMENTS: usize = 1_000;
-
-/// The planner's statements prepared on the relay's connection, by their
-/// text, so that a small pass runs each by the plan PostgreSQL made the
-/// first time (a statement without parameters keeps one plan) instead of
-/// parsing and planning it again: most of a one-row pass was that
-/// (decision 142). A planner table dropped and made again, or truncated,
-/// makes PostgreSQL plan again by itself.
-#[derive(Debug, Default)]
-pub(crate) struct Cache(
-    std::sync::Mutex<std::collections::HashMap<String, tokio_postgres::Statement>>,
-);
-
-impl Cache {
-    /// `sql` prepared: once, the first time it is asked for (up to
-    /// [`CACHED_STATEMENTS`] statements; beyond, each time).
-    pub(crate) async fn statement(
-        &self,
-        tx: &Transaction<'_>,
-        sql: &str,
-    ) -> Result<tokio_postgres::Statement> {
-        if let Some(s) = self.0.lock().expect("not poisoned").get(sql) {
-            return Ok(s.clone());
-        }
-        let statement = tx.prepare(sql).await?;
-        let mut statements = self.0.lock().expect("not poisoned");
-        if statements.len() < CACHED_STATEMENTS {
-            statements.insert(sql.to_string(), statement.clone());
-        }
-        Ok(statement)
-    }
-}
-
 /// A table given through groups.
 #[derive(Debug, Clone)]
 pub(crate) struct Group {
@@ -696,6 +664,9 @@ impl Planner<'_, '_> {
         // Which tables changes and grants touched, read once for both steps.
         let touched = self.present(Scratch::Touched).await?;
         let granted = self.present(Scratch::Grant).await?;
+        if self.ruled == Ruled::ByRule && notes > 0 {
+            self.read_before(&touched).await?;
+        }
         self.in_question(&touched, &granted).await?;
         let questioned = self.questioned_tables().await?;
         self.keep(&touched, &granted, &questioned).await?;
@@ -1015,9 +986,6 @@ impl Planner<'_, '_> {
                 "INSERT INTO _ms_touched (t, k) SELECT t, k FROM _ms_changed",
             )
             .await?;
-        if self.ruled == Ruled::ByRule {
-            self.read_before().await?;
-        }
         if changed > ANALYSE_ABOVE {
             self.analyse(Scratch::Changed).await?;
             self.analyse(Scratch::Touched).await?;
@@ -1033,31 +1001,41 @@ impl Planner<'_, '_> {
     /// as a data exception of its own (`sync.unfit`), and the pass parks it
     /// as it parks a note whose key the planner cannot cast, its key read
     /// by its record alone (`store::parked`).
-    async fn read_before(&self) -> Result<()> {
-        let changed = self.present(Scratch::Changed).await?;
+    async fn read_before(&self, touched: &BTreeSet<String>) -> Result<()> {
         for shape in self.graph.shapes.iter().filter(|s| by_rule::readable(s)) {
-            if !changed.contains(shape.table.name) {
+            if !touched.contains(shape.table.name) {
                 continue;
             }
             let t = literal(shape.table.name);
             let notes = format!(
                 "n.ctid = ANY (ARRAY (SELECT at FROM _ms_notes WHERE t = {t})) AND n.table_name = {t}"
             );
-            self.fill(
-                Scratch::Before,
-                &format!(
-                    "INSERT INTO _ms_before (t, k, known, was, before, candidates)
+            // How many keys it read, and how many of them its notes could
+            // not say: the pass's closing counts those holders' sums again.
+            let sql = format!(
+                "WITH i AS (
+                     INSERT INTO _ms_before (t, k, known, was, before, candidates)
                      SELECT {t}, key, known, was, before, candidates
                      FROM ({}) n
                      WHERE CASE WHEN {whole} OR {out} THEN false
                                 WHEN fit THEN true
-                                ELSE sync.unfit({t}) END",
-                    by_rule::pending_among(self.graph, shape, &notes),
-                    whole = by_rule::recorded_whole(&t),
-                    out = by_rule::ruled_out(&t, "n.key"),
-                ),
-            )
-            .await?;
+                                ELSE sync.unfit({t}) END
+                     RETURNING known)
+                 SELECT count(*), count(*) FILTER (WHERE NOT known) FROM i",
+                by_rule::pending_among(self.graph, shape, &notes),
+                whole = by_rule::recorded_whole(&t),
+                out = by_rule::ruled_out(&t, "n.key"),
+            );
+            let row = match self.cached(&sql).await? {
+                Some(statement) => self.tx.query_one(&statement, &[]).await?,
+                None => self.tx.query_one(&sql, &[]).await?,
+            };
+            let (read, unknown): (i64, i64) = (row.get(0), row.get(1));
+            let mut filled = self.filled.lock().expect("not poisoned");
+            filled.add(Scratch::Before, read as u64);
+            if unknown > 0 {
+                filled.not_known();
+            }
         }
         Ok(())
     }
@@ -1217,9 +1195,6 @@ impl Planner<'_, '_> {
             let name = shape.table.name;
             if touched.contains(name) {
                 first += self.question_changed(shape).await?;
-                if self.ruled == Ruled::ByRule && by_rule::readable(shape) {
-                    first += self.question_changed_by_rule(shape).await?;
-                }
             }
             if granted.contains(name) {
                 first += self.question_granted(shape).await?;
@@ -1278,11 +1253,15 @@ impl Planner<'_, '_> {
     }
 
     /// Every holder's record of each changed row of `shape`: the row is read
-    /// once, its holders looked up by `sync.held`'s key.
+    /// once, its holders looked up by `sync.held`'s key. With the rows a
+    /// rule gives left to it, the holders that hold it by their rule alone
+    /// too ([`Self::changed_by_rule`]), in the same statement: its branches
+    /// are inserted one after the other, the record's first, so a holder
+    /// both name is in question by its record (the second is a conflict,
+    /// and nothing).
     async fn question_changed(&self, shape: &Shape) -> Result<u64> {
-        self.fill(Scratch::Questioned, &format!(
-            "INSERT INTO {Q_COLUMNS}
-             SELECT h.replica, c.t, c.k, 0, n.ruled, {moved}, cur.present,
+        let mut questioned = vec![format!(
+            "SELECT h.replica, c.t, c.k, 0, n.ruled, {moved}, cur.present,
                     h.version, h.ruled, h.ptrs, cur.ptrs, h.refs
              FROM _ms_touched c
              {current}
@@ -1290,34 +1269,41 @@ impl Planner<'_, '_> {
                                  WHERE h.table_name = c.t AND h.key = c.k::text OFFSET 0) h
              CROSS JOIN {replica}
              CROSS JOIN LATERAL (SELECT cur.present AND {ruled} AS ruled) n
-             WHERE c.t = {t} AND NOT r.fresh
-             ON CONFLICT DO NOTHING",
+             WHERE c.t = {t} AND NOT r.fresh",
             moved = self.moved(shape),
             replica = replica_of("h.replica"),
             current = self.current(shape, "c.k"),
             ruled = Self::ruled(shape, "r"),
             t = literal(shape.table.name),
-        ))
+        )];
+        if self.ruled == Ruled::ByRule && by_rule::readable(shape) {
+            questioned.extend(self.changed_by_rule(shape).into_iter().flatten());
+        }
+        self.fill(
+            Scratch::Questioned,
+            &format!(
+                "INSERT INTO {Q_COLUMNS} {} ON CONFLICT DO NOTHING",
+                questioned.join(" UNION ALL ")
+            ),
+        )
         .await
     }
 
     /// The holders of each changed row of `shape` that hold it by their
-    /// rule alone, with no record row (decision 176): those its rule gave
-    /// the row to as it was before the pass's notes (`_ms_before`), unless
-    /// it is held back from them, or a change was kept for them while their
-    /// snapshot streamed (their record says what they hold until it is
-    /// planned). What their version points at is what the row pointed at
-    /// then. A holder the record has is in question already, by its record.
+    /// rule alone, with no record row (decision 176), as rows for `_ms_q`:
+    /// those its rule gave the row to as it was before the pass's notes
+    /// (`_ms_before`), unless it is held back from them, or a change was
+    /// kept for them while their snapshot streamed (their record says what
+    /// they hold until it is planned). What their version points at is
+    /// what the row pointed at then.
     ///
     /// A key whose notes cannot say what it was (two rows sharing it for a
     /// while under a deferrable key) is put in question for every holder
     /// any of its notes' `parents` gives it to, pointing at nothing: sent
     /// again or taken back, never left stale, though the parents it pointed
     /// at keep counting it.
-    async fn question_changed_by_rule(&self, shape: &Shape) -> Result<u64> {
-        let Some(gave) = crate::graph::rule(shape.table, "p", "r") else {
-            return Ok(0);
-        };
+    fn changed_by_rule(&self, shape: &Shape) -> Option<[String; 2]> {
+        let gave = crate::graph::rule(shape.table, "p", "r")?;
         // Each holder `r` found, with the row as it is now, unless held
         // back from it or kept for it while its snapshot streamed.
         let rest = format!(
@@ -1332,37 +1318,34 @@ impl Planner<'_, '_> {
             unreleased = self.unreleased("r.r", "c.t", "c.k"),
         );
         // The keys whose notes say what they were, and those whose notes
-        // cannot (their candidates), in one statement.
-        self.fill(
-            Scratch::Questioned,
-            &format!(
-                "INSERT INTO {Q_COLUMNS}
-             SELECT r.r, c.t, c.k, 0, n.ruled, {moved}, cur.present,
-                    0, true, h.ptrs, cur.ptrs, 0
-             FROM _ms_touched c
-             JOIN _ms_before b ON b.t = c.t AND b.k = c.k AND b.known AND b.was
-             CROSS JOIN LATERAL {before}
-             CROSS JOIN LATERAL (SELECT r.r, r.part, r.fresh, r.kind FROM _ms_r r
-                                 WHERE {gave} OFFSET 0) r
-             CROSS JOIN LATERAL (SELECT true AS ruled, {ptrs} AS ptrs) h
-             {rest}
-             UNION ALL
-             SELECT r.r, c.t, c.k, 0, n.ruled, true, cur.present, 0, true, NULL, cur.ptrs, 0
-             FROM _ms_touched c
-             JOIN _ms_before b ON b.t = c.t AND b.k = c.k AND NOT b.known
-             CROSS JOIN LATERAL (SELECT DISTINCT r.r, r.part, r.fresh, r.kind
-                                 FROM jsonb_array_elements(b.candidates) e
-                                 CROSS JOIN LATERAL {candidate}
-                                 JOIN _ms_r r ON {gave} OFFSET 0) r
-             {rest}
-             ON CONFLICT DO NOTHING",
+        // cannot (their candidates).
+        Some([
+            format!(
+                "SELECT r.r, c.t, c.k, 0, n.ruled, {moved}, cur.present,
+                        0, true, h.ptrs, cur.ptrs, 0
+                 FROM _ms_touched c
+                 JOIN _ms_before b ON b.t = c.t AND b.k = c.k AND b.known AND b.was
+                 CROSS JOIN LATERAL {before}
+                 CROSS JOIN LATERAL (SELECT r.r, r.part, r.fresh, r.kind FROM _ms_r r
+                                     WHERE {gave} OFFSET 0) r
+                 CROSS JOIN LATERAL (SELECT true AS ruled, {ptrs} AS ptrs) h
+                 {rest}",
                 moved = self.moved(shape),
                 before = by_rule::before_row(self.graph, shape, "b.before", "p"),
                 ptrs = self.graph.pointers("p", shape.table.name),
+            ),
+            format!(
+                "SELECT r.r, c.t, c.k, 0, n.ruled, true, cur.present, 0, true, NULL, cur.ptrs, 0
+                 FROM _ms_touched c
+                 JOIN _ms_before b ON b.t = c.t AND b.k = c.k AND NOT b.known
+                 CROSS JOIN LATERAL (SELECT DISTINCT r.r, r.part, r.fresh, r.kind
+                                     FROM jsonb_array_elements(b.candidates) e
+                                     CROSS JOIN LATERAL {candidate}
+                                     JOIN _ms_r r ON {gave} OFFSET 0) r
+                 {rest}",
                 candidate = by_rule::before_row(self.graph, shape, "e.value", "p"),
             ),
-        )
-        .await
+        ])
     }
 
     /// The record of each row whose group was given to or taken from its

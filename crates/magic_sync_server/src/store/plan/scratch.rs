@@ -45,11 +45,16 @@ pub(crate) enum Scratch {
     /// left to it (`_ms_released`): whoever the rule gives them to did not
     /// hold them, whatever the reading says once they are let go.
     Released,
+    /// Each replica a pass wrote to, with its last message (`_ms_last`):
+    /// what the closing's statements record as carrying the rows, read from
+    /// a table so that their text, and the plan made of it, is the same
+    /// pass after pass (`store::plan::Batch`).
+    Last,
 }
 
 impl Scratch {
     /// Every one, in the order they are made.
-    pub const ALL: [Scratch; 14] = [
+    pub const ALL: [Scratch; 15] = [
         Scratch::Replicas,
         Scratch::Notes,
         Scratch::Deferred,
@@ -64,6 +69,7 @@ impl Scratch {
         Scratch::Fresh,
         Scratch::Chunk,
         Scratch::Released,
+        Scratch::Last,
     ];
 
     /// Its name in SQL.
@@ -83,6 +89,7 @@ impl Scratch {
             Scratch::Fresh => "_ms_f",
             Scratch::Chunk => "_ms_chunk",
             Scratch::Released => "_ms_released",
+            Scratch::Last => "_ms_last",
         }
     }
 
@@ -109,6 +116,7 @@ impl Scratch {
             Scratch::Fresh => "CREATE TEMP TABLE IF NOT EXISTS _ms_f (r text, t text, k jsonb, round int NOT NULL, ptrs jsonb, via int NOT NULL DEFAULT -1)",
             Scratch::Chunk => "CREATE TEMP TABLE IF NOT EXISTS _ms_chunk (k jsonb)",
             Scratch::Released => "CREATE TEMP TABLE IF NOT EXISTS _ms_released (r text, t text, k jsonb)",
+            Scratch::Last => "CREATE TEMP TABLE IF NOT EXISTS _ms_last (r text PRIMARY KEY, number bigint NOT NULL)",
         }
     }
 }
@@ -120,36 +128,55 @@ impl fmt::Display for Scratch {
 }
 
 /// How many rows a plan put in each of the planner's tables (none listed:
-/// left empty).
+/// left empty), and whether a key in `_ms_before` is one whose notes could
+/// not say what it was.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(crate) struct Filled(BTreeMap<Scratch, u64>);
+pub(crate) struct Filled {
+    rows: BTreeMap<Scratch, u64>,
+    not_known: bool,
+}
 
 impl Filled {
     /// Only `tables`, each as holding rows.
     pub fn only(tables: impl IntoIterator<Item = Scratch>) -> Filled {
-        Filled(tables.into_iter().map(|t| (t, 1)).collect())
+        Filled {
+            rows: tables.into_iter().map(|t| (t, 1)).collect(),
+            not_known: false,
+        }
     }
 
     /// `n` more rows in `table`.
     pub fn add(&mut self, table: Scratch, n: u64) {
         if n > 0 {
-            *self.0.entry(table).or_default() += n;
+            *self.rows.entry(table).or_default() += n;
         }
     }
 
     /// Whether `table` holds rows.
     pub fn has(&self, table: Scratch) -> bool {
-        self.0.contains_key(&table)
+        self.rows.contains_key(&table)
     }
 
     /// The rows every table was given.
     pub fn total(&self) -> u64 {
-        self.0.values().sum()
+        self.rows.values().sum()
     }
 
     /// The rows `table` was given.
     pub fn rows(&self, table: Scratch) -> u64 {
-        self.0.get(&table).copied().unwrap_or(0)
+        self.rows.get(&table).copied().unwrap_or(0)
+    }
+
+    /// A key read into `_ms_before` is one whose notes cannot say what it
+    /// was (`store::by_rule::recounted_where_not_known`).
+    pub fn not_known(&mut self) {
+        self.not_known = true;
+    }
+
+    /// Whether a key read into `_ms_before` is one whose notes cannot say
+    /// what it was.
+    pub fn any_not_known(&self) -> bool {
+        self.not_known
     }
 }
 
