@@ -9,8 +9,11 @@
 //! machine none may be there; this installs
 //! whichever is missing with `apt-get` (through `sudo
 //! -n` when not root), then runs `cargo test --workspace --all-features --no-fail-fast`
-//! with any further arguments. `.ci/run` calls the same command, so what a
-//! newcomer runs is what CI runs.
+//! with any further arguments. With none, it runs the down path's suite
+//! again with the record kept whole (`MAGIC_SYNC_RECORD_RULED=1`), the
+//! form an upgraded relay records in until it may leave rows to their rule.
+//! `.ci/run` calls the same command, so what a newcomer runs is what CI
+//! runs.
 
 use std::path::Path;
 use std::process::{Command, ExitCode};
@@ -71,18 +74,39 @@ fn test(extra: Vec<String>) -> Result<ExitCode, String> {
         "no `python3` with sqlite3 and ctypes",
     )?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
+    let full = extra.is_empty();
+    let status = Command::new(&cargo)
         // Every test binary runs even after one fails: a CI run says all
         // that is wrong, not only the first.
         .args(["test", "--workspace", "--all-features", "--no-fail-fast"])
         .args(&extra)
         .status()
         .map_err(|e| format!("cannot run cargo test: {e}"))?;
-    Ok(match status.code() {
-        Some(0) => ExitCode::SUCCESS,
-        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
-        None => ExitCode::FAILURE,
-    })
+    let mut code = exit_code(status);
+    if full {
+        // The record's other form, every row recorded: what a relay records
+        // in until an upgraded fleet's notes are planned, and what an
+        // operator may turn back to (`Settings::record_ruled_rows`). The
+        // down path's suite runs in it too.
+        let whole = Command::new(&cargo)
+            .env("MAGIC_SYNC_RECORD_RULED", "1")
+            .args(["test", "--workspace", "--all-features", "--no-fail-fast"])
+            .args(["--test", "down"])
+            .status()
+            .map_err(|e| format!("cannot run cargo test: {e}"))?;
+        if code == 0 {
+            code = exit_code(whole);
+        }
+    }
+    Ok(ExitCode::from(code))
+}
+
+/// A process's exit code as a test run's: 1 when it had none.
+fn exit_code(status: std::process::ExitStatus) -> u8 {
+    match status.code() {
+        Some(code) => u8::try_from(code).unwrap_or(1),
+        None => 1,
+    }
 }
 
 /// Where the tests look for PostgreSQL's binaries (magic_sync_testdb's

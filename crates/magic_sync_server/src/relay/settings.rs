@@ -88,16 +88,17 @@ pub struct Settings {
     /// own, with no snapshot.
     pub record_by_rule: bool,
     /// Whether the record keeps a row for each row a holder's own rule
-    /// gives it (decision 176). On (the default), every row held has its
-    /// record row. Off, a provisioning records none for a row that says
-    /// only what its rule says, which the pending notes let the relay read
-    /// instead (`docs/record-by-rule-plan.md` §7). The relay marks the
-    /// record's form in the database (`sync.record_form`) for filing and
-    /// digests; turned back on, it provisions every replica again first.
+    /// gives it (decision 176). Off (the default), a provisioning records
+    /// none for a row that says only what its rule says: the relay reads
+    /// such a row by its rule, at the holder's position, from the row and
+    /// its pending notes (`docs/how-it-works.md`, "The record leaves to the
+    /// rule what the rule says"). On, every row held has its record row, as
+    /// before decision 176. The relay marks the record's form in the
+    /// database (`sync.record_form`) for filing, digests and the operator's
+    /// reads; turned back on, it provisions every replica again first.
     /// Turned off over a record an earlier build's note functions wrote
     /// notes for, it keeps recording every row until those notes are
-    /// planned and their writers have ended. Being built: the passes do not read every such row by its rule yet,
-    /// so off is for measuring what is left, not for a fleet.
+    /// planned and their writers have ended.
     pub record_ruled_rows: bool,
 }
 
@@ -124,7 +125,7 @@ impl Default for Settings {
             deploy_pass_budget: Duration::from_millis(250),
             figures_every: Duration::from_secs(5),
             record_by_rule: true,
-            record_ruled_rows: true,
+            record_ruled_rows: false,
         }
     }
 }
