@@ -100,8 +100,11 @@ pub(crate) fn closing(
         }
     }
     if let (true, Some(messages)) = (has(Scratch::Send), &messages) {
-        for statement in sent(messages, ruled) {
+        for statement in sent(graph, messages, ruled) {
             batch.keep(statement);
+        }
+        if ruled == Ruled::ByRule {
+            batch.keep(sent_by_rule(graph, filled, messages));
         }
     }
     let moves = moves(graph, has(Scratch::Send), has(Scratch::Delete));
@@ -126,32 +129,112 @@ pub(crate) fn closing(
 /// deployment plans again (its keys past the cursor are held by the old
 /// rule). `None` when no table's rule reads its rows' own columns.
 fn only_the_rule(graph: &Graph) -> Option<String> {
+    left_to_the_rule(graph, "h.replica", "h.table_name", "h.key")
+        .map(|left| format!("h.ruled AND h.refs = 0 AND {left}"))
+}
+
+/// The condition under which the row `t`, `k` (`k` its key as text) of
+/// holder `r` may be held by its rule alone: of a table whose rule reads
+/// its rows' own columns, and its row neither held back, kept for a
+/// snapshot, parked, nor in a table an unfinished deployment plans again.
+/// `None` when no table's rule reads its rows' own columns.
+fn left_to_the_rule(graph: &Graph, r: &str, t: &str, k: &str) -> Option<String> {
     let readable = crate::store::by_rule::readable_tables(graph);
     // The lookups are asked in one scalar subquery, per row let go: as
     // anti-joins beside the statement's own, they cost the planner a
     // millisecond a statement to order, more than the rows they read.
     (!readable.is_empty()).then(|| {
         format!(
-            "h.ruled AND h.refs = 0 AND h.table_name IN ({}) AND (SELECT
+            "{t} IN ({}) AND (SELECT
              NOT EXISTS (SELECT 1 FROM sync.deferred x
-                             WHERE x.replica = h.replica AND x.table_name = h.table_name
-                               AND x.key = h.key::jsonb)
+                             WHERE x.replica = {r} AND x.table_name = {t}
+                               AND x.key = ({k})::jsonb)
              AND NOT EXISTS (SELECT 1 FROM sync.blocked x
-                             WHERE x.table_name = h.table_name AND x.key = h.key)
+                             WHERE x.table_name = {t} AND x.key = {k})
              AND NOT EXISTS (SELECT 1 FROM sync.quarantine x
-                             WHERE x.table_name = h.table_name AND x.key = h.key)
+                             WHERE x.table_name = {t} AND x.key = {k})
              AND NOT EXISTS (SELECT 1 FROM sync.parked x
-                             WHERE x.table_name = h.table_name AND x.key = h.key::jsonb)
+                             WHERE x.table_name = {t} AND x.key = ({k})::jsonb)
              AND NOT {out}
              AND NOT EXISTS (SELECT 1 FROM sync.deployment x
-                             WHERE x.table_name = h.table_name AND x.done_at IS NULL
+                             WHERE x.table_name = {t} AND x.done_at IS NULL
                                AND x.work <> 'resend')
              AND NOT EXISTS (SELECT 1 FROM sync.recorded_whole x
-                             WHERE x.table_name = h.table_name))",
+                             WHERE x.table_name = {t}))",
             readable.join(", "),
-            out = crate::store::by_rule::ruled_out("h.table_name", "h.key::jsonb"),
+            out = crate::store::by_rule::ruled_out(t, &format!("({k})::jsonb")),
         )
     })
+}
+
+/// With the rows a rule gives left to it: the row `s` of `_ms_send` goes
+/// to a holder that holds it, and goes on holding it, by its rule alone:
+/// ruled, with no record row, and left to the rule (see
+/// [`left_to_the_rule`]); not a cohort's (whose rows stay recorded until
+/// no message carries them). Such a row is written nowhere in the record
+/// ([`sent_by_rule`]); were rows to come to point at it in the same pass,
+/// it gets its record row as any row held by its rule alone does
+/// ([`pointed_at_by_rule`]). Each lookup is a scalar subquery, asked by
+/// the record's key: as an anti-join, the record was scanned once per row
+/// sent (measured: 47 ms for 50 rows).
+fn stays_by_rule(graph: &Graph) -> Option<String> {
+    left_to_the_rule(graph, "s.r", "s.t", "s.k::text").map(|left| {
+        format!(
+            "(s.ruled AND {left}
+              AND (SELECT NOT EXISTS (SELECT 1 FROM sync.held x
+                                      WHERE x.table_name = s.t AND x.key = s.k::text
+                                        AND x.replica = s.r))
+              AND s.r NOT IN (SELECT id FROM sync.cohorts))"
+        )
+    })
+}
+
+/// With the rows a rule gives left to it: the rows sent that stay held by
+/// their rule alone ([`stays_by_rule`]). Written as the record would have
+/// had them inserted and then let go again, with none of those writes:
+/// the message that carries each is kept (`sync.let_go`, its count moved
+/// from the message that carried it before, if any, to this one), and the
+/// holder's sum of such rows gains the rows it did not hold before (nor
+/// had let go of holding back this pass: those the sums count already).
+fn sent_by_rule(graph: &Graph, filled: &Filled, messages: &str) -> String {
+    let Some(stays) = stays_by_rule(graph) else {
+        return String::new();
+    };
+    format!(
+        "WITH d AS MATERIALIZED (
+             SELECT s.r, s.t, s.k::text AS k, m.number,
+                    NOT s.held AND NOT {released} AS new,
+                    m.number > coalesce((SELECT a.number FROM sync.acks a WHERE a.replica = s.r), 0)
+                        AS on_its_way
+             FROM _ms_send s JOIN {messages} ON m.r = s.r
+             WHERE {stays}),
+         before AS (
+             SELECT l.replica, l.message, l.table_name, count(*) AS n
+             FROM d JOIN sync.let_go l
+               ON l.replica = d.r AND l.table_name = d.t AND l.key = d.k AND l.message <> d.number
+             GROUP BY 1, 2, 3),
+         emptied AS (
+             DELETE FROM sync.held_carried c USING before b
+             WHERE c.replica = b.replica AND c.message = b.message
+               AND c.table_name = b.table_name AND c.rows <= b.n),
+         fewer AS (
+             UPDATE sync.held_carried c SET rows = c.rows - b.n FROM before b
+             WHERE c.replica = b.replica AND c.message = b.message
+               AND c.table_name = b.table_name AND c.rows > b.n),
+         arrived AS (
+             DELETE FROM sync.let_go l USING d
+             WHERE NOT d.on_its_way AND l.replica = d.r AND l.table_name = d.t AND l.key = d.k),
+         moving AS (
+             INSERT INTO sync.let_go AS l (replica, table_name, key, message)
+             SELECT r, t, k, number FROM d WHERE on_its_way
+             ON CONFLICT (replica, table_name, key) DO UPDATE SET message = excluded.message),
+         ruled AS ({})
+         INSERT INTO sync.held_carried AS c (replica, message, table_name, rows)
+         SELECT r, number, t, count(*) FROM d WHERE on_its_way GROUP BY 1, 2, 3
+         ON CONFLICT (replica, message, table_name) DO UPDATE SET rows = c.rows + excluded.rows",
+        left_to_rule_values("SELECT r, t, count(*) FILTER (WHERE new) FROM d GROUP BY 1, 2"),
+        released = released(filled, "s"),
+    )
 }
 
 /// With the rows a rule gives left to it ([`Ruled::ByRule`]): the record
@@ -275,8 +358,9 @@ fn recorded_or_taken_back(graph: &Graph, filled: &Filled, sends: bool) -> String
                    AND NOT EXISTS (SELECT 1 FROM sync.held x
                                    WHERE x.table_name = s.t AND x.key = s.k::text
                                      AND x.replica = s.r)
-                   AND {counted}",
+                   AND {counted} AND NOT {stays}",
                 released = released(filled, "s"),
+                stays = stays_by_rule(graph).unwrap_or_else(|| "false".into()),
             ));
         }
     }
@@ -698,14 +782,16 @@ impl Staged {
 /// it ([`Ruled::ByRule`]), the rows it held by its rule alone (those that
 /// still say only what the rule says are deleted again by
 /// [`said_by_rule`]).
-fn sent(messages: &str, ruled: Ruled) -> [String; 2] {
+fn sent(graph: &Graph, messages: &str, ruled: Ruled) -> [String; 2] {
     let lacked = match ruled {
-        Ruled::Recorded => "NOT s.held",
-        Ruled::ByRule => {
+        Ruled::Recorded => "NOT s.held".to_string(),
+        Ruled::ByRule => format!(
             "(NOT s.held OR NOT EXISTS (SELECT 1 FROM sync.held x
                                         WHERE x.table_name = s.t AND x.key = s.k::text
-                                          AND x.replica = s.r))"
-        }
+                                          AND x.replica = s.r))
+             AND NOT {}",
+            stays_by_rule(graph).unwrap_or_else(|| "false".into())
+        ),
     };
     [
         format!(
