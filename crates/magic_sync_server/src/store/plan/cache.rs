@@ -107,18 +107,12 @@ impl Batch {
     pub async fn sql(self, tx: &Transaction<'_>, cache: Option<&Cache>) -> Result<String> {
         let mut sql = String::new();
         for (part, kept) in self.parts {
-            let name = match (kept, cache) {
-                (true, Some(cache)) => cache.name(tx, &part).await?,
-                _ => None,
-            };
-            match name {
-                Some(name) => sql.push_str(&format!("EXECUTE {name};")),
-                None => {
-                    sql.push_str(&part);
-                    if kept {
-                        sql.push(';');
-                    }
-                }
+            match (kept, cache) {
+                (true, Some(cache)) => match cache.name(tx, &part).await? {
+                    Some(name) => sql.push_str(&format!("EXECUTE {name};")),
+                    None => written(&mut sql, &part, kept),
+                },
+                _ => written(&mut sql, &part, kept),
             }
         }
         Ok(sql)
@@ -128,12 +122,18 @@ impl Batch {
     pub fn text(self) -> String {
         let mut sql = String::new();
         for (part, kept) in self.parts {
-            sql.push_str(&part);
-            if kept {
-                sql.push(';');
-            }
+            written(&mut sql, &part, kept);
         }
         sql
+    }
+}
+
+/// `part` added to `sql` as written: a kept statement is stored without
+/// its closing semicolon.
+fn written(sql: &mut String, part: &str, kept: bool) {
+    sql.push_str(part);
+    if kept {
+        sql.push(';');
     }
 }
 
