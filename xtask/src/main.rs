@@ -15,6 +15,12 @@
 //! `.ci/run` calls the same command, so what a newcomer runs is what CI
 //! runs.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a command speaks to its operator"
+)]
+
 use std::path::Path;
 use std::process::{Command, ExitCode};
 

@@ -13,6 +13,12 @@
 //! (over TLS, each till enrolled with a key of its own) instead of holding
 //! a socket to the server.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a command speaks to its operator"
+)]
+
 use clap::Parser;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use magic_sync::ops::{self, ReplicaState, Scope};
@@ -78,14 +84,19 @@ impl Replicas for Tills {
 fn main() -> ExitCode {
     // The demo starts its tills as this same program, so that they are
     // always of the same build: `demo till ...` is `shop-till ...`.
+    let operator = magic_sync::run::process::Operator::new(std::io::stderr());
     match std::env::args().nth(1).as_deref() {
         Some("till") => {
-            return demo::till::run(demo::till::Args::parse_from(std::env::args().skip(1)))
+            return demo::till::run(
+                demo::till::Args::parse_from(std::env::args().skip(1)),
+                &operator,
+            )
         }
         Some("till-broker") => {
-            return demo::till::run_broker(demo::till::BrokerArgs::parse_from(
-                std::env::args().skip(1),
-            ))
+            return demo::till::run_broker(
+                demo::till::BrokerArgs::parse_from(std::env::args().skip(1)),
+                &operator,
+            )
         }
         _ => {}
     }

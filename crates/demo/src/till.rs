@@ -5,9 +5,8 @@
 //! over a socket; `demo till-broker` reads its mailbox on a NATS broker.
 
 use magic_sync::replica::Replica;
-use magic_sync::run::process::Connecting;
+use magic_sync::run::process::{Connecting, Identity, Operator};
 use magic_sync::run::replica::Nudger;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,8 +47,9 @@ pub struct BrokerArgs {
 }
 
 /// Runs the till `args` name until its input closes (with
-/// `--until-stdin-closes`) or its database fails.
-pub fn run(args: Args) -> ExitCode {
+/// `--until-stdin-closes`) or its database fails, telling `operator` how
+/// it goes.
+pub fn run(args: Args, operator: &Operator) -> ExitCode {
     crate::logs();
     match magic_sync_http::cli::open(&args.replica, Some(crate::engine())) {
         Ok((replica, socket)) => {
@@ -59,21 +59,21 @@ pub fn run(args: Args) -> ExitCode {
                 replica,
                 Arc::new(socket),
                 nudger,
-                &r.identity.id,
+                &r.identity,
                 &r.server,
-                &r.identity.db,
                 &args.host,
+                operator,
             )
         }
         Err(e) => {
-            eprintln!("shop-till: {e}");
+            operator.say(format_args!("shop-till: {e}"));
             ExitCode::FAILURE
         }
     }
 }
 
 /// [`run`], through the broker.
-pub fn run_broker(args: BrokerArgs) -> ExitCode {
+pub fn run_broker(args: BrokerArgs, operator: &Operator) -> ExitCode {
     crate::logs();
     match magic_sync_nats::cli::open(&args.replica, crate::engine()) {
         Ok((replica, mailbox)) => {
@@ -83,14 +83,14 @@ pub fn run_broker(args: BrokerArgs) -> ExitCode {
                 replica,
                 Arc::new(mailbox),
                 nudger,
-                &r.identity.id,
+                &r.identity,
                 &r.broker,
-                &r.identity.db,
                 &args.host,
+                operator,
             )
         }
         Err(e) => {
-            eprintln!("shop-till: {e}");
+            operator.say(format_args!("shop-till: {e}"));
             ExitCode::FAILURE
         }
     }
@@ -101,11 +101,12 @@ fn serve<L: Connecting>(
     mut replica: Replica,
     link: Arc<L>,
     nudger: Nudger,
-    id: &str,
+    who: &Identity,
     address: &str,
-    db: &std::path::Path,
     host: &Host,
+    operator: &Operator,
 ) -> ExitCode {
+    let id = who.id.as_str();
     if host.until_stdin_closes {
         let link = link.clone();
         std::thread::spawn(move || {
@@ -114,16 +115,16 @@ fn serve<L: Connecting>(
         });
     }
     if let Some(every) = host.sell_every_ms {
-        let (db, id, sales): (PathBuf, String, u64) =
-            (db.to_path_buf(), id.to_string(), host.sales);
+        let (db, id, sales, operator) =
+            (who.db.clone(), id.to_string(), host.sales, operator.clone());
         std::thread::spawn(move || {
             if let Err(e) = sell(&db, &id, Duration::from_millis(every), sales, &nudger) {
-                eprintln!("shop-till `{id}`: selling: {e}");
+                operator.say(format_args!("shop-till `{id}`: selling: {e}"));
             }
         });
     }
     // SIGTERM or Ctrl-C closes the link, as in any replica process.
-    magic_sync::run::process::run(&mut replica, link, id, address)
+    magic_sync::run::process::run(&mut replica, link, id, address, operator)
 }
 
 /// A till's host: sells a product now and then, and counts its stock,

@@ -20,6 +20,12 @@
 //! MAGIC_SYNC_BENCH_PRODUCTS (default 10,000), MAGIC_SYNC_BENCH_TILLS: the
 //! smaller fleet (default 50; the larger is twice it).
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync::{Engine, Row};
 use magic_sync_testkit::bench::env_u64;
 use magic_sync_testkit::fleet::Fleet;

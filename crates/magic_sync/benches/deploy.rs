@@ -30,6 +30,12 @@
 //! most rows a pass works through and the time a pass aims at
 //! (`Settings::deploy_chunk_rows`, `deploy_pass_budget`; their defaults).
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync::Engine;
 use magic_sync_testkit::bench::env_u64;
 use magic_sync_testkit::fleet::Fleet;

@@ -24,6 +24,12 @@
 //! runs the relay with the record by rule off: the regions and products
 //! recorded for every replica rather than once for their cohort.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync::{Engine, Numeric, Row};
 use magic_sync_testkit::bench::{env_u64, show};
 use magic_sync_testkit::fleet::Fleet;

@@ -18,6 +18,12 @@
 //!
 //! MAGIC_SYNC_BENCH_RUNS sets how many fresh replicas are timed (default 20).
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync::envelope::{to_replica::Body, ToReplica};
 use magic_sync::replica::{ForeignKey, Outcome, Replica};
 use magic_sync::{Engine, Numeric, Row};

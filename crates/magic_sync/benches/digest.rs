@@ -9,6 +9,12 @@
 //! Printed, alternating three times: the comparison, and the bare read of
 //! the same keys from `sync.held` as the baseline it cannot go below.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync::envelope::{Ack, Digest, TableDigest};
 use magic_sync::relay::Compared;
 use magic_sync::{Engine, Row};

@@ -10,6 +10,12 @@
 //! MAGIC_SYNC_BENCH_TILLS (default 1,000 and 10,000), MAGIC_SYNC_BENCH_REPEATS
 //! (default 5): prints each publishing's time, the medians, and their ratio.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync::{Engine, Row};
 use magic_sync_testkit::bench::env_u64;
 use magic_sync_testkit::fleet::Fleet;

@@ -20,6 +20,12 @@
 //! updated in place. PostgreSQL's autovacuum reclaims the dead rows that
 //! leaves; the figure says whether it keeps up.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync::relay::{ReplicaInfo, Settings};
 use magic_sync::replica::Replica;
 use magic_sync::run::memory::Network;

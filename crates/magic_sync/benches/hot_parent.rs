@@ -30,6 +30,12 @@
 //! off: `bulletin`'s row recorded, and each change to it written, for
 //! every replica rather than once for their cohort.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync_testkit::bench as support;
 
 use magic_sync::relay::ReplicaInfo;

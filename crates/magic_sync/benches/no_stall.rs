@@ -33,6 +33,12 @@
 //! soon as they appear, which needs the bench to run on the database's
 //! machine with the right to renice them.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync_testkit::bench as support;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 

@@ -55,6 +55,12 @@
 //! until every replica applied its snapshot's end (it holds its rows), and
 //! until everything is recorded and acknowledged.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync_testkit::bench as support;
 
 use chrono::NaiveDateTime;

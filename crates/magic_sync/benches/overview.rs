@@ -14,6 +14,12 @@
 //! MAGIC_SYNC_BENCH_REPEATS times (default 5) and prints every time and the
 //! median. Targets: 10 ms caught up, 1 s all unconfirmed.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync::ops::{self, Scope};
 use std::time::{Duration, Instant};
 

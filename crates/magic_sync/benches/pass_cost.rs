@@ -23,6 +23,12 @@
 //! microseconds plus the statement's own work, over a network a
 //! millisecond or more.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync::run;
 use magic_sync_testkit::bench::{env_u64, record_by_rule, record_ruled_rows, show};
 use magic_sync_testkit::fleet::Fleet;

@@ -39,6 +39,12 @@
 //! 1,000,000); MAGIC_SYNC_BENCH_ONLY=deep runs the deep graph alone,
 //! MAGIC_SYNC_BENCH_ONLY=flat the rest alone.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync::relay::{Relay, ReplicaInfo, SendError, Settings, Transport};
 use magic_sync::replica::Replica;
 use magic_sync::run::memory::Network;

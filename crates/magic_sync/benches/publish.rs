@@ -14,6 +14,12 @@
 //! rounds each (default 7) for N of 100, 1,000 and 5,000; the medians and
 //! their ratio are printed, with the bytes a message grew by.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync::envelope::{to_replica::Body, Down, RowData, TableRows, ToReplica};
 use magic_sync::run::memory::Network;
 use magic_sync_testkit::bench::env_u64;

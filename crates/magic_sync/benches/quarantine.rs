@@ -22,6 +22,12 @@
 //! holding it has applied), per stretch and pooled per kind, and the ratio
 //! quarantined / clean.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync::codec::{Codec, CodecError};
 use magic_sync::envelope::{to_replica::Body, ToReplica};
 use magic_sync::relay::{ReplicaInfo, Settings};

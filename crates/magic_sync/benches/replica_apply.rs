@@ -32,6 +32,12 @@
 //! MAGIC_SYNC_BENCH_ROWS sets the rows of the snapshot (default 1,000,000),
 //! MAGIC_SYNC_BENCH_RUNS how many times each is timed (default 3).
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use chrono::{DateTime, Duration as Span, TimeZone, Utc};
 use magic_sync::envelope::{to_replica::Body, Down, EndSnapshot, RowData, TableRows, ToReplica};
 use magic_sync::replica::{ForeignKey, Outcome, Replica};

@@ -36,6 +36,12 @@
 //! here share one disk and wait in one fsync queue, which devices in a fleet
 //! do not.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync::relay::ReplicaInfo;
 use magic_sync::{Engine, Row};
 use magic_sync_testkit::bench::{self as support, Fleet, Watcher};

@@ -19,6 +19,12 @@
 //! (MAGIC_SYNC_BENCH_SECONDS sets the length of each run, default 10;
 //! MAGIC_SYNC_BENCH_SHARING=no leaves the second part out.)
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync::{Engine, Row};
 use std::process::Command;
 use std::time::Instant;

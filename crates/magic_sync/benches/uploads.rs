@@ -29,6 +29,12 @@
 //! MAGIC_SYNC_BENCH_REPLICAS (default 100), MAGIC_SYNC_BENCH_RATE rows a
 //! second per replica (default 100), MAGIC_SYNC_BENCH_SECONDS (default 20).
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync_testkit::bench as support;
 
 use magic_sync::relay::ReplicaInfo;

@@ -2,6 +2,13 @@
 //! is (a test checks they agree), and the tests build it.
 //!
 //! DATABASE_URL=postgres://user@host/db cargo run -p magic_sync --features postgres,sqlite --example host
+
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "an example shows what it does"
+)]
+
 use magic_sync::relay::{ReplicaInfo, Settings};
 use magic_sync::replica::Replica;
 use magic_sync::run::memory::Network;

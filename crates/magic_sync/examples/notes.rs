@@ -6,6 +6,12 @@
 //! With DATABASE_URL set, it uses (a fresh database on) that server instead of
 //! starting a private cluster.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "an example shows what it does"
+)]
+
 use magic_sync::trigger::{self, InstallSettings};
 use magic_sync::{check, Engine, Numeric, Row};
 

@@ -8,6 +8,12 @@
 //! With DATABASE_URL set, it uses (a fresh database on) that server instead of
 //! starting a private cluster.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "an example shows what it does"
+)]
+
 use magic_sync::relay::{ReplicaInfo, Replicas, Settings};
 use magic_sync::replica::Replica;
 use magic_sync::run::memory::Network;

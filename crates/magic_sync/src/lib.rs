@@ -41,10 +41,6 @@
 //! # Ok::<(), magic_sync::core::error::Error>(())
 //! ```
 
-// A library speaks through its return values and `tracing`, never by
-// printing behind its host's back.
-#![warn(clippy::print_stdout, clippy::print_stderr)]
-
 extern crate self as magic_sync;
 
 pub mod run;

@@ -24,10 +24,6 @@
 //! Prometheus metrics; [`show`], the tables the commands print; and
 //! `telemetry`, where logs and spans go.
 
-// A library speaks through its return values and `tracing`, never by
-// printing behind its host's back.
-#![warn(clippy::print_stdout, clippy::print_stderr)]
-
 mod arguments;
 mod broker;
 pub mod dashboard;

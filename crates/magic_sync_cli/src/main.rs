@@ -2,6 +2,12 @@
 //! `DATABASE_URL` (TLS as its `sslmode` says; `PGSSLROOTCERT` names root
 //! certificates to verify the server against), which is never printed.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a command speaks to its operator"
+)]
+
 use clap::Parser;
 use magic_sync_cli::{run, Cli, EXIT_ERROR};
 use std::process::ExitCode;

@@ -35,6 +35,12 @@
 //! a self-check at start-up makes sure it verifies what it should and
 //! refuses what it should not.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use ed25519_dalek::{Signature, Signer as _, SigningKey, Verifier as _, VerifyingKey};
 use magic_sync_core::envelope::{to_replica::Body, Down, RowData, TableRows, ToReplica};
 use magic_sync_core::seal;

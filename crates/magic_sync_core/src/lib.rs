@@ -8,10 +8,6 @@
 //! Hosts reach all of it through the `magic_sync` crate, which re-exports
 //! these modules under the same names.
 
-// A library speaks through its return values and `tracing`, never by
-// printing behind its host's back.
-#![warn(clippy::print_stdout, clippy::print_stderr)]
-
 // The derive names the runtime crate as `::magic_sync`; inside this crate's
 // own tests that is this crate.
 extern crate self as magic_sync;

@@ -13,6 +13,12 @@
 //!
 //! Seeded: the seed is printed, and `PROPTEST_RNG_SEED=N` replays it.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a test says what it saw, for whoever reads its output"
+)]
+
 use magic_sync_core::chain::{Applied, Chain, Decision};
 use magic_sync_core::envelope::ToReplica;
 use magic_sync_core::EpochId;

@@ -94,6 +94,12 @@
 //! `batch-messages`, `current-filter`, `cohort-reprovision`,
 //! `close-into-all`) walks the design with those parts as written.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a test says what it saw, for whoever reads its output"
+)]
+
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};

@@ -129,6 +129,12 @@
 //! leaves out invariants 1 and 5, to see what a divergence of the record
 //! does to the replicas. Every third seed starts as a fleet just upgraded.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a test says what it saw, for whoever reads its output"
+)]
+
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};

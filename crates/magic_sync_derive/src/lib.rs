@@ -4,10 +4,6 @@
 //! (direction, rule, key, per-field roles) and write impls that name the
 //! runtime crate by absolute paths (`::magic_sync::...`).
 
-// A library speaks through its return values and `tracing`, never by
-// printing behind its host's back.
-#![warn(clippy::print_stdout, clippy::print_stderr)]
-
 use proc_macro::TokenStream;
 use syn::{parse_macro_input, DeriveInput};
 

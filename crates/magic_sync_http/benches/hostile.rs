@@ -89,6 +89,12 @@
 //! sent and how the hub answered. At the end, every row the server wrote is
 //! looked for in every honest replica's file: what is missing was lost.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync::envelope::Ack;
 use magic_sync::relay::{ReplicaInfo, Settings as RelaySettings};
 use magic_sync::sign::ServerKey;

@@ -49,6 +49,12 @@
 //! The limit of open files is raised towards its hard limit when below what
 //! the connections need (each side needs one descriptor a connection).
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync_testkit::bench as support;
 
 use futures_util::{SinkExt, StreamExt};

@@ -64,6 +64,12 @@
 //! are the broker transport's (each replica's stream on disk, the server
 //! waiting for the broker to say it stored each message).
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync_testkit::bench as support;
 
 use magic_sync::envelope::{to_replica::Body, ToReplica, Up};

@@ -16,12 +16,15 @@
 //!         // .table::<Artist>().table::<Album>() ...: the host's tables
 //!         .build()
 //!         .expect("the declarations hold together");
-//!     magic_sync_http::cli::run_replica(&args, &engine)
+//!     // Where it tells its operator how the link goes.
+//!     let operator = magic_sync_http::cli::Operator::new(std::io::stderr());
+//!     magic_sync_http::cli::run_replica(&args, &engine, &operator)
 //! }
 //! ```
 
 use crate::client::{Settings, Socket};
 use magic_sync::replica::Replica;
+pub use magic_sync::run::process::Operator;
 use magic_sync::run::process::{run_opened, Connecting, Identity};
 use magic_sync::Engine;
 use std::path::PathBuf;
@@ -67,17 +70,23 @@ pub fn open(args: &ReplicaCommand, engine: Option<&Engine>) -> Result<(Replica, 
 
 /// Runs the replica `args` names until its socket closes, its database
 /// fails, or the process gets SIGTERM or Ctrl-C: what the server sends is
-/// applied, what the host writes goes up (`magic_sync::run::process::run`).
-pub fn run_replica(args: &ReplicaArgs, engine: &Engine) -> ExitCode {
+/// applied, what the host writes goes up (`magic_sync::run::process::run`);
+/// how its link goes, and why it ended, is told to `operator`.
+pub fn run_replica(args: &ReplicaArgs, engine: &Engine, operator: &Operator) -> ExitCode {
     let args = &args.replica;
-    run_opened(open(args, Some(engine)), &args.identity.id, &args.server)
+    run_opened(
+        open(args, Some(engine)),
+        &args.identity.id,
+        &args.server,
+        operator,
+    )
 }
 
 /// [`run_replica`] for a replica with no declarations of its own: its
 /// tables are what the server describes (`magic-sync-replica`).
-pub fn run_described(args: &ReplicaArgs) -> ExitCode {
+pub fn run_described(args: &ReplicaArgs, operator: &Operator) -> ExitCode {
     let args = &args.replica;
-    run_opened(open(args, None), &args.identity.id, &args.server)
+    run_opened(open(args, None), &args.identity.id, &args.server, operator)
 }
 
 impl Connecting for Socket {

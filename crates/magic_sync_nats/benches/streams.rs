@@ -23,6 +23,12 @@
 //! Both processes share the machine's 2 cores; the broker's CPU time is
 //! read from /proc.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark prints its figures"
+)]
+
 use magic_sync::relay::Transport;
 use magic_sync::run::replica::Link;
 use magic_sync::run::{Delivery, Report};

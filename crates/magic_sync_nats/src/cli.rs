@@ -13,7 +13,9 @@
 //!         // .table::<Artist>().table::<Album>() ...: the host's tables
 //!         .build()
 //!         .expect("the declarations hold together");
-//!     magic_sync_nats::cli::run_replica(&args, &engine)
+//!     // Where it tells its operator how the link goes.
+//!     let operator = magic_sync_nats::cli::Operator::new(std::io::stderr());
+//!     magic_sync_nats::cli::run_replica(&args, &engine, &operator)
 //! }
 //! ```
 //!
@@ -23,6 +25,7 @@
 
 use crate::mailbox::{Mailbox, Settings};
 use magic_sync::replica::Replica;
+pub use magic_sync::run::process::Operator;
 use magic_sync::run::process::{run_opened, Connecting, Identity};
 use magic_sync::Engine;
 use std::path::PathBuf;
@@ -68,10 +71,16 @@ pub fn open(args: &ReplicaCommand, engine: &Engine) -> Result<(Replica, Mailbox)
 
 /// Runs the replica `args` names until its mailbox closes, its database
 /// fails, or the process gets SIGTERM or Ctrl-C: what the server sends is
-/// applied, what the host writes goes up (`magic_sync::run::process::run`).
-pub fn run_replica(args: &ReplicaArgs, engine: &Engine) -> ExitCode {
+/// applied, what the host writes goes up (`magic_sync::run::process::run`);
+/// how its link goes, and why it ended, is told to `operator`.
+pub fn run_replica(args: &ReplicaArgs, engine: &Engine, operator: &Operator) -> ExitCode {
     let args = &args.replica;
-    run_opened(open(args, engine), &args.identity.id, &args.broker)
+    run_opened(
+        open(args, engine),
+        &args.identity.id,
+        &args.broker,
+        operator,
+    )
 }
 
 impl Connecting for Mailbox {

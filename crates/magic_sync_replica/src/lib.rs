@@ -43,10 +43,6 @@
 //! lets go of children before their parents, and within a message a unique
 //! value may move between rows in any order.
 
-// A library speaks through its return values and `tracing`, never by
-// printing behind its host's back.
-#![warn(clippy::print_stdout, clippy::print_stderr)]
-
 mod apply;
 mod described;
 mod digest;

@@ -312,7 +312,13 @@ impl TestDb {
             if let Err(e) = connection.await {
                 // Dropping the database terminates its connections on purpose.
                 if e.code() != Some(&SqlState::ADMIN_SHUTDOWN) {
-                    eprintln!("magic_sync_testdb: connection to {name} failed: {e}");
+                    #[allow(
+                        clippy::print_stderr,
+                        reason = "said to whoever reads the test's output"
+                    )]
+                    {
+                        eprintln!("magic_sync_testdb: connection to {name} failed: {e}");
+                    }
                 }
             }
         });
@@ -342,10 +348,16 @@ impl Drop for TestDb {
                     .unwrap_or_else(|_| Err("the dropping thread panicked".to_owned()))
             });
         if let Err(e) = outcome {
-            eprintln!(
-                "magic_sync_testdb: could not drop database {}: {e}",
-                self.name
-            );
+            #[allow(
+                clippy::print_stderr,
+                reason = "said to whoever reads the test's output"
+            )]
+            {
+                eprintln!(
+                    "magic_sync_testdb: could not drop database {}: {e}",
+                    self.name
+                );
+            }
         }
     }
 }

@@ -5,6 +5,12 @@
 //! One test runs the crate's `testdb_child keep` as a child process, which
 //! keeps a cluster and exits without dropping it, to see what happens then.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a test says what it saw, for whoever reads its output"
+)]
+
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 use std::process::Command;

@@ -5,6 +5,12 @@
 //! which starts a cluster and exits, then watches the child's cluster
 //! disappear.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a test says what it saw, for whoever reads its output"
+)]
+
 use std::net::{Ipv4Addr, TcpStream};
 use std::path::PathBuf;
 use std::process::Command;

@@ -4,5 +4,6 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    demo::till::run(demo::till::Args::parse())
+    let operator = magic_sync::run::process::Operator::new(std::io::stderr());
+    demo::till::run(demo::till::Args::parse(), &operator)
 }

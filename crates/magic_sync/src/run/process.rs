@@ -4,19 +4,46 @@
 //! the broker's `magic_sync_nats::cli` are each this with their own
 //! arguments.
 //!
-//! It is a process's body: it speaks to its operator on standard error.
-#![allow(
-    clippy::print_stderr,
-    reason = "a replica process tells its operator on standard error"
-)]
+//! It is a process's body, and speaks to its operator through the
+//! [`Operator`] its binary gives it (standard error, as a rule): a library
+//! never prints behind its host's back.
 
 use crate::replica::Replica;
 use crate::run::replica::Link;
+use std::fmt;
+use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+
+/// Where a replica process tells its operator how it goes, a line at a
+/// time: standard error in a binary (`Operator::new(std::io::stderr())`),
+/// a buffer in a test. Cheap to clone: clones write to the same place.
+#[derive(Clone)]
+pub struct Operator(Arc<Mutex<dyn Write + Send>>);
+
+impl Operator {
+    /// Tells the operator by writing to `out`.
+    pub fn new(out: impl Write + Send + 'static) -> Self {
+        Self(Arc::new(Mutex::new(out)))
+    }
+
+    /// Writes `line`, and a newline. A line that cannot be written is
+    /// lost: the replica goes on whether or not anyone reads it.
+    pub fn say(&self, line: fmt::Arguments<'_>) {
+        let mut out = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    }
+}
+
+impl fmt::Debug for Operator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Operator")
+    }
+}
 
 /// A link that connects to something and can say how that goes.
 pub trait Connecting: Link + Send + Sync + 'static {
@@ -86,16 +113,17 @@ impl Identity {
 }
 
 /// [`run`] over what a transport's `open` gave, or the reason it could not
-/// open, printed: a replica process's whole body.
+/// open, told: a replica process's whole body.
 pub fn run_opened<L: Connecting>(
     opened: Result<(Replica, L), String>,
     id: &str,
     address: &str,
+    operator: &Operator,
 ) -> ExitCode {
     match opened {
-        Ok((mut replica, link)) => run(&mut replica, Arc::new(link), id, address),
+        Ok((mut replica, link)) => run(&mut replica, Arc::new(link), id, address, operator),
         Err(e) => {
-            eprintln!("magic-sync-replica: {e}");
+            operator.say(format_args!("magic-sync-replica: {e}"));
             ExitCode::FAILURE
         }
     }
@@ -123,25 +151,33 @@ pub fn open_replica(
     Ok(replica)
 }
 
-/// Says on standard error when the link connects, and why it cannot (wrong
+/// Tells the operator when the link connects, and why it cannot (wrong
 /// credentials, nothing listening, a certificate not trusted), each time
 /// that changes, until `done`: a replica that keeps trying is never silent
 /// about why. `address` is where it connects, as the operator gave it.
-pub fn tell<L: Connecting + ?Sized>(link: &L, done: &AtomicBool, id: &str, address: &str) {
+pub fn tell<L: Connecting + ?Sized>(
+    link: &L,
+    done: &AtomicBool,
+    id: &str,
+    address: &str,
+    operator: &Operator,
+) {
     let (mut connects, mut told) = (0, None::<String>);
     while !done.load(Ordering::Acquire) {
         let now = link.connects();
         if now != connects && link.is_connected() {
             connects = now;
             told = None;
-            eprintln!("magic-sync-replica `{id}`: connected to {address}");
+            operator.say(format_args!(
+                "magic-sync-replica `{id}`: connected to {address}"
+            ));
         } else if !link.is_connected() {
             let error = link.last_error();
             if error.is_some() && error != told {
-                eprintln!(
+                operator.say(format_args!(
                     "magic-sync-replica `{id}`: {}; trying again",
                     error.as_deref().unwrap_or_default()
-                );
+                ));
                 told = error;
             }
         }
@@ -151,23 +187,25 @@ pub fn tell<L: Connecting + ?Sized>(link: &L, done: &AtomicBool, id: &str, addre
 
 /// Runs the replica's loop over `link` until the link closes or the
 /// database fails, telling the operator how the link goes meanwhile
-/// ([`tell`]). Success when the link closed; the loop's error, printed,
+/// ([`tell`]). Success when the link closed; the loop's error, told,
 /// otherwise.
 pub fn serve<L: Connecting>(
     replica: &mut Replica,
     link: &Arc<L>,
     id: &str,
     address: &str,
+    operator: &Operator,
 ) -> ExitCode {
     let done = Arc::new(AtomicBool::new(false));
     let telling = {
-        let (link, done, id, address) = (
+        let (link, done, id, address, operator) = (
             link.clone(),
             done.clone(),
             id.to_string(),
             address.to_string(),
+            operator.clone(),
         );
-        std::thread::spawn(move || tell(&*link, &done, &id, &address))
+        std::thread::spawn(move || tell(&*link, &done, &id, &address, &operator))
     };
     let ran = crate::run::replica::replica(replica, &**link);
     done.store(true, Ordering::Release);
@@ -175,7 +213,7 @@ pub fn serve<L: Connecting>(
     match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("magic-sync-replica `{id}`: {e}");
+            operator.say(format_args!("magic-sync-replica `{id}`: {e}"));
             ExitCode::FAILURE
         }
     }
@@ -190,6 +228,7 @@ pub fn run<L: Connecting>(
     link: Arc<L>,
     id: &str,
     address: &str,
+    operator: &Operator,
 ) -> ExitCode {
     match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -210,7 +249,9 @@ pub fn run<L: Connecting>(
                 link.close();
             });
         }
-        Err(e) => eprintln!("magic-sync-replica `{id}`: no signal handling: {e}"),
+        Err(e) => operator.say(format_args!(
+            "magic-sync-replica `{id}`: no signal handling: {e}"
+        )),
     }
-    serve(replica, &link, id, address)
+    serve(replica, &link, id, address, operator)
 }

@@ -2,6 +2,12 @@
 //! in-process network, and replicas on real SQLite files. One binary, so the
 //! throwaway cluster starts once.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a test says what it saw, for whoever reads its output"
+)]
+
 use magic_sync_testkit::{fleet, gate, shop, wire};
 
 mod deploy;

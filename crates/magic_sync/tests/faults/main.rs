@@ -5,6 +5,12 @@
 //! for the whole process, so every test holds a `FailScenario`, which runs
 //! them one at a time, and this binary holds no test that does not.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a test says what it saw, for whoever reads its output"
+)]
+
 mod deploying;
 mod storm;
 

@@ -3,6 +3,12 @@
 //! round trips through real PostgreSQL and SQLite rows. One binary, so the
 //! throwaway cluster starts once.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a test says what it saw, for whoever reads its output"
+)]
+
 use magic_sync_testkit::shop;
 
 mod catalog;

@@ -10,6 +10,12 @@
 //! of its own asking that grows, forgeries a till refuses cheaply, and where
 //! a replica's chain ends.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a test says what it saw, for whoever reads its output"
+)]
+
 mod checkpoints;
 mod epochs;
 mod extremes;

@@ -21,7 +21,7 @@
 
 use clap::Parser;
 use magic_sync::replica::Status;
-use magic_sync_http::cli::{run_described, ReplicaArgs};
+use magic_sync_http::cli::{run_described, Operator, ReplicaArgs};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -45,7 +45,7 @@ fn main() -> ExitCode {
     if std::env::args().any(|a| a == "--status") {
         return status(StatusArgs::parse());
     }
-    run_described(&ReplicaArgs::parse())
+    run_described(&ReplicaArgs::parse(), &Operator::new(std::io::stderr()))
 }
 
 fn status(args: StatusArgs) -> ExitCode {

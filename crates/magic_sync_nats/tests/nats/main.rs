@@ -3,6 +3,12 @@
 //! random walk through the broker across its restart, TLS to it, and what
 //! the broker says it holds for a replica.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a test says what it saw, for whoever reads its output"
+)]
+
 mod access;
 mod bounds;
 mod order;

@@ -454,13 +454,34 @@ async fn a_replica_process_run_from_its_command_line_follows_on_through_the_brok
     std::fs::write(&garbled, "SUAGARBLEDSEED\n").unwrap();
     let err = cli::open(&parse(&garbled).replica, &walk.engine).expect_err("not a seed");
     assert!(!err.contains("SUAGARBLEDSEED"), "{err}");
+    // As a process's body, it tells its operator why, and fails.
+    let told = Told::default();
+    let operator = cli::Operator::new(told.clone());
+    let exit = magic_sync::run::process::run_opened(
+        cli::open(&parse(&missing).replica, &walk.engine),
+        "u1",
+        &url,
+        &operator,
+    );
+    assert_eq!(
+        format!("{exit:?}"),
+        format!("{:?}", std::process::ExitCode::FAILURE)
+    );
+    let said = told.text();
+    assert!(
+        said.starts_with("magic-sync-replica: ") && said.contains(&missing.display().to_string()),
+        "{said}"
+    );
 
     let args = parse(&seed_file);
     let (mut replica, mailbox) = cli::open(&args.replica, &walk.engine).expect("it opens");
     let mailbox = Arc::new(mailbox);
     let process = {
         let (link, url) = (mailbox.clone(), url.clone());
-        std::thread::spawn(move || magic_sync::run::process::serve(&mut replica, &link, "u1", &url))
+        let operator = operator.clone();
+        std::thread::spawn(move || {
+            magic_sync::run::process::serve(&mut replica, &link, "u1", &url, &operator)
+        })
     };
     // What the server writes reaches it, and what its host writes goes up.
     walk.client
@@ -494,4 +515,25 @@ async fn a_replica_process_run_from_its_command_line_follows_on_through_the_brok
         format!("{:?}", std::process::ExitCode::SUCCESS)
     );
     walk.end().await;
+}
+
+/// What a replica process told its operator, kept to be read.
+#[derive(Debug, Clone, Default)]
+struct Told(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Told {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Told {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }

@@ -10,6 +10,12 @@
 //!   programs in `BIN_DIR`, holding table `kept` with the row 42; prints
 //!   `postmaster_pid=`.
 
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a command speaks to its operator"
+)]
+
 use magic_sync_testdb::Cluster;
 use std::path::Path;
 
