@@ -549,6 +549,35 @@ async fn a_fleet_whose_rows_are_left_to_their_rule_reads_as_one_that_records_the
         read_all(&whole).await,
         "a row of e's snapshot changed before e acknowledged it"
     );
+    // Sent again, still before `e` acknowledged its snapshot: the row is
+    // on its way once, not twice.
+    for fleet in [&mut whole, &mut thinned] {
+        fleet.pass().await;
+    }
+    assert_eq!(
+        read_all(&thinned).await,
+        read_all(&whole).await,
+        "a row of e's snapshot sent again before e acknowledged it"
+    );
+    // A row sent to `e` and taken back, and a row of its cohort's sent
+    // again, before `e` acknowledged its snapshot: each leaves the count
+    // of the message that carried it.
+    for fleet in [&mut whole, &mut thinned] {
+        fleet
+            .write("INSERT INTO tasks VALUES (12, 'e', 'second')")
+            .await;
+        fleet.pass().await;
+        fleet.write("DELETE FROM tasks WHERE id = 12").await;
+        fleet
+            .write("UPDATE items SET name = 'rice' WHERE id = 4")
+            .await;
+        fleet.pass().await;
+    }
+    assert_eq!(
+        read_all(&thinned).await,
+        read_all(&whole).await,
+        "rows taken back and sent again before e acknowledged its snapshot"
+    );
     // `e`'s snapshot sent, every message published and acknowledged but
     // `c`'s, still cut off.
     for fleet in [&mut whole, &mut thinned] {

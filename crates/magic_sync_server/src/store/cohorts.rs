@@ -554,6 +554,28 @@ pub(crate) async fn join(
         .iter()
         .map(|row| row.get(0))
         .collect();
+    // What they held of the shared tables by the rule alone is counted on
+    // its way in the cohort's messages from now on: in their own, only
+    // the rows they keep a record row of.
+    client
+        .execute(
+            "WITH lets AS (DELETE FROM sync.let_go
+                           WHERE replica = ANY ($1) AND table_name = ANY ($2))
+             DELETE FROM sync.held_carried WHERE replica = ANY ($1) AND table_name = ANY ($2)",
+            &[&alike, &tables.all],
+        )
+        .await?;
+    client
+        .execute(
+            "INSERT INTO sync.held_carried (replica, message, table_name, rows)
+             SELECT h.replica, h.message, h.table_name, count(*) FROM sync.held h
+             WHERE h.replica = ANY ($1) AND h.table_name = ANY ($2)
+               AND h.message > coalesce((SELECT a.number FROM sync.acks a
+                                         WHERE a.replica = h.replica), 0)
+             GROUP BY 1, 2, 3",
+            &[&alike, &tables.all],
+        )
+        .await?;
     // The rows they keep of the shared tables count only their own rows
     // pointing at them now.
     recount(client, &alike, tables).await?;

@@ -61,7 +61,9 @@ pub(crate) fn closing(
         format!("{} m", Scratch::Last)
     });
     batch.push(LOOPS_ONLY);
+    let moves = moves(graph, has(Scratch::Send), has(Scratch::Delete));
     if ruled == Ruled::ByRule {
+        batch.keep(carried_by_snapshot(moves.as_deref()));
         if let (true, Some(_), Some(stays)) = (has(Scratch::Send), &messages, stays_by_rule(graph))
         {
             // Asked once, before the record moves, for the three
@@ -113,7 +115,6 @@ pub(crate) fn closing(
             batch.keep(sent_by_rule(graph, filled, messages));
         }
     }
-    let moves = moves(graph, has(Scratch::Send), has(Scratch::Delete));
     if let Some(moves) = &moves {
         batch.keep(moved_refs(moves));
         if ruled == Ruled::ByRule {
@@ -126,6 +127,54 @@ pub(crate) fn closing(
     }
     batch.push(LOOPS_AS_THEY_WERE);
     batch
+}
+
+/// With the rows a rule gives left to it, before the record moves: each
+/// row the pass sends again, takes back or counts a row pointing at, that
+/// its holder holds by its rule alone from a snapshot it has not
+/// acknowledged, is known to be on its way in that snapshot's last
+/// message (`sync.let_go`), as one let go of is: the snapshot counted
+/// it there ([`provisioned_left_to_rule`]) with no row of its own. So is
+/// a cohort's row it holds so, at message 0, where its provisioning
+/// counted it (no message carries a cohort's provisioning). The
+/// statements below then move it from that count as they move any row
+/// let go of on its way. Without this, a row of a snapshot sent again
+/// before the replica acknowledged the snapshot was counted on its way
+/// in both messages.
+fn carried_by_snapshot(moves: Option<&str>) -> String {
+    let mut rows = vec![
+        "SELECT r, t, k FROM _ms_send WHERE held".to_string(),
+        "SELECT r, t, k FROM _ms_del".to_string(),
+    ];
+    if let Some(moves) = moves {
+        // A parent the pass sends is known by `_ms_send` alone: held
+        // before or not.
+        rows.push(format!(
+            "SELECT a.r, a.t, a.k FROM ({moves}) a
+             WHERE a.n > 0 AND NOT EXISTS (SELECT 1 FROM _ms_send s
+                                           WHERE s.r = a.r AND s.t = a.t AND s.k = a.k)"
+        ));
+    }
+    // Of the holders the pass wrote to, those with a snapshot on its way
+    // first (as a rule none), and the cohorts, whose provisioning no
+    // message carries (counted at 0).
+    format!(
+        "WITH x AS ({}),
+         p AS MATERIALIZED (
+             SELECT p.id, p.snapshot_last FROM sync.replicas p
+             WHERE p.id IN (SELECT r FROM x)
+               AND p.snapshot_last > coalesce((SELECT a.number FROM sync.acks a
+                                               WHERE a.replica = p.id), 0)
+             UNION ALL
+             SELECT id, 0 FROM sync.cohorts WHERE id IN (SELECT r FROM x))
+         INSERT INTO sync.let_go (replica, table_name, key, message)
+         SELECT x.r, x.t, x.k::text, p.snapshot_last
+         FROM x JOIN p ON p.id = x.r
+         WHERE NOT EXISTS (SELECT 1 FROM sync.held h
+                           WHERE h.table_name = x.t AND h.key = x.k::text AND h.replica = x.r)
+         ON CONFLICT (replica, table_name, key) DO NOTHING",
+        rows.join(" UNION ")
+    )
 }
 
 /// The condition under which the record row `h` says only what its
