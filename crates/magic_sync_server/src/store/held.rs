@@ -142,35 +142,40 @@ pub(crate) fn closing(
 /// before the replica acknowledged the snapshot was counted on its way
 /// in both messages.
 fn carried_by_snapshot(moves: Option<&str>) -> String {
+    // Each branch is read only when some holder the pass wrote to has
+    // such rows (`p`, as a rule empty): a pass of many rows to replicas
+    // kept up reads nothing more than the holders it wrote to.
     let mut rows = vec![
-        "SELECT r, t, k FROM _ms_send WHERE held".to_string(),
-        "SELECT r, t, k FROM _ms_del".to_string(),
+        "SELECT s.r, s.t, s.k, p.at FROM _ms_send s JOIN p ON p.id = s.r WHERE s.held".to_string(),
+        "SELECT d.r, d.t, d.k, p.at FROM _ms_del d JOIN p ON p.id = d.r".to_string(),
     ];
     if let Some(moves) = moves {
         // A parent the pass sends is known by `_ms_send` alone: held
         // before or not.
         rows.push(format!(
-            "SELECT a.r, a.t, a.k FROM ({moves}) a
+            "SELECT a.r, a.t, a.k, p.at FROM ({moves}) a JOIN p ON p.id = a.r
              WHERE a.n > 0 AND NOT EXISTS (SELECT 1 FROM _ms_send s
                                            WHERE s.r = a.r AND s.t = a.t AND s.k = a.k)"
         ));
     }
-    // Of the holders the pass wrote to, those with a snapshot on its way
-    // first (as a rule none), and the cohorts, whose provisioning no
-    // message carries (counted at 0).
+    // The holders the pass wrote to with a snapshot on its way (as a rule
+    // none; each looked up by its id, not every replica read), and the
+    // cohorts among them, whose provisioning no message carries (counted
+    // at 0).
     format!(
-        "WITH x AS ({}),
+        "WITH w AS (SELECT r FROM _ms_send UNION SELECT r FROM _ms_del),
          p AS MATERIALIZED (
-             SELECT p.id, p.snapshot_last FROM sync.replicas p
-             WHERE p.id IN (SELECT r FROM x)
-               AND p.snapshot_last > coalesce((SELECT a.number FROM sync.acks a
+             SELECT p.id, p.snapshot_last AS at FROM w
+             CROSS JOIN LATERAL (SELECT p.id, p.snapshot_last FROM sync.replicas p
+                                 WHERE p.id = w.r OFFSET 0) p
+             WHERE p.snapshot_last > coalesce((SELECT a.number FROM sync.acks a
                                                WHERE a.replica = p.id), 0)
              UNION ALL
-             SELECT id, 0 FROM sync.cohorts WHERE id IN (SELECT r FROM x))
+             SELECT id, 0 FROM sync.cohorts WHERE id IN (SELECT r FROM w))
          INSERT INTO sync.let_go (replica, table_name, key, message)
-         SELECT x.r, x.t, x.k::text, p.snapshot_last
-         FROM x JOIN p ON p.id = x.r
-         WHERE NOT EXISTS (SELECT 1 FROM sync.held h
+         SELECT x.r, x.t, x.k::text, x.at FROM ({}) x
+         WHERE EXISTS (SELECT 1 FROM p)
+           AND NOT EXISTS (SELECT 1 FROM sync.held h
                            WHERE h.table_name = x.t AND h.key = x.k::text AND h.replica = x.r)
          ON CONFLICT (replica, table_name, key) DO NOTHING",
         rows.join(" UNION ")
