@@ -10,8 +10,8 @@
 //! whichever is missing with `apt-get` (through `sudo
 //! -n` when not root), then runs `cargo test --workspace --all-features --no-fail-fast`
 //! with any further arguments. With none, it runs the down path's suite
-//! again with the record kept whole (`MAGIC_SYNC_RECORD_RULED=1`), the
-//! form an upgraded relay records in until it may leave rows to their rule.
+//! again with the rows a rule gives left to it (`MAGIC_SYNC_RECORD_RULED=0`),
+//! the record's other form (`Settings::record_ruled_rows` off).
 //! `.ci/run` calls the same command, so what a newcomer runs is what CI
 //! runs.
 
@@ -90,18 +90,17 @@ fn test(extra: Vec<String>) -> Result<ExitCode, String> {
         .map_err(|e| format!("cannot run cargo test: {e}"))?;
     let mut code = exit_code(status);
     if full {
-        // The record's other form, every row recorded: what a relay records
-        // in until an upgraded fleet's notes are planned, and what an
-        // operator may turn back to (`Settings::record_ruled_rows`). The
-        // down path's suite runs in it too.
-        let whole = Command::new(&cargo)
-            .env("MAGIC_SYNC_RECORD_RULED", "1")
+        // The record's other form, the rows a rule gives left to it
+        // (`Settings::record_ruled_rows` off): the down path's suite runs
+        // in it too.
+        let thinned = Command::new(&cargo)
+            .env("MAGIC_SYNC_RECORD_RULED", "0")
             .args(["test", "--workspace", "--all-features", "--no-fail-fast"])
             .args(["--test", "down"])
             .status()
             .map_err(|e| format!("cannot run cargo test: {e}"))?;
         if code == 0 {
-            code = exit_code(whole);
+            code = exit_code(thinned);
         }
     }
     Ok(ExitCode::from(code))

@@ -204,8 +204,8 @@ pub fn record_by_rule() -> bool {
 
 /// Whether a bench's (or a test fleet's) relay records a row for each row
 /// a holder's rule gives it: as `MAGIC_SYNC_RECORD_RULED` says (`0` or
-/// `false` off, anything else on), else the default setting's (off).
-/// `cargo xtask test` runs the down path's suite with it on too.
+/// `false` off, anything else on), else the default setting's (on).
+/// `cargo xtask test` runs the down path's suite with it off too.
 pub fn record_ruled_rows() -> bool {
     match std::env::var("MAGIC_SYNC_RECORD_RULED").as_deref() {
         Ok("0" | "false") => false,

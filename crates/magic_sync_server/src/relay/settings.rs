@@ -88,14 +88,18 @@ pub struct Settings {
     /// own, with no snapshot.
     pub record_by_rule: bool,
     /// Whether the record keeps a row for each row a holder's own rule
-    /// gives it (decision 176). Off (the default), a provisioning records
-    /// none for a row that says only what its rule says: the relay reads
-    /// such a row by its rule, at the holder's position, from the row and
-    /// its pending notes (`docs/how-it-works.md`, "The record leaves to the
-    /// rule what the rule says"). On, every row held has its record row, as
-    /// before decision 176. The relay marks the record's form in the
-    /// database (`sync.record_form`) for filing, digests and the operator's
-    /// reads; turned back on, it provisions every replica again first.
+    /// gives it (decision 176). On (the default), every row held has its
+    /// record row. Off, a provisioning records none for a row that says
+    /// only what its rule says: the relay reads such a row by its rule, at
+    /// the holder's position, from the row and its pending notes
+    /// (`docs/how-it-works.md`, "The record leaves to the rule what the
+    /// rule says"). Off makes the record of a fleet far smaller and its
+    /// provisioning faster, but a pass under a TPC-B load several times
+    /// slower (BENCHMARKS.md, "The record thinned, back off by default"),
+    /// so it is not the default yet. The relay marks the record's form in
+    /// the database (`sync.record_form`) for filing, digests and the
+    /// operator's reads; turned back on, it provisions every replica again
+    /// first.
     /// Turned off over a record an earlier build's note functions wrote
     /// notes for, it keeps recording every row until those notes are
     /// planned and their writers have ended.
@@ -125,7 +129,7 @@ impl Default for Settings {
             deploy_pass_budget: Duration::from_millis(250),
             figures_every: Duration::from_secs(5),
             record_by_rule: true,
-            record_ruled_rows: false,
+            record_ruled_rows: true,
         }
     }
 }
