@@ -168,8 +168,7 @@ fn carried_by_snapshot(moves: Option<&str>) -> String {
              SELECT p.id, p.snapshot_last AS at FROM w
              CROSS JOIN LATERAL (SELECT p.id, p.snapshot_last FROM sync.replicas p
                                  WHERE p.id = w.r OFFSET 0) p
-             WHERE p.snapshot_last > coalesce((SELECT a.number FROM sync.acks a
-                                               WHERE a.replica = p.id), 0)
+             WHERE p.snapshot_last > {acked}
              UNION ALL
              SELECT id, 0 FROM sync.cohorts WHERE id IN (SELECT r FROM w))
          INSERT INTO sync.let_go (replica, table_name, key, message)
@@ -178,7 +177,8 @@ fn carried_by_snapshot(moves: Option<&str>) -> String {
            AND NOT EXISTS (SELECT 1 FROM sync.held h
                            WHERE h.table_name = x.t AND h.key = x.k::text AND h.replica = x.r)
          ON CONFLICT (replica, table_name, key) DO NOTHING",
-        rows.join(" UNION ")
+        rows.join(" UNION "),
+        acked = acked("p.id"),
     )
 }
 
@@ -262,12 +262,12 @@ fn sent_by_rule(graph: &Graph, filled: &Filled, messages: &str) -> String {
     if stays_by_rule(graph).is_none() {
         return String::new();
     }
+    let [emptied, fewer] = carried_less("before");
     format!(
         "WITH d AS MATERIALIZED (
              SELECT s.r, s.t, s.k::text AS k, m.number,
                     NOT s.held AND NOT {released} AS new,
-                    m.number > coalesce((SELECT a.number FROM sync.acks a WHERE a.replica = s.r), 0)
-                        AS on_its_way
+                    m.number > {acked} AS on_its_way
              FROM _ms_send s JOIN {messages} ON m.r = s.r
              WHERE s.stays),
          before AS (
@@ -275,14 +275,8 @@ fn sent_by_rule(graph: &Graph, filled: &Filled, messages: &str) -> String {
              FROM d JOIN sync.let_go l
                ON l.replica = d.r AND l.table_name = d.t AND l.key = d.k AND l.message <> d.number
              GROUP BY 1, 2, 3),
-         emptied AS (
-             DELETE FROM sync.held_carried c USING before b
-             WHERE c.replica = b.replica AND c.message = b.message
-               AND c.table_name = b.table_name AND c.rows <= b.n),
-         fewer AS (
-             UPDATE sync.held_carried c SET rows = c.rows - b.n FROM before b
-             WHERE c.replica = b.replica AND c.message = b.message
-               AND c.table_name = b.table_name AND c.rows > b.n),
+         emptied AS ({emptied}),
+         fewer AS ({fewer}),
          arrived AS (
              DELETE FROM sync.let_go l USING d
              WHERE NOT d.on_its_way AND l.replica = d.r AND l.table_name = d.t AND l.key = d.k),
@@ -296,6 +290,7 @@ fn sent_by_rule(graph: &Graph, filled: &Filled, messages: &str) -> String {
          ON CONFLICT (replica, message, table_name) DO UPDATE SET rows = c.rows + excluded.rows",
         left_to_rule_values("SELECT r, t, count(*) FILTER (WHERE new) FROM d GROUP BY 1, 2"),
         released = released(filled, "s"),
+        acked = acked("s.r"),
     )
 }
 
@@ -331,8 +326,7 @@ fn said_by_rule(graph: &Graph, sends: bool, moves: Option<&str>) -> String {
              WHERE h.table_name = x.t AND h.key = x.k::text AND h.replica = x.r AND {only}
                AND (h.message = 0 OR h.replica NOT IN (SELECT id FROM sync.cohorts))
              RETURNING h.replica, h.table_name, h.key, h.message,
-                       h.message > coalesce((SELECT a.number FROM sync.acks a
-                                             WHERE a.replica = h.replica), 0) AS on_its_way),
+                       h.message > {acked} AS on_its_way),
          ruled AS ({}),
          moving AS (
              INSERT INTO sync.let_go AS l (replica, table_name, key, message)
@@ -342,8 +336,29 @@ fn said_by_rule(graph: &Graph, sends: bool, moves: Option<&str>) -> String {
          SELECT replica, message, table_name, count(*) FROM gone WHERE on_its_way GROUP BY 1, 2, 3
          ON CONFLICT (replica, message, table_name) DO UPDATE SET rows = c.rows + excluded.rows;",
         rows.join(" UNION "),
-        left_to_rule_values("SELECT replica, table_name, count(*) FROM gone GROUP BY 1, 2")
+        left_to_rule_values("SELECT replica, table_name, count(*) FROM gone GROUP BY 1, 2"),
+        acked = acked("h.replica"),
     )
+}
+
+/// The number `r` (an SQL expression naming a holder) acknowledged, or 0.
+fn acked(r: &str) -> String {
+    format!("coalesce((SELECT a.number FROM sync.acks a WHERE a.replica = {r}), 0)")
+}
+
+/// The two statements that take `by.n` rows off the count of what message
+/// `by.message` of holder `by.replica` carried of `by.table_name`: the
+/// count deleted when that is all of it, lessened otherwise.
+fn carried_less(by: &str) -> [String; 2] {
+    let same = format!(
+        "c.replica = {by}.replica AND c.message = {by}.message AND c.table_name = {by}.table_name"
+    );
+    [
+        format!("DELETE FROM sync.held_carried c USING {by} WHERE {same} AND c.rows <= {by}.n"),
+        format!(
+            "UPDATE sync.held_carried c SET rows = c.rows - {by}.n FROM {by} WHERE {same} AND c.rows > {by}.n"
+        ),
+    ]
 }
 
 /// `EXISTS`: the row of the plan's table aliased `a` (`r`, `t`, `k`) was
@@ -368,6 +383,7 @@ fn released(filled: &Filled, a: &str) -> String {
 /// are looked up in `sync.let_go`, each by its key, and then in the
 /// record.
 fn arrived_elsewhere(takes_back: bool, moves: Option<&str>) -> String {
+    let [emptied, fewer] = carried_less("m");
     // Only the rows the pass touched can have come to a record row, or
     // been taken back, in it: their `sync.let_go` rows are looked up by
     // key. Read whole, `sync.let_go` (every row let go on its way, kept
@@ -393,13 +409,8 @@ fn arrived_elsewhere(takes_back: bool, moves: Option<&str>) -> String {
                             AND h.key = x.key AND h.replica = x.replica){taken})
              RETURNING x.replica, x.message, x.table_name),
          m AS (SELECT replica, message, table_name, count(*) AS n FROM l GROUP BY 1, 2, 3),
-         gone AS (
-             DELETE FROM sync.held_carried c USING m
-             WHERE c.replica = m.replica AND c.message = m.message
-               AND c.table_name = m.table_name AND c.rows <= m.n)
-         UPDATE sync.held_carried c SET rows = c.rows - m.n FROM m
-         WHERE c.replica = m.replica AND c.message = m.message
-           AND c.table_name = m.table_name AND c.rows > m.n;",
+         gone AS ({emptied})
+         {fewer};",
         touched.join(" UNION ALL ")
     )
 }
